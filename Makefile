@@ -1,0 +1,58 @@
+# daiv-sandbox: `make run` starts the service on an embedded default; `make test` runs everything.
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+CARGO ?= cargo
+DEV_DIR := .dev
+PORT ?= 8000
+
+.PHONY: help fmt lint build images docker gvisor run test test-unit test-e2e check-leaks clean-docker
+
+help: ## List the targets
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+
+fmt: ## Format the code
+	$(CARGO) fmt --all
+
+lint: ## cargo fmt --check and clippy with -D warnings
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+build: ## Build every binary (debug)
+	$(CARGO) build --workspace --bins
+
+docker: ## Start the Docker engine if none answers
+	@scripts/ensure-docker.sh
+
+gvisor: docker ## Register gVisor (runsc) with Docker and check it works
+	@scripts/ensure-gvisor.sh
+
+images: docker ## Build the local images (no registry needed), reused by tag
+	@images/sandbox/build.sh
+
+run: docker images ## Build and start the service on 127.0.0.1:$(PORT) with a dev API key
+	@mkdir -p $(DEV_DIR) && chmod 700 $(DEV_DIR)
+	@[ -s $(DEV_DIR)/api-key ] || (umask 077; head -c 24 /dev/urandom | base64 | tr -d '/+=' > $(DEV_DIR)/api-key)
+	$(CARGO) build --release -p control-plane
+	@echo "daiv-sandbox dev API key: $$(cat $(DEV_DIR)/api-key)  (stored in $(DEV_DIR)/api-key)"
+	@echo "try: curl -H \"X-API-Key: \$$(cat $(DEV_DIR)/api-key)\" http://127.0.0.1:$(PORT)/api/v1/-/health/"
+	DAIV_SANDBOX_API_KEY="$$(cat $(DEV_DIR)/api-key)" \
+	DAIV_SANDBOX_ENVIRONMENT=local \
+	DAIV_SANDBOX_HOST="$${DAIV_SANDBOX_HOST:-127.0.0.1}" \
+	DAIV_SANDBOX_PORT=$(PORT) \
+	exec ./target/release/daiv-sandbox
+
+test-unit: ## Unit and in-process tests only (no Docker)
+	$(CARGO) nextest run --workspace --exclude e2e
+
+test: lint images gvisor build ## Everything: lint, unit, in-process and end-to-end tests on real Docker
+	$(CARGO) nextest run --workspace --profile ci
+	@scripts/check-leaks.sh
+
+check-leaks: ## Fail if containers or networks created by the service are left behind
+	@scripts/check-leaks.sh
+
+clean-docker: ## Remove every container and network created by the service
+	docker ps -aq --filter label=daiv.sandbox.managed | xargs -r docker rm -fv >/dev/null
+	docker network ls -q --filter label=daiv.sandbox.managed | xargs -r docker network rm >/dev/null

@@ -1,0 +1,110 @@
+//! Wire types, shaped exactly like the reference's (DAIV validates our responses against its
+//! schemas). Unknown request fields are ignored, never rejected: DAIV sends extra ones.
+
+use std::collections::BTreeMap;
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{FromRequest, Request};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::error::ApiError;
+
+/// The working directory of every command (and the repo seed's destination).
+pub const WORKDIR: &str = "/workspace/repo";
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ErrorBody {
+    pub detail: String,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct StartSessionRequest {
+    /// Docker image to be used as the base image for the sandbox.
+    pub base_image: String,
+    /// Environment variables to set in the container at startup.
+    #[serde(default)]
+    pub environment: Option<BTreeMap<String, String>>,
+    /// Memory in bytes to be used for the sandbox.
+    #[serde(default)]
+    pub memory_bytes: Option<i64>,
+    /// CPUs to be used for the sandbox.
+    #[serde(default)]
+    pub cpus: Option<f64>,
+    /// Egress policy + secrets. Omit for a network-isolated sandbox (network_mode=none).
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub egress: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct StartSessionResponse {
+    /// Unique identifier for the session.
+    pub session_id: String,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct RunRequest {
+    /// List of bash commands to be executed in the sandbox.
+    pub commands: Vec<String>,
+    /// Stop execution immediately if any command fails (exit_code != 0).
+    #[serde(default)]
+    pub fail_fast: bool,
+    /// Maximum execution time in seconds for each command; overrides the server default
+    /// (DAIV_SANDBOX_COMMAND_TIMEOUT). 0 means no timeout.
+    #[serde(default)]
+    pub timeout: Option<u64>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct RunResult {
+    /// Command that was executed.
+    pub command: String,
+    /// Output of the command: stdout and stderr interleaved as produced.
+    pub output: String,
+    /// Exit code of the command (124 when it hit its timeout).
+    pub exit_code: i64,
+    /// Working directory of the command.
+    pub workdir: String,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct RunResponse {
+    /// List of results of each command.
+    pub results: Vec<RunResult>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct HealthResponse {
+    pub status: String,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct VersionResponse {
+    pub version: String,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct CloseQuery {
+    #[serde(default)]
+    pub force: bool,
+}
+
+/// `axum::Json` whose rejections (bad JSON, wrong types, wrong content type) answer 422 with the
+/// same `{"detail": ...}` shape as every other error.
+pub struct ApiJson<T>(pub T);
+
+impl<S, T> FromRequest<S> for ApiJson<T>
+where
+    axum::Json<T>: FromRequest<S, Rejection = JsonRejection>,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::Json::<T>::from_request(req, state).await {
+            Ok(axum::Json(v)) => Ok(ApiJson(v)),
+            Err(rejection) => Err(ApiError::Unprocessable(rejection.body_text())),
+        }
+    }
+}

@@ -1,0 +1,710 @@
+//! `DAIV_SANDBOX_*` settings: names, defaults and meanings follow the reference README's table.
+//!
+//! Every variable is parsed and validated at start-up; all problems are collected and reported at
+//! once, each naming its variable, so an operator fixes a deployment in one round trip.
+//! A value may also come from a file under `/run/secrets/` named after the variable (as Docker and
+//! Kubernetes secrets are mounted); the environment wins over the file, and an empty value counts
+//! as unset.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+pub const PREFIX: &str = "DAIV_SANDBOX_";
+
+/// Directory basenames pruned from `fs/glob` and `fs/grep` unless `FS_PRUNE_DIRS` replaces the
+/// list: caches, VCS metadata and build output. Dependency sources (`node_modules`, `.venv`,
+/// `vendor`) stay searchable on purpose: agents read dependency code.
+pub const DEFAULT_PRUNE_DIRS: &[&str] = &[
+    ".git",
+    ".hg",
+    ".svn",
+    "__pycache__",
+    ".mypy_cache",
+    ".pytest_cache",
+    ".ruff_cache",
+    ".tox",
+    ".nox",
+    ".cache",
+    ".gradle",
+    ".next",
+    ".nuxt",
+    ".parcel-cache",
+    ".turbo",
+    ".terraform",
+    "target",
+    "obj",
+    "build",
+    "dist",
+    "coverage",
+    "htmlcov",
+    "*.egg-info",
+];
+
+/// Where a setting's raw value comes from. Tests use a `HashMap`; the binary uses [`ProcessEnv`].
+pub trait Source {
+    /// The raw value of `DAIV_SANDBOX_{key}`, `None` when unset or empty.
+    fn get(&self, key: &str) -> Option<String>;
+}
+
+/// The process environment, then files in a secrets directory (default `/run/secrets`).
+pub struct ProcessEnv {
+    secrets_dir: PathBuf,
+}
+
+impl ProcessEnv {
+    pub fn new() -> Self {
+        Self::with_secrets_dir("/run/secrets")
+    }
+
+    pub fn with_secrets_dir(dir: impl Into<PathBuf>) -> Self {
+        Self {
+            secrets_dir: dir.into(),
+        }
+    }
+
+    fn secret_file(&self, name: &str) -> Option<String> {
+        // The reference reads `/run/secrets/<prefix><field>` case-insensitively; accept both the
+        // upper-case spelling and the lower-case one Docker users tend to pick.
+        [name.to_string(), name.to_ascii_lowercase()]
+            .iter()
+            .map(|n| self.secrets_dir.join(n))
+            .find_map(|p| std::fs::read_to_string(p).ok())
+            .map(|v| v.trim_end_matches(['\n', '\r']).to_string())
+    }
+}
+
+impl Default for ProcessEnv {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Source for ProcessEnv {
+    fn get(&self, key: &str) -> Option<String> {
+        let name = format!("{PREFIX}{key}");
+        std::env::var(&name)
+            .ok()
+            .or_else(|| self.secret_file(&name))
+            .filter(|v| !v.is_empty())
+    }
+}
+
+impl Source for HashMap<String, String> {
+    fn get(&self, key: &str) -> Option<String> {
+        HashMap::get(self, key).filter(|v| !v.is_empty()).cloned()
+    }
+}
+
+/// A value that must never be printed: API keys. `Debug` shows `***`.
+#[derive(Clone)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("***")
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Environment {
+    Local,
+    Production,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Runtime {
+    Runc,
+    Runsc,
+}
+
+impl Runtime {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Runtime::Runc => "runc",
+            Runtime::Runsc => "runsc",
+        }
+    }
+}
+
+/// Log levels in the reference's Python spelling, mapped to `tracing` levels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogLevel {
+    Debug,
+    Info,
+    Warning,
+    Error,
+    Critical,
+}
+
+impl LogLevel {
+    /// The `tracing` filter directive: Python's WARNING is `warn`, CRITICAL has no equivalent and
+    /// maps to `error`.
+    pub fn directive(self) -> &'static str {
+        match self {
+            LogLevel::Debug => "debug",
+            LogLevel::Info => "info",
+            LogLevel::Warning => "warn",
+            LogLevel::Error | LogLevel::Critical => "error",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct EgressCa {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+}
+
+#[derive(Debug, Clone)]
+pub struct SentryConfig {
+    pub dsn: Option<String>,
+    pub enable_logs: bool,
+    pub traces_sample_rate: f64,
+    pub profiles_sample_rate: f64,
+    pub send_default_pii: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub api_key: Secret,
+    pub api_v1_str: String,
+    pub environment: Environment,
+    pub sentry: SentryConfig,
+    pub runtime: Runtime,
+    pub run_uid: u32,
+    pub run_gid: u32,
+    pub network: Option<String>,
+    pub egress_proxy_image: String,
+    pub egress_proxy_port: u16,
+    pub egress_proxy_runtime: Runtime,
+    pub egress_proxy_network: Option<String>,
+    pub egress_proxy_memory_bytes: Option<i64>,
+    pub egress_proxy_cpus: Option<f64>,
+    pub egress_ca: Option<EgressCa>,
+    pub fs_prune_dirs: Vec<String>,
+    /// `None` means no default timeout (`COMMAND_TIMEOUT=0`).
+    pub command_timeout: Option<Duration>,
+    pub redis_url: Option<Secret>,
+    pub session_lock_ttl: Duration,
+    pub session_lock_wait: Duration,
+    pub session_lock_refresh: Duration,
+    pub reaper_enabled: bool,
+    pub reaper_interval: Duration,
+    pub session_grace: Duration,
+    pub max_stopped_sessions: u32,
+    /// `None` disables idle reaping of running sessions.
+    pub running_session_max_idle: Option<Duration>,
+    pub stop_timeout: Duration,
+    pub host: IpAddr,
+    pub port: u16,
+    pub log_level: LogLevel,
+    // Beyond the reference: limits that keep the service's memory independent of what sandboxes do.
+    /// Bytes of output kept per command; the rest is counted and replaced by a marker.
+    pub output_max_bytes: usize,
+    /// Process limit per sandbox container (fork bombs stay inside their session).
+    pub pids_limit: i64,
+    /// Upper bound on the decompressed bytes of one seed archive.
+    pub seed_max_bytes: u64,
+    /// Upper bound on the number of members of one seed archive.
+    pub seed_max_members: u64,
+}
+
+/// Every invalid variable, one per line.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration:\n{}", .0.join("\n"))]
+pub struct ConfigError(pub Vec<String>);
+
+/// Collects problems instead of stopping at the first.
+struct Parser<'a> {
+    src: &'a dyn Source,
+    errors: Vec<String>,
+}
+
+impl<'a> Parser<'a> {
+    fn new(src: &'a dyn Source) -> Self {
+        Self {
+            src,
+            errors: Vec::new(),
+        }
+    }
+
+    fn fail(&mut self, key: &str, raw: &str, why: impl fmt::Display) {
+        self.errors.push(format!("{PREFIX}{key}={raw:?}: {why}"));
+    }
+
+    fn string_or(&mut self, key: &str, default: &str) -> String {
+        self.src.get(key).unwrap_or_else(|| default.to_string())
+    }
+
+    fn parse_or<T>(&mut self, key: &str, default: T) -> T
+    where
+        T: FromStr,
+        T::Err: fmt::Display,
+    {
+        self.parse_opt(key).unwrap_or(default)
+    }
+
+    fn parse_opt<T>(&mut self, key: &str) -> Option<T>
+    where
+        T: FromStr,
+        T::Err: fmt::Display,
+    {
+        let raw = self.src.get(key)?;
+        match raw.trim().parse::<T>() {
+            Ok(v) => Some(v),
+            Err(e) => {
+                self.fail(key, &raw, e);
+                None
+            }
+        }
+    }
+
+    /// Pydantic's bool spellings, so existing deployments keep working.
+    fn bool_or(&mut self, key: &str, default: bool) -> bool {
+        let Some(raw) = self.src.get(key) else {
+            return default;
+        };
+        match raw.trim().to_ascii_lowercase().as_str() {
+            "1" | "true" | "t" | "yes" | "y" | "on" => true,
+            "0" | "false" | "f" | "no" | "n" | "off" => false,
+            _ => {
+                self.fail(key, &raw, "expected a boolean (true/false)");
+                default
+            }
+        }
+    }
+
+    fn choice<T: Copy>(&mut self, key: &str, default: T, options: &[(&str, T)]) -> T {
+        let Some(raw) = self.src.get(key) else {
+            return default;
+        };
+        match options.iter().find(|(name, _)| *name == raw.trim()) {
+            Some((_, v)) => *v,
+            None => {
+                let names: Vec<_> = options.iter().map(|(n, _)| *n).collect();
+                self.fail(key, &raw, format!("expected one of {}", names.join(", ")));
+                default
+            }
+        }
+    }
+
+    fn seconds_or(&mut self, key: &str, default: u64) -> Duration {
+        Duration::from_secs(self.parse_or::<u64>(key, default))
+    }
+
+    /// Float seconds (the lock wait and refresh take fractions); must be finite and positive.
+    fn float_seconds_or(&mut self, key: &str, default: f64) -> Duration {
+        let Some(raw) = self.src.get(key) else {
+            return Duration::from_secs_f64(default);
+        };
+        match raw.trim().parse::<f64>() {
+            Ok(v) if v.is_finite() && v > 0.0 && v < 1e9 => Duration::from_secs_f64(v),
+            Ok(_) => {
+                self.fail(key, &raw, "expected a positive number of seconds");
+                Duration::from_secs_f64(default)
+            }
+            Err(e) => {
+                self.fail(key, &raw, e);
+                Duration::from_secs_f64(default)
+            }
+        }
+    }
+
+    fn positive_f64_opt(&mut self, key: &str) -> Option<f64> {
+        let raw = self.src.get(key)?;
+        match raw.trim().parse::<f64>() {
+            Ok(v) if v.is_finite() && v > 0.0 => Some(v),
+            _ => {
+                self.fail(key, &raw, "expected a positive number");
+                None
+            }
+        }
+    }
+
+    fn rate_or(&mut self, key: &str, default: f64) -> f64 {
+        let Some(raw) = self.src.get(key) else {
+            return default;
+        };
+        match raw.trim().parse::<f64>() {
+            Ok(v) if (0.0..=1.0).contains(&v) => v,
+            _ => {
+                self.fail(key, &raw, "expected a number between 0.0 and 1.0");
+                default
+            }
+        }
+    }
+
+    fn finish(self) -> Result<(), ConfigError> {
+        if self.errors.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError(self.errors))
+        }
+    }
+}
+
+/// Parses and validates every setting; `Err` lists each bad variable.
+pub fn load(src: &dyn Source) -> Result<Config, ConfigError> {
+    let mut p = Parser::new(src);
+    let runtimes = [("runc", Runtime::Runc), ("runsc", Runtime::Runsc)];
+
+    let api_key = src.get("API_KEY").map(Secret::new);
+    if api_key.is_none() {
+        p.errors.push(format!(
+            "{PREFIX}API_KEY: required (the key clients send in X-API-Key)"
+        ));
+    }
+
+    let api_v1_str = p.string_or("API_V1_STR", "/api/v1");
+    let api_v1_str = api_v1_str.trim_end_matches('/').to_string();
+    if !api_v1_str.is_empty()
+        && (!api_v1_str.starts_with('/')
+            || !api_v1_str
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "/-_.~".contains(c)))
+    {
+        let raw = api_v1_str.clone();
+        p.fail("API_V1_STR", &raw, "expected a path such as /api/v1");
+    }
+
+    let environment = p.choice(
+        "ENVIRONMENT",
+        Environment::Production,
+        &[
+            ("local", Environment::Local),
+            ("production", Environment::Production),
+        ],
+    );
+
+    let sentry = SentryConfig {
+        dsn: src.get("SENTRY_DSN"),
+        enable_logs: p.bool_or("SENTRY_ENABLE_LOGS", false),
+        traces_sample_rate: p.rate_or("SENTRY_TRACES_SAMPLE_RATE", 0.0),
+        profiles_sample_rate: p.rate_or("SENTRY_PROFILES_SAMPLE_RATE", 0.0),
+        send_default_pii: p.bool_or("SENTRY_SEND_DEFAULT_PII", false),
+    };
+    if let Some(dsn) = &sentry.dsn
+        && !(dsn.starts_with("http://") || dsn.starts_with("https://"))
+    {
+        p.errors.push(format!(
+            "{PREFIX}SENTRY_DSN: expected an http(s) URL (value not shown)"
+        ));
+    }
+
+    let runtime = p.choice("RUNTIME", Runtime::Runc, &runtimes);
+    let run_uid = p.parse_or::<u32>("RUN_UID", 1000);
+    let run_gid = p.parse_or::<u32>("RUN_GID", 1000);
+
+    let network = src.get("NETWORK");
+    let egress_proxy_image = p.string_or("EGRESS_PROXY_IMAGE", "daiv-sandbox-egress:local");
+    let egress_proxy_port = p.parse_or::<u16>("EGRESS_PROXY_PORT", 8080);
+    if egress_proxy_port == 0 {
+        p.fail(
+            "EGRESS_PROXY_PORT",
+            "0",
+            "expected a port between 1 and 65535",
+        );
+    }
+    let egress_proxy_runtime = p.choice("EGRESS_PROXY_RUNTIME", Runtime::Runc, &runtimes);
+    let egress_proxy_network = src.get("EGRESS_PROXY_NETWORK");
+    let egress_proxy_memory_bytes = p.parse_opt::<i64>("EGRESS_PROXY_MEMORY_BYTES");
+    if let Some(m) = egress_proxy_memory_bytes
+        && m < 6 * 1024 * 1024
+    {
+        p.fail(
+            "EGRESS_PROXY_MEMORY_BYTES",
+            &m.to_string(),
+            "Docker needs at least 6 MiB (6291456)",
+        );
+    }
+    let egress_proxy_cpus = p.positive_f64_opt("EGRESS_PROXY_CPUS");
+
+    let egress_ca = match (
+        src.get("EGRESS_CA_CERT_FILE"),
+        src.get("EGRESS_CA_KEY_FILE"),
+    ) {
+        (None, None) => None,
+        (Some(cert), Some(key)) => {
+            for (name, path) in [("EGRESS_CA_CERT_FILE", &cert), ("EGRESS_CA_KEY_FILE", &key)] {
+                if !Path::new(path).is_file() {
+                    p.fail(name, path, "file not found or not a regular file");
+                }
+            }
+            Some(EgressCa {
+                cert_file: cert.into(),
+                key_file: key.into(),
+            })
+        }
+        _ => {
+            p.errors.push(format!(
+                "{PREFIX}EGRESS_CA_CERT_FILE and {PREFIX}EGRESS_CA_KEY_FILE must be set together (or neither)"
+            ));
+            None
+        }
+    };
+
+    let fs_prune_dirs: Vec<String> = match src.get("FS_PRUNE_DIRS") {
+        Some(raw) => raw
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(String::from)
+            .collect(),
+        None => DEFAULT_PRUNE_DIRS.iter().map(|s| s.to_string()).collect(),
+    };
+    for dir in &fs_prune_dirs {
+        if dir.contains('/') || dir.contains('\0') || dir.contains('\n') {
+            let raw = dir.clone();
+            p.fail(
+                "FS_PRUNE_DIRS",
+                &raw,
+                "entries are directory basenames or globs, without '/'",
+            );
+        }
+    }
+
+    let command_timeout = Some(p.seconds_or("COMMAND_TIMEOUT", 0)).filter(|d| !d.is_zero());
+
+    let redis_url = src.get("REDIS_URL").map(Secret::new);
+    if let Some(url) = &redis_url
+        && !(url.expose().starts_with("redis://")
+            || url.expose().starts_with("rediss://")
+            || url.expose().starts_with("unix://"))
+    {
+        p.errors.push(format!(
+            "{PREFIX}REDIS_URL: expected a redis://, rediss:// or unix:// URL (value not shown)"
+        ));
+    }
+    let session_lock_ttl = p.seconds_or("SESSION_LOCK_TTL_SECONDS", 900);
+    if session_lock_ttl.is_zero() {
+        p.fail("SESSION_LOCK_TTL_SECONDS", "0", "must be at least 1");
+    }
+    let session_lock_wait = p.float_seconds_or("SESSION_LOCK_WAIT_SECONDS", 30.0);
+    let session_lock_refresh = p.float_seconds_or("SESSION_LOCK_REFRESH_SECONDS", 30.0);
+
+    let reaper_enabled = p.bool_or("REAPER_ENABLED", true);
+    let reaper_interval = p.seconds_or("REAPER_INTERVAL_SECONDS", 600);
+    if reaper_interval.is_zero() {
+        p.fail("REAPER_INTERVAL_SECONDS", "0", "must be at least 1");
+    }
+    let session_grace = p.seconds_or("SESSION_GRACE_SECONDS", 43_200);
+    let max_stopped_sessions = p.parse_or::<u32>("MAX_STOPPED_SESSIONS", 50);
+    let running_session_max_idle =
+        Some(p.seconds_or("RUNNING_SESSION_MAX_IDLE_SECONDS", 14_400)).filter(|d| !d.is_zero());
+    let stop_timeout = p.seconds_or("STOP_TIMEOUT_SECONDS", 2);
+
+    let host = p.parse_or::<IpAddr>("HOST", IpAddr::from([0, 0, 0, 0]));
+    let port = p.parse_or::<u16>("PORT", 8000);
+    let log_level = p.choice(
+        "LOG_LEVEL",
+        LogLevel::Info,
+        &[
+            ("DEBUG", LogLevel::Debug),
+            ("INFO", LogLevel::Info),
+            ("WARNING", LogLevel::Warning),
+            ("ERROR", LogLevel::Error),
+            ("CRITICAL", LogLevel::Critical),
+        ],
+    );
+
+    let output_max_bytes = p.parse_or::<usize>("OUTPUT_MAX_BYTES", 16 * 1024 * 1024);
+    if output_max_bytes == 0 {
+        p.fail("OUTPUT_MAX_BYTES", "0", "must be at least 1");
+    }
+    let pids_limit = p.parse_or::<i64>("PIDS_LIMIT", 4096);
+    if pids_limit < 1 {
+        let raw = pids_limit.to_string();
+        p.fail("PIDS_LIMIT", &raw, "must be at least 1");
+    }
+    let seed_max_bytes = p.parse_or::<u64>("SEED_MAX_BYTES", 2 * 1024 * 1024 * 1024);
+    let seed_max_members = p.parse_or::<u64>("SEED_MAX_MEMBERS", 200_000);
+
+    p.finish()?;
+    Ok(Config {
+        api_key: api_key.unwrap_or_else(|| Secret::new("")),
+        api_v1_str,
+        environment,
+        sentry,
+        runtime,
+        run_uid,
+        run_gid,
+        network,
+        egress_proxy_image,
+        egress_proxy_port,
+        egress_proxy_runtime,
+        egress_proxy_network,
+        egress_proxy_memory_bytes,
+        egress_proxy_cpus,
+        egress_ca,
+        fs_prune_dirs,
+        command_timeout,
+        redis_url,
+        session_lock_ttl,
+        session_lock_wait,
+        session_lock_refresh,
+        reaper_enabled,
+        reaper_interval,
+        session_grace,
+        max_stopped_sessions,
+        running_session_max_idle,
+        stop_timeout,
+        host,
+        port,
+        log_level,
+        output_max_bytes,
+        pids_limit,
+        seed_max_bytes,
+        seed_max_members,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn errors(pairs: &[(&str, &str)]) -> Vec<String> {
+        match load(&env(pairs)) {
+            Ok(_) => Vec::new(),
+            Err(ConfigError(e)) => e,
+        }
+    }
+
+    #[test]
+    fn defaults_match_the_reference_table() -> Result<(), ConfigError> {
+        let c = load(&env(&[("API_KEY", "k")]))?;
+        assert_eq!(c.api_v1_str, "/api/v1");
+        assert_eq!(c.environment, Environment::Production);
+        assert_eq!(c.runtime, Runtime::Runc);
+        assert_eq!((c.run_uid, c.run_gid), (1000, 1000));
+        assert_eq!(c.egress_proxy_port, 8080);
+        assert_eq!(c.egress_proxy_runtime, Runtime::Runc);
+        assert!(c.egress_ca.is_none());
+        assert_eq!(c.command_timeout, None);
+        assert_eq!(c.session_lock_ttl, Duration::from_secs(900));
+        assert_eq!(c.session_lock_wait, Duration::from_secs(30));
+        assert_eq!(c.session_lock_refresh, Duration::from_secs(30));
+        assert!(c.reaper_enabled);
+        assert_eq!(c.reaper_interval, Duration::from_secs(600));
+        assert_eq!(c.session_grace, Duration::from_secs(43_200));
+        assert_eq!(c.max_stopped_sessions, 50);
+        assert_eq!(
+            c.running_session_max_idle,
+            Some(Duration::from_secs(14_400))
+        );
+        assert_eq!(c.stop_timeout, Duration::from_secs(2));
+        assert_eq!(c.port, 8000);
+        assert_eq!(c.host.to_string(), "0.0.0.0");
+        assert_eq!(c.log_level, LogLevel::Info);
+        assert!(c.fs_prune_dirs.iter().any(|d| d == ".git"));
+        assert!(!c.fs_prune_dirs.iter().any(|d| d == "node_modules"));
+        Ok(())
+    }
+
+    #[test]
+    fn api_key_is_required_and_never_printed() {
+        let e = errors(&[]);
+        assert!(
+            e.iter().any(|l| l.contains("DAIV_SANDBOX_API_KEY")),
+            "{e:?}"
+        );
+        let c = load(&env(&[("API_KEY", "hunter2")]));
+        let printed = format!("{c:?}");
+        assert!(!printed.contains("hunter2"), "{printed}");
+    }
+
+    #[test]
+    fn every_bad_variable_is_reported_by_name() {
+        let e = errors(&[
+            ("API_KEY", "k"),
+            ("PORT", "eighty"),
+            ("RUNTIME", "kata"),
+            ("REAPER_ENABLED", "maybe"),
+            ("SESSION_LOCK_WAIT_SECONDS", "-1"),
+            ("LOG_LEVEL", "verbose"),
+            ("SENTRY_TRACES_SAMPLE_RATE", "2"),
+            ("EGRESS_PROXY_CPUS", "0"),
+        ]);
+        for name in [
+            "PORT",
+            "RUNTIME",
+            "REAPER_ENABLED",
+            "SESSION_LOCK_WAIT_SECONDS",
+            "LOG_LEVEL",
+            "SENTRY_TRACES_SAMPLE_RATE",
+            "EGRESS_PROXY_CPUS",
+        ] {
+            assert!(
+                e.iter().any(|l| l.starts_with(&format!("{PREFIX}{name}"))),
+                "{name} missing from {e:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn egress_ca_needs_both_files() {
+        let e = errors(&[("API_KEY", "k"), ("EGRESS_CA_CERT_FILE", "/etc/hostname")]);
+        assert!(
+            e.iter().any(|l| l.contains("must be set together")),
+            "{e:?}"
+        );
+        let e = errors(&[
+            ("API_KEY", "k"),
+            ("EGRESS_CA_CERT_FILE", "/nonexistent/ca.crt"),
+            ("EGRESS_CA_KEY_FILE", "/nonexistent/ca.key"),
+        ]);
+        assert_eq!(e.len(), 2, "{e:?}");
+    }
+
+    #[test]
+    fn zero_disables_timeouts_and_comma_lists_replace_defaults() -> Result<(), ConfigError> {
+        let c = load(&env(&[
+            ("API_KEY", "k"),
+            ("COMMAND_TIMEOUT", "30"),
+            ("RUNNING_SESSION_MAX_IDLE_SECONDS", "0"),
+            ("FS_PRUNE_DIRS", " .git , node_modules,,"),
+            ("SESSION_LOCK_WAIT_SECONDS", "0.5"),
+            ("LOG_LEVEL", "WARNING"),
+            ("API_V1_STR", "/v2/"),
+        ]))?;
+        assert_eq!(c.command_timeout, Some(Duration::from_secs(30)));
+        assert_eq!(c.running_session_max_idle, None);
+        assert_eq!(c.fs_prune_dirs, vec![".git", "node_modules"]);
+        assert_eq!(c.session_lock_wait, Duration::from_millis(500));
+        assert_eq!(c.log_level.directive(), "warn");
+        assert_eq!(c.api_v1_str, "/v2");
+        Ok(())
+    }
+
+    #[test]
+    fn secrets_dir_is_read_and_env_wins() -> std::io::Result<()> {
+        let dir = std::env::temp_dir().join(format!("daiv-secrets-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        std::fs::write(dir.join("daiv_sandbox_run_uid"), "4242\n")?;
+        let src = ProcessEnv::with_secrets_dir(&dir);
+        assert_eq!(src.get("RUN_UID").as_deref(), Some("4242"));
+        assert_eq!(src.get("RUN_GID"), None);
+        std::fs::remove_dir_all(&dir)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,361 @@
+//! [`ContainerEngine`] over the Docker Engine API (bollard). The only module that imports bollard.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use bollard::Docker;
+use bollard::errors::Error as BollardError;
+use bollard::exec::{StartExecOptions, StartExecResults};
+use bollard::models::{
+    ContainerCreateBody, ContainerStateStatusEnum, ExecConfig, HostConfig, NetworkingConfig,
+};
+use bollard::query_parameters::{
+    CreateImageOptions, ListContainersOptions, RemoveContainerOptions, StopContainerOptions,
+    UploadToContainerOptions,
+};
+use bytes::Bytes;
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
+
+use super::{
+    ContainerEngine, ContainerInfo, ContainerSpec, ContainerStatus, EngineError, ExecSpec,
+    ExecStream, MANAGED_LABEL, NetworkAttach,
+};
+
+/// Upper bound on one Docker API call that is not a stream; a daemon that hangs longer is
+/// treated as unavailable rather than holding a request (and its session lock) forever.
+const API_TIMEOUT_SECS: u64 = 120;
+
+pub struct DockerEngine {
+    docker: Docker,
+}
+
+impl DockerEngine {
+    /// Connects through `DOCKER_HOST` or the local socket, and negotiates the API version so an
+    /// older daemon (20.10 speaks 1.41) accepts our requests.
+    pub async fn connect() -> Result<Self, EngineError> {
+        let docker = Docker::connect_with_local_defaults()
+            .map_err(|e| EngineError::Unavailable(e.to_string()))?
+            .with_timeout(Duration::from_secs(API_TIMEOUT_SECS));
+        let docker = docker
+            .negotiate_version()
+            .await
+            .map_err(|e| EngineError::Unavailable(e.to_string()))?;
+        Ok(Self { docker })
+    }
+}
+
+fn map_err(e: BollardError) -> EngineError {
+    match e {
+        BollardError::DockerResponseServerError {
+            status_code,
+            message,
+        } => match status_code {
+            404 => EngineError::NotFound,
+            409 => EngineError::Conflict(message),
+            400 | 403 | 422 => EngineError::Rejected(message),
+            _ => EngineError::Unavailable(message),
+        },
+        other => EngineError::Unavailable(other.to_string()),
+    }
+}
+
+fn status_of(s: Option<ContainerStateStatusEnum>) -> ContainerStatus {
+    match s {
+        Some(ContainerStateStatusEnum::CREATED) => ContainerStatus::Created,
+        Some(ContainerStateStatusEnum::RUNNING) => ContainerStatus::Running,
+        Some(ContainerStateStatusEnum::PAUSED) => ContainerStatus::Paused,
+        Some(ContainerStateStatusEnum::RESTARTING) => ContainerStatus::Restarting,
+        Some(ContainerStateStatusEnum::EXITED) => ContainerStatus::Exited,
+        Some(ContainerStateStatusEnum::DEAD) => ContainerStatus::Dead,
+        Some(other) => ContainerStatus::Other(other.to_string()),
+        None => ContainerStatus::Other(String::new()),
+    }
+}
+
+fn env_list(env: &[(String, String)]) -> Vec<String> {
+    env.iter().map(|(k, v)| format!("{k}={v}")).collect()
+}
+
+#[async_trait::async_trait]
+impl ContainerEngine for DockerEngine {
+    async fn ping(&self) -> Result<(), EngineError> {
+        self.docker.ping().await.map(|_| ()).map_err(map_err)
+    }
+
+    async fn ensure_image(&self, image: &str) -> Result<(), EngineError> {
+        match self.docker.inspect_image(image).await {
+            Ok(_) => return Ok(()),
+            Err(e) => match map_err(e) {
+                EngineError::NotFound => {}
+                other => return Err(other),
+            },
+        }
+        let opts = CreateImageOptions {
+            from_image: Some(image.to_string()),
+            ..Default::default()
+        };
+        let mut progress = self.docker.create_image(Some(opts), None, None);
+        while let Some(item) = progress.next().await {
+            let unavailable = |reason: String| EngineError::ImageUnavailable {
+                image: image.to_string(),
+                reason,
+            };
+            match item {
+                Ok(info) => {
+                    if let Some(detail) = info.error_detail {
+                        return Err(unavailable(detail.message.unwrap_or_default()));
+                    }
+                }
+                Err(BollardError::DockerResponseServerError { message, .. }) => {
+                    return Err(unavailable(message));
+                }
+                Err(BollardError::DockerStreamError { error }) => return Err(unavailable(error)),
+                Err(other) => return Err(EngineError::Unavailable(other.to_string())),
+            }
+        }
+        // A pull stream can end "successfully" without the image (daemon quirks): check.
+        self.docker
+            .inspect_image(image)
+            .await
+            .map(|_| ())
+            .map_err(|e| EngineError::ImageUnavailable {
+                image: image.to_string(),
+                reason: map_err(e).to_string(),
+            })
+    }
+
+    async fn create(&self, spec: &ContainerSpec) -> Result<String, EngineError> {
+        let network_mode = match &spec.network {
+            NetworkAttach::None => "none".to_string(),
+            NetworkAttach::Network(name) => name.clone(),
+        };
+        let host_config = HostConfig {
+            memory: spec.memory_bytes,
+            nano_cpus: spec.nano_cpus,
+            pids_limit: Some(spec.pids_limit),
+            network_mode: Some(network_mode),
+            cap_drop: Some(vec!["ALL".to_string()]),
+            security_opt: Some(vec!["no-new-privileges:true".to_string()]),
+            runtime: Some(spec.runtime.clone()),
+            // tini as PID 1: forwards SIGTERM (prompt stops) and reaps orphaned zombies.
+            init: Some(true),
+            ..Default::default()
+        };
+        let body = ContainerCreateBody {
+            image: Some(spec.image.clone()),
+            cmd: Some(spec.cmd.clone()),
+            // The image's entrypoint would wrap our keep-alive command in something unknown.
+            entrypoint: Some(Vec::new()),
+            env: Some(env_list(&spec.env)),
+            labels: Some(spec.labels.clone()),
+            user: Some(spec.user.clone()),
+            host_config: Some(host_config),
+            networking_config: Some(NetworkingConfig::default()),
+            network_disabled: Some(matches!(spec.network, NetworkAttach::None)),
+            ..Default::default()
+        };
+        let created = self
+            .docker
+            .create_container(
+                None::<bollard::query_parameters::CreateContainerOptions>,
+                body,
+            )
+            .await
+            .map_err(map_err)?;
+        if let Some(skeleton) = &spec.skeleton {
+            let put = self
+                .docker
+                .upload_to_container(
+                    &created.id,
+                    Some(UploadToContainerOptions {
+                        path: "/".to_string(),
+                        ..Default::default()
+                    }),
+                    bollard::body_full(skeleton.clone()),
+                )
+                .await
+                .map_err(map_err);
+            if let Err(e) = put {
+                // Nothing half-made is left behind.
+                let _ = self.remove(&created.id).await;
+                return Err(e);
+            }
+        }
+        Ok(created.id)
+    }
+
+    async fn start(&self, id: &str) -> Result<(), EngineError> {
+        self.docker
+            .start_container(id, None::<bollard::query_parameters::StartContainerOptions>)
+            .await
+            .map_err(map_err)
+    }
+
+    async fn inspect(&self, id: &str) -> Result<ContainerInfo, EngineError> {
+        let c = self
+            .docker
+            .inspect_container(
+                id,
+                None::<bollard::query_parameters::InspectContainerOptions>,
+            )
+            .await
+            .map_err(map_err)?;
+        let state = c.state.unwrap_or_default();
+        let host = c.host_config.unwrap_or_default();
+        Ok(ContainerInfo {
+            id: c.id.unwrap_or_else(|| id.to_string()),
+            status: status_of(state.status),
+            labels: c.config.and_then(|c| c.labels).unwrap_or_default(),
+            finished_at: state
+                .finished_at
+                .filter(|t| !t.is_empty() && !t.starts_with("0001-")),
+            memory_bytes: host.memory.filter(|m| *m > 0),
+            nano_cpus: host.nano_cpus.filter(|n| *n > 0),
+        })
+    }
+
+    async fn stop(&self, id: &str, grace: Duration) -> Result<(), EngineError> {
+        let t = i32::try_from(grace.as_secs()).unwrap_or(i32::MAX);
+        match self
+            .docker
+            .stop_container(
+                id,
+                Some(StopContainerOptions {
+                    t: Some(t),
+                    ..Default::default()
+                }),
+            )
+            .await
+        {
+            // 304: already stopped.
+            Err(BollardError::DockerResponseServerError {
+                status_code: 304, ..
+            }) => Ok(()),
+            other => other.map_err(map_err),
+        }
+    }
+
+    async fn remove(&self, id: &str) -> Result<(), EngineError> {
+        self.docker
+            .remove_container(
+                id,
+                Some(RemoveContainerOptions {
+                    force: true,
+                    v: true,
+                    ..Default::default()
+                }),
+            )
+            .await
+            .map_err(map_err)
+    }
+
+    async fn exec(&self, id: &str, spec: &ExecSpec) -> Result<ExecStream, EngineError> {
+        let created = self
+            .docker
+            .create_exec(
+                id,
+                ExecConfig {
+                    attach_stdout: Some(true),
+                    attach_stderr: Some(true),
+                    attach_stdin: Some(false),
+                    tty: Some(false),
+                    cmd: Some(spec.cmd.clone()),
+                    user: Some(spec.user.clone()),
+                    working_dir: spec.workdir.clone(),
+                    env: Some(env_list(&spec.env)),
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(map_err)?;
+        let started = self
+            .docker
+            .start_exec(
+                &created.id,
+                Some(StartExecOptions {
+                    detach: false,
+                    tty: false,
+                    output_capacity: Some(64 * 1024),
+                }),
+            )
+            .await
+            .map_err(map_err)?;
+        let StartExecResults::Attached { output, .. } = started else {
+            return Err(EngineError::Unavailable(
+                "exec started detached".to_string(),
+            ));
+        };
+        let output = output
+            .map_ok(|chunk| chunk.into_bytes())
+            .map_err(map_err)
+            .boxed();
+        Ok(ExecStream {
+            exec_id: created.id,
+            output,
+        })
+    }
+
+    async fn exec_exit_code(&self, exec_id: &str) -> Result<Option<i64>, EngineError> {
+        let info = self.docker.inspect_exec(exec_id).await.map_err(map_err)?;
+        if info.running == Some(true) {
+            return Ok(None);
+        }
+        Ok(info.exit_code)
+    }
+
+    async fn put_archive(
+        &self,
+        id: &str,
+        path: &str,
+        tar: BoxStream<'static, Result<Bytes, std::io::Error>>,
+    ) -> Result<(), EngineError> {
+        self.docker
+            .upload_to_container(
+                id,
+                Some(UploadToContainerOptions {
+                    path: path.to_string(),
+                    ..Default::default()
+                }),
+                bollard::body_try_stream(tar),
+            )
+            .await
+            .map_err(map_err)
+    }
+
+    async fn list(&self, labels: &[(&str, &str)]) -> Result<Vec<ContainerInfo>, EngineError> {
+        let mut label_filters = vec![format!("{MANAGED_LABEL}=true")];
+        label_filters.extend(labels.iter().map(|(k, v)| format!("{k}={v}")));
+        let filters = HashMap::from([("label".to_string(), label_filters)]);
+        let found = self
+            .docker
+            .list_containers(Some(ListContainersOptions {
+                all: true,
+                filters: Some(filters),
+                ..Default::default()
+            }))
+            .await
+            .map_err(map_err)?;
+        Ok(found
+            .into_iter()
+            .filter_map(|c| {
+                Some(ContainerInfo {
+                    id: c.id?,
+                    status: match c.state.map(|s| s.to_string()).as_deref() {
+                        Some("running") => ContainerStatus::Running,
+                        Some("exited") => ContainerStatus::Exited,
+                        Some("created") => ContainerStatus::Created,
+                        Some("dead") => ContainerStatus::Dead,
+                        Some("paused") => ContainerStatus::Paused,
+                        Some("restarting") => ContainerStatus::Restarting,
+                        other => ContainerStatus::Other(other.unwrap_or_default().to_string()),
+                    },
+                    labels: c.labels.unwrap_or_default(),
+                    finished_at: None,
+                    memory_bytes: None,
+                    nano_cpus: None,
+                })
+            })
+            .collect())
+    }
+}

@@ -1,0 +1,148 @@
+//! The one seam between the control plane and a container engine.
+//!
+//! Handlers and session logic see only [`ContainerEngine`] and the domain types here, never
+//! bollard's models, so they are tested in-process against [`fake::FakeEngine`] and a Kubernetes
+//! backend could be added without touching them. [`docker::DockerEngine`] is the only module that
+//! talks to Docker.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::stream::BoxStream;
+
+pub mod docker;
+#[cfg(any(test, feature = "test-util"))]
+pub mod fake;
+
+/// Label carried by every container the service creates; sessions are found again through it, so
+/// a restarted control plane needs no database.
+pub const MANAGED_LABEL: &str = "daiv.sandbox.managed";
+/// What a managed container is: [`ROLE_SANDBOX`] or the egress sidecar.
+pub const ROLE_LABEL: &str = "daiv.sandbox.role";
+pub const ROLE_SANDBOX: &str = "sandbox";
+/// Base image the session was asked for (diagnostics and the reaper's logs).
+pub const IMAGE_LABEL: &str = "daiv.sandbox.image";
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("not found")]
+    NotFound,
+    #[error("conflict: {0}")]
+    Conflict(String),
+    /// The image is absent locally and could not be pulled.
+    #[error("image {image:?} is not available: {reason}")]
+    ImageUnavailable { image: String, reason: String },
+    /// The request was refused by the engine (bad parameters): the caller's fault.
+    #[error("{0}")]
+    Rejected(String),
+    /// The engine did not answer or failed: retryable infrastructure trouble.
+    #[error("container engine error: {0}")]
+    Unavailable(String),
+}
+
+/// Network attachment of a new container.
+#[derive(Debug, Clone, PartialEq)]
+pub enum NetworkAttach {
+    /// No interface but loopback (`network_mode=none`).
+    None,
+    /// Attached to the named network only.
+    Network(String),
+}
+
+/// Everything needed to create a container; the engine adds nothing of its own.
+#[derive(Debug, Clone)]
+pub struct ContainerSpec {
+    pub image: String,
+    pub cmd: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub labels: HashMap<String, String>,
+    /// `uid:gid` the container's processes start as.
+    pub user: String,
+    pub runtime: String,
+    pub memory_bytes: Option<i64>,
+    pub nano_cpus: Option<i64>,
+    pub pids_limit: i64,
+    pub network: NetworkAttach,
+    /// A tar archive extracted at `/` before the container starts: the workspace skeleton, with
+    /// ownership carried by the entries (no `chown` in the container, which gVisor forbids).
+    pub skeleton: Option<Bytes>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ContainerStatus {
+    Created,
+    Running,
+    Paused,
+    Restarting,
+    Exited,
+    Dead,
+    Other(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct ContainerInfo {
+    pub id: String,
+    pub status: ContainerStatus,
+    pub labels: HashMap<String, String>,
+    /// RFC 3339 time the container last stopped, when it did.
+    pub finished_at: Option<String>,
+    pub memory_bytes: Option<i64>,
+    pub nano_cpus: Option<i64>,
+}
+
+impl ContainerInfo {
+    pub fn is_running(&self) -> bool {
+        matches!(
+            self.status,
+            ContainerStatus::Running | ContainerStatus::Restarting
+        )
+    }
+
+    pub fn is_managed(&self) -> bool {
+        self.labels.get(MANAGED_LABEL).map(String::as_str) == Some("true")
+    }
+}
+
+/// A process to start in a running container.
+#[derive(Debug, Clone)]
+pub struct ExecSpec {
+    pub cmd: Vec<String>,
+    pub user: String,
+    pub workdir: Option<String>,
+    pub env: Vec<(String, String)>,
+}
+
+/// A started process: its merged output as it is produced, and an id to ask for its exit code
+/// once the output ends.
+pub struct ExecStream {
+    pub exec_id: String,
+    pub output: BoxStream<'static, Result<Bytes, EngineError>>,
+}
+
+#[async_trait::async_trait]
+pub trait ContainerEngine: Send + Sync + 'static {
+    /// Is the engine answering?
+    async fn ping(&self) -> Result<(), EngineError>;
+    /// Makes `image` available locally, pulling it only when absent.
+    async fn ensure_image(&self, image: &str) -> Result<(), EngineError>;
+    /// Creates (and seeds the skeleton of) a container without starting it.
+    async fn create(&self, spec: &ContainerSpec) -> Result<String, EngineError>;
+    async fn start(&self, id: &str) -> Result<(), EngineError>;
+    async fn inspect(&self, id: &str) -> Result<ContainerInfo, EngineError>;
+    async fn stop(&self, id: &str, grace: Duration) -> Result<(), EngineError>;
+    /// Removes the container, running or not, with its anonymous volumes.
+    async fn remove(&self, id: &str) -> Result<(), EngineError>;
+    async fn exec(&self, id: &str, spec: &ExecSpec) -> Result<ExecStream, EngineError>;
+    /// `None` while the process still runs.
+    async fn exec_exit_code(&self, exec_id: &str) -> Result<Option<i64>, EngineError>;
+    /// Extracts a tar stream at `path` inside the container.
+    async fn put_archive(
+        &self,
+        id: &str,
+        path: &str,
+        tar: BoxStream<'static, Result<Bytes, std::io::Error>>,
+    ) -> Result<(), EngineError>;
+    /// Managed containers carrying all of `labels` (`key=value`).
+    async fn list(&self, labels: &[(&str, &str)]) -> Result<Vec<ContainerInfo>, EngineError>;
+}

@@ -1,0 +1,69 @@
+//! `daiv-sandbox`: reads the `DAIV_SANDBOX_*` settings, connects to Docker and serves the API.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use control_plane::config::{self, Environment, ProcessEnv};
+use control_plane::engine::docker::DockerEngine;
+use control_plane::lock::LocalLocks;
+use control_plane::{AppState, app};
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let config = match config::load(&ProcessEnv::new()) {
+        Ok(c) => Arc::new(c),
+        Err(e) => {
+            eprintln!("daiv-sandbox: {e}");
+            std::process::exit(2);
+        }
+    };
+    init_tracing(&config);
+
+    let engine = DockerEngine::connect()
+        .await
+        .context("cannot reach the Docker engine (is dockerd running? DOCKER_HOST?)")?;
+    let state = AppState::new(
+        config.clone(),
+        Arc::new(engine),
+        Arc::new(LocalLocks::default()),
+    );
+
+    let addr = std::net::SocketAddr::new(config.host, config.port);
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))?;
+    tracing::info!(%addr, version = control_plane::VERSION, "daiv-sandbox listening");
+    axum::serve(listener, app(state))
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+        .context("server error")
+}
+
+fn init_tracing(config: &config::Config) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new(config.log_level.directive()));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    if config.environment == Environment::Production {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}

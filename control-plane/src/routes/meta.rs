@@ -1,0 +1,41 @@
+//! Health, version and the OpenAPI document.
+
+use axum::Json;
+use axum::extract::State;
+use axum::response::IntoResponse;
+use utoipa::OpenApi;
+
+use crate::AppState;
+use crate::api::{HealthResponse, VersionResponse};
+use crate::error::ApiError;
+
+/// Healthcheck: 200 while Docker answers, 503 otherwise.
+#[utoipa::path(get, path = "/-/health/", tag = "meta",
+    responses((status = 200, body = HealthResponse), (status = 503, body = crate::api::ErrorBody)))]
+pub async fn health(State(state): State<AppState>) -> Result<Json<HealthResponse>, ApiError> {
+    state
+        .sessions
+        .engine()
+        .ping()
+        .await
+        .map_err(|_| ApiError::Unavailable("Docker client is not responding".to_string()))?;
+    Ok(Json(HealthResponse {
+        status: "ok".to_string(),
+    }))
+}
+
+/// The running version.
+#[utoipa::path(get, path = "/-/version/", tag = "meta", responses((status = 200, body = VersionResponse)))]
+pub async fn version() -> Json<VersionResponse> {
+    Json(VersionResponse {
+        version: crate::VERSION.to_string(),
+    })
+}
+
+pub async fn openapi(State(state): State<AppState>) -> impl IntoResponse {
+    let mut doc = crate::ApiDoc::openapi();
+    doc.servers = Some(vec![utoipa::openapi::Server::new(
+        state.config.api_v1_str.clone(),
+    )]);
+    Json(doc)
+}

@@ -1,0 +1,69 @@
+//! `/session/...`: create, run commands, status, close.
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+
+use crate::AppState;
+use crate::api::{
+    ApiJson, CloseQuery, ErrorBody, RunRequest, RunResponse, StartSessionRequest,
+    StartSessionResponse,
+};
+use crate::error::ApiError;
+
+/// Start a sandbox session and return its id.
+#[utoipa::path(post, path = "/session/", tag = "session", request_body = StartSessionRequest,
+    security(("api_key" = [])),
+    responses((status = 200, body = StartSessionResponse), (status = 400, body = ErrorBody),
+        (status = 403, body = ErrorBody), (status = 422, body = ErrorBody), (status = 503, body = ErrorBody)))]
+pub async fn create(
+    State(state): State<AppState>,
+    ApiJson(req): ApiJson<StartSessionRequest>,
+) -> Result<Json<StartSessionResponse>, ApiError> {
+    let session_id = state.sessions.create(&req).await?;
+    Ok(Json(StartSessionResponse { session_id }))
+}
+
+/// Run commands on a session, in order, in `/workspace/repo`.
+#[utoipa::path(post, path = "/session/{session_id}/", tag = "session", request_body = RunRequest,
+    security(("api_key" = [])),
+    params(("session_id" = String, Path, description = "The session id")),
+    responses((status = 200, body = RunResponse), (status = 403, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 503, body = ErrorBody)))]
+pub async fn run(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<RunRequest>,
+) -> Result<Json<RunResponse>, ApiError> {
+    let _held = state.lock(&id).await?;
+    Ok(Json(state.sessions.run(&id, &req).await?))
+}
+
+/// 204 when the session exists (restarting it if stopped), else 404.
+#[utoipa::path(get, path = "/session/{session_id}/", tag = "session", security(("api_key" = [])),
+    params(("session_id" = String, Path, description = "The session id")),
+    responses((status = 204), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 503, body = ErrorBody)))]
+pub async fn status(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    let _held = state.lock(&id).await?;
+    state.sessions.ensure_running(&id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Close a session: stop it (kept warm for reuse), or remove it with `?force=true`.
+#[utoipa::path(delete, path = "/session/{session_id}/", tag = "session", security(("api_key" = [])),
+    params(("session_id" = String, Path, description = "The session id"),
+        ("force" = Option<bool>, Query, description = "Remove instead of stop")),
+    responses((status = 204), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn close(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    Query(q): Query<CloseQuery>,
+) -> Result<StatusCode, ApiError> {
+    let _held = state.lock(&id).await?;
+    state.sessions.close(&id, q.force).await?;
+    Ok(StatusCode::NO_CONTENT)
+}

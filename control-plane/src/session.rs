@@ -1,0 +1,542 @@
+//! Session lifecycle and command execution, over [`ContainerEngine`] only.
+//!
+//! A session is one container labelled [`MANAGED_LABEL`]; its id is the container id. All state
+//! lives in the container and its labels, so any replica (or a restarted control plane) can serve
+//! any session.
+//!
+//! Docker round trips per operation: create = inspect image + create + put skeleton + start (4);
+//! each command = exec create + exec start + exec inspect (3), plus one more exec to kill the
+//! process group on timeout; status = inspect (+ start when stopped); close = inspect + stop/remove.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use tokio::time::Instant;
+
+use crate::api::{RunRequest, RunResponse, RunResult, StartSessionRequest, WORKDIR};
+use crate::config::Config;
+use crate::engine::{
+    ContainerEngine, ContainerInfo, ContainerSpec, EngineError, ExecSpec, IMAGE_LABEL,
+    MANAGED_LABEL, NetworkAttach, ROLE_LABEL, ROLE_SANDBOX,
+};
+use crate::error::ApiError;
+
+/// Home of the sandbox user: writable, outside the workspace so seeds and `git status` stay clean.
+pub const HOME: &str = "/home/sandbox";
+
+/// Exit code of a command killed at its timeout (as coreutils' `timeout`).
+pub const TIMEOUT_EXIT_CODE: i64 = 124;
+
+/// Keeps the container alive without depending on anything but a POSIX shell and `sleep`, which
+/// every distro image has. PID 1 is Docker's init (tini), which forwards SIGTERM here: stops are
+/// prompt instead of waiting out the stop timeout.
+const KEEPALIVE: &str = "while :; do sleep 86400; done";
+
+/// Runs one command: prints its own pid first (the process group leader, so a timeout can kill
+/// the command and every child it started), merges stderr into stdout so the output interleaves as
+/// produced, and prefers bash with pipefail, then sh with pipefail where the shell knows it.
+const WRAPPER: &str = r#"echo "$$"; exec 2>&1
+if command -v bash >/dev/null 2>&1; then exec bash -o pipefail -c "$1"; fi
+if (set -o pipefail) 2>/dev/null; then exec sh -o pipefail -c "$1"; fi
+exec sh -c "$1""#;
+
+/// Kills a whole process group (the wrapper's), falling back to the single pid. `kill -9 -PGID`
+/// is the one spelling dash, bash and busybox all accept (dash and busybox reject `--`).
+const KILL_GROUP: &str = r#"kill -9 "-$1" 2>/dev/null || kill -9 "$1" 2>/dev/null; exit 0"#;
+
+/// How long to wait for the rest of the output once a timed-out command was killed.
+const DRAIN_AFTER_KILL: Duration = Duration::from_secs(5);
+
+pub struct Sessions {
+    engine: Arc<dyn ContainerEngine>,
+    config: Arc<Config>,
+}
+
+/// Docker's own lower bound for a memory limit.
+const MIN_MEMORY_BYTES: i64 = 6 * 1024 * 1024;
+
+impl Sessions {
+    pub fn new(engine: Arc<dyn ContainerEngine>, config: Arc<Config>) -> Self {
+        Self { engine, config }
+    }
+
+    pub fn engine(&self) -> &dyn ContainerEngine {
+        &*self.engine
+    }
+
+    fn user(&self) -> String {
+        format!("{}:{}", self.config.run_uid, self.config.run_gid)
+    }
+
+    /// Creates and starts an isolated session; nothing is left behind when any step fails.
+    pub async fn create(&self, req: &StartSessionRequest) -> Result<String, ApiError> {
+        validate_start(req)?;
+        if req.egress.is_some() {
+            return Err(ApiError::BadRequest(
+                "egress not configured: set DAIV_SANDBOX_EGRESS_CA_CERT_FILE and DAIV_SANDBOX_EGRESS_CA_KEY_FILE"
+                    .to_string(),
+            ));
+        }
+        self.engine.ensure_image(&req.base_image).await?;
+        let spec = self.sandbox_spec(req, NetworkAttach::None, &[]);
+        let id = self.engine.create(&spec).await?;
+        if let Err(e) = self.engine.start(&id).await {
+            let _ = self.engine.remove(&id).await;
+            return Err(e.into());
+        }
+        tracing::info!(session_id = %id, image = %req.base_image, "session created");
+        Ok(id)
+    }
+
+    /// The container spec of a sandbox: isolation defaults, workspace skeleton and environment.
+    /// `extra_env` (the egress proxy settings) wins over the caller's environment.
+    pub fn sandbox_spec(
+        &self,
+        req: &StartSessionRequest,
+        network: NetworkAttach,
+        extra_env: &[(String, String)],
+    ) -> ContainerSpec {
+        let c = &self.config;
+        let mut env: Vec<(String, String)> = base_env();
+        if let Some(user_env) = &req.environment {
+            for (k, v) in user_env {
+                env.retain(|(ek, _)| ek != k);
+                env.push((k.clone(), v.clone()));
+            }
+        }
+        for (k, v) in extra_env {
+            env.retain(|(ek, _)| ek != k);
+            env.push((k.clone(), v.clone()));
+        }
+        let labels = HashMap::from([
+            (MANAGED_LABEL.to_string(), "true".to_string()),
+            (ROLE_LABEL.to_string(), ROLE_SANDBOX.to_string()),
+            (IMAGE_LABEL.to_string(), req.base_image.clone()),
+        ]);
+        ContainerSpec {
+            image: req.base_image.clone(),
+            cmd: vec!["/bin/sh".into(), "-c".into(), KEEPALIVE.into()],
+            env,
+            labels,
+            user: self.user(),
+            runtime: c.runtime.as_str().to_string(),
+            memory_bytes: req.memory_bytes,
+            nano_cpus: req.cpus.map(|c| (c * 1e9).round() as i64),
+            pids_limit: c.pids_limit,
+            network,
+            skeleton: Some(skeleton_tar(c.run_uid, c.run_gid)),
+        }
+    }
+
+    /// The managed sandbox container behind `id`, or 404. Ids are full container ids only: a name
+    /// or a prefix could reach a container that is not a session.
+    pub async fn find(&self, id: &str) -> Result<ContainerInfo, ApiError> {
+        if !is_container_id(id) {
+            return Err(ApiError::NotFound);
+        }
+        let info = self.engine.inspect(id).await?;
+        if !info.is_managed()
+            || info.labels.get(ROLE_LABEL).map(String::as_str) != Some(ROLE_SANDBOX)
+        {
+            return Err(ApiError::NotFound);
+        }
+        Ok(info)
+    }
+
+    /// Starts a stopped session so the next operation finds it warm.
+    pub async fn ensure_running(&self, id: &str) -> Result<ContainerInfo, ApiError> {
+        let info = self.find(id).await?;
+        if info.is_running() {
+            return Ok(info);
+        }
+        match self.engine.start(id).await {
+            Ok(()) => Ok(info),
+            Err(EngineError::NotFound) => Err(ApiError::NotFound),
+            Err(e) => Err(ApiError::Unavailable(format!(
+                "session could not be restarted: {e}"
+            ))),
+        }
+    }
+
+    /// Stops the session (kept warm for reuse), or removes it with `force`.
+    pub async fn close(&self, id: &str, force: bool) -> Result<(), ApiError> {
+        self.find(id).await?;
+        let result = if force {
+            self.engine.remove(id).await
+        } else {
+            self.engine.stop(id, self.config.stop_timeout).await
+        };
+        match result {
+            Ok(()) | Err(EngineError::NotFound) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Runs the commands in order. A timed-out command ends the request: the rest are skipped.
+    pub async fn run(&self, id: &str, req: &RunRequest) -> Result<RunResponse, ApiError> {
+        if let Some(bad) = req.commands.iter().find(|c| c.contains('\0')) {
+            return Err(ApiError::Unprocessable(format!(
+                "command contains a NUL byte: {:?}",
+                bad.replace('\0', "\\0")
+            )));
+        }
+        self.ensure_running(id).await?;
+        let timeout = match req.timeout {
+            Some(0) => None,
+            Some(secs) => Some(Duration::from_secs(secs)),
+            None => self.config.command_timeout,
+        };
+        let mut results = Vec::with_capacity(req.commands.len());
+        for command in &req.commands {
+            let done = self.run_one(id, command, timeout).await?;
+            let stop = done.timed_out || (req.fail_fast && done.exit_code != 0);
+            results.push(RunResult {
+                command: command.clone(),
+                output: done.output,
+                exit_code: done.exit_code,
+                workdir: WORKDIR.to_string(),
+            });
+            if stop {
+                break;
+            }
+        }
+        Ok(RunResponse { results })
+    }
+
+    async fn run_one(
+        &self,
+        id: &str,
+        command: &str,
+        timeout: Option<Duration>,
+    ) -> Result<Finished, ApiError> {
+        let spec = ExecSpec {
+            cmd: vec![
+                "/bin/sh".into(),
+                "-c".into(),
+                WRAPPER.into(),
+                "daiv-sandbox".into(),
+                command.into(),
+            ],
+            user: self.user(),
+            workdir: Some(WORKDIR.to_string()),
+            env: Vec::new(),
+        };
+        let mut exec = self.engine.exec(id, &spec).await?;
+        let mut out = Output::new(self.config.output_max_bytes);
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut timed_out = false;
+        loop {
+            let next = match deadline {
+                Some(d) => match tokio::time::timeout_at(d, exec.output.next()).await {
+                    Ok(n) => n,
+                    Err(_) => {
+                        timed_out = true;
+                        break;
+                    }
+                },
+                None => exec.output.next().await,
+            };
+            match next {
+                Some(Ok(chunk)) => out.push(&chunk),
+                Some(Err(e)) => return Err(e.into()),
+                None => break,
+            }
+        }
+        if timed_out {
+            if let Some(pid) = out.pid() {
+                self.kill_group(id, pid).await;
+            }
+            let drain = async {
+                while let Some(Ok(chunk)) = exec.output.next().await {
+                    out.push(&chunk);
+                }
+            };
+            let _ = tokio::time::timeout(DRAIN_AFTER_KILL, drain).await;
+            return Ok(Finished {
+                output: out.finish(),
+                exit_code: TIMEOUT_EXIT_CODE,
+                timed_out: true,
+            });
+        }
+        let exit_code = self.exit_code(&exec.exec_id).await?;
+        Ok(Finished {
+            output: out.finish(),
+            exit_code,
+            timed_out: false,
+        })
+    }
+
+    /// The exit code once the output stream ended; the daemon may take a moment to record it.
+    async fn exit_code(&self, exec_id: &str) -> Result<i64, ApiError> {
+        for attempt in 0..50u32 {
+            if let Some(code) = self.engine.exec_exit_code(exec_id).await? {
+                return Ok(code);
+            }
+            tokio::time::sleep(Duration::from_millis(5 * u64::from(attempt.min(20)) + 1)).await;
+        }
+        Err(ApiError::Unavailable(
+            "the command's exit code was not reported by the container engine".to_string(),
+        ))
+    }
+
+    async fn kill_group(&self, id: &str, pid: u32) {
+        let spec = ExecSpec {
+            cmd: vec![
+                "/bin/sh".into(),
+                "-c".into(),
+                KILL_GROUP.into(),
+                "daiv-kill".into(),
+                pid.to_string(),
+            ],
+            user: self.user(),
+            workdir: None,
+            env: Vec::new(),
+        };
+        match self.engine.exec(id, &spec).await {
+            Ok(mut kill) => while kill.output.next().await.is_some() {},
+            Err(e) => {
+                tracing::warn!(session_id = %id, error = %e, "could not kill timed-out command")
+            }
+        }
+    }
+}
+
+struct Finished {
+    output: String,
+    exit_code: i64,
+    timed_out: bool,
+}
+
+/// A command's output: the wrapper's pid line split off, then at most `cap` bytes kept and the
+/// rest only counted, so the service's memory does not depend on what a command prints.
+struct Output {
+    cap: usize,
+    pid_line: Vec<u8>,
+    pid: Option<u32>,
+    header_done: bool,
+    kept: Vec<u8>,
+    dropped: u64,
+}
+
+impl Output {
+    fn new(cap: usize) -> Self {
+        Self {
+            cap,
+            pid_line: Vec::new(),
+            pid: None,
+            header_done: false,
+            kept: Vec::new(),
+            dropped: 0,
+        }
+    }
+
+    fn push(&mut self, mut chunk: &[u8]) {
+        if !self.header_done {
+            match chunk.iter().position(|b| *b == b'\n') {
+                Some(nl) => {
+                    self.pid_line.extend_from_slice(&chunk[..nl]);
+                    self.pid = std::str::from_utf8(&self.pid_line)
+                        .ok()
+                        .and_then(|s| s.trim().parse().ok());
+                    self.header_done = true;
+                    chunk = &chunk[nl + 1..];
+                }
+                None if self.pid_line.len() + chunk.len() <= 16 => {
+                    self.pid_line.extend_from_slice(chunk);
+                    return;
+                }
+                None => {
+                    // Not our header after all: keep everything as output.
+                    self.header_done = true;
+                    let line = std::mem::take(&mut self.pid_line);
+                    self.keep(&line);
+                }
+            }
+        }
+        self.keep(chunk);
+    }
+
+    fn keep(&mut self, chunk: &[u8]) {
+        let room = self.cap.saturating_sub(self.kept.len());
+        let take = room.min(chunk.len());
+        self.kept.extend_from_slice(&chunk[..take]);
+        self.dropped += (chunk.len() - take) as u64;
+    }
+
+    fn pid(&self) -> Option<u32> {
+        self.pid.filter(|p| *p > 1)
+    }
+
+    fn finish(self) -> String {
+        let mut s = String::from_utf8_lossy(&self.kept).into_owned();
+        if self.dropped > 0 {
+            s.push_str(&format!(
+                "\n[daiv-sandbox: output truncated: {} bytes omitted; the limit is {} bytes]\n",
+                self.dropped, self.cap
+            ));
+        }
+        s
+    }
+}
+
+/// HOME and XDG locations: tools such as uv, npm and pip need a writable home.
+fn base_env() -> Vec<(String, String)> {
+    [
+        ("HOME", HOME.to_string()),
+        ("XDG_CONFIG_HOME", format!("{HOME}/.config")),
+        ("XDG_CACHE_HOME", format!("{HOME}/.cache")),
+        ("XDG_DATA_HOME", format!("{HOME}/.local/share")),
+        ("XDG_STATE_HOME", format!("{HOME}/.local/state")),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
+/// `/workspace/{repo,skills,tmp}` and the home directory, owned by the sandbox user through the
+/// archive entries themselves: no `chown` runs in the container (gVisor gives `exec -u root` no
+/// capabilities).
+pub fn skeleton_tar(uid: u32, gid: u32) -> Bytes {
+    let dirs = [
+        "workspace/",
+        "workspace/repo/",
+        "workspace/skills/",
+        "workspace/tmp/",
+        "home/sandbox/",
+        "home/sandbox/.config/",
+        "home/sandbox/.cache/",
+        "home/sandbox/.local/",
+        "home/sandbox/.local/share/",
+        "home/sandbox/.local/state/",
+    ];
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let mut builder = tar::Builder::new(Vec::new());
+    for dir in dirs {
+        let mut header = tar::Header::new_gnu();
+        header.set_entry_type(tar::EntryType::Directory);
+        header.set_mode(0o755);
+        header.set_uid(u64::from(uid));
+        header.set_gid(u64::from(gid));
+        header.set_size(0);
+        header.set_mtime(now);
+        // Writing to a Vec cannot fail; the path is a short constant.
+        let _ = builder.append_data(&mut header, dir, std::io::empty());
+    }
+    Bytes::from(builder.into_inner().unwrap_or_default())
+}
+
+pub fn is_container_id(id: &str) -> bool {
+    id.len() == 64
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+fn validate_start(req: &StartSessionRequest) -> Result<(), ApiError> {
+    let image = req.base_image.trim();
+    if image.is_empty()
+        || image.len() > 512
+        || image.chars().any(|c| c.is_whitespace() || c.is_control())
+    {
+        return Err(ApiError::Unprocessable(format!(
+            "base_image is not a valid image reference: {:?}",
+            req.base_image
+        )));
+    }
+    if let Some(m) = req.memory_bytes
+        && m < MIN_MEMORY_BYTES
+    {
+        return Err(ApiError::Unprocessable(format!(
+            "memory_bytes must be at least {MIN_MEMORY_BYTES} (6 MiB)"
+        )));
+    }
+    if let Some(c) = req.cpus
+        && !(c.is_finite() && c > 0.0 && c <= 1024.0)
+    {
+        return Err(ApiError::Unprocessable(
+            "cpus must be a positive number".to_string(),
+        ));
+    }
+    if let Some(env) = &req.environment {
+        for (k, v) in env {
+            if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
+                return Err(ApiError::Unprocessable(format!(
+                    "environment variable {k:?}: names must be non-empty without '=' or NUL, values without NUL"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_splits_the_pid_line_even_across_chunks() {
+        let mut o = Output::new(100);
+        o.push(b"12");
+        o.push(b"3\nhello ");
+        o.push(b"world\n");
+        assert_eq!(o.pid(), Some(123));
+        assert_eq!(o.finish(), "hello world\n");
+    }
+
+    #[test]
+    fn output_is_capped_with_a_marker() {
+        let mut o = Output::new(10);
+        o.push(b"7\n");
+        for _ in 0..1000 {
+            o.push(b"abcdefghij");
+        }
+        let s = o.finish();
+        assert!(s.starts_with("abcdefghij\n[daiv-sandbox: output truncated: 9990 bytes omitted"));
+    }
+
+    #[test]
+    fn invalid_utf8_is_replaced_not_fatal() {
+        let mut o = Output::new(100);
+        o.push(b"9\n\xff\xfeok");
+        assert_eq!(o.finish(), "\u{fffd}\u{fffd}ok");
+    }
+
+    #[test]
+    fn container_ids_are_full_lowercase_hex() {
+        assert!(is_container_id(&"a".repeat(64)));
+        assert!(!is_container_id(&"a".repeat(12)));
+        assert!(!is_container_id(&"A".repeat(64)));
+        assert!(!is_container_id("../../etc"));
+    }
+
+    #[test]
+    fn skeleton_entries_carry_the_sandbox_owner() -> std::io::Result<()> {
+        let tar_bytes = skeleton_tar(1234, 5678);
+        let mut archive = tar::Archive::new(&tar_bytes[..]);
+        let mut names = Vec::new();
+        for entry in archive.entries()? {
+            let entry = entry?;
+            assert_eq!(entry.header().uid()?, 1234);
+            assert_eq!(entry.header().gid()?, 5678);
+            names.push(entry.path()?.display().to_string());
+        }
+        for expected in [
+            "workspace/repo",
+            "workspace/skills",
+            "workspace/tmp",
+            "home/sandbox",
+        ] {
+            assert!(
+                names.iter().any(|n| n.trim_end_matches('/') == expected),
+                "{names:?}"
+            );
+        }
+        Ok(())
+    }
+}

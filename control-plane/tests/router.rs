@@ -1,0 +1,468 @@
+//! In-process tests of the HTTP surface against the fake engine: routing, auth, status codes,
+//! JSON shapes and the session logic's decisions. Real Docker is exercised by the `e2e` crate.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use control_plane::config::{self, Config};
+use control_plane::engine::fake::{FakeEngine, FakeExec};
+use control_plane::engine::{ContainerStatus, NetworkAttach};
+use control_plane::lock::LocalLocks;
+use control_plane::{AppState, app};
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+const KEY: &str = "test-key";
+
+fn config(extra: &[(&str, &str)]) -> Arc<Config> {
+    let mut env: HashMap<String, String> = HashMap::from([("API_KEY".into(), KEY.into())]);
+    for (k, v) in extra {
+        env.insert(k.to_string(), v.to_string());
+    }
+    match config::load(&env) {
+        Ok(c) => Arc::new(c),
+        Err(e) => panic!("test config invalid: {e}"),
+    }
+}
+
+struct Harness {
+    engine: FakeEngine,
+    router: axum::Router,
+}
+
+impl Harness {
+    fn new(engine: FakeEngine, extra: &[(&str, &str)]) -> Self {
+        let state = AppState::new(
+            config(extra),
+            Arc::new(engine.clone()),
+            Arc::new(LocalLocks::default()),
+        );
+        Self {
+            engine,
+            router: app(state),
+        }
+    }
+
+    fn default() -> Self {
+        Self::new(FakeEngine::default(), &[])
+    }
+
+    async fn call(
+        &self,
+        method: &str,
+        uri: &str,
+        body: Option<Value>,
+        key: Option<&str>,
+    ) -> (StatusCode, Value) {
+        let mut req = Request::builder().method(method).uri(uri);
+        if let Some(k) = key {
+            req = req.header("x-api-key", k);
+        }
+        let body = match body {
+            Some(v) => {
+                req = req.header("content-type", "application/json");
+                Body::from(v.to_string())
+            }
+            None => Body::empty(),
+        };
+        let resp = match self
+            .router
+            .clone()
+            .oneshot(req.body(body).expect("request"))
+            .await
+        {
+            Ok(r) => r,
+            Err(e) => match e {},
+        };
+        let status = resp.status();
+        let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+        let value = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes)
+                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()))
+        };
+        (status, value)
+    }
+
+    async fn api(&self, method: &str, path: &str, body: Option<Value>) -> (StatusCode, Value) {
+        self.call(method, &format!("/api/v1{path}"), body, Some(KEY))
+            .await
+    }
+
+    async fn session(&self) -> String {
+        let (status, body) = self
+            .api("POST", "/session/", Some(json!({"base_image": "img:1"})))
+            .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        body["session_id"].as_str().expect("session_id").to_string()
+    }
+}
+
+#[tokio::test]
+async fn api_key_is_required_on_api_routes_only() {
+    let h = Harness::default();
+    let (s, b) = h
+        .call(
+            "POST",
+            "/api/v1/session/",
+            Some(json!({"base_image": "x"})),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::FORBIDDEN);
+    assert_eq!(b, json!({"detail": "API Key header is missing"}));
+    let (s, b) = h
+        .call(
+            "POST",
+            "/api/v1/session/",
+            Some(json!({"base_image": "x"})),
+            Some("nope"),
+        )
+        .await;
+    assert_eq!(s, StatusCode::FORBIDDEN);
+    assert_eq!(b, json!({"detail": "Invalid API Key"}));
+    for path in [
+        "/-/health/",
+        "/-/health",
+        "/api/v1/-/health/",
+        "/-/version/",
+        "/api/v1/-/version/",
+    ] {
+        let (s, _) = h.call("GET", path, None, None).await;
+        assert_eq!(s, StatusCode::OK, "{path}");
+    }
+    let (_, b) = h.call("GET", "/-/version/", None, None).await;
+    assert_eq!(b["version"], env!("CARGO_PKG_VERSION"));
+    assert!(!h.engine.calls().iter().any(|c| c.starts_with("create")));
+}
+
+#[tokio::test]
+async fn health_is_503_when_the_engine_does_not_answer() {
+    let h = Harness::default();
+    h.engine.set_down(true);
+    let (s, b) = h.call("GET", "/-/health/", None, None).await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(b["detail"], "Docker client is not responding");
+}
+
+#[tokio::test]
+async fn create_applies_isolation_defaults_and_ignores_unknown_fields() {
+    let h = Harness::default();
+    let (s, b) = h
+        .api(
+            "POST",
+            "/session",
+            Some(json!({"base_image": "img:1", "dockerfile": "FROM x", "environment": {"A": "1", "HOME": "/custom"},
+                        "memory_bytes": 268435456, "cpus": 0.5, "future_field": [1, 2]})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    let id = b["session_id"].as_str().expect("id");
+    assert_eq!(id.len(), 64);
+    let spec = h.engine.spec(id).expect("created");
+    assert_eq!(spec.user, "1000:1000");
+    assert_eq!(spec.network, NetworkAttach::None);
+    assert_eq!(spec.memory_bytes, Some(268_435_456));
+    assert_eq!(spec.nano_cpus, Some(500_000_000));
+    assert_eq!(spec.runtime, "runc");
+    assert!(spec.pids_limit > 0);
+    assert!(spec.env.contains(&("A".into(), "1".into())));
+    // The caller's environment wins over our defaults.
+    assert!(spec.env.contains(&("HOME".into(), "/custom".into())));
+    assert!(spec.skeleton.is_some());
+    assert_eq!(h.engine.status(id), Some(ContainerStatus::Running));
+}
+
+#[tokio::test]
+async fn runtime_setting_reaches_the_container() {
+    let h = Harness::new(
+        FakeEngine::default(),
+        &[
+            ("RUNTIME", "runsc"),
+            ("RUN_UID", "2000"),
+            ("RUN_GID", "3000"),
+        ],
+    );
+    let id = h.session().await;
+    let spec = h.engine.spec(&id).expect("created");
+    assert_eq!(spec.runtime, "runsc");
+    assert_eq!(spec.user, "2000:3000");
+}
+
+#[tokio::test]
+async fn bad_requests_are_rejected_before_touching_the_engine() {
+    let h = Harness::default();
+    for body in [
+        json!({}),
+        json!({"base_image": ""}),
+        json!({"base_image": "a b"}),
+        json!({"base_image": "x", "memory_bytes": 10}),
+        json!({"base_image": "x", "cpus": -1}),
+        json!({"base_image": "x", "environment": {"A=B": "1"}}),
+        json!({"base_image": 5}),
+    ] {
+        let (s, b) = h.api("POST", "/session/", Some(body.clone())).await;
+        assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{body} -> {b}");
+        assert!(b["detail"].is_string(), "{b}");
+    }
+    assert!(!h.engine.calls().iter().any(|c| c.starts_with("create")));
+}
+
+#[tokio::test]
+async fn egress_without_a_ca_is_400() {
+    let h = Harness::default();
+    let (s, b) = h
+        .api(
+            "POST",
+            "/session/",
+            Some(json!({"base_image": "x", "egress": {"policy": {"default": "allow"}}})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert!(
+        b["detail"]
+            .as_str()
+            .unwrap_or("")
+            .contains("egress not configured"),
+        "{b}"
+    );
+}
+
+#[tokio::test]
+async fn an_image_that_cannot_be_pulled_is_a_4xx_naming_it() {
+    let h = Harness::default();
+    h.engine.set_missing_image("ghost:latest");
+    let (s, b) = h
+        .api(
+            "POST",
+            "/session/",
+            Some(json!({"base_image": "ghost:latest"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    let detail = b["detail"].as_str().unwrap_or("");
+    assert!(
+        detail.contains("ghost:latest") && detail.contains("pull access denied"),
+        "{detail}"
+    );
+    assert!(!h.engine.calls().iter().any(|c| c.starts_with("create")));
+}
+
+#[tokio::test]
+async fn unknown_sessions_are_404_on_every_route() {
+    let h = Harness::default();
+    let ghost = "f".repeat(64);
+    for (method, path, body) in [
+        ("GET", format!("/session/{ghost}/"), None),
+        (
+            "POST",
+            format!("/session/{ghost}/"),
+            Some(json!({"commands": ["true"]})),
+        ),
+        ("DELETE", format!("/session/{ghost}/"), None),
+        ("DELETE", format!("/session/{ghost}/?force=true"), None),
+        ("GET", "/session/not-an-id/".to_string(), None),
+        ("GET", "/session/../".to_string(), None),
+    ] {
+        let (s, _) = h.api(method, &path, body).await;
+        assert_eq!(s, StatusCode::NOT_FOUND, "{method} {path}");
+    }
+}
+
+#[tokio::test]
+async fn commands_run_in_order_and_fail_fast_stops_at_the_first_failure() {
+    let engine = FakeEngine::new(|cmd| FakeExec {
+        chunks: vec![format!("out:{cmd}").into_bytes()],
+        exit_code: if cmd == "bad" { 2 } else { 0 },
+        hang: false,
+    });
+    let h = Harness::new(engine, &[]);
+    let id = h.session().await;
+    let cmds = json!(["one", "bad", "three"]);
+    let (s, b) = h
+        .api(
+            "POST",
+            &format!("/session/{id}/"),
+            Some(json!({"commands": cmds})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    let results = b["results"].as_array().expect("results");
+    assert_eq!(results.len(), 3);
+    assert_eq!(
+        results[1],
+        json!({"command": "bad", "output": "out:bad", "exit_code": 2, "workdir": "/workspace/repo"})
+    );
+    let (_, b) = h
+        .api(
+            "POST",
+            &format!("/session/{id}"),
+            Some(json!({"commands": cmds, "fail_fast": true})),
+        )
+        .await;
+    let results = b["results"].as_array().expect("results");
+    assert_eq!(results.len(), 2);
+    assert_eq!(results[1]["exit_code"], 2);
+}
+
+#[tokio::test]
+async fn a_timed_out_command_is_killed_reports_124_and_skips_the_rest() {
+    let engine = FakeEngine::new(|cmd| FakeExec {
+        chunks: vec![b"partial".to_vec()],
+        exit_code: 0,
+        hang: cmd == "hang",
+    });
+    let h = Harness::new(engine, &[]);
+    let id = h.session().await;
+    let (s, b) = h
+        .api(
+            "POST",
+            &format!("/session/{id}/"),
+            Some(json!({"commands": ["ok", "hang", "never"], "timeout": 1})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    let results = b["results"].as_array().expect("results");
+    assert_eq!(results.len(), 2, "{b}");
+    assert_eq!(results[1]["exit_code"], 124);
+    assert_eq!(results[1]["output"], "partial");
+    // The wrapper's pid (4242) is the process group that gets killed.
+    assert!(
+        h.engine.calls().iter().any(|c| c.ends_with(" 4242")),
+        "{:?}",
+        h.engine.calls()
+    );
+    assert!(!h.engine.calls().iter().any(|c| c.ends_with(" never")));
+}
+
+#[tokio::test]
+async fn the_server_default_timeout_applies_and_zero_disables_it() {
+    let engine = FakeEngine::new(|_| FakeExec {
+        chunks: vec![],
+        exit_code: 0,
+        hang: true,
+    });
+    let h = Harness::new(engine, &[("COMMAND_TIMEOUT", "1")]);
+    let id = h.session().await;
+    let (_, b) = h
+        .api(
+            "POST",
+            &format!("/session/{id}/"),
+            Some(json!({"commands": ["x"]})),
+        )
+        .await;
+    assert_eq!(b["results"][0]["exit_code"], 124);
+    let path = format!("/session/{id}/");
+    let zero = h.api(
+        "POST",
+        &path,
+        Some(json!({"commands": ["x"], "timeout": 0})),
+    );
+    assert!(
+        tokio::time::timeout(Duration::from_millis(1500), zero)
+            .await
+            .is_err(),
+        "timeout 0 must not time out"
+    );
+}
+
+#[tokio::test]
+async fn a_busy_session_answers_409_after_the_lock_wait() {
+    let engine = FakeEngine::new(|cmd| FakeExec {
+        chunks: vec![],
+        exit_code: 0,
+        hang: cmd == "slow",
+    });
+    let h = Arc::new(Harness::new(
+        engine,
+        &[("SESSION_LOCK_WAIT_SECONDS", "0.2")],
+    ));
+    let id = h.session().await;
+    let h2 = h.clone();
+    let id2 = id.clone();
+    let slow = tokio::spawn(async move {
+        h2.api(
+            "POST",
+            &format!("/session/{id2}/"),
+            Some(json!({"commands": ["slow"], "timeout": 2})),
+        )
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (s, b) = h
+        .api(
+            "POST",
+            &format!("/session/{id}/"),
+            Some(json!({"commands": ["fast"]})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CONFLICT, "{b}");
+    let (s, _) = h.api("DELETE", &format!("/session/{id}/"), None).await;
+    assert_eq!(s, StatusCode::CONFLICT);
+    let (s, _) = slow.await.expect("join");
+    assert_eq!(s, StatusCode::OK);
+    let (s, _) = h
+        .api(
+            "POST",
+            &format!("/session/{id}/"),
+            Some(json!({"commands": ["fast"]})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn close_stops_status_restarts_and_force_removes() {
+    let h = Harness::default();
+    let id = h.session().await;
+    let (s, _) = h.api("DELETE", &format!("/session/{id}/"), None).await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    assert_eq!(h.engine.status(&id), Some(ContainerStatus::Exited));
+    let (s, _) = h.api("GET", &format!("/session/{id}/"), None).await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    assert_eq!(h.engine.status(&id), Some(ContainerStatus::Running));
+    let (s, _) = h
+        .api("DELETE", &format!("/session/{id}/?force=true"), None)
+        .await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    assert_eq!(h.engine.status(&id), None);
+    let (s, _) = h.api("GET", &format!("/session/{id}/"), None).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn malformed_json_is_422_with_detail() {
+    let h = Harness::default();
+    let id = h.session().await;
+    let (s, b) = h
+        .api(
+            "POST",
+            &format!("/session/{id}/"),
+            Some(json!({"commands": "not-a-list"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(b["detail"].is_string());
+}
+
+#[tokio::test]
+async fn openapi_documents_every_route() {
+    let h = Harness::default();
+    let (s, b) = h.call("GET", "/api/v1/openapi.json", None, None).await;
+    assert_eq!(s, StatusCode::OK);
+    for path in [
+        "/session/",
+        "/session/{session_id}/",
+        "/-/health/",
+        "/-/version/",
+    ] {
+        assert!(b["paths"].get(path).is_some(), "{path} missing");
+    }
+    assert_eq!(b["servers"][0]["url"], "/api/v1");
+    assert!(b["components"]["schemas"].get("RunResult").is_some());
+}

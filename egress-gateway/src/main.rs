@@ -1,0 +1,3 @@
+fn main() -> anyhow::Result<()> {
+    anyhow::bail!("daiv-egress-gateway: not implemented yet")
+}

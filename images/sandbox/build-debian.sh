@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# Build the image daiv-sandbox-debian:local: a Debian bookworm minbase rootfs made by debootstrap
+# (bash, git, curl, ca-certificates, python3, procps, iproute2, libcap2-bin) with a user
+# `sandbox` (uid/gid 1000), imported with `docker import`. The mirror is the machine's own
+# (from its apt sources). The downloaded .debs are cached as a debootstrap tarball, so a rebuild
+# needs no network. Skips when the tag exists, unless FORCE=1.
+# Env: FORCE=1 to rebuild; IMAGE to change the tag; DEBIAN_MIRROR to override the mirror;
+#      DAIV_CACHE_DIR (default /var/cache/daiv-sandbox).
+set -euo pipefail
+here=$(dirname "$(readlink -f "$0")")
+# shellcheck source=scripts/lib.sh
+. "$here/../../scripts/lib.sh"
+
+IMAGE=${IMAGE:-daiv-sandbox-debian:local}
+SUITE=bookworm
+VARIANT=minbase
+INCLUDE=bash,git,curl,ca-certificates,python3,procps,iproute2,libcap2-bin
+ARCH=$(dpkg --print-architecture)
+
+"$here/../../scripts/ensure-docker.sh"
+if [ "${FORCE:-0}" != 1 ] && image_exists "$IMAGE"; then
+    exit 0
+fi
+need_root
+take_lock build-debian
+# Someone else may have built it while we waited for the lock.
+if [ "${FORCE:-0}" != 1 ] && image_exists "$IMAGE"; then
+    exit 0
+fi
+apt_ensure debootstrap
+
+# The Debian main archive from the machine's apt sources (deb822 first, then one-line style).
+find_mirror() {
+    python3 - <<'PY'
+import glob, re
+def good(uri, suites):
+    return uri.startswith(("http://", "https://")) and "security" not in uri \
+        and any(s.split("-")[0] == "bookworm" or s in ("stable",) for s in suites)
+for path in sorted(glob.glob("/etc/apt/sources.list.d/*.sources")):
+    try:
+        text = open(path).read()
+    except OSError:
+        continue
+    for stanza in re.split(r"\n\s*\n", text):
+        fields = {}
+        for line in stanza.splitlines():
+            if line.startswith("#") or ":" not in line or line[0].isspace():
+                continue
+            k, v = line.split(":", 1)
+            fields[k.strip().lower()] = v.split()
+        if fields.get("enabled", ["yes"])[0].lower() == "no":
+            continue
+        if "deb" not in fields.get("types", []):
+            continue
+        suites = fields.get("suites", [])
+        for uri in fields.get("uris", []):
+            if good(uri, suites):
+                print(uri.rstrip("/")); raise SystemExit
+for path in ["/etc/apt/sources.list"] + sorted(glob.glob("/etc/apt/sources.list.d/*.list")):
+    try:
+        lines = open(path).read().splitlines()
+    except OSError:
+        continue
+    for line in lines:
+        line = re.sub(r"\[[^]]*\]", " ", line.split("#", 1)[0]).split()
+        if len(line) >= 3 and line[0] == "deb" and good(line[1], [line[2]]):
+            print(line[1].rstrip("/")); raise SystemExit
+PY
+}
+MIRROR=${DEBIAN_MIRROR:-$(find_mirror || true)}
+MIRROR=${MIRROR:-http://deb.debian.org/debian}
+
+cache="$DAIV_CACHE_DIR/debian"
+mkdir -p "$cache"
+key=$(printf '%s\n' "$SUITE" "$VARIANT" "$INCLUDE" "$ARCH" | sha256sum | cut -c1-12)
+tarball="$cache/debootstrap-$SUITE-$VARIANT-$ARCH-$key.tgz"
+
+work=$(mktemp -d /var/tmp/daiv-debian.XXXXXX)
+root="$work/rootfs"
+cleanup() {
+    # debootstrap mounts proc/sys (and maybe more) inside the target: unmount before deleting.
+    if [ -d "$root" ]; then
+        awk -v r="$root" 'index($2, r) == 1 { print $2 }' /proc/mounts | sort -r \
+            | while read -r m; do umount -l "$m" 2>/dev/null || true; done
+    fi
+    rm -rf --one-file-system "$work"
+}
+trap cleanup EXIT
+
+common=(--variant="$VARIANT" --include="$INCLUDE" --arch="$ARCH")
+if [ ! -s "$tarball" ]; then
+    run_quiet "debootstrap --make-tarball from $MIRROR" \
+        debootstrap "${common[@]}" --make-tarball="$work/debs.tgz" "$SUITE" "$work/dl" "$MIRROR"
+    mv "$work/debs.tgz" "$tarball"
+    rm -rf --one-file-system "$work/dl"
+fi
+if ! debootstrap "${common[@]}" --unpack-tarball="$tarball" "$SUITE" "$root" "$MIRROR" \
+        >"$work/debootstrap.log" 2>&1 </dev/null; then
+    echo "error: build-debian.sh: debootstrap from $tarball failed; dropping that cache entry:" >&2
+    tail -n 40 "$work/debootstrap.log" >&2
+    tail -n 20 "$root/debootstrap/debootstrap.log" >&2 2>/dev/null || true
+    rm -f "$tarball"
+    exit 1
+fi
+
+# Unmount whatever debootstrap left mounted before touching the tree.
+awk -v r="$root" 'index($2, r) == 1 { print $2 }' /proc/mounts | sort -r \
+    | while read -r m; do umount -l "$m"; done
+
+run_quiet "adding user sandbox" chroot "$root" sh -c \
+    'getent group sandbox >/dev/null || groupadd -g 1000 sandbox
+     getent passwd sandbox >/dev/null || useradd -m -u 1000 -g 1000 -s /bin/bash sandbox'
+
+# Keep it small, and leave to Docker what Docker mounts.
+rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/cache/apt/*.bin \
+    "$root"/var/lib/apt/lists/* "$root"/var/log/apt/* "$root"/var/log/*.log \
+    "$root"/usr/share/man/* "$root"/usr/share/info/* "$root"/debootstrap \
+    "$root"/tmp/* "$root"/var/tmp/*
+find "$root/usr/share/doc" -mindepth 1 ! -name copyright ! -type d -delete 2>/dev/null || true
+find "$root/usr/share/doc" -mindepth 1 -type d -empty -delete 2>/dev/null || true
+find "$root/usr/lib" -name '__pycache__' -type d -prune -exec rm -rf {} + 2>/dev/null || true
+rm -f "$root/etc/hostname" "$root/etc/resolv.conf"
+: >"$root/etc/machine-id"
+printf 'deb %s %s main\n' "$MIRROR" "$SUITE" >"$root/etc/apt/sources.list"
+
+# shellcheck disable=SC2016 # expanded by the inner sh
+run_quiet "docker import $IMAGE" sh -c '
+    tar -C "$1" --numeric-owner -cf - . | docker import \
+        --change "CMD [\"/bin/bash\"]" \
+        --change "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" \
+        - "$2"' sh "$root" "$IMAGE"

@@ -1,0 +1,1 @@
+//! Fixture upstreams and the benchmark driver (see the binaries under `src/bin`).

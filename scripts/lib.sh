@@ -1,0 +1,109 @@
+# shellcheck shell=bash
+# Shared helpers for the scripts under scripts/ and images/. Source it; don't run it.
+# Everything here is quiet on success and prints the captured output on failure.
+
+export DEBIAN_FRONTEND=noninteractive
+: "${DAIV_CACHE_DIR:=/var/cache/daiv-sandbox}"
+
+die() {
+    echo "error: $(basename "$0"): $*" >&2
+    exit 1
+}
+
+note() {
+    echo "$(basename "$0"): $*" >&2
+}
+
+# run_quiet DESCRIPTION CMD...: run CMD with its output captured; on failure print it and die.
+run_quiet() {
+    local what=$1 log rc=0
+    shift
+    log=$(mktemp)
+    "$@" >"$log" 2>&1 </dev/null || rc=$?
+    if [ "$rc" -ne 0 ]; then
+        echo "error: $(basename "$0"): $what failed (exit $rc):" >&2
+        tail -n 60 "$log" >&2
+        rm -f "$log"
+        exit "$rc"
+    fi
+    rm -f "$log"
+}
+
+need_root() {
+    [ "$(id -u)" -eq 0 ] || die "must run as root (it installs packages / talks to dockerd)"
+}
+
+pkg_installed() {
+    dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'
+}
+
+_apt_has_candidate() {
+    local cand
+    cand=$(apt-cache policy "$1" 2>/dev/null | awk '/Candidate:/ {print $2}')
+    [ -n "$cand" ] && [ "$cand" != "(none)" ]
+}
+
+_APT_UPDATED=0
+apt_update_once() {
+    [ "$_APT_UPDATED" -eq 1 ] && return 0
+    run_quiet "apt-get update" apt-get update -q -o DPkg::Lock::Timeout=300
+    _APT_UPDATED=1
+}
+
+# apt_run ARGS...: apt-get with a lock timeout, no prompts, and services kept from starting
+# (tests start their own daemons); retries once after `apt-get update` (stale lists give 404s).
+apt_run() {
+    local made_policy=0 rc=0 log
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+        printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+        chmod 755 /usr/sbin/policy-rc.d
+        made_policy=1
+    fi
+    log=$(mktemp)
+    apt-get -y -q -o DPkg::Lock::Timeout=300 -o Dpkg::Options::=--force-confdef \
+        -o Dpkg::Options::=--force-confold "$@" >"$log" 2>&1 </dev/null || rc=$?
+    if [ "$rc" -ne 0 ] && [ "$_APT_UPDATED" -eq 0 ]; then
+        apt_update_once
+        rc=0
+        apt-get -y -q -o DPkg::Lock::Timeout=300 -o Dpkg::Options::=--force-confdef \
+            -o Dpkg::Options::=--force-confold "$@" >"$log" 2>&1 </dev/null || rc=$?
+    fi
+    [ "$made_policy" -eq 1 ] && rm -f /usr/sbin/policy-rc.d
+    if [ "$rc" -ne 0 ]; then
+        echo "error: $(basename "$0"): apt-get $* failed (exit $rc):" >&2
+        tail -n 60 "$log" >&2
+        rm -f "$log"
+        exit "$rc"
+    fi
+    rm -f "$log"
+}
+
+# apt_ensure PKG...: install the packages that are not installed yet.
+apt_ensure() {
+    local missing=() p
+    for p in "$@"; do
+        pkg_installed "$p" || missing+=("$p")
+    done
+    [ "${#missing[@]}" -eq 0 ] && return 0
+    need_root
+    for p in "${missing[@]}"; do
+        _apt_has_candidate "$p" || { apt_update_once; break; }
+    done
+    apt_run install --no-install-recommends "${missing[@]}"
+}
+
+docker_ok() {
+    timeout 20 docker info >/dev/null 2>&1
+}
+
+image_exists() {
+    docker image inspect "$1" >/dev/null 2>&1
+}
+
+# take_lock NAME: hold an exclusive lock until this script exits, so parallel callers (tests
+# started side by side) build or configure once; later callers then find the work done.
+take_lock() {
+    mkdir -p "$DAIV_CACHE_DIR"
+    exec 9>"$DAIV_CACHE_DIR/.$1.lock"
+    flock -w 900 9 || die "timed out waiting for lock $DAIV_CACHE_DIR/.$1.lock"
+}

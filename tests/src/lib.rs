@@ -1,0 +1,269 @@
+//! Harness for the end-to-end tests: starts the real `daiv-sandbox` binary against the real
+//! Docker engine and talks to it over HTTP, like a client would.
+//!
+//! Nothing here skips: a missing Docker engine or local image fails the test with the command
+//! that fixes it. Every session a test creates is force-removed when its guard drops, pass or
+//! fail, so `scripts/check-leaks.sh` can prove nothing is left behind.
+
+use std::io::Read;
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+
+/// Local images built by `make images` (no registry on the test machines).
+pub const BUSYBOX: &str = "daiv-sandbox-busybox:local";
+pub const DEBIAN: &str = "daiv-sandbox-debian:local";
+
+/// Panics with instructions unless Docker answers and `image` exists locally.
+pub fn require_image(image: &str) {
+    let docker = Command::new("docker")
+        .args(["info", "--format", "{{.ServerVersion}}"])
+        .output();
+    match docker {
+        Ok(o) if o.status.success() => {}
+        _ => panic!("Docker engine not answering: run `scripts/ensure-docker.sh` (or `make test`)"),
+    }
+    let found = Command::new("docker")
+        .args(["image", "inspect", image])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    assert!(found, "image {image} missing: run `make images`");
+}
+
+fn binary() -> PathBuf {
+    if let Ok(p) = std::env::var("DAIV_SANDBOX_BIN") {
+        return PathBuf::from(p);
+    }
+    // target/<profile>/deps/<test> -> target/<profile>/daiv-sandbox
+    let exe = std::env::current_exe().unwrap_or_default();
+    let dir = exe
+        .parent()
+        .and_then(|p| p.parent())
+        .map(PathBuf::from)
+        .unwrap_or_default();
+    dir.join("daiv-sandbox")
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or(0)
+}
+
+/// A running control plane on a loopback port, killed on drop.
+pub struct ControlPlane {
+    child: Child,
+    pub base: String,
+    pub key: String,
+    log: PathBuf,
+    http: reqwest::Client,
+}
+
+impl ControlPlane {
+    pub async fn start() -> Result<Self> {
+        Self::start_with(&[]).await
+    }
+
+    /// `env` adds or overrides `DAIV_SANDBOX_*` settings (names without the prefix).
+    pub async fn start_with(env: &[(&str, &str)]) -> Result<Self> {
+        let bin = binary();
+        if !bin.is_file() {
+            bail!(
+                "{} not found: run `cargo build --workspace --bins` (make test does)",
+                bin.display()
+            );
+        }
+        let port = free_port();
+        let key = format!("e2e-{}-{port}", std::process::id());
+        let log = std::env::temp_dir().join(format!("daiv-sandbox-e2e-{port}.log"));
+        let log_file = std::fs::File::create(&log)?;
+        let mut cmd = Command::new(&bin);
+        cmd.env("DAIV_SANDBOX_API_KEY", &key)
+            .env("DAIV_SANDBOX_HOST", "127.0.0.1")
+            .env("DAIV_SANDBOX_PORT", port.to_string())
+            .env("DAIV_SANDBOX_ENVIRONMENT", "local")
+            .env("DAIV_SANDBOX_REAPER_ENABLED", "false")
+            .env("DAIV_SANDBOX_LOG_LEVEL", "DEBUG")
+            .stdout(log_file.try_clone()?)
+            .stderr(log_file)
+            .stdin(Stdio::null());
+        for (k, v) in env {
+            cmd.env(format!("DAIV_SANDBOX_{k}"), v);
+        }
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("spawn {}", bin.display()))?;
+        let cp = Self {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+            key,
+            log,
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(300))
+                .build()?,
+        };
+        cp.wait_healthy().await?;
+        Ok(cp)
+    }
+
+    async fn wait_healthy(&self) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(r) = self
+                .http
+                .get(format!("{}/-/health/", self.base))
+                .send()
+                .await
+                && r.status().is_success()
+            {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("control plane not healthy in 30 s; log:\n{}", self.logs());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Everything the service logged so far.
+    pub fn logs(&self) -> String {
+        let mut s = String::new();
+        if let Ok(mut f) = std::fs::File::open(&self.log) {
+            let _ = f.read_to_string(&mut s);
+        }
+        s
+    }
+
+    /// Peak resident memory of the service process, from /proc (KiB).
+    pub fn peak_rss_kib(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).ok()?;
+        status
+            .lines()
+            .find(|l| l.starts_with("VmHWM:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}/api/v1{path}", self.base)
+    }
+
+    /// A request with the API key; returns status and JSON body (`Null` when empty).
+    pub async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<(u16, Value)> {
+        let mut req = self
+            .http
+            .request(method, self.url(path))
+            .header("X-API-Key", &self.key);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let resp = req.send().await?;
+        let status = resp.status().as_u16();
+        let bytes = resp.bytes().await?;
+        let value = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes)
+                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()))
+        };
+        Ok((status, value))
+    }
+
+    pub fn http(&self) -> &reqwest::Client {
+        &self.http
+    }
+
+    /// Creates a session; the guard force-removes it on drop.
+    pub async fn session(&self, body: Value) -> Result<Session> {
+        let (status, resp) = self
+            .call(reqwest::Method::POST, "/session/", Some(body))
+            .await?;
+        if status != 200 {
+            bail!("create session: {status} {resp}");
+        }
+        let id = resp["session_id"]
+            .as_str()
+            .context("no session_id")?
+            .to_string();
+        Ok(Session { id })
+    }
+
+    pub async fn session_of(&self, image: &str) -> Result<Session> {
+        self.session(json!({ "base_image": image })).await
+    }
+
+    /// Runs commands; returns the `results` array.
+    pub async fn run(&self, session: &Session, body: Value) -> Result<Vec<Value>> {
+        let (status, resp) = self
+            .call(
+                reqwest::Method::POST,
+                &format!("/session/{}/", session.id),
+                Some(body),
+            )
+            .await?;
+        if status != 200 {
+            bail!("run: {status} {resp}");
+        }
+        Ok(resp["results"].as_array().cloned().unwrap_or_default())
+    }
+
+    /// Runs one command and returns (exit_code, output).
+    pub async fn sh(&self, session: &Session, command: &str) -> Result<(i64, String)> {
+        let results = self.run(session, json!({ "commands": [command] })).await?;
+        let r = results.first().context("no result")?;
+        Ok((
+            r["exit_code"].as_i64().unwrap_or(-1),
+            r["output"].as_str().unwrap_or_default().to_string(),
+        ))
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
+/// A session created by a test; force-removed (with its volumes) on drop, whatever happened.
+pub struct Session {
+    pub id: String,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        let _ = Command::new("docker")
+            .args(["rm", "-fv", &self.id])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// `docker inspect` of a container, `None` when it does not exist.
+pub fn inspect(id: &str) -> Option<Value> {
+    let out = Command::new("docker").args(["inspect", id]).output().ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+    v.as_array()?.first().cloned()
+}

@@ -7,7 +7,7 @@ CARGO ?= cargo
 DEV_DIR := .dev
 PORT ?= 8000
 
-.PHONY: help fmt lint build images docker gvisor run test test-unit test-e2e check-leaks clean-docker
+.PHONY: help fmt lint build images docker gvisor redis run test test-unit test-e2e check-leaks clean-docker
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -28,12 +28,19 @@ docker: ## Start the Docker engine if none answers
 gvisor: docker ## Register gVisor (runsc) with Docker and check it works
 	@scripts/ensure-gvisor.sh
 
-images: docker ## Build the local images (no registry needed), reused by tag
+redis: ## Install redis-server (tests start their own on free loopback ports)
+	@scripts/ensure-redis.sh >/dev/null
+
+images: docker ## Build the local images (no registry needed): sandboxes and the egress gateway
 	@images/sandbox/build.sh
+	@images/egress-gateway/build-local.sh
 
 run: docker images ## Build and start the service on 127.0.0.1:$(PORT) with a dev API key
 	@mkdir -p $(DEV_DIR) && chmod 700 $(DEV_DIR)
 	@[ -s $(DEV_DIR)/api-key ] || (umask 077; head -c 24 /dev/urandom | base64 | tr -d '/+=' > $(DEV_DIR)/api-key)
+	@[ -s $(DEV_DIR)/egress-ca.key ] || docker run --rm --pull never --user "$$(id -u):$$(id -g)" \
+		-v "$(CURDIR)/$(DEV_DIR):/out" daiv-sandbox-egress:local \
+		gen-ca --cert-out /out/egress-ca.crt --key-out /out/egress-ca.key >/dev/null
 	$(CARGO) build --release -p control-plane
 	@echo "daiv-sandbox dev API key: $$(cat $(DEV_DIR)/api-key)  (stored in $(DEV_DIR)/api-key)"
 	@echo "try: curl -H \"X-API-Key: \$$(cat $(DEV_DIR)/api-key)\" http://127.0.0.1:$(PORT)/api/v1/-/health/"
@@ -41,12 +48,14 @@ run: docker images ## Build and start the service on 127.0.0.1:$(PORT) with a de
 	DAIV_SANDBOX_ENVIRONMENT=local \
 	DAIV_SANDBOX_HOST="$${DAIV_SANDBOX_HOST:-127.0.0.1}" \
 	DAIV_SANDBOX_PORT=$(PORT) \
+	DAIV_SANDBOX_EGRESS_CA_CERT_FILE="$(CURDIR)/$(DEV_DIR)/egress-ca.crt" \
+	DAIV_SANDBOX_EGRESS_CA_KEY_FILE="$(CURDIR)/$(DEV_DIR)/egress-ca.key" \
 	exec ./target/release/daiv-sandbox
 
 test-unit: ## Unit and in-process tests only (no Docker)
 	$(CARGO) nextest run --workspace --exclude e2e
 
-test: lint images gvisor build ## Everything: lint, unit, in-process and end-to-end tests on real Docker
+test: lint images gvisor redis build ## Everything: lint, unit, in-process and end-to-end tests on real Docker
 	$(CARGO) nextest run --workspace --profile ci
 	@scripts/check-leaks.sh
 

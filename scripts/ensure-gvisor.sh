@@ -48,12 +48,17 @@ except FileNotFoundError:
     data = {}
 except ValueError as e:
     sys.exit(f"error: ensure-gvisor.sh: {conf} is not valid JSON: {e}")
-want = {"path": path, "runtimeArgs": [f"--platform={platform}", "--network=none"]}
+# --network=host: gVisor's own network stack cannot attach to a container's namespace on the
+# test machines ("cannot run with network enabled in root network namespace"), so gVisor uses the
+# container namespace's kernel stack instead. Isolated sessions stay isolated (their namespace has
+# only loopback); egress sandboxes reach their gateway over the internal network.
+want = {"path": path, "runtimeArgs": [f"--platform={platform}", "--network=host"]}
 runtimes = data.setdefault("runtimes", {})
 if runtimes.get("runsc") == want:
     print("no")
     sys.exit(0)
 runtimes["runsc"] = want
+runtimes.pop("runsc-net", None)
 fd, tmp = tempfile.mkstemp(dir=os.path.dirname(conf) or ".", prefix=".daemon.json.")
 with os.fdopen(fd, "w") as f:
     json.dump(data, f, indent=2)

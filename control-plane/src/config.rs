@@ -195,6 +195,12 @@ pub struct Config {
     pub egress_proxy_memory_bytes: Option<i64>,
     pub egress_proxy_cpus: Option<f64>,
     pub egress_ca: Option<EgressCa>,
+    /// Non-global networks gateways may still reach (their SSRF guard refuses the rest).
+    pub egress_allowed_cidrs: Vec<ipnet::IpNet>,
+    /// Extra CA bundle gateways trust for upstream servers (private or test PKI).
+    pub egress_upstream_ca_file: Option<PathBuf>,
+    /// Address pool the per-session internal networks are carved from (one /29 each).
+    pub egress_subnet_pool: ipnet::Ipv4Net,
     pub fs_prune_dirs: Vec<String>,
     /// `None` means no default timeout (`COMMAND_TIMEOUT=0`).
     pub command_timeout: Option<Duration>,
@@ -457,6 +463,38 @@ pub fn load(src: &dyn Source) -> Result<Config, ConfigError> {
         }
     };
 
+    let mut egress_allowed_cidrs = Vec::new();
+    if let Some(raw) = src.get("EGRESS_ALLOWED_CIDRS") {
+        for item in raw.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            match item.parse::<ipnet::IpNet>() {
+                Ok(net) => egress_allowed_cidrs.push(net),
+                Err(e) => p.fail("EGRESS_ALLOWED_CIDRS", item, e),
+            }
+        }
+    }
+    let egress_upstream_ca_file = src.get("EGRESS_UPSTREAM_CA_FILE").map(PathBuf::from);
+    if let Some(path) = &egress_upstream_ca_file
+        && !path.is_file()
+    {
+        let raw = path.display().to_string();
+        p.fail(
+            "EGRESS_UPSTREAM_CA_FILE",
+            &raw,
+            "file not found or not a regular file",
+        );
+    }
+    let default_pool: ipnet::Ipv4Net =
+        ipnet::Ipv4Net::new(std::net::Ipv4Addr::new(100, 64, 0, 0), 10).unwrap_or_default();
+    let egress_subnet_pool = p.parse_or::<ipnet::Ipv4Net>("EGRESS_SUBNET_POOL", default_pool);
+    if egress_subnet_pool.prefix_len() > 24 {
+        let raw = egress_subnet_pool.to_string();
+        p.fail(
+            "EGRESS_SUBNET_POOL",
+            &raw,
+            "needs room for many /29 networks (at most /24)",
+        );
+    }
+
     let fs_prune_dirs: Vec<String> = match src.get("FS_PRUNE_DIRS") {
         Some(raw) => raw
             .split(',')
@@ -550,6 +588,9 @@ pub fn load(src: &dyn Source) -> Result<Config, ConfigError> {
         egress_proxy_memory_bytes,
         egress_proxy_cpus,
         egress_ca,
+        egress_allowed_cidrs,
+        egress_upstream_ca_file,
+        egress_subnet_pool,
         fs_prune_dirs,
         command_timeout,
         redis_url,

@@ -6,25 +6,32 @@
 //! - [`routes`]: thin axum handlers; [`auth`] guards them with `X-API-Key`.
 //! - [`session`]: session lifecycle and command execution over the engine seam.
 //! - [`engine`]: the [`engine::ContainerEngine`] trait, its Docker implementation and a fake.
-//! - [`lock`]: per-session locks (in-process; Redis is a later backend behind the same trait).
+//! - [`lock`]: per-session locks, in-process or shared by replicas through Redis.
+//! - [`activity`]: when each session was last used (for idle reaping).
+//! - [`reaper`]: the background sweep that removes expired, surplus, idle and orphaned resources.
 //! - [`error`]: the one place errors become HTTP statuses.
 
 use std::sync::Arc;
 
 use axum::Router;
 use axum::middleware;
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use utoipa::OpenApi;
 
+pub mod activity;
 pub mod api;
 pub mod auth;
 pub mod config;
+pub mod egress;
 pub mod engine;
 pub mod error;
 pub mod lock;
+pub mod reaper;
 pub mod routes;
 pub mod session;
+pub mod workspace;
 
+use activity::{LocalActivity, SessionActivity};
 use config::Config;
 use engine::ContainerEngine;
 use error::ApiError;
@@ -38,6 +45,8 @@ pub struct AppState {
     pub config: Arc<Config>,
     pub sessions: Arc<Sessions>,
     pub locks: Arc<dyn SessionLocks>,
+    /// Touched by [`AppState::lock`] at the start and end of every session operation.
+    pub activity: Arc<dyn SessionActivity>,
 }
 
 impl AppState {
@@ -46,22 +55,49 @@ impl AppState {
         engine: Arc<dyn ContainerEngine>,
         locks: Arc<dyn SessionLocks>,
     ) -> Self {
+        // A CA file that cannot be read was already refused by config validation; reading it
+        // again here can only fail on a race, which then disables egress loudly.
+        let egress = match egress::Egress::load(engine.clone(), config.clone()) {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::error!(error = %e, "egress CA unreadable; egress sessions disabled");
+                None
+            }
+        };
         Self {
-            sessions: Arc::new(Sessions::new(engine, config.clone())),
+            sessions: Arc::new(Sessions::new(engine, config.clone(), egress)),
+            activity: Arc::new(LocalActivity::new(config.running_session_max_idle)),
             config,
             locks,
         }
     }
 
-    /// The session's lock, or 409 once `SESSION_LOCK_WAIT_SECONDS` have passed.
+    /// Replaces the in-process activity tracker (with the Redis one when `REDIS_URL` is set).
+    pub fn with_activity(mut self, activity: Arc<dyn SessionActivity>) -> Self {
+        self.activity = activity;
+        self
+    }
+
+    /// The session's lock, or 409 once `SESSION_LOCK_WAIT_SECONDS` have passed (503 when the
+    /// lock backend is down). Touches the session's activity now and again when the guard drops,
+    /// before the lock is released.
     pub async fn lock(&self, session_id: &str) -> Result<LockGuard, ApiError> {
-        self.locks
+        let held = self
+            .locks
             .acquire(session_id, self.config.session_lock_wait)
             .await
             .map_err(|e| match e {
                 LockError::Timeout => ApiError::Busy,
                 LockError::Unavailable(m) => ApiError::Unavailable(m),
-            })
+            })?;
+        if session::is_container_id(session_id) {
+            self.activity.touch(session_id).await;
+        }
+        Ok(activity::touch_on_release(
+            self.activity.clone(),
+            session_id,
+            held,
+        ))
     }
 }
 
@@ -73,6 +109,15 @@ impl AppState {
         routes::session::run,
         routes::session::status,
         routes::session::close,
+        routes::egress::refresh,
+        routes::seed::seed,
+        routes::fs::ls,
+        routes::fs::read,
+        routes::fs::grep,
+        routes::fs::glob,
+        routes::fs::write,
+        routes::fs::edit,
+        routes::fs::delete,
         routes::meta::health,
         routes::meta::version,
     ),
@@ -118,6 +163,28 @@ pub fn app(state: AppState) -> Router {
             .post(session::run)
             .delete(session::close),
     );
+    api = both(
+        api,
+        "/session/{session_id}/egress/",
+        put(routes::egress::refresh),
+    );
+    // Seeds stream archives of any size: the body limit is SEED_MAX_BYTES, enforced as it flows.
+    api = both(
+        api,
+        "/session/{session_id}/seed/",
+        post(routes::seed::seed).layer(axum::extract::DefaultBodyLimit::disable()),
+    );
+    for (op, handler) in [
+        ("ls", post(routes::fs::ls)),
+        ("read", post(routes::fs::read)),
+        ("grep", post(routes::fs::grep)),
+        ("glob", post(routes::fs::glob)),
+        ("write", post(routes::fs::write)),
+        ("edit", post(routes::fs::edit)),
+        ("delete", post(routes::fs::delete)),
+    ] {
+        api = both(api, &format!("/session/{{session_id}}/fs/{op}/"), handler);
+    }
     let api = api.route_layer(middleware::from_fn_with_state(
         state.clone(),
         auth::require_api_key,

@@ -1,11 +1,14 @@
-//! `daiv-sandbox`: reads the `DAIV_SANDBOX_*` settings, connects to Docker and serves the API.
+//! `daiv-sandbox`: reads the `DAIV_SANDBOX_*` settings, connects to Docker (and Redis, when set),
+//! starts the reaper and serves the API.
 
 use std::sync::Arc;
 
 use anyhow::Context;
+use control_plane::activity::RedisActivity;
 use control_plane::config::{self, Environment, ProcessEnv};
 use control_plane::engine::docker::DockerEngine;
-use control_plane::lock::LocalLocks;
+use control_plane::lock::{self, LocalLocks, RedisLocks};
+use control_plane::reaper::Reaper;
 use control_plane::{AppState, app};
 
 #[tokio::main]
@@ -22,27 +25,53 @@ async fn main() -> anyhow::Result<()> {
     let engine = DockerEngine::connect()
         .await
         .context("cannot reach the Docker engine (is dockerd running? DOCKER_HOST?)")?;
-    let state = AppState::new(
-        config.clone(),
-        Arc::new(engine),
-        Arc::new(LocalLocks::default()),
-    );
+    let state = match &config.redis_url {
+        // Lazy: the service starts while Redis is down and answers 503 until it is back.
+        Some(url) => {
+            let conn = lock::redis::connect(url).context("DAIV_SANDBOX_REDIS_URL")?;
+            let locks = RedisLocks::new(
+                conn.clone(),
+                config.session_lock_ttl,
+                config.session_lock_refresh,
+            );
+            let activity = RedisActivity::new(conn, config.running_session_max_idle);
+            AppState::new(config.clone(), Arc::new(engine), Arc::new(locks))
+                .with_activity(Arc::new(activity))
+        }
+        None => AppState::new(
+            config.clone(),
+            Arc::new(engine),
+            Arc::new(LocalLocks::default()),
+        ),
+    };
+    let reaper = config
+        .reaper_enabled
+        .then(|| Arc::new(Reaper::new(&state)).spawn());
 
     let addr = std::net::SocketAddr::new(config.host, config.port);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;
     tracing::info!(%addr, version = control_plane::VERSION, "daiv-sandbox listening");
-    axum::serve(listener, app(state))
+    let served = axum::serve(listener, app(state))
         .with_graceful_shutdown(shutdown_signal())
         .await
-        .context("server error")
+        .context("server error");
+    if let Some(reaper) = reaper {
+        reaper.abort();
+    }
+    served
 }
 
 fn init_tracing(config: &config::Config) {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new(config.log_level.directive()));
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        // The Docker client logs request payloads (commands, environment) at debug: never.
+        EnvFilter::new(format!(
+            "{},bollard=warn,hyper=warn,hyper_util=warn,h2=warn",
+            config.log_level.directive()
+        ))
+    });
     let builder = tracing_subscriber::fmt().with_env_filter(filter);
     if config.environment == Environment::Production {
         builder.json().init();

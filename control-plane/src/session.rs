@@ -18,6 +18,7 @@ use tokio::time::Instant;
 
 use crate::api::{RunRequest, RunResponse, RunResult, StartSessionRequest, WORKDIR};
 use crate::config::Config;
+use crate::egress::{self, Created, Egress, SandboxPlan, Triad};
 use crate::engine::{
     ContainerEngine, ContainerInfo, ContainerSpec, EngineError, ExecSpec, IMAGE_LABEL,
     MANAGED_LABEL, NetworkAttach, ROLE_LABEL, ROLE_SANDBOX,
@@ -53,14 +54,24 @@ const DRAIN_AFTER_KILL: Duration = Duration::from_secs(5);
 pub struct Sessions {
     engine: Arc<dyn ContainerEngine>,
     config: Arc<Config>,
+    /// `None` when no egress CA is configured: egress sessions are then refused with 400.
+    egress: Option<Egress>,
 }
 
 /// Docker's own lower bound for a memory limit.
 const MIN_MEMORY_BYTES: i64 = 6 * 1024 * 1024;
 
 impl Sessions {
-    pub fn new(engine: Arc<dyn ContainerEngine>, config: Arc<Config>) -> Self {
-        Self { engine, config }
+    pub fn new(
+        engine: Arc<dyn ContainerEngine>,
+        config: Arc<Config>,
+        egress: Option<Egress>,
+    ) -> Self {
+        Self {
+            engine,
+            config,
+            egress,
+        }
     }
 
     pub fn engine(&self) -> &dyn ContainerEngine {
@@ -74,21 +85,79 @@ impl Sessions {
     /// Creates and starts an isolated session; nothing is left behind when any step fails.
     pub async fn create(&self, req: &StartSessionRequest) -> Result<String, ApiError> {
         validate_start(req)?;
-        if req.egress.is_some() {
-            return Err(ApiError::BadRequest(
+        let Some(egress_body) = &req.egress else {
+            self.engine.ensure_image(&req.base_image).await?;
+            let spec = self.sandbox_spec(req, None);
+            let id = self.engine.create(&spec).await?;
+            if let Err(e) = self.engine.start(&id).await {
+                let _ = self.engine.remove(&id).await;
+                return Err(e.into());
+            }
+            tracing::info!(session_id = %id, image = %req.base_image, "session created");
+            return Ok(id);
+        };
+        let egress = self.egress_or_400()?;
+        let policy = egress::parse_policy(egress_body)?;
+        self.engine.ensure_image(&req.base_image).await?;
+        let mut created = Created::default();
+        let mut sandbox = None;
+        let result = async {
+            let plan = egress.prepare(&policy, &mut created).await?;
+            let triad = plan.triad.clone();
+            let spec = self.sandbox_spec(req, Some(&plan));
+            let sandbox_up = async {
+                let id = self.engine.create(&spec).await?;
+                sandbox = Some(id.clone());
+                self.engine.start(&id).await?;
+                Ok::<_, ApiError>(id)
+            };
+            let (gateway_up, sandbox_up) = tokio::join!(egress.start_gateway(&triad), sandbox_up);
+            gateway_up?;
+            let id = sandbox_up?;
+            egress.finish(&id, &triad).await?;
+            Ok::<_, ApiError>(id)
+        }
+        .await;
+        match result {
+            Ok(id) => {
+                tracing::info!(session_id = %id, image = %req.base_image, "egress session created");
+                Ok(id)
+            }
+            Err(e) => {
+                if let Some(id) = &sandbox {
+                    let _ = self.engine.remove(id).await;
+                }
+                egress.teardown(&created).await;
+                Err(e)
+            }
+        }
+    }
+
+    fn egress_or_400(&self) -> Result<&Egress, ApiError> {
+        self.egress.as_ref().ok_or_else(|| {
+            ApiError::BadRequest(
                 "egress not configured: set DAIV_SANDBOX_EGRESS_CA_CERT_FILE and DAIV_SANDBOX_EGRESS_CA_KEY_FILE"
                     .to_string(),
+            )
+        })
+    }
+
+    /// `PUT /session/{id}/egress/`: a new policy for a live session, without restarting anything.
+    pub async fn refresh_egress(&self, id: &str, body: &serde_json::Value) -> Result<(), ApiError> {
+        let info = self.find(id).await?;
+        let Some(triad) = Triad::of(&info) else {
+            return Err(ApiError::Conflict(
+                "session has no egress proxy: a network-isolated session has nothing to refresh"
+                    .to_string(),
             ));
-        }
-        self.engine.ensure_image(&req.base_image).await?;
-        let spec = self.sandbox_spec(req, NetworkAttach::None, &[]);
-        let id = self.engine.create(&spec).await?;
-        if let Err(e) = self.engine.start(&id).await {
-            let _ = self.engine.remove(&id).await;
-            return Err(e.into());
-        }
-        tracing::info!(session_id = %id, image = %req.base_image, "session created");
-        Ok(id)
+        };
+        let policy = egress::parse_policy(body)?;
+        let egress = self.egress.as_ref().ok_or_else(|| {
+            ApiError::Unavailable("egress is not configured on this instance".to_string())
+        })?;
+        egress.refresh(&triad, &policy).await?;
+        tracing::info!(session_id = %id, "egress policy refreshed");
+        Ok(())
     }
 
     /// The container spec of a sandbox: isolation defaults, workspace skeleton and environment.
@@ -96,9 +165,12 @@ impl Sessions {
     pub fn sandbox_spec(
         &self,
         req: &StartSessionRequest,
-        network: NetworkAttach,
-        extra_env: &[(String, String)],
+        plan: Option<&SandboxPlan>,
     ) -> ContainerSpec {
+        let (network, extra_env, extra_labels, extra_files) = match plan {
+            Some(p) => (p.network.clone(), &p.env[..], &p.labels[..], &p.files[..]),
+            None => (NetworkAttach::None, &[][..], &[][..], &[][..]),
+        };
         let c = &self.config;
         let mut env: Vec<(String, String)> = base_env();
         if let Some(user_env) = &req.environment {
@@ -111,23 +183,28 @@ impl Sessions {
             env.retain(|(ek, _)| ek != k);
             env.push((k.clone(), v.clone()));
         }
-        let labels = HashMap::from([
+        let mut labels = HashMap::from([
             (MANAGED_LABEL.to_string(), "true".to_string()),
             (ROLE_LABEL.to_string(), ROLE_SANDBOX.to_string()),
             (IMAGE_LABEL.to_string(), req.base_image.clone()),
         ]);
+        labels.extend(extra_labels.iter().cloned());
         ContainerSpec {
             image: req.base_image.clone(),
-            cmd: vec!["/bin/sh".into(), "-c".into(), KEEPALIVE.into()],
+            // The image's entrypoint would wrap the keep-alive in something unknown.
+            entrypoint: Some(Vec::new()),
+            cmd: Some(vec!["/bin/sh".into(), "-c".into(), KEEPALIVE.into()]),
             env,
             labels,
-            user: self.user(),
+            user: Some(self.user()),
+            // tini as PID 1: forwards SIGTERM (prompt stops) and reaps orphaned zombies.
+            init: true,
             runtime: c.runtime.as_str().to_string(),
             memory_bytes: req.memory_bytes,
             nano_cpus: req.cpus.map(|c| (c * 1e9).round() as i64),
             pids_limit: c.pids_limit,
             network,
-            skeleton: Some(skeleton_tar(c.run_uid, c.run_gid)),
+            skeleton: Some(skeleton_tar(c.run_uid, c.run_gid, extra_files)),
         }
     }
 
@@ -152,6 +229,16 @@ impl Sessions {
         if info.is_running() {
             return Ok(info);
         }
+        // The gateway first, listening before the sandbox's first command runs.
+        if let Some(triad) = Triad::of(&info) {
+            self.egress
+                .as_ref()
+                .ok_or_else(|| {
+                    ApiError::Unavailable("egress is not configured on this instance".to_string())
+                })?
+                .ensure_gateway(&triad)
+                .await?;
+        }
         match self.engine.start(id).await {
             Ok(()) => Ok(info),
             Err(EngineError::NotFound) => Err(ApiError::NotFound),
@@ -163,16 +250,30 @@ impl Sessions {
 
     /// Stops the session (kept warm for reuse), or removes it with `force`.
     pub async fn close(&self, id: &str, force: bool) -> Result<(), ApiError> {
-        self.find(id).await?;
+        let info = self.find(id).await?;
+        let triad = Triad::of(&info);
         let result = if force {
             self.engine.remove(id).await
         } else {
             self.engine.stop(id, self.config.stop_timeout).await
         };
         match result {
-            Ok(()) | Err(EngineError::NotFound) => Ok(()),
-            Err(e) => Err(e.into()),
+            Ok(()) | Err(EngineError::NotFound) => {}
+            Err(e) => return Err(e.into()),
         }
+        if let (Some(triad), Some(egress)) = (triad, &self.egress) {
+            if force {
+                egress
+                    .teardown(&Created {
+                        network: Some(triad.network.clone()),
+                        gateway: Some(triad.gateway.clone()),
+                    })
+                    .await;
+            } else {
+                egress.stop(&triad).await;
+            }
+        }
+        Ok(())
     }
 
     /// Runs the commands in order. A timed-out command ends the request: the rest are skipped.
@@ -399,7 +500,7 @@ fn base_env() -> Vec<(String, String)> {
 /// `/workspace/{repo,skills,tmp}` and the home directory, owned by the sandbox user through the
 /// archive entries themselves: no `chown` runs in the container (gVisor gives `exec -u root` no
 /// capabilities).
-pub fn skeleton_tar(uid: u32, gid: u32) -> Bytes {
+pub fn skeleton_tar(uid: u32, gid: u32, root_files: &[(String, Bytes)]) -> Bytes {
     let dirs = [
         "workspace/",
         "workspace/repo/",
@@ -427,6 +528,17 @@ pub fn skeleton_tar(uid: u32, gid: u32) -> Bytes {
         header.set_mtime(now);
         // Writing to a Vec cannot fail; the path is a short constant.
         let _ = builder.append_data(&mut header, dir, std::io::empty());
+    }
+    // Root-owned, world-readable: the sandbox user can read but not replace them.
+    for (path, data) in root_files {
+        let mut header = tar::Header::new_gnu();
+        header.set_entry_type(tar::EntryType::Regular);
+        header.set_mode(0o644);
+        header.set_uid(0);
+        header.set_gid(0);
+        header.set_size(data.len() as u64);
+        header.set_mtime(now);
+        let _ = builder.append_data(&mut header, path, &data[..]);
     }
     Bytes::from(builder.into_inner().unwrap_or_default())
 }
@@ -517,7 +629,7 @@ mod tests {
 
     #[test]
     fn skeleton_entries_carry_the_sandbox_owner() -> std::io::Result<()> {
-        let tar_bytes = skeleton_tar(1234, 5678);
+        let tar_bytes = skeleton_tar(1234, 5678, &[]);
         let mut archive = tar::Archive::new(&tar_bytes[..]);
         let mut names = Vec::new();
         for entry in archive.entries()? {

@@ -165,7 +165,8 @@ async fn create_applies_isolation_defaults_and_ignores_unknown_fields() {
     let id = b["session_id"].as_str().expect("id");
     assert_eq!(id.len(), 64);
     let spec = h.engine.spec(id).expect("created");
-    assert_eq!(spec.user, "1000:1000");
+    assert_eq!(spec.user.as_deref(), Some("1000:1000"));
+    assert!(spec.init);
     assert_eq!(spec.network, NetworkAttach::None);
     assert_eq!(spec.memory_bytes, Some(268_435_456));
     assert_eq!(spec.nano_cpus, Some(500_000_000));
@@ -191,7 +192,7 @@ async fn runtime_setting_reaches_the_container() {
     let id = h.session().await;
     let spec = h.engine.spec(&id).expect("created");
     assert_eq!(spec.runtime, "runsc");
-    assert_eq!(spec.user, "2000:3000");
+    assert_eq!(spec.user.as_deref(), Some("2000:3000"));
 }
 
 #[tokio::test]
@@ -465,4 +466,275 @@ async fn openapi_documents_every_route() {
     }
     assert_eq!(b["servers"][0]["url"], "/api/v1");
     assert!(b["components"]["schemas"].get("RunResult").is_some());
+}
+
+// === egress sessions (in-process: what the control plane asks of the engine) ===
+
+fn egress_harness(engine: FakeEngine) -> Harness {
+    let dir = std::env::temp_dir().join(format!("daiv-router-ca-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("tmp");
+    let cert = dir.join("ca.crt");
+    let key = dir.join("ca.key");
+    std::fs::write(
+        &cert,
+        "-----BEGIN CERTIFICATE-----\nTEST-CA-CERT\n-----END CERTIFICATE-----\n",
+    )
+    .expect("cert");
+    std::fs::write(
+        &key,
+        "-----BEGIN PRIVATE KEY-----\nTEST-CA-KEY\n-----END PRIVATE KEY-----\n",
+    )
+    .expect("key");
+    let (cert, key) = (cert.display().to_string(), key.display().to_string());
+    Harness::new(
+        engine,
+        &[("EGRESS_CA_CERT_FILE", &cert), ("EGRESS_CA_KEY_FILE", &key)],
+    )
+}
+
+fn egress_body(secret: &str) -> Value {
+    json!({
+        "policy": {"default": "deny", "rules": [{"host": "api.upstream.test", "methods": ["GET"], "inject": "tok"}]},
+        "secrets": {"tok": {"header": "Authorization", "value": secret}}
+    })
+}
+
+fn tar_text(spec: &control_plane::engine::ContainerSpec) -> String {
+    String::from_utf8_lossy(spec.skeleton.as_deref().unwrap_or_default()).into_owned()
+}
+
+#[tokio::test]
+async fn egress_create_builds_the_triad_and_keeps_secrets_in_the_gateway() {
+    let h = egress_harness(FakeEngine::default());
+    let (s, b) = h
+        .api(
+            "POST",
+            "/session/",
+            Some(json!({"base_image": "img:1", "egress": egress_body("s3cr3t-value")})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    let id = b["session_id"].as_str().expect("id").to_string();
+    let sandbox = h.engine.spec(&id).expect("sandbox");
+    let gateway_id = h
+        .engine
+        .container_ids()
+        .into_iter()
+        .find(|c| c != &id)
+        .expect("gateway");
+    let gateway = h.engine.spec(&gateway_id).expect("gateway spec");
+
+    // The sandbox: on the internal network only, at a fixed address, proxied, trusting the CA.
+    let NetworkAttach::Network {
+        name,
+        ip: Some(sandbox_ip),
+    } = &sandbox.network
+    else {
+        panic!("sandbox network: {:?}", sandbox.network);
+    };
+    assert!(h.engine.networks().contains(name));
+    let proxy = sandbox
+        .env
+        .iter()
+        .find(|(k, _)| k == "HTTPS_PROXY")
+        .map(|(_, v)| v.clone())
+        .expect("proxy");
+    let gateway_ip = match sandbox_ip {
+        std::net::IpAddr::V4(v4) => std::net::Ipv4Addr::from(u32::from(*v4) - 1),
+        other => panic!("{other}"),
+    };
+    assert_eq!(proxy, format!("http://{gateway_ip}:8080"));
+    assert!(
+        sandbox
+            .env
+            .iter()
+            .any(|(k, v)| k == "SSL_CERT_FILE" && v.ends_with("ca-bundle.pem"))
+    );
+    assert!(h.engine.attachments().contains(&(
+        name.clone(),
+        gateway_id.clone(),
+        Some(std::net::IpAddr::V4(gateway_ip))
+    )));
+    // The gateway listens on its internal address only.
+    assert!(
+        gateway
+            .env
+            .contains(&("DAIV_EGRESS_LISTEN".into(), format!("{gateway_ip}:8080")))
+    );
+
+    // Secrets and the CA key exist in the gateway's files only.
+    let sandbox_files = tar_text(&sandbox);
+    let gateway_files = tar_text(&gateway);
+    assert!(gateway_files.contains("s3cr3t-value") && gateway_files.contains("TEST-CA-KEY"));
+    assert!(!sandbox_files.contains("s3cr3t-value") && !sandbox_files.contains("TEST-CA-KEY"));
+    assert!(sandbox_files.contains("TEST-CA-CERT"));
+    for (k, v) in sandbox.env.iter().chain(gateway.env.iter()) {
+        assert!(!v.contains("s3cr3t-value") && !k.contains("s3cr3t-value"));
+    }
+    // The CA is installed and the gateway is ready before the session is handed out.
+    let calls = h.engine.calls();
+    assert!(
+        calls
+            .iter()
+            .any(|c| c.starts_with(&format!("wait_for_log {gateway_id}")))
+    );
+    let start_gw = calls
+        .iter()
+        .position(|c| c == &format!("start {gateway_id}"))
+        .expect("gateway started");
+    let start_sb = calls
+        .iter()
+        .position(|c| c == &format!("start {id}"))
+        .expect("sandbox started");
+    assert!(start_gw < start_sb);
+}
+
+#[tokio::test]
+async fn a_failure_part_way_tears_down_everything() {
+    for failing in ["wait_for_log", "start ", "create img:1", "connect_network"] {
+        let engine = FakeEngine::default();
+        engine.fail_on(failing);
+        let h = egress_harness(engine);
+        let (s, b) = h
+            .api(
+                "POST",
+                "/session/",
+                Some(json!({"base_image": "img:1", "egress": egress_body("x")})),
+            )
+            .await;
+        assert!(s.is_server_error(), "{failing}: {s} {b}");
+        assert!(
+            h.engine.container_ids().is_empty(),
+            "{failing}: containers left"
+        );
+        assert!(h.engine.networks().is_empty(), "{failing}: networks left");
+    }
+}
+
+#[tokio::test]
+async fn invalid_egress_policies_are_422_and_create_nothing() {
+    let h = egress_harness(FakeEngine::default());
+    for bad in [
+        json!({"policy": {"default": "deny"}}),
+        json!({"policy": {"rules": [{"host": "a.test", "inject": "missing"}]}}),
+        json!({"policy": {"rules": [{"host": ""}]}}),
+        json!("not an object"),
+    ] {
+        let (s, b) = h
+            .api(
+                "POST",
+                "/session/",
+                Some(json!({"base_image": "img:1", "egress": bad})),
+            )
+            .await;
+        assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{b}");
+    }
+    assert!(h.engine.container_ids().is_empty());
+    assert!(h.engine.networks().is_empty());
+}
+
+#[tokio::test]
+async fn put_egress_answers_404_409_422_and_writes_the_gateway_only() {
+    let h = egress_harness(FakeEngine::default());
+    let (_, b) = h
+        .api(
+            "POST",
+            "/session/",
+            Some(json!({"base_image": "img:1", "egress": egress_body("old")})),
+        )
+        .await;
+    let id = b["session_id"].as_str().expect("id").to_string();
+    let plain = h.session().await;
+    let ghost = "e".repeat(64);
+    let (s, _) = h
+        .api(
+            "PUT",
+            &format!("/session/{ghost}/egress/"),
+            Some(egress_body("n")),
+        )
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let (s, _) = h
+        .api(
+            "PUT",
+            &format!("/session/{plain}/egress"),
+            Some(egress_body("n")),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CONFLICT);
+    let (s, _) = h
+        .api(
+            "PUT",
+            &format!("/session/{id}/egress/"),
+            Some(json!({"policy": {"rules": [{"host": " "}]}})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY);
+    let before = h.engine.calls().len();
+    let (s, b) = h
+        .api(
+            "PUT",
+            &format!("/session/{id}/egress/"),
+            Some(egress_body("new")),
+        )
+        .await;
+    assert_eq!(s, StatusCode::NO_CONTENT, "{b}");
+    let calls = h.engine.calls()[before..].to_vec();
+    let puts: Vec<_> = calls
+        .iter()
+        .filter(|c| c.starts_with("put_archive"))
+        .collect();
+    assert_eq!(puts.len(), 1, "{calls:?}");
+    assert!(
+        !puts[0].contains(&id),
+        "the policy goes to the gateway, never the sandbox"
+    );
+    assert!(
+        !calls
+            .iter()
+            .any(|c| c.starts_with("start") || c.starts_with("stop")),
+        "no restart: {calls:?}"
+    );
+}
+
+#[tokio::test]
+async fn egress_close_stops_both_and_resume_starts_the_gateway_first() {
+    let h = egress_harness(FakeEngine::default());
+    let (_, b) = h
+        .api(
+            "POST",
+            "/session/",
+            Some(json!({"base_image": "img:1", "egress": egress_body("x")})),
+        )
+        .await;
+    let id = b["session_id"].as_str().expect("id").to_string();
+    let gateway = h
+        .engine
+        .container_ids()
+        .into_iter()
+        .find(|c| c != &id)
+        .expect("gateway");
+    let (s, _) = h.api("DELETE", &format!("/session/{id}/"), None).await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    assert_eq!(h.engine.status(&gateway), Some(ContainerStatus::Exited));
+    assert_eq!(h.engine.status(&id), Some(ContainerStatus::Exited));
+    let before = h.engine.calls().len();
+    let (s, _) = h.api("GET", &format!("/session/{id}/"), None).await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    let calls = h.engine.calls()[before..].to_vec();
+    let gw = calls
+        .iter()
+        .position(|c| c == &format!("start {gateway}"))
+        .expect("gateway restarted");
+    let sb = calls
+        .iter()
+        .position(|c| c == &format!("start {id}"))
+        .expect("sandbox restarted");
+    assert!(gw < sb, "{calls:?}");
+    let (s, _) = h
+        .api("DELETE", &format!("/session/{id}/?force=true"), None)
+        .await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    assert!(h.engine.container_ids().is_empty());
+    assert!(h.engine.networks().is_empty());
 }

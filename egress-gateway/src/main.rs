@@ -1,3 +1,85 @@
+//! `daiv-egress-gateway`: runs the proxy, or an operator subcommand (`policy check`,
+//! `policy explain`, `gen-ca`). Logs are JSON on stderr (`RUST_LOG`, else `LOG_LEVEL`, else
+//! info); audit lines are JSON on stdout.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Parser;
+use egress_gateway::config::{Cli, Command, PolicyCommand};
+use egress_gateway::{Gateway, audit::StdoutSink, cli};
+use tracing_subscriber::EnvFilter;
+
 fn main() -> anyhow::Result<()> {
-    anyhow::bail!("daiv-egress-gateway: not implemented yet")
+    let args = Cli::parse();
+    let mut stdout = std::io::stdout();
+    let code = match args.command {
+        Some(Command::Policy {
+            command: PolicyCommand::Check { file, api },
+        }) => cli::policy_check(&file, api, &mut stdout)?,
+        Some(Command::Policy {
+            command: PolicyCommand::Explain { file, host, method },
+        }) => cli::policy_explain(&file, &host, &method, &mut stdout)?,
+        Some(Command::GenCa {
+            cert_out,
+            key_out,
+            common_name,
+            force,
+        }) => cli::gen_ca(&cert_out, &key_out, &common_name, force, &mut stdout)?,
+        None => {
+            init_logging();
+            run(args.serve)?;
+            0
+        }
+    };
+    std::process::exit(code);
+}
+
+fn init_logging() {
+    let level = std::env::var("LOG_LEVEL")
+        .ok()
+        .map(|l| match l.to_ascii_lowercase().as_str() {
+            "warning" => "warn".to_owned(),
+            "critical" => "error".to_owned(),
+            other => other.to_owned(),
+        });
+    let filter = EnvFilter::try_from_default_env()
+        .or_else(|_| EnvFilter::try_new(level.as_deref().unwrap_or("info")))
+        .unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .json()
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter)
+        .init();
+}
+
+#[tokio::main]
+async fn run(args: egress_gateway::config::ServeArgs) -> anyhow::Result<()> {
+    let config = args.load(Arc::new(StdoutSink)).context("configuration")?;
+    let session = config.session_id.clone();
+    let gateway = Gateway::new(config).context("configuration")?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("listen on {}", args.listen))?;
+    let span = tracing::info_span!("gateway", session_id = %session);
+    let _entered = span.enter();
+    tracing::info!(listen = %args.listen, policy = %args.policy_file.display(), "egress gateway listening");
+    gateway.serve(listener, shutdown_signal()).await?;
+    Ok(())
+}
+
+/// SIGTERM (docker stop) or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
 }

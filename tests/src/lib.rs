@@ -5,6 +5,12 @@
 //! that fixes it. Every session a test creates is force-removed when its guard drops, pass or
 //! fail, so `scripts/check-leaks.sh` can prove nothing is left behind.
 
+pub mod workspace;
+
+pub mod egress;
+
+pub mod redis;
+
 use std::io::Read;
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -237,6 +243,16 @@ impl ControlPlane {
 
 impl Drop for ControlPlane {
     fn drop(&mut self) {
+        // Shown by the test runner only when the test fails: the service's side of the story.
+        if let Ok(Some(status)) = self.child.try_wait() {
+            eprintln!("--- daiv-sandbox exited early: {status}");
+        }
+        let logs = self.logs();
+        let tail: Vec<&str> = logs.lines().rev().take(40).collect();
+        eprintln!("--- daiv-sandbox log (last {} lines):", tail.len());
+        for line in tail.iter().rev() {
+            eprintln!("{line}");
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_file(&self.log);

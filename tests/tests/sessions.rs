@@ -373,5 +373,11 @@ async fn gvisor_sessions_really_run_under_gvisor() -> Result<()> {
     assert!(out.contains("gVisor"), "not gVisor: {out}");
     let (_, id) = cp.sh(&s, "id -u; ls -d /workspace/repo").await?;
     assert_eq!(id, "1000\n/workspace/repo\n");
+    let (_, ifaces) = cp.sh(&s, "ls /sys/class/net").await?;
+    assert_eq!(
+        ifaces.split_whitespace().collect::<Vec<_>>(),
+        vec!["lo"],
+        "isolated under gVisor too"
+    );
     Ok(())
 }

@@ -7,7 +7,9 @@ use bollard::Docker;
 use bollard::errors::Error as BollardError;
 use bollard::exec::{StartExecOptions, StartExecResults};
 use bollard::models::{
-    ContainerCreateBody, ContainerStateStatusEnum, ExecConfig, HostConfig, NetworkingConfig,
+    ContainerCreateBody, ContainerStateStatusEnum, EndpointIpamConfig, EndpointSettings,
+    ExecConfig, HostConfig, Ipam, IpamConfig, NetworkConnectRequest, NetworkCreateRequest,
+    NetworkingConfig,
 };
 use bollard::query_parameters::{
     CreateImageOptions, ListContainersOptions, RemoveContainerOptions, StopContainerOptions,
@@ -19,7 +21,7 @@ use futures::{StreamExt, TryStreamExt};
 
 use super::{
     ContainerEngine, ContainerInfo, ContainerSpec, ContainerStatus, EngineError, ExecSpec,
-    ExecStream, MANAGED_LABEL, NetworkAttach,
+    ExecStream, MANAGED_LABEL, NetworkAttach, NetworkInfo, NetworkSpec,
 };
 
 /// Upper bound on one Docker API call that is not a stream; a daemon that hangs longer is
@@ -71,6 +73,19 @@ fn status_of(s: Option<ContainerStateStatusEnum>) -> ContainerStatus {
         Some(other) => ContainerStatus::Other(other.to_string()),
         None => ContainerStatus::Other(String::new()),
     }
+}
+
+/// Docker's RFC 3339 timestamps as Unix seconds.
+fn unix_seconds(rfc3339: &str) -> Option<i64> {
+    time::OffsetDateTime::parse(rfc3339, &time::format_description::well_known::Rfc3339)
+        .ok()
+        .map(|t| t.unix_timestamp())
+}
+
+fn managed_filter(labels: &[(&str, &str)]) -> HashMap<String, Vec<String>> {
+    let mut label_filters = vec![format!("{MANAGED_LABEL}=true")];
+    label_filters.extend(labels.iter().map(|(k, v)| format!("{k}={v}")));
+    HashMap::from([("label".to_string(), label_filters)])
 }
 
 fn env_list(env: &[(String, String)]) -> Vec<String> {
@@ -126,9 +141,21 @@ impl ContainerEngine for DockerEngine {
     }
 
     async fn create(&self, spec: &ContainerSpec) -> Result<String, EngineError> {
-        let network_mode = match &spec.network {
-            NetworkAttach::None => "none".to_string(),
-            NetworkAttach::Network(name) => name.clone(),
+        let (network_mode, endpoints) = match &spec.network {
+            NetworkAttach::None => ("none".to_string(), None),
+            NetworkAttach::Network { name, ip } => {
+                let endpoint = EndpointSettings {
+                    ipam_config: ip.map(|ip| EndpointIpamConfig {
+                        ipv4_address: Some(ip.to_string()),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                };
+                (
+                    name.clone(),
+                    Some(HashMap::from([(name.clone(), endpoint)])),
+                )
+            }
         };
         let host_config = HostConfig {
             memory: spec.memory_bytes,
@@ -138,20 +165,20 @@ impl ContainerEngine for DockerEngine {
             cap_drop: Some(vec!["ALL".to_string()]),
             security_opt: Some(vec!["no-new-privileges:true".to_string()]),
             runtime: Some(spec.runtime.clone()),
-            // tini as PID 1: forwards SIGTERM (prompt stops) and reaps orphaned zombies.
-            init: Some(true),
+            init: Some(spec.init),
             ..Default::default()
         };
         let body = ContainerCreateBody {
             image: Some(spec.image.clone()),
-            cmd: Some(spec.cmd.clone()),
-            // The image's entrypoint would wrap our keep-alive command in something unknown.
-            entrypoint: Some(Vec::new()),
+            cmd: spec.cmd.clone(),
+            entrypoint: spec.entrypoint.clone(),
             env: Some(env_list(&spec.env)),
             labels: Some(spec.labels.clone()),
-            user: Some(spec.user.clone()),
+            user: spec.user.clone(),
             host_config: Some(host_config),
-            networking_config: Some(NetworkingConfig::default()),
+            networking_config: Some(NetworkingConfig {
+                endpoints_config: endpoints,
+            }),
             network_disabled: Some(matches!(spec.network, NetworkAttach::None)),
             ..Default::default()
         };
@@ -206,6 +233,7 @@ impl ContainerEngine for DockerEngine {
         Ok(ContainerInfo {
             id: c.id.unwrap_or_else(|| id.to_string()),
             status: status_of(state.status),
+            created: c.created.as_deref().and_then(unix_seconds),
             labels: c.config.and_then(|c| c.labels).unwrap_or_default(),
             finished_at: state
                 .finished_at
@@ -323,10 +351,71 @@ impl ContainerEngine for DockerEngine {
             .map_err(map_err)
     }
 
+    async fn get_archive(
+        &self,
+        id: &str,
+        path: &str,
+    ) -> Result<BoxStream<'static, Result<Bytes, EngineError>>, EngineError> {
+        let mut stream = self
+            .docker
+            .download_from_container(
+                id,
+                Some(bollard::query_parameters::DownloadFromContainerOptions {
+                    path: path.to_string(),
+                }),
+            )
+            .map_err(map_err)
+            .boxed();
+        // The daemon's answer (404 for a missing path) arrives as the first item: surface it as
+        // the call's error rather than as a broken stream.
+        match stream.next().await {
+            None => Ok(futures::stream::empty().boxed()),
+            Some(Err(e)) => Err(e),
+            Some(Ok(first)) => Ok(futures::stream::once(async move { Ok(first) })
+                .chain(stream)
+                .boxed()),
+        }
+    }
+
+    async fn wait_for_log(
+        &self,
+        id: &str,
+        needle: &str,
+        timeout: Duration,
+    ) -> Result<(), EngineError> {
+        let opts = bollard::query_parameters::LogsOptions {
+            follow: true,
+            stdout: true,
+            stderr: true,
+            ..Default::default()
+        };
+        let mut logs = self.docker.logs(id, Some(opts));
+        // Lines can be split across frames: keep a short tail of the previous one.
+        let mut tail = String::new();
+        let search = async {
+            while let Some(frame) = logs.next().await {
+                let frame = frame.map_err(map_err)?;
+                tail.push_str(&String::from_utf8_lossy(&frame.into_bytes()));
+                if tail.contains(needle) {
+                    return Ok(());
+                }
+                let keep = tail.len().saturating_sub(needle.len());
+                let keep = (keep..=tail.len())
+                    .find(|i| tail.is_char_boundary(*i))
+                    .unwrap_or(0);
+                tail.drain(..keep);
+            }
+            Err(EngineError::Unavailable(format!(
+                "container {id} exited before logging {needle:?}"
+            )))
+        };
+        tokio::time::timeout(timeout, search).await.map_err(|_| {
+            EngineError::Unavailable(format!("container {id} not ready in {timeout:?}"))
+        })?
+    }
+
     async fn list(&self, labels: &[(&str, &str)]) -> Result<Vec<ContainerInfo>, EngineError> {
-        let mut label_filters = vec![format!("{MANAGED_LABEL}=true")];
-        label_filters.extend(labels.iter().map(|(k, v)| format!("{k}={v}")));
-        let filters = HashMap::from([("label".to_string(), label_filters)]);
+        let filters = managed_filter(labels);
         let found = self
             .docker
             .list_containers(Some(ListContainersOptions {
@@ -341,6 +430,7 @@ impl ContainerEngine for DockerEngine {
             .filter_map(|c| {
                 Some(ContainerInfo {
                     id: c.id?,
+                    created: c.created,
                     status: match c.state.map(|s| s.to_string()).as_deref() {
                         Some("running") => ContainerStatus::Running,
                         Some("exited") => ContainerStatus::Exited,
@@ -354,6 +444,85 @@ impl ContainerEngine for DockerEngine {
                     finished_at: None,
                     memory_bytes: None,
                     nano_cpus: None,
+                })
+            })
+            .collect())
+    }
+
+    async fn create_network(&self, spec: &NetworkSpec) -> Result<String, EngineError> {
+        let ipam = spec.subnet.as_ref().map(|subnet| Ipam {
+            config: Some(vec![IpamConfig {
+                subnet: Some(subnet.clone()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        let created = self
+            .docker
+            .create_network(NetworkCreateRequest {
+                name: spec.name.clone(),
+                driver: Some("bridge".to_string()),
+                internal: Some(spec.internal),
+                ipam,
+                labels: Some(spec.labels.clone()),
+                ..Default::default()
+            })
+            .await
+            .map_err(map_err)?;
+        Ok(created.id)
+    }
+
+    async fn remove_network(&self, id_or_name: &str) -> Result<(), EngineError> {
+        self.docker
+            .remove_network(id_or_name)
+            .await
+            .map_err(map_err)
+    }
+
+    async fn connect_network(
+        &self,
+        network: &str,
+        container: &str,
+        ip: Option<std::net::IpAddr>,
+    ) -> Result<(), EngineError> {
+        let endpoint = EndpointSettings {
+            ipam_config: ip.map(|ip| EndpointIpamConfig {
+                ipv4_address: Some(ip.to_string()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        self.docker
+            .connect_network(
+                network,
+                NetworkConnectRequest {
+                    container: container.to_string(),
+                    endpoint_config: Some(endpoint),
+                },
+            )
+            .await
+            .map_err(map_err)
+    }
+
+    async fn list_networks(
+        &self,
+        labels: &[(&str, &str)],
+    ) -> Result<Vec<NetworkInfo>, EngineError> {
+        let found = self
+            .docker
+            .list_networks(Some(bollard::query_parameters::ListNetworksOptions {
+                filters: Some(managed_filter(labels)),
+            }))
+            .await
+            .map_err(map_err)?;
+        Ok(found
+            .into_iter()
+            .filter_map(|n| {
+                Some(NetworkInfo {
+                    id: n.id?,
+                    name: n.name.unwrap_or_default(),
+                    labels: n.labels.unwrap_or_default(),
+                    created: n.created.as_deref().and_then(unix_seconds),
                 })
             })
             .collect())

@@ -13,7 +13,7 @@ use futures::stream::BoxStream;
 
 use super::{
     ContainerEngine, ContainerInfo, ContainerSpec, ContainerStatus, EngineError, ExecSpec,
-    ExecStream,
+    ExecStream, NetworkInfo, NetworkSpec,
 };
 
 /// What a fake exec produces: output chunks, then an exit code; `hang` keeps the stream open
@@ -27,20 +27,37 @@ pub struct FakeExec {
 
 type Responder = dyn Fn(&str) -> FakeExec + Send + Sync;
 
+/// A regular file's content (`None` for a directory) and its (mode, uid, gid).
+type FakeFile = (Option<Vec<u8>>, (u32, u64, u64));
+
 #[derive(Default)]
 struct State {
     containers: HashMap<String, (ContainerSpec, ContainerStatus)>,
+    networks: HashMap<String, NetworkSpec>,
+    /// (network, container, ip) attachments beyond the create-time network.
+    attachments: Vec<(String, String, Option<std::net::IpAddr>)>,
     execs: HashMap<String, i64>,
     calls: Vec<String>,
     next_id: u64,
     engine_down: bool,
+    /// Calls whose description starts with one of these fail (scripted faults).
+    failing: Vec<String>,
+    /// Per-container (created unix secs, FinishedAt) overrides, for the reaper's tests.
+    times: HashMap<String, (Option<i64>, Option<String>)>,
+    /// Per-network created unix secs overrides.
+    network_created: HashMap<String, i64>,
     missing_images: Vec<String>,
+    /// Container filesystems as far as the archive calls saw them: (container, absolute path) →
+    /// regular-file content (`None` for a directory) and (mode, uid, gid).
+    files: HashMap<(String, String), FakeFile>,
 }
 
 #[derive(Clone)]
 pub struct FakeEngine {
     state: Arc<Mutex<State>>,
     responder: Arc<Responder>,
+    /// Wakes hanging execs when a kill exec arrives, as a real process group kill would.
+    killed: Arc<tokio::sync::Notify>,
 }
 
 impl Default for FakeEngine {
@@ -59,6 +76,7 @@ impl FakeEngine {
         Self {
             state: Arc::default(),
             responder: Arc::new(responder),
+            killed: Arc::default(),
         }
     }
 
@@ -80,8 +98,48 @@ impl FakeEngine {
         self.with(|s| s.containers.get(id).map(|(_, st)| st.clone()))
     }
 
+    pub fn networks(&self) -> Vec<String> {
+        self.with(|s| s.networks.keys().cloned().collect())
+    }
+
+    pub fn attachments(&self) -> Vec<(String, String, Option<std::net::IpAddr>)> {
+        self.with(|s| s.attachments.clone())
+    }
+
+    pub fn container_ids(&self) -> Vec<String> {
+        self.with(|s| s.containers.keys().cloned().collect())
+    }
+
+    /// Sets a container's creation time (Unix seconds) and `FinishedAt` (RFC 3339).
+    pub fn set_times(&self, id: &str, created: Option<i64>, finished_at: Option<&str>) {
+        self.with(|s| {
+            s.times
+                .insert(id.to_string(), (created, finished_at.map(str::to_string)))
+        });
+    }
+
+    /// Sets a network's creation time (Unix seconds).
+    pub fn set_network_created(&self, name: &str, created: i64) {
+        self.with(|s| s.network_created.insert(name.to_string(), created));
+    }
+
+    /// Makes every later call whose description starts with `prefix` (for example
+    /// `"start "` or `"create_network"`) fail as if the engine had.
+    pub fn fail_on(&self, prefix: &str) {
+        self.with(|s| s.failing.push(prefix.to_string()));
+    }
+
     pub fn set_down(&self, down: bool) {
         self.with(|s| s.engine_down = down);
+    }
+
+    /// A regular file's content as the archive calls left it, if any.
+    pub fn file(&self, id: &str, path: &str) -> Option<Vec<u8>> {
+        self.with(|s| {
+            s.files
+                .get(&(id.to_string(), path.to_string()))
+                .and_then(|(content, _)| content.clone())
+        })
     }
 
     pub fn set_missing_image(&self, image: &str) {
@@ -90,8 +148,9 @@ impl FakeEngine {
 
     fn check_up(&self, call: String) -> Result<(), EngineError> {
         self.with(|s| {
+            let scripted = s.failing.iter().any(|p| call.starts_with(p.as_str()));
             s.calls.push(call);
-            if s.engine_down {
+            if s.engine_down || scripted {
                 Err(EngineError::Unavailable("fake engine is down".into()))
             } else {
                 Ok(())
@@ -145,8 +204,9 @@ impl ContainerEngine for FakeEngine {
             Some((spec, st)) => Ok(ContainerInfo {
                 id: id.to_string(),
                 status: st.clone(),
+                created: s.times.get(id).map_or(Some(0), |t| t.0),
                 labels: spec.labels.clone(),
-                finished_at: None,
+                finished_at: s.times.get(id).and_then(|t| t.1.clone()),
                 memory_bytes: spec.memory_bytes,
                 nano_cpus: spec.nano_cpus,
             }),
@@ -193,8 +253,14 @@ impl ContainerEngine for FakeEngine {
         let mut chunks: Vec<Result<Bytes, EngineError>> = vec![Ok(Bytes::from_static(b"4242\n"))];
         chunks.extend(result.chunks.into_iter().map(|c| Ok(Bytes::from(c))));
         let head = futures::stream::iter(chunks);
+        if is_kill {
+            self.killed.notify_waiters();
+        }
         let output = if result.hang {
-            head.chain(futures::stream::pending()).boxed()
+            let killed = self.killed.clone();
+            let until_killed = futures::stream::once(async move { killed.notified().await })
+                .filter_map(|()| async { None::<Result<Bytes, EngineError>> });
+            head.chain(until_killed).boxed()
         } else {
             head.boxed()
         };
@@ -213,10 +279,85 @@ impl ContainerEngine for FakeEngine {
         mut tar: BoxStream<'static, Result<Bytes, std::io::Error>>,
     ) -> Result<(), EngineError> {
         self.check_up(format!("put_archive {id} {path}"))?;
+        let mut whole = Vec::new();
         while let Some(chunk) = tar.next().await {
-            chunk.map_err(|e| EngineError::Rejected(e.to_string()))?;
+            whole.extend_from_slice(&chunk.map_err(|e| EngineError::Rejected(e.to_string()))?);
+        }
+        // Remember what was extracted, so get_archive can serve it back (seed markers, fs ops).
+        let mut archive = tar::Archive::new(&whole[..]);
+        let entries = archive
+            .entries()
+            .map_err(|e| EngineError::Rejected(e.to_string()))?;
+        for entry in entries {
+            let mut entry = entry.map_err(|e| EngineError::Rejected(e.to_string()))?;
+            let name = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
+            let full = format!(
+                "{}/{}",
+                path.trim_end_matches('/'),
+                name.trim_end_matches('/')
+            );
+            let h = entry.header();
+            let meta = (
+                h.mode().unwrap_or(0o644),
+                h.uid().unwrap_or(0),
+                h.gid().unwrap_or(0),
+            );
+            let content = if entry.header().entry_type().is_dir() {
+                None
+            } else {
+                let mut buf = Vec::new();
+                std::io::Read::read_to_end(&mut entry, &mut buf)
+                    .map_err(|e| EngineError::Rejected(e.to_string()))?;
+                Some(buf)
+            };
+            self.with(|s| s.files.insert((id.to_string(), full), (content, meta)));
         }
         Ok(())
+    }
+
+    async fn get_archive(
+        &self,
+        id: &str,
+        path: &str,
+    ) -> Result<BoxStream<'static, Result<Bytes, EngineError>>, EngineError> {
+        self.check_up(format!("get_archive {id} {path}"))?;
+        let found = self.with(|s| s.files.get(&(id.to_string(), path.to_string())).cloned());
+        let Some((content, (mode, uid, gid))) = found else {
+            return Err(EngineError::NotFound);
+        };
+        let base = path.rsplit('/').next().unwrap_or_default().to_string();
+        let mut header = tar::Header::new_gnu();
+        header.set_mode(mode);
+        header.set_uid(uid);
+        header.set_gid(gid);
+        let mut builder = tar::Builder::new(Vec::new());
+        let data = content.clone().unwrap_or_default();
+        header.set_entry_type(if content.is_some() {
+            tar::EntryType::Regular
+        } else {
+            tar::EntryType::Directory
+        });
+        header.set_size(data.len() as u64);
+        builder
+            .append_data(&mut header, &base, &data[..])
+            .map_err(|e| EngineError::Unavailable(e.to_string()))?;
+        let bytes = builder
+            .into_inner()
+            .map_err(|e| EngineError::Unavailable(e.to_string()))?;
+        Ok(futures::stream::once(async move { Ok(Bytes::from(bytes)) }).boxed())
+    }
+
+    async fn wait_for_log(
+        &self,
+        id: &str,
+        _needle: &str,
+        _timeout: Duration,
+    ) -> Result<(), EngineError> {
+        self.check_up(format!("wait_for_log {id}"))?;
+        match self.status(id) {
+            Some(ContainerStatus::Running) => Ok(()),
+            _ => Err(EngineError::Unavailable(format!("{id} is not running"))),
+        }
     }
 
     async fn list(&self, labels: &[(&str, &str)]) -> Result<Vec<ContainerInfo>, EngineError> {
@@ -232,10 +373,76 @@ impl ContainerEngine for FakeEngine {
                 .map(|(id, (spec, st))| ContainerInfo {
                     id: id.clone(),
                     status: st.clone(),
+                    created: s.times.get(id).map_or(Some(0), |t| t.0),
                     labels: spec.labels.clone(),
                     finished_at: None,
                     memory_bytes: spec.memory_bytes,
                     nano_cpus: spec.nano_cpus,
+                })
+                .collect()
+        }))
+    }
+
+    async fn create_network(&self, spec: &NetworkSpec) -> Result<String, EngineError> {
+        self.check_up(format!("create_network {}", spec.name))?;
+        self.with(|s| {
+            if s.networks.contains_key(&spec.name) {
+                return Err(EngineError::Conflict(format!(
+                    "network {} exists",
+                    spec.name
+                )));
+            }
+            s.networks.insert(spec.name.clone(), spec.clone());
+            Ok(spec.name.clone())
+        })
+    }
+
+    async fn remove_network(&self, id_or_name: &str) -> Result<(), EngineError> {
+        self.check_up(format!("remove_network {id_or_name}"))?;
+        self.with(|s| {
+            s.attachments.retain(|(n, _, _)| n != id_or_name);
+            s.networks
+                .remove(id_or_name)
+                .map(|_| ())
+                .ok_or(EngineError::NotFound)
+        })
+    }
+
+    async fn connect_network(
+        &self,
+        network: &str,
+        container: &str,
+        ip: Option<std::net::IpAddr>,
+    ) -> Result<(), EngineError> {
+        self.check_up(format!("connect_network {network} {container}"))?;
+        self.with(|s| {
+            if !s.containers.contains_key(container) {
+                return Err(EngineError::NotFound);
+            }
+            s.attachments
+                .push((network.to_string(), container.to_string(), ip));
+            Ok(())
+        })
+    }
+
+    async fn list_networks(
+        &self,
+        labels: &[(&str, &str)],
+    ) -> Result<Vec<NetworkInfo>, EngineError> {
+        self.check_up("list_networks".into())?;
+        Ok(self.with(|s| {
+            s.networks
+                .values()
+                .filter(|n| {
+                    labels
+                        .iter()
+                        .all(|(k, v)| n.labels.get(*k).map(String::as_str) == Some(*v))
+                })
+                .map(|n| NetworkInfo {
+                    id: n.name.clone(),
+                    name: n.name.clone(),
+                    labels: n.labels.clone(),
+                    created: Some(s.network_created.get(&n.name).copied().unwrap_or(0)),
                 })
                 .collect()
         }))

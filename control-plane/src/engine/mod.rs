@@ -21,8 +21,13 @@ pub const MANAGED_LABEL: &str = "daiv.sandbox.managed";
 /// What a managed container is: [`ROLE_SANDBOX`] or the egress sidecar.
 pub const ROLE_LABEL: &str = "daiv.sandbox.role";
 pub const ROLE_SANDBOX: &str = "sandbox";
+pub const ROLE_EGRESS_GATEWAY: &str = "egress-gateway";
+pub const ROLE_EGRESS_NETWORK: &str = "egress-network";
 /// Base image the session was asked for (diagnostics and the reaper's logs).
 pub const IMAGE_LABEL: &str = "daiv.sandbox.image";
+/// Token shared by the three parts of an egress session (sandbox, gateway, internal network), so
+/// each can be found from the others and orphans can be swept.
+pub const EGRESS_LABEL: &str = "daiv.sandbox.egress";
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -46,19 +51,27 @@ pub enum EngineError {
 pub enum NetworkAttach {
     /// No interface but loopback (`network_mode=none`).
     None,
-    /// Attached to the named network only.
-    Network(String),
+    /// Attached to the named network only, at a fixed address when given.
+    Network {
+        name: String,
+        ip: Option<std::net::IpAddr>,
+    },
 }
 
 /// Everything needed to create a container; the engine adds nothing of its own.
 #[derive(Debug, Clone)]
 pub struct ContainerSpec {
     pub image: String,
-    pub cmd: Vec<String>,
+    /// `None` keeps the image's entrypoint.
+    pub entrypoint: Option<Vec<String>>,
+    /// `None` keeps the image's command.
+    pub cmd: Option<Vec<String>>,
     pub env: Vec<(String, String)>,
     pub labels: HashMap<String, String>,
-    /// `uid:gid` the container's processes start as.
-    pub user: String,
+    /// `uid:gid` the container's processes start as; `None` keeps the image's user.
+    pub user: Option<String>,
+    /// Docker's init (tini) as PID 1.
+    pub init: bool,
     pub runtime: String,
     pub memory_bytes: Option<i64>,
     pub nano_cpus: Option<i64>,
@@ -84,6 +97,8 @@ pub enum ContainerStatus {
 pub struct ContainerInfo {
     pub id: String,
     pub status: ContainerStatus,
+    /// Unix seconds the container was created.
+    pub created: Option<i64>,
     pub labels: HashMap<String, String>,
     /// RFC 3339 time the container last stopped, when it did.
     pub finished_at: Option<String>,
@@ -102,6 +117,26 @@ impl ContainerInfo {
     pub fn is_managed(&self) -> bool {
         self.labels.get(MANAGED_LABEL).map(String::as_str) == Some("true")
     }
+}
+
+/// A user-defined bridge network.
+#[derive(Debug, Clone)]
+pub struct NetworkSpec {
+    pub name: String,
+    /// No route out: members reach each other only.
+    pub internal: bool,
+    /// A subnet of our choosing, so members can have fixed addresses that survive restarts.
+    pub subnet: Option<String>,
+    pub labels: HashMap<String, String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct NetworkInfo {
+    pub id: String,
+    pub name: String,
+    pub labels: HashMap<String, String>,
+    /// Unix seconds the network was created.
+    pub created: Option<i64>,
 }
 
 /// A process to start in a running container.
@@ -143,6 +178,33 @@ pub trait ContainerEngine: Send + Sync + 'static {
         path: &str,
         tar: BoxStream<'static, Result<Bytes, std::io::Error>>,
     ) -> Result<(), EngineError>;
+    /// A tar stream of `path` inside the container: a file, a directory's whole subtree, or a
+    /// symlink itself (the last component is not followed). [`EngineError::NotFound`] when the
+    /// path does not exist. Streamed so that reading a large file needs no large buffer.
+    async fn get_archive(
+        &self,
+        id: &str,
+        path: &str,
+    ) -> Result<BoxStream<'static, Result<Bytes, EngineError>>, EngineError>;
+    /// Waits until the container's log (stdout or stderr) contains `needle`, up to `timeout`.
+    async fn wait_for_log(
+        &self,
+        id: &str,
+        needle: &str,
+        timeout: Duration,
+    ) -> Result<(), EngineError>;
     /// Managed containers carrying all of `labels` (`key=value`).
     async fn list(&self, labels: &[(&str, &str)]) -> Result<Vec<ContainerInfo>, EngineError>;
+    async fn create_network(&self, spec: &NetworkSpec) -> Result<String, EngineError>;
+    async fn remove_network(&self, id_or_name: &str) -> Result<(), EngineError>;
+    /// Attaches a created (or running) container to a network, at `ip` when given.
+    async fn connect_network(
+        &self,
+        network: &str,
+        container: &str,
+        ip: Option<std::net::IpAddr>,
+    ) -> Result<(), EngineError>;
+    /// Managed networks carrying all of `labels`.
+    async fn list_networks(&self, labels: &[(&str, &str)])
+    -> Result<Vec<NetworkInfo>, EngineError>;
 }

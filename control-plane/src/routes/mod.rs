@@ -1,4 +1,7 @@
 //! HTTP handlers: thin, one file per resource; the logic lives in [`crate::session`].
 
+pub mod egress;
+pub mod fs;
 pub mod meta;
+pub mod seed;
 pub mod session;

@@ -1,8 +1,4 @@
-//! Per-session locks: one request at a time per session, others wait up to
-//! `SESSION_LOCK_WAIT_SECONDS` and then get 409.
-//!
-//! [`SessionLocks`] is the seam for the Redis-backed variant shared by replicas; [`LocalLocks`] is
-//! the in-process one used when `REDIS_URL` is unset.
+//! In-process locks, used when `REDIS_URL` is unset.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -10,31 +6,7 @@ use std::time::Duration;
 
 use tokio::sync::OwnedMutexGuard;
 
-#[derive(Debug, thiserror::Error)]
-pub enum LockError {
-    #[error("timed out waiting for the session lock")]
-    Timeout,
-    #[error("lock backend unavailable: {0}")]
-    Unavailable(String),
-}
-
-/// Held for the duration of one operation; dropping it releases the lock.
-pub struct LockGuard {
-    _inner: Box<dyn Send + Sync>,
-}
-
-impl LockGuard {
-    pub fn new(inner: impl Send + Sync + 'static) -> Self {
-        Self {
-            _inner: Box::new(inner),
-        }
-    }
-}
-
-#[async_trait::async_trait]
-pub trait SessionLocks: Send + Sync + 'static {
-    async fn acquire(&self, session_id: &str, wait: Duration) -> Result<LockGuard, LockError>;
-}
+use super::{LockError, LockGuard, SessionLocks};
 
 type Table = Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>;
 
@@ -76,6 +48,8 @@ impl SessionLocks for LocalLocks {
                 .map_err(|_| LockError::Unavailable("lock table poisoned".into()))?;
             table.entry(session_id.to_string()).or_default().clone()
         };
+        // `timeout` polls the future once before looking at the clock, so a zero wait still takes
+        // a free lock (the reaper relies on that).
         let acquired = tokio::time::timeout(wait, mutex.lock_owned()).await;
         let guard = match acquired {
             Ok(g) => g,
@@ -137,6 +111,20 @@ mod tests {
         }
         let len = locks.table.lock().map(|t| t.len()).unwrap_or(usize::MAX);
         assert_eq!(len, 0);
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn zero_wait_takes_a_free_lock_and_refuses_a_held_one() -> Result<(), LockError> {
+        let locks = LocalLocks::default();
+        let held = locks.acquire("s", Duration::ZERO).await?;
+        assert!(matches!(
+            locks.acquire("s", Duration::ZERO).await,
+            Err(LockError::Timeout)
+        ));
+        drop(held);
+        let _again = locks.acquire("s", Duration::ZERO).await?;
+        assert!(locks.try_lead(Duration::from_secs(1)).await?);
         Ok(())
     }
 }

@@ -1,0 +1,547 @@
+//! Egress sessions: the per-session triad of an internal network, an egress gateway sidecar and
+//! the sandbox.
+//!
+//! ```text
+//! [sandbox] --internal network (no route out)--> [gateway] --egress-side network--> upstream
+//! ```
+//!
+//! The internal network gets a /29 of our choosing so the gateway (`.2`) and the sandbox (`.3`)
+//! keep fixed addresses across stops and starts: the proxy address baked into the sandbox's
+//! environment stays right after a warm restart. The gateway listens on its internal address only,
+//! so nothing on the egress-side network can use it as an open proxy. The CA key and the secrets
+//! are written into the gateway alone; the sandbox gets the CA certificate, nothing else.
+//!
+//! Docker round trips: create = 2 image checks + network + gateway (create, put config, connect,
+//! start) + sandbox (create, put skeleton, start, inspect) + CA install exec + readiness wait ≈ 13,
+//! with the gateway's start running beside the sandbox's create and start;
+//! refresh = inspect sandbox + inspect gateway + put config (3).
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use shared_policy::PolicyFile;
+
+use crate::config::Config;
+use crate::engine::{
+    ContainerEngine, ContainerInfo, ContainerSpec, EGRESS_LABEL, EngineError, ExecSpec,
+    MANAGED_LABEL, NetworkAttach, NetworkSpec, ROLE_EGRESS_GATEWAY, ROLE_EGRESS_NETWORK,
+    ROLE_LABEL,
+};
+use crate::error::ApiError;
+
+/// The sandbox's labels naming its gateway container and internal network.
+pub const GATEWAY_LABEL: &str = "daiv.sandbox.egress.gateway";
+pub const NETWORK_LABEL: &str = "daiv.sandbox.egress.network";
+
+/// Where the gateway image reads its configuration (see `images/egress-gateway`).
+const GATEWAY_DIR: &str = "etc/daiv-egress";
+/// The non-root user the gateway image runs as; its files are owned by it.
+pub const GATEWAY_UID: u32 = 65532;
+/// What the gateway logs once it accepts connections.
+const GATEWAY_READY_LINE: &str = "egress gateway listening";
+const GATEWAY_READY_TIMEOUT: Duration = Duration::from_secs(20);
+const GATEWAY_PIDS_LIMIT: i64 = 256;
+
+/// Where the sandbox finds the egress CA and the combined trust bundle.
+const SANDBOX_CA_DIR: &str = "usr/local/share/daiv-sandbox";
+pub const SANDBOX_CA_BUNDLE: &str = "/usr/local/share/daiv-sandbox/ca-bundle.pem";
+
+/// Builds the combined bundle (the image's system roots + the egress CA) and adds the CA to the
+/// system bundle for tools that ignore the environment. Runs as root: no capability is needed to
+/// write root-owned files, which matters under gVisor.
+const INSTALL_CA: &str = r#"d=/usr/local/share/daiv-sandbox
+: > "$d/ca-bundle.pem"
+for f in /etc/ssl/certs/ca-certificates.crt /etc/pki/tls/certs/ca-bundle.crt /etc/ssl/cert.pem /etc/ssl/ca-bundle.pem; do
+  if [ -f "$f" ]; then cat "$f" >> "$d/ca-bundle.pem"; printf '\n' >> "$d/ca-bundle.pem"; cat "$d/egress-ca.crt" >> "$f" 2>/dev/null; break; fi
+done
+cat "$d/egress-ca.crt" >> "$d/ca-bundle.pem"
+if [ -d /usr/local/share/ca-certificates ]; then cp "$d/egress-ca.crt" /usr/local/share/ca-certificates/daiv-egress-ca.crt 2>/dev/null; fi
+exit 0"#;
+
+/// Everything egress needs that does not change per session, read once at start-up.
+pub struct Egress {
+    engine: Arc<dyn ContainerEngine>,
+    config: Arc<Config>,
+    ca_cert: Bytes,
+    ca_key: Bytes,
+    upstream_ca: Option<Bytes>,
+}
+
+/// A session's egress parts, as recorded on the sandbox's labels.
+#[derive(Debug, Clone)]
+pub struct Triad {
+    pub token: String,
+    pub gateway: String,
+    pub network: String,
+}
+
+impl Triad {
+    pub fn of(info: &ContainerInfo) -> Option<Self> {
+        Some(Self {
+            token: info.labels.get(EGRESS_LABEL)?.clone(),
+            gateway: info.labels.get(GATEWAY_LABEL)?.clone(),
+            network: info.labels.get(NETWORK_LABEL)?.clone(),
+        })
+    }
+}
+
+/// What a sandbox of an egress session needs from the triad.
+pub struct SandboxPlan {
+    pub triad: Triad,
+    pub network: NetworkAttach,
+    pub env: Vec<(String, String)>,
+    pub labels: Vec<(String, String)>,
+    /// Root-owned files to add to the sandbox's skeleton: the CA certificate.
+    pub files: Vec<(String, Bytes)>,
+}
+
+/// Parts created so far, removed again when a later step fails.
+#[derive(Default)]
+pub struct Created {
+    pub network: Option<String>,
+    pub gateway: Option<String>,
+}
+
+impl Egress {
+    /// Reads the CA pair (and the optional upstream bundle) so a bad file fails start-up, not a
+    /// session.
+    pub fn load(
+        engine: Arc<dyn ContainerEngine>,
+        config: Arc<Config>,
+    ) -> Result<Option<Self>, std::io::Error> {
+        let Some(ca) = &config.egress_ca else {
+            return Ok(None);
+        };
+        let ca_cert = Bytes::from(std::fs::read(&ca.cert_file)?);
+        let ca_key = Bytes::from(std::fs::read(&ca.key_file)?);
+        let upstream_ca = match &config.egress_upstream_ca_file {
+            Some(p) => Some(Bytes::from(std::fs::read(p)?)),
+            None => None,
+        };
+        Ok(Some(Self {
+            engine,
+            config,
+            ca_cert,
+            ca_key,
+            upstream_ca,
+        }))
+    }
+
+    /// Creates the internal network and the gateway (not started: the caller starts it while it
+    /// creates the sandbox, the two slowest steps side by side); returns how to attach the
+    /// sandbox. On error, `created` says what to tear down.
+    pub async fn prepare(
+        &self,
+        policy: &PolicyFile,
+        created: &mut Created,
+    ) -> Result<SandboxPlan, ApiError> {
+        let c = &self.config;
+        self.engine
+            .ensure_image(&c.egress_proxy_image)
+            .await
+            .map_err(|e| {
+                ApiError::Unavailable(format!(
+                    "egress gateway image {:?} is not available: {e}",
+                    c.egress_proxy_image
+                ))
+            })?;
+        let token = random_token();
+        let (network, subnet) = self.create_network(&token).await?;
+        created.network = Some(network.clone());
+        let base = u32::from(subnet.network());
+        let gateway_ip = IpAddr::V4(Ipv4Addr::from(base + 2));
+        let sandbox_ip = IpAddr::V4(Ipv4Addr::from(base + 3));
+
+        let spec = self.gateway_spec(&token, gateway_ip, policy)?;
+        let gateway = self.engine.create(&spec).await?;
+        created.gateway = Some(gateway.clone());
+        self.engine
+            .connect_network(&network, &gateway, Some(gateway_ip))
+            .await?;
+
+        let proxy = format!("http://{gateway_ip}:{}", c.egress_proxy_port);
+        let mut env: Vec<(String, String)> = [
+            "HTTP_PROXY",
+            "HTTPS_PROXY",
+            "http_proxy",
+            "https_proxy",
+            "ALL_PROXY",
+            "all_proxy",
+        ]
+        .iter()
+        .map(|k| (k.to_string(), proxy.clone()))
+        .collect();
+        for k in ["NO_PROXY", "no_proxy"] {
+            env.push((k.to_string(), "localhost,127.0.0.1,::1".to_string()));
+        }
+        for k in [
+            "SSL_CERT_FILE",
+            "REQUESTS_CA_BUNDLE",
+            "CURL_CA_BUNDLE",
+            "GIT_SSL_CAINFO",
+            "NODE_EXTRA_CA_CERTS",
+            "PIP_CERT",
+        ] {
+            env.push((k.to_string(), SANDBOX_CA_BUNDLE.to_string()));
+        }
+        Ok(SandboxPlan {
+            triad: Triad {
+                token: token.clone(),
+                gateway: gateway.clone(),
+                network: network.clone(),
+            },
+            network: NetworkAttach::Network {
+                name: network.clone(),
+                ip: Some(sandbox_ip),
+            },
+            env,
+            labels: vec![
+                (EGRESS_LABEL.to_string(), token),
+                (GATEWAY_LABEL.to_string(), gateway),
+                (NETWORK_LABEL.to_string(), network),
+            ],
+            files: vec![(
+                format!("{SANDBOX_CA_DIR}/egress-ca.crt"),
+                self.ca_cert.clone(),
+            )],
+        })
+    }
+
+    pub async fn start_gateway(&self, triad: &Triad) -> Result<(), ApiError> {
+        self.engine.start(&triad.gateway).await.map_err(Into::into)
+    }
+
+    /// After the sandbox started: trust the CA inside it, and wait for the gateway to listen, so
+    /// the first command already reaches the proxy.
+    pub async fn finish(&self, sandbox: &str, triad: &Triad) -> Result<(), ApiError> {
+        let install = self.install_ca(sandbox);
+        let ready = self.wait_ready(&triad.gateway);
+        let (installed, ready) = tokio::join!(install, ready);
+        installed?;
+        ready
+    }
+
+    async fn install_ca(&self, sandbox: &str) -> Result<(), ApiError> {
+        let spec = ExecSpec {
+            cmd: vec!["/bin/sh".into(), "-c".into(), INSTALL_CA.into()],
+            user: "0:0".into(),
+            workdir: None,
+            env: Vec::new(),
+        };
+        let mut exec = self.engine.exec(sandbox, &spec).await?;
+        while let Some(chunk) = exec.output.next().await {
+            chunk?;
+        }
+        Ok(())
+    }
+
+    async fn wait_ready(&self, gateway: &str) -> Result<(), ApiError> {
+        self.engine
+            .wait_for_log(gateway, GATEWAY_READY_LINE, GATEWAY_READY_TIMEOUT)
+            .await
+            .map_err(|e| ApiError::Unavailable(format!("egress gateway did not become ready: {e}")))
+    }
+
+    /// Starts a stopped gateway and waits until it listens (warm restart).
+    pub async fn ensure_gateway(&self, triad: &Triad) -> Result<(), ApiError> {
+        let info = self
+            .engine
+            .inspect(&triad.gateway)
+            .await
+            .map_err(|e| ApiError::Unavailable(format!("egress gateway unavailable: {e}")))?;
+        if info.is_running() {
+            return Ok(());
+        }
+        self.engine
+            .start(&triad.gateway)
+            .await
+            .map_err(|e| ApiError::Unavailable(format!("egress gateway could not start: {e}")))?;
+        self.wait_ready(&triad.gateway).await
+    }
+
+    /// Replaces the gateway's policy file; the gateway hot-reloads it without a restart.
+    pub async fn refresh(&self, triad: &Triad, policy: &PolicyFile) -> Result<(), ApiError> {
+        self.ensure_gateway(triad).await?;
+        let tar = config_tar(&[("config.json", policy_json(policy)?, 0o600)], false);
+        let body = futures::stream::once(async move { Ok(tar) }).boxed();
+        self.engine
+            .put_archive(&triad.gateway, &format!("/{GATEWAY_DIR}"), body)
+            .await
+            .map_err(|e| ApiError::Unavailable(format!("could not update the egress policy: {e}")))
+    }
+
+    pub async fn stop(&self, triad: &Triad) {
+        match self
+            .engine
+            .stop(&triad.gateway, self.config.stop_timeout)
+            .await
+        {
+            Ok(()) | Err(EngineError::NotFound) => {}
+            Err(e) => {
+                tracing::warn!(gateway = %triad.gateway, error = %e, "could not stop egress gateway")
+            }
+        }
+    }
+
+    /// Removes the gateway and the network (the sandbox must be gone first: a network with
+    /// members cannot be removed).
+    pub async fn teardown(&self, created: &Created) {
+        if let Some(gw) = &created.gateway {
+            match self.engine.remove(gw).await {
+                Ok(()) | Err(EngineError::NotFound) => {}
+                Err(e) => {
+                    tracing::warn!(gateway = %gw, error = %e, "could not remove egress gateway")
+                }
+            }
+        }
+        if let Some(net) = &created.network {
+            match self.engine.remove_network(net).await {
+                Ok(()) | Err(EngineError::NotFound) => {}
+                Err(e) => {
+                    tracing::warn!(network = %net, error = %e, "could not remove egress network")
+                }
+            }
+        }
+    }
+
+    /// An internal network on a random /29 of the pool; a collision with an existing network
+    /// is retried on another subnet.
+    async fn create_network(&self, token: &str) -> Result<(String, ipnet::Ipv4Net), ApiError> {
+        let pool = self.config.egress_subnet_pool;
+        let name = format!("daiv-egress-{token}");
+        let labels = HashMap::from([
+            (MANAGED_LABEL.to_string(), "true".to_string()),
+            (ROLE_LABEL.to_string(), ROLE_EGRESS_NETWORK.to_string()),
+            (EGRESS_LABEL.to_string(), token.to_string()),
+        ]);
+        let slots = 1u32 << (29 - u32::from(pool.prefix_len().min(29)));
+        let mut last = None;
+        for _ in 0..8 {
+            let slot = rand::random::<u32>() % slots.max(1);
+            let base = u32::from(pool.network()) + slot * 8;
+            let Ok(subnet) = ipnet::Ipv4Net::new(Ipv4Addr::from(base), 29) else {
+                continue;
+            };
+            let spec = NetworkSpec {
+                name: name.clone(),
+                internal: true,
+                subnet: Some(subnet.to_string()),
+                labels: labels.clone(),
+            };
+            match self.engine.create_network(&spec).await {
+                Ok(_) => return Ok((name, subnet)),
+                Err(EngineError::Rejected(m) | EngineError::Conflict(m))
+                    if m.contains("overlap") =>
+                {
+                    last = Some(m);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(ApiError::Unavailable(format!(
+            "no free subnet for the egress network in {pool}: {}",
+            last.unwrap_or_default()
+        )))
+    }
+
+    fn gateway_spec(
+        &self,
+        token: &str,
+        ip: IpAddr,
+        policy: &PolicyFile,
+    ) -> Result<ContainerSpec, ApiError> {
+        let c = &self.config;
+        let dir = format!("/{GATEWAY_DIR}");
+        let mut env = vec![
+            (
+                "DAIV_EGRESS_LISTEN".to_string(),
+                format!("{ip}:{}", c.egress_proxy_port),
+            ),
+            ("DAIV_EGRESS_SESSION_ID".to_string(), token.to_string()),
+            (
+                "DAIV_EGRESS_POLICY_FILE".to_string(),
+                format!("{dir}/config.json"),
+            ),
+            (
+                "DAIV_EGRESS_CA_CERT_FILE".to_string(),
+                format!("{dir}/ca.crt"),
+            ),
+            (
+                "DAIV_EGRESS_CA_KEY_FILE".to_string(),
+                format!("{dir}/ca.key"),
+            ),
+        ];
+        if !c.egress_allowed_cidrs.is_empty() {
+            let cidrs: Vec<String> = c
+                .egress_allowed_cidrs
+                .iter()
+                .map(|n| n.to_string())
+                .collect();
+            env.push(("DAIV_EGRESS_ALLOWED_CIDRS".to_string(), cidrs.join(",")));
+        }
+        let mut files = vec![
+            ("config.json", policy_json(policy)?, 0o600),
+            ("ca.crt", self.ca_cert.clone(), 0o644),
+            ("ca.key", self.ca_key.clone(), 0o600),
+        ];
+        if let Some(bundle) = &self.upstream_ca {
+            files.push(("upstream-ca.pem", bundle.clone(), 0o644));
+            env.push((
+                "DAIV_EGRESS_UPSTREAM_CA_FILE".to_string(),
+                format!("{dir}/upstream-ca.pem"),
+            ));
+        }
+        let egress_network = c
+            .egress_proxy_network
+            .clone()
+            .or_else(|| c.network.clone())
+            .unwrap_or_else(|| "bridge".to_string());
+        Ok(ContainerSpec {
+            image: c.egress_proxy_image.clone(),
+            entrypoint: None,
+            cmd: None,
+            env,
+            labels: HashMap::from([
+                (MANAGED_LABEL.to_string(), "true".to_string()),
+                (ROLE_LABEL.to_string(), ROLE_EGRESS_GATEWAY.to_string()),
+                (EGRESS_LABEL.to_string(), token.to_string()),
+            ]),
+            user: None,
+            init: false,
+            runtime: c.egress_proxy_runtime.as_str().to_string(),
+            memory_bytes: c.egress_proxy_memory_bytes,
+            nano_cpus: c.egress_proxy_cpus.map(|n| (n * 1e9).round() as i64),
+            pids_limit: GATEWAY_PIDS_LIMIT,
+            network: NetworkAttach::Network {
+                name: egress_network,
+                ip: None,
+            },
+            skeleton: Some(config_tar(&files, true)),
+        })
+    }
+}
+
+/// Parses an `egress` body as the policy file and applies the API's validation. Parse errors
+/// never echo the body's strings: a misplaced secret must not come back in a 422.
+pub fn parse_policy(value: &serde_json::Value) -> Result<PolicyFile, ApiError> {
+    let file: PolicyFile = serde_json::from_value(value.clone()).map_err(|e| {
+        ApiError::Unprocessable(format!("invalid egress policy: {}", redact(&e.to_string())))
+    })?;
+    shared_policy::validate_for_api(&file)
+        .map_err(|e| ApiError::Unprocessable(format!("invalid egress policy: {e}")))?;
+    Ok(file)
+}
+
+/// Blanks quoted and back-ticked spans of a serde message.
+fn redact(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut inside: Option<char> = None;
+    for ch in message.chars() {
+        match inside {
+            Some(close) if ch == close => {
+                out.push('…');
+                out.push(ch);
+                inside = None;
+            }
+            Some(_) => {}
+            None if ch == '`' || ch == '"' => {
+                out.push(ch);
+                inside = Some(ch);
+            }
+            None => out.push(ch),
+        }
+    }
+    out
+}
+
+fn policy_json(policy: &PolicyFile) -> Result<Bytes, ApiError> {
+    serde_json::to_vec(policy)
+        .map(Bytes::from)
+        .map_err(|e| ApiError::Internal(e.into()))
+}
+
+/// The gateway's config files, owned by the gateway's user; `with_dir` adds the directory
+/// entry itself (first creation).
+fn config_tar(files: &[(&str, Bytes, u32)], with_dir: bool) -> Bytes {
+    let mut builder = tar::Builder::new(Vec::new());
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let header = |kind: tar::EntryType, mode: u32, size: u64| {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(kind);
+        h.set_mode(mode);
+        h.set_uid(u64::from(GATEWAY_UID));
+        h.set_gid(u64::from(GATEWAY_UID));
+        h.set_size(size);
+        h.set_mtime(now);
+        h
+    };
+    let prefix = if with_dir {
+        format!("{GATEWAY_DIR}/")
+    } else {
+        String::new()
+    };
+    if with_dir {
+        let mut h = header(tar::EntryType::Directory, 0o700, 0);
+        let _ = builder.append_data(&mut h, &prefix, std::io::empty());
+    }
+    for (name, data, mode) in files {
+        let mut h = header(tar::EntryType::Regular, *mode, data.len() as u64);
+        let _ = builder.append_data(&mut h, format!("{prefix}{name}"), &data[..]);
+    }
+    Bytes::from(builder.into_inner().unwrap_or_default())
+}
+
+fn random_token() -> String {
+    format!("{:016x}", rand::random::<u64>())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn parse_errors_never_echo_body_strings() {
+        let body = json!({"policy": {"default": "ghp_supersecret"}});
+        let Err(ApiError::Unprocessable(msg)) = parse_policy(&body) else {
+            panic!("expected 422");
+        };
+        assert!(!msg.contains("ghp_supersecret"), "{msg}");
+    }
+
+    #[test]
+    fn api_validation_applies() {
+        let deny_nothing = json!({"policy": {"default": "deny", "rules": []}});
+        assert!(matches!(
+            parse_policy(&deny_nothing),
+            Err(ApiError::Unprocessable(_))
+        ));
+        let unknown_secret = json!({"policy": {"rules": [{"host": "a.test", "inject": "nope"}]}});
+        assert!(matches!(
+            parse_policy(&unknown_secret),
+            Err(ApiError::Unprocessable(_))
+        ));
+        let ok =
+            json!({"policy": {"rules": [{"host": "*.a.test", "methods": ["get"]}]}, "extra": 1});
+        let file = parse_policy(&ok).expect("valid");
+        assert_eq!(file.policy.rules[0].methods, vec!["GET"]);
+    }
+
+    #[test]
+    fn config_tar_is_owned_by_the_gateway_user() -> std::io::Result<()> {
+        let tar_bytes = config_tar(&[("config.json", Bytes::from_static(b"{}"), 0o600)], true);
+        let mut archive = tar::Archive::new(&tar_bytes[..]);
+        for entry in archive.entries()? {
+            let entry = entry?;
+            assert_eq!(entry.header().uid()?, u64::from(GATEWAY_UID));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,231 @@
+//! Locks shared by every replica through one Redis, used when `REDIS_URL` is set.
+//!
+//! A lock is the key `daiv-sandbox:session-lock:<session>` holding a random token:
+//! - acquire: `SET key token NX PX ttl`, retried with a short backoff (10 ms doubling to 100 ms)
+//!   until `SESSION_LOCK_WAIT_SECONDS` have passed, then [`LockError::Timeout`] (409);
+//! - while held, a task tied to the guard extends the TTL every `SESSION_LOCK_REFRESH_SECONDS`,
+//!   but only while the key still holds our token (Lua compare-and-expire): a lock that expired
+//!   and was taken by another replica is never stolen back;
+//! - on drop, the guard deletes the key only if it still holds our token (Lua compare-and-delete),
+//!   so a late release never frees somebody else's lock. A holder that dies without releasing
+//!   (process killed) stops refreshing, and the lock frees itself after its TTL.
+//!
+//! Redis trouble fails fast: every call is bounded ([`CALL_TIMEOUT`], plus the connection's own
+//! connect and response timeouts), and any error is [`LockError::Unavailable`] (503), never a
+//! hang. The connection is lazy and reconnects by itself, so the service starts while Redis is
+//! down and recovers when it returns.
+//!
+//! Round trips: acquire 1 per attempt; refresh 1 per interval; release 1 (in the background).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::Script;
+use redis::aio::ConnectionManager;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::{LockError, LockGuard, SessionLocks};
+use crate::config::Secret;
+
+/// Upper bound on one Redis call from a request path, whatever the connection does.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+/// A connection attempt that takes longer means Redis is not there.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+const RESPONSE_TIMEOUT: Duration = Duration::from_millis(1500);
+const POLL_MIN: Duration = Duration::from_millis(10);
+const POLL_MAX: Duration = Duration::from_millis(100);
+
+const LOCK_PREFIX: &str = "daiv-sandbox:session-lock:";
+const LEADER_KEY: &str = "daiv-sandbox:reaper-leader";
+
+/// Extends the TTL only while the key still holds our token.
+const REFRESH: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"#;
+
+/// Deletes the key only while it still holds our token.
+const RELEASE: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"#;
+
+/// A lazily connecting, self-reconnecting Redis connection with bounded timeouts; shared by the
+/// locks and the activity tracker. Creating it never touches the network.
+pub fn connect(url: &Secret) -> Result<ConnectionManager, LockError> {
+    let client = redis::Client::open(url.expose())
+        // The URL may carry a password: name the setting, not the value.
+        .map_err(|e| LockError::Unavailable(format!("DAIV_SANDBOX_REDIS_URL: {:?}", e.kind())))?;
+    let config = redis::aio::ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(CONNECT_TIMEOUT))
+        .set_response_timeout(Some(RESPONSE_TIMEOUT))
+        // One quick retry: a request must get its 503 in about a second, not after a backoff
+        // schedule; the manager reconnects again on the next call.
+        .set_number_of_retries(1)
+        .set_min_delay(Duration::from_millis(50))
+        .set_max_delay(Duration::from_millis(200));
+    ConnectionManager::new_lazy_with_config(client, config)
+        .map_err(|e| LockError::Unavailable(e.to_string()))
+}
+
+/// Runs one Redis call with [`CALL_TIMEOUT`]; any failure is [`LockError::Unavailable`].
+pub async fn bounded<T>(call: impl Future<Output = redis::RedisResult<T>>) -> Result<T, LockError> {
+    match tokio::time::timeout(CALL_TIMEOUT, call).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(LockError::Unavailable(format!("Redis: {e}"))),
+        Err(_) => Err(LockError::Unavailable(format!(
+            "Redis did not answer within {CALL_TIMEOUT:?}"
+        ))),
+    }
+}
+
+pub struct RedisLocks {
+    conn: ConnectionManager,
+    ttl: Duration,
+    refresh: Duration,
+}
+
+impl RedisLocks {
+    /// `refresh` is clamped below `ttl / 2`: a lock refreshed less often than it expires would
+    /// be lost mid-request to the next waiter.
+    pub fn new(conn: ConnectionManager, ttl: Duration, refresh: Duration) -> Self {
+        let ceiling = ttl / 2;
+        let refresh = if refresh >= ceiling {
+            tracing::warn!(
+                ?ttl,
+                ?refresh,
+                "SESSION_LOCK_REFRESH_SECONDS must be well under SESSION_LOCK_TTL_SECONDS; using TTL/3"
+            );
+            ttl / 3
+        } else {
+            refresh
+        };
+        Self { conn, ttl, refresh }
+    }
+
+    fn ttl_ms(&self) -> u64 {
+        u64::try_from(self.ttl.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1)
+    }
+
+    /// One `SET NX PX` attempt.
+    async fn try_set(&self, key: &str, token: &str, ttl_ms: u64) -> Result<bool, LockError> {
+        let mut conn = self.conn.clone();
+        let set: Option<String> = bounded(
+            redis::cmd("SET")
+                .arg(key)
+                .arg(token)
+                .arg("NX")
+                .arg("PX")
+                .arg(ttl_ms)
+                .query_async(&mut conn),
+        )
+        .await?;
+        Ok(set.is_some())
+    }
+}
+
+fn new_token() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
+
+#[async_trait::async_trait]
+impl SessionLocks for RedisLocks {
+    async fn acquire(&self, session_id: &str, wait: Duration) -> Result<LockGuard, LockError> {
+        let key = format!("{LOCK_PREFIX}{session_id}");
+        let token = new_token();
+        let deadline = Instant::now() + wait;
+        let mut pause = POLL_MIN;
+        loop {
+            if self.try_set(&key, &token, self.ttl_ms()).await? {
+                break;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(LockError::Timeout);
+            }
+            tokio::time::sleep(pause.min(deadline - now)).await;
+            pause = (pause * 2).min(POLL_MAX);
+        }
+        let held = Arc::new(Held {
+            conn: self.conn.clone(),
+            key,
+            token,
+        });
+        let refresher = tokio::spawn(refresh_loop(held.clone(), self.refresh, self.ttl_ms()));
+        Ok(LockGuard::new(RedisGuard {
+            held: Some(held),
+            refresher,
+        }))
+    }
+
+    async fn try_lead(&self, term: Duration) -> Result<bool, LockError> {
+        let term_ms = u64::try_from(term.as_millis()).unwrap_or(u64::MAX).max(1);
+        self.try_set(LEADER_KEY, &new_token(), term_ms).await
+    }
+}
+
+/// What a held lock needs to refresh and release itself.
+struct Held {
+    conn: ConnectionManager,
+    key: String,
+    token: String,
+}
+
+impl Held {
+    async fn run(&self, script: &str, extra: Option<u64>) -> Result<i64, LockError> {
+        let mut conn = self.conn.clone();
+        let script = Script::new(script);
+        let mut invocation = script.key(&self.key);
+        invocation.arg(&self.token);
+        if let Some(v) = extra {
+            invocation.arg(v);
+        }
+        bounded(invocation.invoke_async(&mut conn)).await
+    }
+}
+
+/// Keeps the lock alive while its guard lives. A transient Redis error is retried at the next
+/// interval (the TTL leaves room for several); a lock found no longer ours ends the loop.
+async fn refresh_loop(held: Arc<Held>, every: Duration, ttl_ms: u64) {
+    loop {
+        tokio::time::sleep(every).await;
+        match held.run(REFRESH, Some(ttl_ms)).await {
+            Ok(1) => {}
+            Ok(_) => {
+                tracing::warn!(key = %held.key, "session lock lost (expired and possibly taken by another request)");
+                return;
+            }
+            Err(e) => tracing::warn!(key = %held.key, error = %e, "session lock refresh failed"),
+        }
+    }
+}
+
+struct RedisGuard {
+    held: Option<Arc<Held>>,
+    refresher: JoinHandle<()>,
+}
+
+impl Drop for RedisGuard {
+    fn drop(&mut self) {
+        self.refresher.abort();
+        let Some(held) = self.held.take() else {
+            return;
+        };
+        // Drop cannot await: release in the background. Without a runtime (shutdown) the lock
+        // simply expires after its TTL.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                if let Err(e) = held.run(RELEASE, None).await {
+                    tracing::warn!(key = %held.key, error = %e, "session lock release failed; it expires after its TTL");
+                }
+            });
+        }
+    }
+}

@@ -1,0 +1,541 @@
+//! The reaper: a background sweep that frees what clients left behind.
+//!
+//! Every `REAPER_INTERVAL_SECONDS` one replica (the one that wins [`SessionLocks::try_lead`]; with
+//! Redis the claim lasts one interval, so replicas sweep once per interval between them) runs
+//! [`Reaper::sweep`], which removes:
+//! 1. stopped sessions stopped for longer than `SESSION_GRACE_SECONDS`;
+//! 2. the oldest stopped sessions beyond `MAX_STOPPED_SESSIONS` (by stop time; a stop time that
+//!    cannot be read sorts as newest, so it is evicted last);
+//! 3. running sessions idle for longer than `RUNNING_SESSION_MAX_IDLE_SECONDS` (see [`activity`]
+//!    for what "idle" means; a session never touched counts from its creation);
+//! 4. orphaned egress gateways and networks: those whose egress token no sandbox carries, once the
+//!    newest of them is older than the grace period (a session being created has its network and
+//!    gateway before its sandbox).
+//!
+//! Safety: every removal takes the session's lock without waiting (busy: skipped until the next
+//! sweep) and re-checks its condition under the lock, because a request may have restarted or used
+//! the session since the listing. A request in flight holds the lock, so it never loses its session.
+//! Sessions are removed through [`Sessions::close`] with `force`, which also tears down an egress
+//! session's gateway and network. Orphans are removed under the lock [`egress_lock_key`].
+//!
+//! Failures are logged and counted, never fatal: a sweep that fails (or panics) is retried at the
+//! next tick. Docker round trips per sweep: 1 list of sandboxes, 1 inspect per stopped sandbox
+//! (the list API has no stop time), 1 list of gateways, 1 list of networks; per removal 1 inspect
+//! (re-check) + the close (inspect + remove, plus the egress teardown).
+//!
+//! [`activity`]: crate::activity
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::task::JoinHandle;
+
+use crate::AppState;
+use crate::activity::SessionActivity;
+use crate::config::Config;
+use crate::engine::{
+    ContainerInfo, ContainerStatus, EGRESS_LABEL, EngineError, ROLE_EGRESS_GATEWAY,
+    ROLE_EGRESS_NETWORK, ROLE_LABEL, ROLE_SANDBOX,
+};
+use crate::error::ApiError;
+use crate::lock::{LockError, SessionLocks};
+use crate::session::Sessions;
+
+/// Concurrent inspects while reading stop times.
+const INSPECT_CONCURRENCY: usize = 8;
+
+/// The lock a session creation may hold on its egress token while it builds the triad, and that
+/// the reaper takes before removing an orphaned gateway or network of that token.
+pub fn egress_lock_key(token: &str) -> String {
+    format!("egress-{token}")
+}
+
+/// The sweep's settings, from the `DAIV_SANDBOX_*` ones.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    pub interval: Duration,
+    pub grace: Duration,
+    pub max_stopped: usize,
+    /// `None`: running sessions are never reaped for idleness.
+    pub max_idle: Option<Duration>,
+}
+
+impl Policy {
+    pub fn from_config(c: &Config) -> Self {
+        Self {
+            interval: c.reaper_interval,
+            grace: c.session_grace,
+            max_stopped: usize::try_from(c.max_stopped_sessions).unwrap_or(usize::MAX),
+            max_idle: c.running_session_max_idle,
+        }
+    }
+}
+
+/// What one sweep did; ids of removed sessions per reason, tokens of removed orphans.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Sweep {
+    pub expired: Vec<String>,
+    pub over_cap: Vec<String>,
+    pub idle: Vec<String>,
+    pub orphans: Vec<String>,
+    /// Candidates skipped because a request held their lock.
+    pub busy: Vec<String>,
+    /// Removals that failed (logged); retried at the next sweep.
+    pub failed: usize,
+}
+
+impl Sweep {
+    pub fn removed(&self) -> usize {
+        self.expired.len() + self.over_cap.len() + self.idle.len() + self.orphans.len()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReaperError {
+    #[error("listing managed resources failed: {0}")]
+    Engine(#[from] EngineError),
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Why {
+    Expired,
+    OverCap,
+    Idle,
+}
+
+pub struct Reaper {
+    sessions: Arc<Sessions>,
+    locks: Arc<dyn SessionLocks>,
+    activity: Arc<dyn SessionActivity>,
+    policy: Policy,
+}
+
+impl Reaper {
+    /// A reaper over the same engine, locks and activity records as the API it runs beside.
+    pub fn new(state: &AppState) -> Self {
+        Self {
+            sessions: state.sessions.clone(),
+            locks: state.locks.clone(),
+            activity: state.activity.clone(),
+            policy: Policy::from_config(&state.config),
+        }
+    }
+
+    pub fn with_policy(mut self, policy: Policy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Sweeps every interval (the first right away) until the task is aborted.
+    pub fn spawn(self: Arc<Self>) -> JoinHandle<()> {
+        tokio::spawn(async move {
+            // `interval` panics on zero; the setting forbids it, a hand-built policy might not.
+            let every = self.policy.interval.max(Duration::from_millis(100));
+            let mut ticks = tokio::time::interval(every);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticks.tick().await;
+                let me = self.clone();
+                // Its own task: a panic in one sweep is logged and the next tick still comes.
+                if let Err(e) = tokio::spawn(async move { me.tick().await }).await {
+                    tracing::error!(error = %e, "reaper: sweep crashed");
+                }
+            }
+        })
+    }
+
+    /// One tick: sweep if this replica leads for this interval.
+    pub async fn tick(&self) {
+        match self.locks.try_lead(self.policy.interval).await {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::debug!("reaper: another replica sweeps this interval");
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "reaper: cannot claim the sweep; skipping this tick");
+                return;
+            }
+        }
+        tracing::debug!("reaper: sweeping");
+        match self.sweep(SystemTime::now()).await {
+            Ok(s) if s.removed() > 0 || s.failed > 0 => tracing::info!(
+                expired = ?s.expired,
+                over_cap = ?s.over_cap,
+                idle = ?s.idle,
+                orphans = ?s.orphans,
+                busy = s.busy.len(),
+                failed = s.failed,
+                "reaper: sweep done"
+            ),
+            Ok(s) => tracing::debug!(busy = s.busy.len(), "reaper: nothing to remove"),
+            Err(e) => tracing::warn!(error = %e, "reaper: sweep failed"),
+        }
+    }
+
+    /// One sweep as of `now` (tests pass a clock of their own).
+    pub async fn sweep(&self, now: SystemTime) -> Result<Sweep, ReaperError> {
+        let mut out = Sweep::default();
+        let engine = self.sessions.engine();
+        let sandboxes = engine.list(&[(ROLE_LABEL, ROLE_SANDBOX)]).await?;
+
+        self.sweep_stopped(&sandboxes, now, &mut out).await;
+        if let Some(max_idle) = self.policy.max_idle {
+            self.sweep_idle(&sandboxes, max_idle, now, &mut out).await;
+        }
+        let live: HashSet<String> = sandboxes.iter().map(|c| c.id.clone()).collect();
+        self.activity.retain(&live).await;
+        self.sweep_orphans(&sandboxes, now, &mut out).await?;
+        Ok(out)
+    }
+
+    async fn sweep_stopped(&self, sandboxes: &[ContainerInfo], now: SystemTime, out: &mut Sweep) {
+        let engine = self.sessions.engine();
+        let ids: Vec<&str> = sandboxes
+            .iter()
+            .filter(|c| !c.is_running())
+            .map(|c| c.id.as_str())
+            .collect();
+        let mut stopped = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(INSPECT_CONCURRENCY) {
+            let found = futures::future::join_all(chunk.iter().map(|id| engine.inspect(id))).await;
+            stopped.extend(found.into_iter().filter_map(Result::ok));
+        }
+
+        let mut survivors = Vec::new();
+        for info in stopped {
+            if self.expired(&info, now) {
+                self.remove_guarded(&info.id, Why::Expired, now, out).await;
+            } else {
+                survivors.push(info);
+            }
+        }
+        if survivors.len() > self.policy.max_stopped {
+            let now_nanos = unix_nanos(now);
+            survivors.sort_by_key(|c| stopped_at(c).unwrap_or(now_nanos));
+            let excess = survivors.len() - self.policy.max_stopped;
+            for info in &survivors[..excess] {
+                self.remove_guarded(&info.id, Why::OverCap, now, out).await;
+            }
+        }
+    }
+
+    async fn sweep_idle(
+        &self,
+        sandboxes: &[ContainerInfo],
+        max_idle: Duration,
+        now: SystemTime,
+        out: &mut Sweep,
+    ) {
+        let running: Vec<&ContainerInfo> = sandboxes.iter().filter(|c| c.is_running()).collect();
+        if running.is_empty() {
+            return;
+        }
+        let ids: Vec<String> = running.iter().map(|c| c.id.clone()).collect();
+        let seen = match self.activity.last_seen(&ids).await {
+            Ok(s) => s,
+            Err(e) => {
+                // Unknown is not idle: skip rather than guess.
+                tracing::warn!(error = %e, "reaper: activity unreadable; idle sessions kept this sweep");
+                return;
+            }
+        };
+        let since = match self.activity.since().await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "reaper: activity unreadable; idle sessions kept this sweep");
+                return;
+            }
+        };
+        for (info, seen) in running.into_iter().zip(seen) {
+            if idle_for(seen, info.created, since, now).is_some_and(|d| d >= max_idle) {
+                self.remove_guarded(&info.id, Why::Idle, now, out).await;
+            }
+        }
+    }
+
+    fn expired(&self, info: &ContainerInfo, now: SystemTime) -> bool {
+        !info.is_running()
+            && stopped_at(info).is_some_and(|t| {
+                t.saturating_add(i128::from(self.policy.grace.as_secs()) * NANOS) <= unix_nanos(now)
+            })
+    }
+
+    /// Still idle, read again under the lock: a request may have come and gone since the listing.
+    async fn still_idle(&self, info: &ContainerInfo, now: SystemTime) -> bool {
+        let Some(max_idle) = self.policy.max_idle else {
+            return false;
+        };
+        let seen = self
+            .activity
+            .last_seen(std::slice::from_ref(&info.id))
+            .await;
+        let since = self.activity.since().await;
+        match (seen, since) {
+            (Ok(seen), Ok(since)) => {
+                let seen = seen.into_iter().next().flatten();
+                idle_for(seen, info.created, since, now).is_some_and(|d| d >= max_idle)
+            }
+            _ => false,
+        }
+    }
+
+    /// Removes a session if its lock is free and its condition still holds under the lock.
+    async fn remove_guarded(&self, id: &str, why: Why, now: SystemTime, out: &mut Sweep) {
+        let held = match self.locks.acquire(id, Duration::ZERO).await {
+            Ok(h) => h,
+            Err(LockError::Timeout) => {
+                tracing::debug!(session_id = %id, ?why, "reaper: session busy; kept");
+                out.busy.push(id.to_string());
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(session_id = %id, error = %e, "reaper: cannot lock session");
+                out.failed += 1;
+                return;
+            }
+        };
+        let info = match self.sessions.engine().inspect(id).await {
+            Ok(i) => i,
+            Err(EngineError::NotFound) => return,
+            Err(e) => {
+                tracing::warn!(session_id = %id, error = %e, "reaper: cannot re-check session");
+                out.failed += 1;
+                return;
+            }
+        };
+        let still = match why {
+            Why::Expired => self.expired(&info, now),
+            Why::OverCap => !info.is_running(),
+            Why::Idle => info.is_running() && self.still_idle(&info, now).await,
+        };
+        if !still {
+            tracing::debug!(session_id = %id, ?why, "reaper: session back in use; kept");
+            return;
+        }
+        match self.sessions.close(id, true).await {
+            Ok(()) | Err(ApiError::NotFound) => {
+                tracing::info!(session_id = %id, ?why, "reaper: session removed");
+                let list = match why {
+                    Why::Expired => &mut out.expired,
+                    Why::OverCap => &mut out.over_cap,
+                    Why::Idle => &mut out.idle,
+                };
+                list.push(id.to_string());
+                self.activity.forget(id).await;
+            }
+            Err(e) => {
+                tracing::warn!(session_id = %id, error = %e, "reaper: session removal failed");
+                out.failed += 1;
+            }
+        }
+        drop(held);
+    }
+
+    async fn sweep_orphans(
+        &self,
+        sandboxes: &[ContainerInfo],
+        now: SystemTime,
+        out: &mut Sweep,
+    ) -> Result<(), ReaperError> {
+        let engine = self.sessions.engine();
+        let gateways = engine.list(&[(ROLE_LABEL, ROLE_EGRESS_GATEWAY)]).await?;
+        let networks = engine
+            .list_networks(&[(ROLE_LABEL, ROLE_EGRESS_NETWORK)])
+            .await?;
+        let live: HashSet<&str> = sandboxes
+            .iter()
+            .filter_map(|c| c.labels.get(EGRESS_LABEL).map(String::as_str))
+            .collect();
+        let now_secs = unix_secs(now);
+        // Token -> creation of its newest resource; an unknown creation time counts as now.
+        let mut newest: BTreeMap<&str, i64> = BTreeMap::new();
+        let resources = gateways
+            .iter()
+            .map(|g| (g.labels.get(EGRESS_LABEL), g.created))
+            .chain(
+                networks
+                    .iter()
+                    .map(|n| (n.labels.get(EGRESS_LABEL), n.created)),
+            );
+        for (token, created) in resources {
+            let Some(token) = token.map(String::as_str).filter(|t| !t.is_empty()) else {
+                continue;
+            };
+            let created = created.unwrap_or(now_secs);
+            let entry = newest.entry(token).or_insert(created);
+            *entry = (*entry).max(created);
+        }
+        let grace = secs_i64(self.policy.grace);
+        for (token, created) in newest {
+            if live.contains(token) || created.saturating_add(grace) > now_secs {
+                continue;
+            }
+            let held = match self
+                .locks
+                .acquire(&egress_lock_key(token), Duration::ZERO)
+                .await
+            {
+                Ok(h) => h,
+                Err(LockError::Timeout) => {
+                    out.busy.push(egress_lock_key(token));
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(token, error = %e, "reaper: cannot lock egress token");
+                    out.failed += 1;
+                    continue;
+                }
+            };
+            // Re-check under the lock: a sandbox may have appeared for this token since.
+            match engine
+                .list(&[(ROLE_LABEL, ROLE_SANDBOX), (EGRESS_LABEL, token)])
+                .await
+            {
+                Ok(found) if found.is_empty() => {}
+                Ok(_) => continue,
+                Err(e) => {
+                    tracing::warn!(token, error = %e, "reaper: cannot re-check egress token");
+                    out.failed += 1;
+                    continue;
+                }
+            }
+            let mut ok = true;
+            // Containers first: a network with members cannot be removed.
+            for g in gateways
+                .iter()
+                .filter(|g| g.labels.get(EGRESS_LABEL).map(String::as_str) == Some(token))
+            {
+                match engine.remove(&g.id).await {
+                    Ok(()) | Err(EngineError::NotFound) => {}
+                    Err(e) => {
+                        tracing::warn!(token, container = %g.id, error = %e, "reaper: orphan gateway removal failed");
+                        ok = false;
+                    }
+                }
+            }
+            for n in networks
+                .iter()
+                .filter(|n| n.labels.get(EGRESS_LABEL).map(String::as_str) == Some(token))
+            {
+                match engine.remove_network(&n.id).await {
+                    Ok(()) | Err(EngineError::NotFound) => {}
+                    Err(e) => {
+                        tracing::warn!(token, network = %n.name, error = %e, "reaper: orphan network removal failed");
+                        ok = false;
+                    }
+                }
+            }
+            drop(held);
+            if ok {
+                tracing::info!(token, "reaper: orphaned egress gateway/network removed");
+                out.orphans.push(token.to_string());
+            } else {
+                out.failed += 1;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// How long a running session has been idle as of `now`: since its last touch, or its creation
+/// when never touched, but never since before the tracker began recording. `None` when that moment
+/// is after `now` or unknown.
+fn idle_for(
+    seen: Option<SystemTime>,
+    created: Option<i64>,
+    since: SystemTime,
+    now: SystemTime,
+) -> Option<Duration> {
+    let from = match seen {
+        Some(t) => t,
+        None => UNIX_EPOCH.checked_add(Duration::from_secs(u64::try_from(created?).ok()?))?,
+    };
+    now.duration_since(from.max(since)).ok()
+}
+
+/// When a non-running sandbox stopped, in Unix nanoseconds (several sessions stopped within one
+/// second must still sort oldest first): its `FinishedAt`, or its creation for one that never
+/// started.
+fn stopped_at(info: &ContainerInfo) -> Option<i128> {
+    let finished = info.finished_at.as_deref().and_then(|t| {
+        time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339)
+            .ok()
+            .map(|t| t.unix_timestamp_nanos())
+            .filter(|n| *n > 0)
+    });
+    match (finished, &info.status) {
+        (Some(t), _) => Some(t),
+        (None, ContainerStatus::Created) => info.created.map(|s| i128::from(s) * NANOS),
+        (None, _) => None,
+    }
+}
+
+const NANOS: i128 = 1_000_000_000;
+
+fn unix_nanos(t: SystemTime) -> i128 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| i128::try_from(d.as_nanos()).unwrap_or(i128::MAX))
+        .unwrap_or(0)
+}
+
+fn unix_secs(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH).map(secs_i64).unwrap_or(0)
+}
+
+fn secs_i64(d: Duration) -> i64 {
+    i64::try_from(d.as_secs()).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(secs: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(secs)
+    }
+
+    #[test]
+    fn idle_counts_from_the_last_touch_then_creation_but_never_before_tracking() {
+        let since = at(1000);
+        // Touched at 1500: idle 500 s at 2000.
+        assert_eq!(
+            idle_for(Some(at(1500)), Some(10), since, at(2000)),
+            Some(Duration::from_secs(500))
+        );
+        // Never touched, created at 1200.
+        assert_eq!(
+            idle_for(None, Some(1200), since, at(2000)),
+            Some(Duration::from_secs(800))
+        );
+        // Created before the tracker started: counts from the start.
+        assert_eq!(
+            idle_for(None, Some(10), since, at(2000)),
+            Some(Duration::from_secs(1000))
+        );
+        // Touched after "now" (a request between listing and re-check): not idle.
+        assert_eq!(idle_for(Some(at(2500)), Some(10), since, at(2000)), None);
+        // Nothing known: not idle.
+        assert_eq!(idle_for(None, None, since, at(2000)), None);
+    }
+
+    #[test]
+    fn stop_time_is_finished_at_or_creation_of_a_never_started_container() {
+        let mut info = ContainerInfo {
+            id: "x".into(),
+            status: ContainerStatus::Exited,
+            created: Some(100),
+            labels: Default::default(),
+            finished_at: Some("2026-06-01T12:34:56.123456789Z".into()),
+            memory_bytes: None,
+            nano_cpus: None,
+        };
+        assert_eq!(stopped_at(&info), Some(1_780_317_296_123_456_789));
+        info.finished_at = Some("garbage".into());
+        assert_eq!(stopped_at(&info), None);
+        info.status = ContainerStatus::Created;
+        info.finished_at = None;
+        assert_eq!(stopped_at(&info), Some(100 * NANOS));
+    }
+}

@@ -1,0 +1,89 @@
+//! `POST /session/{id}/fs/{op}`: the Python-free file operations. fs-level problems come back
+//! as HTTP 200 with `error`; HTTP statuses are for auth (403), the session (404), its lock (409)
+//! and the engine (503).
+
+use axum::Json;
+use axum::extract::{Path, State};
+
+use crate::AppState;
+use crate::api::{ApiJson, ErrorBody};
+use crate::error::ApiError;
+use crate::workspace::fs::{Fs, respond};
+use crate::workspace::wire::*;
+
+/// Holds the session lock and makes sure the session runs (one inspect) before the op.
+macro_rules! fs_handler {
+    ($name:ident, $op:ident, $req:ty, $resp:ty, $path:literal) => {
+        #[utoipa::path(post, path = $path, tag = "fs", request_body = $req,
+                    security(("api_key" = [])),
+                    params(("session_id" = String, Path, description = "The session id")),
+                    responses((status = 200, body = $resp), (status = 403, body = ErrorBody),
+                        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody),
+                        (status = 422, body = ErrorBody), (status = 503, body = ErrorBody)))]
+        pub async fn $name(
+            State(state): State<AppState>,
+            Path(id): Path<String>,
+            ApiJson(req): ApiJson<$req>,
+        ) -> Result<Json<$resp>, ApiError> {
+            let _held = state.lock(&id).await?;
+            state.sessions.ensure_running(&id).await?;
+            let fs = Fs {
+                engine: state.sessions.engine(),
+                config: &state.config,
+                id: &id,
+            };
+            let r = fs.$op(&req).await;
+            Ok(Json(respond(r, |v: &mut $resp, e| v.error = Some(e))?))
+        }
+    };
+}
+
+fs_handler!(
+    ls,
+    ls,
+    FsLsRequest,
+    FsLsResponse,
+    "/session/{session_id}/fs/ls"
+);
+fs_handler!(
+    read,
+    read,
+    FsReadRequest,
+    FsReadResponse,
+    "/session/{session_id}/fs/read"
+);
+fs_handler!(
+    grep,
+    grep,
+    FsGrepRequest,
+    FsGrepResponse,
+    "/session/{session_id}/fs/grep"
+);
+fs_handler!(
+    glob,
+    glob,
+    FsGlobRequest,
+    FsGlobResponse,
+    "/session/{session_id}/fs/glob"
+);
+fs_handler!(
+    write,
+    write,
+    FsWriteRequest,
+    FsWriteResponse,
+    "/session/{session_id}/fs/write"
+);
+fs_handler!(
+    edit,
+    edit,
+    FsEditRequest,
+    FsEditResponse,
+    "/session/{session_id}/fs/edit"
+);
+fs_handler!(
+    delete,
+    delete,
+    FsDeleteRequest,
+    FsDeleteResponse,
+    "/session/{session_id}/fs/delete"
+);

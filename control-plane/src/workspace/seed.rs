@@ -1,0 +1,262 @@
+//! Seeding: multipart field → decompress → sanitise → re-tar → `put_archive`, streamed end to
+//! end through bounded channels, so the service holds a few 64 KiB chunks whatever the size.
+//!
+//! One-shot: a root-owned marker `/.daiv-sandbox/seeded` is written by `put_archive` after every
+//! archive landed. It sits outside `/workspace` (the fs ops cannot reach it) in a directory only
+//! root can write (`/` is root-owned and the sandbox runs as `RUN_UID` with no capabilities), so
+//! neither the fs ops nor commands can forge or remove it.
+//!
+//! Failure: when an archive is refused (corrupt, over a limit, a hostile name) part of it may
+//! already be extracted. The destinations this request wrote to are then emptied (as the sandbox
+//! user, who owns everything extracted) and no marker is written: the session stays unseeded and
+//! a corrected retry can succeed.
+//!
+//! Docker round trips: inspect (session) + get_archive (marker) + one put_archive per archive +
+//! put_archive (marker): 4 for one archive, 5 for both; +3 (one exec) to clean up on failure.
+
+use std::io;
+
+use axum::extract::Multipart;
+use bytes::Bytes;
+use futures::StreamExt;
+use tokio::sync::mpsc;
+
+use super::sanitize::{self, Budget, Options, SanitizeError};
+use super::{ChannelReader, ChannelWriter, WORKSPACE, run_script};
+use crate::config::Config;
+use crate::engine::{ContainerEngine, EngineError};
+use crate::error::ApiError;
+
+/// Directory of the one-shot marker; root-owned, outside the workspace.
+pub const MARKER_DIR: &str = "/.daiv-sandbox";
+pub const MARKER: &str = "/.daiv-sandbox/seeded";
+
+/// Header carrying how many archive members the sanitiser dropped.
+pub const SKIPPED_HEADER: &str = "x-seed-skipped-members";
+
+/// Chunks in flight between the upload, the sanitiser and Docker, per direction.
+const CHANNEL_DEPTH: usize = 8;
+
+/// The multipart fields we take and where each lands (relative to [`WORKSPACE`]).
+const FIELDS: &[(&str, &str)] = &[("repo_archive", "repo"), ("skills_archive", "skills")];
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct SeedOutcome {
+    pub members: u64,
+    pub skipped: u64,
+}
+
+/// Seeds the session from the request's archives. The caller holds the session lock and has
+/// made sure the session runs.
+pub async fn seed(
+    engine: &dyn ContainerEngine,
+    config: &Config,
+    id: &str,
+    mut multipart: Multipart,
+) -> Result<SeedOutcome, ApiError> {
+    match engine.get_archive(id, MARKER).await {
+        Ok(_) => {
+            return Err(ApiError::Conflict(
+                "Session already seeded: seeding is one-shot per session".to_string(),
+            ));
+        }
+        Err(EngineError::NotFound) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let user = format!("{}:{}", config.run_uid, config.run_gid);
+    let mut budget = Budget::new(config.seed_max_bytes, config.seed_max_members);
+    let mut outcome = SeedOutcome::default();
+    let mut written: Vec<&'static str> = Vec::new();
+    loop {
+        let field = match multipart.next_field().await {
+            Ok(Some(f)) => f,
+            Ok(None) => break,
+            Err(e) => {
+                cleanup(engine, id, &user, &written).await;
+                return Err(ApiError::Unprocessable(format!(
+                    "malformed multipart body: {e}"
+                )));
+            }
+        };
+        let name = field.name().unwrap_or_default().to_string();
+        let Some((_, dest)) = FIELDS.iter().find(|(f, _)| *f == name) else {
+            continue; // unknown fields are ignored (their bytes are skipped by the parser)
+        };
+        if written.contains(dest) {
+            tracing::warn!(session_id = %id, field = %name, "duplicate seed field ignored");
+            continue;
+        }
+        written.push(dest);
+        match seed_one(engine, config, id, dest, field, &mut budget).await {
+            Ok(stats) => {
+                outcome.members += stats.members;
+                outcome.skipped += stats.skipped;
+            }
+            Err(e) => {
+                cleanup(engine, id, &user, &written).await;
+                return Err(e);
+            }
+        }
+    }
+    if written.is_empty() {
+        return Err(ApiError::Unprocessable(
+            "at least one of repo_archive or skills_archive is required".to_string(),
+        ));
+    }
+    if let Err(e) = write_marker(engine, id).await {
+        cleanup(engine, id, &user, &written).await;
+        return Err(e);
+    }
+    tracing::info!(
+        session_id = %id,
+        members = outcome.members,
+        skipped = outcome.skipped,
+        "session seeded"
+    );
+    Ok(outcome)
+}
+
+/// One archive through the pipeline. The upload feeds a bounded channel; a blocking thread
+/// decompresses, sanitises and re-tars into another bounded channel, which is `put_archive`'s
+/// body. Whichever stage fails first decides the error.
+async fn seed_one(
+    engine: &dyn ContainerEngine,
+    config: &Config,
+    id: &str,
+    dest: &str,
+    mut field: axum::extract::multipart::Field<'_>,
+    budget: &mut Budget,
+) -> Result<sanitize::Stats, ApiError> {
+    let (in_tx, in_rx) = mpsc::channel::<Bytes>(CHANNEL_DEPTH);
+    let (out_tx, out_rx) = mpsc::channel::<io::Result<Bytes>>(CHANNEL_DEPTH);
+    let opts = Options {
+        uid: u64::from(config.run_uid),
+        gid: u64::from(config.run_gid),
+        prefix: dest.to_string(),
+    };
+    let mut worker_budget = *budget;
+    let raw_limit = config.seed_max_bytes;
+    let worker = tokio::task::spawn_blocking(move || {
+        let mut writer = ChannelWriter::new(out_tx);
+        let result = sanitize::sanitize(
+            ChannelReader::new(in_rx),
+            &mut writer,
+            &opts,
+            &mut worker_budget,
+        );
+        match &result {
+            Ok(_) => {
+                if std::io::Write::flush(&mut writer).is_err() {
+                    return (Err(SanitizeError::OutputClosed), worker_budget);
+                }
+            }
+            Err(e) => writer.abort(&e.to_string()),
+        }
+        (result, worker_budget)
+    });
+    let body = futures::stream::unfold(out_rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    })
+    .boxed();
+    let put = engine.put_archive(id, WORKSPACE, body);
+    let feed = async move {
+        let mut raw: u64 = 0;
+        loop {
+            match field.chunk().await {
+                Ok(Some(chunk)) => {
+                    raw += chunk.len() as u64;
+                    if raw > raw_limit {
+                        return Err(ApiError::PayloadTooLarge(format!(
+                            "archive exceeds the limit of {raw_limit} bytes (DAIV_SANDBOX_SEED_MAX_BYTES)"
+                        )));
+                    }
+                    if in_tx.send(chunk).await.is_err() {
+                        return Ok(()); // the sanitiser stopped; its result says why
+                    }
+                }
+                Ok(None) => return Ok(()),
+                Err(e) => {
+                    return Err(ApiError::Unprocessable(format!(
+                        "the upload could not be read: {e}"
+                    )));
+                }
+            }
+        }
+    };
+    let (fed, put, worked) = tokio::join!(feed, put, worker);
+    let (sanitized, used) = worked.map_err(|e| ApiError::Internal(e.into()))?;
+    *budget = used;
+    match sanitized {
+        Err(SanitizeError::OutputClosed) => {
+            fed?;
+            put?;
+            Err(ApiError::Unavailable(
+                "the container engine stopped reading the archive".to_string(),
+            ))
+        }
+        Err(e @ (SanitizeError::TooLarge { .. } | SanitizeError::TooManyMembers { .. })) => {
+            Err(ApiError::PayloadTooLarge(format!("{dest}: {e}")))
+        }
+        Err(e) => {
+            fed?;
+            Err(ApiError::Unprocessable(format!("{dest}: {e}")))
+        }
+        Ok(stats) => {
+            fed?;
+            put.map_err(|e| match e {
+                EngineError::NotFound => {
+                    ApiError::Conflict(format!("{WORKSPACE} is missing in the session container"))
+                }
+                e => e.into(),
+            })?;
+            Ok(stats)
+        }
+    }
+}
+
+/// The marker, root-owned, in a root-owned directory.
+async fn write_marker(engine: &dyn ContainerEngine, id: &str) -> Result<(), ApiError> {
+    let mut builder = tar::Builder::new(Vec::new());
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let dir = MARKER_DIR.trim_start_matches('/');
+    let file = MARKER.trim_start_matches('/');
+    for (name, is_dir) in [(dir, true), (file, false)] {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(if is_dir {
+            tar::EntryType::Directory
+        } else {
+            tar::EntryType::Regular
+        });
+        h.set_mode(if is_dir { 0o755 } else { 0o644 });
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(now);
+        h.set_size(0);
+        builder
+            .append_data(&mut h, name, io::empty())
+            .map_err(|e| ApiError::Internal(e.into()))?;
+    }
+    let tar = builder
+        .into_inner()
+        .map_err(|e| ApiError::Internal(e.into()))?;
+    let body = futures::stream::once(async move { Ok(Bytes::from(tar)) }).boxed();
+    engine.put_archive(id, "/", body).await?;
+    Ok(())
+}
+
+/// Empties the destinations a failed seed wrote to, as the sandbox user (who owns every
+/// extracted entry). Best effort: a failure is logged, the original error is what the client sees.
+async fn cleanup(engine: &dyn ContainerEngine, id: &str, user: &str, dests: &[&str]) {
+    if dests.is_empty() {
+        return;
+    }
+    const SCRIPT: &str = r#"for d; do [ -d "$d" ] || continue; rm -rf -- "$d"/* "$d"/.[!.]* "$d"/..?* 2>/dev/null; done; exit 0"#;
+    let paths: Vec<String> = dests.iter().map(|d| format!("{WORKSPACE}/{d}")).collect();
+    let args: Vec<&str> = paths.iter().map(String::as_str).collect();
+    if let Err(e) = run_script(engine, id, user, SCRIPT, &args).await {
+        tracing::warn!(session_id = %id, error = %e, "could not clean up a failed seed");
+    }
+}

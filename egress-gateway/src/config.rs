@@ -1,0 +1,246 @@
+//! Command line and environment. Every serve flag has a `DAIV_EGRESS_*` variable, so a container
+//! is configured by environment alone; the operator subcommands take flags.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use clap::{Args, Parser, Subcommand};
+use ipnet::IpNet;
+use rustls_pki_types::CertificateDer;
+use rustls_pki_types::pem::PemObject;
+
+use crate::GatewayConfig;
+use crate::audit::AuditSink;
+use crate::error::ConfigError;
+
+/// Default locations inside the gateway image.
+pub const DEFAULT_POLICY_FILE: &str = "/etc/daiv-egress/config.json";
+/// CA certificate default path.
+pub const DEFAULT_CA_CERT_FILE: &str = "/etc/daiv-egress/ca.crt";
+/// CA key default path.
+pub const DEFAULT_CA_KEY_FILE: &str = "/etc/daiv-egress/ca.key";
+
+/// `daiv-egress-gateway`: with no subcommand, runs the proxy.
+#[derive(Debug, Parser)]
+#[command(
+    name = "daiv-egress-gateway",
+    version,
+    about = "Policy-driven egress proxy for daiv-sandbox sessions"
+)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct Cli {
+    /// Operator tools; without one, the proxy runs.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// Proxy settings.
+    #[command(flatten)]
+    pub serve: ServeArgs,
+}
+
+/// Proxy settings.
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, env = "DAIV_EGRESS_LISTEN", default_value = "0.0.0.0:8080")]
+    pub listen: SocketAddr,
+    /// Policy file (`{"policy": ..., "secrets": ...}`), hot-reloaded; missing or invalid = deny all.
+    #[arg(long, env = "DAIV_EGRESS_POLICY_FILE", default_value = DEFAULT_POLICY_FILE)]
+    pub policy_file: PathBuf,
+    /// CA certificate (PEM) used to sign minted leaves.
+    #[arg(long, env = "DAIV_EGRESS_CA_CERT_FILE", default_value = DEFAULT_CA_CERT_FILE)]
+    pub ca_cert_file: PathBuf,
+    /// CA private key (PEM, PKCS#8: ECDSA P-256/P-384, Ed25519 or RSA).
+    #[arg(long, env = "DAIV_EGRESS_CA_KEY_FILE", default_value = DEFAULT_CA_KEY_FILE)]
+    pub ca_key_file: PathBuf,
+    /// Extra CA bundle (PEM) trusted for upstream servers, on top of the built-in web PKI roots.
+    #[arg(long, env = "DAIV_EGRESS_UPSTREAM_CA_FILE")]
+    pub upstream_ca_file: Option<PathBuf>,
+    /// Comma-separated CIDRs of non-global addresses that may still be reached.
+    #[arg(long, env = "DAIV_EGRESS_ALLOWED_CIDRS", value_delimiter = ',')]
+    pub allowed_cidrs: Vec<IpNet>,
+    /// Session id recorded in every audit line.
+    #[arg(long, env = "DAIV_EGRESS_SESSION_ID", default_value = "")]
+    pub session_id: String,
+    /// `NAME=IP` pairs answered without DNS (comma-separated in the variable). Answers are still
+    /// subject to the address guard. For tests and benchmarks.
+    #[arg(long = "static-host", env = "DAIV_EGRESS_STATIC_HOSTS", value_delimiter = ',', value_parser = parse_static_host)]
+    pub static_hosts: Vec<(String, IpAddr)>,
+}
+
+/// Operator subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Check or explain a policy file.
+    Policy {
+        /// What to do.
+        #[command(subcommand)]
+        command: PolicyCommand,
+    },
+    /// Write a new CA certificate and key (key file mode 0600).
+    GenCa {
+        /// Where to write the certificate (PEM).
+        #[arg(long)]
+        cert_out: PathBuf,
+        /// Where to write the private key (PEM, PKCS#8).
+        #[arg(long)]
+        key_out: PathBuf,
+        /// Subject common name.
+        #[arg(long, default_value = "daiv-sandbox-egress")]
+        common_name: String,
+        /// Overwrite existing files.
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+/// `policy ...`
+#[derive(Debug, Subcommand)]
+pub enum PolicyCommand {
+    /// Validate a policy file: exit 0 when the gateway would enforce it, 1 otherwise.
+    Check {
+        /// The policy file.
+        file: PathBuf,
+        /// Also apply the API's rule (a deny-default policy needs at least one rule).
+        #[arg(long)]
+        api: bool,
+    },
+    /// Show what the policy decides for a host and method, and why.
+    Explain {
+        /// The policy file.
+        file: PathBuf,
+        /// Destination host (a port is ignored).
+        #[arg(long)]
+        host: String,
+        /// HTTP method.
+        #[arg(long, default_value = "GET")]
+        method: String,
+    },
+}
+
+fn parse_static_host(s: &str) -> Result<(String, IpAddr), String> {
+    let (name, ip) = s.split_once('=').ok_or("expected NAME=IP")?;
+    let host = shared_policy::Host::parse(name).map_err(|e| format!("{name:?}: {e}"))?;
+    let ip = ip
+        .parse()
+        .map_err(|_| format!("{ip:?} is not an IP address"))?;
+    Ok((host.as_str().to_owned(), ip))
+}
+
+// === impl ServeArgs ===
+
+impl ServeArgs {
+    /// Reads the files the flags name into a [`GatewayConfig`]; every problem names its file.
+    pub fn load(&self, audit: Arc<dyn AuditSink>) -> Result<GatewayConfig, ConfigError> {
+        let read = |p: &Path| {
+            std::fs::read_to_string(p).map_err(|source| ConfigError::Read {
+                path: p.to_owned(),
+                source,
+            })
+        };
+        let extra_roots = match &self.upstream_ca_file {
+            Some(path) => load_bundle(path)?,
+            None => Vec::new(),
+        };
+        let mut static_hosts: HashMap<String, Vec<IpAddr>> = HashMap::new();
+        for (name, ip) in &self.static_hosts {
+            static_hosts.entry(name.clone()).or_default().push(*ip);
+        }
+        Ok(GatewayConfig {
+            policy_path: self.policy_file.clone(),
+            ca_cert_pem: read(&self.ca_cert_file)?,
+            ca_key_pem: read(&self.ca_key_file)?,
+            extra_roots,
+            allowed_cidrs: self.allowed_cidrs.clone(),
+            static_hosts,
+            session_id: self.session_id.clone(),
+            audit,
+        })
+    }
+}
+
+/// All certificates of a PEM bundle; an empty or unparsable bundle is an error, not a no-op.
+pub fn load_bundle(path: &Path) -> Result<Vec<CertificateDer<'static>>, ConfigError> {
+    let bytes = std::fs::read(path).map_err(|source| ConfigError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    let certs = CertificateDer::pem_slice_iter(&bytes)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| ConfigError::Bundle {
+            path: path.to_owned(),
+            reason: e.to_string(),
+        })?;
+    if certs.is_empty() {
+        return Err(ConfigError::Bundle {
+            path: path.to_owned(),
+            reason: "no certificate found".into(),
+        });
+    }
+    Ok(certs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_flags() {
+        let cli = Cli::try_parse_from([
+            "daiv-egress-gateway",
+            "--listen",
+            "127.0.0.1:9000",
+            "--allowed-cidrs",
+            "127.0.0.0/8,10.0.0.0/8",
+            "--static-host",
+            "Upstream.Test=127.0.0.1",
+        ])
+        .expect("parse");
+        assert!(cli.command.is_none());
+        assert_eq!(cli.serve.allowed_cidrs.len(), 2);
+        assert_eq!(
+            cli.serve.static_hosts,
+            vec![("upstream.test".to_owned(), IpAddr::from([127, 0, 0, 1]))]
+        );
+        let cli = Cli::try_parse_from(["x", "policy", "explain", "f.json", "--host", "a.test"])
+            .expect("parse");
+        assert!(matches!(
+            cli.command,
+            Some(Command::Policy {
+                command: PolicyCommand::Explain { .. }
+            })
+        ));
+        assert!(Cli::try_parse_from(["x", "--static-host", "nope"]).is_err());
+    }
+
+    #[test]
+    fn a_ca_cert_without_its_key_is_a_config_error() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (cert, _key) = crate::ca::generate_ca("t").expect("ca");
+        std::fs::write(dir.path().join("ca.crt"), cert).expect("write");
+        let cli = Cli::try_parse_from([
+            "x".as_ref(),
+            "--ca-cert-file".as_ref(),
+            dir.path().join("ca.crt").as_os_str(),
+            "--ca-key-file".as_ref(),
+            dir.path().join("ca.key").as_os_str(),
+        ])
+        .expect("parse");
+        let err = cli
+            .serve
+            .load(Arc::new(crate::audit::MemorySink::default()))
+            .err()
+            .expect("missing key");
+        assert!(
+            matches!(err, ConfigError::Read { ref path, .. } if path.ends_with("ca.key")),
+            "{err}"
+        );
+        // An upstream bundle without certificates is refused, not ignored.
+        std::fs::write(dir.path().join("empty.pem"), "").expect("write");
+        assert!(matches!(
+            load_bundle(&dir.path().join("empty.pem")),
+            Err(ConfigError::Bundle { .. })
+        ));
+    }
+}

@@ -1,0 +1,147 @@
+//! CONNECT: the reachability decision, then either a blind tunnel or a MITM session on the
+//! upgraded connection.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use shared_policy::Host;
+use tracing::{Instrument, debug, info_span};
+
+use super::body::{Body, empty};
+use super::request::Binding;
+use super::{Ctx, deny_response, error_response, mitm, tunnel, upstream};
+use crate::audit::{AuditRecord, now_rfc3339};
+use crate::error::{DenyCode, ProxyError};
+
+/// Handles a CONNECT request. The response is sent before the tunnel's work starts (hyper
+/// upgrades the connection once the 200 is written).
+pub async fn connect(req: Request<Incoming>, ctx: Arc<Ctx>) -> Response<Body> {
+    let started = Instant::now();
+    let target = match target(&req) {
+        Ok(t) => t,
+        Err(err) => return error_response(&err),
+    };
+    let mut record = AuditRecord {
+        time: now_rfc3339(),
+        session: ctx.session.to_string(),
+        mode: "connect",
+        method: "CONNECT".to_owned(),
+        host: target.0.as_str().to_owned(),
+        port: target.1,
+        path: None,
+        decision: "deny",
+        reason: "",
+        rule: None,
+        injected: None,
+        status: None,
+        bytes: 0,
+        bytes_up: 0,
+        duration_ms: 0,
+    };
+    let (host, port) = target;
+    match open(req, host, port, &ctx, &mut record, started).await {
+        Ok(resp) => resp,
+        Err(err) => {
+            let resp = match &err {
+                ProxyError::Denied(code) => deny_response(*code),
+                other => error_response(other),
+            };
+            record.decision = if matches!(err, ProxyError::Denied(_)) {
+                "deny"
+            } else {
+                "error"
+            };
+            record.reason = err.code();
+            record.status = Some(resp.status().as_u16());
+            record.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+            ctx.audit.record(&record);
+            resp
+        }
+    }
+}
+
+/// `host:port` from the CONNECT authority; the port is required.
+fn target(req: &Request<Incoming>) -> Result<(Host, u16), ProxyError> {
+    let authority = req
+        .uri()
+        .authority()
+        .ok_or(ProxyError::BadRequest("CONNECT needs host:port"))?;
+    match Host::parse_authority(authority.as_str()) {
+        Ok((host, Some(port))) => Ok((host, port)),
+        Ok((_, None)) => Err(ProxyError::BadRequest("CONNECT needs host:port")),
+        Err(_) => Err(ProxyError::BadRequest("invalid CONNECT host")),
+    }
+}
+
+async fn open(
+    req: Request<Incoming>,
+    host: Host,
+    port: u16,
+    ctx: &Arc<Ctx>,
+    record: &mut AuditRecord,
+    started: Instant,
+) -> Result<Response<Body>, ProxyError> {
+    let policy = ctx.policy.current();
+    let decision = policy.decide_connect(&host);
+    record.reason = decision.reason.code();
+    record.rule = decision
+        .rule
+        .and_then(|i| policy.rule_host(i))
+        .map(str::to_owned);
+    if !decision.allowed {
+        return Err(ProxyError::Denied(DenyCode::Policy(decision.reason)));
+    }
+    // Resolve and check now, before answering 200: the agent gets a 403 / 502 it can read instead
+    // of a tunnel that fails later. A MITM session re-resolves per upstream connection (the
+    // connector checks again), a blind tunnel connects to exactly these addresses.
+    let addrs = ctx.guard.resolve(&host, port).await?;
+    let span = info_span!("tunnel", host = %host, port, intercept = decision.intercept);
+    if decision.intercept {
+        record.decision = "allow";
+        record.status = Some(StatusCode::OK.as_u16());
+        record.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        ctx.audit.record(record);
+        let binding = Arc::new(Binding {
+            host,
+            port,
+            tls: true,
+        });
+        let ctx = ctx.clone();
+        ctx.tasks.clone().spawn(
+            async move {
+                match hyper::upgrade::on(req).await {
+                    Ok(upgraded) => {
+                        if let Err(error) = mitm::serve(TokioIo::new(upgraded), binding, ctx).await
+                        {
+                            debug!(%error, "mitm session ended with an error");
+                        }
+                    }
+                    Err(error) => debug!(%error, "upgrade failed"),
+                }
+            }
+            .instrument(span),
+        );
+    } else {
+        let upstream = upstream::connect_any(&addrs).await?;
+        record.decision = "allow";
+        record.status = Some(StatusCode::OK.as_u16());
+        let record = record.clone();
+        let ctx = ctx.clone();
+        ctx.tasks.clone().spawn(
+            async move {
+                match hyper::upgrade::on(req).await {
+                    Ok(upgraded) => {
+                        tunnel::run(TokioIo::new(upgraded), upstream, host, record, started, ctx)
+                            .await
+                    }
+                    Err(error) => debug!(%error, "upgrade failed"),
+                }
+            }
+            .instrument(span),
+        );
+    }
+    Ok(Response::new(empty()))
+}

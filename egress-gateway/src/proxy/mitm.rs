@@ -1,0 +1,99 @@
+//! The MITM session: terminate the client's TLS with a minted leaf (after checking its SNI against
+//! the CONNECT host), then serve HTTP/1.1 or HTTP/2 (by ALPN) and hand each request to
+//! [`super::request::handle`], which decides per request with the current policy.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use rustls::server::Acceptor;
+use shared_policy::Host;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_rustls::LazyConfigAcceptor;
+
+use super::request::{self, Binding};
+use super::{Ctx, HEADER_READ_TIMEOUT};
+use crate::audit::{AuditRecord, now_rfc3339};
+use crate::error::{DenyCode, ProxyError};
+
+/// Per-stream send buffer towards an h2 client: larger than hyper's default so a download is
+/// not throttled to small bursts between window updates; bounded, so memory stays per-stream.
+const H2_SEND_BUFFER: usize = 1024 * 1024;
+
+/// The client's TLS handshake with the gateway must finish within this.
+pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Runs one MITM session to completion.
+pub async fn serve<C>(io: C, binding: Arc<Binding>, ctx: Arc<Ctx>) -> Result<(), ProxyError>
+where
+    C: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let started = Instant::now();
+    let timed_out = || ProxyError::client("TLS handshake timed out");
+    let start = tokio::time::timeout(
+        TLS_HANDSHAKE_TIMEOUT,
+        LazyConfigAcceptor::new(Acceptor::default(), io),
+    )
+    .await
+    .map_err(|_| timed_out())?
+    .map_err(ProxyError::client)?;
+    // Destination binding, TLS layer: the name the client asks the TLS server for must be the
+    // CONNECT host. Without SNI (IP literals) the CONNECT host stands; the Host check still runs.
+    let sni = start.client_hello().server_name().map(Host::parse);
+    if let Some(sni) = sni
+        && sni.as_ref().ok() != Some(&binding.host)
+    {
+        refuse_sni(&binding, &ctx, started);
+        return Err(ProxyError::Denied(DenyCode::SniMismatch));
+    }
+    let config = ctx.ca.server_config(&binding.host)?;
+    let tls = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, start.into_stream(config))
+        .await
+        .map_err(|_| timed_out())?
+        .map_err(ProxyError::client)?;
+    let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2".as_slice());
+
+    let service = service_fn(move |req| {
+        let binding = binding.clone();
+        let ctx = ctx.clone();
+        async move { Ok::<_, Infallible>(request::handle(req, binding, ctx).await) }
+    });
+    let io = TokioIo::new(tls);
+    if h2 {
+        hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .max_send_buf_size(H2_SEND_BUFFER)
+            .serve_connection(io, service)
+            .await
+            .map_err(ProxyError::client)
+    } else {
+        hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(HEADER_READ_TIMEOUT)
+            .serve_connection(io, service)
+            .await
+            .map_err(ProxyError::client)
+    }
+}
+
+fn refuse_sni(binding: &Binding, ctx: &Ctx, started: Instant) {
+    ctx.audit.record(&AuditRecord {
+        time: now_rfc3339(),
+        session: ctx.session.to_string(),
+        mode: "mitm",
+        method: "CONNECT".to_owned(),
+        host: binding.host.as_str().to_owned(),
+        port: binding.port,
+        path: None,
+        decision: "deny",
+        reason: DenyCode::SniMismatch.code(),
+        rule: None,
+        injected: None,
+        status: None,
+        bytes: 0,
+        bytes_up: 0,
+        duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+    });
+}

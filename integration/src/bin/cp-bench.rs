@@ -1,0 +1,372 @@
+//! cp-bench: latency of the control plane's session, command, seed and fs operations against any
+//! running instance, printed as a table (p50/p95/n per op) and as JSON.
+//!
+//! ```text
+//! cp-bench --base http://127.0.0.1:8000 --key "$DAIV_SANDBOX_API_KEY" \
+//!          [--image daiv-sandbox-busybox:local] [--n 20] [--pid <service pid>] [--big-mb 200]
+//! ```
+//! `--pid` (a local service) adds its peak RSS while seeding a `--big-mb` archive, sampled from
+//! `/proc/<pid>/status`. Archives are generated in memory, deterministically; nothing touches the
+//! network beyond the given base URL. Every session created is force-removed at the end.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+
+struct Args {
+    base: String,
+    key: String,
+    image: String,
+    n: usize,
+    pid: Option<u32>,
+    big_mb: usize,
+}
+
+fn args() -> Result<Args> {
+    let mut a = Args {
+        base: std::env::var("CP_BENCH_BASE_URL").unwrap_or_else(|_| "http://127.0.0.1:8000".into()),
+        key: std::env::var("DAIV_SANDBOX_API_KEY").unwrap_or_default(),
+        image: "daiv-sandbox-busybox:local".into(),
+        n: 20,
+        pid: None,
+        big_mb: 200,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut val = || it.next().with_context(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--base" => a.base = val()?,
+            "--key" => a.key = val()?,
+            "--image" => a.image = val()?,
+            "--n" => a.n = val()?.parse()?,
+            "--pid" => a.pid = Some(val()?.parse()?),
+            "--big-mb" => a.big_mb = val()?.parse()?,
+            "-h" | "--help" => {
+                println!(
+                    "cp-bench --base URL --key KEY [--image IMG] [--n N] [--pid PID] [--big-mb MB]"
+                );
+                std::process::exit(0);
+            }
+            other => bail!("unknown argument {other}"),
+        }
+    }
+    if a.key.is_empty() {
+        bail!("an API key is required: --key or DAIV_SANDBOX_API_KEY");
+    }
+    a.base = a.base.trim_end_matches('/').to_string();
+    Ok(a)
+}
+
+struct Client {
+    http: reqwest::Client,
+    api: String,
+    key: String,
+    created: Vec<String>,
+}
+
+impl Client {
+    async fn post(&self, path: &str, body: Value) -> Result<Value> {
+        let r = self
+            .http
+            .post(format!("{}{path}", self.api))
+            .header("X-API-Key", &self.key)
+            .json(&body)
+            .send()
+            .await?;
+        let status = r.status();
+        let v: Value = r.json().await.unwrap_or(Value::Null);
+        if !status.is_success() {
+            bail!("POST {path}: {status} {v}");
+        }
+        Ok(v)
+    }
+
+    async fn session(&mut self, image: &str) -> Result<String> {
+        let v = self.post("/session/", json!({"base_image": image})).await?;
+        let id = v["session_id"]
+            .as_str()
+            .context("no session_id")?
+            .to_string();
+        self.created.push(id.clone());
+        Ok(id)
+    }
+
+    async fn delete(&self, id: &str, force: bool) -> Result<()> {
+        let r = self
+            .http
+            .delete(format!("{}/session/{id}/?force={force}", self.api))
+            .header("X-API-Key", &self.key)
+            .send()
+            .await?;
+        if !r.status().is_success() {
+            bail!("DELETE {id}: {}", r.status());
+        }
+        Ok(())
+    }
+
+    async fn seed(&self, id: &str, archive: Vec<u8>) -> Result<()> {
+        let part = reqwest::multipart::Part::bytes(archive).file_name("repo.tar");
+        let form = reqwest::multipart::Form::new().part("repo_archive", part);
+        let r = self
+            .http
+            .post(format!("{}/session/{id}/seed/", self.api))
+            .header("X-API-Key", &self.key)
+            .multipart(form)
+            .send()
+            .await?;
+        if r.status().as_u16() != 204 {
+            let s = r.status();
+            bail!("seed: {s} {}", r.text().await.unwrap_or_default());
+        }
+        Ok(())
+    }
+
+    async fn fs(&self, id: &str, op: &str, body: Value) -> Result<Value> {
+        let v = self.post(&format!("/session/{id}/fs/{op}"), body).await?;
+        if !v["error"].is_null() {
+            bail!("fs/{op}: {}", v["error"]);
+        }
+        Ok(v)
+    }
+}
+
+/// Deterministic pseudo-random bytes (xorshift): incompressible, reproducible.
+fn noise(seed: u64, len: usize) -> Vec<u8> {
+    let mut s = seed | 1;
+    (0..len)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s as u8
+        })
+        .collect()
+}
+
+/// A plain tar of `files` files of `size` bytes each.
+fn blob_tar(files: usize, size: usize) -> Result<Vec<u8>> {
+    let mut b = tar::Builder::new(Vec::with_capacity(files * (size + 1024)));
+    for i in 0..files {
+        let data = noise(i as u64 + 7, size);
+        let mut h = tar::Header::new_gnu();
+        h.set_size(size as u64);
+        h.set_mode(0o644);
+        h.set_cksum();
+        b.append_data(&mut h, format!("blobs/{}/{i}.bin", i % 16), &data[..])?;
+    }
+    Ok(b.into_inner()?)
+}
+
+/// A source-like tree of `files` small text files in nested directories, gzipped.
+fn source_tree(files: usize) -> Result<Vec<u8>> {
+    let mut b = tar::Builder::new(Vec::new());
+    for i in 0..files {
+        let body: String = (0..20)
+            .map(|l| {
+                format!(
+                    "def function_{i}_{l}(x):\n    return x + {l}  # needle{}\n",
+                    i % 50
+                )
+            })
+            .collect();
+        let mut h = tar::Header::new_gnu();
+        h.set_size(body.len() as u64);
+        h.set_mode(0o644);
+        h.set_cksum();
+        b.append_data(
+            &mut h,
+            format!("pkg{}/sub{}/mod_{i}.py", i % 20, i % 7),
+            body.as_bytes(),
+        )?;
+    }
+    let tar = b.into_inner()?;
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    std::io::Write::write_all(&mut gz, &tar)?;
+    Ok(gz.finish()?)
+}
+
+#[derive(Default)]
+struct Samples(Vec<(String, Vec<Duration>)>);
+
+impl Samples {
+    fn add(&mut self, op: &str, d: Duration) {
+        match self.0.iter_mut().find(|(o, _)| o == op) {
+            Some((_, v)) => v.push(d),
+            None => self.0.push((op.to_string(), vec![d])),
+        }
+    }
+
+    fn report(&self, extra: Value) -> Value {
+        let mut rows = Vec::new();
+        println!("{:<28} {:>10} {:>10} {:>5}", "op", "p50 ms", "p95 ms", "n");
+        for (op, v) in &self.0 {
+            let mut ms: Vec<f64> = v.iter().map(|d| d.as_secs_f64() * 1000.0).collect();
+            ms.sort_by(f64::total_cmp);
+            let pct = |p: f64| ms[((ms.len() as f64 - 1.0) * p).round() as usize];
+            let (p50, p95) = (pct(0.5), pct(0.95));
+            println!("{op:<28} {p50:>10.1} {p95:>10.1} {:>5}", ms.len());
+            rows.push(json!({"op": op, "p50_ms": (p50 * 10.0).round() / 10.0, "p95_ms": (p95 * 10.0).round() / 10.0, "n": ms.len()}));
+        }
+        json!({"results": rows, "extra": extra})
+    }
+}
+
+fn rss_kib(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+}
+
+async fn timed<T>(
+    s: &mut Samples,
+    op: &str,
+    f: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    let t = Instant::now();
+    let v = f.await?;
+    s.add(op, t.elapsed());
+    Ok(v)
+}
+
+async fn bench(a: &Args, c: &mut Client, s: &mut Samples) -> Result<Value> {
+    let n = a.n;
+    // Sessions, commands, close.
+    for _ in 0..n {
+        let t = Instant::now();
+        let id = c.session(&a.image).await?;
+        s.add("create session", t.elapsed());
+        let cmd = |k: usize| json!({"commands": vec!["true"; k]});
+        timed(s, "run true", c.post(&format!("/session/{id}/"), cmd(1))).await?;
+        timed(
+            s,
+            "run 10 x true",
+            c.post(&format!("/session/{id}/"), cmd(10)),
+        )
+        .await?;
+        timed(s, "DELETE (stop)", c.delete(&id, false)).await?;
+    }
+    // Seeds: a fresh session each (seeding is one-shot).
+    let small = blob_tar(100, 10 * 1024)?;
+    let large = blob_tar(300, 100 * 1024)?;
+    let tree = source_tree(5000)?;
+    let tree_len = tree.len();
+    for (label, archive, reps) in [
+        ("seed 1 MB", &small, n),
+        ("seed 30 MB", &large, n.min(5)),
+        ("seed 5000 files (gz)", &tree, n.min(5)),
+    ] {
+        for _ in 0..reps {
+            let id = c.session(&a.image).await?;
+            timed(s, label, c.seed(&id, archive.clone())).await?;
+            c.delete(&id, true).await?;
+        }
+    }
+    // fs ops on a seeded tree of 5,000 files.
+    let id = c.session(&a.image).await?;
+    c.seed(&id, tree.clone()).await?;
+    let r = "/workspace/repo";
+    for i in 0..n {
+        timed(
+            s,
+            "fs ls",
+            c.fs(&id, "ls", json!({"path": format!("{r}/pkg1")})),
+        )
+        .await?;
+        timed(
+            s,
+            "fs read",
+            c.fs(
+                &id,
+                "read",
+                json!({"path": format!("{r}/pkg1/sub1/mod_1.py")}),
+            ),
+        )
+        .await?;
+        timed(
+            s,
+            "fs grep (5000 files)",
+            c.fs(&id, "grep", json!({"path": r, "pattern": "needle7$"})),
+        )
+        .await?;
+        timed(
+            s,
+            "fs glob (5000 files)",
+            c.fs(&id, "glob", json!({"path": r, "pattern": "**/mod_1*.py"})),
+        )
+        .await?;
+        let p = format!("{r}/bench/w{i}.txt");
+        timed(
+            s,
+            "fs write",
+            c.fs(&id, "write", json!({"path": p, "content": "aGVsbG8K"})),
+        )
+        .await?;
+        timed(
+            s,
+            "fs edit",
+            c.fs(
+                &id,
+                "edit",
+                json!({"path": p, "old": "hello", "new": "howdy"}),
+            ),
+        )
+        .await?;
+        timed(s, "fs delete", c.fs(&id, "delete", json!({"path": p}))).await?;
+    }
+    let mut extra = json!({"seed_5000_files_gz_bytes": tree_len, "image": a.image});
+    // Peak RSS of the service while it seeds a big archive.
+    if let Some(pid) = a.pid {
+        let big = blob_tar(a.big_mb, 1024 * 1024)?;
+        let id = c.session(&a.image).await?;
+        let before = rss_kib(pid, "VmRSS:");
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let sampler = tokio::spawn(async move {
+            let mut peak = 0;
+            while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
+                peak = peak.max(rss_kib(pid, "VmRSS:").unwrap_or(0));
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            peak
+        });
+        let t = Instant::now();
+        c.seed(&id, big).await?;
+        let took = t.elapsed();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let peak = sampler.await.unwrap_or(0);
+        extra["big_seed"] = json!({
+            "archive_mb": a.big_mb,
+            "seconds": took.as_secs_f64(),
+            "rss_before_kib": before,
+            "rss_peak_during_kib": peak,
+            "vm_hwm_kib": rss_kib(pid, "VmHWM:"),
+        });
+    }
+    Ok(extra)
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let a = args()?;
+    let mut c = Client {
+        http: reqwest::Client::builder()
+            .timeout(Duration::from_secs(600))
+            .build()?,
+        api: format!("{}/api/v1", a.base),
+        key: a.key.clone(),
+        created: Vec::new(),
+    };
+    let mut s = Samples::default();
+    let result = bench(&a, &mut c, &mut s).await;
+    for id in std::mem::take(&mut c.created) {
+        let _ = c.delete(&id, true).await;
+    }
+    let extra = result?;
+    let report = s.report(extra);
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(())
+}

@@ -1,0 +1,100 @@
+//! Why a policy file was refused. The `Display` text is meant for an API's 422 `detail` and for
+//! the gateway's log: it names the offending field, and never contains a secret value.
+
+use thiserror::Error;
+
+/// A policy that cannot be enforced as written. The gateway treats any of these as deny-all.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum PolicyError {
+    /// Not JSON, or JSON of the wrong shape. The text has quoted strings blanked, since a
+    /// misplaced secret value could otherwise be echoed into a log.
+    #[error("policy is not valid: {0}")]
+    Parse(String),
+    /// `policy.rules[i].host` is empty, has whitespace or characters no host has, or is not a glob.
+    #[error("policy.rules[{index}].host: {reason}")]
+    InvalidHost {
+        /// Rule position.
+        index: usize,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// `policy.rules[i].methods` is empty or has something that is not a method token.
+    #[error("policy.rules[{index}].methods: {reason}")]
+    InvalidMethods {
+        /// Rule position.
+        index: usize,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// `policy.rules[i].inject` names no entry of `secrets`.
+    #[error("policy.rules[{index}].inject: no secret named {name:?}")]
+    UnknownSecret {
+        /// Rule position.
+        index: usize,
+        /// The missing secret's name.
+        name: String,
+    },
+    /// `secrets.NAME.header` is not an RFC 7230 token, or is a header that framing depends on.
+    #[error("secrets.{name}.header: {reason}")]
+    InvalidHeaderName {
+        /// Secret name.
+        name: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// `secrets.NAME.value` has CR, LF or NUL (header injection / request splitting).
+    #[error("secrets.{name}.value: must not contain CR, LF or NUL")]
+    InvalidHeaderValue {
+        /// Secret name.
+        name: String,
+    },
+    /// Refused at the API only: default deny with no rules reaches nothing at all.
+    #[error(
+        "policy.default is \"deny\" and policy.rules is empty, so no host would be reachable; \
+         add rules, or omit egress for a network-isolated session"
+    )]
+    NothingReachable,
+}
+
+// === impl PolicyError ===
+
+impl PolicyError {
+    /// Wraps a serde error with its string literals blanked out.
+    pub(crate) fn parse(err: &serde_json::Error) -> Self {
+        Self::Parse(blank_quoted(&err.to_string()))
+    }
+}
+
+/// Replaces the contents of every `"..."` with `…`: serde quotes the offending string value in
+/// messages such as `invalid type: string "…", expected a sequence`.
+fn blank_quoted(msg: &str) -> String {
+    let mut out = String::with_capacity(msg.len());
+    let mut inside = false;
+    for c in msg.chars() {
+        if c == '"' {
+            if inside {
+                out.push('…');
+            }
+            inside = !inside;
+            out.push(c);
+        } else if !inside {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blanks_quoted_strings() {
+        assert_eq!(
+            blank_quoted(r#"invalid type: string "ghp_secret", expected a map at line 1"#),
+            r#"invalid type: string "…", expected a map at line 1"#
+        );
+        assert_eq!(blank_quoted("unknown variant `x`"), "unknown variant `x`");
+    }
+}

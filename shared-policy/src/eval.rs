@@ -1,0 +1,466 @@
+//! Validation and the pure evaluator: data in, decision out. No I/O, no logging, no clock.
+//!
+//! Semantics follow the reference (daiv-sandbox `egress/policy.py`):
+//! - CONNECT is a reachability check only: any rule whose host matches lets the tunnel open, and
+//!   the method is enforced per request once TLS is terminated.
+//! - Rules are scanned in order; the first rule matching both host and method allows (and its
+//!   `inject` applies). If a rule lists the host but none permits the method, the request is
+//!   denied even under `default: allow` (otherwise a per-host method limit would be a no-op),
+//!   and the denial reports the first rule whose host matched.
+//! - `intercept: credentialed` still intercepts a host whose rules inject or restrict methods,
+//!   since neither can be enforced through a blind tunnel.
+
+use std::collections::BTreeMap;
+
+use globset::{GlobBuilder, GlobMatcher};
+
+use crate::error::PolicyError;
+use crate::host::Host;
+use crate::model::{DefaultAction, HeaderSecret, InterceptMode, PolicyFile, SecretValue};
+
+/// Stable reason codes: they go to the agent in `X-Egress-Denied` and to the audit log, so
+/// renaming one is a breaking change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Reason {
+    /// Allowed: a rule matched host (and method, for a request).
+    RuleAllowed,
+    /// Allowed: no rule lists the host and the default is `allow`.
+    DefaultAllow,
+    /// Denied: no rule lists the host and the default is `deny`.
+    HostNotListed,
+    /// Denied: a rule lists the host, but no rule for it permits this method.
+    MethodNotAllowed,
+    /// Denied: the policy file is missing or invalid, so everything is denied (fail closed).
+    PolicyUnavailable,
+}
+
+// === impl Reason ===
+
+impl Reason {
+    /// The stable code.
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::RuleAllowed => "rule-allowed",
+            Self::DefaultAllow => "default-allow",
+            Self::HostNotListed => "host-not-listed",
+            Self::MethodNotAllowed => "method-not-allowed",
+            Self::PolicyUnavailable => "policy-unavailable",
+        }
+    }
+
+    /// One sentence for the 403 body and for `policy explain`.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::RuleAllowed => "a rule allows this host and method",
+            Self::DefaultAllow => "no rule lists this host and the policy default is allow",
+            Self::HostNotListed => "no rule lists this host and the policy default is deny",
+            Self::MethodNotAllowed => "a rule lists this host but does not permit this method",
+            Self::PolicyUnavailable => {
+                "the egress policy is missing or invalid, so all egress is denied"
+            }
+        }
+    }
+}
+
+/// The outcome of a CONNECT (reachability) check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectDecision {
+    /// Whether the tunnel may open.
+    pub allowed: bool,
+    /// Whether TLS must be terminated (MITM) so requests can be checked or credentialed.
+    pub intercept: bool,
+    /// Why.
+    pub reason: Reason,
+    /// Index of the rule that decided, if one did.
+    pub rule: Option<usize>,
+}
+
+/// A header to set on the upstream request, replacing any the client sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Injection {
+    /// Header name (validated token).
+    pub header: String,
+    /// Header value (validated: no CR, LF or NUL).
+    pub value: SecretValue,
+}
+
+/// The outcome of a check on one HTTP request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestDecision {
+    /// Whether the request may go upstream.
+    pub allowed: bool,
+    /// Why.
+    pub reason: Reason,
+    /// Index of the rule that decided: the allowing rule, or for a method denial the first rule
+    /// whose host matched.
+    pub rule: Option<usize>,
+    /// The credential to inject, if the allowing rule names one.
+    pub inject: Option<Injection>,
+}
+
+/// A rule after validation: glob compiled once.
+#[derive(Debug, Clone)]
+struct CompiledRule {
+    host: String,
+    matcher: GlobMatcher,
+    /// `None` = any method (`"*"` listed).
+    methods: Option<Vec<String>>,
+    inject: Option<String>,
+}
+
+/// Where an evaluator came from: a real policy, or the fail-closed stand-in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Origin {
+    Policy,
+    DenyAll,
+}
+
+/// A validated policy, ready to answer decisions. Cheap to share behind an `Arc`.
+#[derive(Debug, Clone)]
+pub struct Evaluator {
+    origin: Origin,
+    default: DefaultAction,
+    intercept: InterceptMode,
+    rules: Vec<CompiledRule>,
+    secrets: BTreeMap<String, HeaderSecret>,
+}
+
+// === impl Evaluator ===
+
+impl Evaluator {
+    /// Parses and validates a policy file.
+    pub fn from_json(bytes: &[u8]) -> Result<Self, PolicyError> {
+        let file: PolicyFile = serde_json::from_slice(bytes).map_err(|e| PolicyError::parse(&e))?;
+        Self::from_file_model(file)
+    }
+
+    /// Validates an already-parsed policy file.
+    pub fn from_file_model(file: PolicyFile) -> Result<Self, PolicyError> {
+        validate(&file)?;
+        let rules = file
+            .policy
+            .rules
+            .iter()
+            .enumerate()
+            .map(|(index, rule)| {
+                let glob = normalise_glob(&rule.host);
+                let matcher = compile_glob(&glob)
+                    .map_err(|reason| PolicyError::InvalidHost { index, reason })?;
+                let any = rule.methods.iter().any(|m| m == "*");
+                Ok(CompiledRule {
+                    host: rule.host.clone(),
+                    matcher,
+                    methods: (!any).then(|| rule.methods.clone()),
+                    inject: rule.inject.clone(),
+                })
+            })
+            .collect::<Result<Vec<_>, PolicyError>>()?;
+        Ok(Self {
+            origin: Origin::Policy,
+            default: file.policy.default,
+            intercept: file.policy.intercept,
+            rules,
+            secrets: file.secrets,
+        })
+    }
+
+    /// The fail-closed policy used when the file is missing or invalid: every decision is a
+    /// denial with reason `policy-unavailable`.
+    pub fn deny_all() -> Self {
+        Self {
+            origin: Origin::DenyAll,
+            default: DefaultAction::Deny,
+            intercept: InterceptMode::All,
+            rules: Vec::new(),
+            secrets: BTreeMap::new(),
+        }
+    }
+
+    /// True for the stand-in built by [`Evaluator::deny_all`].
+    pub fn is_deny_all(&self) -> bool {
+        self.origin == Origin::DenyAll
+    }
+
+    /// The host glob of rule `index`, as written (for logs and `policy explain`).
+    pub fn rule_host(&self, index: usize) -> Option<&str> {
+        self.rules.get(index).map(|r| r.host.as_str())
+    }
+
+    /// CONNECT: may a tunnel to `host` open, and must it be intercepted?
+    pub fn decide_connect(&self, host: &Host) -> ConnectDecision {
+        if self.is_deny_all() {
+            return ConnectDecision {
+                allowed: false,
+                intercept: false,
+                reason: Reason::PolicyUnavailable,
+                rule: None,
+            };
+        }
+        let intercept_all = self.intercept == InterceptMode::All;
+        let mut first = None;
+        // Any matching rule that injects or restricts methods forces interception, so that what
+        // it demands can be enforced after TLS is terminated.
+        let mut must_intercept = false;
+        for (index, rule) in self.matching(host) {
+            first.get_or_insert(index);
+            must_intercept |= rule.inject.is_some() || rule.methods.is_some();
+        }
+        match (first, self.default) {
+            (Some(index), _) => ConnectDecision {
+                allowed: true,
+                intercept: intercept_all || must_intercept,
+                reason: Reason::RuleAllowed,
+                rule: Some(index),
+            },
+            (None, DefaultAction::Allow) => ConnectDecision {
+                allowed: true,
+                intercept: intercept_all,
+                reason: Reason::DefaultAllow,
+                rule: None,
+            },
+            (None, DefaultAction::Deny) => ConnectDecision {
+                allowed: false,
+                intercept: false,
+                reason: Reason::HostNotListed,
+                rule: None,
+            },
+        }
+    }
+
+    /// One HTTP request: may `method` go to `host`, and with which credential?
+    pub fn decide_request(&self, host: &Host, method: &str) -> RequestDecision {
+        let deny = |reason, rule| RequestDecision {
+            allowed: false,
+            reason,
+            rule,
+            inject: None,
+        };
+        if self.is_deny_all() {
+            return deny(Reason::PolicyUnavailable, None);
+        }
+        let method = method.to_ascii_uppercase();
+        let mut first_listed = None;
+        for (index, rule) in self.matching(host) {
+            first_listed.get_or_insert(index);
+            let permits = rule.methods.as_ref().is_none_or(|ms| ms.contains(&method));
+            if permits {
+                let inject = rule
+                    .inject
+                    .as_ref()
+                    .and_then(|name| self.secrets.get(name))
+                    .map(|s| Injection {
+                        header: s.header.clone(),
+                        value: s.value.clone(),
+                    });
+                return RequestDecision {
+                    allowed: true,
+                    reason: Reason::RuleAllowed,
+                    rule: Some(index),
+                    inject,
+                };
+            }
+        }
+        match (first_listed, self.default) {
+            // Listed but no rule permits the method: deny regardless of the default.
+            (Some(index), _) => deny(Reason::MethodNotAllowed, Some(index)),
+            (None, DefaultAction::Allow) => RequestDecision {
+                allowed: true,
+                reason: Reason::DefaultAllow,
+                rule: None,
+                inject: None,
+            },
+            (None, DefaultAction::Deny) => deny(Reason::HostNotListed, None),
+        }
+    }
+
+    fn matching<'a>(
+        &'a self,
+        host: &'a Host,
+    ) -> impl Iterator<Item = (usize, &'a CompiledRule)> + 'a {
+        self.rules
+            .iter()
+            .enumerate()
+            .filter(move |(_, r)| r.matcher.is_match(host.as_str()))
+    }
+}
+
+// === validation ===
+
+/// Checks everything the gateway needs to enforce the file as written.
+pub fn validate(file: &PolicyFile) -> Result<(), PolicyError> {
+    for (name, secret) in &file.secrets {
+        check_header_name(&secret.header).map_err(|reason| PolicyError::InvalidHeaderName {
+            name: name.clone(),
+            reason: reason.to_owned(),
+        })?;
+        if secret
+            .value
+            .expose()
+            .bytes()
+            .any(|b| matches!(b, b'\r' | b'\n' | 0))
+        {
+            return Err(PolicyError::InvalidHeaderValue { name: name.clone() });
+        }
+    }
+    for (index, rule) in file.policy.rules.iter().enumerate() {
+        check_glob_text(&rule.host).map_err(|reason| PolicyError::InvalidHost { index, reason })?;
+        compile_glob(&normalise_glob(&rule.host))
+            .map_err(|reason| PolicyError::InvalidHost { index, reason })?;
+        if rule.methods.is_empty() {
+            return Err(PolicyError::InvalidMethods {
+                index,
+                reason: "must not be empty; use [\"*\"] for any method".to_owned(),
+            });
+        }
+        if let Some(bad) = rule
+            .methods
+            .iter()
+            .find(|m| m.as_str() != "*" && !is_token(m))
+        {
+            return Err(PolicyError::InvalidMethods {
+                index,
+                reason: format!("{bad:?} is not an HTTP method"),
+            });
+        }
+        if let Some(name) = rule
+            .inject
+            .as_ref()
+            .filter(|n| !file.secrets.contains_key(*n))
+        {
+            return Err(PolicyError::UnknownSecret {
+                index,
+                name: name.clone(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// What the control plane's API accepts: [`validate`], and a deny-default policy must list at
+/// least one rule (otherwise the caller asked for a network that reaches nothing).
+pub fn validate_for_api(file: &PolicyFile) -> Result<(), PolicyError> {
+    validate(file)?;
+    if file.policy.default == DefaultAction::Deny && file.policy.rules.is_empty() {
+        return Err(PolicyError::NothingReachable);
+    }
+    Ok(())
+}
+
+/// Operator hints for `policy check`: valid, but probably not what was meant.
+pub fn warnings(file: &PolicyFile) -> Vec<String> {
+    let mut out = Vec::new();
+    for (index, rule) in file.policy.rules.iter().enumerate() {
+        let rest = rule.host.strip_prefix("*.").unwrap_or(&rule.host);
+        if rest.contains(['*', '?', '[']) {
+            out.push(format!(
+                "policy.rules[{index}].host {:?} is broader than a leading \"*.\" (for example \"*github.com\" also matches \"evilgithub.com\")",
+                rule.host
+            ));
+        }
+        if rule.host.starts_with("*.") && !rest.contains(['*', '?', '[']) {
+            // `*.example.com` does not match `example.com` itself; say so, it surprises people.
+            let bare = rest;
+            let listed = file
+                .policy
+                .rules
+                .iter()
+                .any(|r| r.host.eq_ignore_ascii_case(bare));
+            if !listed {
+                out.push(format!(
+                    "policy.rules[{index}].host {:?} does not match {bare:?} itself; add a rule for it if needed",
+                    rule.host
+                ));
+            }
+        }
+    }
+    for name in file.secrets.keys() {
+        if !file
+            .policy
+            .rules
+            .iter()
+            .any(|r| r.inject.as_deref() == Some(name))
+        {
+            out.push(format!("secrets.{name} is not injected by any rule"));
+        }
+    }
+    out
+}
+
+fn check_glob_text(glob: &str) -> Result<(), String> {
+    if glob.trim().is_empty() {
+        return Err("must not be empty".to_owned());
+    }
+    if glob.chars().any(char::is_whitespace) {
+        return Err("must not contain whitespace".to_owned());
+    }
+    // Hosts never contain these; globset would give `{a,b}` and `\` meanings fnmatch does not.
+    if let Some(c) = glob
+        .chars()
+        .find(|c| matches!(c, '{' | '}' | '\\' | '/' | '@' | '#' | '%'))
+    {
+        return Err(format!("must not contain {c:?}"));
+    }
+    Ok(())
+}
+
+/// Lower case, no trailing dot, non-ASCII labels as punycode: the rule side of normalisation.
+fn normalise_glob(glob: &str) -> String {
+    let glob = glob.strip_suffix('.').unwrap_or(glob);
+    glob.split('.')
+        .map(|label| {
+            if label.is_ascii() {
+                label.to_ascii_lowercase()
+            } else {
+                idna::domain_to_ascii(label).unwrap_or_else(|_| label.to_lowercase())
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+fn compile_glob(glob: &str) -> Result<GlobMatcher, String> {
+    GlobBuilder::new(glob)
+        .case_insensitive(true)
+        .literal_separator(false)
+        .backslash_escape(false)
+        .build()
+        .map(|g| g.compile_matcher())
+        .map_err(|e| format!("not a valid glob: {}", e.kind()))
+}
+
+/// RFC 7230 `token` = 1*tchar.
+fn is_token(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
+/// Header names the proxy owns: injecting one would break message framing or the destination
+/// binding, so a policy may not set them.
+const RESERVED_HEADERS: &[&str] = &[
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "upgrade",
+];
+
+fn check_header_name(name: &str) -> Result<(), &'static str> {
+    if !is_token(name) {
+        return Err("not an RFC 7230 header name (token)");
+    }
+    if RESERVED_HEADERS
+        .iter()
+        .any(|r| r.eq_ignore_ascii_case(name))
+    {
+        return Err(
+            "is a header the proxy manages (framing or destination) and cannot be injected",
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,138 @@
+//! The policy file as it is written to disk and sent over the API (serde types).
+//!
+//! This is the only definition of the contract between the control plane (which validates and
+//! writes it) and the egress gateway (which enforces it). Unknown fields are ignored, never
+//! rejected, so a newer writer does not break an older reader.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Deserializer, Serialize};
+
+/// The sidecar config: `{"policy": {...}, "secrets": {...}}`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct PolicyFile {
+    /// Which hosts and methods are reachable, and which get a credential.
+    #[serde(default)]
+    pub policy: EgressPolicy,
+    /// Named credentials that rules inject with `inject`. They never enter the sandbox.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub secrets: BTreeMap<String, HeaderSecret>,
+}
+
+/// The `policy` block.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct EgressPolicy {
+    /// What happens to a host that no rule lists.
+    #[serde(default)]
+    pub default: DefaultAction,
+    /// Which allowed connections are TLS-intercepted (MITM) rather than tunnelled untouched.
+    #[serde(default)]
+    pub intercept: InterceptMode,
+    /// Per-host rules, evaluated in order.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub rules: Vec<Rule>,
+}
+
+/// `policy.default`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum DefaultAction {
+    /// Allowlist: only hosts with a matching rule are reachable.
+    #[default]
+    Deny,
+    /// Denylist: every host is reachable, except that a listed host's method restriction applies.
+    Allow,
+}
+
+/// `policy.intercept`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum InterceptMode {
+    /// MITM every allowed connection.
+    #[default]
+    All,
+    /// MITM only hosts whose rule injects a credential or restricts methods; tunnel the rest.
+    Credentialed,
+}
+
+/// One entry of `policy.rules`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Rule {
+    /// Host glob (fnmatch-style `*`, `?`, `[...]`), matched case-insensitively against the
+    /// normalised host (lower case, no trailing dot, IDNA punycode, no port).
+    pub host: String,
+    /// Permitted HTTP methods; `["*"]` permits all. Upper-cased when read. Must not be empty.
+    #[serde(default = "any_method", deserialize_with = "upper_case_methods")]
+    #[schemars(with = "Vec<String>", length(min = 1))]
+    pub methods: Vec<String>,
+    /// Name of a secret (a key of `secrets`) whose header is set on requests to this host.
+    #[serde(default)]
+    pub inject: Option<String>,
+}
+
+/// One entry of `secrets`: a header to set, and its value.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct HeaderSecret {
+    /// Header name (an RFC 7230 token), for example `Authorization` or `PRIVATE-TOKEN`.
+    pub header: String,
+    /// Header value. Redacted in every log line; never forwarded to the sandbox.
+    pub value: SecretValue,
+}
+
+/// A credential value. `Debug` and `Display` print `***`, so it cannot leak through a log line
+/// or an error message by accident; [`SecretValue::expose`] is the one way to read it.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(transparent)]
+pub struct SecretValue(String);
+
+// === impl SecretValue ===
+
+impl SecretValue {
+    /// Wraps a credential value.
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    /// The raw value: only for putting it on the wire.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for SecretValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SecretValue(***)")
+    }
+}
+
+impl fmt::Display for SecretValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("***")
+    }
+}
+
+// === serde helpers ===
+
+fn any_method() -> Vec<String> {
+    vec!["*".to_owned()]
+}
+
+/// Methods are compared upper-case (the reference upper-cases on read), so `get` means `GET`.
+fn upper_case_methods<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    let methods = Vec::<String>::deserialize(d)?;
+    Ok(methods
+        .into_iter()
+        .map(|m| m.to_ascii_uppercase())
+        .collect())
+}
+
+/// `"secrets": null` and `"rules": null` mean "none", as in the reference (`or {}`).
+fn null_as_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Default + Deserialize<'de>,
+{
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}

@@ -1,0 +1,523 @@
+//! Table tests over `tests/fixtures/*.json` (smokescreen-style: fixture, host, method, decision,
+//! reason), the broken fixtures, the API-only check, and the committed JSON Schema.
+
+use std::path::{Path, PathBuf};
+
+use proptest::prelude::*;
+use shared_policy::{Evaluator, Host, PolicyError, PolicyFile, Reason, validate_for_api, warnings};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+fn load(name: &str) -> Evaluator {
+    let bytes = std::fs::read(fixture(name)).expect("fixture readable");
+    Evaluator::from_json(&bytes).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+fn host(s: &str) -> Host {
+    Host::parse(s).unwrap_or_else(|e| panic!("{s}: {e}"))
+}
+
+/// (fixture, host, method or "CONNECT", allowed, reason, rule, intercept (CONNECT only), injected header)
+type Case = (
+    &'static str,
+    &'static str,
+    &'static str,
+    bool,
+    Reason,
+    Option<usize>,
+    bool,
+    Option<&'static str>,
+);
+
+const CASES: &[Case] = &[
+    // allowlist: CONNECT is reachability only, any listed rule opens the tunnel.
+    (
+        "allowlist.json",
+        "api.github.com",
+        "CONNECT",
+        true,
+        Reason::RuleAllowed,
+        Some(0),
+        true,
+        None,
+    ),
+    (
+        "allowlist.json",
+        "API.GitHub.com.",
+        "CONNECT",
+        true,
+        Reason::RuleAllowed,
+        Some(0),
+        true,
+        None,
+    ),
+    (
+        "allowlist.json",
+        "evil.com",
+        "CONNECT",
+        false,
+        Reason::HostNotListed,
+        None,
+        false,
+        None,
+    ),
+    // `*.github.com` matches neither the apex nor a look-alike.
+    (
+        "allowlist.json",
+        "github.com",
+        "CONNECT",
+        false,
+        Reason::HostNotListed,
+        None,
+        false,
+        None,
+    ),
+    (
+        "allowlist.json",
+        "evilgithub.com",
+        "CONNECT",
+        false,
+        Reason::HostNotListed,
+        None,
+        false,
+        None,
+    ),
+    // Methods are upper-cased on read; the first host+method rule allows and injects.
+    (
+        "allowlist.json",
+        "api.github.com",
+        "GET",
+        true,
+        Reason::RuleAllowed,
+        Some(0),
+        false,
+        Some("Authorization"),
+    ),
+    (
+        "allowlist.json",
+        "api.github.com",
+        "get",
+        true,
+        Reason::RuleAllowed,
+        Some(0),
+        false,
+        Some("Authorization"),
+    ),
+    // A later rule for the same host can permit another method, without the first rule's credential.
+    (
+        "allowlist.json",
+        "api.github.com",
+        "DELETE",
+        true,
+        Reason::RuleAllowed,
+        Some(1),
+        false,
+        None,
+    ),
+    // Method denial reports the first host-matching rule.
+    (
+        "allowlist.json",
+        "api.github.com",
+        "PUT",
+        false,
+        Reason::MethodNotAllowed,
+        Some(0),
+        false,
+        None,
+    ),
+    (
+        "allowlist.json",
+        "raw.github.com",
+        "PATCH",
+        false,
+        Reason::MethodNotAllowed,
+        Some(0),
+        false,
+        None,
+    ),
+    // credentialed: a plain `*` rule is tunnelled, a restricted or injecting one intercepted.
+    (
+        "allowlist.json",
+        "packages.example.org",
+        "CONNECT",
+        true,
+        Reason::RuleAllowed,
+        Some(2),
+        false,
+        None,
+    ),
+    (
+        "allowlist.json",
+        "packages.example.org",
+        "DELETE",
+        true,
+        Reason::RuleAllowed,
+        Some(2),
+        false,
+        None,
+    ),
+    (
+        "allowlist.json",
+        "tunnelled.test",
+        "CONNECT",
+        true,
+        Reason::RuleAllowed,
+        Some(5),
+        false,
+        None,
+    ),
+    // IDNA: the rule and the host are both compared as punycode.
+    (
+        "allowlist.json",
+        "xn--bcher-kva.example",
+        "CONNECT",
+        true,
+        Reason::RuleAllowed,
+        Some(3),
+        false,
+        None,
+    ),
+    (
+        "allowlist.json",
+        "BÜCHER.example",
+        "GET",
+        true,
+        Reason::RuleAllowed,
+        Some(3),
+        false,
+        None,
+    ),
+    // IP literal rules.
+    (
+        "allowlist.json",
+        "10.0.0.5",
+        "GET",
+        true,
+        Reason::RuleAllowed,
+        Some(4),
+        false,
+        None,
+    ),
+    (
+        "allowlist.json",
+        "10.0.0.6",
+        "GET",
+        false,
+        Reason::HostNotListed,
+        None,
+        false,
+        None,
+    ),
+    // denylist: unlisted hosts are allowed and intercepted (intercept = all).
+    (
+        "denylist.json",
+        "anything.test",
+        "CONNECT",
+        true,
+        Reason::DefaultAllow,
+        None,
+        true,
+        None,
+    ),
+    (
+        "denylist.json",
+        "anything.test",
+        "DELETE",
+        true,
+        Reason::DefaultAllow,
+        None,
+        false,
+        None,
+    ),
+    // A listed host's method restriction applies even under default allow.
+    (
+        "denylist.json",
+        "readonly.test",
+        "GET",
+        true,
+        Reason::RuleAllowed,
+        Some(0),
+        false,
+        None,
+    ),
+    (
+        "denylist.json",
+        "readonly.test",
+        "PUT",
+        true,
+        Reason::RuleAllowed,
+        Some(1),
+        false,
+        None,
+    ),
+    (
+        "denylist.json",
+        "readonly.test",
+        "POST",
+        false,
+        Reason::MethodNotAllowed,
+        Some(0),
+        false,
+        None,
+    ),
+    (
+        "denylist.json",
+        "readonly.test",
+        "CONNECT",
+        true,
+        Reason::RuleAllowed,
+        Some(0),
+        true,
+        None,
+    ),
+    (
+        "denylist.json",
+        "a.internal.test",
+        "GET",
+        true,
+        Reason::RuleAllowed,
+        Some(2),
+        false,
+        Some("PRIVATE-TOKEN"),
+    ),
+    (
+        "denylist.json",
+        "a.internal.test",
+        "POST",
+        false,
+        Reason::MethodNotAllowed,
+        Some(2),
+        false,
+        None,
+    ),
+    // Defaults: deny, intercept all, methods ["*"], secrets null.
+    (
+        "defaults.json",
+        "a.test",
+        "CONNECT",
+        true,
+        Reason::RuleAllowed,
+        Some(0),
+        true,
+        None,
+    ),
+    (
+        "defaults.json",
+        "a.test",
+        "PATCH",
+        true,
+        Reason::RuleAllowed,
+        Some(0),
+        false,
+        None,
+    ),
+    (
+        "defaults.json",
+        "b.test",
+        "GET",
+        false,
+        Reason::HostNotListed,
+        None,
+        false,
+        None,
+    ),
+    // Deny-default with no rules is a valid file (the API refuses it, the gateway denies all).
+    (
+        "empty_deny.json",
+        "a.test",
+        "CONNECT",
+        false,
+        Reason::HostNotListed,
+        None,
+        false,
+        None,
+    ),
+];
+
+#[test]
+fn decision_table() {
+    for &(file, h, method, allowed, reason, rule, intercept, inject) in CASES {
+        let ev = load(file);
+        let case = format!("{file} {method} {h}");
+        if method == "CONNECT" {
+            let d = ev.decide_connect(&host(h));
+            assert_eq!(
+                (d.allowed, d.reason, d.rule, d.intercept),
+                (allowed, reason, rule, intercept),
+                "{case}"
+            );
+        } else {
+            let d = ev.decide_request(&host(h), method);
+            assert_eq!(
+                (d.allowed, d.reason, d.rule),
+                (allowed, reason, rule),
+                "{case}"
+            );
+            assert_eq!(
+                d.inject.as_ref().map(|i| i.header.as_str()),
+                inject,
+                "{case}"
+            );
+        }
+    }
+}
+
+#[test]
+fn injection_carries_the_secret_value() {
+    let d = load("allowlist.json").decide_request(&host("api.github.com"), "POST");
+    let inject = d.inject.expect("injects");
+    assert_eq!(inject.value.expose(), "Bearer ghp_fixture");
+    // Redacted in Debug and Display.
+    assert!(!format!("{inject:?}").contains("ghp_fixture"));
+    assert_eq!(inject.value.to_string(), "***");
+}
+
+#[test]
+fn broken_fixtures_are_refused() {
+    let dir = fixture("broken");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&dir).expect("broken fixtures dir") {
+        let path = entry.expect("dir entry").path();
+        let bytes = std::fs::read(&path).expect("readable");
+        let err = Evaluator::from_json(&bytes).expect_err(&path.display().to_string());
+        // No message ever echoes a secret value.
+        assert!(
+            !err.to_string().contains("Injected"),
+            "{}: {err}",
+            path.display()
+        );
+        seen += 1;
+    }
+    assert!(seen >= 15);
+}
+
+#[test]
+fn errors_name_the_field() {
+    let cases = [
+        ("broken/empty_methods.json", "policy.rules[0].methods"),
+        (
+            "broken/unknown_secret.json",
+            "policy.rules[0].inject: no secret named \"nope\"",
+        ),
+        ("broken/bad_header_name.json", "secrets.s.header"),
+        ("broken/crlf_value.json", "secrets.s.value"),
+        ("broken/empty_host.json", "policy.rules[0].host"),
+        ("broken/alternation_glob.json", "policy.rules[0].host"),
+        ("broken/unknown_default.json", "unknown variant `denyy`"),
+    ];
+    for (file, want) in cases {
+        let err =
+            Evaluator::from_json(&std::fs::read(fixture(file)).expect("readable")).expect_err(file);
+        assert!(err.to_string().contains(want), "{file}: {err}");
+    }
+}
+
+#[test]
+fn json_errors_do_not_echo_strings() {
+    let err = Evaluator::from_json(br#"{"secrets": {"s": {"header": "X", "value": ["tok-123"]}}}"#);
+    assert!(matches!(err, Err(PolicyError::Parse(_))));
+    let err = Evaluator::from_json(br#"{"secrets": {"s": "tok-123"}}"#).expect_err("not a map");
+    assert!(!err.to_string().contains("tok-123"), "{err}");
+}
+
+#[test]
+fn api_refuses_deny_default_without_rules() {
+    let file: PolicyFile =
+        serde_json::from_slice(&std::fs::read(fixture("empty_deny.json")).expect("read"))
+            .expect("parse");
+    assert_eq!(validate_for_api(&file), Err(PolicyError::NothingReachable));
+    let allow: PolicyFile =
+        serde_json::from_str(r#"{"policy": {"default": "allow"}}"#).expect("parse");
+    assert_eq!(validate_for_api(&allow), Ok(()));
+}
+
+#[test]
+fn deny_all_denies_everything() {
+    let ev = Evaluator::deny_all();
+    assert!(ev.is_deny_all());
+    let c = ev.decide_connect(&host("a.test"));
+    assert!(!c.allowed);
+    assert_eq!(c.reason.code(), "policy-unavailable");
+    assert!(!ev.decide_request(&host("a.test"), "GET").allowed);
+}
+
+#[test]
+fn secret_values_round_trip_for_the_writer() {
+    let file: PolicyFile =
+        serde_json::from_slice(&std::fs::read(fixture("allowlist.json")).expect("read"))
+            .expect("parse");
+    let text = serde_json::to_string(&file).expect("serialise");
+    assert!(
+        text.contains("Bearer ghp_fixture"),
+        "the control plane writes real values"
+    );
+    assert!(
+        !format!("{file:?}").contains("ghp_fixture"),
+        "Debug redacts"
+    );
+}
+
+#[test]
+fn check_warns_about_broad_globs() {
+    let file: PolicyFile = serde_json::from_str(
+        r#"{"policy": {"rules": [{"host": "*github.com"}, {"host": "*.gitlab.com"}, {"host": "gitlab.com"}, {"host": "*.example.com"}]},
+            "secrets": {"unused": {"header": "X-A", "value": "v"}}}"#,
+    )
+    .expect("parse");
+    let w = warnings(&file).join("\n");
+    assert!(w.contains("\"*github.com\" is broader"), "{w}");
+    assert!(!w.contains("*.gitlab.com"), "{w}");
+    assert!(
+        w.contains("\"*.example.com\" does not match \"example.com\""),
+        "{w}"
+    );
+    assert!(w.contains("secrets.unused"), "{w}");
+}
+
+#[test]
+fn committed_schema_is_current() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("policy.schema.json");
+    let generated = shared_policy::json_schema();
+    if std::env::var_os("UPDATE_SCHEMA").is_some() {
+        std::fs::write(&path, &generated).expect("write schema");
+    }
+    let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        committed == generated,
+        "shared-policy/policy.schema.json is stale; regenerate with \
+         `UPDATE_SCHEMA=1 cargo test -p shared-policy --test evaluator committed_schema_is_current`"
+    );
+}
+
+proptest! {
+    /// Arbitrary bytes never panic the parser; any Ok has passed validation.
+    #[test]
+    fn parser_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+        let _ = Evaluator::from_json(&bytes);
+    }
+
+    /// Structured but random files: whatever the parser accepts can answer decisions, and
+    /// every error has a message.
+    #[test]
+    fn random_policies_are_either_valid_or_explained(
+        default in prop_oneof!["deny", "allow", "bogus"],
+        host_glob in "[a-z*?\\[\\] .{}]{0,12}",
+        methods in proptest::collection::vec("[A-Za-z* ]{0,6}", 0..3),
+        inject in proptest::option::of("[a-z]{1,3}"),
+        header in "[A-Za-z: -]{0,8}",
+        value in "[a-z\r\n\0]{0,6}",
+    ) {
+        let doc = serde_json::json!({
+            "policy": {"default": default, "rules": [{"host": host_glob, "methods": methods, "inject": inject}]},
+            "secrets": {"abc": {"header": header, "value": value}},
+        });
+        match Evaluator::from_json(doc.to_string().as_bytes()) {
+            Ok(ev) => { let _ = ev.decide_request(&host("a.test"), "GET"); }
+            Err(e) => prop_assert!(!e.to_string().is_empty()),
+        }
+    }
+}

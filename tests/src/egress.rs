@@ -1,0 +1,222 @@
+//! Egress fixtures: test certificate authorities, and an HTTPS echo upstream running in a
+//! container on a network the test creates, reachable under made-up `.test` names only.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use anyhow::{Context, Result, bail};
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
+use serde_json::Value;
+
+/// A throwaway CA; `cert_pem`/`key_pem` are what a file on disk would hold.
+pub struct TestCa {
+    issuer: Issuer<'static, KeyPair>,
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+impl TestCa {
+    pub fn new(common_name: &str) -> Result<Self> {
+        let key = KeyPair::generate()?;
+        let mut params = CertificateParams::default();
+        params
+            .distinguished_name
+            .push(DnType::CommonName, common_name);
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let cert = params.self_signed(&key)?;
+        Ok(Self {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+            issuer: Issuer::new(params, key),
+        })
+    }
+
+    /// A server certificate and key (PEM) for `names`.
+    pub fn leaf(&self, names: &[&str]) -> Result<(String, String)> {
+        let key = KeyPair::generate()?;
+        let params =
+            CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())?;
+        let cert = params.signed_by(&key, &self.issuer)?;
+        Ok((cert.pem(), key.serialize_pem()))
+    }
+}
+
+/// HTTPS (443) and HTTP (80) echo server: answers every request with a JSON record of it and
+/// appends that record to /tmp/requests.jsonl, which tests read back with `docker exec`.
+const ECHO_SERVER: &str = r#"
+import http.server, json, ssl, threading
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def handle_any(self):
+        n = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(n) if n else b""
+        rec = {"method": self.command, "path": self.path, "tls": self.server.tls,
+               "headers": {k.lower(): v for k, v in self.headers.items()}, "body_len": len(body)}
+        with open("/tmp/requests.jsonl", "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        out = json.dumps(rec).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(out)
+    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = handle_any
+    def log_message(self, *args):
+        pass
+def serve(port, tls):
+    srv = http.server.ThreadingHTTPServer(("0.0.0.0", port), H)
+    srv.tls = tls
+    if tls:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain("/certs/server.crt", "/certs/server.key")
+        srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+    srv.serve_forever()
+threading.Thread(target=serve, args=(80, False), daemon=True).start()
+open("/tmp/ready", "w").close()
+serve(443, True)
+"#;
+
+/// Names the upstream answers to (network aliases on the test network).
+pub const UPSTREAM_NAMES: &[&str] = &[
+    "api.upstream.test",
+    "other.upstream.test",
+    "denied.upstream.test",
+];
+
+/// A test network with the echo upstream on it; both removed on drop.
+pub struct Upstream {
+    pub network: String,
+    pub subnet: String,
+    pub container: String,
+    pub upstream_ca: TestCa,
+    dir: PathBuf,
+}
+
+impl Upstream {
+    pub fn start(image: &str) -> Result<Self> {
+        let tag = format!("{:x}", rand_u64());
+        let network = format!("daiv-e2e-upstream-{tag}");
+        docker(&["network", "create", "--label", "daiv.e2e=1", &network])?;
+        let subnet = docker(&[
+            "network",
+            "inspect",
+            "-f",
+            "{{(index .IPAM.Config 0).Subnet}}",
+            &network,
+        ])?;
+        let upstream_ca = TestCa::new("daiv e2e upstream CA")?;
+        let (cert, key) = upstream_ca.leaf(UPSTREAM_NAMES)?;
+        let dir = std::env::temp_dir().join(format!("daiv-e2e-upstream-{tag}"));
+        std::fs::create_dir_all(&dir)?;
+        std::fs::write(dir.join("server.crt"), cert)?;
+        std::fs::write(dir.join("server.key"), key)?;
+        std::fs::write(dir.join("server.py"), ECHO_SERVER)?;
+        let mut args = vec![
+            "run".to_string(),
+            "-d".into(),
+            "--pull".into(),
+            "never".into(),
+            "--label".into(),
+            "daiv.e2e=1".into(),
+            "--network".into(),
+            network.clone(),
+            "-v".into(),
+            format!("{}:/certs:ro", dir.display()),
+        ];
+        for name in UPSTREAM_NAMES {
+            args.push("--network-alias".into());
+            args.push((*name).into());
+        }
+        args.extend([
+            image.to_string(),
+            "python3".into(),
+            "/certs/server.py".into(),
+        ]);
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let container = docker(&refs)?;
+        let up = Self {
+            network,
+            subnet,
+            container,
+            upstream_ca,
+            dir,
+        };
+        for _ in 0..100 {
+            if docker(&["exec", &up.container, "test", "-f", "/tmp/ready"]).is_ok() {
+                return Ok(up);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        bail!(
+            "echo upstream did not start: {}",
+            docker(&["logs", &up.container]).unwrap_or_default()
+        )
+    }
+
+    /// Every request the upstream has seen, oldest first.
+    pub fn requests(&self) -> Result<Vec<Value>> {
+        let out = docker(&[
+            "exec",
+            &self.container,
+            "sh",
+            "-c",
+            "cat /tmp/requests.jsonl 2>/dev/null || true",
+        ])?;
+        out.lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| serde_json::from_str(l).context("request record"))
+            .collect()
+    }
+
+    pub fn ca_file(&self) -> Result<PathBuf> {
+        let p = self.dir.join("upstream-ca.pem");
+        std::fs::write(&p, &self.upstream_ca.cert_pem)?;
+        Ok(p)
+    }
+
+    pub fn dir(&self) -> &PathBuf {
+        &self.dir
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        let _ = docker(&["rm", "-fv", &self.container]);
+        let _ = docker(&["network", "rm", &self.network]);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Runs the docker CLI; stdout trimmed, or an error with stderr.
+pub fn docker(args: &[&str]) -> Result<String> {
+    let out = Command::new("docker")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .context("docker CLI")?;
+    if !out.status.success() {
+        bail!(
+            "docker {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+fn rand_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    h.finish()
+}

@@ -1,0 +1,480 @@
+//! Egress sessions end to end: a Debian sandbox behind its own gateway, an HTTPS echo upstream
+//! in a container under `.test` names, real curl, git and python clients.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use e2e::egress::{TestCa, Upstream, docker};
+use e2e::{ControlPlane, DEBIAN, Session, inspect, require_image};
+use reqwest::Method;
+use serde_json::{Value, json};
+
+const GATEWAY_IMAGE: &str = "daiv-sandbox-egress:local";
+const SECRET: &str = "ghp_e2eSecretValue0123456789";
+
+struct Stack {
+    up: Upstream,
+    cp: ControlPlane,
+}
+
+async fn stack() -> Result<Stack> {
+    stack_with(&[]).await
+}
+
+async fn stack_with(extra: &[(&str, &str)]) -> Result<Stack> {
+    require_image(DEBIAN);
+    require_image(GATEWAY_IMAGE);
+    let up = Upstream::start(DEBIAN)?;
+    let egress_ca = TestCa::new("daiv e2e egress CA")?;
+    let cert = up.dir().join("egress-ca.crt");
+    let key = up.dir().join("egress-ca.key");
+    std::fs::write(&cert, &egress_ca.cert_pem)?;
+    std::fs::write(&key, &egress_ca.key_pem)?;
+    let upstream_ca = up.ca_file()?;
+    let (cert, key, upstream_ca) = (
+        cert.display().to_string(),
+        key.display().to_string(),
+        upstream_ca.display().to_string(),
+    );
+    let mut settings = vec![
+        ("EGRESS_CA_CERT_FILE", cert.as_str()),
+        ("EGRESS_CA_KEY_FILE", key.as_str()),
+        ("EGRESS_UPSTREAM_CA_FILE", upstream_ca.as_str()),
+        ("EGRESS_ALLOWED_CIDRS", up.subnet.as_str()),
+        ("EGRESS_PROXY_NETWORK", up.network.as_str()),
+        ("EGRESS_PROXY_IMAGE", GATEWAY_IMAGE),
+    ];
+    settings.extend_from_slice(extra);
+    let cp = ControlPlane::start_with(&settings).await?;
+    Ok(Stack { up, cp })
+}
+
+fn policy(token: &str) -> Value {
+    json!({
+        "policy": {
+            "default": "deny",
+            "intercept": "credentialed",
+            "rules": [
+                {"host": "api.upstream.test", "methods": ["GET", "POST"], "inject": "tok"},
+                {"host": "*.upstream.test", "methods": ["*"]},
+                {"host": "denied.upstream.test", "methods": ["GET"]}
+            ]
+        },
+        "secrets": {"tok": {"header": "Authorization", "value": token}}
+    })
+}
+
+fn strict_policy(token: &str) -> Value {
+    json!({
+        "policy": {
+            "default": "deny",
+            "intercept": "all",
+            "rules": [
+                {"host": "api.upstream.test", "methods": ["GET", "POST"], "inject": "tok"}
+            ]
+        },
+        "secrets": {"tok": {"header": "Authorization", "value": token}}
+    })
+}
+
+/// Runs one command in the session, returns (exit code, output).
+async fn sh(cp: &ControlPlane, s: &Session, cmd: &str) -> Result<(i64, String)> {
+    cp.sh(s, cmd).await
+}
+
+fn last_request(up: &Upstream, path: &str) -> Result<Option<Value>> {
+    Ok(up.requests()?.into_iter().rev().find(|r| r["path"] == path))
+}
+
+#[tokio::test]
+async fn egress_session_enforces_policy_and_confines_the_secret() -> Result<()> {
+    let Stack { up, cp } = stack().await?;
+    let t0 = Instant::now();
+    let s = cp
+        .session(json!({"base_image": DEBIAN, "egress": strict_policy(SECRET)}))
+        .await?;
+    eprintln!("egress session created in {:?}", t0.elapsed());
+
+    // Allowed, intercepted, credentialed: the upstream sees the injected header.
+    let (code, out) = sh(&cp, &s, "curl -sS --fail https://api.upstream.test/curl").await?;
+    assert_eq!(code, 0, "{out}");
+    let seen = last_request(&up, "/curl")?.expect("upstream saw the request");
+    assert_eq!(seen["headers"]["authorization"], SECRET);
+
+    // The sandbox's own Authorization header is replaced, not forwarded.
+    let (code, _) = sh(
+        &cp,
+        &s,
+        "curl -sS --fail -H 'Authorization: forged' https://api.upstream.test/forged",
+    )
+    .await?;
+    assert_eq!(code, 0);
+    let seen = last_request(&up, "/forged")?.expect("seen");
+    assert_eq!(seen["headers"]["authorization"], SECRET);
+
+    // Python and git clients go through the proxy and trust the CA as well.
+    let (code, out) = sh(
+        &cp,
+        &s,
+        "python3 -c \"import urllib.request; print(urllib.request.urlopen('https://api.upstream.test/python').status)\"",
+    )
+    .await?;
+    assert_eq!((code, out.trim()), (0, "200"));
+    assert_eq!(
+        last_request(&up, "/python")?.expect("seen")["headers"]["authorization"],
+        SECRET
+    );
+    let (_, out) = sh(
+        &cp,
+        &s,
+        "git ls-remote https://api.upstream.test/repo.git 2>&1; true",
+    )
+    .await?;
+    let git = up.requests()?.into_iter().find(|r| {
+        r["path"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("/repo.git/info/refs")
+    });
+    assert!(git.is_some(), "git never reached the upstream: {out}");
+
+    // A host the policy does not list: the gateway's 403 with its reason.
+    let (_, out) = sh(
+        &cp,
+        &s,
+        "curl -s -o /dev/null -w '%{http_connect}' https://other.upstream.test/x",
+    )
+    .await?;
+    assert_eq!(out, "403", "CONNECT to an unlisted host");
+    let (_, out) = sh(
+        &cp,
+        &s,
+        "curl -s -D - -o /dev/null -X DELETE https://api.upstream.test/del",
+    )
+    .await?;
+    assert!(
+        out.contains("HTTP/1.1 403") || out.contains("HTTP/2 403"),
+        "{out}"
+    );
+    assert!(
+        out.to_ascii_lowercase()
+            .contains("x-egress-denied: method-not-allowed"),
+        "{out}"
+    );
+    assert!(last_request(&up, "/del")?.is_none());
+
+    // Nothing bypasses the proxy: no route, no name resolution.
+    let upstream_ip = docker(&[
+        "inspect",
+        "-f",
+        &format!(
+            "{{{{(index .NetworkSettings.Networks \"{}\").IPAddress}}}}",
+            up.network
+        ),
+        &up.container,
+    ])?;
+    let (code, _) = sh(
+        &cp,
+        &s,
+        &format!("curl -sS --noproxy '*' --max-time 5 -k https://{upstream_ip}/direct"),
+    )
+    .await?;
+    assert_ne!(code, 0, "direct connection must fail");
+    let (code, _) = sh(&cp, &s, "getent hosts api.upstream.test").await?;
+    assert_ne!(
+        code, 0,
+        "the sandbox must not resolve upstream names itself"
+    );
+    assert!(last_request(&up, "/direct")?.is_none());
+
+    // The secret is nowhere in the sandbox: environment, processes, files.
+    // The pattern is split so the command itself does not carry the secret.
+    let (head, tail) = SECRET.split_at(6);
+    let (_, out) = sh(
+        &cp,
+        &s,
+        &format!("env; cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n'; grep -rIl '{head}''{tail}' /workspace /home /tmp /etc /usr/local /root /var /run 2>/dev/null; echo end"),
+    )
+    .await?;
+    assert!(!out.contains(SECRET), "secret visible in the sandbox");
+    let (code, _) = sh(&cp, &s, "ls /etc/daiv-egress").await?;
+    assert_ne!(code, 0, "gateway config must not exist in the sandbox");
+    // Nor in the service's logs.
+    let logs = cp.logs();
+    let leak = logs
+        .lines()
+        .find(|l| l.contains(SECRET))
+        .map(|l| l.chars().take(400).collect::<String>());
+    assert!(leak.is_none(), "secret in the service's logs: {leak:?}");
+
+    // The sandbox sits on the internal network only.
+    let info = inspect(&s.id).expect("sandbox");
+    let nets = info["NetworkSettings"]["Networks"]
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(nets.len(), 1, "{nets:?}");
+    let (net_name, _) = nets.iter().next().expect("one network");
+    let internal = docker(&["network", "inspect", "-f", "{{.Internal}}", net_name])?;
+    assert_eq!(internal, "true");
+    Ok(())
+}
+
+#[tokio::test]
+async fn credentialed_mode_tunnels_plain_hosts_and_plaintext_gets_no_credential() -> Result<()> {
+    let Stack { up, cp } = stack().await?;
+    let s = cp
+        .session(json!({"base_image": DEBIAN, "egress": policy(SECRET)}))
+        .await?;
+    // other.upstream.test is allowed without credential or restriction: tunnelled, so the client
+    // sees the upstream's own certificate (issued by the upstream test CA), not a minted one.
+    // (-k: the sandbox trusts public roots and the egress CA, not this test's upstream CA.)
+    let (code, out) = sh(
+        &cp,
+        &s,
+        "curl -sS -k --fail -v https://other.upstream.test/tunnel 2>&1",
+    )
+    .await?;
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("issuer: CN=daiv e2e upstream CA"),
+        "tunnelled: {out}"
+    );
+    let (_, out) = sh(&cp, &s, "curl -sS -v https://api.upstream.test/mitm 2>&1").await?;
+    assert!(
+        out.contains("issuer: CN=daiv e2e egress CA"),
+        "intercepted: {out}"
+    );
+    // Plain HTTP to a host whose rule injects: never credentialed.
+    let _ = sh(&cp, &s, "curl -s http://api.upstream.test/plain").await?;
+    if let Some(r) = last_request(&up, "/plain")? {
+        assert!(
+            r["headers"].get("authorization").is_none(),
+            "credential sent over plaintext"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn put_egress_rotates_the_credential_without_restart() -> Result<()> {
+    let Stack { up, cp } = stack().await?;
+    let s = cp
+        .session(json!({"base_image": DEBIAN, "egress": strict_policy("old-token")}))
+        .await?;
+    let (code, _) = sh(&cp, &s, "curl -sS --fail https://api.upstream.test/before").await?;
+    assert_eq!(code, 0);
+    assert_eq!(
+        last_request(&up, "/before")?.expect("seen")["headers"]["authorization"],
+        "old-token"
+    );
+    let token = inspect(&s.id).expect("sandbox")["Config"]["Labels"]["daiv.sandbox.egress"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let gateway = docker(&[
+        "ps",
+        "-q",
+        "--no-trunc",
+        "--filter",
+        &format!("label=daiv.sandbox.egress={token}"),
+        "--filter",
+        "label=daiv.sandbox.role=egress-gateway",
+    ])?;
+    let started = |id: &str| {
+        inspect(id).map(|i| (i["State"]["StartedAt"].clone(), i["RestartCount"].clone()))
+    };
+    let gateway_started = started(&gateway);
+    let sandbox_started = started(&s.id);
+    assert!(gateway_started.is_some());
+
+    let path = format!("/session/{}/egress/", s.id);
+    let t0 = Instant::now();
+    let (status, body) = cp
+        .call(Method::PUT, &path, Some(strict_policy("new-token")))
+        .await?;
+    assert_eq!(status, 204, "{body}");
+    // The next request carries the new credential (allow the gateway its reload).
+    let mut seen_new = false;
+    for i in 0..50 {
+        let p = format!("/after{i}");
+        sh(
+            &cp,
+            &s,
+            &format!("curl -sS --fail https://api.upstream.test{p}"),
+        )
+        .await?;
+        if last_request(&up, &p)?.expect("seen")["headers"]["authorization"] == "new-token" {
+            seen_new = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!("PUT /egress/ to effect: {:?}", t0.elapsed());
+    assert!(seen_new, "the refreshed credential never took effect");
+    assert_eq!(
+        started(&gateway),
+        gateway_started,
+        "the gateway must not restart"
+    );
+    assert_eq!(
+        started(&s.id),
+        sandbox_started,
+        "the sandbox must not restart"
+    );
+
+    // Invalid policies are refused and change nothing.
+    let bad = json!({"policy": {"default": "deny", "rules": [{"host": "api.upstream.test", "inject": "missing"}]}});
+    let (status, _) = cp.call(Method::PUT, &path, Some(bad)).await?;
+    assert_eq!(status, 422);
+    sh(
+        &cp,
+        &s,
+        "curl -sS --fail https://api.upstream.test/unchanged",
+    )
+    .await?;
+    assert_eq!(
+        last_request(&up, "/unchanged")?.expect("seen")["headers"]["authorization"],
+        "new-token"
+    );
+
+    // 404 and 409.
+    let (status, _) = cp
+        .call(
+            Method::PUT,
+            &format!("/session/{}/egress/", "0".repeat(64)),
+            Some(strict_policy("x")),
+        )
+        .await?;
+    assert_eq!(status, 404);
+    let plain = cp.session_of(DEBIAN).await?;
+    let (status, _) = cp
+        .call(
+            Method::PUT,
+            &format!("/session/{}/egress/", plain.id),
+            Some(strict_policy("x")),
+        )
+        .await?;
+    assert_eq!(status, 409);
+    Ok(())
+}
+
+#[tokio::test]
+async fn stopped_egress_sessions_resume_and_force_close_leaves_nothing() -> Result<()> {
+    let Stack { up, cp } = stack().await?;
+    let s = cp
+        .session(json!({"base_image": DEBIAN, "egress": strict_policy(SECRET)}))
+        .await?;
+    let token = inspect(&s.id).expect("sandbox")["Config"]["Labels"]["daiv.sandbox.egress"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(!token.is_empty());
+    let path = format!("/session/{}/", s.id);
+    let (status, _) = cp.call(Method::DELETE, &path, None).await?;
+    assert_eq!(status, 204);
+    let running = docker(&[
+        "ps",
+        "-q",
+        "--filter",
+        &format!("label=daiv.sandbox.egress={token}"),
+    ])?;
+    assert!(
+        running.is_empty(),
+        "stop must stop the gateway too: {running}"
+    );
+    // The first command after the warm restart already reaches the proxy.
+    let (code, out) = sh(&cp, &s, "curl -sS --fail https://api.upstream.test/resumed").await?;
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(
+        last_request(&up, "/resumed")?.expect("seen")["headers"]["authorization"],
+        SECRET
+    );
+
+    let (status, _) = cp
+        .call(Method::DELETE, &format!("{path}?force=true"), None)
+        .await?;
+    assert_eq!(status, 204);
+    let left = docker(&[
+        "ps",
+        "-aq",
+        "--filter",
+        &format!("label=daiv.sandbox.egress={token}"),
+    ])?;
+    assert!(left.is_empty(), "containers left: {left}");
+    let nets = docker(&[
+        "network",
+        "ls",
+        "-q",
+        "--filter",
+        &format!("label=daiv.sandbox.egress={token}"),
+    ])?;
+    assert!(nets.is_empty(), "networks left: {nets}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn invalid_or_unconfigured_egress_is_refused() -> Result<()> {
+    let Stack { up: _up, cp } = stack().await?;
+    for bad in [
+        json!({"policy": {"default": "deny", "rules": []}}),
+        json!({"policy": {"default": "sometimes"}}),
+        json!({"policy": {"rules": [{"host": "a.test", "methods": []}]}}),
+        json!({"policy": {"rules": [{"host": "a.test"}]}, "secrets": {"s": {"header": "Bad Header", "value": "v"}}}),
+    ] {
+        let (status, body) = cp
+            .call(
+                Method::POST,
+                "/session/",
+                Some(json!({"base_image": DEBIAN, "egress": bad})),
+            )
+            .await?;
+        assert_eq!(status, 422, "{body}");
+    }
+    let plain = ControlPlane::start().await?;
+    let (status, body) = plain
+        .call(
+            Method::POST,
+            "/session/",
+            Some(json!({"base_image": DEBIAN, "egress": strict_policy("x")})),
+        )
+        .await?;
+    assert_eq!(status, 400, "{body}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn gvisor_sandboxes_reach_their_gateway_on_runc() -> Result<()> {
+    let Stack { up, cp } = stack_with(&[("RUNTIME", "runsc")]).await?;
+    let s = cp
+        .session(json!({"base_image": DEBIAN, "egress": strict_policy(SECRET)}))
+        .await?;
+    let sandbox = inspect(&s.id).expect("sandbox");
+    assert_eq!(sandbox["HostConfig"]["Runtime"], "runsc");
+    let token = sandbox["Config"]["Labels"]["daiv.sandbox.egress"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let gateway = docker(&[
+        "ps",
+        "-q",
+        "--no-trunc",
+        "--filter",
+        &format!("label=daiv.sandbox.egress={token}"),
+        "--filter",
+        "label=daiv.sandbox.role=egress-gateway",
+    ])?;
+    assert_eq!(
+        inspect(&gateway).expect("gateway")["HostConfig"]["Runtime"],
+        "runc"
+    );
+    let (_, dmesg) = sh(&cp, &s, "dmesg | head -1").await?;
+    assert!(dmesg.contains("gVisor"), "{dmesg}");
+    let (code, out) = sh(&cp, &s, "curl -sS --fail https://api.upstream.test/gvisor").await?;
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(
+        last_request(&up, "/gvisor")?.expect("seen")["headers"]["authorization"],
+        SECRET
+    );
+    Ok(())
+}

@@ -1,0 +1,312 @@
+//! The reaper on real Docker, with two replicas sharing one Redis and short settings: expired
+//! stopped sessions go, the stopped cap evicts the oldest, an idle running session goes while one
+//! with a command in flight stays, orphaned egress gateways and networks go, and only one replica
+//! sweeps per interval.
+//!
+//! The reaper sweeps every managed resource on the engine, not only this test's: these tests must
+//! not run beside other end-to-end tests (the nextest configuration runs them alone), nor beside
+//! each other ([`alone`] serialises them across test processes).
+
+use std::future::Future;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+use e2e::redis::Redis;
+use e2e::{BUSYBOX, ControlPlane, inspect, require_image};
+use reqwest::Method;
+
+/// Held for a whole test: one reaper test at a time on this machine, whatever runs the tests
+/// (nextest gives each test a process of its own, so an in-process mutex would not do).
+fn alone() -> Result<std::fs::File> {
+    let path = std::env::temp_dir().join("daiv-sandbox-e2e-reaper.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)?;
+    file.lock()?;
+    Ok(file)
+}
+
+async fn eventually<T, F, Fut>(what: &str, within: Duration, mut check: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Option<T>>>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(v) = check().await? {
+            return Ok(v);
+        }
+        if Instant::now() > deadline {
+            bail!("{what}: not within {within:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Two replicas with the reaper on, sweeping every second.
+async fn replicas(redis: &Redis, extra: &[(&str, &str)]) -> Result<(ControlPlane, ControlPlane)> {
+    let url = redis.url();
+    let mut env = vec![
+        ("REDIS_URL", url.as_str()),
+        ("REAPER_ENABLED", "true"),
+        ("REAPER_INTERVAL_SECONDS", "1"),
+    ];
+    env.extend_from_slice(extra);
+    let a = ControlPlane::start_with(&env).await?;
+    let b = ControlPlane::start_with(&env).await?;
+    Ok((a, b))
+}
+
+fn sweeps(cps: &[&ControlPlane]) -> usize {
+    cps.iter()
+        .map(|cp| cp.logs().matches("reaper: sweeping").count())
+        .sum()
+}
+
+/// Waits until the replicas have swept `n` more times between them.
+async fn more_sweeps(cps: &[&ControlPlane], n: usize) -> Result<()> {
+    let start = sweeps(cps);
+    eventually("more sweeps", Duration::from_secs(30), || async {
+        Ok((sweeps(cps) >= start + n).then_some(()))
+    })
+    .await
+}
+
+async fn gone(id: &str, within: Duration) -> Result<()> {
+    eventually(&format!("{id} removed"), within, || async {
+        Ok(inspect(id).is_none().then_some(()))
+    })
+    .await
+}
+
+fn running(id: &str) -> bool {
+    inspect(id).is_some_and(|c| c["State"]["Running"].as_bool() == Some(true))
+}
+
+async fn stop(cp: &ControlPlane, id: &str) -> Result<()> {
+    let (status, body) = cp
+        .call(Method::DELETE, &format!("/session/{id}/"), None)
+        .await?;
+    if status != 204 {
+        bail!("stop {id}: {status} {body}");
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn reaper_removes_stopped_sessions_after_the_grace_period_one_replica_at_a_time() -> Result<()>
+{
+    require_image(BUSYBOX);
+    let _alone = alone()?;
+    let redis = Redis::start()?;
+    let started = Instant::now();
+    let (a, b) = replicas(
+        &redis,
+        &[
+            ("SESSION_GRACE_SECONDS", "3"),
+            ("RUNNING_SESSION_MAX_IDLE_SECONDS", "0"),
+        ],
+    )
+    .await?;
+    let stopped = a.session_of(BUSYBOX).await?;
+    let kept = b.session_of(BUSYBOX).await?;
+    stop(&a, &stopped.id).await?;
+    let stopped_at = Instant::now();
+    gone(&stopped.id, Duration::from_secs(30)).await?;
+    assert!(
+        stopped_at.elapsed() >= Duration::from_secs(2),
+        "removed before its grace period: {:?}",
+        stopped_at.elapsed()
+    );
+    // A running session is not the grace period's business.
+    more_sweeps(&[&a, &b], 2).await?;
+    assert!(running(&kept.id));
+
+    // One sweep per interval between the two replicas (each ticks every second).
+    let elapsed = started.elapsed().as_secs_f64();
+    let total = sweeps(&[&a, &b]);
+    assert!(
+        total >= 2 && (total as f64) <= elapsed + 2.0,
+        "{total} sweeps in {elapsed:.1} s"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn reaper_keeps_at_most_max_stopped_sessions_oldest_first() -> Result<()> {
+    require_image(BUSYBOX);
+    let _alone = alone()?;
+    let redis = Redis::start()?;
+    let (a, b) = replicas(
+        &redis,
+        &[
+            ("MAX_STOPPED_SESSIONS", "2"),
+            ("RUNNING_SESSION_MAX_IDLE_SECONDS", "0"),
+        ],
+    )
+    .await?;
+    let s1 = a.session_of(BUSYBOX).await?;
+    let s2 = b.session_of(BUSYBOX).await?;
+    let s3 = a.session_of(BUSYBOX).await?;
+    for s in [&s1, &s2, &s3] {
+        stop(&b, &s.id).await?;
+    }
+    gone(&s1.id, Duration::from_secs(30)).await?;
+    more_sweeps(&[&a, &b], 2).await?;
+    assert!(inspect(&s2.id).is_some() && inspect(&s3.id).is_some());
+    Ok(())
+}
+
+#[tokio::test]
+async fn reaper_removes_idle_running_sessions_but_not_one_with_a_command_in_flight() -> Result<()> {
+    require_image(BUSYBOX);
+    let _alone = alone()?;
+    let redis = Redis::start()?;
+    let (a, b) = replicas(&redis, &[("RUNNING_SESSION_MAX_IDLE_SECONDS", "3")]).await?;
+    let idle = a.session_of(BUSYBOX).await?;
+    let busy = a.session_of(BUSYBOX).await?;
+
+    let command = b.sh(&busy, "sleep 9; echo done");
+    let watch = async {
+        gone(&idle.id, Duration::from_secs(30)).await?;
+        // Idle longer than the window by now, but its lock is held: still there.
+        assert!(running(&busy.id));
+        Ok::<_, anyhow::Error>(())
+    };
+    let (command, watch) = tokio::join!(command, watch);
+    watch?;
+    assert_eq!(command?, (0, "done\n".to_string()));
+    // The closing touch gave it a fresh window.
+    more_sweeps(&[&a, &b], 1).await?;
+    assert!(running(&busy.id));
+    Ok(())
+}
+
+/// Something made with the docker CLI, removed on drop whatever happened.
+struct Made {
+    kind: &'static str,
+    name: String,
+}
+
+impl Drop for Made {
+    fn drop(&mut self) {
+        let args: &[&str] = if self.kind == "network" {
+            &["network", "rm"]
+        } else {
+            &["rm", "-fv"]
+        };
+        let _ = Command::new("docker")
+            .args(args)
+            .arg(&self.name)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+fn docker(args: &[&str]) -> Result<String> {
+    let out = Command::new("docker").args(args).output()?;
+    if !out.status.success() {
+        bail!(
+            "docker {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+fn labels(role: &str, token: &str) -> Vec<String> {
+    [
+        "daiv.sandbox.managed=true".to_string(),
+        format!("daiv.sandbox.role={role}"),
+        format!("daiv.sandbox.egress={token}"),
+        "daiv.test=1".to_string(),
+    ]
+    .into_iter()
+    .flat_map(|l| ["--label".to_string(), l])
+    .collect()
+}
+
+/// An egress network and gateway for `token`, and its sandbox when `with_sandbox`.
+fn triad(token: &str, with_sandbox: bool) -> Result<Vec<Made>> {
+    let mut made = Vec::new();
+    let net = format!("daiv-e2e-{token}");
+    let mut args = vec!["network", "create", "--internal"];
+    let l = labels("egress-network", token);
+    args.extend(l.iter().map(String::as_str));
+    args.push(&net);
+    docker(&args)?;
+    made.push(Made {
+        kind: "network",
+        name: net.clone(),
+    });
+    let mut roles = vec!["egress-gateway"];
+    if with_sandbox {
+        roles.push("sandbox");
+    }
+    for role in roles {
+        let l = labels(role, token);
+        let mut args = vec!["run", "-d", "--pull", "never", "--network", &net];
+        args.extend(l.iter().map(String::as_str));
+        args.extend([BUSYBOX, "sleep", "600"]);
+        let id = docker(&args)?;
+        // Containers before the network, as the drop order of `made` is reversed below.
+        made.insert(
+            0,
+            Made {
+                kind: "container",
+                name: id,
+            },
+        );
+    }
+    Ok(made)
+}
+
+fn network_exists(name: &str) -> bool {
+    docker(&["network", "inspect", name]).is_ok()
+}
+
+#[tokio::test]
+async fn reaper_removes_orphaned_egress_gateways_and_networks() -> Result<()> {
+    require_image(BUSYBOX);
+    let _alone = alone()?;
+    let redis = Redis::start()?;
+    let pid = std::process::id();
+    let orphan_token = format!("orphan{pid}");
+    let live_token = format!("live{pid}");
+    let orphan = triad(&orphan_token, false)?;
+    let live = triad(&live_token, true)?;
+    let (a, b) = replicas(
+        &redis,
+        &[
+            ("SESSION_GRACE_SECONDS", "2"),
+            ("RUNNING_SESSION_MAX_IDLE_SECONDS", "0"),
+        ],
+    )
+    .await?;
+    let orphan_gateway = orphan[0].name.clone();
+    gone(&orphan_gateway, Duration::from_secs(30)).await?;
+    let orphan_net = format!("daiv-e2e-{orphan_token}");
+    eventually(
+        "orphan network removed",
+        Duration::from_secs(10),
+        || async { Ok((!network_exists(&orphan_net)).then_some(())) },
+    )
+    .await?;
+    more_sweeps(&[&a, &b], 2).await?;
+    // A triad whose sandbox exists is not an orphan.
+    for m in &live {
+        if m.kind == "container" {
+            assert!(running(&m.name), "{} removed", m.name);
+        } else {
+            assert!(network_exists(&m.name), "{} removed", m.name);
+        }
+    }
+    drop(live);
+    drop(orphan);
+    Ok(())
+}

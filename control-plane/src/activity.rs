@@ -34,6 +34,7 @@ const ACTIVITY_PREFIX: &str = "daiv-sandbox:session-activity:";
 const SINCE_KEY: &str = "daiv-sandbox:activity-since";
 /// Records kept when idle reaping is off (nobody reads them, but they cost nothing).
 const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
+const YEAR_MS: u64 = 365 * 24 * 3600 * 1000;
 /// Local records beyond this count are pruned by age on the next touch.
 const LOCAL_PRUNE_ABOVE: usize = 4096;
 
@@ -68,7 +69,7 @@ pub trait SessionActivity: Send + Sync + 'static {
 /// idleness.
 pub fn retention(max_idle: Option<Duration>) -> Duration {
     max_idle
-        .map(|d| (d * 2).max(Duration::from_secs(60)))
+        .map(|d| d.saturating_mul(2).max(Duration::from_secs(60)))
         .unwrap_or(DEFAULT_RETENTION)
 }
 
@@ -182,7 +183,10 @@ fn from_unix_ms(ms: i64) -> Option<SystemTime> {
 impl SessionActivity for RedisActivity {
     async fn touch(&self, session_id: &str) {
         let mut conn = self.conn.clone();
-        let ttl_ms = u64::try_from(self.retention.as_millis()).unwrap_or(u64::MAX);
+        // Redis refuses expiries past its clock's range: a year is "forever" here.
+        let ttl_ms = u64::try_from(self.retention.as_millis())
+            .unwrap_or(u64::MAX)
+            .min(YEAR_MS);
         let set = bounded(
             redis::cmd("SET")
                 .arg(format!("{ACTIVITY_PREFIX}{session_id}"))
@@ -353,5 +357,6 @@ mod tests {
             Duration::from_secs(60)
         );
         assert_eq!(retention(None), DEFAULT_RETENTION);
+        assert_eq!(retention(Some(Duration::MAX)), Duration::MAX);
     }
 }

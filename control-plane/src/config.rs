@@ -218,6 +218,9 @@ pub struct Config {
     pub host: IpAddr,
     pub port: u16,
     pub log_level: LogLevel,
+    /// Name of this deployment, carried by everything it creates: replicas of one deployment
+    /// share it, and the reaper never touches another deployment's sessions on a shared engine.
+    pub deployment: String,
     // Beyond the reference: limits that keep the service's memory independent of what sandboxes do.
     /// Bytes of output kept per command; the rest is counted and replaced by a marker.
     pub output_max_bytes: usize,
@@ -227,6 +230,8 @@ pub struct Config {
     pub seed_max_bytes: u64,
     /// Upper bound on the number of members of one seed archive.
     pub seed_max_members: u64,
+    /// `GET /metrics` without the API key (for scrapers that cannot send a header).
+    pub metrics_public: bool,
 }
 
 /// Every invalid variable, one per line.
@@ -559,6 +564,21 @@ pub fn load(src: &dyn Source) -> Result<Config, ConfigError> {
         ],
     );
 
+    let deployment = p.string_or("DEPLOYMENT", "default");
+    if deployment.is_empty()
+        || deployment.len() > 63
+        || !deployment
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    {
+        let raw = deployment.clone();
+        p.fail(
+            "DEPLOYMENT",
+            &raw,
+            "expected up to 63 letters, digits, '-', '_' or '.'",
+        );
+    }
+
     let output_max_bytes = p.parse_or::<usize>("OUTPUT_MAX_BYTES", 16 * 1024 * 1024);
     if output_max_bytes == 0 {
         p.fail("OUTPUT_MAX_BYTES", "0", "must be at least 1");
@@ -570,6 +590,7 @@ pub fn load(src: &dyn Source) -> Result<Config, ConfigError> {
     }
     let seed_max_bytes = p.parse_or::<u64>("SEED_MAX_BYTES", 2 * 1024 * 1024 * 1024);
     let seed_max_members = p.parse_or::<u64>("SEED_MAX_MEMBERS", 200_000);
+    let metrics_public = p.bool_or("METRICS_PUBLIC", false);
 
     p.finish()?;
     Ok(Config {
@@ -606,10 +627,12 @@ pub fn load(src: &dyn Source) -> Result<Config, ConfigError> {
         host,
         port,
         log_level,
+        deployment,
         output_max_bytes,
         pids_limit,
         seed_max_bytes,
         seed_max_members,
+        metrics_public,
     })
 }
 

@@ -27,8 +27,8 @@ use shared_policy::PolicyFile;
 
 use crate::config::Config;
 use crate::engine::{
-    ContainerEngine, ContainerInfo, ContainerSpec, EGRESS_LABEL, EngineError, ExecSpec,
-    MANAGED_LABEL, NetworkAttach, NetworkSpec, ROLE_EGRESS_GATEWAY, ROLE_EGRESS_NETWORK,
+    ContainerEngine, ContainerInfo, ContainerSpec, DEPLOYMENT_LABEL, EGRESS_LABEL, EngineError,
+    ExecSpec, MANAGED_LABEL, NetworkAttach, NetworkSpec, ROLE_EGRESS_GATEWAY, ROLE_EGRESS_NETWORK,
     ROLE_LABEL,
 };
 use crate::error::ApiError;
@@ -317,6 +317,7 @@ impl Egress {
             (MANAGED_LABEL.to_string(), "true".to_string()),
             (ROLE_LABEL.to_string(), ROLE_EGRESS_NETWORK.to_string()),
             (EGRESS_LABEL.to_string(), token.to_string()),
+            (DEPLOYMENT_LABEL.to_string(), self.config.deployment.clone()),
         ]);
         let slots = 1u32 << (29 - u32::from(pool.prefix_len().min(29)));
         let mut last = None;
@@ -409,6 +410,7 @@ impl Egress {
                 (MANAGED_LABEL.to_string(), "true".to_string()),
                 (ROLE_LABEL.to_string(), ROLE_EGRESS_GATEWAY.to_string()),
                 (EGRESS_LABEL.to_string(), token.to_string()),
+                (DEPLOYMENT_LABEL.to_string(), c.deployment.clone()),
             ]),
             user: None,
             init: false,

@@ -10,6 +10,7 @@
 //! - [`activity`]: when each session was last used (for idle reaping).
 //! - [`reaper`]: the background sweep that removes expired, surplus, idle and orphaned resources.
 //! - [`error`]: the one place errors become HTTP statuses.
+//! - [`telemetry`]: logs, Prometheus metrics and Sentry reports.
 
 use std::sync::Arc;
 
@@ -21,6 +22,7 @@ use utoipa::OpenApi;
 pub mod activity;
 pub mod api;
 pub mod auth;
+pub mod batch;
 pub mod config;
 pub mod egress;
 pub mod engine;
@@ -29,6 +31,7 @@ pub mod lock;
 pub mod reaper;
 pub mod routes;
 pub mod session;
+pub mod telemetry;
 pub mod workspace;
 
 use activity::{LocalActivity, SessionActivity};
@@ -47,6 +50,7 @@ pub struct AppState {
     pub locks: Arc<dyn SessionLocks>,
     /// Touched by [`AppState::lock`] at the start and end of every session operation.
     pub activity: Arc<dyn SessionActivity>,
+    pub metrics: Arc<telemetry::metrics::Metrics>,
 }
 
 impl AppState {
@@ -55,6 +59,12 @@ impl AppState {
         engine: Arc<dyn ContainerEngine>,
         locks: Arc<dyn SessionLocks>,
     ) -> Self {
+        // Every engine call is counted and timed, whichever handler or task makes it.
+        let metrics = Arc::new(telemetry::metrics::Metrics::default());
+        let engine: Arc<dyn ContainerEngine> = Arc::new(telemetry::engine::MeteredEngine::new(
+            engine,
+            metrics.clone(),
+        ));
         // A CA file that cannot be read was already refused by config validation; reading it
         // again here can only fail on a race, which then disables egress loudly.
         let egress = match egress::Egress::load(engine.clone(), config.clone()) {
@@ -69,6 +79,7 @@ impl AppState {
             activity: Arc::new(LocalActivity::new(config.running_session_max_idle)),
             config,
             locks,
+            metrics,
         }
     }
 
@@ -82,14 +93,19 @@ impl AppState {
     /// lock backend is down). Touches the session's activity now and again when the guard drops,
     /// before the lock is released.
     pub async fn lock(&self, session_id: &str) -> Result<LockGuard, ApiError> {
+        let waiting = std::time::Instant::now();
         let held = self
             .locks
             .acquire(session_id, self.config.session_lock_wait)
-            .await
-            .map_err(|e| match e {
-                LockError::Timeout => ApiError::Busy,
-                LockError::Unavailable(m) => ApiError::Unavailable(m),
-            })?;
+            .await;
+        self.metrics.lock_waits.observe(waiting.elapsed());
+        let held = held.map_err(|e| match e {
+            LockError::Timeout => {
+                self.metrics.lock_busy.inc();
+                ApiError::Busy
+            }
+            LockError::Unavailable(m) => ApiError::Unavailable(m),
+        })?;
         if session::is_container_id(session_id) {
             self.activity.touch(session_id).await;
         }
@@ -194,6 +210,8 @@ pub fn app(state: AppState) -> Router {
     open = both(open, "/-/health/", get(meta::health));
     open = both(open, "/-/version/", get(meta::version));
     open = open.route("/openapi.json", get(meta::openapi));
+    // Relative to the document: the page fetches `openapi.json` next to it (so no trailing slash).
+    open = open.route("/docs", get(routes::docs::page));
 
     let prefix = state.config.api_v1_str.clone();
     let versioned = api.merge(open.clone());
@@ -203,7 +221,23 @@ pub fn app(state: AppState) -> Router {
         // Health and version also answer at the root, where orchestrators probe them.
         Router::new().nest(&prefix, versioned).merge(open)
     };
+    let mut metrics = Router::new().route("/metrics", get(routes::metrics::metrics));
+    if !state.config.metrics_public {
+        metrics = metrics.route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_api_key,
+        ));
+    }
+    // Layers added with `Router::layer` run after routing, so the middleware sees the matched
+    // route template. Panics are caught inside it, so a panic is still logged as a 500.
     router
-        .layer(tower_http::trace::TraceLayer::new_for_http())
+        .merge(metrics)
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(
+            telemetry::request::panic_response,
+        ))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            telemetry::request::observe,
+        ))
         .with_state(state)
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use control_plane::activity::RedisActivity;
-use control_plane::config::{self, Environment, ProcessEnv};
+use control_plane::config::{self, ProcessEnv};
 use control_plane::engine::docker::DockerEngine;
 use control_plane::lock::{self, LocalLocks, RedisLocks};
 use control_plane::reaper::Reaper;
@@ -13,6 +13,9 @@ use control_plane::{AppState, app};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    if std::env::args().nth(1).as_deref() == Some("healthcheck") {
+        std::process::exit(control_plane::telemetry::probe::healthcheck());
+    }
     let config = match config::load(&ProcessEnv::new()) {
         Ok(c) => Arc::new(c),
         Err(e) => {
@@ -20,7 +23,8 @@ async fn main() -> anyhow::Result<()> {
             std::process::exit(2);
         }
     };
-    init_tracing(&config);
+    // Held until main returns: dropping it flushes queued error reports.
+    let _reports = control_plane::telemetry::init(&config);
 
     let engine = DockerEngine::connect()
         .await
@@ -61,23 +65,6 @@ async fn main() -> anyhow::Result<()> {
         reaper.abort();
     }
     served
-}
-
-fn init_tracing(config: &config::Config) {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        // The Docker client logs request payloads (commands, environment) at debug: never.
-        EnvFilter::new(format!(
-            "{},bollard=warn,hyper=warn,hyper_util=warn,h2=warn",
-            config.log_level.directive()
-        ))
-    });
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    if config.environment == Environment::Production {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
 }
 
 async fn shutdown_signal() {

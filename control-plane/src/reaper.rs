@@ -35,12 +35,13 @@ use crate::AppState;
 use crate::activity::SessionActivity;
 use crate::config::Config;
 use crate::engine::{
-    ContainerInfo, ContainerStatus, EGRESS_LABEL, EngineError, ROLE_EGRESS_GATEWAY,
-    ROLE_EGRESS_NETWORK, ROLE_LABEL, ROLE_SANDBOX,
+    ContainerInfo, ContainerStatus, DEPLOYMENT_LABEL, EGRESS_LABEL, EngineError,
+    ROLE_EGRESS_GATEWAY, ROLE_EGRESS_NETWORK, ROLE_LABEL, ROLE_SANDBOX,
 };
 use crate::error::ApiError;
 use crate::lock::{LockError, SessionLocks};
 use crate::session::Sessions;
+use crate::telemetry::metrics::Metrics;
 
 /// Concurrent inspects while reading stop times.
 const INSPECT_CONCURRENCY: usize = 8;
@@ -59,6 +60,9 @@ pub struct Policy {
     pub max_stopped: usize,
     /// `None`: running sessions are never reaped for idleness.
     pub max_idle: Option<Duration>,
+    /// Only this deployment's resources are swept (`DAIV_SANDBOX_DEPLOYMENT`): several
+    /// deployments may share one engine (and one Redis).
+    pub deployment: String,
 }
 
 impl Policy {
@@ -68,6 +72,7 @@ impl Policy {
             grace: c.session_grace,
             max_stopped: usize::try_from(c.max_stopped_sessions).unwrap_or(usize::MAX),
             max_idle: c.running_session_max_idle,
+            deployment: c.deployment.clone(),
         }
     }
 }
@@ -109,6 +114,7 @@ pub struct Reaper {
     locks: Arc<dyn SessionLocks>,
     activity: Arc<dyn SessionActivity>,
     policy: Policy,
+    metrics: Arc<Metrics>,
 }
 
 impl Reaper {
@@ -119,6 +125,7 @@ impl Reaper {
             locks: state.locks.clone(),
             activity: state.activity.clone(),
             policy: Policy::from_config(&state.config),
+            metrics: state.metrics.clone(),
         }
     }
 
@@ -147,7 +154,11 @@ impl Reaper {
 
     /// One tick: sweep if this replica leads for this interval.
     pub async fn tick(&self) {
-        match self.locks.try_lead(self.policy.interval).await {
+        match self
+            .locks
+            .try_lead(&self.policy.deployment, self.policy.interval)
+            .await
+        {
             Ok(true) => {}
             Ok(false) => {
                 tracing::debug!("reaper: another replica sweeps this interval");
@@ -159,7 +170,16 @@ impl Reaper {
             }
         }
         tracing::debug!("reaper: sweeping");
-        match self.sweep(SystemTime::now()).await {
+        let swept = self.sweep(SystemTime::now()).await;
+        match &swept {
+            Ok(s) => {
+                let reaped = s.expired.len() + s.over_cap.len() + s.idle.len();
+                self.metrics.sessions_reaped.add(reaped as u64);
+                self.metrics.reaper_failures.add(s.failed as u64);
+            }
+            Err(_) => self.metrics.reaper_failures.inc(),
+        }
+        match swept {
             Ok(s) if s.removed() > 0 || s.failed > 0 => tracing::info!(
                 expired = ?s.expired,
                 over_cap = ?s.over_cap,
@@ -174,11 +194,23 @@ impl Reaper {
         }
     }
 
+    /// Label filters for this deployment's resources of `role` (and egress `token`).
+    fn mine<'a>(&'a self, role: &'a str, token: Option<&'a str>) -> Vec<(&'a str, &'a str)> {
+        let mut labels = vec![
+            (ROLE_LABEL, role),
+            (DEPLOYMENT_LABEL, self.policy.deployment.as_str()),
+        ];
+        if let Some(token) = token {
+            labels.push((EGRESS_LABEL, token));
+        }
+        labels
+    }
+
     /// One sweep as of `now` (tests pass a clock of their own).
     pub async fn sweep(&self, now: SystemTime) -> Result<Sweep, ReaperError> {
         let mut out = Sweep::default();
         let engine = self.sessions.engine();
-        let sandboxes = engine.list(&[(ROLE_LABEL, ROLE_SANDBOX)]).await?;
+        let sandboxes = engine.list(&self.mine(ROLE_SANDBOX, None)).await?;
 
         self.sweep_stopped(&sandboxes, now, &mut out).await;
         if let Some(max_idle) = self.policy.max_idle {
@@ -340,9 +372,9 @@ impl Reaper {
         out: &mut Sweep,
     ) -> Result<(), ReaperError> {
         let engine = self.sessions.engine();
-        let gateways = engine.list(&[(ROLE_LABEL, ROLE_EGRESS_GATEWAY)]).await?;
+        let gateways = engine.list(&self.mine(ROLE_EGRESS_GATEWAY, None)).await?;
         let networks = engine
-            .list_networks(&[(ROLE_LABEL, ROLE_EGRESS_NETWORK)])
+            .list_networks(&self.mine(ROLE_EGRESS_NETWORK, None))
             .await?;
         let live: HashSet<&str> = sandboxes
             .iter()
@@ -389,10 +421,7 @@ impl Reaper {
                 }
             };
             // Re-check under the lock: a sandbox may have appeared for this token since.
-            match engine
-                .list(&[(ROLE_LABEL, ROLE_SANDBOX), (EGRESS_LABEL, token)])
-                .await
-            {
+            match engine.list(&self.mine(ROLE_SANDBOX, Some(token))).await {
                 Ok(found) if found.is_empty() => {}
                 Ok(_) => continue,
                 Err(e) => {

@@ -17,11 +17,12 @@ use futures::StreamExt;
 use tokio::time::Instant;
 
 use crate::api::{RunRequest, RunResponse, RunResult, StartSessionRequest, WORKDIR};
+use crate::batch::{self, BatchParser, Event};
 use crate::config::Config;
 use crate::egress::{self, Created, Egress, SandboxPlan, Triad};
 use crate::engine::{
-    ContainerEngine, ContainerInfo, ContainerSpec, EngineError, ExecSpec, IMAGE_LABEL,
-    MANAGED_LABEL, NetworkAttach, ROLE_LABEL, ROLE_SANDBOX,
+    ContainerEngine, ContainerInfo, ContainerSpec, DEPLOYMENT_LABEL, EngineError, ExecSpec,
+    IMAGE_LABEL, MANAGED_LABEL, NetworkAttach, ROLE_LABEL, ROLE_SANDBOX,
 };
 use crate::error::ApiError;
 
@@ -35,14 +36,6 @@ pub const TIMEOUT_EXIT_CODE: i64 = 124;
 /// every distro image has. PID 1 is Docker's init (tini), which forwards SIGTERM here: stops are
 /// prompt instead of waiting out the stop timeout.
 const KEEPALIVE: &str = "while :; do sleep 86400; done";
-
-/// Runs one command: prints its own pid first (the process group leader, so a timeout can kill
-/// the command and every child it started), merges stderr into stdout so the output interleaves as
-/// produced, and prefers bash with pipefail, then sh with pipefail where the shell knows it.
-const WRAPPER: &str = r#"echo "$$"; exec 2>&1
-if command -v bash >/dev/null 2>&1; then exec bash -o pipefail -c "$1"; fi
-if (set -o pipefail) 2>/dev/null; then exec sh -o pipefail -c "$1"; fi
-exec sh -c "$1""#;
 
 /// Kills a whole process group (the wrapper's), falling back to the single pid. `kill -9 -PGID`
 /// is the one spelling dash, bash and busybox all accept (dash and busybox reject `--`).
@@ -187,6 +180,7 @@ impl Sessions {
             (MANAGED_LABEL.to_string(), "true".to_string()),
             (ROLE_LABEL.to_string(), ROLE_SANDBOX.to_string()),
             (IMAGE_LABEL.to_string(), req.base_image.clone()),
+            (DEPLOYMENT_LABEL.to_string(), c.deployment.clone()),
         ]);
         labels.extend(extra_labels.iter().cloned());
         ContainerSpec {
@@ -276,7 +270,8 @@ impl Sessions {
         Ok(())
     }
 
-    /// Runs the commands in order. A timed-out command ends the request: the rest are skipped.
+    /// Runs the commands in order, all in one exec (see [`crate::batch`]). A timed-out command
+    /// ends the request: it and everything it started are killed, the rest are skipped.
     pub async fn run(&self, id: &str, req: &RunRequest) -> Result<RunResponse, ApiError> {
         if let Some(bad) = req.commands.iter().find(|c| c.contains('\0')) {
             return Err(ApiError::Unprocessable(format!(
@@ -291,15 +286,10 @@ impl Sessions {
             None => self.config.command_timeout,
         };
         let mut results = Vec::with_capacity(req.commands.len());
-        for command in &req.commands {
-            let done = self.run_one(id, command, timeout).await?;
-            let stop = done.timed_out || (req.fail_fast && done.exit_code != 0);
-            results.push(RunResult {
-                command: command.clone(),
-                output: done.output,
-                exit_code: done.exit_code,
-                workdir: WORKDIR.to_string(),
-            });
+        for batch in batch::batches(&req.commands) {
+            let stop = self
+                .run_batch(id, batch, req.fail_fast, timeout, &mut results)
+                .await?;
             if stop {
                 break;
             }
@@ -307,27 +297,35 @@ impl Sessions {
         Ok(RunResponse { results })
     }
 
-    async fn run_one(
+    /// Runs one batch; `Ok(true)` when the request must stop (timeout or fail-fast).
+    async fn run_batch(
         &self,
         id: &str,
-        command: &str,
+        commands: &[String],
+        fail_fast: bool,
         timeout: Option<Duration>,
-    ) -> Result<Finished, ApiError> {
+        results: &mut Vec<RunResult>,
+    ) -> Result<bool, ApiError> {
+        let nonce = batch::nonce();
+        let mut cmd = vec![
+            "/bin/sh".to_string(),
+            "-c".into(),
+            batch::DRIVER.into(),
+            "daiv-sandbox".into(),
+            nonce.clone(),
+            if fail_fast { "1" } else { "0" }.into(),
+        ];
+        cmd.extend(commands.iter().cloned());
         let spec = ExecSpec {
-            cmd: vec![
-                "/bin/sh".into(),
-                "-c".into(),
-                WRAPPER.into(),
-                "daiv-sandbox".into(),
-                command.into(),
-            ],
+            cmd,
             user: self.user(),
             workdir: Some(WORKDIR.to_string()),
             env: Vec::new(),
         };
         let mut exec = self.engine.exec(id, &spec).await?;
-        let mut out = Output::new(self.config.output_max_bytes);
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut parser = BatchParser::new(&nonce, self.config.output_max_bytes);
+        let mut deadline: Option<Instant> = None;
+        let first = results.len();
         let mut timed_out = false;
         loop {
             let next = match deadline {
@@ -340,34 +338,63 @@ impl Sessions {
                 },
                 None => exec.output.next().await,
             };
-            match next {
-                Some(Ok(chunk)) => out.push(&chunk),
+            let chunk = match next {
+                Some(Ok(chunk)) => chunk,
                 Some(Err(e)) => return Err(e.into()),
                 None => break,
+            };
+            for event in parser.push(&chunk) {
+                match event {
+                    Event::Started => deadline = timeout.map(|t| Instant::now() + t),
+                    Event::Finished { output, exit_code } => {
+                        deadline = None;
+                        let command = commands
+                            .get(results.len() - first)
+                            .cloned()
+                            .unwrap_or_default();
+                        results.push(RunResult {
+                            command,
+                            output,
+                            exit_code,
+                            workdir: WORKDIR.to_string(),
+                        });
+                    }
+                }
             }
         }
+        let finished = results.len() - first;
         if timed_out {
-            if let Some(pid) = out.pid() {
+            if let Some(pid) = parser.pid() {
                 self.kill_group(id, pid).await;
             }
             let drain = async {
                 while let Some(Ok(chunk)) = exec.output.next().await {
-                    out.push(&chunk);
+                    parser.push(&chunk);
                 }
             };
             let _ = tokio::time::timeout(DRAIN_AFTER_KILL, drain).await;
-            return Ok(Finished {
-                output: out.finish(),
+            results.push(RunResult {
+                command: commands.get(finished).cloned().unwrap_or_default(),
+                output: parser.take_unfinished().unwrap_or_default(),
                 exit_code: TIMEOUT_EXIT_CODE,
-                timed_out: true,
+                workdir: WORKDIR.to_string(),
             });
+            return Ok(true);
         }
-        let exit_code = self.exit_code(&exec.exec_id).await?;
-        Ok(Finished {
-            output: out.finish(),
-            exit_code,
-            timed_out: false,
-        })
+        if parser.in_command() {
+            // The driver ended mid-command (killed, or the container stopped): report what the
+            // engine says of the exec, and stop.
+            let exit_code = self.exit_code(&exec.exec_id).await.unwrap_or(-1);
+            results.push(RunResult {
+                command: commands.get(finished).cloned().unwrap_or_default(),
+                output: parser.take_unfinished().unwrap_or_default(),
+                exit_code,
+                workdir: WORKDIR.to_string(),
+            });
+            return Ok(true);
+        }
+        let failed = results[first..].last().is_some_and(|r| r.exit_code != 0);
+        Ok(finished < commands.len() || (fail_fast && failed))
     }
 
     /// The exit code once the output stream ended; the daemon may take a moment to record it.
@@ -402,84 +429,6 @@ impl Sessions {
                 tracing::warn!(session_id = %id, error = %e, "could not kill timed-out command")
             }
         }
-    }
-}
-
-struct Finished {
-    output: String,
-    exit_code: i64,
-    timed_out: bool,
-}
-
-/// A command's output: the wrapper's pid line split off, then at most `cap` bytes kept and the
-/// rest only counted, so the service's memory does not depend on what a command prints.
-struct Output {
-    cap: usize,
-    pid_line: Vec<u8>,
-    pid: Option<u32>,
-    header_done: bool,
-    kept: Vec<u8>,
-    dropped: u64,
-}
-
-impl Output {
-    fn new(cap: usize) -> Self {
-        Self {
-            cap,
-            pid_line: Vec::new(),
-            pid: None,
-            header_done: false,
-            kept: Vec::new(),
-            dropped: 0,
-        }
-    }
-
-    fn push(&mut self, mut chunk: &[u8]) {
-        if !self.header_done {
-            match chunk.iter().position(|b| *b == b'\n') {
-                Some(nl) => {
-                    self.pid_line.extend_from_slice(&chunk[..nl]);
-                    self.pid = std::str::from_utf8(&self.pid_line)
-                        .ok()
-                        .and_then(|s| s.trim().parse().ok());
-                    self.header_done = true;
-                    chunk = &chunk[nl + 1..];
-                }
-                None if self.pid_line.len() + chunk.len() <= 16 => {
-                    self.pid_line.extend_from_slice(chunk);
-                    return;
-                }
-                None => {
-                    // Not our header after all: keep everything as output.
-                    self.header_done = true;
-                    let line = std::mem::take(&mut self.pid_line);
-                    self.keep(&line);
-                }
-            }
-        }
-        self.keep(chunk);
-    }
-
-    fn keep(&mut self, chunk: &[u8]) {
-        let room = self.cap.saturating_sub(self.kept.len());
-        let take = room.min(chunk.len());
-        self.kept.extend_from_slice(&chunk[..take]);
-        self.dropped += (chunk.len() - take) as u64;
-    }
-
-    fn pid(&self) -> Option<u32> {
-        self.pid.filter(|p| *p > 1)
-    }
-
-    fn finish(self) -> String {
-        let mut s = String::from_utf8_lossy(&self.kept).into_owned();
-        if self.dropped > 0 {
-            s.push_str(&format!(
-                "\n[daiv-sandbox: output truncated: {} bytes omitted; the limit is {} bytes]\n",
-                self.dropped, self.cap
-            ));
-        }
-        s
     }
 }
 
@@ -590,34 +539,6 @@ fn validate_start(req: &StartSessionRequest) -> Result<(), ApiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn output_splits_the_pid_line_even_across_chunks() {
-        let mut o = Output::new(100);
-        o.push(b"12");
-        o.push(b"3\nhello ");
-        o.push(b"world\n");
-        assert_eq!(o.pid(), Some(123));
-        assert_eq!(o.finish(), "hello world\n");
-    }
-
-    #[test]
-    fn output_is_capped_with_a_marker() {
-        let mut o = Output::new(10);
-        o.push(b"7\n");
-        for _ in 0..1000 {
-            o.push(b"abcdefghij");
-        }
-        let s = o.finish();
-        assert!(s.starts_with("abcdefghij\n[daiv-sandbox: output truncated: 9990 bytes omitted"));
-    }
-
-    #[test]
-    fn invalid_utf8_is_replaced_not_fatal() {
-        let mut o = Output::new(100);
-        o.push(b"9\n\xff\xfeok");
-        assert_eq!(o.finish(), "\u{fffd}\u{fffd}ok");
-    }
 
     #[test]
     fn container_ids_are_full_lowercase_hex() {

@@ -11,8 +11,8 @@ use control_plane::activity::{LocalActivity, SessionActivity};
 use control_plane::config::{self, Config};
 use control_plane::engine::fake::FakeEngine;
 use control_plane::engine::{
-    ContainerEngine, ContainerSpec, ContainerStatus, EGRESS_LABEL, MANAGED_LABEL, NetworkAttach,
-    NetworkSpec, ROLE_EGRESS_GATEWAY, ROLE_EGRESS_NETWORK, ROLE_LABEL, ROLE_SANDBOX,
+    ContainerEngine, ContainerSpec, ContainerStatus, DEPLOYMENT_LABEL, EGRESS_LABEL, MANAGED_LABEL,
+    NetworkAttach, NetworkSpec, ROLE_EGRESS_GATEWAY, ROLE_EGRESS_NETWORK, ROLE_LABEL, ROLE_SANDBOX,
 };
 use control_plane::lock::LocalLocks;
 use control_plane::reaper::{Reaper, egress_lock_key};
@@ -86,7 +86,10 @@ impl World {
         &self,
         labels: &[(&str, &str)],
     ) -> Result<String, Box<dyn std::error::Error>> {
-        let mut all = HashMap::from([(MANAGED_LABEL.to_string(), "true".to_string())]);
+        let mut all = HashMap::from([
+            (MANAGED_LABEL.to_string(), "true".to_string()),
+            (DEPLOYMENT_LABEL.to_string(), "default".to_string()),
+        ]);
         for (k, v) in labels {
             all.insert(k.to_string(), v.to_string());
         }
@@ -145,6 +148,28 @@ async fn stopped_sessions_past_the_grace_period_are_removed() -> TestResult {
     assert_eq!(sweep.expired, vec![old.clone()]);
     assert!(!w.exists(&old));
     assert!(w.exists(&recent) && w.exists(&unknown));
+    Ok(())
+}
+
+#[tokio::test]
+async fn another_deployments_resources_are_never_touched() -> TestResult {
+    let w = World::new(&[("MAX_STOPPED_SESSIONS", "0")]);
+    let theirs = w
+        .container(&[(ROLE_LABEL, ROLE_SANDBOX), (DEPLOYMENT_LABEL, "other")])
+        .await?;
+    w.engine.stop(&theirs, Duration::ZERO).await?;
+    w.engine.set_times(&theirs, Some(10), Some(&rfc3339(10)));
+    let their_gateway = w
+        .container(&[
+            (ROLE_LABEL, ROLE_EGRESS_GATEWAY),
+            (EGRESS_LABEL, "t"),
+            (DEPLOYMENT_LABEL, "other"),
+        ])
+        .await?;
+    let ours = w.stopped(10, Some(10)).await?;
+    let sweep = w.reaper.sweep(at(NOW)).await?;
+    assert_eq!(sweep.expired, vec![ours]);
+    assert!(w.exists(&theirs) && w.exists(&their_gateway));
     Ok(())
 }
 
@@ -359,6 +384,7 @@ async fn network(w: &World, name: &str, token: &str, created: u64) -> TestResult
             subnet: None,
             labels: HashMap::from([
                 (MANAGED_LABEL.to_string(), "true".to_string()),
+                (DEPLOYMENT_LABEL.to_string(), "default".to_string()),
                 (ROLE_LABEL.to_string(), ROLE_EGRESS_NETWORK.to_string()),
                 (EGRESS_LABEL.to_string(), token.to_string()),
             ]),

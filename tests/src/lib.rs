@@ -11,6 +11,8 @@ pub mod egress;
 
 pub mod redis;
 
+pub mod fake_sentry;
+
 use std::io::Read;
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -98,6 +100,12 @@ impl ControlPlane {
             .env("DAIV_SANDBOX_ENVIRONMENT", "local")
             .env("DAIV_SANDBOX_REAPER_ENABLED", "false")
             .env("DAIV_SANDBOX_LOG_LEVEL", "DEBUG")
+            // Each instance its own deployment: a reaper under test never sweeps the sessions
+            // of tests running beside it (replicas of one deployment pass the same value).
+            .env(
+                "DAIV_SANDBOX_DEPLOYMENT",
+                format!("e2e-{}-{port}", std::process::id()),
+            )
             .stdout(log_file.try_clone()?)
             .stderr(log_file)
             .stdin(Stdio::null());

@@ -38,9 +38,29 @@ impl Redis {
     /// Kills the server (SIGKILL: an outage, not a clean shutdown).
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
+            // A frozen server ignores nothing but SIGKILL, which is what follows.
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+
+    /// Freezes (`true`, SIGSTOP) or thaws (`false`, SIGCONT) the server: connections stay open and
+    /// nothing answers, the outage that only timeouts detect.
+    pub fn freeze(&self, frozen: bool) -> Result<()> {
+        let pid = self
+            .child
+            .as_ref()
+            .context("redis-server not running")?
+            .id();
+        let signal = if frozen { "-STOP" } else { "-CONT" };
+        let ok = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()?
+            .success();
+        if !ok {
+            bail!("kill {signal} {pid} failed");
+        }
+        Ok(())
     }
 
     /// Starts the server again on the same port, empty.

@@ -3,9 +3,8 @@
 //! with a command in flight stays, orphaned egress gateways and networks go, and only one replica
 //! sweeps per interval.
 //!
-//! The reaper sweeps every managed resource on the engine, not only this test's: these tests must
-//! not run beside other end-to-end tests (the nextest configuration runs them alone), nor beside
-//! each other ([`alone`] serialises them across test processes).
+//! Each test is a deployment of its own (`DAIV_SANDBOX_DEPLOYMENT`, shared by its two replicas):
+//! the reaper sweeps only its deployment, so these tests run beside any other.
 
 use std::future::Future;
 use std::process::{Command, Stdio};
@@ -15,19 +14,6 @@ use anyhow::{Result, bail};
 use e2e::redis::Redis;
 use e2e::{BUSYBOX, ControlPlane, inspect, require_image};
 use reqwest::Method;
-
-/// Held for a whole test: one reaper test at a time on this machine, whatever runs the tests
-/// (nextest gives each test a process of its own, so an in-process mutex would not do).
-fn alone() -> Result<std::fs::File> {
-    let path = std::env::temp_dir().join("daiv-sandbox-e2e-reaper.lock");
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(path)?;
-    file.lock()?;
-    Ok(file)
-}
 
 async fn eventually<T, F, Fut>(what: &str, within: Duration, mut check: F) -> Result<T>
 where
@@ -46,11 +32,22 @@ where
     }
 }
 
-/// Two replicas with the reaper on, sweeping every second.
-async fn replicas(redis: &Redis, extra: &[(&str, &str)]) -> Result<(ControlPlane, ControlPlane)> {
+/// This test's deployment name.
+fn deployment(test: &str) -> String {
+    format!("e2e-{}-{test}", std::process::id())
+}
+
+/// Two replicas of deployment `test` with the reaper on, sweeping every second.
+async fn replicas(
+    redis: &Redis,
+    test: &str,
+    extra: &[(&str, &str)],
+) -> Result<(ControlPlane, ControlPlane)> {
     let url = redis.url();
+    let deployment = deployment(test);
     let mut env = vec![
         ("REDIS_URL", url.as_str()),
+        ("DEPLOYMENT", deployment.as_str()),
         ("REAPER_ENABLED", "true"),
         ("REAPER_INTERVAL_SECONDS", "1"),
     ];
@@ -100,11 +97,11 @@ async fn stop(cp: &ControlPlane, id: &str) -> Result<()> {
 async fn reaper_removes_stopped_sessions_after_the_grace_period_one_replica_at_a_time() -> Result<()>
 {
     require_image(BUSYBOX);
-    let _alone = alone()?;
     let redis = Redis::start()?;
     let started = Instant::now();
     let (a, b) = replicas(
         &redis,
+        "grace",
         &[
             ("SESSION_GRACE_SECONDS", "3"),
             ("RUNNING_SESSION_MAX_IDLE_SECONDS", "0"),
@@ -138,10 +135,10 @@ async fn reaper_removes_stopped_sessions_after_the_grace_period_one_replica_at_a
 #[tokio::test]
 async fn reaper_keeps_at_most_max_stopped_sessions_oldest_first() -> Result<()> {
     require_image(BUSYBOX);
-    let _alone = alone()?;
     let redis = Redis::start()?;
     let (a, b) = replicas(
         &redis,
+        "cap",
         &[
             ("MAX_STOPPED_SESSIONS", "2"),
             ("RUNNING_SESSION_MAX_IDLE_SECONDS", "0"),
@@ -163,9 +160,8 @@ async fn reaper_keeps_at_most_max_stopped_sessions_oldest_first() -> Result<()> 
 #[tokio::test]
 async fn reaper_removes_idle_running_sessions_but_not_one_with_a_command_in_flight() -> Result<()> {
     require_image(BUSYBOX);
-    let _alone = alone()?;
     let redis = Redis::start()?;
-    let (a, b) = replicas(&redis, &[("RUNNING_SESSION_MAX_IDLE_SECONDS", "3")]).await?;
+    let (a, b) = replicas(&redis, "idle", &[("RUNNING_SESSION_MAX_IDLE_SECONDS", "3")]).await?;
     let idle = a.session_of(BUSYBOX).await?;
     let busy = a.session_of(BUSYBOX).await?;
 
@@ -222,6 +218,7 @@ fn docker(args: &[&str]) -> Result<String> {
 fn labels(role: &str, token: &str) -> Vec<String> {
     [
         "daiv.sandbox.managed=true".to_string(),
+        format!("daiv.sandbox.deployment={}", deployment("orphans")),
         format!("daiv.sandbox.role={role}"),
         format!("daiv.sandbox.egress={token}"),
         "daiv.test=1".to_string(),
@@ -273,7 +270,6 @@ fn network_exists(name: &str) -> bool {
 #[tokio::test]
 async fn reaper_removes_orphaned_egress_gateways_and_networks() -> Result<()> {
     require_image(BUSYBOX);
-    let _alone = alone()?;
     let redis = Redis::start()?;
     let pid = std::process::id();
     let orphan_token = format!("orphan{pid}");
@@ -282,6 +278,7 @@ async fn reaper_removes_orphaned_egress_gateways_and_networks() -> Result<()> {
     let live = triad(&live_token, true)?;
     let (a, b) = replicas(
         &redis,
+        "orphans",
         &[
             ("SESSION_GRACE_SECONDS", "2"),
             ("RUNNING_SESSION_MAX_IDLE_SECONDS", "0"),

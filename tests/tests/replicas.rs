@@ -33,9 +33,18 @@ fn lock_key(session: &str) -> String {
     format!("daiv-sandbox:session-lock:{session}")
 }
 
+/// Two replicas of one deployment (the harness gives each instance a deployment of its own).
 async fn replicas(redis: &Redis, extra: &[(&str, &str)]) -> Result<(ControlPlane, ControlPlane)> {
     let url = redis.url();
-    let mut env = vec![("REDIS_URL", url.as_str())];
+    let deployment = format!(
+        "e2e-{}-{}",
+        std::process::id(),
+        url.replace([':', '/', '.'], "")
+    );
+    let mut env = vec![
+        ("REDIS_URL", url.as_str()),
+        ("DEPLOYMENT", deployment.as_str()),
+    ];
     env.extend_from_slice(extra);
     let a = ControlPlane::start_with(&env).await?;
     let b = ControlPlane::start_with(&env).await?;
@@ -190,6 +199,24 @@ async fn replica_redis_outage_is_a_quick_503_and_heals() -> Result<()> {
     assert_eq!(a.sh(&s, "echo up").await?, (0, "up\n".to_string()));
     let path = format!("/session/{}/", s.id);
     let body = json!({"commands": ["echo hi"]});
+
+    // A Redis that accepts connections and never answers: bounded by timeouts, still a 503.
+    redis.freeze(true)?;
+    let t = Instant::now();
+    let (status, resp) = a.call(Method::POST, &path, Some(body.clone())).await?;
+    eprintln!("measured: 503 with Redis frozen after {:?}", t.elapsed());
+    assert_eq!(status, 503, "{resp}");
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    redis.freeze(false)?;
+    eventually(
+        "requests succeed after the freeze",
+        Duration::from_secs(20),
+        || async {
+            let (status, _) = a.call(Method::POST, &path, Some(body.clone())).await?;
+            Ok((status == 200).then_some(()))
+        },
+    )
+    .await?;
 
     redis.stop();
     for cp in [&a] {

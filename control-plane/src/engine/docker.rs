@@ -36,7 +36,7 @@ impl DockerEngine {
     /// Connects through `DOCKER_HOST` or the local socket, and negotiates the API version so an
     /// older daemon (20.10 speaks 1.41) accepts our requests.
     pub async fn connect() -> Result<Self, EngineError> {
-        let docker = Docker::connect_with_local_defaults()
+        let docker = Docker::connect_with_defaults()
             .map_err(|e| EngineError::Unavailable(e.to_string()))?
             .with_timeout(Duration::from_secs(API_TIMEOUT_SECS));
         let docker = docker

@@ -129,6 +129,47 @@ impl FakeEngine {
         self.with(|s| s.failing.push(prefix.to_string()));
     }
 
+    /// Plays the batch driver: each command through the responder, framed as the real driver
+    /// frames it, stopping after a failure with fail-fast or at a hanging command.
+    fn exec_batch(&self, id: &str, spec: &ExecSpec) -> Result<ExecStream, EngineError> {
+        let nonce = spec.cmd.get(4).cloned().unwrap_or_default();
+        let fail_fast = spec.cmd.get(5).map(String::as_str) == Some("1");
+        let mut chunks: Vec<Result<Bytes, EngineError>> = vec![Ok(Bytes::from_static(b"4242\n"))];
+        let mut hang = false;
+        for command in spec.cmd.iter().skip(6) {
+            self.check_up(format!("exec {id} {command}"))?;
+            let result = (self.responder)(command);
+            chunks.push(Ok(Bytes::from(format!("\x1e{nonce}:B\n"))));
+            chunks.extend(result.chunks.into_iter().map(|c| Ok(Bytes::from(c))));
+            if result.hang {
+                hang = true;
+                break;
+            }
+            chunks.push(Ok(Bytes::from(format!(
+                "\x1e{nonce}:E:{}\n",
+                result.exit_code
+            ))));
+            if fail_fast && result.exit_code != 0 {
+                break;
+            }
+        }
+        let exec_id = self.with(|s| {
+            let exec_id = format!("exec-{}", s.execs.len());
+            s.execs.insert(exec_id.clone(), 0);
+            exec_id
+        });
+        let head = futures::stream::iter(chunks);
+        let output = if hang {
+            let killed = self.killed.clone();
+            let until_killed = futures::stream::once(async move { killed.notified().await })
+                .filter_map(|()| async { None::<Result<Bytes, EngineError>> });
+            head.chain(until_killed).boxed()
+        } else {
+            head.boxed()
+        };
+        Ok(ExecStream { exec_id, output })
+    }
+
     pub fn set_down(&self, down: bool) {
         self.with(|s| s.engine_down = down);
     }
@@ -236,6 +277,9 @@ impl ContainerEngine for FakeEngine {
     }
 
     async fn exec(&self, id: &str, spec: &ExecSpec) -> Result<ExecStream, EngineError> {
+        if spec.cmd.get(2).map(String::as_str) == Some(crate::batch::DRIVER) {
+            return self.exec_batch(id, spec);
+        }
         let user_cmd = spec.cmd.last().cloned().unwrap_or_default();
         self.check_up(format!("exec {id} {user_cmd}"))?;
         let is_kill = spec.cmd.get(3).is_some_and(|a| a == "daiv-kill");

@@ -23,6 +23,8 @@ pub const ROLE_LABEL: &str = "daiv.sandbox.role";
 pub const ROLE_SANDBOX: &str = "sandbox";
 pub const ROLE_EGRESS_GATEWAY: &str = "egress-gateway";
 pub const ROLE_EGRESS_NETWORK: &str = "egress-network";
+/// The deployment (`DAIV_SANDBOX_DEPLOYMENT`) that created a container or network.
+pub const DEPLOYMENT_LABEL: &str = "daiv.sandbox.deployment";
 /// Base image the session was asked for (diagnostics and the reaper's logs).
 pub const IMAGE_LABEL: &str = "daiv.sandbox.image";
 /// Token shared by the three parts of an egress session (sandbox, gateway, internal network), so

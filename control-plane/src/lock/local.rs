@@ -124,7 +124,7 @@ mod tests {
         ));
         drop(held);
         let _again = locks.acquire("s", Duration::ZERO).await?;
-        assert!(locks.try_lead(Duration::from_secs(1)).await?);
+        assert!(locks.try_lead("default", Duration::from_secs(1)).await?);
         Ok(())
     }
 }

@@ -44,11 +44,12 @@ pub trait SessionLocks: Send + Sync + 'static {
     /// The lock of `session_id`, waiting at most `wait` (zero: one attempt only).
     async fn acquire(&self, session_id: &str, wait: Duration) -> Result<LockGuard, LockError>;
 
-    /// Claims the reaper's leadership for `term` without waiting: `Ok(true)` means this replica
-    /// sweeps now. The claim is not released after the sweep, so replicas whose ticks are out of
-    /// phase still sweep once per `term` between them. A single process always leads.
-    async fn try_lead(&self, term: Duration) -> Result<bool, LockError> {
-        let _ = term;
+    /// Claims the reaper's leadership of deployment `name` for `term` without waiting: `Ok(true)`
+    /// means this replica sweeps now. The claim is not released after the sweep, so replicas whose
+    /// ticks are out of phase still sweep once per `term` between them. A single process always
+    /// leads.
+    async fn try_lead(&self, name: &str, term: Duration) -> Result<bool, LockError> {
+        let _ = (name, term);
         Ok(true)
     }
 }

@@ -7,8 +7,10 @@
 //!   but only while the key still holds our token (Lua compare-and-expire): a lock that expired
 //!   and was taken by another replica is never stolen back;
 //! - on drop, the guard deletes the key only if it still holds our token (Lua compare-and-delete),
-//!   so a late release never frees somebody else's lock. A holder that dies without releasing
-//!   (process killed) stops refreshing, and the lock frees itself after its TTL.
+//!   so a late release never frees somebody else's lock; the release is retried while Redis does
+//!   not answer. An acquisition that failed mid-flight (timeout) releases its token the same way,
+//!   because a stalled Redis executes the buffered `SET` when it resumes. A holder that dies
+//!   without releasing (process killed) stops refreshing, and the lock frees itself after its TTL.
 //!
 //! Redis trouble fails fast: every call is bounded ([`CALL_TIMEOUT`], plus the connection's own
 //! connect and response timeouts), and any error is [`LockError::Unavailable`] (503), never a
@@ -35,9 +37,13 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 const RESPONSE_TIMEOUT: Duration = Duration::from_millis(1500);
 const POLL_MIN: Duration = Duration::from_millis(10);
 const POLL_MAX: Duration = Duration::from_millis(100);
+const YEAR_MS: u64 = 365 * 24 * 3600 * 1000;
+/// How long a release keeps retrying while Redis does not answer.
+const RELEASE_PATIENCE: Duration = Duration::from_secs(3600);
 
 const LOCK_PREFIX: &str = "daiv-sandbox:session-lock:";
-const LEADER_KEY: &str = "daiv-sandbox:reaper-leader";
+/// One leader per deployment: deployments sharing a Redis sweep independently.
+const LEADER_PREFIX: &str = "daiv-sandbox:reaper-leader:";
 
 /// Extends the TTL only while the key still holds our token.
 const REFRESH: &str = r#"
@@ -108,10 +114,11 @@ impl RedisLocks {
         Self { conn, ttl, refresh }
     }
 
+    /// Redis refuses expiries past its clock's range: a year is "forever" for a lock.
     fn ttl_ms(&self) -> u64 {
         u64::try_from(self.ttl.as_millis())
             .unwrap_or(u64::MAX)
-            .max(1)
+            .clamp(1, YEAR_MS)
     }
 
     /// One `SET NX PX` attempt.
@@ -143,8 +150,20 @@ impl SessionLocks for RedisLocks {
         let deadline = Instant::now() + wait;
         let mut pause = POLL_MIN;
         loop {
-            if self.try_set(&key, &token, self.ttl_ms()).await? {
-                break;
+            match self.try_set(&key, &token, self.ttl_ms()).await {
+                Ok(true) => break,
+                Ok(false) => {}
+                Err(e) => {
+                    // The SET may still reach Redis later (a stalled server executes what it had
+                    // buffered once it resumes) and would then hold the lock for a whole TTL
+                    // with nobody to release it: take it back as soon as Redis answers again.
+                    tokio::spawn(release_until_answered(Arc::new(Held {
+                        conn: self.conn.clone(),
+                        key,
+                        token,
+                    })));
+                    return Err(e);
+                }
             }
             let now = Instant::now();
             if now >= deadline {
@@ -165,9 +184,12 @@ impl SessionLocks for RedisLocks {
         }))
     }
 
-    async fn try_lead(&self, term: Duration) -> Result<bool, LockError> {
-        let term_ms = u64::try_from(term.as_millis()).unwrap_or(u64::MAX).max(1);
-        self.try_set(LEADER_KEY, &new_token(), term_ms).await
+    async fn try_lead(&self, name: &str, term: Duration) -> Result<bool, LockError> {
+        let term_ms = u64::try_from(term.as_millis())
+            .unwrap_or(u64::MAX)
+            .clamp(1, YEAR_MS);
+        self.try_set(&format!("{LEADER_PREFIX}{name}"), &new_token(), term_ms)
+            .await
     }
 }
 
@@ -207,6 +229,34 @@ async fn refresh_loop(held: Arc<Held>, every: Duration, ttl_ms: u64) {
     }
 }
 
+/// Deletes the lock if it holds our token, retrying while Redis does not answer: a lock left
+/// behind would block its session for a whole TTL. Done once the key is deleted, or once Redis
+/// has twice answered that it is not ours, a second apart (by then anything sent before on another
+/// connection has been executed too). Gives up after [`RELEASE_PATIENCE`]; the TTL then applies.
+async fn release_until_answered(held: Arc<Held>) {
+    let started = Instant::now();
+    let mut answered = 0;
+    let mut warned = false;
+    while started.elapsed() < RELEASE_PATIENCE {
+        match held.run(RELEASE, None).await {
+            Ok(1) => return,
+            Ok(_) => {
+                answered += 1;
+                if answered >= 2 {
+                    return;
+                }
+            }
+            Err(e) if !warned => {
+                tracing::warn!(key = %held.key, error = %e, "session lock release failed; retrying");
+                warned = true;
+            }
+            Err(_) => {}
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    tracing::warn!(key = %held.key, "session lock not released; it expires after its TTL");
+}
+
 struct RedisGuard {
     held: Option<Arc<Held>>,
     refresher: JoinHandle<()>,
@@ -221,11 +271,7 @@ impl Drop for RedisGuard {
         // Drop cannot await: release in the background. Without a runtime (shutdown) the lock
         // simply expires after its TTL.
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move {
-                if let Err(e) = held.run(RELEASE, None).await {
-                    tracing::warn!(key = %held.key, error = %e, "session lock release failed; it expires after its TTL");
-                }
-            });
+            rt.spawn(release_until_answered(held));
         }
     }
 }

@@ -8,7 +8,7 @@ use axum::extract::{Path, State};
 use crate::AppState;
 use crate::api::{ApiJson, ErrorBody};
 use crate::error::ApiError;
-use crate::workspace::fs::{Fs, respond};
+use crate::workspace::fs::{Fs, OpError, respond};
 use crate::workspace::wire::*;
 
 /// Holds the session lock and makes sure the session runs (one inspect) before the op.
@@ -32,7 +32,18 @@ macro_rules! fs_handler {
                 config: &state.config,
                 id: &id,
             };
+            let started = std::time::Instant::now();
             let r = fs.$op(&req).await;
+            let code = match &r {
+                Ok(_) => "ok".to_string(),
+                Err(OpError::Fs(e)) => e.code.label(),
+                Err(OpError::Api(_)) => "api_error".to_string(),
+            };
+            state
+                .metrics
+                .fs_ops
+                .with(&[stringify!($op), &code])
+                .observe(started.elapsed());
             Ok(Json(respond(r, |v: &mut $resp, e| v.error = Some(e))?))
         }
     };

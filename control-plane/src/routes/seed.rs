@@ -27,7 +27,19 @@ pub async fn seed(
     let _held = state.lock(&id).await?;
     state.sessions.ensure_running(&id).await?;
     let multipart = multipart.map_err(|r| ApiError::Unprocessable(r.body_text()))?;
-    let outcome = seed::seed(state.sessions.engine(), &state.config, &id, multipart).await?;
+    let started = std::time::Instant::now();
+    let outcome = seed::seed(state.sessions.engine(), &state.config, &id, multipart).await;
+    let label = match &outcome {
+        Ok(_) => "ok".to_string(),
+        Err(e) => e.status().as_u16().to_string(),
+    };
+    state
+        .metrics
+        .seeds
+        .with(&[&label])
+        .observe(started.elapsed());
+    let outcome = outcome?;
+    state.metrics.seed_bytes.add(outcome.bytes);
     let mut resp = StatusCode::NO_CONTENT.into_response();
     resp.headers_mut().insert(
         HeaderName::from_static(SKIPPED_HEADER),

@@ -21,6 +21,7 @@ pub async fn create(
     ApiJson(req): ApiJson<StartSessionRequest>,
 ) -> Result<Json<StartSessionResponse>, ApiError> {
     let session_id = state.sessions.create(&req).await?;
+    state.metrics.sessions_created.inc();
     Ok(Json(StartSessionResponse { session_id }))
 }
 
@@ -36,7 +37,12 @@ pub async fn run(
     ApiJson(req): ApiJson<RunRequest>,
 ) -> Result<Json<RunResponse>, ApiError> {
     let _held = state.lock(&id).await?;
-    Ok(Json(state.sessions.run(&id, &req).await?))
+    let started = std::time::Instant::now();
+    let ran = state.sessions.run(&id, &req).await;
+    state.metrics.command_batches.observe(started.elapsed());
+    let ran = ran?;
+    state.metrics.commands.add(ran.results.len() as u64);
+    Ok(Json(ran))
 }
 
 /// 204 when the session exists (restarting it if stopped), else 404.
@@ -65,5 +71,7 @@ pub async fn close(
 ) -> Result<StatusCode, ApiError> {
     let _held = state.lock(&id).await?;
     state.sessions.close(&id, q.force).await?;
+    let mode = if q.force { "remove" } else { "stop" };
+    state.metrics.sessions_closed.with(&[mode]).inc();
     Ok(StatusCode::NO_CONTENT)
 }

@@ -44,6 +44,8 @@ const FIELDS: &[(&str, &str)] = &[("repo_archive", "repo"), ("skills_archive", "
 pub struct SeedOutcome {
     pub members: u64,
     pub skipped: u64,
+    /// Decompressed bytes written (the metrics' seed volume).
+    pub bytes: u64,
 }
 
 /// Seeds the session from the request's archives. The caller holds the session lock and has
@@ -103,6 +105,7 @@ pub async fn seed(
             "at least one of repo_archive or skills_archive is required".to_string(),
         ));
     }
+    outcome.bytes = budget.bytes_used;
     if let Err(e) = write_marker(engine, id).await {
         cleanup(engine, id, &user, &written).await;
         return Err(e);

@@ -24,6 +24,16 @@ pub enum FsErrorCode {
     InvalidPattern,
 }
 
+impl FsErrorCode {
+    /// The wire spelling (`not_found`, ...), e.g. as a metrics label.
+    pub fn label(self) -> String {
+        serde_json::to_value(self)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_else(|| format!("{self:?}"))
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct FsError {
     pub code: FsErrorCode,

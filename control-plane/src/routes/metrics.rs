@@ -1,0 +1,37 @@
+//! `GET /metrics`: Prometheus text format. Needs the API key unless
+//! `DAIV_SANDBOX_METRICS_PUBLIC=true` (for scrapers that cannot send headers; then keep the
+//! port off the internet: the numbers reveal load, not secrets).
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+
+use crate::AppState;
+use crate::engine::{ContainerStatus, ROLE_LABEL, ROLE_SANDBOX};
+use crate::telemetry::metrics::SessionGauge;
+
+pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    // One engine list per scrape: the live count across every replica and restart, which no
+    // in-process counter could know. Left out of the page when the engine does not answer.
+    let sessions = state
+        .sessions
+        .engine()
+        .list(&[(ROLE_LABEL, ROLE_SANDBOX)])
+        .await
+        .ok()
+        .map(|list| {
+            let running = list.iter().filter(|c| c.is_running()).count() as u64;
+            let stopped = list
+                .iter()
+                .filter(|c| matches!(c.status, ContainerStatus::Exited | ContainerStatus::Created))
+                .count() as u64;
+            SessionGauge { running, stopped }
+        });
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        state.metrics.render(sessions),
+    )
+}

@@ -1,0 +1,152 @@
+//! [`MeteredEngine`]: counts and times every container-engine call, and its errors by kind.
+//!
+//! A wrapper at the engine seam rather than counters inside the Docker implementation: every
+//! call is covered once, whatever backend sits behind the trait, and the round trips per API
+//! operation (DESIGN.md asks us to count them) show up as `engine_call_duration_seconds_count`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::stream::BoxStream;
+
+use super::metrics::Metrics;
+use crate::engine::{
+    ContainerEngine, ContainerInfo, ContainerSpec, EngineError, ExecSpec, ExecStream, NetworkInfo,
+    NetworkSpec,
+};
+
+pub struct MeteredEngine {
+    inner: Arc<dyn ContainerEngine>,
+    metrics: Arc<Metrics>,
+}
+
+impl MeteredEngine {
+    pub fn new(inner: Arc<dyn ContainerEngine>, metrics: Arc<Metrics>) -> Self {
+        Self { inner, metrics }
+    }
+
+    fn record<T>(
+        &self,
+        op: &str,
+        started: Instant,
+        r: Result<T, EngineError>,
+    ) -> Result<T, EngineError> {
+        self.metrics
+            .engine_calls
+            .with(&[op])
+            .observe(started.elapsed());
+        if let Err(e) = &r {
+            self.metrics.engine_errors.with(&[op, kind(e)]).inc();
+        }
+        r
+    }
+}
+
+/// A stable label for an error kind (never its message, which carries ids and paths).
+pub fn kind(e: &EngineError) -> &'static str {
+    match e {
+        EngineError::NotFound => "not_found",
+        EngineError::Conflict(_) => "conflict",
+        EngineError::ImageUnavailable { .. } => "image_unavailable",
+        EngineError::Rejected(_) => "rejected",
+        EngineError::Unavailable(_) => "unavailable",
+    }
+}
+
+macro_rules! metered {
+    ($self:ident, $op:literal, $call:expr) => {{
+        let started = Instant::now();
+        let r = $call.await;
+        $self.record($op, started, r)
+    }};
+}
+
+#[async_trait::async_trait]
+impl ContainerEngine for MeteredEngine {
+    async fn ping(&self) -> Result<(), EngineError> {
+        metered!(self, "ping", self.inner.ping())
+    }
+    async fn ensure_image(&self, image: &str) -> Result<(), EngineError> {
+        metered!(self, "ensure_image", self.inner.ensure_image(image))
+    }
+    async fn create(&self, spec: &ContainerSpec) -> Result<String, EngineError> {
+        metered!(self, "create", self.inner.create(spec))
+    }
+    async fn start(&self, id: &str) -> Result<(), EngineError> {
+        metered!(self, "start", self.inner.start(id))
+    }
+    async fn inspect(&self, id: &str) -> Result<ContainerInfo, EngineError> {
+        metered!(self, "inspect", self.inner.inspect(id))
+    }
+    async fn stop(&self, id: &str, grace: Duration) -> Result<(), EngineError> {
+        metered!(self, "stop", self.inner.stop(id, grace))
+    }
+    async fn remove(&self, id: &str) -> Result<(), EngineError> {
+        metered!(self, "remove", self.inner.remove(id))
+    }
+    async fn exec(&self, id: &str, spec: &ExecSpec) -> Result<ExecStream, EngineError> {
+        metered!(self, "exec", self.inner.exec(id, spec))
+    }
+    async fn exec_exit_code(&self, exec_id: &str) -> Result<Option<i64>, EngineError> {
+        metered!(self, "exec_inspect", self.inner.exec_exit_code(exec_id))
+    }
+    async fn put_archive(
+        &self,
+        id: &str,
+        path: &str,
+        tar: BoxStream<'static, Result<Bytes, std::io::Error>>,
+    ) -> Result<(), EngineError> {
+        metered!(self, "put_archive", self.inner.put_archive(id, path, tar))
+    }
+    async fn get_archive(
+        &self,
+        id: &str,
+        path: &str,
+    ) -> Result<BoxStream<'static, Result<Bytes, EngineError>>, EngineError> {
+        metered!(self, "get_archive", self.inner.get_archive(id, path))
+    }
+    async fn wait_for_log(
+        &self,
+        id: &str,
+        needle: &str,
+        timeout: Duration,
+    ) -> Result<(), EngineError> {
+        metered!(
+            self,
+            "wait_for_log",
+            self.inner.wait_for_log(id, needle, timeout)
+        )
+    }
+    async fn list(&self, labels: &[(&str, &str)]) -> Result<Vec<ContainerInfo>, EngineError> {
+        metered!(self, "list", self.inner.list(labels))
+    }
+    async fn create_network(&self, spec: &NetworkSpec) -> Result<String, EngineError> {
+        metered!(self, "create_network", self.inner.create_network(spec))
+    }
+    async fn remove_network(&self, id_or_name: &str) -> Result<(), EngineError> {
+        metered!(
+            self,
+            "remove_network",
+            self.inner.remove_network(id_or_name)
+        )
+    }
+    async fn connect_network(
+        &self,
+        network: &str,
+        container: &str,
+        ip: Option<std::net::IpAddr>,
+    ) -> Result<(), EngineError> {
+        metered!(
+            self,
+            "connect_network",
+            self.inner.connect_network(network, container, ip)
+        )
+    }
+    async fn list_networks(
+        &self,
+        labels: &[(&str, &str)],
+    ) -> Result<Vec<NetworkInfo>, EngineError> {
+        metered!(self, "list_networks", self.inner.list_networks(labels))
+    }
+}

@@ -1,0 +1,93 @@
+//! The per-request middleware: one log line, the HTTP metrics, a Sentry scope per request, and
+//! panics turned into a 500 with the API's error shape.
+
+use std::any::Any;
+use std::time::Instant;
+
+use axum::Json;
+use axum::extract::{MatchedPath, RawPathParams, Request, State};
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use sentry::SentryFutureExt;
+use tracing::Instrument;
+
+use crate::AppState;
+use crate::api::ErrorBody;
+
+/// Target of the log line written when a handler panics. The panic itself is reported to Sentry
+/// by the panic hook; the error layer skips this target so one panic is one event.
+pub const PANIC_TARGET: &str = "daiv_sandbox::panic";
+
+/// Logs one line per request: method, route template (never the raw URI), status, duration
+/// and session id. Headers, query strings and bodies are never logged: they carry the API key,
+/// egress secrets and file contents.
+pub async fn observe(
+    State(state): State<AppState>,
+    matched: Option<MatchedPath>,
+    params: Result<RawPathParams, axum::extract::rejection::RawPathParamsRejection>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let method = req.method().clone();
+    let route = matched
+        .as_ref()
+        .map(|m| m.as_str().to_string())
+        .unwrap_or_else(|| "unmatched".to_string());
+    let session_id = params.ok().and_then(|p| {
+        p.iter()
+            .find(|(k, _)| *k == "session_id")
+            .map(|(_, v)| v.to_string())
+    });
+    let span = tracing::info_span!(
+        "request",
+        method = %method,
+        route = %route,
+        session_id = session_id.as_deref().unwrap_or("")
+    );
+    let started = Instant::now();
+    let response = if sentry::Hub::current().client().is_some() {
+        // A hub per request: tags set here stay on this request's events only.
+        let hub = std::sync::Arc::new(sentry::Hub::new_from_top(sentry::Hub::main()));
+        hub.configure_scope(|scope| {
+            scope.set_tag("http.method", method.as_str());
+            scope.set_tag("route", &route);
+            scope.set_transaction(Some(&format!("{method} {route}")));
+            if let Some(id) = &session_id {
+                scope.set_tag("session_id", id);
+            }
+        });
+        next.run(req).instrument(span).bind_hub(hub).await
+    } else {
+        next.run(req).instrument(span).await
+    };
+    let elapsed = started.elapsed();
+    let status = response.status().as_u16();
+    state
+        .metrics
+        .http_requests
+        .with(&[method.as_str(), &route, &status.to_string()])
+        .observe(elapsed);
+    tracing::info!(
+        method = %method,
+        route = %route,
+        status,
+        elapsed_ms = elapsed.as_secs_f64() * 1e3,
+        session_id = session_id.as_deref().unwrap_or(""),
+        "request"
+    );
+    response
+}
+
+/// Turns a panic in a handler into a 500 `{"detail": ...}` instead of a dropped connection.
+pub fn panic_response(_panic: Box<dyn Any + Send + 'static>) -> Response {
+    // The payload is not logged: it may quote whatever the handler was holding.
+    tracing::error!(target: PANIC_TARGET, "request handler panicked");
+    (
+        StatusCode::INTERNAL_SERVER_ERROR,
+        Json(ErrorBody {
+            detail: "Internal server error".to_string(),
+        }),
+    )
+        .into_response()
+}

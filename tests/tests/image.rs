@@ -1,0 +1,179 @@
+//! The control-plane image, started the way the README says (`docker run` with the Docker
+//! socket mounted), creates, drives and closes a session.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use e2e::{BUSYBOX, require_image};
+use serde_json::{Value, json};
+
+const IMAGE: &str = "daiv-sandbox:local";
+
+/// The service's container; removed on drop, pass or fail.
+struct Service {
+    name: String,
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        if let Ok(o) = Command::new("docker")
+            .args(["logs", "--tail", "40", &self.name])
+            .output()
+        {
+            eprintln!(
+                "--- {} logs:\n{}{}",
+                self.name,
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        let _ = Command::new("docker")
+            .args(["rm", "-fv", &self.name])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+fn docker(args: &[&str]) -> Result<String> {
+    let out = Command::new("docker").args(args).output()?;
+    if !out.status.success() {
+        bail!("docker {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+#[tokio::test]
+async fn the_image_serves_a_session_end_to_end() -> Result<()> {
+    require_image(BUSYBOX);
+    assert!(
+        docker(&["image", "inspect", IMAGE]).is_ok(),
+        "image {IMAGE} missing: run `images/control-plane/build-local.sh` (make images)"
+    );
+    let port = free_port()?;
+    let name = format!("daiv-sandbox-e2e-image-{}-{port}", std::process::id());
+    let key = format!("image-key-{port}");
+    let publish = format!("127.0.0.1:{port}:8000");
+    let api_key = format!("DAIV_SANDBOX_API_KEY={key}");
+    // The README's line, plus the socket, a loopback-only port and no pull.
+    docker(&[
+        "run",
+        "--rm",
+        "-d",
+        "--pull",
+        "never",
+        "--name",
+        &name,
+        "-p",
+        &publish,
+        "-e",
+        &api_key,
+        "-v",
+        "/var/run/docker.sock:/var/run/docker.sock",
+        IMAGE,
+    ])?;
+    let _service = Service { name: name.clone() };
+
+    let config: Value = serde_json::from_str(&docker(&[
+        "inspect",
+        "--format",
+        "{{json .Config}}",
+        &name,
+    ])?)?;
+    let user = config["User"].as_str().unwrap_or_default();
+    assert!(
+        !user.is_empty() && !user.starts_with("0") && !user.starts_with("root"),
+        "runs as root: {user:?}"
+    );
+    assert_eq!(
+        config["Healthcheck"]["Test"][1], "/daiv-sandbox",
+        "{config}"
+    );
+
+    let base = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(r) = http.get(format!("{base}/-/health/")).send().await
+            && r.status().is_success()
+        {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("the image never became healthy");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The HEALTHCHECK command itself, as Docker runs it.
+    let probe = Command::new("docker")
+        .args(["exec", &name, "/daiv-sandbox", "healthcheck"])
+        .status()?;
+    assert!(probe.success(), "healthcheck subcommand failed");
+
+    let api = format!("{base}/api/v1");
+    let created: Value = http
+        .post(format!("{api}/session/"))
+        .header("X-API-Key", &key)
+        .json(&json!({"base_image": BUSYBOX}))
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?;
+    let id = created["session_id"]
+        .as_str()
+        .context("no session_id")?
+        .to_string();
+    let _session = e2e::Session { id: id.clone() };
+    let ran: Value = http
+        .post(format!("{api}/session/{id}/"))
+        .header("X-API-Key", &key)
+        .json(&json!({"commands": ["echo from-the-image && id -u"]}))
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?;
+    assert_eq!(ran["results"][0]["exit_code"], 0, "{ran}");
+    assert_eq!(
+        ran["results"][0]["output"], "from-the-image\n1000\n",
+        "{ran}"
+    );
+    let closed = http
+        .delete(format!("{api}/session/{id}/?force=true"))
+        .header("X-API-Key", &key)
+        .send()
+        .await?;
+    assert_eq!(closed.status(), 204);
+    assert!(e2e::inspect(&id).is_none(), "session container left behind");
+    Ok(())
+}
+
+/// `integration/compose.yaml` (control plane + Redis + the gateway image) comes up, passes its
+/// health checks and serves a plain and an egress session; the script tears it down either way.
+#[tokio::test]
+async fn the_compose_stack_comes_up_and_serves_a_session() -> Result<()> {
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../integration/compose/smoke.sh");
+    let out = tokio::process::Command::new(&script)
+        .output()
+        .await
+        .with_context(|| format!("run {}", script.display()))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "smoke failed:\n{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("smoke: compose stack OK"),
+        "{stdout}\n{stderr}"
+    );
+    Ok(())
+}

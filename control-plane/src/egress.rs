@@ -136,6 +136,7 @@ impl Egress {
     /// sandbox. On error, `created` says what to tear down.
     pub async fn prepare(
         &self,
+        token: &str,
         policy: &PolicyFile,
         created: &mut Created,
     ) -> Result<SandboxPlan, ApiError> {
@@ -149,7 +150,7 @@ impl Egress {
                     c.egress_proxy_image
                 ))
             })?;
-        let token = random_token();
+        let token = token.to_string();
         let (network, subnet) = self.create_network(&token).await?;
         created.network = Some(network.clone());
         let base = u32::from(subnet.network());
@@ -500,7 +501,8 @@ fn config_tar(files: &[(&str, Bytes, u32)], with_dir: bool) -> Bytes {
     Bytes::from(builder.into_inner().unwrap_or_default())
 }
 
-fn random_token() -> String {
+/// A fresh token for an egress session's parts.
+pub fn random_token() -> String {
     format!("{:016x}", rand::random::<u64>())
 }
 

@@ -76,7 +76,12 @@ impl Sessions {
     }
 
     /// Creates and starts an isolated session; nothing is left behind when any step fails.
-    pub async fn create(&self, req: &StartSessionRequest) -> Result<String, ApiError> {
+    /// `egress_token` names the egress triad's parts (unused for an isolated session).
+    pub async fn create(
+        &self,
+        req: &StartSessionRequest,
+        egress_token: &str,
+    ) -> Result<String, ApiError> {
         validate_start(req)?;
         let Some(egress_body) = &req.egress else {
             self.engine.ensure_image(&req.base_image).await?;
@@ -95,7 +100,7 @@ impl Sessions {
         let mut created = Created::default();
         let mut sandbox = None;
         let result = async {
-            let plan = egress.prepare(&policy, &mut created).await?;
+            let plan = egress.prepare(egress_token, &policy, &mut created).await?;
             let triad = plan.triad.clone();
             let spec = self.sandbox_spec(req, Some(&plan));
             let sandbox_up = async {

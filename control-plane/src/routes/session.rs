@@ -20,7 +20,14 @@ pub async fn create(
     State(state): State<AppState>,
     ApiJson(req): ApiJson<StartSessionRequest>,
 ) -> Result<Json<StartSessionResponse>, ApiError> {
-    let session_id = state.sessions.create(&req).await?;
+    // An egress session's parts exist before its sandbox does; holding the token's lock while
+    // they are built keeps the reaper from taking them for orphans.
+    let token = crate::egress::random_token();
+    let _building = match req.egress {
+        Some(_) => Some(state.lock(&crate::reaper::egress_lock_key(&token)).await?),
+        None => None,
+    };
+    let session_id = state.sessions.create(&req, &token).await?;
     state.metrics.sessions_created.inc();
     Ok(Json(StartSessionResponse { session_id }))
 }

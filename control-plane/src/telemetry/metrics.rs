@@ -356,9 +356,6 @@ mod tests {
             text.contains("daiv_sandbox_engine_errors_total{op=\"inspect\",kind=\"a\\\"b\"} 1\n")
         );
         assert!(text.contains("daiv_sandbox_sessions{state=\"running\"} 2\n"));
-        assert!(
-            text.contains("daiv_sandbox_lock")
-                || text.contains("daiv_sandbox_session_lock_wait_seconds_count 0\n")
-        );
+        assert!(text.contains("daiv_sandbox_session_lock_wait_seconds_count 0\n"));
     }
 }

@@ -7,7 +7,7 @@ CARGO ?= cargo
 DEV_DIR := .dev
 PORT ?= 8000
 
-.PHONY: help fmt lint build images docker gvisor redis run test test-unit test-e2e check-leaks clean-docker
+.PHONY: help fmt lint build images compose-smoke docker gvisor redis run test test-unit test-e2e check-leaks clean-docker
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -31,9 +31,14 @@ gvisor: docker ## Register gVisor (runsc) with Docker and check it works
 redis: ## Install redis-server (tests start their own on free loopback ports)
 	@scripts/ensure-redis.sh >/dev/null
 
-images: docker ## Build the local images (no registry needed): sandboxes and the egress gateway
+images: docker ## Build the local images (no registry needed): sandboxes, gateway, service, Redis
 	@images/sandbox/build.sh
 	@images/egress-gateway/build-local.sh
+	@images/control-plane/build-local.sh
+	@integration/compose/build-redis-image.sh
+
+compose-smoke: images ## Bring up integration/compose.yaml, check health and a session end to end, tear it down
+	@integration/compose/smoke.sh
 
 run: docker images ## Build and start the service on 127.0.0.1:$(PORT) with a dev API key
 	@mkdir -p $(DEV_DIR) && chmod 700 $(DEV_DIR)

@@ -72,18 +72,23 @@ done
 [ "$(docker inspect -f '{{.State.Health.Status}}' "$container")" = healthy ] || fail "HEALTHCHECK never passed"
 
 call() { curl -sS -H "X-API-Key: $key" -H 'Content-Type: application/json' "$@"; }
-session_id() { python3 -c 'import json,sys; print(json.load(sys.stdin)["session_id"])'; }
+# The new session's id, or a failure that shows the service's answer.
+create() {
+    local body
+    body="$(call -X POST -d "$1" "$api/session/")"
+    python3 -c 'import json,sys; print(json.loads(sys.argv[1])["session_id"])' "$body" 2>/dev/null \
+        || fail "session not created: $body"
+}
 
-sid="$(call -X POST -d '{"base_image": "daiv-sandbox-busybox:local"}' "$api/session/" | session_id)" \
-    || fail "session not created"
+sid="$(create '{"base_image": "daiv-sandbox-busybox:local"}')"
 sessions+=("$sid")
 out="$(call -X POST -d '{"commands": ["echo compose-ok"]}' "$api/session/$sid/")"
 echo "$out" | grep -q '"output":"compose-ok\\n"' || fail "command output: $out"
 code="$(call -o /dev/null -w '%{http_code}' -X DELETE "$api/session/$sid/?force=true")"
 [ "$code" = 204 ] || fail "close: $code"
 
-egress='{"base_image": "daiv-sandbox-busybox:local", "egress": {"policy": {"default": "deny", "rules": []}}}'
-eid="$(call -X POST -d "$egress" "$api/session/" | session_id)" || fail "egress session not created"
+egress='{"base_image": "daiv-sandbox-busybox:local", "egress": {"policy": {"default": "deny", "rules": [{"host": "api.upstream.test", "methods": ["GET"]}]}}}'
+eid="$(create "$egress")"
 sessions+=("$eid")
 code="$(call -o /dev/null -w '%{http_code}' -X DELETE "$api/session/$eid/?force=true")"
 [ "$code" = 204 ] || fail "egress close: $code"

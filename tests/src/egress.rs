@@ -101,14 +101,32 @@ impl Upstream {
     pub fn start(image: &str) -> Result<Self> {
         let tag = format!("{:x}", rand_u64());
         let network = format!("daiv-e2e-upstream-{tag}");
-        docker(&["network", "create", "--label", "daiv.e2e=1", &network])?;
-        let subnet = docker(&[
-            "network",
-            "inspect",
-            "-f",
-            "{{(index .IPAM.Config 0).Subnet}}",
-            &network,
-        ])?;
+        // A subnet of our own, in the benchmarking range (198.18.0.0/15): Docker's default pools
+        // run out when many tests create networks at once.
+        let mut subnet = String::new();
+        for attempt in 0..16u64 {
+            let n = (rand_u64().wrapping_add(attempt)) % 512;
+            let candidate = format!("198.{}.{}.0/24", 18 + n / 256, n % 256);
+            match docker(&[
+                "network",
+                "create",
+                "--label",
+                "daiv.e2e=1",
+                "--subnet",
+                &candidate,
+                &network,
+            ]) {
+                Ok(_) => {
+                    subnet = candidate;
+                    break;
+                }
+                Err(e) if e.to_string().contains("overlap") => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        if subnet.is_empty() {
+            bail!("no free test subnet in 198.18.0.0/15");
+        }
         let upstream_ca = TestCa::new("daiv e2e upstream CA")?;
         let (cert, key) = upstream_ca.leaf(UPSTREAM_NAMES)?;
         let dir = std::env::temp_dir().join(format!("daiv-e2e-upstream-{tag}"));

@@ -274,11 +274,39 @@ pub struct Session {
 
 impl Drop for Session {
     fn drop(&mut self) {
-        let _ = Command::new("docker")
-            .args(["rm", "-fv", &self.id])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
+        // An egress session has a gateway and a network too: remove every part by its token.
+        let token = inspect(&self.id).and_then(|c| {
+            c["Config"]["Labels"]["daiv.sandbox.egress"]
+                .as_str()
+                .map(String::from)
+        });
+        let quiet = |args: &[&str]| {
+            let _ = Command::new("docker")
+                .args(args)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        };
+        quiet(&["rm", "-fv", &self.id]);
+        if let Some(token) = token {
+            let filter = format!("label=daiv.sandbox.egress={token}");
+            for kind in [&["ps", "-aq"][..], &["network", "ls", "-q"][..]] {
+                let out = Command::new("docker")
+                    .args(kind)
+                    .args(["--filter", &filter])
+                    .output();
+                let ids = out
+                    .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                    .unwrap_or_default();
+                for id in ids.split_whitespace() {
+                    if kind[0] == "ps" {
+                        quiet(&["rm", "-fv", id]);
+                    } else {
+                        quiet(&["network", "rm", id]);
+                    }
+                }
+            }
+        }
     }
 }
 

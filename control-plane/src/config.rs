@@ -636,6 +636,20 @@ pub fn load(src: &dyn Source) -> Result<Config, ConfigError> {
     })
 }
 
+/// A configuration from `DAIV_SANDBOX_*` pairs (names without the prefix) over an API key, for
+/// in-process tests; panics on an invalid test setup.
+#[cfg(any(test, feature = "test-util"))]
+pub fn for_tests(api_key: &str, extra: &[(&str, &str)]) -> std::sync::Arc<Config> {
+    let mut env: HashMap<String, String> = HashMap::from([("API_KEY".into(), api_key.into())]);
+    for (k, v) in extra {
+        env.insert(k.to_string(), v.to_string());
+    }
+    match load(&env) {
+        Ok(c) => std::sync::Arc::new(c),
+        Err(e) => panic!("test config invalid: {e}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

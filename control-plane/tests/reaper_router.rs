@@ -36,19 +36,13 @@ fn rfc3339(secs: u64) -> String {
 }
 
 fn config(extra: &[(&str, &str)]) -> Arc<Config> {
-    let mut env: HashMap<String, String> = HashMap::from([
-        ("API_KEY".into(), "k".into()),
-        ("SESSION_GRACE_SECONDS".into(), "100".into()),
-        ("MAX_STOPPED_SESSIONS".into(), "10".into()),
-        ("RUNNING_SESSION_MAX_IDLE_SECONDS".into(), "300".into()),
-    ]);
-    for (k, v) in extra {
-        env.insert(k.to_string(), v.to_string());
-    }
-    match config::load(&env) {
-        Ok(c) => Arc::new(c),
-        Err(e) => panic!("test config invalid: {e}"),
-    }
+    let mut settings = vec![
+        ("SESSION_GRACE_SECONDS", "100"),
+        ("MAX_STOPPED_SESSIONS", "10"),
+        ("RUNNING_SESSION_MAX_IDLE_SECONDS", "300"),
+    ];
+    settings.extend_from_slice(extra);
+    config::for_tests("k", &settings)
 }
 
 struct World {

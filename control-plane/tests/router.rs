@@ -1,7 +1,6 @@
 //! In-process tests of the HTTP surface against the fake engine: routing, auth, status codes,
 //! JSON shapes and the session logic's decisions. Real Docker is exercised by the `e2e` crate.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,14 +18,7 @@ use tower::ServiceExt;
 const KEY: &str = "test-key";
 
 fn config(extra: &[(&str, &str)]) -> Arc<Config> {
-    let mut env: HashMap<String, String> = HashMap::from([("API_KEY".into(), KEY.into())]);
-    for (k, v) in extra {
-        env.insert(k.to_string(), v.to_string());
-    }
-    match config::load(&env) {
-        Ok(c) => Arc::new(c),
-        Err(e) => panic!("test config invalid: {e}"),
-    }
+    config::for_tests(KEY, extra)
 }
 
 struct Harness {

@@ -2,7 +2,6 @@
 //! codes, the one-shot marker, the skipped-members header, lexical path validation and the lock.
 //! What the scripts do in a real container is tested end to end in the `e2e` crate.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,14 +19,7 @@ const KEY: &str = "test-key";
 const BOUNDARY: &str = "XyZboundary";
 
 fn config(extra: &[(&str, &str)]) -> Arc<Config> {
-    let mut env: HashMap<String, String> = HashMap::from([("API_KEY".into(), KEY.into())]);
-    for (k, v) in extra {
-        env.insert(k.to_string(), v.to_string());
-    }
-    match config::load(&env) {
-        Ok(c) => Arc::new(c),
-        Err(e) => panic!("test config invalid: {e}"),
-    }
+    config::for_tests(KEY, extra)
 }
 
 struct Harness {

@@ -64,6 +64,15 @@ impl TestCa {
         })
     }
 
+    /// A server certificate and its key (both PEM) for `names`, for servers that read files.
+    pub fn leaf_pem(&self, names: &[&str]) -> anyhow::Result<(String, String)> {
+        let key = KeyPair::generate()?;
+        let params =
+            CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())?;
+        let cert = params.signed_by(&key, &self.issuer)?;
+        Ok((cert.pem(), key.serialize_pem()))
+    }
+
     /// A TLS server config for `names` (DNS names or IP literals), ALPN h2 + http/1.1.
     pub fn server_config(&self, names: &[&str]) -> anyhow::Result<rustls::ServerConfig> {
         let key = KeyPair::generate()?;

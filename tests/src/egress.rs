@@ -5,45 +5,10 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 use anyhow::{Context, Result, bail};
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
 use serde_json::Value;
 
-/// A throwaway CA; `cert_pem`/`key_pem` are what a file on disk would hold.
-pub struct TestCa {
-    issuer: Issuer<'static, KeyPair>,
-    pub cert_pem: String,
-    pub key_pem: String,
-}
-
-impl TestCa {
-    pub fn new(common_name: &str) -> Result<Self> {
-        let key = KeyPair::generate()?;
-        let mut params = CertificateParams::default();
-        params
-            .distinguished_name
-            .push(DnType::CommonName, common_name);
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
-        let cert = params.self_signed(&key)?;
-        Ok(Self {
-            cert_pem: cert.pem(),
-            key_pem: key.serialize_pem(),
-            issuer: Issuer::new(params, key),
-        })
-    }
-
-    /// A server certificate and key (PEM) for `names`.
-    pub fn leaf(&self, names: &[&str]) -> Result<(String, String)> {
-        let key = KeyPair::generate()?;
-        let params =
-            CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())?;
-        let cert = params.signed_by(&key, &self.issuer)?;
-        Ok((cert.pem(), key.serialize_pem()))
-    }
-}
+/// A throwaway CA (shared with the gateway's in-process fixtures).
+pub use integration::fixtures::TestCa;
 
 /// HTTPS (443) and HTTP (80) echo server: answers every request with a JSON record of it and
 /// appends that record to /tmp/requests.jsonl, which tests read back with `docker exec`.
@@ -128,7 +93,7 @@ impl Upstream {
             bail!("no free test subnet in 198.18.0.0/15");
         }
         let upstream_ca = TestCa::new("daiv e2e upstream CA")?;
-        let (cert, key) = upstream_ca.leaf(UPSTREAM_NAMES)?;
+        let (cert, key) = upstream_ca.leaf_pem(UPSTREAM_NAMES)?;
         let dir = std::env::temp_dir().join(format!("daiv-e2e-upstream-{tag}"));
         std::fs::create_dir_all(&dir)?;
         std::fs::write(dir.join("server.crt"), cert)?;

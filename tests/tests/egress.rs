@@ -82,6 +82,24 @@ async fn sh(cp: &ControlPlane, s: &Session, cmd: &str) -> Result<(i64, String)> 
     cp.sh(s, cmd).await
 }
 
+/// The session's egress token and its gateway container's id, from Docker's labels.
+fn triad_of(s: &Session) -> Result<(String, String)> {
+    let token = inspect(&s.id).expect("sandbox")["Config"]["Labels"]["daiv.sandbox.egress"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let gateway = docker(&[
+        "ps",
+        "-q",
+        "--no-trunc",
+        "--filter",
+        &format!("label=daiv.sandbox.egress={token}"),
+        "--filter",
+        "label=daiv.sandbox.role=egress-gateway",
+    ])?;
+    Ok((token, gateway))
+}
+
 fn last_request(up: &Upstream, path: &str) -> Result<Option<Value>> {
     Ok(up.requests()?.into_iter().rev().find(|r| r["path"] == path))
 }
@@ -268,19 +286,7 @@ async fn put_egress_rotates_the_credential_without_restart() -> Result<()> {
         last_request(&up, "/before")?.expect("seen")["headers"]["authorization"],
         "old-token"
     );
-    let token = inspect(&s.id).expect("sandbox")["Config"]["Labels"]["daiv.sandbox.egress"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    let gateway = docker(&[
-        "ps",
-        "-q",
-        "--no-trunc",
-        "--filter",
-        &format!("label=daiv.sandbox.egress={token}"),
-        "--filter",
-        "label=daiv.sandbox.role=egress-gateway",
-    ])?;
+    let (_, gateway) = triad_of(&s)?;
     let started = |id: &str| {
         inspect(id).map(|i| (i["State"]["StartedAt"].clone(), i["RestartCount"].clone()))
     };
@@ -365,10 +371,7 @@ async fn stopped_egress_sessions_resume_and_force_close_leaves_nothing() -> Resu
     let s = cp
         .session(json!({"base_image": DEBIAN, "egress": strict_policy(SECRET)}))
         .await?;
-    let token = inspect(&s.id).expect("sandbox")["Config"]["Labels"]["daiv.sandbox.egress"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
+    let (token, _) = triad_of(&s)?;
     assert!(!token.is_empty());
     let path = format!("/session/{}/", s.id);
     let (status, _) = cp.call(Method::DELETE, &path, None).await?;
@@ -451,19 +454,7 @@ async fn gvisor_sandboxes_reach_their_gateway_on_runc() -> Result<()> {
         .await?;
     let sandbox = inspect(&s.id).expect("sandbox");
     assert_eq!(sandbox["HostConfig"]["Runtime"], "runsc");
-    let token = sandbox["Config"]["Labels"]["daiv.sandbox.egress"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    let gateway = docker(&[
-        "ps",
-        "-q",
-        "--no-trunc",
-        "--filter",
-        &format!("label=daiv.sandbox.egress={token}"),
-        "--filter",
-        "label=daiv.sandbox.role=egress-gateway",
-    ])?;
+    let (_, gateway) = triad_of(&s)?;
     assert_eq!(
         inspect(&gateway).expect("gateway")["HostConfig"]["Runtime"],
         "runc"

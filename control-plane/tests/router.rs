@@ -463,7 +463,9 @@ async fn openapi_documents_every_route() {
 // === egress sessions (in-process: what the control plane asks of the engine) ===
 
 fn egress_harness(engine: FakeEngine) -> Harness {
-    let dir = std::env::temp_dir().join(format!("daiv-router-ca-{}", std::process::id()));
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("daiv-router-ca-{}-{n}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("tmp");
     let cert = dir.join("ca.crt");
     let key = dir.join("ca.key");
@@ -478,10 +480,13 @@ fn egress_harness(engine: FakeEngine) -> Harness {
     )
     .expect("key");
     let (cert, key) = (cert.display().to_string(), key.display().to_string());
-    Harness::new(
+    let h = Harness::new(
         engine,
         &[("EGRESS_CA_CERT_FILE", &cert), ("EGRESS_CA_KEY_FILE", &key)],
-    )
+    );
+    // The CA is read once, when the state is built: the files can go.
+    let _ = std::fs::remove_dir_all(&dir);
+    h
 }
 
 fn egress_body(secret: &str) -> Value {

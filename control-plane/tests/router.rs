@@ -735,3 +735,29 @@ async fn egress_close_stops_both_and_resume_starts_the_gateway_first() {
     assert!(h.engine.container_ids().is_empty());
     assert!(h.engine.networks().is_empty());
 }
+
+#[tokio::test]
+async fn a_restart_that_fails_is_503() {
+    let h = Harness::default();
+    let id = h.session().await;
+    let (s, _) = h.api("DELETE", &format!("/session/{id}/"), None).await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    h.engine.fail_on(&format!("start {id}"));
+    let (s, b) = h.api("GET", &format!("/session/{id}/"), None).await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{b}");
+    assert!(
+        b["detail"]
+            .as_str()
+            .unwrap_or("")
+            .contains("could not be restarted"),
+        "{b}"
+    );
+    let (s, _) = h
+        .api(
+            "POST",
+            &format!("/session/{id}/"),
+            Some(json!({"commands": ["true"]})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
+}

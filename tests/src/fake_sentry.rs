@@ -219,50 +219,6 @@ pub async fn failing_docker() -> Result<FakeHttp> {
 }
 
 impl ControlPlane {
-    /// Like [`ControlPlane::start_with`], with extra process environment for the service (for
-    /// example `DOCKER_HOST`), given as full variable names.
-    pub async fn start_with_process_env(
-        settings: &[(&str, &str)],
-        process_env: &[(&str, &str)],
-    ) -> Result<Self> {
-        // Mirrors `start_with` (same defaults, same log file), plus the extra environment.
-        let bin = crate::binary();
-        let port = crate::free_port();
-        let key = format!("e2e-{}-{port}", std::process::id());
-        let log = std::env::temp_dir().join(format!("daiv-sandbox-e2e-{port}.log"));
-        let log_file = std::fs::File::create(&log)?;
-        let mut cmd = Command::new(&bin);
-        cmd.env("DAIV_SANDBOX_API_KEY", &key)
-            .env("DAIV_SANDBOX_HOST", "127.0.0.1")
-            .env("DAIV_SANDBOX_PORT", port.to_string())
-            .env("DAIV_SANDBOX_ENVIRONMENT", "local")
-            .env("DAIV_SANDBOX_REAPER_ENABLED", "false")
-            .env("DAIV_SANDBOX_LOG_LEVEL", "DEBUG")
-            .stdout(log_file.try_clone()?)
-            .stderr(log_file)
-            .stdin(Stdio::null());
-        for (k, v) in settings {
-            cmd.env(format!("DAIV_SANDBOX_{k}"), v);
-        }
-        for (k, v) in process_env {
-            cmd.env(k, v);
-        }
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("spawn {}", bin.display()))?;
-        let cp = Self {
-            child,
-            base: format!("http://127.0.0.1:{port}"),
-            key,
-            log,
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(300))
-                .build()?,
-        };
-        cp.wait_healthy().await?;
-        Ok(cp)
-    }
-
     /// SIGTERM, then waits for the process to exit: a graceful shutdown, which flushes queued
     /// error reports. Returns whether it exited successfully.
     pub fn terminate(&mut self) -> Result<bool> {

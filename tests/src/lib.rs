@@ -82,6 +82,15 @@ impl ControlPlane {
 
     /// `env` adds or overrides `DAIV_SANDBOX_*` settings (names without the prefix).
     pub async fn start_with(env: &[(&str, &str)]) -> Result<Self> {
+        Self::start_with_process_env(env, &[]).await
+    }
+
+    /// Like [`ControlPlane::start_with`], with extra process environment for the service (for
+    /// example `DOCKER_HOST`), given as full variable names.
+    pub async fn start_with_process_env(
+        env: &[(&str, &str)],
+        process_env: &[(&str, &str)],
+    ) -> Result<Self> {
         let bin = binary();
         if !bin.is_file() {
             bail!(
@@ -111,6 +120,9 @@ impl ControlPlane {
             .stdin(Stdio::null());
         for (k, v) in env {
             cmd.env(format!("DAIV_SANDBOX_{k}"), v);
+        }
+        for (k, v) in process_env {
+            cmd.env(k, v);
         }
         let child = cmd
             .spawn()
@@ -318,4 +330,22 @@ pub fn inspect(id: &str) -> Option<Value> {
     }
     let v: Value = serde_json::from_slice(&out.stdout).ok()?;
     v.as_array()?.first().cloned()
+}
+
+/// Polls `check` every 100 ms until it yields a value or `within` passes.
+pub async fn eventually<T, F, Fut>(what: &str, within: Duration, mut check: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<T>>>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(v) = check().await? {
+            return Ok(v);
+        }
+        if Instant::now() > deadline {
+            bail!("{what}: not within {within:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

@@ -6,31 +6,13 @@
 //! Each test is a deployment of its own (`DAIV_SANDBOX_DEPLOYMENT`, shared by its two replicas):
 //! the reaper sweeps only its deployment, so these tests run beside any other.
 
-use std::future::Future;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 use e2e::redis::Redis;
-use e2e::{BUSYBOX, ControlPlane, inspect, require_image};
+use e2e::{BUSYBOX, ControlPlane, eventually, inspect, require_image};
 use reqwest::Method;
-
-async fn eventually<T, F, Fut>(what: &str, within: Duration, mut check: F) -> Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<Option<T>>>,
-{
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(v) = check().await? {
-            return Ok(v);
-        }
-        if Instant::now() > deadline {
-            bail!("{what}: not within {within:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 /// This test's deployment name.
 fn deployment(test: &str) -> String {

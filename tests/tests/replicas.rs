@@ -2,32 +2,13 @@
 //! serialise across replicas, time out with 409, survive a dead holder (TTL), and a Redis outage
 //! is a quick 503 that heals by itself.
 
-use std::future::Future;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use e2e::redis::Redis;
-use e2e::{BUSYBOX, ControlPlane, require_image};
+use e2e::{BUSYBOX, ControlPlane, eventually, require_image};
 use reqwest::Method;
 use serde_json::json;
-
-/// Polls `check` every 100 ms until it yields a value or `within` passes.
-async fn eventually<T, F, Fut>(what: &str, within: Duration, mut check: F) -> Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<Option<T>>>,
-{
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(v) = check().await? {
-            return Ok(v);
-        }
-        if Instant::now() > deadline {
-            bail!("{what}: not within {within:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 fn lock_key(session: &str) -> String {
     format!("daiv-sandbox:session-lock:{session}")

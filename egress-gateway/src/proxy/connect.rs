@@ -12,7 +12,7 @@ use tracing::{Instrument, debug, info_span};
 
 use super::body::{Body, empty};
 use super::request::Binding;
-use super::{Ctx, deny_response, error_response, mitm, tunnel, upstream};
+use super::{Ctx, error_response, mitm, refuse, tunnel, upstream};
 use crate::audit::{AuditRecord, now_rfc3339};
 use crate::error::{DenyCode, ProxyError};
 
@@ -45,18 +45,7 @@ pub async fn connect(req: Request<Incoming>, ctx: Arc<Ctx>) -> Response<Body> {
     match open(req, host, port, &ctx, &mut record, started).await {
         Ok(resp) => resp,
         Err(err) => {
-            let resp = match &err {
-                ProxyError::Denied(code) => deny_response(*code),
-                other => error_response(other),
-            };
-            record.decision = if matches!(err, ProxyError::Denied(_)) {
-                "deny"
-            } else {
-                "error"
-            };
-            record.reason = err.code();
-            record.status = Some(resp.status().as_u16());
-            record.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+            let resp = refuse(&err, &mut record, started);
             ctx.audit.record(&record);
             resp
         }

@@ -163,6 +163,25 @@ async fn route(req: Request<Incoming>, ctx: Arc<Ctx>) -> Response<Body> {
 }
 
 /// 403 with the reason code in [`DENIED_HEADER`] and a plain-text body saying why.
+/// The answer to a refused or failed exchange, with its audit record completed (decision,
+/// reason, status, duration); the caller writes the record.
+pub fn refuse(
+    err: &ProxyError,
+    record: &mut crate::audit::AuditRecord,
+    started: std::time::Instant,
+) -> Response<Body> {
+    let denied = matches!(err, ProxyError::Denied(_));
+    let resp = match err {
+        ProxyError::Denied(code) => deny_response(*code),
+        other => error_response(other),
+    };
+    record.decision = if denied { "deny" } else { "error" };
+    record.reason = err.code();
+    record.status = Some(resp.status().as_u16());
+    record.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    resp
+}
+
 pub fn deny_response(code: DenyCode) -> Response<Body> {
     let text = format!("egress denied ({}): {}\n", code.code(), code.describe());
     let mut resp = Response::new(body::full(text));

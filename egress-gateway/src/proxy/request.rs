@@ -10,7 +10,7 @@ use hyper::body::Incoming;
 use shared_policy::{Host, Injection};
 
 use super::body::{AuditedBody, Body, CountingBody, PendingAudit};
-use super::{Ctx, deny_response, error_response, upstream};
+use super::{Ctx, refuse, upstream};
 use crate::audit::{AuditRecord, now_rfc3339};
 use crate::error::{DenyCode, ProxyError};
 use http_body_util::BodyExt;
@@ -67,18 +67,7 @@ pub async fn handle(
     match forward(req, &binding, &ctx, &mut record).await {
         Ok(resp) => resp,
         Err(err) => {
-            let resp = match &err {
-                ProxyError::Denied(code) => deny_response(*code),
-                other => error_response(other),
-            };
-            record.decision = if matches!(err, ProxyError::Denied(_)) {
-                "deny"
-            } else {
-                "error"
-            };
-            record.reason = err.code();
-            record.status = Some(resp.status().as_u16());
-            record.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+            let resp = refuse(&err, &mut record, started);
             if !matches!(err, ProxyError::Denied(_)) {
                 tracing::warn!(host = %binding.host, error = %err, source = ?std::error::Error::source(&err), "request failed");
             }

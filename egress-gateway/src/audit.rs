@@ -45,6 +45,39 @@ pub struct AuditRecord {
     pub duration_ms: u64,
 }
 
+// === impl AuditRecord ===
+
+impl AuditRecord {
+    /// A record for one exchange, stamped now; until the exchange says otherwise it is a denial
+    /// with no reason, so a record written early never reads as an allow.
+    pub fn start(
+        session: &str,
+        mode: &'static str,
+        method: &str,
+        host: &str,
+        port: u16,
+        path: Option<String>,
+    ) -> Self {
+        Self {
+            time: now_rfc3339(),
+            session: session.to_owned(),
+            mode,
+            method: method.to_owned(),
+            host: host.to_owned(),
+            port,
+            path,
+            decision: "deny",
+            reason: "",
+            rule: None,
+            injected: None,
+            status: None,
+            bytes: 0,
+            bytes_up: 0,
+            duration_ms: 0,
+        }
+    }
+}
+
 /// Where audit lines go.
 pub trait AuditSink: Send + Sync + 'static {
     /// Records one decision.

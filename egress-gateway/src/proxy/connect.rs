@@ -13,7 +13,7 @@ use tracing::{Instrument, debug, info_span};
 use super::body::{Body, empty};
 use super::request::Binding;
 use super::{Ctx, error_response, mitm, refuse, tunnel, upstream};
-use crate::audit::{AuditRecord, now_rfc3339};
+use crate::audit::AuditRecord;
 use crate::error::{DenyCode, ProxyError};
 
 /// Handles a CONNECT request. The response is sent before the tunnel's work starts (hyper
@@ -24,23 +24,14 @@ pub async fn connect(req: Request<Incoming>, ctx: Arc<Ctx>) -> Response<Body> {
         Ok(t) => t,
         Err(err) => return error_response(&err),
     };
-    let mut record = AuditRecord {
-        time: now_rfc3339(),
-        session: ctx.session.to_string(),
-        mode: "connect",
-        method: "CONNECT".to_owned(),
-        host: target.0.as_str().to_owned(),
-        port: target.1,
-        path: None,
-        decision: "deny",
-        reason: "",
-        rule: None,
-        injected: None,
-        status: None,
-        bytes: 0,
-        bytes_up: 0,
-        duration_ms: 0,
-    };
+    let mut record = AuditRecord::start(
+        &ctx.session,
+        "connect",
+        "CONNECT",
+        target.0.as_str(),
+        target.1,
+        None,
+    );
     let (host, port) = target;
     match open(req, host, port, &ctx, &mut record, started).await {
         Ok(resp) => resp,

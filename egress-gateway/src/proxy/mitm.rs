@@ -15,7 +15,7 @@ use tokio_rustls::LazyConfigAcceptor;
 
 use super::request::{self, Binding};
 use super::{Ctx, HEADER_READ_TIMEOUT};
-use crate::audit::{AuditRecord, now_rfc3339};
+use crate::audit::AuditRecord;
 use crate::error::{DenyCode, ProxyError};
 
 /// Per-stream send buffer towards an h2 client: larger than hyper's default so a download is
@@ -79,21 +79,15 @@ where
 }
 
 fn refuse_sni(binding: &Binding, ctx: &Ctx, started: Instant) {
-    ctx.audit.record(&AuditRecord {
-        time: now_rfc3339(),
-        session: ctx.session.to_string(),
-        mode: "mitm",
-        method: "CONNECT".to_owned(),
-        host: binding.host.as_str().to_owned(),
-        port: binding.port,
-        path: None,
-        decision: "deny",
-        reason: DenyCode::SniMismatch.code(),
-        rule: None,
-        injected: None,
-        status: None,
-        bytes: 0,
-        bytes_up: 0,
-        duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
-    });
+    let mut record = AuditRecord::start(
+        &ctx.session,
+        "mitm",
+        "CONNECT",
+        binding.host.as_str(),
+        binding.port,
+        None,
+    );
+    record.reason = DenyCode::SniMismatch.code();
+    record.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    ctx.audit.record(&record);
 }

@@ -11,7 +11,7 @@ use shared_policy::{Host, Injection};
 
 use super::body::{AuditedBody, Body, CountingBody, PendingAudit};
 use super::{Ctx, refuse, upstream};
-use crate::audit::{AuditRecord, now_rfc3339};
+use crate::audit::AuditRecord;
 use crate::error::{DenyCode, ProxyError};
 use http_body_util::BodyExt;
 
@@ -46,24 +46,15 @@ pub async fn handle(
     ctx: Arc<Ctx>,
 ) -> Response<Body> {
     let started = Instant::now();
-    let mut record = AuditRecord {
-        time: now_rfc3339(),
-        session: ctx.session.to_string(),
-        mode: binding.mode(),
-        method: req.method().as_str().to_owned(),
-        host: binding.host.as_str().to_owned(),
-        port: binding.port,
+    let mut record = AuditRecord::start(
+        &ctx.session,
+        binding.mode(),
+        req.method().as_str(),
+        binding.host.as_str(),
+        binding.port,
         // Never the query string: tokens travel there.
-        path: Some(req.uri().path().to_owned()),
-        decision: "deny",
-        reason: "",
-        rule: None,
-        injected: None,
-        status: None,
-        bytes: 0,
-        bytes_up: 0,
-        duration_ms: 0,
-    };
+        Some(req.uri().path().to_owned()),
+    );
     match forward(req, &binding, &ctx, &mut record).await {
         Ok(resp) => resp,
         Err(err) => {

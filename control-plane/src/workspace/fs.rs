@@ -294,24 +294,10 @@ exit 0"#
         let (_resolved, stream) = self.open(&path).await?;
         let (uid, gid) = (self.config.run_uid, self.config.run_gid);
         let shown = path.clone();
-        let page = tokio::task::spawn_blocking(move || -> Result<Page, OpError> {
-            let reader = SyncIoBridge::new(StreamReader::new(
-                stream.map_err(|e| std::io::Error::other(e.to_string())),
-            ));
-            let mut archive = tar::Archive::new(reader);
-            let mut entries = archive.entries().map_err(io_fail)?;
-            let Some(entry) = entries.next() else {
-                return Err(fail(
-                    FsErrorCode::NotFound,
-                    format!("{shown} does not exist"),
-                ));
-            };
-            let entry = entry.map_err(io_fail)?;
-            check_access(&entry, uid, gid, 0o4, &shown)?;
+        let page = with_entry(stream, shown, (uid, gid), 0o4, move |entry, _| {
             page(entry, offset, limit).map_err(io_fail)
         })
-        .await
-        .map_err(|e| ApiError::Internal(e.into()))??;
+        .await?;
         Ok(match page {
             Page::Empty => FsReadResponse {
                 content: Some(EMPTY_FILE_SENTINEL.to_string()),
@@ -537,34 +523,19 @@ pwd -P"#;
         let (resolved, stream) = self.open(&path).await?;
         let (uid, gid) = (self.config.run_uid, self.config.run_gid);
         let shown = path.clone();
-        let (raw, mode) =
-            tokio::task::spawn_blocking(move || -> Result<(Vec<u8>, u32), OpError> {
-                let reader = SyncIoBridge::new(StreamReader::new(
-                    stream.map_err(|e| std::io::Error::other(e.to_string())),
+        let (raw, mode) = with_entry(stream, shown, (uid, gid), 0o6, |mut entry, shown| {
+            if entry.size() > EDIT_MAX_BYTES {
+                return Err(fail(
+                    FsErrorCode::TooLarge,
+                    format!("{shown} is larger than the {EDIT_MAX_BYTES}-byte edit limit"),
                 ));
-                let mut archive = tar::Archive::new(reader);
-                let mut entries = archive.entries().map_err(io_fail)?;
-                let Some(entry) = entries.next() else {
-                    return Err(fail(
-                        FsErrorCode::NotFound,
-                        format!("{shown} does not exist"),
-                    ));
-                };
-                let mut entry = entry.map_err(io_fail)?;
-                check_access(&entry, uid, gid, 0o6, &shown)?;
-                if entry.size() > EDIT_MAX_BYTES {
-                    return Err(fail(
-                        FsErrorCode::TooLarge,
-                        format!("{shown} is larger than the {EDIT_MAX_BYTES}-byte edit limit"),
-                    ));
-                }
-                let mode = entry.header().mode().unwrap_or(0o644) & 0o777;
-                let mut raw = Vec::with_capacity(entry.size() as usize);
-                entry.read_to_end(&mut raw).map_err(io_fail)?;
-                Ok((raw, mode))
-            })
-            .await
-            .map_err(|e| ApiError::Internal(e.into()))??;
+            }
+            let mode = entry.header().mode().unwrap_or(0o644) & 0o777;
+            let mut raw = Vec::with_capacity(entry.size() as usize);
+            entry.read_to_end(&mut raw).map_err(io_fail)?;
+            Ok((raw, mode))
+        })
+        .await?;
         let text = String::from_utf8(raw).map_err(|_| {
             fail(
                 FsErrorCode::NotATextFile,
@@ -618,6 +589,49 @@ fn io_fail(e: std::io::Error) -> OpError {
         FsErrorCode::ExecFailed,
         format!("reading the file failed: {e}"),
     )
+}
+
+/// The reader of a file's archive, bridged onto a blocking thread.
+type ArchiveReader = SyncIoBridge<
+    StreamReader<
+        futures::stream::MapErr<
+            futures::stream::BoxStream<'static, Result<bytes::Bytes, EngineError>>,
+            fn(EngineError) -> std::io::Error,
+        >,
+        bytes::Bytes,
+    >,
+>;
+
+/// Reads the single entry of a file's archive on a blocking thread (tar parsing is synchronous),
+/// after checking the sandbox user's `want` permission bits on it, and hands it to `f` with the
+/// path as shown to the caller.
+async fn with_entry<T: Send + 'static>(
+    stream: futures::stream::BoxStream<'static, Result<bytes::Bytes, EngineError>>,
+    shown: String,
+    (uid, gid): (u32, u32),
+    want: u32,
+    f: impl FnOnce(tar::Entry<'_, ArchiveReader>, &str) -> Result<T, OpError> + Send + 'static,
+) -> Result<T, OpError> {
+    fn to_io(e: EngineError) -> std::io::Error {
+        std::io::Error::other(e.to_string())
+    }
+    tokio::task::spawn_blocking(move || {
+        let to_io: fn(EngineError) -> std::io::Error = to_io;
+        let reader = SyncIoBridge::new(StreamReader::new(stream.map_err(to_io)));
+        let mut archive = tar::Archive::new(reader);
+        let mut entries = archive.entries().map_err(io_fail)?;
+        let Some(entry) = entries.next() else {
+            return Err(fail(
+                FsErrorCode::NotFound,
+                format!("{shown} does not exist"),
+            ));
+        };
+        let entry = entry.map_err(io_fail)?;
+        check_access(&entry, uid, gid, want, &shown)?;
+        f(entry, &shown)
+    })
+    .await
+    .map_err(|e| ApiError::Internal(e.into()))?
 }
 
 /// The archive API runs as root; refuse what the sandbox user's permission bits would refuse

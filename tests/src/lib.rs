@@ -235,6 +235,12 @@ impl ControlPlane {
         self.session(json!({ "base_image": image })).await
     }
 
+    /// `DELETE /session/{id}/?force=true`; returns the status.
+    pub async fn force_close(&self, session: &Session) -> Result<u16> {
+        let path = format!("/session/{}/?force=true", session.id);
+        Ok(self.call(reqwest::Method::DELETE, &path, None).await?.0)
+    }
+
     /// Runs commands; returns the `results` array.
     pub async fn run(&self, session: &Session, body: Value) -> Result<Vec<Value>> {
         let (status, resp) = self

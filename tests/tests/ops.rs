@@ -51,13 +51,7 @@ async fn request_logs_are_json_lines_without_keys_secrets_or_contents() -> Resul
     assert_eq!(code(&written), None, "{written}");
     let (code, out) = cp.sh(&s, "echo \"$TOKEN\" | wc -c").await?;
     assert_eq!(code, 0, "{out}");
-    let (status, _) = cp
-        .call(
-            Method::DELETE,
-            &format!("/session/{}/?force=true", s.id),
-            None,
-        )
-        .await?;
+    let status = cp.force_close(&s).await?;
     assert_eq!(status, 204);
 
     let logs = cp.logs();
@@ -166,13 +160,7 @@ async fn metrics_count_sessions_commands_fs_ops_seeds_locks_and_engine_errors() 
         sample(&text, "daiv_sandbox_sessions{state=\"running\"}").is_some_and(|v| v >= 1.0),
         "{text}"
     );
-    let (status, _) = cp
-        .call(
-            Method::DELETE,
-            &format!("/session/{}/?force=true", s.id),
-            None,
-        )
-        .await?;
+    let status = cp.force_close(&s).await?;
     assert_eq!(status, 204);
     let (_, text) = scrape(&cp, Some(&cp.key)).await?;
 

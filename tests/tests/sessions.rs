@@ -344,13 +344,7 @@ async fn eight_sessions_in_parallel() -> Result<()> {
                 code == 0 && out == format!("session-{i}\n"),
                 "session {i}: {out}"
             );
-            let (status, _) = cp
-                .call(
-                    Method::DELETE,
-                    &format!("/session/{}/?force=true", s.id),
-                    None,
-                )
-                .await?;
+            let status = cp.force_close(&s).await?;
             anyhow::ensure!(status == 204);
             Ok::<_, anyhow::Error>(())
         }

@@ -263,14 +263,24 @@ async fn credentialed_mode_tunnels_plain_hosts_and_plaintext_gets_no_credential(
         out.contains("issuer: CN=daiv e2e egress CA"),
         "intercepted: {out}"
     );
-    // Plain HTTP to a host whose rule injects: never credentialed.
-    let _ = sh(&cp, &s, "curl -s http://api.upstream.test/plain").await?;
-    if let Some(r) = last_request(&up, "/plain")? {
-        assert!(
-            r["headers"].get("authorization").is_none(),
-            "credential sent over plaintext"
-        );
-    }
+    // Plain HTTP to a host whose rule injects: refused (`tls-required`), never credentialed,
+    // and nothing reaches the upstream.
+    let (_, out) = sh(
+        &cp,
+        &s,
+        "curl -s -D - -o /dev/null http://api.upstream.test/plain",
+    )
+    .await?;
+    assert!(out.starts_with("HTTP/1.1 403"), "{out}");
+    assert!(
+        out.to_ascii_lowercase()
+            .contains("x-egress-denied: tls-required"),
+        "{out}"
+    );
+    assert!(
+        last_request(&up, "/plain")?.is_none(),
+        "plaintext reached the upstream"
+    );
     Ok(())
 }
 

@@ -7,7 +7,7 @@ CARGO ?= cargo
 DEV_DIR := .dev
 PORT ?= 8000
 
-.PHONY: help fmt lint build images compose-smoke docker gvisor redis run test test-unit test-e2e check-leaks clean-docker
+.PHONY: help fmt lint build helper images compose-smoke docker gvisor redis run test test-unit test-e2e check-leaks clean-docker
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -19,8 +19,11 @@ lint: ## cargo fmt --check and clippy with -D warnings
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-build: ## Build every binary (debug)
+build: helper ## Build every binary (debug), and the static session helper
 	$(CARGO) build --workspace --bins
+
+helper: ## Build the static session helper every sandbox gets (target/helper/)
+	@images/helper/build.sh
 
 docker: ## Start the Docker engine if none answers
 	@scripts/ensure-docker.sh
@@ -40,7 +43,7 @@ images: docker ## Build the local images (no registry needed): sandboxes, gatewa
 compose-smoke: images ## Bring up integration/compose.yaml, check health and a session end to end, tear it down
 	@integration/compose/smoke.sh
 
-run: docker images ## Build and start the service on 127.0.0.1:$(PORT) with a dev API key
+run: docker images helper ## Build and start the service on 127.0.0.1:$(PORT) with a dev API key
 	@mkdir -p $(DEV_DIR) && chmod 700 $(DEV_DIR)
 	@[ -s $(DEV_DIR)/api-key ] || (umask 077; head -c 24 /dev/urandom | base64 | tr -d '/+=' > $(DEV_DIR)/api-key)
 	@[ -s $(DEV_DIR)/egress-ca.key ] || docker run --rm --pull never --user "$$(id -u):$$(id -g)" \

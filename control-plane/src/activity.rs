@@ -264,6 +264,26 @@ pub fn touch_on_release(
     session_id: &str,
     held: LockGuard,
 ) -> LockGuard {
+    on_release(activity, session_id, held, false)
+}
+
+/// Like [`touch_on_release`] for a request that removes the session: its activity record is
+/// deleted instead of refreshed, so nothing of a removed session lingers (in Redis, a key with
+/// a TTL of hours).
+pub fn forget_on_release(
+    activity: Arc<dyn SessionActivity>,
+    session_id: &str,
+    held: LockGuard,
+) -> LockGuard {
+    on_release(activity, session_id, held, true)
+}
+
+fn on_release(
+    activity: Arc<dyn SessionActivity>,
+    session_id: &str,
+    held: LockGuard,
+    forget: bool,
+) -> LockGuard {
     if !is_container_id(session_id) {
         return held;
     }
@@ -271,6 +291,7 @@ pub fn touch_on_release(
         activity,
         session_id: session_id.to_string(),
         held: Some(held),
+        forget,
     })
 }
 
@@ -278,6 +299,7 @@ struct TouchThenRelease {
     activity: Arc<dyn SessionActivity>,
     session_id: String,
     held: Option<LockGuard>,
+    forget: bool,
 }
 
 impl Drop for TouchThenRelease {
@@ -287,10 +309,15 @@ impl Drop for TouchThenRelease {
         };
         let activity = self.activity.clone();
         let id = std::mem::take(&mut self.session_id);
+        let forget = self.forget;
         // Drop cannot await; without a runtime the lock is released as is.
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
-                activity.touch(&id).await;
+                if forget {
+                    activity.forget(&id).await;
+                } else {
+                    activity.touch(&id).await;
+                }
                 drop(held);
             });
         }

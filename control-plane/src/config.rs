@@ -221,6 +221,9 @@ pub struct Config {
     /// Name of this deployment, carried by everything it creates: replicas of one deployment
     /// share it, and the reaper never touches another deployment's sessions on a shared engine.
     pub deployment: String,
+    /// The static `daiv-sandbox-helper` binary given to every sandbox (`HELPER_BIN`); unset =
+    /// found beside the service's executable (see `runtime::helper_binary`).
+    pub helper_bin: Option<std::path::PathBuf>,
     // Beyond the reference: limits that keep the service's memory independent of what sandboxes do.
     /// Bytes of output kept per command; the rest is counted and replaced by a marker.
     pub output_max_bytes: usize,
@@ -432,7 +435,10 @@ pub fn load(src: &dyn Source) -> Result<Config, ConfigError> {
     }
     let egress_proxy_runtime = p.choice("EGRESS_PROXY_RUNTIME", Runtime::Runc, &runtimes);
     let egress_proxy_network = src.get("EGRESS_PROXY_NETWORK");
-    let egress_proxy_memory_bytes = p.parse_opt::<i64>("EGRESS_PROXY_MEMORY_BYTES");
+    // A default limit: a sandbox drives its gateway's memory (connections, buffers), so the
+    // host must not be the limit. 0 lifts it.
+    let egress_proxy_memory_bytes =
+        Some(p.parse_or::<i64>("EGRESS_PROXY_MEMORY_BYTES", 128 * 1024 * 1024)).filter(|m| *m != 0);
     if let Some(m) = egress_proxy_memory_bytes
         && m < 6 * 1024 * 1024
     {
@@ -564,6 +570,7 @@ pub fn load(src: &dyn Source) -> Result<Config, ConfigError> {
         ],
     );
 
+    let helper_bin = src.get("HELPER_BIN").map(std::path::PathBuf::from);
     let deployment = p.string_or("DEPLOYMENT", "default");
     if deployment.is_empty()
         || deployment.len() > 63
@@ -628,6 +635,7 @@ pub fn load(src: &dyn Source) -> Result<Config, ConfigError> {
         port,
         log_level,
         deployment,
+        helper_bin,
         output_max_bytes,
         pids_limit,
         seed_max_bytes,

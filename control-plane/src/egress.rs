@@ -12,9 +12,18 @@
 //! are written into the gateway alone; the sandbox gets the CA certificate, nothing else.
 //!
 //! Docker round trips: create = 2 image checks + network + gateway (create, put config, connect,
-//! start) + sandbox (create, put skeleton, start, inspect) + CA install exec + readiness wait ≈ 13,
-//! with the gateway's start running beside the sandbox's create and start;
-//! refresh = inspect sandbox + inspect gateway + put config (3).
+//! start) + sandbox (create, put skeleton, start, inspect) + CA install exec + readiness wait +
+//! policy acknowledgement exec (+ its exit code) ≈ 15, with the gateway's start running beside the
+//! sandbox's create and start; refresh = inspect sandbox + inspect gateway + put staged config +
+//! acknowledgement exec + exit code (5).
+//!
+//! Policy installs are atomic and acknowledged (the contract is `shared_policy::sidecar`): the
+//! file carries a `version` (its content hash); a refresh extracts it as the staging file beside
+//! `config.json` (an extraction writes in place, and the image has no shell to rename with), the
+//! gateway renames it over `config.json` once it is complete, and the control plane runs the
+//! gateway's own `health --expect-version V` inside the gateway until it reports that version.
+//! Only then is the update answered 204 (503 after [`POLICY_ACK_TIMEOUT`]); session create waits
+//! the same way for the first policy.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
@@ -24,6 +33,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::StreamExt;
 use shared_policy::PolicyFile;
+use shared_policy::sidecar;
 
 use crate::config::Config;
 use crate::engine::{
@@ -37,13 +47,14 @@ use crate::error::ApiError;
 pub const GATEWAY_LABEL: &str = "daiv.sandbox.egress.gateway";
 pub const NETWORK_LABEL: &str = "daiv.sandbox.egress.network";
 
-/// Where the gateway image reads its configuration (see `images/egress-gateway`).
-const GATEWAY_DIR: &str = "etc/daiv-egress";
 /// The non-root user the gateway image runs as; its files are owned by it.
-pub const GATEWAY_UID: u32 = 65532;
+pub const GATEWAY_UID: u32 = sidecar::UID;
 /// What the gateway logs once it accepts connections.
-const GATEWAY_READY_LINE: &str = "egress gateway listening";
+const GATEWAY_READY_LINE: &str = sidecar::READY_LINE;
 const GATEWAY_READY_TIMEOUT: Duration = Duration::from_secs(20);
+/// A policy install (create or `PUT .../egress/`) fails with 503 when the gateway does not
+/// report the new version within this.
+pub const POLICY_ACK_TIMEOUT: Duration = Duration::from_secs(5);
 const GATEWAY_PIDS_LIMIT: i64 = 256;
 
 /// Where the sandbox finds the egress CA and the combined trust bundle.
@@ -77,6 +88,9 @@ pub struct Triad {
     pub token: String,
     pub gateway: String,
     pub network: String,
+    /// The version of the policy written at create, to acknowledge (not on the labels: a
+    /// refresh changes it).
+    pub policy_version: Option<String>,
 }
 
 impl Triad {
@@ -85,6 +99,7 @@ impl Triad {
             token: info.labels.get(EGRESS_LABEL)?.clone(),
             gateway: info.labels.get(GATEWAY_LABEL)?.clone(),
             network: info.labels.get(NETWORK_LABEL)?.clone(),
+            policy_version: None,
         })
     }
 }
@@ -144,12 +159,7 @@ impl Egress {
         self.engine
             .ensure_image(&c.egress_proxy_image)
             .await
-            .map_err(|e| {
-                ApiError::Unavailable(format!(
-                    "egress gateway image {:?} is not available: {e}",
-                    c.egress_proxy_image
-                ))
-            })?;
+            .map_err(|e| crate::error::unavailable("egress gateway image is not available", &e))?;
         let token = token.to_string();
         let (network, subnet) = self.create_network(&token).await?;
         created.network = Some(network.clone());
@@ -157,7 +167,8 @@ impl Egress {
         let gateway_ip = IpAddr::V4(Ipv4Addr::from(base + 2));
         let sandbox_ip = IpAddr::V4(Ipv4Addr::from(base + 3));
 
-        let spec = self.gateway_spec(&token, gateway_ip, policy)?;
+        let policy = policy.clone().with_content_version();
+        let spec = self.gateway_spec(&token, gateway_ip, &policy)?;
         let gateway = self.engine.create(&spec).await?;
         created.gateway = Some(gateway.clone());
         self.engine
@@ -194,6 +205,7 @@ impl Egress {
                 token: token.clone(),
                 gateway: gateway.clone(),
                 network: network.clone(),
+                policy_version: policy.version.clone(),
             },
             network: NetworkAttach::Network {
                 name: network.clone(),
@@ -216,14 +228,83 @@ impl Egress {
         self.engine.start(&triad.gateway).await.map_err(Into::into)
     }
 
-    /// After the sandbox started: trust the CA inside it, and wait for the gateway to listen, so
-    /// the first command already reaches the proxy.
+    /// After the sandbox started: trust the CA inside it, and wait for the gateway to listen and
+    /// enforce the session's policy, so the first command already reaches the proxy.
     pub async fn finish(&self, sandbox: &str, triad: &Triad) -> Result<(), ApiError> {
         let install = self.install_ca(sandbox);
-        let ready = self.wait_ready(&triad.gateway);
+        let ready = async {
+            self.wait_ready(&triad.gateway).await?;
+            match &triad.policy_version {
+                Some(version) => self.acknowledge(&triad.gateway, version).await,
+                None => Ok(()),
+            }
+        };
         let (installed, ready) = tokio::join!(install, ready);
         installed?;
         ready
+    }
+
+    /// Runs the gateway's `health --expect-version` inside the gateway (the image has only that
+    /// binary; the exec shares the gateway's network namespace, so its listen address answers)
+    /// until the gateway enforces `version`, for at most [`POLICY_ACK_TIMEOUT`]: 503 otherwise.
+    async fn acknowledge(&self, gateway: &str, version: &str) -> Result<(), ApiError> {
+        let not_acked = |detail: &str| {
+            ApiError::Unavailable(format!(
+                "the egress gateway did not enforce the new policy within {} s{detail}",
+                POLICY_ACK_TIMEOUT.as_secs()
+            ))
+        };
+        let spec = ExecSpec {
+            cmd: vec![
+                sidecar::BINARY.into(),
+                sidecar::HEALTH_SUBCOMMAND.into(),
+                "--timeout-ms".into(),
+                POLICY_ACK_TIMEOUT.as_millis().to_string(),
+                "--expect-version".into(),
+                version.into(),
+            ],
+            user: format!("{}:{}", sidecar::UID, sidecar::UID),
+            workdir: None,
+            env: Vec::new(),
+        };
+        let run = async {
+            let mut exec =
+                self.engine.exec(gateway, &spec).await.map_err(|e| {
+                    crate::error::unavailable("could not ask the egress gateway", &e)
+                })?;
+            let mut output = Vec::new();
+            while let Some(chunk) = exec.output.next().await {
+                let chunk = chunk.map_err(|e| {
+                    crate::error::unavailable("could not ask the egress gateway", &e)
+                })?;
+                if output.len() < 4096 {
+                    output.extend_from_slice(&chunk);
+                }
+            }
+            // The exit code can lag the end of the output by a moment.
+            for _ in 0..50 {
+                match self.engine.exec_exit_code(&exec.exec_id).await {
+                    Ok(Some(0)) => return Ok(()),
+                    Ok(Some(_)) => {
+                        let text = String::from_utf8_lossy(&output);
+                        let last = text.lines().last().unwrap_or_default().trim().to_owned();
+                        tracing::warn!(gateway, version, answer = %last, "egress policy not acknowledged");
+                        return Err(not_acked(""));
+                    }
+                    Ok(None) => tokio::time::sleep(Duration::from_millis(20)).await,
+                    Err(e) => {
+                        return Err(crate::error::unavailable(
+                            "could not ask the egress gateway",
+                            &e,
+                        ));
+                    }
+                }
+            }
+            Err(not_acked(" (no exit code)"))
+        };
+        tokio::time::timeout(POLICY_ACK_TIMEOUT + Duration::from_secs(5), run)
+            .await
+            .unwrap_or_else(|_| Err(not_acked("")))
     }
 
     async fn install_ca(&self, sandbox: &str) -> Result<(), ApiError> {
@@ -244,7 +325,7 @@ impl Egress {
         self.engine
             .wait_for_log(gateway, GATEWAY_READY_LINE, GATEWAY_READY_TIMEOUT)
             .await
-            .map_err(|e| ApiError::Unavailable(format!("egress gateway did not become ready: {e}")))
+            .map_err(|e| crate::error::unavailable("egress gateway did not become ready", &e))
     }
 
     /// Starts a stopped gateway and waits until it listens (warm restart).
@@ -253,26 +334,34 @@ impl Egress {
             .engine
             .inspect(&triad.gateway)
             .await
-            .map_err(|e| ApiError::Unavailable(format!("egress gateway unavailable: {e}")))?;
+            .map_err(|e| crate::error::unavailable("egress gateway unavailable", &e))?;
         if info.is_running() {
             return Ok(());
         }
         self.engine
             .start(&triad.gateway)
             .await
-            .map_err(|e| ApiError::Unavailable(format!("egress gateway could not start: {e}")))?;
+            .map_err(|e| crate::error::unavailable("egress gateway could not start", &e))?;
         self.wait_ready(&triad.gateway).await
     }
 
-    /// Replaces the gateway's policy file; the gateway hot-reloads it without a restart.
+    /// Replaces the gateway's policy without a restart: extracts it as the staging file, which
+    /// the gateway renames over its policy once complete, then waits until the gateway enforces
+    /// its version.
     pub async fn refresh(&self, triad: &Triad, policy: &PolicyFile) -> Result<(), ApiError> {
         self.ensure_gateway(triad).await?;
-        let tar = config_tar(&[("config.json", policy_json(policy)?, 0o600)], false);
+        let policy = policy.clone().with_content_version();
+        let version = policy.version.clone().unwrap_or_default();
+        let tar = config_tar(
+            &[(sidecar::POLICY_STAGING_FILE, policy_json(&policy)?, 0o600)],
+            false,
+        );
         let body = futures::stream::once(async move { Ok(tar) }).boxed();
         self.engine
-            .put_archive(&triad.gateway, &format!("/{GATEWAY_DIR}"), body)
+            .put_archive(&triad.gateway, sidecar::CONFIG_DIR, body)
             .await
-            .map_err(|e| ApiError::Unavailable(format!("could not update the egress policy: {e}")))
+            .map_err(|e| crate::error::unavailable("could not update the egress policy", &e))?;
+        self.acknowledge(&triad.gateway, &version).await
     }
 
     pub async fn stop(&self, triad: &Triad) {
@@ -332,6 +421,8 @@ impl Egress {
                 name: name.clone(),
                 internal: true,
                 subnet: Some(subnet.to_string()),
+                // The sandbox must reach its gateway and nothing else: not the host either.
+                no_host_address: true,
                 labels: labels.clone(),
             };
             match self.engine.create_network(&spec).await {
@@ -344,9 +435,11 @@ impl Egress {
                 Err(e) => return Err(e.into()),
             }
         }
+        if let Some(m) = last {
+            tracing::warn!(error = %m, "egress subnets overlap");
+        }
         Err(ApiError::Unavailable(format!(
-            "no free subnet for the egress network in {pool}: {}",
-            last.unwrap_or_default()
+            "no free subnet for the egress network in {pool}"
         )))
     }
 
@@ -357,24 +450,24 @@ impl Egress {
         policy: &PolicyFile,
     ) -> Result<ContainerSpec, ApiError> {
         let c = &self.config;
-        let dir = format!("/{GATEWAY_DIR}");
+        let path = sidecar::config_path;
         let mut env = vec![
             (
-                "DAIV_EGRESS_LISTEN".to_string(),
+                sidecar::env::LISTEN.to_string(),
                 format!("{ip}:{}", c.egress_proxy_port),
             ),
-            ("DAIV_EGRESS_SESSION_ID".to_string(), token.to_string()),
+            (sidecar::env::SESSION_ID.to_string(), token.to_string()),
             (
-                "DAIV_EGRESS_POLICY_FILE".to_string(),
-                format!("{dir}/config.json"),
+                sidecar::env::POLICY_FILE.to_string(),
+                path(sidecar::POLICY_FILE),
             ),
             (
-                "DAIV_EGRESS_CA_CERT_FILE".to_string(),
-                format!("{dir}/ca.crt"),
+                sidecar::env::CA_CERT_FILE.to_string(),
+                path(sidecar::CA_CERT_FILE),
             ),
             (
-                "DAIV_EGRESS_CA_KEY_FILE".to_string(),
-                format!("{dir}/ca.key"),
+                sidecar::env::CA_KEY_FILE.to_string(),
+                path(sidecar::CA_KEY_FILE),
             ),
         ];
         if !c.egress_allowed_cidrs.is_empty() {
@@ -383,18 +476,18 @@ impl Egress {
                 .iter()
                 .map(|n| n.to_string())
                 .collect();
-            env.push(("DAIV_EGRESS_ALLOWED_CIDRS".to_string(), cidrs.join(",")));
+            env.push((sidecar::env::ALLOWED_CIDRS.to_string(), cidrs.join(",")));
         }
         let mut files = vec![
-            ("config.json", policy_json(policy)?, 0o600),
-            ("ca.crt", self.ca_cert.clone(), 0o644),
-            ("ca.key", self.ca_key.clone(), 0o600),
+            (sidecar::POLICY_FILE, policy_json(policy)?, 0o600),
+            (sidecar::CA_CERT_FILE, self.ca_cert.clone(), 0o644),
+            (sidecar::CA_KEY_FILE, self.ca_key.clone(), 0o600),
         ];
         if let Some(bundle) = &self.upstream_ca {
-            files.push(("upstream-ca.pem", bundle.clone(), 0o644));
+            files.push((sidecar::UPSTREAM_CA_FILE, bundle.clone(), 0o644));
             env.push((
-                "DAIV_EGRESS_UPSTREAM_CA_FILE".to_string(),
-                format!("{dir}/upstream-ca.pem"),
+                sidecar::env::UPSTREAM_CA_FILE.to_string(),
+                path(sidecar::UPSTREAM_CA_FILE),
             ));
         }
         let egress_network = c
@@ -423,6 +516,12 @@ impl Egress {
                 name: egress_network,
                 ip: None,
             },
+            volumes: Vec::new(),
+            // Audit lines are the sandbox's to provoke: bounded on disk.
+            log_options: vec![
+                ("max-size".to_string(), "10m".to_string()),
+                ("max-file".to_string(), "3".to_string()),
+            ],
             skeleton: Some(config_tar(&files, true)),
         })
     }
@@ -486,7 +585,7 @@ fn config_tar(files: &[(&str, Bytes, u32)], with_dir: bool) -> Bytes {
         h
     };
     let prefix = if with_dir {
-        format!("{GATEWAY_DIR}/")
+        format!("{}/", sidecar::CONFIG_DIR.trim_start_matches('/'))
     } else {
         String::new()
     };

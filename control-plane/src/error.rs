@@ -52,16 +52,27 @@ impl ApiError {
 
 /// Engine errors reaching a handler unqualified: a missing container is a missing session, a
 /// refused request is the caller's, anything else is the engine's trouble and retryable.
+/// The daemon's message is logged here and never sent: it can name host paths and registries.
 impl From<EngineError> for ApiError {
     fn from(e: EngineError) -> Self {
+        if !matches!(e, EngineError::NotFound) {
+            tracing::warn!(error = %e, "container engine error");
+        }
         match e {
             EngineError::NotFound => ApiError::NotFound,
-            EngineError::Conflict(m) => ApiError::Conflict(m),
-            e @ EngineError::ImageUnavailable { .. } => ApiError::BadRequest(e.to_string()),
-            EngineError::Rejected(m) => ApiError::BadRequest(m),
-            e @ EngineError::Unavailable(_) => ApiError::Unavailable(e.to_string()),
+            e @ EngineError::Conflict(_) => ApiError::Conflict(e.public()),
+            e @ (EngineError::ImageUnavailable { .. } | EngineError::Rejected(_)) => {
+                ApiError::BadRequest(e.public())
+            }
+            e @ EngineError::Unavailable(_) => ApiError::Unavailable(e.public()),
         }
     }
+}
+
+/// An engine failure in the words of `context`, for a 503: logged in full, public in short.
+pub fn unavailable(context: &str, e: &EngineError) -> ApiError {
+    tracing::warn!(error = %e, "{context}");
+    ApiError::Unavailable(format!("{context}: {}", e.public()))
 }
 
 impl IntoResponse for ApiError {
@@ -112,5 +123,28 @@ mod tests {
         for (engine, status) in cases {
             assert_eq!(ApiError::from(engine).status(), status);
         }
+    }
+
+    #[test]
+    fn daemon_messages_never_reach_the_client() {
+        let leaky = "open /var/lib/docker/fuse-overlayfs/abc/merged/etc: too many levels";
+        for e in [
+            EngineError::Conflict(leaky.into()),
+            EngineError::Rejected(leaky.into()),
+            EngineError::Unavailable(leaky.into()),
+            EngineError::ImageUnavailable {
+                image: "busybox:nope".into(),
+                reason: format!("manifest unknown at registry.internal.corp {leaky}"),
+            },
+        ] {
+            let body = ApiError::from(e).to_string();
+            assert!(!body.contains("/var/lib/docker"), "{body}");
+            assert!(!body.contains("corp"), "{body}");
+        }
+        let e = unavailable(
+            "egress gateway could not start",
+            &EngineError::Unavailable(leaky.into()),
+        );
+        assert!(!e.to_string().contains("/var/lib"), "{e}");
     }
 }

@@ -4,7 +4,9 @@
 //! - [`config`]: `DAIV_SANDBOX_*` settings, validated all at once at start-up.
 //! - [`api`]: wire types, shaped like the reference's.
 //! - [`routes`]: thin axum handlers; [`auth`] guards them with `X-API-Key`.
-//! - [`session`]: session lifecycle and command execution over the engine seam.
+//! - [`session`]: session lifecycle over the engine seam; commands through the runtime.
+//! - [`runtime`]: the [`runtime::SessionRuntime`] seam (commands, fs ops, seed extraction) and its
+//!   implementation over the in-container helper's channel.
 //! - [`engine`]: the [`engine::ContainerEngine`] trait, its Docker implementation and a fake.
 //! - [`lock`]: per-session locks, in-process or shared by replicas through Redis.
 //! - [`activity`]: when each session was last used (for idle reaping).
@@ -22,7 +24,6 @@ use utoipa::OpenApi;
 pub mod activity;
 pub mod api;
 pub mod auth;
-pub mod batch;
 pub mod config;
 pub mod egress;
 pub mod engine;
@@ -30,6 +31,7 @@ pub mod error;
 pub mod lock;
 pub mod reaper;
 pub mod routes;
+pub mod runtime;
 pub mod session;
 pub mod telemetry;
 pub mod workspace;
@@ -74,8 +76,10 @@ impl AppState {
                 None
             }
         };
+        // main checks for the helper before serving; in-process tests run without one.
+        let helper = runtime::helper_binary(config.helper_bin.as_deref()).ok();
         Self {
-            sessions: Arc::new(Sessions::new(engine, config.clone(), egress)),
+            sessions: Arc::new(Sessions::new(engine, config.clone(), egress, helper)),
             activity: Arc::new(LocalActivity::new(config.running_session_max_idle)),
             config,
             locks,
@@ -89,10 +93,33 @@ impl AppState {
         self
     }
 
+    /// The session's lock for a request that removes it: released with its activity record
+    /// deleted rather than refreshed.
+    pub async fn lock_to_remove(&self, session_id: &str) -> Result<LockGuard, ApiError> {
+        let held = self.acquire(session_id).await?;
+        Ok(activity::forget_on_release(
+            self.activity.clone(),
+            session_id,
+            held,
+        ))
+    }
+
     /// The session's lock, or 409 once `SESSION_LOCK_WAIT_SECONDS` have passed (503 when the
     /// lock backend is down). Touches the session's activity now and again when the guard drops,
     /// before the lock is released.
     pub async fn lock(&self, session_id: &str) -> Result<LockGuard, ApiError> {
+        let held = self.acquire(session_id).await?;
+        if session::is_container_id(session_id) {
+            self.activity.touch(session_id).await;
+        }
+        Ok(activity::touch_on_release(
+            self.activity.clone(),
+            session_id,
+            held,
+        ))
+    }
+
+    async fn acquire(&self, session_id: &str) -> Result<LockGuard, ApiError> {
         let waiting = std::time::Instant::now();
         let held = self
             .locks
@@ -106,14 +133,7 @@ impl AppState {
             }
             LockError::Unavailable(m) => ApiError::Unavailable(m),
         })?;
-        if session::is_container_id(session_id) {
-            self.activity.touch(session_id).await;
-        }
-        Ok(activity::touch_on_release(
-            self.activity.clone(),
-            session_id,
-            held,
-        ))
+        Ok(held)
     }
 }
 

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use anyhow::Context;
+use axum::serve::ListenerExt;
 use control_plane::activity::RedisActivity;
 use control_plane::config::{self, ProcessEnv};
 use control_plane::engine::docker::DockerEngine;
@@ -23,6 +24,11 @@ async fn main() -> anyhow::Result<()> {
             std::process::exit(2);
         }
     };
+    // Every sandbox gets the helper; without it no session could run a command.
+    if let Err(e) = control_plane::runtime::helper_binary(config.helper_bin.as_deref()) {
+        eprintln!("daiv-sandbox: {e}");
+        std::process::exit(2);
+    }
     // Held until main returns: dropping it flushes queued error reports.
     let _reports = control_plane::telemetry::init(&config);
 
@@ -53,9 +59,15 @@ async fn main() -> anyhow::Result<()> {
         .then(|| Arc::new(Reaper::new(&state)).spawn());
 
     let addr = std::net::SocketAddr::new(config.host, config.port);
+    // Small request/response exchanges: no Nagle delay on any accepted socket.
     let listener = tokio::net::TcpListener::bind(addr)
         .await
-        .with_context(|| format!("cannot listen on {addr}"))?;
+        .with_context(|| format!("cannot listen on {addr}"))?
+        .tap_io(|tcp| {
+            if let Err(e) = tcp.set_nodelay(true) {
+                tracing::debug!(error = %e, "TCP_NODELAY not set");
+            }
+        });
     tracing::info!(%addr, version = control_plane::VERSION, "daiv-sandbox listening");
     let served = axum::serve(listener, app(state))
         .with_graceful_shutdown(shutdown_signal())

@@ -13,39 +13,33 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::StreamExt;
-use tokio::time::Instant;
 
-use crate::api::{RunRequest, RunResponse, RunResult, StartSessionRequest, WORKDIR};
-use crate::batch::{self, BatchParser, Event};
+use crate::api::{RunRequest, RunResponse, StartSessionRequest, WORKDIR};
 use crate::config::Config;
 use crate::egress::{self, Created, Egress, SandboxPlan, Triad};
 use crate::engine::{
-    ContainerEngine, ContainerInfo, ContainerSpec, DEPLOYMENT_LABEL, EngineError, ExecSpec,
-    IMAGE_LABEL, MANAGED_LABEL, NetworkAttach, ROLE_LABEL, ROLE_SANDBOX,
+    ContainerEngine, ContainerInfo, ContainerSpec, DEPLOYMENT_LABEL, EngineError, IMAGE_LABEL,
+    MANAGED_LABEL, NetworkAttach, ROLE_LABEL, ROLE_SANDBOX,
 };
 use crate::error::ApiError;
+use crate::runtime::{HELPER_PATH, HelperRuntime, RunSpec, SessionRuntime};
 
 /// Home of the sandbox user: writable, outside the workspace so seeds and `git status` stay clean.
 pub const HOME: &str = "/home/sandbox";
 
 /// Exit code of a command killed at its timeout (as coreutils' `timeout`).
-pub const TIMEOUT_EXIT_CODE: i64 = 124;
+pub const TIMEOUT_EXIT_CODE: i64 = crate::runtime::TIMEOUT_EXIT_CODE;
 
-/// Keeps the container alive without depending on anything but a POSIX shell and `sleep`, which
-/// every distro image has. PID 1 is Docker's init (tini), which forwards SIGTERM here: stops are
-/// prompt instead of waiting out the stop timeout.
-const KEEPALIVE: &str = "while :; do sleep 86400; done";
-
-/// Kills a whole process group (the wrapper's), falling back to the single pid. `kill -9 -PGID`
-/// is the one spelling dash, bash and busybox all accept (dash and busybox reject `--`).
-const KILL_GROUP: &str = r#"kill -9 "-$1" 2>/dev/null || kill -9 "$1" 2>/dev/null; exit 0"#;
-
-/// How long to wait for the rest of the output once a timed-out command was killed.
-const DRAIN_AFTER_KILL: Duration = Duration::from_secs(5);
+/// Longest per-command timeout a request may ask for (a week); larger values overflow deadline
+/// arithmetic and mean "none" anyway, which `0` says.
+pub const MAX_TIMEOUT_SECS: u64 = 7 * 24 * 3600;
 
 pub struct Sessions {
     engine: Arc<dyn ContainerEngine>,
+    runtime: Arc<dyn SessionRuntime>,
+    /// The static helper binary every sandbox gets in its skeleton (`None` only in-process
+    /// tests, whose fake engine runs a host build of the helper).
+    helper: Option<Bytes>,
     config: Arc<Config>,
     /// `None` when no egress CA is configured: egress sessions are then refused with 400.
     egress: Option<Egress>,
@@ -59,9 +53,17 @@ impl Sessions {
         engine: Arc<dyn ContainerEngine>,
         config: Arc<Config>,
         egress: Option<Egress>,
+        helper: Option<Bytes>,
     ) -> Self {
+        let runtime = Arc::new(HelperRuntime::new(
+            engine.clone(),
+            config.run_uid,
+            config.run_gid,
+        ));
         Self {
             engine,
+            runtime,
+            helper,
             config,
             egress,
         }
@@ -69,6 +71,18 @@ impl Sessions {
 
     pub fn engine(&self) -> &dyn ContainerEngine {
         &*self.engine
+    }
+
+    pub fn runtime(&self) -> &dyn SessionRuntime {
+        &*self.runtime
+    }
+
+    /// Opens the session's helper channel in the background: the first command or fs op then
+    /// finds it ready instead of paying for the exec that opens it.
+    fn warm(&self, id: &str) {
+        let runtime = self.runtime.clone();
+        let id = id.to_string();
+        tokio::spawn(async move { runtime.warm(&id).await });
     }
 
     fn user(&self) -> String {
@@ -92,6 +106,7 @@ impl Sessions {
                 return Err(e.into());
             }
             tracing::info!(session_id = %id, image = %req.base_image, "session created");
+            self.warm(&id);
             return Ok(id);
         };
         let egress = self.egress_or_400()?;
@@ -119,6 +134,7 @@ impl Sessions {
         match result {
             Ok(id) => {
                 tracing::info!(session_id = %id, image = %req.base_image, "egress session created");
+                self.warm(&id);
                 Ok(id)
             }
             Err(e) => {
@@ -190,9 +206,10 @@ impl Sessions {
         labels.extend(extra_labels.iter().cloned());
         ContainerSpec {
             image: req.base_image.clone(),
-            // The image's entrypoint would wrap the keep-alive in something unknown.
+            // The image's entrypoint would wrap the keep-alive in something unknown. The helper
+            // keeps the container alive: no shell needed, so shell-less images work.
             entrypoint: Some(Vec::new()),
-            cmd: Some(vec!["/bin/sh".into(), "-c".into(), KEEPALIVE.into()]),
+            cmd: Some(vec![HELPER_PATH.into(), "init".into()]),
             env,
             labels,
             user: Some(self.user()),
@@ -203,7 +220,16 @@ impl Sessions {
             nano_cpus: req.cpus.map(|c| (c * 1e9).round() as i64),
             pids_limit: c.pids_limit,
             network,
-            skeleton: Some(skeleton_tar(c.run_uid, c.run_gid, extra_files)),
+            // The workspace on a volume: no copy-up, no overlay lookups (on fuse-overlayfs, grep
+            // and extraction are 5-20x faster there). Anonymous: removed with the container.
+            volumes: vec![crate::workspace::WORKSPACE.to_string()],
+            log_options: Vec::new(),
+            skeleton: Some(skeleton_tar(
+                c.run_uid,
+                c.run_gid,
+                extra_files,
+                self.helper.as_ref(),
+            )),
         }
     }
 
@@ -214,8 +240,11 @@ impl Sessions {
             return Err(ApiError::NotFound);
         }
         let info = self.engine.inspect(id).await?;
+        // Another deployment's session is not ours to run, read or delete, even on a shared
+        // engine with a shared key: it is simply not found.
         if !info.is_managed()
             || info.labels.get(ROLE_LABEL).map(String::as_str) != Some(ROLE_SANDBOX)
+            || info.labels.get(DEPLOYMENT_LABEL) != Some(&self.config.deployment)
         {
             return Err(ApiError::NotFound);
         }
@@ -239,11 +268,15 @@ impl Sessions {
                 .await?;
         }
         match self.engine.start(id).await {
-            Ok(()) => Ok(info),
+            Ok(()) => {
+                self.warm(id);
+                Ok(info)
+            }
             Err(EngineError::NotFound) => Err(ApiError::NotFound),
-            Err(e) => Err(ApiError::Unavailable(format!(
-                "session could not be restarted: {e}"
-            ))),
+            Err(e) => Err(crate::error::unavailable(
+                "session could not be restarted",
+                &e,
+            )),
         }
     }
 
@@ -251,6 +284,7 @@ impl Sessions {
     pub async fn close(&self, id: &str, force: bool) -> Result<(), ApiError> {
         let info = self.find(id).await?;
         let triad = Triad::of(&info);
+        self.runtime.forget(id);
         let result = if force {
             self.engine.remove(id).await
         } else {
@@ -275,165 +309,41 @@ impl Sessions {
         Ok(())
     }
 
-    /// Runs the commands in order, all in one exec (see [`crate::batch`]). A timed-out command
-    /// ends the request: it and everything it started are killed, the rest are skipped.
+    /// Runs the commands in order through the session's helper. A timed-out command ends the
+    /// request: it and everything it started are killed, the rest are skipped.
     pub async fn run(&self, id: &str, req: &RunRequest) -> Result<RunResponse, ApiError> {
         if let Some(bad) = req.commands.iter().find(|c| c.contains('\0')) {
             return Err(ApiError::Unprocessable(format!(
                 "command contains a NUL byte: {:?}",
-                bad.replace('\0', "\\0")
+                crate::workspace::shown(&bad.replace('\0', "\\0"))
             )));
         }
-        self.ensure_running(id).await?;
         let timeout = match req.timeout {
             Some(0) => None,
+            Some(secs) if secs > MAX_TIMEOUT_SECS => {
+                return Err(ApiError::Unprocessable(format!(
+                    "timeout must be at most {MAX_TIMEOUT_SECS} seconds (0 = none)"
+                )));
+            }
             Some(secs) => Some(Duration::from_secs(secs)),
             None => self.config.command_timeout,
         };
-        let mut results = Vec::with_capacity(req.commands.len());
-        for batch in batch::batches(&req.commands) {
-            let stop = self
-                .run_batch(id, batch, req.fail_fast, timeout, &mut results)
-                .await?;
-            if stop {
-                break;
-            }
+        self.ensure_running(id).await?;
+        if req.commands.is_empty() {
+            return Ok(RunResponse {
+                results: Vec::new(),
+            });
         }
+        let spec = RunSpec {
+            commands: req.commands.clone(),
+            fail_fast: req.fail_fast,
+            timeout,
+            output_cap: self.config.output_max_bytes,
+            workdir: WORKDIR.to_string(),
+            env: Vec::new(),
+        };
+        let results = self.runtime.run(id, &spec).await?;
         Ok(RunResponse { results })
-    }
-
-    /// Runs one batch; `Ok(true)` when the request must stop (timeout or fail-fast).
-    async fn run_batch(
-        &self,
-        id: &str,
-        commands: &[String],
-        fail_fast: bool,
-        timeout: Option<Duration>,
-        results: &mut Vec<RunResult>,
-    ) -> Result<bool, ApiError> {
-        let nonce = batch::nonce();
-        let mut cmd = vec![
-            "/bin/sh".to_string(),
-            "-c".into(),
-            batch::DRIVER.into(),
-            "daiv-sandbox".into(),
-            nonce.clone(),
-            if fail_fast { "1" } else { "0" }.into(),
-        ];
-        cmd.extend(commands.iter().cloned());
-        let spec = ExecSpec {
-            cmd,
-            user: self.user(),
-            workdir: Some(WORKDIR.to_string()),
-            env: Vec::new(),
-        };
-        let mut exec = self.engine.exec(id, &spec).await?;
-        let mut parser = BatchParser::new(&nonce, self.config.output_max_bytes);
-        let mut deadline: Option<Instant> = None;
-        let first = results.len();
-        let mut timed_out = false;
-        loop {
-            let next = match deadline {
-                Some(d) => match tokio::time::timeout_at(d, exec.output.next()).await {
-                    Ok(n) => n,
-                    Err(_) => {
-                        timed_out = true;
-                        break;
-                    }
-                },
-                None => exec.output.next().await,
-            };
-            let chunk = match next {
-                Some(Ok(chunk)) => chunk,
-                Some(Err(e)) => return Err(e.into()),
-                None => break,
-            };
-            for event in parser.push(&chunk) {
-                match event {
-                    Event::Started => deadline = timeout.map(|t| Instant::now() + t),
-                    Event::Finished { output, exit_code } => {
-                        deadline = None;
-                        let command = commands
-                            .get(results.len() - first)
-                            .cloned()
-                            .unwrap_or_default();
-                        results.push(RunResult {
-                            command,
-                            output,
-                            exit_code,
-                            workdir: WORKDIR.to_string(),
-                        });
-                    }
-                }
-            }
-        }
-        let finished = results.len() - first;
-        if timed_out {
-            if let Some(pid) = parser.pid() {
-                self.kill_group(id, pid).await;
-            }
-            let drain = async {
-                while let Some(Ok(chunk)) = exec.output.next().await {
-                    parser.push(&chunk);
-                }
-            };
-            let _ = tokio::time::timeout(DRAIN_AFTER_KILL, drain).await;
-            results.push(RunResult {
-                command: commands.get(finished).cloned().unwrap_or_default(),
-                output: parser.take_unfinished().unwrap_or_default(),
-                exit_code: TIMEOUT_EXIT_CODE,
-                workdir: WORKDIR.to_string(),
-            });
-            return Ok(true);
-        }
-        if parser.in_command() {
-            // The driver ended mid-command (killed, or the container stopped): report what the
-            // engine says of the exec, and stop.
-            let exit_code = self.exit_code(&exec.exec_id).await.unwrap_or(-1);
-            results.push(RunResult {
-                command: commands.get(finished).cloned().unwrap_or_default(),
-                output: parser.take_unfinished().unwrap_or_default(),
-                exit_code,
-                workdir: WORKDIR.to_string(),
-            });
-            return Ok(true);
-        }
-        let failed = results[first..].last().is_some_and(|r| r.exit_code != 0);
-        Ok(finished < commands.len() || (fail_fast && failed))
-    }
-
-    /// The exit code once the output stream ended; the daemon may take a moment to record it.
-    async fn exit_code(&self, exec_id: &str) -> Result<i64, ApiError> {
-        for attempt in 0..50u32 {
-            if let Some(code) = self.engine.exec_exit_code(exec_id).await? {
-                return Ok(code);
-            }
-            tokio::time::sleep(Duration::from_millis(5 * u64::from(attempt.min(20)) + 1)).await;
-        }
-        Err(ApiError::Unavailable(
-            "the command's exit code was not reported by the container engine".to_string(),
-        ))
-    }
-
-    async fn kill_group(&self, id: &str, pid: u32) {
-        let spec = ExecSpec {
-            cmd: vec![
-                "/bin/sh".into(),
-                "-c".into(),
-                KILL_GROUP.into(),
-                "daiv-kill".into(),
-                pid.to_string(),
-            ],
-            user: self.user(),
-            workdir: None,
-            env: Vec::new(),
-        };
-        match self.engine.exec(id, &spec).await {
-            Ok(mut kill) => while kill.output.next().await.is_some() {},
-            Err(e) => {
-                tracing::warn!(session_id = %id, error = %e, "could not kill timed-out command")
-            }
-        }
     }
 }
 
@@ -454,7 +364,12 @@ fn base_env() -> Vec<(String, String)> {
 /// `/workspace/{repo,skills,tmp}` and the home directory, owned by the sandbox user through the
 /// archive entries themselves: no `chown` runs in the container (gVisor gives `exec -u root` no
 /// capabilities).
-pub fn skeleton_tar(uid: u32, gid: u32, root_files: &[(String, Bytes)]) -> Bytes {
+pub fn skeleton_tar(
+    uid: u32,
+    gid: u32,
+    root_files: &[(String, Bytes)],
+    helper: Option<&Bytes>,
+) -> Bytes {
     let dirs = [
         "workspace/",
         "workspace/repo/",
@@ -472,27 +387,41 @@ pub fn skeleton_tar(uid: u32, gid: u32, root_files: &[(String, Bytes)]) -> Bytes
         .map(|d| d.as_secs())
         .unwrap_or(0);
     let mut builder = tar::Builder::new(Vec::new());
-    for dir in dirs {
+    // Writing to a Vec cannot fail; the names are short constants or the egress plan's paths.
+    let mut append = |kind, mode, owner: (u32, u32), name: &str, data: &[u8]| {
         let mut header = tar::Header::new_gnu();
-        header.set_entry_type(tar::EntryType::Directory);
-        header.set_mode(0o755);
-        header.set_uid(u64::from(uid));
-        header.set_gid(u64::from(gid));
-        header.set_size(0);
+        header.set_entry_type(kind);
+        header.set_mode(mode);
+        header.set_uid(u64::from(owner.0));
+        header.set_gid(u64::from(owner.1));
+        header.set_size(data.len() as u64);
         header.set_mtime(now);
-        // Writing to a Vec cannot fail; the path is a short constant.
-        let _ = builder.append_data(&mut header, dir, std::io::empty());
+        let _ = builder.append_data(&mut header, name, data);
+    };
+    for dir in dirs {
+        append(tar::EntryType::Directory, 0o755, (uid, gid), dir, &[]);
+    }
+    // The service's own directory and the helper: root-owned, so the sandbox user can run the
+    // helper but never replace it (it serves every fs op).
+    append(
+        tar::EntryType::Directory,
+        0o755,
+        (0, 0),
+        ".daiv-sandbox/",
+        &[],
+    );
+    if let Some(bin) = helper {
+        append(
+            tar::EntryType::Regular,
+            0o755,
+            (0, 0),
+            &HELPER_PATH[1..],
+            bin,
+        );
     }
     // Root-owned, world-readable: the sandbox user can read but not replace them.
     for (path, data) in root_files {
-        let mut header = tar::Header::new_gnu();
-        header.set_entry_type(tar::EntryType::Regular);
-        header.set_mode(0o644);
-        header.set_uid(0);
-        header.set_gid(0);
-        header.set_size(data.len() as u64);
-        header.set_mtime(now);
-        let _ = builder.append_data(&mut header, path, &data[..]);
+        append(tar::EntryType::Regular, 0o644, (0, 0), path, data);
     }
     Bytes::from(builder.into_inner().unwrap_or_default())
 }
@@ -522,11 +451,12 @@ fn validate_start(req: &StartSessionRequest) -> Result<(), ApiError> {
             "memory_bytes must be at least {MIN_MEMORY_BYTES} (6 MiB)"
         )));
     }
+    // Docker takes nano-CPUs: anything that rounds to 0 would mean "unlimited".
     if let Some(c) = req.cpus
-        && !(c.is_finite() && c > 0.0 && c <= 1024.0)
+        && !(c.is_finite() && (0.01..=1024.0).contains(&c))
     {
         return Err(ApiError::Unprocessable(
-            "cpus must be a positive number".to_string(),
+            "cpus must be a number between 0.01 and 1024".to_string(),
         ));
     }
     if let Some(env) = &req.environment {
@@ -555,15 +485,22 @@ mod tests {
 
     #[test]
     fn skeleton_entries_carry_the_sandbox_owner() -> std::io::Result<()> {
-        let tar_bytes = skeleton_tar(1234, 5678, &[]);
+        let tar_bytes = skeleton_tar(1234, 5678, &[], Some(&Bytes::from_static(b"bin")));
         let mut archive = tar::Archive::new(&tar_bytes[..]);
         let mut names = Vec::new();
         for entry in archive.entries()? {
             let entry = entry?;
-            assert_eq!(entry.header().uid()?, 1234);
-            assert_eq!(entry.header().gid()?, 5678);
-            names.push(entry.path()?.display().to_string());
+            let name = entry.path()?.display().to_string();
+            if name.starts_with(".daiv-sandbox") {
+                // The helper and its directory stay root's: the sandbox cannot swap them.
+                assert_eq!(entry.header().uid()?, 0, "{name}");
+            } else {
+                assert_eq!(entry.header().uid()?, 1234);
+                assert_eq!(entry.header().gid()?, 5678);
+            }
+            names.push(name);
         }
+        assert!(names.iter().any(|n| n == &HELPER_PATH[1..]), "{names:?}");
         for expected in [
             "workspace/repo",
             "workspace/skills",

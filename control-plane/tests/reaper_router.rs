@@ -100,6 +100,8 @@ impl World {
             nano_cpus: None,
             pids_limit: 10,
             network: NetworkAttach::None,
+            volumes: Vec::new(),
+            log_options: Vec::new(),
             skeleton: None,
         };
         let id = self.engine.create(&spec).await?;
@@ -376,6 +378,7 @@ async fn network(w: &World, name: &str, token: &str, created: u64) -> TestResult
             name: name.to_string(),
             internal: true,
             subnet: None,
+            no_host_address: true,
             labels: HashMap::from([
                 (MANAGED_LABEL.to_string(), "true".to_string()),
                 (DEPLOYMENT_LABEL.to_string(), "default".to_string()),

@@ -7,7 +7,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use control_plane::config::{self, Config};
-use control_plane::engine::fake::{FakeEngine, FakeExec};
+use control_plane::engine::fake::FakeEngine;
 use control_plane::engine::{ContainerStatus, NetworkAttach};
 use control_plane::lock::LocalLocks;
 use control_plane::{AppState, app};
@@ -240,9 +240,11 @@ async fn an_image_that_cannot_be_pulled_is_a_4xx_naming_it() {
     assert_eq!(s, StatusCode::BAD_REQUEST);
     let detail = b["detail"].as_str().unwrap_or("");
     assert!(
-        detail.contains("ghost:latest") && detail.contains("pull access denied"),
+        detail.contains("ghost:latest") && detail.contains("refused access"),
         "{detail}"
     );
+    // The daemon's own words stay in the log.
+    assert!(!detail.contains("pull access denied"), "{detail}");
     assert!(!h.engine.calls().iter().any(|c| c.starts_with("create")));
 }
 
@@ -267,16 +269,14 @@ async fn unknown_sessions_are_404_on_every_route() {
     }
 }
 
+// Commands run through the real helper (a host build, in a per-container temp directory):
+// these tests drive the runtime's channel and protocol in-process.
+
 #[tokio::test]
 async fn commands_run_in_order_and_fail_fast_stops_at_the_first_failure() {
-    let engine = FakeEngine::new(|cmd| FakeExec {
-        chunks: vec![format!("out:{cmd}").into_bytes()],
-        exit_code: if cmd == "bad" { 2 } else { 0 },
-        hang: false,
-    });
-    let h = Harness::new(engine, &[]);
+    let h = Harness::default();
     let id = h.session().await;
-    let cmds = json!(["one", "bad", "three"]);
+    let cmds = json!(["echo one", "echo bad; exit 2", "echo three"]);
     let (s, b) = h
         .api(
             "POST",
@@ -289,7 +289,7 @@ async fn commands_run_in_order_and_fail_fast_stops_at_the_first_failure() {
     assert_eq!(results.len(), 3);
     assert_eq!(
         results[1],
-        json!({"command": "bad", "output": "out:bad", "exit_code": 2, "workdir": "/workspace/repo"})
+        json!({"command": "echo bad; exit 2", "output": "bad\n", "exit_code": 2, "workdir": "/workspace/repo"})
     );
     let (_, b) = h
         .api(
@@ -305,74 +305,74 @@ async fn commands_run_in_order_and_fail_fast_stops_at_the_first_failure() {
 
 #[tokio::test]
 async fn a_timed_out_command_is_killed_reports_124_and_skips_the_rest() {
-    let engine = FakeEngine::new(|cmd| FakeExec {
-        chunks: vec![b"partial".to_vec()],
-        exit_code: 0,
-        hang: cmd == "hang",
-    });
-    let h = Harness::new(engine, &[]);
+    let h = Harness::default();
     let id = h.session().await;
     let (s, b) = h
         .api(
             "POST",
             &format!("/session/{id}/"),
-            Some(json!({"commands": ["ok", "hang", "never"], "timeout": 1})),
+            Some(json!({"commands": ["echo ok", "echo partial; sleep 30", "echo never"], "timeout": 1})),
         )
         .await;
     assert_eq!(s, StatusCode::OK, "{b}");
     let results = b["results"].as_array().expect("results");
     assert_eq!(results.len(), 2, "{b}");
     assert_eq!(results[1]["exit_code"], 124);
-    assert_eq!(results[1]["output"], "partial");
-    // The wrapper's pid (4242) is the process group that gets killed.
-    assert!(
-        h.engine.calls().iter().any(|c| c.ends_with(" 4242")),
-        "{:?}",
-        h.engine.calls()
-    );
-    assert!(!h.engine.calls().iter().any(|c| c.ends_with(" never")));
+    assert_eq!(results[1]["output"], "partial\n");
+}
+
+#[tokio::test]
+async fn out_of_range_timeouts_and_cpus_are_refused() {
+    let h = Harness::default();
+    let id = h.session().await;
+    let (s, b) = h
+        .api(
+            "POST",
+            &format!("/session/{id}/"),
+            Some(json!({"commands": ["true"], "timeout": u64::MAX})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{b}");
+    let (s, b) = h
+        .api(
+            "POST",
+            "/session/",
+            Some(json!({"base_image": "img:1", "cpus": 1e-10})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{b}");
 }
 
 #[tokio::test]
 async fn the_server_default_timeout_applies_and_zero_disables_it() {
-    let engine = FakeEngine::new(|_| FakeExec {
-        chunks: vec![],
-        exit_code: 0,
-        hang: true,
-    });
-    let h = Harness::new(engine, &[("COMMAND_TIMEOUT", "1")]);
+    let h = Harness::new(FakeEngine::default(), &[("COMMAND_TIMEOUT", "1")]);
     let id = h.session().await;
     let (_, b) = h
         .api(
             "POST",
             &format!("/session/{id}/"),
-            Some(json!({"commands": ["x"]})),
+            Some(json!({"commands": ["sleep 30"]})),
         )
         .await;
     assert_eq!(b["results"][0]["exit_code"], 124);
-    let path = format!("/session/{id}/");
-    let zero = h.api(
-        "POST",
-        &path,
-        Some(json!({"commands": ["x"], "timeout": 0})),
+    let (_, b) = h
+        .api(
+            "POST",
+            &format!("/session/{id}/"),
+            Some(json!({"commands": ["sleep 1.5; echo slept"], "timeout": 0})),
+        )
+        .await;
+    assert_eq!(
+        b["results"][0]["exit_code"], 0,
+        "timeout 0 must not time out: {b}"
     );
-    assert!(
-        tokio::time::timeout(Duration::from_millis(1500), zero)
-            .await
-            .is_err(),
-        "timeout 0 must not time out"
-    );
+    assert_eq!(b["results"][0]["output"], "slept\n");
 }
 
 #[tokio::test]
 async fn a_busy_session_answers_409_after_the_lock_wait() {
-    let engine = FakeEngine::new(|cmd| FakeExec {
-        chunks: vec![],
-        exit_code: 0,
-        hang: cmd == "slow",
-    });
     let h = Arc::new(Harness::new(
-        engine,
+        FakeEngine::default(),
         &[("SESSION_LOCK_WAIT_SECONDS", "0.2")],
     ));
     let id = h.session().await;
@@ -382,16 +382,16 @@ async fn a_busy_session_answers_409_after_the_lock_wait() {
         h2.api(
             "POST",
             &format!("/session/{id2}/"),
-            Some(json!({"commands": ["slow"], "timeout": 2})),
+            Some(json!({"commands": ["sleep 1"], "timeout": 5})),
         )
         .await
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let (s, b) = h
         .api(
             "POST",
             &format!("/session/{id}/"),
-            Some(json!({"commands": ["fast"]})),
+            Some(json!({"commands": ["true"]})),
         )
         .await;
     assert_eq!(s, StatusCode::CONFLICT, "{b}");
@@ -403,7 +403,7 @@ async fn a_busy_session_answers_409_after_the_lock_wait() {
         .api(
             "POST",
             &format!("/session/{id}/"),
-            Some(json!({"commands": ["fast"]})),
+            Some(json!({"commands": ["true"]})),
         )
         .await;
     assert_eq!(s, StatusCode::OK);
@@ -520,6 +520,34 @@ async fn egress_create_builds_the_triad_and_keeps_secrets_in_the_gateway() {
         .find(|c| c != &id)
         .expect("gateway");
     let gateway = h.engine.spec(&gateway_id).expect("gateway spec");
+    // What the sandbox makes its gateway do is bounded: memory by default, logs on disk.
+    assert_eq!(gateway.memory_bytes, Some(128 * 1024 * 1024));
+    assert!(
+        gateway
+            .log_options
+            .contains(&("max-size".to_string(), "10m".to_string()))
+            && gateway.log_options.iter().any(|(k, _)| k == "max-file"),
+        "{:?}",
+        gateway.log_options
+    );
+    // The sandbox's internal network gives the host no address on it.
+    assert!(
+        h.engine
+            .network_specs()
+            .iter()
+            .all(|n| !n.internal || n.no_host_address)
+    );
+    // The workspace is a volume and the helper keeps the container alive.
+    assert_eq!(sandbox.volumes, vec!["/workspace".to_string()]);
+    assert_eq!(
+        sandbox.cmd.as_deref(),
+        Some(
+            &[
+                "/.daiv-sandbox/daiv-sandbox-helper".to_string(),
+                "init".to_string()
+            ][..]
+        )
+    );
 
     // The sandbox: on the internal network only, at a fixed address, proxied, trusting the CA.
     let NetworkAttach::Network {
@@ -760,4 +788,222 @@ async fn a_restart_that_fails_is_503() {
         )
         .await;
     assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
+}
+
+/// Unauthenticated clients choose the method token: it must not become a new metrics series or
+/// a kilobyte-long log field per request.
+#[tokio::test]
+async fn custom_methods_do_not_grow_the_metrics() {
+    let h = Harness::new(FakeEngine::default(), &[("METRICS_PUBLIC", "true")]);
+    for i in 0..50 {
+        let method = format!("X{i}{}", "A".repeat(4096));
+        let _ = h.call(&method, "/api/v1/session/", None, None).await;
+    }
+    let (status, body) = h.call("GET", "/metrics", None, None).await;
+    assert_eq!(status, StatusCode::OK);
+    let text = body.as_str().unwrap_or_default().to_string();
+    assert!(text.contains("method=\"OTHER\""), "{text}");
+    assert!(!text.contains("AAAA"), "raw methods reached the metrics");
+    assert!(
+        text.len() < 64 * 1024,
+        "metrics grew to {} bytes",
+        text.len()
+    );
+}
+
+// === egress policy installs: versioned, staged, acknowledged (the sidecar contract) ===
+
+fn gateway_of(h: &Harness, sandbox: &str) -> String {
+    h.engine
+        .container_ids()
+        .into_iter()
+        .find(|c| c != sandbox)
+        .expect("gateway")
+}
+
+/// The tar entries of a skeleton: (path, uid, content).
+fn tar_entries(tar_bytes: &[u8]) -> Vec<(String, u64, Vec<u8>)> {
+    let mut archive = tar::Archive::new(tar_bytes);
+    archive
+        .entries()
+        .expect("entries")
+        .map(|e| {
+            let mut e = e.expect("entry");
+            let path = e.path().expect("path").display().to_string();
+            let uid = e.header().uid().expect("uid");
+            let mut data = Vec::new();
+            std::io::Read::read_to_end(&mut e, &mut data).expect("read");
+            (path, uid, data)
+        })
+        .collect()
+}
+
+/// The contract test, control-plane side: the gateway is configured with exactly the names of
+/// `shared_policy::sidecar`, and the policy it is given reads back the way the gateway reads it
+/// (`Evaluator::from_json`), labelled with its content version; create waits for that version.
+#[tokio::test]
+async fn egress_create_writes_the_sidecar_contract_and_acknowledges_the_policy() {
+    use shared_policy::sidecar;
+    let h = egress_harness(FakeEngine::default());
+    let (s, b) = h
+        .api(
+            "POST",
+            "/session/",
+            Some(json!({"base_image": "img:1", "egress": egress_body("s3cr3t")})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    let id = b["session_id"].as_str().expect("id").to_string();
+    let gateway_id = gateway_of(&h, &id);
+    let gateway = h.engine.spec(&gateway_id).expect("gateway spec");
+    let env: std::collections::HashMap<_, _> = gateway.env.iter().cloned().collect();
+    assert_eq!(env[sidecar::env::POLICY_FILE], sidecar::DEFAULT_POLICY_PATH);
+    assert_eq!(
+        env[sidecar::env::CA_CERT_FILE],
+        sidecar::DEFAULT_CA_CERT_PATH
+    );
+    assert_eq!(env[sidecar::env::CA_KEY_FILE], sidecar::DEFAULT_CA_KEY_PATH);
+    assert!(env.contains_key(sidecar::env::LISTEN) && env.contains_key(sidecar::env::SESSION_ID));
+    for name in env.keys() {
+        assert!(name.starts_with("DAIV_EGRESS_"), "{name}");
+    }
+    let entries = tar_entries(gateway.skeleton.as_deref().expect("skeleton"));
+    let policy_entry = sidecar::DEFAULT_POLICY_PATH.trim_start_matches('/');
+    let (_, uid, policy) = entries
+        .iter()
+        .find(|(p, _, _)| p == policy_entry)
+        .expect("policy in the skeleton");
+    assert!(
+        entries
+            .iter()
+            .all(|(_, uid, _)| *uid == u64::from(sidecar::UID))
+    );
+    assert_eq!(*uid, u64::from(sidecar::UID));
+    let evaluator = shared_policy::Evaluator::from_json(policy).expect("the gateway reads it");
+    let file: shared_policy::PolicyFile = serde_json::from_slice(policy).expect("json");
+    let version = evaluator.version().expect("versioned").to_owned();
+    assert_eq!(version, file.content_version());
+    let host = shared_policy::Host::parse("api.upstream.test").expect("host");
+    assert!(evaluator.decide_request(&host, "GET").inject.is_some());
+    // Ready, then acknowledged: the gateway's own health check ran inside the gateway.
+    let calls = h.engine.calls();
+    let ready = calls
+        .iter()
+        .position(|c| c.starts_with(&format!("wait_for_log {gateway_id}")))
+        .expect("ready wait");
+    let ack = calls
+        .iter()
+        .position(|c| c == &format!("exec {gateway_id} {version}"))
+        .unwrap_or_else(|| panic!("no acknowledgement: {calls:?}"));
+    assert!(ready < ack, "{calls:?}");
+}
+
+#[tokio::test]
+async fn put_egress_stages_the_policy_and_answers_204_only_once_acknowledged() {
+    use shared_policy::sidecar;
+    // The fake gateway acknowledges the create's version and the first update, then stops.
+    let acks = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let engine = {
+        let acks = acks.clone();
+        FakeEngine::new(move |cmd| {
+            let ok = !cmd.starts_with("fnv64:")
+                || acks.fetch_add(1, std::sync::atomic::Ordering::SeqCst) < 2;
+            control_plane::engine::fake::FakeExec {
+                chunks: vec![format!("ack {cmd}\n").into_bytes()],
+                exit_code: if ok { 0 } else { 1 },
+                hang: false,
+            }
+        })
+    };
+    let h = egress_harness(engine);
+    let (_, b) = h
+        .api(
+            "POST",
+            "/session/",
+            Some(json!({"base_image": "img:1", "egress": egress_body("old")})),
+        )
+        .await;
+    let id = b["session_id"].as_str().expect("id").to_string();
+    let gateway_id = gateway_of(&h, &id);
+    // The agent cannot choose the version (it is the content's) nor turn on report-only mode.
+    let mut body = egress_body("new");
+    body["version"] = json!("agent-chosen");
+    let before = h.engine.calls().len();
+    let (s, b) = h
+        .api("PUT", &format!("/session/{id}/egress/"), Some(body))
+        .await;
+    assert_eq!(s, StatusCode::NO_CONTENT, "{b}");
+    let staged = h
+        .engine
+        .file(
+            &gateway_id,
+            &sidecar::config_path(sidecar::POLICY_STAGING_FILE),
+        )
+        .expect("staged policy written");
+    let file: shared_policy::PolicyFile = serde_json::from_slice(&staged).expect("json");
+    let version = file.version.clone().expect("versioned");
+    assert_eq!(version, file.content_version());
+    assert_eq!(file.secrets["tok"].value.expose(), "new");
+    let calls = h.engine.calls()[before..].to_vec();
+    let put = calls
+        .iter()
+        .position(|c| c.starts_with(&format!("put_archive {gateway_id}")))
+        .expect("put");
+    let ack = calls
+        .iter()
+        .position(|c| c == &format!("exec {gateway_id} {version}"))
+        .unwrap_or_else(|| panic!("no acknowledgement: {calls:?}"));
+    assert!(put < ack, "{calls:?}");
+    assert!(
+        h.engine
+            .file(&gateway_id, &sidecar::config_path(sidecar::POLICY_FILE))
+            .is_none(),
+        "the live file is never extracted over: {calls:?}"
+    );
+
+    let mut shadow = egress_body("x");
+    shadow["policy"]["mode"] = json!("shadow");
+    let (s, b) = h
+        .api("PUT", &format!("/session/{id}/egress/"), Some(shadow))
+        .await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{b}");
+    assert!(b.to_string().contains("shadow"), "{b}");
+
+    // A gateway that does not report the new version: 503, not 204.
+    let (s, b) = h
+        .api(
+            "PUT",
+            &format!("/session/{id}/egress/"),
+            Some(egress_body("newer")),
+        )
+        .await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{b}");
+    assert!(b.to_string().contains("did not enforce"), "{b}");
+}
+
+#[tokio::test]
+async fn path_rules_pass_the_api() {
+    let h = egress_harness(FakeEngine::default());
+    let body = json!({
+        "policy": {"default": "deny", "rules": [{"host": "gitlab.upstream.test", "paths": ["/api/v4/projects/**"], "inject": "tok"}]},
+        "secrets": {"tok": {"header": "PRIVATE-TOKEN", "value": "glpat"}}
+    });
+    let (s, b) = h
+        .api(
+            "POST",
+            "/session/",
+            Some(json!({"base_image": "img:1", "egress": body})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    let bad = json!({"policy": {"rules": [{"host": "a.test", "paths": ["no-slash"]}]}});
+    let (s, b) = h
+        .api(
+            "POST",
+            "/session/",
+            Some(json!({"base_image": "img:1", "egress": bad})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{b}");
+    assert!(b.to_string().contains("paths"), "{b}");
 }

@@ -3,6 +3,7 @@
 //! What the scripts do in a real container is tested end to end in the `e2e` crate.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -11,6 +12,7 @@ use control_plane::config::{self, Config};
 use control_plane::engine::fake::FakeEngine;
 use control_plane::lock::{LocalLocks, SessionLocks};
 use control_plane::{AppState, app};
+use futures::StreamExt;
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use tower::ServiceExt;
@@ -98,6 +100,27 @@ impl Harness {
         self.send(req).await
     }
 
+    /// A seed request with `body` as it is, and the response's status and raw body.
+    async fn seed_raw(&self, id: &str, body: Body) -> (StatusCode, Vec<u8>) {
+        let req = Request::post(format!("/api/v1/session/{id}/seed"))
+            .header("x-api-key", KEY)
+            .header(
+                "content-type",
+                format!("multipart/form-data; boundary={BOUNDARY}"),
+            )
+            .body(body)
+            .unwrap_or_default();
+        let resp = match self.router.clone().oneshot(req).await {
+            Ok(r) => r,
+            Err(e) => panic!("router error: {e}"),
+        };
+        let status = resp.status();
+        match resp.into_body().collect().await {
+            Ok(b) => (status, b.to_bytes().to_vec()),
+            Err(e) => panic!("body error: {e}"),
+        }
+    }
+
     async fn fs(&self, id: &str, op: &str, body: Value) -> (StatusCode, Value) {
         let req = Request::post(format!("/api/v1/session/{id}/fs/{op}"))
             .header("x-api-key", KEY)
@@ -141,7 +164,9 @@ async fn seed_is_one_shot_and_reports_skipped_members() {
     assert_eq!(s, StatusCode::NO_CONTENT, "{b}");
     assert_eq!(skipped.as_deref(), Some("2"));
     assert!(h.engine.file(&id, "/.daiv-sandbox/seeded").is_some());
-    assert!(h.engine.file(&id, "/workspace/repo/a.txt").is_some());
+    // Extracted by the helper (as the sandbox user), not through the archive API.
+    assert!(h.engine.workspace_dir(&id).join("repo/a.txt").is_file());
+    assert!(!h.engine.workspace_dir(&id).join("repo/hard").exists());
     let (s, _, b) = h.seed(&id, &[("repo_archive", archive)]).await;
     assert_eq!(s, StatusCode::CONFLICT, "{b}");
 }
@@ -191,8 +216,11 @@ async fn fs_paths_are_validated_before_touching_the_container() {
         assert_eq!(b["error"]["code"], "invalid_path", "{op}: {b}");
     }
     let calls = h.engine.calls();
+    // (Opening the helper's channel, ahead of use after create, is not an fs op.)
     assert!(
-        calls[before..].iter().all(|c| c.starts_with("inspect")),
+        calls[before..]
+            .iter()
+            .all(|c| c.starts_with("inspect") || c.starts_with("exec_attached")),
         "only the session lookup may reach the engine: {calls:?}"
     );
     let (s, _) = h
@@ -204,7 +232,7 @@ async fn fs_paths_are_validated_before_touching_the_container() {
 }
 
 #[tokio::test]
-async fn fs_read_and_edit_go_through_the_archive_api() {
+async fn fs_read_and_edit_go_through_the_helper() {
     let h = Harness::new(&[]);
     let id = h.session().await;
     let mut b = tar::Builder::new(Vec::new());
@@ -246,8 +274,11 @@ async fn fs_read_and_edit_go_through_the_archive_api() {
         )
         .await;
     assert_eq!(r, json!({"occurrences": 2, "error": null}));
+    // The helper (a host build here) wrote the seeded and edited file in the session's files.
     assert_eq!(
-        h.engine.file(&id, "/workspace/repo/f.txt").as_deref(),
+        std::fs::read(h.engine.workspace_dir(&id).join("repo/f.txt"))
+            .ok()
+            .as_deref(),
         Some(&b"1\ntwo\n1\n"[..])
     );
     let (_, r) = h
@@ -267,4 +298,112 @@ async fn fs_ops_wait_for_the_session_lock_then_409() {
     let (s, _, _) = h.seed(&id, &[("repo_archive", vec![])]).await;
     assert_eq!(s, StatusCode::CONFLICT);
     drop(held);
+}
+
+/// A multipart body of `fields` (like [`Harness::seed`]'s, without part `Content-Type`s).
+fn multipart(fields: &[(&str, Vec<u8>)]) -> Vec<u8> {
+    let mut body = Vec::new();
+    for (name, data) in fields {
+        body.extend_from_slice(
+            format!(
+                "--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"{name}\"; filename=\"a.tar\"\r\n\r\n"
+            )
+            .as_bytes(),
+        );
+        body.extend_from_slice(data);
+        body.extend_from_slice(b"\r\n");
+    }
+    body.extend_from_slice(format!("--{BOUNDARY}--\r\n").as_bytes());
+    body
+}
+
+/// A GNU long-name record carrying `name`, then an empty regular file (whose name it is).
+fn tar_with_long_name(name: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut record = name.to_vec();
+    record.push(0);
+    for (kind, size) in [
+        (tar::EntryType::GNULongName, record.len()),
+        (tar::EntryType::Regular, 0),
+    ] {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(kind);
+        h.set_mode(0o644);
+        h.set_size(size as u64);
+        let n: &[u8] = if size > 0 { b"././@LongLink" } else { b"short" };
+        h.as_old_mut().name[..n.len()].copy_from_slice(n);
+        h.set_cksum();
+        out.extend_from_slice(h.as_bytes());
+        if size > 0 {
+            out.extend_from_slice(&record);
+            out.resize(out.len().div_ceil(512) * 512, 0);
+        }
+    }
+    out.resize(out.len() + 1024, 0);
+    out
+}
+
+#[tokio::test]
+async fn hostile_names_give_short_422_bodies() {
+    let h = Harness::new(&[]);
+    let id = h.session().await;
+    // 32 KB names: over PATH_MAX (refused before the tar reader takes the record in), and
+    // just under it (refused for its `..`, the name cut in the message).
+    for (len, wants) in [
+        (32 * 1024, "longer than 4095 bytes"),
+        (4000, "(4000 bytes)"),
+    ] {
+        let name = format!("../{}", "a".repeat(len - 3));
+        let body = multipart(&[("repo_archive", tar_with_long_name(name.as_bytes()))]);
+        let (s, b) = h.seed_raw(&id, Body::from(body)).await;
+        let text = String::from_utf8_lossy(&b);
+        assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{text}");
+        assert!(b.len() < 1024, "{len}: {} bytes: {text}", b.len());
+        assert!(text.contains(wants), "{len}: {text}");
+    }
+    assert!(h.engine.file(&id, "/.daiv-sandbox/seeded").is_none());
+}
+
+#[tokio::test]
+async fn endless_part_headers_give_422() {
+    let h = Harness::new(&[]);
+    let id = h.session().await;
+    // A part whose headers never end: 64 MiB offered, lazily, in 64 KiB chunks.
+    let pulled = Arc::new(AtomicUsize::new(0));
+    let counter = pulled.clone();
+    let head = format!(
+        "--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"repo_archive\"\r\nX-Endless: "
+    );
+    let filler = bytes::Bytes::from(vec![b'a'; 64 * 1024]);
+    let chunks = futures::stream::once(async move { bytes::Bytes::from(head) })
+        .chain(futures::stream::repeat(filler).take(1024))
+        .map(move |c| {
+            counter.fetch_add(c.len(), Ordering::Relaxed);
+            Ok::<_, std::io::Error>(c)
+        });
+    let (s, b) = h.seed_raw(&id, Body::from_stream(chunks)).await;
+    let text = String::from_utf8_lossy(&b);
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{text}");
+    assert!(
+        text.contains("multipart part headers exceed 16384 bytes"),
+        "{text}"
+    );
+    let pulled = pulled.load(Ordering::Relaxed);
+    assert!(pulled < 1024 * 1024, "{pulled} bytes of the body were read");
+    // Part data is not bounded by the guard (nor by axum's default body limit: the guarded
+    // request keeps the route's `DefaultBodyLimit::disable`).
+    let big = multipart(&[("other", vec![b'x'; 3 * 1024 * 1024])]);
+    let (s, b) = h.seed_raw(&id, Body::from(big)).await;
+    let text = String::from_utf8_lossy(&b);
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{text}");
+    assert!(text.contains("at least one of"), "{text}");
+    // 64 parts reach the handler (which wants a seed field among them); 65 do not.
+    let names: Vec<String> = (0..65).map(|i| format!("f{i}")).collect();
+    let fields: Vec<(&str, Vec<u8>)> = names.iter().map(|n| (n.as_str(), vec![b'x'])).collect();
+    for (n, wants) in [(64, "at least one of"), (65, "more than 64 parts")] {
+        let (s, b) = h.seed_raw(&id, Body::from(multipart(&fields[..n]))).await;
+        let text = String::from_utf8_lossy(&b);
+        assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{n}: {text}");
+        assert!(text.contains(wants), "{n}: {text}");
+    }
 }

@@ -28,6 +28,8 @@ pub struct AuditRecord {
     pub path: Option<String>,
     /// `allow`, `deny` or `error`.
     pub decision: &'static str,
+    /// `false` when the decision was only reported (shadow mode): a `deny` that was let through.
+    pub enforced: bool,
     /// Stable reason code.
     pub reason: &'static str,
     /// Host glob of the deciding rule, if one decided.
@@ -43,6 +45,9 @@ pub struct AuditRecord {
     pub bytes_up: u64,
     /// From decision to end of the exchange.
     pub duration_ms: u64,
+    /// The `version` of the policy that decided, if the file has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy_version: Option<String>,
 }
 
 // === impl AuditRecord ===
@@ -67,6 +72,7 @@ impl AuditRecord {
             port,
             path,
             decision: "deny",
+            enforced: true,
             reason: "",
             rule: None,
             injected: None,
@@ -74,6 +80,7 @@ impl AuditRecord {
             bytes: 0,
             bytes_up: 0,
             duration_ms: 0,
+            policy_version: None,
         }
     }
 }

@@ -50,6 +50,9 @@ pub struct CertificateAuthority {
     leaf_key_der: Vec<u8>,
     provider: Arc<CryptoProvider>,
     cache: Mutex<LeafCache>,
+    /// Leaf lookups answered from the cache, and leaves minted (metrics).
+    hits: std::sync::atomic::AtomicU64,
+    misses: std::sync::atomic::AtomicU64,
 }
 
 /// FIFO-evicting map: host -> (config, minted at).
@@ -80,6 +83,8 @@ impl CertificateAuthority {
             leaf_key_der,
             provider,
             cache: Mutex::new(LeafCache::default()),
+            hits: std::sync::atomic::AtomicU64::new(0),
+            misses: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -101,9 +106,12 @@ impl CertificateAuthority {
     /// A TLS server config presenting a leaf for `host`, minted on first use and then cached.
     /// ALPN offers h2 and http/1.1, so the client side of the MITM speaks what the client prefers.
     pub fn server_config(&self, host: &Host) -> Result<Arc<ServerConfig>, CaError> {
+        use std::sync::atomic::Ordering::Relaxed;
         if let Some(cfg) = self.cached(host.as_str()) {
+            self.hits.fetch_add(1, Relaxed);
             return Ok(cfg);
         }
+        self.misses.fetch_add(1, Relaxed);
         let cfg = Arc::new(self.mint(host)?);
         let mut cache = self
             .cache
@@ -126,6 +134,12 @@ impl CertificateAuthority {
             }
         }
         Ok(cfg)
+    }
+
+    /// (cache hits, leaves minted) since start.
+    pub fn cache_stats(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (self.hits.load(Relaxed), self.misses.load(Relaxed))
     }
 
     /// Number of cached leaves (for tests and the benchmark).

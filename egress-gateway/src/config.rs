@@ -15,12 +15,14 @@ use crate::GatewayConfig;
 use crate::audit::AuditSink;
 use crate::error::ConfigError;
 
-/// Default locations inside the gateway image.
-pub const DEFAULT_POLICY_FILE: &str = "/etc/daiv-egress/config.json";
+use shared_policy::sidecar::{self, env};
+
+/// Default locations inside the gateway image (the sidecar contract).
+pub const DEFAULT_POLICY_FILE: &str = sidecar::DEFAULT_POLICY_PATH;
 /// CA certificate default path.
-pub const DEFAULT_CA_CERT_FILE: &str = "/etc/daiv-egress/ca.crt";
+pub const DEFAULT_CA_CERT_FILE: &str = sidecar::DEFAULT_CA_CERT_PATH;
 /// CA key default path.
-pub const DEFAULT_CA_KEY_FILE: &str = "/etc/daiv-egress/ca.key";
+pub const DEFAULT_CA_KEY_FILE: &str = sidecar::DEFAULT_CA_KEY_PATH;
 
 /// `daiv-egress-gateway`: with no subcommand, runs the proxy.
 #[derive(Debug, Parser)]
@@ -43,30 +45,52 @@ pub struct Cli {
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
     /// Address to listen on.
-    #[arg(long, env = "DAIV_EGRESS_LISTEN", default_value = "0.0.0.0:8080")]
+    #[arg(long, env = env::LISTEN, default_value = "0.0.0.0:8080")]
     pub listen: SocketAddr,
     /// Policy file (`{"policy": ..., "secrets": ...}`), hot-reloaded; missing or invalid = deny all.
-    #[arg(long, env = "DAIV_EGRESS_POLICY_FILE", default_value = DEFAULT_POLICY_FILE)]
+    #[arg(long, env = env::POLICY_FILE, default_value = DEFAULT_POLICY_FILE)]
     pub policy_file: PathBuf,
     /// CA certificate (PEM) used to sign minted leaves.
-    #[arg(long, env = "DAIV_EGRESS_CA_CERT_FILE", default_value = DEFAULT_CA_CERT_FILE)]
+    #[arg(long, env = env::CA_CERT_FILE, default_value = DEFAULT_CA_CERT_FILE)]
     pub ca_cert_file: PathBuf,
     /// CA private key (PEM, PKCS#8: ECDSA P-256/P-384, Ed25519 or RSA).
-    #[arg(long, env = "DAIV_EGRESS_CA_KEY_FILE", default_value = DEFAULT_CA_KEY_FILE)]
+    #[arg(long, env = env::CA_KEY_FILE, default_value = DEFAULT_CA_KEY_FILE)]
     pub ca_key_file: PathBuf,
     /// Extra CA bundle (PEM) trusted for upstream servers, on top of the built-in web PKI roots.
-    #[arg(long, env = "DAIV_EGRESS_UPSTREAM_CA_FILE")]
+    #[arg(long, env = env::UPSTREAM_CA_FILE)]
     pub upstream_ca_file: Option<PathBuf>,
     /// Comma-separated CIDRs of non-global addresses that may still be reached.
-    #[arg(long, env = "DAIV_EGRESS_ALLOWED_CIDRS", value_delimiter = ',')]
+    #[arg(long, env = env::ALLOWED_CIDRS, value_delimiter = ',')]
     pub allowed_cidrs: Vec<IpNet>,
     /// Session id recorded in every audit line.
-    #[arg(long, env = "DAIV_EGRESS_SESSION_ID", default_value = "")]
+    #[arg(long, env = env::SESSION_ID, default_value = "")]
     pub session_id: String,
     /// `NAME=IP` pairs answered without DNS (comma-separated in the variable). Answers are still
     /// subject to the address guard. For tests and benchmarks.
-    #[arg(long = "static-host", env = "DAIV_EGRESS_STATIC_HOSTS", value_delimiter = ',', value_parser = parse_static_host)]
+    #[arg(long = "static-host", env = env::STATIC_HOSTS, value_delimiter = ',', value_parser = parse_static_host)]
     pub static_hosts: Vec<(String, IpAddr)>,
+    /// Client connections served at once (tunnels and MITM sessions included); more are closed
+    /// at accept. Bounds the memory a sandbox can make the gateway use.
+    #[arg(long, env = env::MAX_CONNECTIONS, default_value_t = crate::proxy::DEFAULT_MAX_CONNECTIONS, value_parser = parse_max_connections)]
+    pub max_connections: usize,
+    /// Report-only: every policy decision is evaluated and audited, but policy denials are let
+    /// through (audit `"enforced": false`, no credential). A missing or invalid policy and the
+    /// hardening checks are still enforced.
+    #[arg(long, env = env::SHADOW)]
+    pub shadow: bool,
+    /// Serve Prometheus metrics (`GET /metrics`) on this address, a listener of its own (never
+    /// the proxy port). Off when unset. Bind it where only the operator's scraper reaches.
+    #[arg(long, env = env::METRICS_LISTEN)]
+    pub metrics_listen: Option<SocketAddr>,
+    /// Send all upstream connections through this HTTP proxy
+    /// (`http://[user:password@]host:port`): CONNECT to the address the gateway resolved and
+    /// checked (the SSRF guard still applies to the destination).
+    #[arg(long, env = env::UPSTREAM_PROXY, value_parser = parse_upstream_proxy)]
+    pub upstream_proxy: Option<crate::proxy::upstream::UpstreamProxy>,
+}
+
+fn parse_upstream_proxy(s: &str) -> Result<crate::proxy::upstream::UpstreamProxy, String> {
+    crate::proxy::upstream::UpstreamProxy::parse(s)
 }
 
 /// Operator subcommands.
@@ -77,6 +101,19 @@ pub enum Command {
         /// What to do.
         #[command(subcommand)]
         command: PolicyCommand,
+    },
+    /// Ask a running gateway's health endpoint which policy version it enforces (exit 0 when it
+    /// answers, and enforces `--expect-version` if given, within `--timeout-ms`; 1 otherwise).
+    Health {
+        /// The gateway's listen address (`0.0.0.0` / `::` mean this host).
+        #[arg(long, env = env::LISTEN, default_value = "127.0.0.1:8080")]
+        listen: SocketAddr,
+        /// Wait until the gateway enforces this policy version.
+        #[arg(long)]
+        expect_version: Option<String>,
+        /// How long to keep asking.
+        #[arg(long, default_value_t = 5000)]
+        timeout_ms: u64,
     },
     /// Write a new CA certificate and key (key file mode 0600).
     GenCa {
@@ -116,6 +153,12 @@ pub enum PolicyCommand {
         /// HTTP method.
         #[arg(long, default_value = "GET")]
         method: String,
+        /// Request path (no query string); without it, rules restricted to paths do not apply.
+        #[arg(long)]
+        path: Option<String>,
+        /// Explain as a gateway started with `--shadow` would decide.
+        #[arg(long)]
+        shadow: bool,
     },
 }
 
@@ -126,6 +169,13 @@ fn parse_static_host(s: &str) -> Result<(String, IpAddr), String> {
         .parse()
         .map_err(|_| format!("{ip:?} is not an IP address"))?;
     Ok((host.as_str().to_owned(), ip))
+}
+
+fn parse_max_connections(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) | Err(_) => Err(format!("{s:?} is not a positive number")),
+        Ok(n) => Ok(n),
+    }
 }
 
 // === impl ServeArgs ===
@@ -156,6 +206,12 @@ impl ServeArgs {
             static_hosts,
             session_id: self.session_id.clone(),
             audit,
+            limits: crate::Limits {
+                max_connections: self.max_connections,
+                ..crate::Limits::default()
+            },
+            shadow: self.shadow,
+            upstream_proxy: self.upstream_proxy.clone(),
         })
     }
 }
@@ -212,6 +268,76 @@ mod tests {
             })
         ));
         assert!(Cli::try_parse_from(["x", "--static-host", "nope"]).is_err());
+        assert_eq!(
+            cli_max_connections(&[]),
+            Some(crate::proxy::DEFAULT_MAX_CONNECTIONS)
+        );
+        assert_eq!(cli_max_connections(&["--max-connections", "8"]), Some(8));
+        assert_eq!(cli_max_connections(&["--max-connections", "0"]), None);
+    }
+
+    fn cli_max_connections(args: &[&str]) -> Option<usize> {
+        let argv = std::iter::once("x").chain(args.iter().copied());
+        Cli::try_parse_from(argv)
+            .ok()
+            .map(|c| c.serve.max_connections)
+    }
+
+    /// The contract test, gateway side: every environment variable the gateway reads is one of
+    /// `shared_policy::sidecar::env` (the names the control plane sets), and the defaults are the
+    /// contract's paths. The control plane's side is `control-plane/tests/router.rs`.
+    #[test]
+    fn reads_the_sidecar_contract() {
+        use clap::CommandFactory;
+        let cmd = Cli::command();
+        let read: std::collections::BTreeSet<String> = cmd
+            .get_arguments()
+            .filter_map(|a| a.get_env())
+            .map(|e| e.to_string_lossy().into_owned())
+            .collect();
+        let contract: std::collections::BTreeSet<String> = [
+            env::LISTEN,
+            env::POLICY_FILE,
+            env::CA_CERT_FILE,
+            env::CA_KEY_FILE,
+            env::UPSTREAM_CA_FILE,
+            env::ALLOWED_CIDRS,
+            env::SESSION_ID,
+            env::STATIC_HOSTS,
+            env::MAX_CONNECTIONS,
+            env::SHADOW,
+            env::METRICS_LISTEN,
+            env::UPSTREAM_PROXY,
+        ]
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+        assert_eq!(read, contract);
+        let cli = Cli::try_parse_from(["x"]).expect("parse");
+        assert_eq!(
+            cli.serve.policy_file,
+            PathBuf::from(sidecar::DEFAULT_POLICY_PATH)
+        );
+        assert_eq!(
+            cli.serve.ca_cert_file,
+            PathBuf::from(sidecar::DEFAULT_CA_CERT_PATH)
+        );
+        assert_eq!(
+            cli.serve.ca_key_file,
+            PathBuf::from(sidecar::DEFAULT_CA_KEY_PATH)
+        );
+        assert_eq!(cli.serve.listen.port(), sidecar::DEFAULT_PORT);
+        // The control plane's acknowledgement command parses here.
+        let ack = Cli::try_parse_from([
+            sidecar::BINARY,
+            sidecar::HEALTH_SUBCOMMAND,
+            "--timeout-ms",
+            "5000",
+            "--expect-version",
+            "fnv64:0123456789abcdef",
+        ])
+        .expect("health parses");
+        assert!(matches!(ack.command, Some(Command::Health { .. })));
     }
 
     #[test]

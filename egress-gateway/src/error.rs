@@ -11,7 +11,8 @@ use thiserror::Error;
 /// [`DenyCode::code`] is what the agent sees in `X-Egress-Denied` and the audit log records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DenyCode {
-    /// The policy said no (`host-not-listed`, `method-not-allowed`, `policy-unavailable`).
+    /// The policy said no (`host-not-listed`, `method-not-allowed`, `path-not-allowed`,
+    /// `policy-unavailable`).
     Policy(Reason),
     /// The TLS SNI names another host than the CONNECT authority (domain fronting).
     SniMismatch,
@@ -22,6 +23,12 @@ pub enum DenyCode {
     /// The rule injects a credential but the request is plaintext: credentials only go over TLS.
     /// Also used for a non-TLS stream inside a CONNECT tunnel, whose destination we cannot bind.
     TlsRequired,
+    /// TRACE or TRACK on a request that would carry a credential: the origin echoes the request,
+    /// injected header included, back to the sandbox.
+    CredentialEcho,
+    /// A blind tunnel closed on a policy reload because the host must now be intercepted (it
+    /// gained an injection or a method restriction, or `intercept` became `all`). Audit only.
+    InterceptRequired,
 }
 
 // === impl DenyCode ===
@@ -35,6 +42,8 @@ impl DenyCode {
             Self::HostMismatch => "host-mismatch",
             Self::AddressNotAllowed => "address-not-allowed",
             Self::TlsRequired => "tls-required",
+            Self::CredentialEcho => "credential-echo",
+            Self::InterceptRequired => "intercept-required",
         }
     }
 
@@ -50,6 +59,12 @@ impl DenyCode {
                 "the host resolves to a private or otherwise non-global address"
             }
             Self::TlsRequired => "this destination is only reachable over TLS (HTTPS via CONNECT)",
+            Self::CredentialEcho => {
+                "TRACE and TRACK echo the request, so they are refused where a credential is injected"
+            }
+            Self::InterceptRequired => {
+                "the policy changed and this host's TLS must now be intercepted; reconnect"
+            }
         }
     }
 }

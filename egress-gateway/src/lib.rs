@@ -10,12 +10,15 @@
 //! - [`guard`]: own DNS resolution and the non-global address refusal (SSRF guard).
 //! - [`proxy`]: accept, CONNECT, tunnel, MITM, per-request handling, upstream client.
 //! - [`audit`]: one JSON line per decision.
+//! - [`metrics`]: Prometheus counters, served on a listener of their own (off by default).
 //! - [`cli`]: `policy check`, `policy explain`, `gen-ca`.
 //! - [`error`]: [`ProxyError`] (one `status()` mapping) and [`ConfigError`].
 //!
 //! # Reason codes (`X-Egress-Denied` and the audit log)
-//! From the policy: `host-not-listed`, `method-not-allowed`, `policy-unavailable`. From the
-//! gateway: `sni-mismatch`, `host-mismatch`, `address-not-allowed`, `tls-required`.
+//! From the policy: `host-not-listed`, `method-not-allowed`, `path-not-allowed`,
+//! `policy-unavailable`. From the
+//! gateway: `sni-mismatch`, `host-mismatch`, `address-not-allowed`, `tls-required`,
+//! `credential-echo`, and (audit only, a tunnel closed by a reload) `intercept-required`.
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod audit;
@@ -24,6 +27,7 @@ pub mod cli;
 pub mod config;
 pub mod error;
 pub mod guard;
+pub mod metrics;
 pub mod policy_store;
 pub mod proxy;
 
@@ -38,6 +42,7 @@ use rustls_pki_types::CertificateDer;
 use tokio::net::TcpListener;
 
 pub use error::{ConfigError, DenyCode, ProxyError};
+pub use proxy::Limits;
 
 use crate::audit::AuditSink;
 use crate::ca::CertificateAuthority;
@@ -62,6 +67,13 @@ pub struct GatewayConfig {
     pub session_id: String,
     /// Where audit lines go.
     pub audit: Arc<dyn AuditSink>,
+    /// Connection cap and client-side timeouts.
+    pub limits: Limits,
+    /// Report-only mode for every policy (`--shadow`): denials are audited with
+    /// `"enforced": false` and let through (without credentials).
+    pub shadow: bool,
+    /// A corporate HTTP proxy all upstream connections go through (`--upstream-proxy`).
+    pub upstream_proxy: Option<proxy::upstream::UpstreamProxy>,
 }
 
 /// A configured gateway, ready to serve a listener.
@@ -84,14 +96,26 @@ impl Gateway {
             .map_err(ConfigError::Invalid)?;
         let policy = PolicyStore::open(&config.policy_path);
         let reloader = policy_store::watch(policy.clone());
+        let metrics = Arc::new(metrics::Metrics::default());
+        let audit: Arc<dyn audit::AuditSink> = Arc::new(metrics::MeteredSink {
+            inner: config.audit,
+            metrics: metrics.clone(),
+        });
         let ctx = Arc::new(proxy::Ctx {
             policy,
             ca: Arc::new(ca),
-            upstreams: proxy::upstream::Upstreams::new(guard.clone(), tls),
+            upstreams: proxy::upstream::Upstreams::new(
+                guard.clone(),
+                tls,
+                config.upstream_proxy.map(Arc::new),
+            ),
             guard,
             session: config.session_id.into(),
-            audit: config.audit,
+            audit,
+            metrics,
             tasks: tokio_util::task::TaskTracker::new(),
+            limits: config.limits,
+            shadow: config.shadow,
         });
         Ok(Self {
             ctx,
@@ -107,6 +131,15 @@ impl Gateway {
     /// The CA (tests and benchmarks inspect its cache).
     pub fn ca(&self) -> &Arc<CertificateAuthority> {
         &self.ctx.ca
+    }
+
+    /// What the metrics endpoint serves; run it with [`metrics::serve`] on a listener of its own.
+    pub fn scrape(&self) -> Arc<metrics::Scrape> {
+        Arc::new(metrics::Scrape {
+            metrics: self.ctx.metrics.clone(),
+            policy: self.ctx.policy.clone(),
+            ca: self.ctx.ca.clone(),
+        })
     }
 
     /// Serves `listener` until `shutdown` resolves, then drains briefly.

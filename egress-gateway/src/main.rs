@@ -18,8 +18,34 @@ fn main() -> anyhow::Result<()> {
             command: PolicyCommand::Check { file, api },
         }) => cli::policy_check(&file, api, &mut stdout)?,
         Some(Command::Policy {
-            command: PolicyCommand::Explain { file, host, method },
-        }) => cli::policy_explain(&file, &host, &method, &mut stdout)?,
+            command:
+                PolicyCommand::Explain {
+                    file,
+                    host,
+                    method,
+                    path,
+                    shadow,
+                },
+        }) => cli::policy_explain(
+            &file,
+            &cli::Query {
+                host: &host,
+                method: &method,
+                path: path.as_deref(),
+                shadow,
+            },
+            &mut stdout,
+        )?,
+        Some(Command::Health {
+            listen,
+            expect_version,
+            timeout_ms,
+        }) => cli::health(
+            listen,
+            expect_version.as_deref(),
+            std::time::Duration::from_millis(timeout_ms),
+            &mut stdout,
+        )?,
         Some(Command::GenCa {
             cert_out,
             key_out,
@@ -63,8 +89,23 @@ async fn run(args: egress_gateway::config::ServeArgs) -> anyhow::Result<()> {
         .with_context(|| format!("listen on {}", args.listen))?;
     let span = tracing::info_span!("gateway", session_id = %session);
     let _entered = span.enter();
+    let (stop_metrics, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
+    if let Some(addr) = args.metrics_listen {
+        let metrics = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("metrics listen on {addr}"))?;
+        tracing::info!(listen = %addr, "metrics endpoint listening");
+        tokio::spawn(egress_gateway::metrics::serve(
+            metrics,
+            gateway.scrape(),
+            async move {
+                let _ = metrics_stopped.await;
+            },
+        ));
+    }
     tracing::info!(listen = %args.listen, policy = %args.policy_file.display(), "egress gateway listening");
     gateway.serve(listener, shutdown_signal()).await?;
+    let _ = stop_metrics.send(());
     Ok(())
 }
 

@@ -270,7 +270,7 @@ async fn guards_private_addresses_unless_allowed() {
         policy.clone(),
         Options {
             allowed_cidrs: vec![],
-            static_hosts: true,
+            ..Options::default()
         },
     )
     .await;
@@ -512,30 +512,6 @@ async fn reload_under_load_goes_allow_deny_all_allow() {
 }
 
 #[tokio::test]
-async fn a_write_in_place_with_the_same_mtime_still_reloads() {
-    let h = start(allow_upstream()).await;
-    let client = h.client(Trust::Gateway, true);
-    let url = h.https_url("upstream.test", "/");
-    assert_eq!(client.get(&url).send().await.expect("send").status(), 200);
-    // What the reference's writer did: rewrite with a fixed mtime. Written in place, not renamed.
-    let deny =
-        json!({"policy": {"default": "deny", "rules": [{"host": "nothing.test"}]}}).to_string();
-    std::fs::write(&h.policy_path, &deny).expect("write");
-    let f = std::fs::File::options()
-        .write(true)
-        .open(&h.policy_path)
-        .expect("open");
-    f.set_modified(std::time::UNIX_EPOCH).expect("mtime");
-    assert!(
-        eventually(Duration::from_secs(5), || {
-            let (c, u) = (client.clone(), url.clone());
-            async move { c.get(u).send().await.is_ok_and(|r| r.status() == 403) }
-        })
-        .await
-    );
-}
-
-#[tokio::test]
 async fn shuts_down_promptly_with_idle_and_open_connections() {
     use egress_gateway::{Gateway, GatewayConfig, audit::MemorySink};
     let ca = integration::fixtures::TestCa::new("shutdown ca").expect("ca");
@@ -554,6 +530,9 @@ async fn shuts_down_promptly_with_idle_and_open_connections() {
         static_hosts: Default::default(),
         session_id: String::new(),
         audit: MemorySink::new(),
+        limits: Default::default(),
+        shadow: false,
+        upstream_proxy: None,
     })
     .expect("gateway");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -590,4 +569,329 @@ async fn shuts_down_promptly_with_idle_and_open_connections() {
     );
     // The idle connection was closed.
     assert_eq!(idle.read(&mut buf).await.unwrap_or(0), 0);
+}
+
+/// Reads from `stream` until `needle` has arrived (bounded wait); returns all that was read.
+async fn read_until<S: tokio::io::AsyncRead + Unpin>(stream: &mut S, needle: &str) -> String {
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    let found = tokio::time::timeout(Duration::from_secs(20), async {
+        while !String::from_utf8_lossy(&seen).contains(needle) {
+            let n = stream.read(&mut buf).await.expect("read");
+            assert!(n > 0, "closed early: {:?}", String::from_utf8_lossy(&seen));
+            seen.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await;
+    assert!(
+        found.is_ok(),
+        "no {needle:?} in {:?}",
+        String::from_utf8_lossy(&seen)
+    );
+    String::from_utf8_lossy(&seen).into_owned()
+}
+
+/// True when the peer closes `stream` (EOF or reset) within a bounded wait, discarding data.
+async fn closes<S: tokio::io::AsyncRead + Unpin>(stream: &mut S) -> bool {
+    let mut buf = [0u8; 4096];
+    tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await
+    .is_ok()
+}
+
+fn limits(max_connections: usize, header_read: Duration, idle: Duration) -> Options {
+    Options {
+        limits: egress_gateway::Limits {
+            max_connections,
+            header_read_timeout: header_read,
+            idle_timeout: idle,
+        },
+        ..Options::default()
+    }
+}
+
+const HEALTH: &[u8] = b"GET /-/health/ HTTP/1.1\r\nHost: x\r\n\r\n";
+
+/// A sandbox cannot make the gateway hold unbounded memory with half-sent request heads: past
+/// the cap, connections are closed at accept, and one head never buffers more than the limit.
+#[tokio::test]
+async fn caps_connections_and_bounds_half_sent_heads() {
+    const CAP: usize = 8;
+    let long = Duration::from_secs(600);
+    let h = start_with(allow_upstream(), limits(CAP, long, long)).await;
+    let mut held = Vec::new();
+    for _ in 0..CAP {
+        let mut tcp = tokio::net::TcpStream::connect(h.gateway)
+            .await
+            .expect("connect");
+        // Served (so it holds a slot), then left with a half-sent head.
+        tcp.write_all(HEALTH).await.expect("write");
+        read_until(&mut tcp, "ok\n").await;
+        tcp.write_all(b"GET http://upstream.test/ HTTP/1.1\r\nX-Pad: aaaa")
+            .await
+            .expect("write");
+        held.push(tcp);
+    }
+    for _ in 0..3 {
+        let mut extra = tokio::net::TcpStream::connect(h.gateway)
+            .await
+            .expect("the kernel still completes the handshake");
+        let _ = extra.write_all(HEALTH).await;
+        let mut buf = [0u8; 64];
+        let n = tokio::time::timeout(Duration::from_secs(10), extra.read(&mut buf))
+            .await
+            .expect("closed at accept, not left waiting")
+            .unwrap_or(0);
+        assert_eq!(
+            n,
+            0,
+            "beyond the cap: {:?}",
+            String::from_utf8_lossy(&buf[..n])
+        );
+    }
+    // Closing a held connection frees its slot.
+    drop(held.pop());
+    let mut fresh = None;
+    for _ in 0..200 {
+        let mut tcp = tokio::net::TcpStream::connect(h.gateway)
+            .await
+            .expect("connect");
+        let _ = tcp.write_all(HEALTH).await;
+        let mut buf = [0u8; 256];
+        if let Ok(Ok(n)) = tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut buf)).await
+            && String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200")
+        {
+            fresh = Some(tcp);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut fresh = fresh.expect("a slot is free again");
+    // A head as long as the buffer limit, unfinished: refused (431) and closed, not buffered on.
+    let mut head = b"GET http://upstream.test/ HTTP/1.1\r\nX-Pad: ".to_vec();
+    head.resize(egress_gateway::proxy::MAX_BUF_SIZE, b'a');
+    fresh.write_all(&head).await.expect("write");
+    let mut out = Vec::new();
+    let answered = tokio::time::timeout(Duration::from_secs(10), fresh.read_to_end(&mut out)).await;
+    assert!(
+        answered.is_ok(),
+        "a head at the limit must not be buffered on"
+    );
+    let text = String::from_utf8_lossy(&out);
+    assert!(
+        text.is_empty() || text.starts_with("HTTP/1.1 431"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn drops_a_slow_head_after_the_header_timeout() {
+    let h = start_with(
+        allow_upstream(),
+        limits(8, Duration::from_millis(200), Duration::from_secs(600)),
+    )
+    .await;
+    let mut slow = tokio::net::TcpStream::connect(h.gateway)
+        .await
+        .expect("connect");
+    slow.write_all(b"GET http://upstream.test/ HTTP/1.1\r\nHost: upstream.test\r\n")
+        .await
+        .expect("write");
+    assert!(closes(&mut slow).await, "a head that never ends is dropped");
+    // Inside a MITM'd tunnel too.
+    let port = h.https.addr.port();
+    let (_, _, tcp) = h.raw_connect(&format!("upstream.test:{port}")).await;
+    let mut tls = h.tls_over(tcp, "upstream.test").await.expect("tls");
+    tls.write_all(b"GET / HTTP/1.1\r\n").await.expect("write");
+    assert!(
+        closes(&mut tls).await,
+        "MITM'd head that never ends is dropped"
+    );
+}
+
+#[tokio::test]
+async fn closes_idle_tunnels_and_mitm_sessions() {
+    let h = start_with(
+        json!({"policy": {"default": "deny", "intercept": "credentialed", "rules": [
+            {"host": "upstream.test"}, {"host": "other.test", "methods": ["GET"]}
+        ]}}),
+        // The header timeout is long: what closes the MITM session is the idle clock.
+        limits(8, Duration::from_secs(600), Duration::from_secs(1)),
+    )
+    .await;
+    let port = h.https.addr.port();
+    for host in ["upstream.test", "other.test"] {
+        let (status, _, tcp) = h.raw_connect(&format!("{host}:{port}")).await;
+        assert_eq!(status, 200);
+        let mut tls = h.tls_over(tcp, host).await.expect("tls");
+        tls.write_all(format!("GET / HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n").as_bytes())
+            .await
+            .expect("write");
+        read_until(&mut tls, "hello from https-upstream").await;
+        assert!(closes(&mut tls).await, "{host}: idle connection closed");
+    }
+}
+
+/// TRACE echoes the request, so through a MITM it would hand the sandbox the injected credential.
+#[tokio::test]
+async fn refuses_trace_and_track_where_a_credential_is_injected() {
+    let h = start(json!({
+        "policy": {"default": "deny", "rules": [
+            {"host": "upstream.test", "inject": "tok"}, {"host": "other.test"}
+        ]},
+        "secrets": {"tok": {"header": "Authorization", "value": SECRET}}
+    }))
+    .await;
+    for http1 in [true, false] {
+        let client = h.client(Trust::Gateway, http1);
+        for method in ["TRACE", "TRACK", "trace"] {
+            let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
+            let resp = client
+                .request(method.clone(), h.https_url("upstream.test", "/echo"))
+                .send()
+                .await
+                .expect("send");
+            assert_eq!(resp.status(), 403, "{method}");
+            assert_eq!(denied_code(&resp).as_deref(), Some("credential-echo"));
+            assert!(!resp.text().await.expect("body").contains("sekrit"));
+        }
+        // No credential, nothing to leak: forwarded.
+        let resp = client
+            .request(reqwest::Method::TRACE, h.https_url("other.test", "/echo"))
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(echo(resp).await["method"], "TRACE");
+    }
+    assert!(h.audit_lines().iter().any(|l| l["method"] == "TRACK"
+        && l["decision"] == "deny"
+        && l["reason"] == "credential-echo"));
+}
+
+/// A reload re-checks blind tunnels: one the new policy would not open is closed; others stay.
+#[tokio::test]
+async fn reload_closes_blind_tunnels_the_policy_no_longer_allows() {
+    let policy = |rules: Value| json!({"policy": {"default": "deny", "intercept": "credentialed", "rules": rules}});
+    let h = start(policy(
+        json!([{"host": "upstream.test"}, {"host": "other.test"}]),
+    ))
+    .await;
+    let port = h.https.addr.port();
+    let mut tunnels = Vec::new();
+    for host in ["upstream.test", "other.test"] {
+        let (status, _, tcp) = h.raw_connect(&format!("{host}:{port}")).await;
+        assert_eq!(status, 200);
+        let mut tls = h
+            .tls_over(tcp, host)
+            .await
+            .expect("tls to the upstream itself");
+        tls.write_all(format!("GET / HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n").as_bytes())
+            .await
+            .expect("write");
+        read_until(&mut tls, "hello from https-upstream").await;
+        tunnels.push(tls);
+    }
+    let (mut other, mut removed) = (tunnels.pop().expect("other"), tunnels.pop().expect("up"));
+    write_policy(
+        &h.policy_path,
+        &policy(json!([{"host": "other.test"}])).to_string(),
+    );
+    assert!(
+        closes(&mut removed).await,
+        "the removed host's tunnel is closed"
+    );
+    other
+        .write_all(format!("GET / HTTP/1.1\r\nHost: other.test:{port}\r\n\r\n").as_bytes())
+        .await
+        .expect("write");
+    read_until(&mut other, "hello from https-upstream").await;
+    // Still allowed, but now method-restricted: a blind tunnel cannot enforce that.
+    write_policy(
+        &h.policy_path,
+        &policy(json!([{"host": "other.test", "methods": ["GET"]}])).to_string(),
+    );
+    assert!(
+        closes(&mut other).await,
+        "a tunnel that must now be intercepted is closed"
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            h.audit_lines()
+                .iter()
+                .filter(|l| l["mode"] == "tunnel")
+                .count()
+                >= 2
+        })
+        .await
+    );
+    let lines = h.audit_lines();
+    let closed = |host: &str, reason: &str| {
+        lines.iter().any(|l| {
+            l["mode"] == "tunnel"
+                && l["host"] == host
+                && l["decision"] == "deny"
+                && l["reason"] == reason
+                && l["bytes"].as_u64() > Some(0)
+        })
+    };
+    assert!(closed("upstream.test", "host-not-listed"), "{lines:#?}");
+    assert!(closed("other.test", "intercept-required"), "{lines:#?}");
+}
+
+/// MITM'd connections decide per request: after a reload removes the host, the next request on
+/// the same kept-alive connection is a 403.
+#[tokio::test]
+async fn reload_denies_the_next_request_on_a_kept_alive_mitm_connection() {
+    use http_body_util::{BodyExt, Empty};
+    let h = start(allow_upstream()).await;
+    let port = h.https.addr.port();
+    let (_, _, tcp) = h.raw_connect(&format!("upstream.test:{port}")).await;
+    let tls = h.tls_over(tcp, "upstream.test").await.expect("tls");
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+            .await
+            .expect("handshake");
+    tokio::spawn(conn);
+    let get = || {
+        http::Request::get("/")
+            .header("host", format!("upstream.test:{port}"))
+            .body(Empty::<bytes::Bytes>::new())
+            .expect("request")
+    };
+    let resp = sender.send_request(get()).await.expect("first request");
+    assert_eq!(resp.status(), 200);
+    resp.into_body().collect().await.expect("body");
+    write_policy(
+        &h.policy_path,
+        &json!({"policy": {"default": "deny", "rules": [{"host": "other.test"}]}}).to_string(),
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        sender
+            .ready()
+            .await
+            .expect("the same connection stays usable");
+        let resp = sender.send_request(get()).await.expect("request");
+        let (status, code) = (
+            resp.status(),
+            resp.headers()
+                .get("x-egress-denied")
+                .map(|v| v.to_str().unwrap_or("").to_owned()),
+        );
+        resp.into_body().collect().await.expect("body");
+        if status == 403 {
+            assert_eq!(code.as_deref(), Some("host-not-listed"));
+            break;
+        }
+        assert_eq!(status, 200);
+        assert!(std::time::Instant::now() < deadline, "reload never applied");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

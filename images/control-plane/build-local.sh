@@ -22,6 +22,9 @@ echo "building static daiv-sandbox ($triple, release)" >&2
 (cd "$root" && RUSTFLAGS='-C target-feature=+crt-static' \
     cargo build --release --target "$triple" -p control-plane --bin daiv-sandbox)
 
+"$root/images/helper/build.sh"
+helper="$target_dir/helper/daiv-sandbox-helper"
+
 bin="$target_dir/$triple/release/daiv-sandbox"
 # A static-pie binary makes ldd print "statically linked"; a dynamic one lists "lib => path".
 if ldd "$bin" 2>/dev/null | grep -q '=>'; then
@@ -34,6 +37,8 @@ trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/rootfs/tmp"
 chmod 1777 "$stage/rootfs/tmp"
 install -m 0755 "$bin" "$stage/rootfs/daiv-sandbox"
+# The session helper every sandbox gets; the service finds it beside itself.
+install -m 0755 "$helper" "$stage/rootfs/daiv-sandbox-helper"
 # Symbols are for debugging on the build machine; the image does not need them.
 if command -v strip >/dev/null 2>&1; then strip "$stage/rootfs/daiv-sandbox"; fi
 cp "$here/Dockerfile.local" "$stage/Dockerfile"

@@ -27,6 +27,19 @@ pub enum PolicyError {
         /// What is wrong with it.
         reason: String,
     },
+    /// `policy.rules[i].paths` is empty or has a glob that is not a path glob.
+    #[error("policy.rules[{index}].paths: {reason}")]
+    InvalidPaths {
+        /// Rule position.
+        index: usize,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Refused at the API only: report-only mode is for operators, not for the agent.
+    #[error(
+        "policy.mode \"shadow\" (report-only) is not accepted here; it is an operator setting of the gateway"
+    )]
+    ShadowNotAllowed,
     /// `policy.rules[i].inject` names no entry of `secrets`.
     #[error("policy.rules[{index}].inject: no secret named {name:?}")]
     UnknownSecret {

@@ -9,14 +9,20 @@
 //!   and the denial reports the first rule whose host matched.
 //! - `intercept: credentialed` still intercepts a host whose rules inject or restrict methods,
 //!   since neither can be enforced through a blind tunnel.
+//! - A rule whose host is an IP literal (`10.0.0.5`, `2001:db8::1`, `[2001:db8::1]`) matches that
+//!   address, compared as an address: as a glob, `[2001:db8::1]` would be a character class that
+//!   matches nothing, and a method restriction on it would silently not apply.
 
 use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv6Addr};
 
 use globset::{GlobBuilder, GlobMatcher};
 
 use crate::error::PolicyError;
 use crate::host::Host;
-use crate::model::{DefaultAction, HeaderSecret, InterceptMode, PolicyFile, SecretValue};
+use crate::model::{
+    DefaultAction, HeaderSecret, InterceptMode, PolicyFile, PolicyMode, SecretValue,
+};
 
 /// Stable reason codes: they go to the agent in `X-Egress-Denied` and to the audit log, so
 /// renaming one is a breaking change.
@@ -33,6 +39,9 @@ pub enum Reason {
     MethodNotAllowed,
     /// Denied: the policy file is missing or invalid, so everything is denied (fail closed).
     PolicyUnavailable,
+    /// Denied: a rule for the host permits this method, but only on other paths (or the path
+    /// is ambiguous: dot segments, encoded slashes, empty segments).
+    PathNotAllowed,
 }
 
 // === impl Reason ===
@@ -46,6 +55,7 @@ impl Reason {
             Self::HostNotListed => "host-not-listed",
             Self::MethodNotAllowed => "method-not-allowed",
             Self::PolicyUnavailable => "policy-unavailable",
+            Self::PathNotAllowed => "path-not-allowed",
         }
     }
 
@@ -58,6 +68,9 @@ impl Reason {
             Self::MethodNotAllowed => "a rule lists this host but does not permit this method",
             Self::PolicyUnavailable => {
                 "the egress policy is missing or invalid, so all egress is denied"
+            }
+            Self::PathNotAllowed => {
+                "a rule lists this host and method but not this path (dot segments and encoded slashes never match)"
             }
         }
     }
@@ -103,10 +116,14 @@ pub struct RequestDecision {
 #[derive(Debug, Clone)]
 struct CompiledRule {
     host: String,
-    matcher: GlobMatcher,
+    pattern: HostPattern,
     /// `None` = any method (`"*"` listed).
     methods: Option<Vec<String>>,
     inject: Option<String>,
+    /// `None` = every path.
+    paths: Option<Vec<GlobMatcher>>,
+    /// The path globs as written.
+    path_text: Option<Vec<String>>,
 }
 
 /// Where an evaluator came from: a real policy, or the fail-closed stand-in.
@@ -124,6 +141,8 @@ pub struct Evaluator {
     intercept: InterceptMode,
     rules: Vec<CompiledRule>,
     secrets: BTreeMap<String, HeaderSecret>,
+    shadow: bool,
+    version: Option<String>,
 }
 
 // === impl Evaluator ===
@@ -144,15 +163,26 @@ impl Evaluator {
             .iter()
             .enumerate()
             .map(|(index, rule)| {
-                let glob = normalise_glob(&rule.host);
-                let matcher = compile_glob(&glob)
+                let pattern = HostPattern::parse(&rule.host)
                     .map_err(|reason| PolicyError::InvalidHost { index, reason })?;
                 let any = rule.methods.iter().any(|m| m == "*");
+                let paths = match &rule.paths {
+                    None => None,
+                    Some(globs) => Some(
+                        globs
+                            .iter()
+                            .map(|g| compile_path_glob(g))
+                            .collect::<Result<Vec<_>, _>>()
+                            .map_err(|reason| PolicyError::InvalidPaths { index, reason })?,
+                    ),
+                };
                 Ok(CompiledRule {
                     host: rule.host.clone(),
-                    matcher,
+                    pattern,
                     methods: (!any).then(|| rule.methods.clone()),
                     inject: rule.inject.clone(),
+                    paths,
+                    path_text: rule.paths.clone(),
                 })
             })
             .collect::<Result<Vec<_>, PolicyError>>()?;
@@ -162,6 +192,8 @@ impl Evaluator {
             intercept: file.policy.intercept,
             rules,
             secrets: file.secrets,
+            shadow: file.policy.mode == PolicyMode::Shadow,
+            version: file.version,
         })
     }
 
@@ -174,7 +206,25 @@ impl Evaluator {
             intercept: InterceptMode::All,
             rules: Vec::new(),
             secrets: BTreeMap::new(),
+            shadow: false,
+            version: None,
         }
+    }
+
+    /// True when the file asks for report-only mode (`policy.mode: "shadow"`). Never true for
+    /// the deny-all stand-in: a broken file is always enforced.
+    pub fn is_shadow(&self) -> bool {
+        self.shadow
+    }
+
+    /// The file's `version`, if it has one.
+    pub fn version(&self) -> Option<&str> {
+        self.version.as_deref()
+    }
+
+    /// The path globs of rule `index`, as written, if it restricts paths.
+    pub fn rule_paths(&self, index: usize) -> Option<&[String]> {
+        self.rules.get(index).and_then(|r| r.path_text.as_deref())
     }
 
     /// True for the stand-in built by [`Evaluator::deny_all`].
@@ -204,7 +254,8 @@ impl Evaluator {
         let mut must_intercept = false;
         for (index, rule) in self.matching(host) {
             first.get_or_insert(index);
-            must_intercept |= rule.inject.is_some() || rule.methods.is_some();
+            must_intercept |=
+                rule.inject.is_some() || rule.methods.is_some() || rule.paths.is_some();
         }
         match (first, self.default) {
             (Some(index), _) => ConnectDecision {
@@ -228,8 +279,15 @@ impl Evaluator {
         }
     }
 
-    /// One HTTP request: may `method` go to `host`, and with which credential?
+    /// One HTTP request whose path is not known: rules restricted to paths do not apply.
     pub fn decide_request(&self, host: &Host, method: &str) -> RequestDecision {
+        self.decide_http(host, method, None)
+    }
+
+    /// One HTTP request: may `method` go to `host` at `path` (no query string), and with which
+    /// credential? With `path` `None`, or an ambiguous path (see [`path_is_ambiguous`]), no
+    /// rule restricted to paths matches.
+    pub fn decide_http(&self, host: &Host, method: &str, path: Option<&str>) -> RequestDecision {
         let deny = |reason, rule| RequestDecision {
             allowed: false,
             reason,
@@ -240,11 +298,22 @@ impl Evaluator {
             return deny(Reason::PolicyUnavailable, None);
         }
         let method = method.to_ascii_uppercase();
+        let path = path.filter(|p| !path_is_ambiguous(p));
         let mut first_listed = None;
+        // The first rule that permits the method but not the path, if any.
+        let mut path_denied = None;
         for (index, rule) in self.matching(host) {
             first_listed.get_or_insert(index);
             let permits = rule.methods.as_ref().is_none_or(|ms| ms.contains(&method));
-            if permits {
+            let on_path = match (&rule.paths, path) {
+                (None, _) => true,
+                (Some(_), None) => false,
+                (Some(globs), Some(p)) => globs.iter().any(|g| g.is_match(p)),
+            };
+            if permits && !on_path {
+                path_denied.get_or_insert(index);
+            }
+            if permits && on_path {
                 let inject = rule
                     .inject
                     .as_ref()
@@ -260,6 +329,9 @@ impl Evaluator {
                     inject,
                 };
             }
+        }
+        if let Some(index) = path_denied {
+            return deny(Reason::PathNotAllowed, Some(index));
         }
         match (first_listed, self.default) {
             // Listed but no rule permits the method: deny regardless of the default.
@@ -281,7 +353,7 @@ impl Evaluator {
         self.rules
             .iter()
             .enumerate()
-            .filter(move |(_, r)| r.matcher.is_match(host.as_str()))
+            .filter(move |(_, r)| r.pattern.matches(host))
     }
 }
 
@@ -304,8 +376,7 @@ pub fn validate(file: &PolicyFile) -> Result<(), PolicyError> {
         }
     }
     for (index, rule) in file.policy.rules.iter().enumerate() {
-        check_glob_text(&rule.host).map_err(|reason| PolicyError::InvalidHost { index, reason })?;
-        compile_glob(&normalise_glob(&rule.host))
+        HostPattern::parse(&rule.host)
             .map_err(|reason| PolicyError::InvalidHost { index, reason })?;
         if rule.methods.is_empty() {
             return Err(PolicyError::InvalidMethods {
@@ -322,6 +393,18 @@ pub fn validate(file: &PolicyFile) -> Result<(), PolicyError> {
                 index,
                 reason: format!("{bad:?} is not an HTTP method"),
             });
+        }
+        if let Some(paths) = &rule.paths {
+            if paths.is_empty() {
+                return Err(PolicyError::InvalidPaths {
+                    index,
+                    reason: "must not be empty; omit paths for every path".to_owned(),
+                });
+            }
+            for glob in paths {
+                compile_path_glob(glob)
+                    .map_err(|reason| PolicyError::InvalidPaths { index, reason })?;
+            }
         }
         if let Some(name) = rule
             .inject
@@ -344,6 +427,11 @@ pub fn validate_for_api(file: &PolicyFile) -> Result<(), PolicyError> {
     if file.policy.default == DefaultAction::Deny && file.policy.rules.is_empty() {
         return Err(PolicyError::NothingReachable);
     }
+    // Report-only would let the agent lift its own restrictions; the wire schema has no such
+    // field, so the API refuses it rather than ignoring it.
+    if file.policy.mode == PolicyMode::Shadow {
+        return Err(PolicyError::ShadowNotAllowed);
+    }
     Ok(())
 }
 
@@ -351,6 +439,18 @@ pub fn validate_for_api(file: &PolicyFile) -> Result<(), PolicyError> {
 pub fn warnings(file: &PolicyFile) -> Vec<String> {
     let mut out = Vec::new();
     for (index, rule) in file.policy.rules.iter().enumerate() {
+        match HostPattern::parse(&rule.host) {
+            Ok(HostPattern::Glob(_)) => {}
+            // Addresses are exact; an invalid rule is reported by `validate`.
+            Ok(HostPattern::Ip(_)) | Err(_) => continue,
+        }
+        if let Some(why) = never_matches(&normalise_glob(&rule.host)) {
+            out.push(format!(
+                "policy.rules[{index}].host {:?} can never match: {why}",
+                rule.host
+            ));
+            continue;
+        }
         let rest = rule.host.strip_prefix("*.").unwrap_or(&rule.host);
         if rest.contains(['*', '?', '[']) {
             out.push(format!(
@@ -374,6 +474,22 @@ pub fn warnings(file: &PolicyFile) -> Vec<String> {
             }
         }
     }
+    for (index, rule) in file.policy.rules.iter().enumerate() {
+        for glob in rule.paths.iter().flatten() {
+            if glob.ends_with("/*") {
+                out.push(format!(
+                    "policy.rules[{index}].paths {glob:?} matches one path segment only; write \"{}/**\" for any depth",
+                    glob.trim_end_matches("/*")
+                ));
+            }
+        }
+    }
+    if file.policy.mode == PolicyMode::Shadow {
+        out.push(
+            "policy.mode is \"shadow\": denials are only reported, every request goes through"
+                .to_owned(),
+        );
+    }
     for name in file.secrets.keys() {
         if !file
             .policy
@@ -385,6 +501,115 @@ pub fn warnings(file: &PolicyFile) -> Vec<String> {
         }
     }
     out
+}
+
+/// How a rule's host is matched.
+#[derive(Debug, Clone)]
+enum HostPattern {
+    /// An IP literal, compared with the request's address (IPv4-mapped IPv6 as IPv4, as
+    /// [`Host`] does), so any spelling of the address matches.
+    Ip(IpAddr),
+    /// A glob over the normalised host text.
+    Glob(GlobMatcher),
+}
+
+impl HostPattern {
+    /// Validates and compiles `policy.rules[].host`.
+    fn parse(raw: &str) -> Result<Self, String> {
+        check_glob_text(raw)?;
+        let text = raw.strip_suffix('.').unwrap_or(raw);
+        if let Some(inner) = text.strip_prefix('[').and_then(|t| t.strip_suffix(']'))
+            && inner.contains(':')
+        {
+            // A bracketed IPv6 literal; globset would read it as a character class.
+            return inner
+                .parse::<Ipv6Addr>()
+                .map(|ip| Self::ip(IpAddr::V6(ip)))
+                .map_err(|_| {
+                    "a bracketed host must be an IPv6 address (and ports are not matched)"
+                        .to_owned()
+                });
+        }
+        if let Ok(ip) = text.parse::<IpAddr>() {
+            return Ok(Self::ip(ip));
+        }
+        // `host:port` or `[v6]:port`. Hosts are matched on every port, and the rule would match
+        // no normalised host (those never carry a port), silently dropping its restriction.
+        if text.contains("]:") || text.matches(':').count() == 1 {
+            return Err(
+                "must not include a port: rules match the host on any port; write the host alone"
+                    .to_owned(),
+            );
+        }
+        compile_glob(&normalise_glob(raw)).map(Self::Glob)
+    }
+
+    fn ip(ip: IpAddr) -> Self {
+        Self::Ip(Host::from_ip(ip).ip().unwrap_or(ip))
+    }
+
+    fn matches(&self, host: &Host) -> bool {
+        match self {
+            Self::Ip(ip) => host.ip() == Some(*ip),
+            Self::Glob(m) => m.is_match(host.as_str()),
+        }
+    }
+}
+
+/// Why no normalised host can match the (normalised) glob `glob`, if that is so. Hosts are lower
+/// case `[a-z0-9._-]` with no empty label (IPv6 addresses: hex digits and `:`), so a glob that
+/// needs anything else is dead, and under `default: allow` its method restriction never applies.
+fn never_matches(glob: &str) -> Option<String> {
+    if let Some(rest) = glob.strip_prefix('.') {
+        return Some(format!(
+            "it starts with a dot; for subdomains write \"*.{rest}\""
+        ));
+    }
+    if glob.contains("..") || glob.ends_with('.') {
+        return Some(
+            "it has an empty label (\"..\", or a trailing dot beyond the one that is stripped)"
+                .to_owned(),
+        );
+    }
+    let chars: Vec<char> = glob.chars().collect();
+    let (mut i, mut wildcard) = (0, false);
+    while let Some(&c) = chars.get(i) {
+        match c {
+            '*' | '?' => wildcard = true,
+            '[' => {
+                // Skip the class: `[!...]` / `[^...]`, and a `]` right after the opening is literal.
+                wildcard = true;
+                let mut j = i + 1;
+                if matches!(chars.get(j), Some('!' | '^')) {
+                    j += 1;
+                }
+                if chars.get(j) == Some(&']') {
+                    j += 1;
+                }
+                while chars.get(j).is_some_and(|&c| c != ']') {
+                    j += 1;
+                }
+                i = j;
+            }
+            c if c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '-' | '_') => {}
+            // IPv6 addresses in text form (the only hosts with a colon).
+            ':' => {}
+            c => return Some(format!("it contains {c:?}, which no normalised host has")),
+        }
+        i += 1;
+    }
+    if wildcard {
+        return None;
+    }
+    match Host::parse(glob) {
+        Ok(host) if host.as_str() == glob => None,
+        Ok(host) => Some(format!("hosts are normalised to {:?}", host.as_str())),
+        Err(crate::host::HostError::AmbiguousNumeric) => Some(
+            "all-numeric names such as \"127.1\" are refused as ambiguous; write a full IP address"
+                .to_owned(),
+        ),
+        Err(e) => Some(format!("it is not a valid host ({e})")),
+    }
 }
 
 fn check_glob_text(glob: &str) -> Result<(), String> {
@@ -417,6 +642,44 @@ fn normalise_glob(glob: &str) -> String {
         })
         .collect::<Vec<_>>()
         .join(".")
+}
+
+/// A path glob: starts with `/`, no whitespace, no `#` (fragment) or characters globset would
+/// read differently from fnmatch; `*` stays within a segment, `**` spans segments.
+fn compile_path_glob(glob: &str) -> Result<GlobMatcher, String> {
+    if !glob.starts_with('/') {
+        return Err(format!("{glob:?} must start with \"/\""));
+    }
+    if glob.chars().any(char::is_whitespace) {
+        return Err(format!("{glob:?} must not contain whitespace"));
+    }
+    if let Some(c) = glob.chars().find(|c| matches!(c, '{' | '}' | '\\' | '#')) {
+        return Err(format!("{glob:?} must not contain {c:?}"));
+    }
+    GlobBuilder::new(glob)
+        .literal_separator(true)
+        .backslash_escape(false)
+        .build()
+        .map(|g| g.compile_matcher())
+        .map_err(|e| format!("{glob:?} is not a valid glob: {}", e.kind()))
+}
+
+/// A request path that origins may read as another path than a glob sees: dot segments (also
+/// percent-encoded, or before a `;` parameter, as Tomcat reads `..;`), encoded slashes or
+/// backslashes, literal backslashes, empty segments. No path-restricted rule matches such a path.
+pub fn path_is_ambiguous(path: &str) -> bool {
+    if !path.starts_with('/') || path.contains('\\') || path.contains("//") {
+        return true;
+    }
+    let lower = path.to_ascii_lowercase();
+    if lower.contains("%2f") || lower.contains("%5c") || lower.contains("%00") {
+        return true;
+    }
+    lower.split('/').any(|segment| {
+        let segment = segment.split(';').next().unwrap_or_default();
+        let decoded = segment.replace("%2e", ".");
+        decoded == "." || decoded == ".."
+    })
 }
 
 fn compile_glob(glob: &str) -> Result<GlobMatcher, String> {

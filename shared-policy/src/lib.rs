@@ -9,7 +9,8 @@
 //!
 //! # Reason codes
 //! Stable, sent to the agent in `X-Egress-Denied` and to the audit log (see [`Reason::code`]):
-//! `rule-allowed`, `default-allow`, `host-not-listed`, `method-not-allowed`, `policy-unavailable`.
+//! `rule-allowed`, `default-allow`, `host-not-listed`, `method-not-allowed`, `path-not-allowed`,
+//! `policy-unavailable`.
 //! The gateway adds its own for checks outside the policy (destination binding, address guard).
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
@@ -17,15 +18,17 @@ pub mod error;
 pub mod eval;
 pub mod host;
 pub mod model;
+pub mod sidecar;
 
 pub use error::PolicyError;
 pub use eval::{
-    ConnectDecision, Evaluator, Injection, Reason, RequestDecision, validate, validate_for_api,
-    warnings,
+    ConnectDecision, Evaluator, Injection, Reason, RequestDecision, path_is_ambiguous, validate,
+    validate_for_api, warnings,
 };
 pub use host::{Host, HostError};
 pub use model::{
-    DefaultAction, EgressPolicy, HeaderSecret, InterceptMode, PolicyFile, Rule, SecretValue,
+    DefaultAction, EgressPolicy, HeaderSecret, InterceptMode, PolicyFile, PolicyMode, Rule,
+    SecretValue,
 };
 
 /// The JSON Schema of the policy file, generated from [`PolicyFile`]. The committed copy is

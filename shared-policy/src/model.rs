@@ -19,6 +19,36 @@ pub struct PolicyFile {
     /// Named credentials that rules inject with `inject`. They never enter the sandbox.
     #[serde(default, deserialize_with = "null_as_default")]
     pub secrets: BTreeMap<String, HeaderSecret>,
+    /// An opaque label of this policy's content, written by whoever installs the file (the
+    /// control plane writes [`PolicyFile::content_version`]). The gateway reports the version it
+    /// enforces on its health endpoint and in denials; absent = none reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+}
+
+// === impl PolicyFile ===
+
+impl PolicyFile {
+    /// A stable label of the content (everything but `version`): `fnv64:` and 16 hex digits of
+    /// the FNV-1a hash of the canonical JSON. Equal policies get equal versions; it is a change
+    /// detector, not a security property.
+    pub fn content_version(&self) -> String {
+        let mut copy = self.clone();
+        copy.version = None;
+        let bytes = serde_json::to_vec(&copy).unwrap_or_default();
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in bytes {
+            hash ^= u64::from(b);
+            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        format!("fnv64:{hash:016x}")
+    }
+
+    /// The same policy, labelled with [`PolicyFile::content_version`].
+    pub fn with_content_version(mut self) -> Self {
+        self.version = Some(self.content_version());
+        self
+    }
 }
 
 /// The `policy` block.
@@ -33,6 +63,29 @@ pub struct EgressPolicy {
     /// Per-host rules, evaluated in order.
     #[serde(default, deserialize_with = "null_as_default")]
     pub rules: Vec<Rule>,
+    /// `"enforce"` (default) or `"shadow"`: report-only, every decision is evaluated and
+    /// audited, but denied requests are let through (without any credential). For operators
+    /// rolling out a policy; the control plane's API refuses it.
+    #[serde(default, skip_serializing_if = "PolicyMode::is_enforce")]
+    pub mode: PolicyMode,
+}
+
+/// `policy.mode`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum PolicyMode {
+    /// Denials are enforced.
+    #[default]
+    Enforce,
+    /// Report-only: denials are audited (`"enforced": false`) and let through.
+    Shadow,
+}
+
+impl PolicyMode {
+    /// True for the default.
+    pub fn is_enforce(&self) -> bool {
+        *self == Self::Enforce
+    }
 }
 
 /// `policy.default`.
@@ -61,7 +114,8 @@ pub enum InterceptMode {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Rule {
     /// Host glob (fnmatch-style `*`, `?`, `[...]`), matched case-insensitively against the
-    /// normalised host (lower case, no trailing dot, IDNA punycode, no port).
+    /// normalised host (lower case, no trailing dot, IDNA punycode, no port), or an IP address
+    /// (IPv6 bare or in brackets), matched as an address. Must not include a port.
     pub host: String,
     /// Permitted HTTP methods; `["*"]` permits all. Upper-cased when read. Must not be empty.
     #[serde(default = "any_method", deserialize_with = "upper_case_methods")]
@@ -70,6 +124,13 @@ pub struct Rule {
     /// Name of a secret (a key of `secrets`) whose header is set on requests to this host.
     #[serde(default)]
     pub inject: Option<String>,
+    /// Request paths this rule applies to: globs on the path (no query string), each starting
+    /// with `/`; `*` and `?` stay within one segment, `**` spans segments (`/api/v4/projects/**`).
+    /// Absent = every path. A rule with paths is always intercepted (paths are only visible
+    /// after TLS is terminated), and its `inject` applies only on matching paths.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub paths: Option<Vec<String>>,
 }
 
 /// One entry of `secrets`: a header to set, and its value.

@@ -408,6 +408,11 @@ fn errors_name_the_field() {
         ("broken/empty_host.json", "policy.rules[0].host"),
         ("broken/alternation_glob.json", "policy.rules[0].host"),
         ("broken/unknown_default.json", "unknown variant `denyy`"),
+        (
+            "broken/port_in_host.json",
+            "policy.rules[1].host: must not include a port",
+        ),
+        ("broken/bracket_not_ipv6.json", "policy.rules[0].host"),
     ];
     for (file, want) in cases {
         let err =
@@ -478,6 +483,150 @@ fn check_warns_about_broad_globs() {
     assert!(w.contains("secrets.unused"), "{w}");
 }
 
+fn policy(rules: serde_json::Value) -> Result<Evaluator, PolicyError> {
+    let doc = serde_json::json!({"policy": {"default": "allow", "rules": rules}});
+    Evaluator::from_json(doc.to_string().as_bytes())
+}
+
+/// An IPv6 rule is an address, not a glob: `[2001:db8::1]` as a glob is a character class that
+/// matches nothing, which under default allow silently dropped its method restriction.
+#[test]
+fn ip_literal_rules_match_as_addresses() {
+    for rule in [
+        "[2001:db8::1]",
+        "2001:db8::1",
+        "2001:DB8:0:0::1",
+        "[2001:0db8::0001]",
+    ] {
+        let ev = policy(serde_json::json!([{"host": rule, "methods": ["GET"]}]))
+            .unwrap_or_else(|e| panic!("{rule}: {e}"));
+        for spelling in ["[2001:db8::1]", "2001:0DB8::1", "[2001:db8:0:0:0:0:0:1]"] {
+            let h = host(spelling);
+            let get = ev.decide_request(&h, "GET");
+            assert_eq!(
+                (get.allowed, get.rule),
+                (true, Some(0)),
+                "{rule} {spelling}"
+            );
+            let post = ev.decide_request(&h, "POST");
+            assert_eq!(
+                (post.allowed, post.reason),
+                (false, Reason::MethodNotAllowed),
+                "{rule} {spelling}: the restriction applies"
+            );
+            assert!(
+                ev.decide_connect(&h).intercept,
+                "{rule}: restricted, so intercepted"
+            );
+        }
+        let other = ev.decide_request(&host("2001:db8::2"), "POST");
+        assert_eq!(other.reason, Reason::DefaultAllow, "{rule}");
+    }
+    // IPv4, and an IPv4-mapped IPv6 rule: the same address as the IPv4 host.
+    for rule in ["10.0.0.5", "::ffff:10.0.0.5", "[::ffff:10.0.0.5]"] {
+        let ev = policy(serde_json::json!([{"host": rule, "methods": ["GET"]}])).expect(rule);
+        for spelling in ["10.0.0.5", "[::ffff:10.0.0.5]"] {
+            assert_eq!(
+                ev.decide_request(&host(spelling), "POST").reason,
+                Reason::MethodNotAllowed,
+                "{rule} {spelling}"
+            );
+        }
+        assert_eq!(
+            ev.decide_request(&host("10.0.0.50"), "POST").reason,
+            Reason::DefaultAllow,
+            "{rule}: exact, not a prefix"
+        );
+    }
+    // Character classes without a colon stay globs.
+    let ev = policy(serde_json::json!([{"host": "[ab].test", "methods": ["GET"]}])).expect("class");
+    assert!(!ev.decide_request(&host("a.test"), "POST").allowed);
+}
+
+#[test]
+fn ports_in_host_rules_are_refused() {
+    for (rule, want) in [
+        ("api.example.com:443", "must not include a port"),
+        ("*.example.com:443", "must not include a port"),
+        ("10.0.0.5:80", "must not include a port"),
+        ("example.com:*", "must not include a port"),
+        ("[2001:db8::1]:443", "must not include a port"),
+        ("[2001:db8::zz]", "must be an IPv6 address"),
+    ] {
+        let err = policy(serde_json::json!([{"host": "ok.test"}, {"host": rule}]))
+            .expect_err(rule)
+            .to_string();
+        assert!(err.starts_with("policy.rules[1].host: "), "{rule}: {err}");
+        assert!(err.contains(want), "{rule}: {err}");
+    }
+    // The API's validation refuses them too, without echoing secret values.
+    let file: PolicyFile = serde_json::from_value(serde_json::json!({
+        "policy": {"rules": [{"host": "api.example.com:443", "inject": "s"}]},
+        "secrets": {"s": {"header": "Authorization", "value": "Bearer tok-999"}}
+    }))
+    .expect("parse");
+    let err = validate_for_api(&file).expect_err("port").to_string();
+    assert!(
+        err.contains("policy.rules[0].host") && !err.contains("tok-999"),
+        "{err}"
+    );
+}
+
+#[test]
+fn check_warns_about_globs_that_never_match() {
+    let dead = [
+        (".example.com", "starts with a dot"),
+        ("example.com..", "empty label"),
+        ("a..b.test", "empty label"),
+        ("exa$mple.com", "'$'"),
+        ("*.exa+mple.com", "'+'"),
+        ("127.1", "all-numeric"),
+        ("10.0.0.256", "all-numeric"),
+        ("2001:db8:::1", "not a valid host"),
+    ];
+    let live = [
+        "GitHub.COM",
+        "example.com.",
+        "*.example.com",
+        "Bücher.example",
+        "under_score.test",
+        "[a-z]*.test",
+        "[!x].test",
+        "2001:db8::*",
+        "*",
+        "[2001:db8::1]",
+    ];
+    let rules: Vec<_> = dead
+        .iter()
+        .map(|(h, _)| *h)
+        .chain(live)
+        .map(|h| serde_json::json!({"host": h}))
+        .collect();
+    let file: PolicyFile =
+        serde_json::from_value(serde_json::json!({"policy": {"rules": rules}})).expect("parse");
+    shared_policy::validate(&file).expect("valid: these are warnings, not errors");
+    let w = warnings(&file);
+    for (index, (glob, why)) in dead.iter().enumerate() {
+        let line = w
+            .iter()
+            .find(|l| l.starts_with(&format!("policy.rules[{index}].host ")))
+            .unwrap_or_else(|| panic!("{glob}: no warning in {w:#?}"));
+        assert!(
+            line.contains("can never match") && line.contains(why),
+            "{glob}: {line}"
+        );
+    }
+    for (offset, glob) in live.iter().enumerate() {
+        let index = dead.len() + offset;
+        assert!(
+            !w.iter()
+                .any(|l| l.starts_with(&format!("policy.rules[{index}].host "))
+                    && l.contains("can never match")),
+            "{glob}: {w:#?}"
+        );
+    }
+}
+
 #[test]
 fn committed_schema_is_current() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("policy.schema.json");
@@ -520,4 +669,150 @@ proptest! {
             Err(e) => prop_assert!(!e.to_string().is_empty()),
         }
     }
+}
+
+// === path rules, shadow mode, versions ===
+
+fn path_policy() -> Evaluator {
+    Evaluator::from_json(
+        serde_json::json!({
+            "policy": {"default": "deny", "rules": [
+                {"host": "gitlab.test", "methods": ["GET", "POST"], "paths": ["/api/v4/projects/**", "/api/v4/user"], "inject": "t"},
+                {"host": "gitlab.test", "methods": ["GET"]},
+                {"host": "docs.test", "paths": ["/guide/*"]}
+            ]},
+            "secrets": {"t": {"header": "PRIVATE-TOKEN", "value": "glpat"}}
+        })
+        .to_string()
+        .as_bytes(),
+    )
+    .expect("valid")
+}
+
+#[test]
+fn path_rules_scope_the_rule_and_its_credential() {
+    let ev = path_policy();
+    let gl = host("gitlab.test");
+    let d = ev.decide_http(&gl, "POST", Some("/api/v4/projects/42/merge_requests"));
+    assert!(d.allowed);
+    assert_eq!(d.rule, Some(0));
+    assert_eq!(d.inject.map(|i| i.header), Some("PRIVATE-TOKEN".to_owned()));
+    assert!(
+        ev.decide_http(&gl, "GET", Some("/api/v4/user"))
+            .inject
+            .is_some()
+    );
+    // Another path: the general rule allows GET, without the credential.
+    let d = ev.decide_http(&gl, "GET", Some("/api/v4/users"));
+    assert!(
+        d.allowed && d.inject.is_none() && d.rule == Some(1),
+        "{d:?}"
+    );
+    // POST elsewhere: permitted by rule 0's methods but not on this path.
+    let d = ev.decide_http(&gl, "POST", Some("/api/v4/users"));
+    assert_eq!(
+        (d.allowed, d.reason, d.rule),
+        (false, Reason::PathNotAllowed, Some(0))
+    );
+    assert_eq!(d.reason.code(), "path-not-allowed");
+    // Unknown path: path rules do not apply.
+    assert_eq!(
+        ev.decide_request(&gl, "POST").reason,
+        Reason::PathNotAllowed
+    );
+    // `*` stays within one segment.
+    let docs = host("docs.test");
+    assert!(ev.decide_http(&docs, "GET", Some("/guide/intro")).allowed);
+    assert!(!ev.decide_http(&docs, "GET", Some("/guide/a/b")).allowed);
+    // Paths force interception: a tunnel could not check them.
+    assert!(ev.decide_connect(&docs).intercept);
+}
+
+#[test]
+fn ambiguous_paths_never_match_a_path_rule() {
+    let ev = path_policy();
+    let gl = host("gitlab.test");
+    for path in [
+        "/api/v4/projects/../users",
+        "/api/v4/projects/%2e%2E/users",
+        "/api/v4/projects/..;/users",
+        "/api/v4/projects/x%2F..%2Fusers",
+        "/api/v4/projects//x",
+        "/api/v4/projects/x\\..\\users",
+        "/api/v4/projects/./x",
+    ] {
+        let d = ev.decide_http(&gl, "POST", Some(path));
+        assert!(!d.allowed, "{path} must not match a path rule: {d:?}");
+        assert!(shared_policy::path_is_ambiguous(path), "{path}");
+    }
+    assert!(!shared_policy::path_is_ambiguous(
+        "/api/v4/projects/a.b/..x"
+    ));
+}
+
+#[test]
+fn path_globs_are_validated_and_warned_about() {
+    for (paths, needle) in [
+        (serde_json::json!([]), "must not be empty"),
+        (serde_json::json!(["api/*"]), "must start with"),
+        (serde_json::json!(["/a b"]), "whitespace"),
+        (serde_json::json!(["/{a,b}"]), "must not contain"),
+        (serde_json::json!(["/a#b"]), "must not contain"),
+    ] {
+        let err =
+            policy(serde_json::json!([{"host": "a.test", "paths": paths}])).expect_err("refused");
+        let text = err.to_string();
+        assert!(
+            text.starts_with("policy.rules[0].paths:") && text.contains(needle),
+            "{text}"
+        );
+    }
+    let file: PolicyFile = serde_json::from_value(serde_json::json!({
+        "policy": {"rules": [{"host": "a.test", "paths": ["/api/*"]}]}
+    }))
+    .expect("parse");
+    assert!(
+        warnings(&file).iter().any(|w| w.contains("/api/**")),
+        "{:?}",
+        warnings(&file)
+    );
+}
+
+#[test]
+fn shadow_mode_is_read_but_refused_by_the_api() {
+    let file: PolicyFile = serde_json::from_value(serde_json::json!({
+        "policy": {"mode": "shadow", "rules": [{"host": "a.test"}]}
+    }))
+    .expect("parse");
+    assert!(
+        Evaluator::from_file_model(file.clone())
+            .expect("valid")
+            .is_shadow()
+    );
+    assert_eq!(validate_for_api(&file), Err(PolicyError::ShadowNotAllowed));
+    assert!(!Evaluator::deny_all().is_shadow());
+    assert!(!load("allowlist.json").is_shadow());
+}
+
+#[test]
+fn content_versions_label_the_content_only() {
+    let a: PolicyFile =
+        serde_json::from_value(serde_json::json!({"policy": {"rules": [{"host": "a.test"}]}}))
+            .expect("parse");
+    let mut b = a.clone();
+    b.policy.rules[0].host = "b.test".into();
+    let va = a.content_version();
+    assert!(va.starts_with("fnv64:") && va.len() == 6 + 16, "{va}");
+    assert_ne!(va, b.content_version());
+    let labelled = a.clone().with_content_version();
+    assert_eq!(
+        labelled.content_version(),
+        va,
+        "the label is not part of the content"
+    );
+    let text = serde_json::to_vec(&labelled).expect("json");
+    let ev = Evaluator::from_json(&text).expect("valid");
+    assert_eq!(ev.version(), Some(va.as_str()));
+    // Without a version field nothing is written, so older readers see the same file.
+    assert!(!String::from_utf8_lossy(&serde_json::to_vec(&a).expect("json")).contains("version"));
 }

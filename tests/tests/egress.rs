@@ -479,3 +479,121 @@ async fn gvisor_sandboxes_reach_their_gateway_on_runc() -> Result<()> {
     );
     Ok(())
 }
+
+/// The probe a sandbox runs: TCP connects and UDP datagrams to every address of its /29 but its
+/// own and its gateway's, and to the host's address on the gateway's egress-side network (a
+/// network this test created). Prints one line per target.
+const PROBE: &str = r#"
+import socket, sys
+port_tcp, port_udp = int(sys.argv[1]), int(sys.argv[2])
+for ip in sys.argv[3:]:
+    s = socket.socket(); s.settimeout(1.5)
+    try:
+        s.connect((ip, port_tcp)); print(ip, "tcp", "CONNECTED")
+    except Exception as e:
+        print(ip, "tcp", type(e).__name__)
+    finally:
+        s.close()
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        u.sendto(b"daiv-probe", (ip, port_udp)); print(ip, "udp", "sent")
+    except Exception as e:
+        print(ip, "udp", type(e).__name__)
+    finally:
+        u.close()
+"#;
+
+/// Issue 10 #1: the host keeps no address on a session's internal network, so nothing the host
+/// listens on (on 0.0.0.0 or on what would be the bridge's address) is reachable from the
+/// sandbox, under runc and gVisor, while the gateway still works.
+async fn the_host_is_unreachable_from_an_egress_sandbox(runtime: &str) -> Result<()> {
+    use std::net::{TcpListener, UdpSocket};
+    let Stack { up, cp } = stack_with(&[("RUNTIME", runtime)]).await?;
+    let tcp = TcpListener::bind("0.0.0.0:0")?;
+    tcp.set_nonblocking(true)?;
+    let udp = UdpSocket::bind("0.0.0.0:0")?;
+    udp.set_nonblocking(true)?;
+    let (tcp_port, udp_port) = (tcp.local_addr()?.port(), udp.local_addr()?.port());
+
+    let s = cp
+        .session(json!({"base_image": DEBIAN, "egress": strict_policy(SECRET)}))
+        .await?;
+    let sandbox = inspect(&s.id).expect("sandbox");
+    let nets = sandbox["NetworkSettings"]["Networks"]
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(nets.len(), 1, "the sandbox is on its internal network only");
+    let (net_name, endpoint) = nets.iter().next().expect("one network");
+    let net = docker(&["network", "inspect", net_name])?;
+    let net: Value = serde_json::from_str(&net)?;
+    let net = &net[0];
+    assert_eq!(
+        net["Options"]["com.docker.network.bridge.inhibit_ipv4"],
+        "true"
+    );
+    let net_id = net["Id"].as_str().unwrap_or_default();
+    // No host interface holds an address on the bridge of this network.
+    let bridge = format!("br-{}", &net_id[..12]);
+    let addrs = std::process::Command::new("ip")
+        .args(["-4", "-o", "addr", "show", "dev", &bridge])
+        .output()?;
+    assert!(
+        String::from_utf8_lossy(&addrs.stdout).trim().is_empty(),
+        "the host has an address on {bridge}: {}",
+        String::from_utf8_lossy(&addrs.stdout)
+    );
+    let own: std::net::Ipv4Addr = endpoint["IPAddress"].as_str().unwrap_or_default().parse()?;
+    let base = u32::from(own) & !7;
+    let gateway_ip = std::net::Ipv4Addr::from(base + 2);
+    let mut targets: Vec<String> = [1u32, 4, 5, 6]
+        .iter()
+        .map(|o| std::net::Ipv4Addr::from(base + o).to_string())
+        .collect();
+    // The host's own address on the egress-side network the test created.
+    let up_host: std::net::Ipv4Addr = up.subnet.split('/').next().unwrap_or_default().parse()?;
+    targets.push(std::net::Ipv4Addr::from(u32::from(up_host) + 1).to_string());
+    // The gateway's own address on another port: only its proxy port listens there.
+    targets.push(gateway_ip.to_string());
+
+    let script = format!(
+        "python3 -c '{}' {tcp_port} {udp_port} {}",
+        PROBE.replace('\'', "'\\''"),
+        targets.join(" ")
+    );
+    let (code, out) = sh(&cp, &s, &script).await?;
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        !out.contains("CONNECTED"),
+        "a host listener was reached:\n{out}"
+    );
+    assert_eq!(
+        out.lines().filter(|l| l.contains(" tcp ")).count(),
+        targets.len(),
+        "{out}"
+    );
+    assert!(
+        matches!(tcp.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "the host's TCP listener accepted a connection"
+    );
+    let mut buf = [0u8; 64];
+    assert!(
+        matches!(udp.recv_from(&mut buf), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "the host's UDP socket got a datagram from the sandbox"
+    );
+    // And the one way out still works.
+    let (code, out) = sh(&cp, &s, "curl -sS --fail https://api.upstream.test/reach").await?;
+    assert_eq!(code, 0, "{out}");
+    assert!(last_request(&up, "/reach")?.is_some());
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_host_is_unreachable_from_an_egress_sandbox_on_runc() -> Result<()> {
+    the_host_is_unreachable_from_an_egress_sandbox("runc").await
+}
+
+#[tokio::test]
+async fn the_host_is_unreachable_from_an_egress_sandbox_on_gvisor() -> Result<()> {
+    the_host_is_unreachable_from_an_egress_sandbox("runsc").await
+}

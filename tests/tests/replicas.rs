@@ -64,6 +64,39 @@ async fn replica_commands_on_one_session_serialise_across_replicas() -> Result<(
     // Both wrote to the same file, one after the other.
     let (_, spans) = b.sh(&s, "cat /workspace/tmp/spans").await?;
     assert_eq!(spans.lines().count(), 2, "{spans}");
+    // Each replica has its own channel to the session's helper; both serve fs ops.
+    for (cp, name) in [(&a, "from-a"), (&b, "from-b")] {
+        let (status, r) = cp
+            .call(
+                reqwest::Method::POST,
+                &format!("/session/{}/fs/write", s.id),
+                Some(serde_json::json!({"path": format!("/workspace/tmp/{name}"), "content": "eA=="})),
+            )
+            .await?;
+        assert_eq!(
+            (status, &r["error"]),
+            (200, &serde_json::Value::Null),
+            "{r}"
+        );
+    }
+    let (_, listing) = a.sh(&s, "ls /workspace/tmp").await?;
+    assert!(
+        listing.contains("from-a") && listing.contains("from-b"),
+        "{listing}"
+    );
+    // A removed session leaves no activity record behind (issue 10 #17).
+    let key = format!("daiv-sandbox:session-activity:{}", s.id);
+    assert!(
+        redis.exists(&key)?,
+        "activity is recorded while the session lives"
+    );
+    assert_eq!(a.force_close(&s).await?, 204);
+    e2e::eventually(
+        "the activity record is deleted",
+        Duration::from_secs(5),
+        || async { Ok((!redis.exists(&key)?).then_some(())) },
+    )
+    .await?;
     Ok(())
 }
 
@@ -174,7 +207,12 @@ async fn replica_redis_outage_is_a_quick_503_and_heals() -> Result<()> {
     require_image(BUSYBOX);
     let mut redis = Redis::start()?;
     let url = redis.url();
-    let env = [("REDIS_URL", url.as_str())];
+    // One deployment: the late replica must see the first one's session.
+    let deployment = format!("e2e-{}-outage", std::process::id());
+    let env = [
+        ("REDIS_URL", url.as_str()),
+        ("DEPLOYMENT", deployment.as_str()),
+    ];
     let a = ControlPlane::start_with(&env).await?;
     let s = a.session_of(BUSYBOX).await?;
     assert_eq!(a.sh(&s, "echo up").await?, (0, "up\n".to_string()));

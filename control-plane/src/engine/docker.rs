@@ -8,8 +8,8 @@ use bollard::errors::Error as BollardError;
 use bollard::exec::{StartExecOptions, StartExecResults};
 use bollard::models::{
     ContainerCreateBody, ContainerStateStatusEnum, EndpointIpamConfig, EndpointSettings,
-    ExecConfig, HostConfig, Ipam, IpamConfig, NetworkConnectRequest, NetworkCreateRequest,
-    NetworkingConfig,
+    ExecConfig, HostConfig, HostConfigLogConfig, Ipam, IpamConfig, Mount, MountType,
+    NetworkConnectRequest, NetworkCreateRequest, NetworkingConfig,
 };
 use bollard::query_parameters::{
     CreateImageOptions, ListContainersOptions, RemoveContainerOptions, StopContainerOptions,
@@ -20,8 +20,8 @@ use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 
 use super::{
-    ContainerEngine, ContainerInfo, ContainerSpec, ContainerStatus, EngineError, ExecSpec,
-    ExecStream, MANAGED_LABEL, NetworkAttach, NetworkInfo, NetworkSpec,
+    AttachedExec, ContainerEngine, ContainerInfo, ContainerSpec, ContainerStatus, EngineError,
+    ExecSpec, ExecStream, MANAGED_LABEL, NetworkAttach, NetworkInfo, NetworkSpec,
 };
 
 /// Upper bound on one Docker API call that is not a stream; a daemon that hangs longer is
@@ -90,6 +90,65 @@ fn managed_filter(labels: &[(&str, &str)]) -> HashMap<String, Vec<String>> {
 
 fn env_list(env: &[(String, String)]) -> Vec<String> {
     env.iter().map(|(k, v)| format!("{k}={v}")).collect()
+}
+
+/// An exec's output as bollard delivers it, and its stdin when attached.
+type ExecOutput = std::pin::Pin<
+    Box<dyn futures::Stream<Item = Result<bollard::container::LogOutput, BollardError>> + Send>,
+>;
+
+impl DockerEngine {
+    /// Creates and starts an exec, attached to its output (and to its stdin with `stdin`).
+    async fn start_exec(
+        &self,
+        id: &str,
+        spec: &ExecSpec,
+        stdin: bool,
+    ) -> Result<
+        (
+            String,
+            ExecOutput,
+            std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>,
+        ),
+        EngineError,
+    > {
+        let created = self
+            .docker
+            .create_exec(
+                id,
+                ExecConfig {
+                    attach_stdout: Some(true),
+                    attach_stderr: Some(true),
+                    attach_stdin: Some(stdin),
+                    tty: Some(false),
+                    cmd: Some(spec.cmd.clone()),
+                    user: Some(spec.user.clone()),
+                    working_dir: spec.workdir.clone(),
+                    env: Some(env_list(&spec.env)),
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(map_err)?;
+        let started = self
+            .docker
+            .start_exec(
+                &created.id,
+                Some(StartExecOptions {
+                    detach: false,
+                    tty: false,
+                    output_capacity: Some(if stdin { 256 * 1024 } else { 64 * 1024 }),
+                }),
+            )
+            .await
+            .map_err(map_err)?;
+        let StartExecResults::Attached { output, input } = started else {
+            return Err(EngineError::Unavailable(
+                "exec started detached".to_string(),
+            ));
+        };
+        Ok((created.id, output, input))
+    }
 }
 
 #[async_trait::async_trait]
@@ -166,6 +225,20 @@ impl ContainerEngine for DockerEngine {
             security_opt: Some(vec!["no-new-privileges:true".to_string()]),
             runtime: Some(spec.runtime.clone()),
             init: Some(spec.init),
+            log_config: (!spec.log_options.is_empty()).then(|| HostConfigLogConfig {
+                typ: Some("json-file".to_string()),
+                config: Some(spec.log_options.iter().cloned().collect()),
+            }),
+            mounts: (!spec.volumes.is_empty()).then(|| {
+                spec.volumes
+                    .iter()
+                    .map(|target| Mount {
+                        target: Some(target.clone()),
+                        typ: Some(MountType::VOLUME),
+                        ..Default::default()
+                    })
+                    .collect()
+            }),
             ..Default::default()
         };
         let body = ContainerCreateBody {
@@ -279,49 +352,33 @@ impl ContainerEngine for DockerEngine {
     }
 
     async fn exec(&self, id: &str, spec: &ExecSpec) -> Result<ExecStream, EngineError> {
-        let created = self
-            .docker
-            .create_exec(
-                id,
-                ExecConfig {
-                    attach_stdout: Some(true),
-                    attach_stderr: Some(true),
-                    attach_stdin: Some(false),
-                    tty: Some(false),
-                    cmd: Some(spec.cmd.clone()),
-                    user: Some(spec.user.clone()),
-                    working_dir: spec.workdir.clone(),
-                    env: Some(env_list(&spec.env)),
-                    ..Default::default()
-                },
-            )
-            .await
-            .map_err(map_err)?;
-        let started = self
-            .docker
-            .start_exec(
-                &created.id,
-                Some(StartExecOptions {
-                    detach: false,
-                    tty: false,
-                    output_capacity: Some(64 * 1024),
-                }),
-            )
-            .await
-            .map_err(map_err)?;
-        let StartExecResults::Attached { output, .. } = started else {
-            return Err(EngineError::Unavailable(
-                "exec started detached".to_string(),
-            ));
-        };
+        let (exec_id, output, _) = self.start_exec(id, spec, false).await?;
         let output = output
             .map_ok(|chunk| chunk.into_bytes())
             .map_err(map_err)
             .boxed();
-        Ok(ExecStream {
-            exec_id: created.id,
-            output,
-        })
+        Ok(ExecStream { exec_id, output })
+    }
+
+    async fn exec_attached(&self, id: &str, spec: &ExecSpec) -> Result<AttachedExec, EngineError> {
+        let (exec_id, output, input) = self.start_exec(id, spec, true).await?;
+        let output = output
+            .try_filter_map(move |chunk| {
+                let exec_id = exec_id.clone();
+                async move {
+                    Ok(match chunk {
+                        bollard::container::LogOutput::StdOut { message } => Some(message),
+                        bollard::container::LogOutput::StdErr { message } => {
+                            tracing::debug!(exec_id = %exec_id, line = %String::from_utf8_lossy(&message).trim_end(), "session helper");
+                            None
+                        }
+                        _ => None,
+                    })
+                }
+            })
+            .map_err(map_err)
+            .boxed();
+        Ok(AttachedExec { output, input })
     }
 
     async fn exec_exit_code(&self, exec_id: &str) -> Result<Option<i64>, EngineError> {
@@ -383,27 +440,51 @@ impl ContainerEngine for DockerEngine {
         needle: &str,
         timeout: Duration,
     ) -> Result<(), EngineError> {
+        // Only this start's lines count: a previous start's "listening" must not pass for it.
+        // The boundary is the previous run's end (every line it logged is older), not this
+        // start's `StartedAt`, which the daemon records after the process may already have
+        // logged.
+        let previous_end = self
+            .docker
+            .inspect_container(
+                id,
+                None::<bollard::query_parameters::InspectContainerOptions>,
+            )
+            .await
+            .map_err(map_err)?
+            .state
+            .and_then(|s| s.finished_at)
+            .and_then(|t| parse_rfc3339(&t))
+            .filter(|t| t.year() > 1);
         let opts = bollard::query_parameters::LogsOptions {
             follow: true,
             stdout: true,
             stderr: true,
+            timestamps: true,
+            since: previous_end.map_or(0, |t| t.unix_timestamp() as i32),
             ..Default::default()
         };
         let mut logs = self.docker.logs(id, Some(opts));
-        // Lines can be split across frames: keep a short tail of the previous one.
-        let mut tail = String::new();
+        // Each line is "<RFC 3339 timestamp> <text>"; lines can be split across frames.
+        let mut pending = String::new();
         let search = async {
             while let Some(frame) = logs.next().await {
                 let frame = frame.map_err(map_err)?;
-                tail.push_str(&String::from_utf8_lossy(&frame.into_bytes()));
-                if tail.contains(needle) {
-                    return Ok(());
+                pending.push_str(&String::from_utf8_lossy(&frame.into_bytes()));
+                while let Some(nl) = pending.find('\n') {
+                    let line: String = pending.drain(..=nl).collect();
+                    let (ts, text) = line.split_once(' ').unwrap_or(("", &line));
+                    let current = match (previous_end, parse_rfc3339(ts)) {
+                        (Some(end), Some(t)) => t > end,
+                        _ => true,
+                    };
+                    if current && text.contains(needle) {
+                        return Ok(());
+                    }
                 }
-                let keep = tail.len().saturating_sub(needle.len());
-                let keep = (keep..=tail.len())
-                    .find(|i| tail.is_char_boundary(*i))
-                    .unwrap_or(0);
-                tail.drain(..keep);
+                if pending.len() > 64 * 1024 {
+                    pending.clear();
+                }
             }
             Err(EngineError::Unavailable(format!(
                 "container {id} exited before logging {needle:?}"
@@ -464,6 +545,12 @@ impl ContainerEngine for DockerEngine {
                 driver: Some("bridge".to_string()),
                 internal: Some(spec.internal),
                 ipam,
+                options: spec.no_host_address.then(|| {
+                    HashMap::from([(
+                        "com.docker.network.bridge.inhibit_ipv4".to_string(),
+                        "true".to_string(),
+                    )])
+                }),
                 labels: Some(spec.labels.clone()),
                 ..Default::default()
             })
@@ -527,4 +614,8 @@ impl ContainerEngine for DockerEngine {
             })
             .collect())
     }
+}
+
+fn parse_rfc3339(t: &str) -> Option<time::OffsetDateTime> {
+    time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok()
 }

@@ -12,8 +12,8 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 
 use super::{
-    ContainerEngine, ContainerInfo, ContainerSpec, ContainerStatus, EngineError, ExecSpec,
-    ExecStream, NetworkInfo, NetworkSpec,
+    AttachedExec, ContainerEngine, ContainerInfo, ContainerSpec, ContainerStatus, EngineError,
+    ExecSpec, ExecStream, NetworkInfo, NetworkSpec,
 };
 
 /// What a fake exec produces: output chunks, then an exit code; `hang` keeps the stream open
@@ -47,6 +47,8 @@ struct State {
     /// Per-network created unix secs overrides.
     network_created: HashMap<String, i64>,
     missing_images: Vec<String>,
+    /// Cancelled when the container stops or goes: its helpers die with it, as in Docker.
+    alive: HashMap<String, tokio_util::sync::CancellationToken>,
     /// Container filesystems as far as the archive calls saw them: (container, absolute path) →
     /// regular-file content (`None` for a directory) and (mode, uid, gid).
     files: HashMap<(String, String), FakeFile>,
@@ -98,6 +100,10 @@ impl FakeEngine {
         self.with(|s| s.containers.get(id).map(|(_, st)| st.clone()))
     }
 
+    pub fn network_specs(&self) -> Vec<NetworkSpec> {
+        self.with(|s| s.networks.values().cloned().collect())
+    }
+
     pub fn networks(&self) -> Vec<String> {
         self.with(|s| s.networks.keys().cloned().collect())
     }
@@ -129,45 +135,14 @@ impl FakeEngine {
         self.with(|s| s.failing.push(prefix.to_string()));
     }
 
-    /// Plays the batch driver: each command through the responder, framed as the real driver
-    /// frames it, stopping after a failure with fail-fast or at a hanging command.
-    fn exec_batch(&self, id: &str, spec: &ExecSpec) -> Result<ExecStream, EngineError> {
-        let nonce = spec.cmd.get(4).cloned().unwrap_or_default();
-        let fail_fast = spec.cmd.get(5).map(String::as_str) == Some("1");
-        let mut chunks: Vec<Result<Bytes, EngineError>> = vec![Ok(Bytes::from_static(b"4242\n"))];
-        let mut hang = false;
-        for command in spec.cmd.iter().skip(6) {
-            self.check_up(format!("exec {id} {command}"))?;
-            let result = (self.responder)(command);
-            chunks.push(Ok(Bytes::from(format!("\x1e{nonce}:B\n"))));
-            chunks.extend(result.chunks.into_iter().map(|c| Ok(Bytes::from(c))));
-            if result.hang {
-                hang = true;
-                break;
-            }
-            chunks.push(Ok(Bytes::from(format!(
-                "\x1e{nonce}:E:{}\n",
-                result.exit_code
-            ))));
-            if fail_fast && result.exit_code != 0 {
-                break;
-            }
-        }
-        let exec_id = self.with(|s| {
-            let exec_id = format!("exec-{}", s.execs.len());
-            s.execs.insert(exec_id.clone(), 0);
-            exec_id
-        });
-        let head = futures::stream::iter(chunks);
-        let output = if hang {
-            let killed = self.killed.clone();
-            let until_killed = futures::stream::once(async move { killed.notified().await })
-                .filter_map(|()| async { None::<Result<Bytes, EngineError>> });
-            head.chain(until_killed).boxed()
-        } else {
-            head.boxed()
-        };
-        Ok(ExecStream { exec_id, output })
+    /// The host directory standing in for a container's filesystem root for the helper
+    /// (`serve --root`): `/workspace/x` in the container is `<dir>/x`.
+    pub fn workspace_dir(&self, id: &str) -> std::path::PathBuf {
+        std::env::temp_dir().join(format!(
+            "daiv-fake-{}-{}",
+            std::process::id(),
+            &id[..12.min(id.len())]
+        ))
     }
 
     pub fn set_down(&self, down: bool) {
@@ -257,6 +232,11 @@ impl ContainerEngine for FakeEngine {
 
     async fn stop(&self, id: &str, _grace: Duration) -> Result<(), EngineError> {
         self.check_up(format!("stop {id}"))?;
+        self.with(|s| {
+            if let Some(t) = s.alive.remove(id) {
+                t.cancel();
+            }
+        });
         self.with(|s| match s.containers.get_mut(id) {
             Some((_, st)) => {
                 *st = ContainerStatus::Exited;
@@ -268,7 +248,11 @@ impl ContainerEngine for FakeEngine {
 
     async fn remove(&self, id: &str) -> Result<(), EngineError> {
         self.check_up(format!("remove {id}"))?;
+        let _ = std::fs::remove_dir_all(self.workspace_dir(id));
         self.with(|s| {
+            if let Some(t) = s.alive.remove(id) {
+                t.cancel();
+            }
             s.containers
                 .remove(id)
                 .map(|_| ())
@@ -277,9 +261,6 @@ impl ContainerEngine for FakeEngine {
     }
 
     async fn exec(&self, id: &str, spec: &ExecSpec) -> Result<ExecStream, EngineError> {
-        if spec.cmd.get(2).map(String::as_str) == Some(crate::batch::DRIVER) {
-            return self.exec_batch(id, spec);
-        }
         let user_cmd = spec.cmd.last().cloned().unwrap_or_default();
         self.check_up(format!("exec {id} {user_cmd}"))?;
         let is_kill = spec.cmd.get(3).is_some_and(|a| a == "daiv-kill");
@@ -309,6 +290,62 @@ impl ContainerEngine for FakeEngine {
             head.boxed()
         };
         Ok(ExecStream { exec_id, output })
+    }
+
+    /// Runs a host build of the real helper (`daiv-sandbox-helper serve --root <dir>`) with its
+    /// stdin and stdout as the channel: in-process tests drive the real protocol and ops.
+    async fn exec_attached(&self, id: &str, _spec: &ExecSpec) -> Result<AttachedExec, EngineError> {
+        self.check_up(format!("exec_attached {id}"))?;
+        let running = self.with(|s| {
+            s.containers
+                .get(id)
+                .map(|(_, st)| *st == ContainerStatus::Running)
+        });
+        match running {
+            None => return Err(EngineError::NotFound),
+            Some(false) => return Err(EngineError::Conflict("container is not running".into())),
+            Some(true) => {}
+        }
+        let root = self.workspace_dir(id);
+        for sub in ["repo", "skills", "tmp"] {
+            std::fs::create_dir_all(root.join(sub))
+                .map_err(|e| EngineError::Unavailable(e.to_string()))?;
+        }
+        let mut child = tokio::process::Command::new(host_helper())
+            .arg("serve")
+            .arg("--root")
+            .arg(&root)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| {
+                EngineError::Unavailable(format!(
+                    "cannot run the host helper {}: {e} (build it: cargo build -p sandbox-helper)",
+                    host_helper().display()
+                ))
+            })?;
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            return Err(EngineError::Unavailable("helper pipes missing".into()));
+        };
+        let alive = self.with(|s| s.alive.entry(id.to_string()).or_default().clone());
+        let output = tokio_util::io::ReaderStream::new(stdout)
+            .map(|r| r.map_err(|e| EngineError::Unavailable(e.to_string())))
+            .take_until(alive.cancelled_owned())
+            // Keeps the child (and so the helper) alive as long as the stream is.
+            .chain(
+                futures::stream::once(async move {
+                    let _ = child.wait().await;
+                    Err(EngineError::Unavailable("helper exited".into()))
+                })
+                .filter(|_| async { false }),
+            )
+            .boxed();
+        Ok(AttachedExec {
+            output,
+            input: Box::pin(stdin),
+        })
     }
 
     async fn exec_exit_code(&self, exec_id: &str) -> Result<Option<i64>, EngineError> {
@@ -491,4 +528,17 @@ impl ContainerEngine for FakeEngine {
                 .collect()
         }))
     }
+}
+
+/// The host build of `daiv-sandbox-helper` next to the test binary (`target/<profile>/`).
+pub fn host_helper() -> std::path::PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| {
+            exe.ancestors()
+                .skip(1)
+                .map(|d| d.join("daiv-sandbox-helper"))
+                .find(|p| p.is_file())
+        })
+        .unwrap_or_else(|| std::path::PathBuf::from("daiv-sandbox-helper"))
 }

@@ -48,6 +48,57 @@ pub enum EngineError {
     Unavailable(String),
 }
 
+impl EngineError {
+    /// What a client may be told. The daemon's own messages stay in the log: they name host
+    /// storage paths, registries and internal ids (`Display` keeps them, for the log).
+    pub fn public(&self) -> String {
+        match self {
+            EngineError::NotFound => "not found".to_string(),
+            EngineError::Conflict(_) => "the container engine reported a conflict".to_string(),
+            EngineError::ImageUnavailable { image, reason } => {
+                format!("image {image:?} is not available: {}", pull_reason(reason))
+            }
+            EngineError::Rejected(_) => {
+                "the container engine rejected the request's parameters".to_string()
+            }
+            EngineError::Unavailable(_) => {
+                "the container engine is unavailable; retry later".to_string()
+            }
+        }
+    }
+}
+
+/// A pull failure in a few words: enough for a caller to fix the image name or credentials,
+/// nothing of the daemon's text.
+fn pull_reason(reason: &str) -> &'static str {
+    let r = reason.to_ascii_lowercase();
+    if [
+        "not found",
+        "manifest unknown",
+        "does not exist",
+        "repository",
+    ]
+    .iter()
+    .any(|k| r.contains(k))
+        || r.contains("denied")
+        || r.contains("unauthorized")
+    {
+        "it is not present locally, and the registry does not have it or refused access"
+    } else if [
+        "invalid reference",
+        "invalid repository",
+        "invalid tag",
+        "must be lowercase",
+    ]
+    .iter()
+    .any(|k| r.contains(k))
+    {
+        "the image reference is not valid"
+    } else {
+        "it is not present locally and the registry could not be reached"
+    }
+}
+
 /// Network attachment of a new container.
 #[derive(Debug, Clone, PartialEq)]
 pub enum NetworkAttach {
@@ -79,6 +130,11 @@ pub struct ContainerSpec {
     pub nano_cpus: Option<i64>,
     pub pids_limit: i64,
     pub network: NetworkAttach,
+    /// Anonymous volumes mounted at these paths: created with the container, removed with it.
+    pub volumes: Vec<String>,
+    /// `json-file` log options (`max-size`, `max-file`): what a container prints cannot fill
+    /// the host's disk. Empty = the daemon's defaults.
+    pub log_options: Vec<(String, String)>,
     /// A tar archive extracted at `/` before the container starts: the workspace skeleton, with
     /// ownership carried by the entries (no `chown` in the container, which gVisor forbids).
     pub skeleton: Option<Bytes>,
@@ -129,6 +185,11 @@ pub struct NetworkSpec {
     pub internal: bool,
     /// A subnet of our choosing, so members can have fixed addresses that survive restarts.
     pub subnet: Option<String>,
+    /// No address of the host on this network (the bridge's `inhibit_ipv4`): members cannot
+    /// open connections to the host itself, whatever it listens on. Docker's internal-network
+    /// rules filter forwarded traffic only; traffic to the bridge's own address is the host's
+    /// INPUT and would be accepted.
+    pub no_host_address: bool,
     pub labels: HashMap<String, String>,
 }
 
@@ -157,6 +218,14 @@ pub struct ExecStream {
     pub output: BoxStream<'static, Result<Bytes, EngineError>>,
 }
 
+/// A started process with its stdin open: the session helper's channel. `output` is its stdout
+/// only (stderr is the process's own diagnostics and goes to the service's log); closing the
+/// connection (dropping both halves) is how it ends.
+pub struct AttachedExec {
+    pub output: BoxStream<'static, Result<Bytes, EngineError>>,
+    pub input: std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>,
+}
+
 #[async_trait::async_trait]
 pub trait ContainerEngine: Send + Sync + 'static {
     /// Is the engine answering?
@@ -171,6 +240,8 @@ pub trait ContainerEngine: Send + Sync + 'static {
     /// Removes the container, running or not, with its anonymous volumes.
     async fn remove(&self, id: &str) -> Result<(), EngineError>;
     async fn exec(&self, id: &str, spec: &ExecSpec) -> Result<ExecStream, EngineError>;
+    /// Starts a process with stdin attached, for a long-lived framed channel.
+    async fn exec_attached(&self, id: &str, spec: &ExecSpec) -> Result<AttachedExec, EngineError>;
     /// `None` while the process still runs.
     async fn exec_exit_code(&self, exec_id: &str) -> Result<Option<i64>, EngineError>;
     /// Extracts a tar stream at `path` inside the container.

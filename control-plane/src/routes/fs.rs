@@ -28,7 +28,7 @@ macro_rules! fs_handler {
             let _held = state.lock(&id).await?;
             state.sessions.ensure_running(&id).await?;
             let fs = Fs {
-                engine: state.sessions.engine(),
+                runtime: state.sessions.runtime(),
                 config: &state.config,
                 id: &id,
             };

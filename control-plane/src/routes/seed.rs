@@ -1,17 +1,21 @@
 //! `POST /session/{id}/seed/`: one-shot seeding of `/workspace/repo` and `/workspace/skills`.
 
-use axum::extract::{Multipart, Path, State};
+use axum::extract::{FromRequest, Multipart, Path, Request, State};
 use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 use crate::AppState;
 use crate::api::ErrorBody;
 use crate::error::ApiError;
+use crate::workspace::multipart;
 use crate::workspace::seed::{self, SKIPPED_HEADER};
 
 /// Seed the workspace from `repo_archive` and/or `skills_archive` (tar, optionally gz/bz2/xz/zst).
 ///
 /// 204 on success, with `X-Seed-Skipped-Members` counting members the sanitiser dropped.
+///
+/// The body goes through [`multipart::guard_request`] before the parser: part headers and parts
+/// are bounded, and going over them is a 422 saying which.
 #[utoipa::path(post, path = "/session/{session_id}/seed/", tag = "session",
     security(("api_key" = [])),
     params(("session_id" = String, Path, description = "The session id")),
@@ -22,13 +26,28 @@ use crate::workspace::seed::{self, SKIPPED_HEADER};
 pub async fn seed(
     State(state): State<AppState>,
     Path(id): Path<String>,
-    multipart: Result<Multipart, axum::extract::multipart::MultipartRejection>,
+    request: Request,
 ) -> Result<Response, ApiError> {
     let _held = state.lock(&id).await?;
     state.sessions.ensure_running(&id).await?;
-    let multipart = multipart.map_err(|r| ApiError::Unprocessable(r.body_text()))?;
+    let (request, tripwire) = multipart::guard_request(request);
+    let multipart = Multipart::from_request(request, &state)
+        .await
+        .map_err(|r| ApiError::Unprocessable(r.body_text()))?;
     let started = std::time::Instant::now();
-    let outcome = seed::seed(state.sessions.engine(), &state.config, &id, multipart).await;
+    let outcome = seed::seed(
+        state.sessions.engine(),
+        state.sessions.runtime(),
+        &state.config,
+        &id,
+        multipart,
+    )
+    .await
+    // The parser only saw a failed stream (and the pipeline, a cut archive): say what it was.
+    .map_err(|e| match tripwire.get() {
+        Some(v) => ApiError::Unprocessable(v.to_string()),
+        None => e,
+    });
     let label = match &outcome {
         Ok(_) => "ok".to_string(),
         Err(e) => e.status().as_u16().to_string(),

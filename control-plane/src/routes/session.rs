@@ -76,7 +76,11 @@ pub async fn close(
     Path(id): Path<String>,
     Query(q): Query<CloseQuery>,
 ) -> Result<StatusCode, ApiError> {
-    let _held = state.lock(&id).await?;
+    let _held = if q.force {
+        state.lock_to_remove(&id).await?
+    } else {
+        state.lock(&id).await?
+    };
     state.sessions.close(&id, q.force).await?;
     let mode = if q.force { "remove" } else { "stop" };
     state.metrics.sessions_closed.with(&[mode]).inc();

@@ -88,6 +88,13 @@ impl ContainerEngine for MeteredEngine {
     async fn exec(&self, id: &str, spec: &ExecSpec) -> Result<ExecStream, EngineError> {
         metered!(self, "exec", self.inner.exec(id, spec))
     }
+    async fn exec_attached(
+        &self,
+        id: &str,
+        spec: &ExecSpec,
+    ) -> Result<crate::engine::AttachedExec, EngineError> {
+        metered!(self, "exec_attached", self.inner.exec_attached(id, spec))
+    }
     async fn exec_exit_code(&self, exec_id: &str) -> Result<Option<i64>, EngineError> {
         metered!(self, "exec_inspect", self.inner.exec_exit_code(exec_id))
     }

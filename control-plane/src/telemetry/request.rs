@@ -19,6 +19,25 @@ use crate::api::ErrorBody;
 /// by the panic hook; the error layer skips this target so one panic is one event.
 pub const PANIC_TARGET: &str = "daiv_sandbox::panic";
 
+/// The method as a metrics label and log field: the standard ones by name, anything else (an
+/// unauthenticated client may send any token, of any length) as `OTHER`, so the series and the
+/// log lines stay bounded.
+pub fn method_label(method: &axum::http::Method) -> &'static str {
+    use axum::http::Method;
+    match *method {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::HEAD => "HEAD",
+        Method::OPTIONS => "OPTIONS",
+        Method::PATCH => "PATCH",
+        Method::TRACE => "TRACE",
+        Method::CONNECT => "CONNECT",
+        _ => "OTHER",
+    }
+}
+
 /// Logs one line per request: method, route template (never the raw URI), status, duration
 /// and session id. Headers, query strings and bodies are never logged: they carry the API key,
 /// egress secrets and file contents.
@@ -29,7 +48,7 @@ pub async fn observe(
     req: Request,
     next: Next,
 ) -> Response {
-    let method = req.method().clone();
+    let method = method_label(req.method());
     let route = matched
         .as_ref()
         .map(|m| m.as_str().to_string())
@@ -50,7 +69,7 @@ pub async fn observe(
         // A hub per request: tags set here stay on this request's events only.
         let hub = std::sync::Arc::new(sentry::Hub::new_from_top(sentry::Hub::main()));
         hub.configure_scope(|scope| {
-            scope.set_tag("http.method", method.as_str());
+            scope.set_tag("http.method", method);
             scope.set_tag("route", &route);
             scope.set_transaction(Some(&format!("{method} {route}")));
             if let Some(id) = &session_id {
@@ -66,7 +85,7 @@ pub async fn observe(
     state
         .metrics
         .http_requests
-        .with(&[method.as_str(), &route, &status.to_string()])
+        .with(&[method, &route, &status.to_string()])
         .observe(elapsed);
     tracing::info!(
         method = %method,

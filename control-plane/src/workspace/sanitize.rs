@@ -13,7 +13,24 @@
 //! Everything else is normalised: owner `RUN_UID:RUN_GID`, modes as `chmod -R a+rX,u+w` with
 //! setuid/setgid/sticky cleared, missing parents synthesised as sandbox-owned directories
 //! (otherwise Docker would create them root-owned), hardlinks/devices/FIFOs dropped.
+//!
+//! # Memory
+//! The tar crate reads a GNU long-name/long-link (`L`/`K`) or PAX (`x`) record whole into memory,
+//! however large its header says it is, and a few KB of gzip can claim gigabytes. `TarGuard`
+//! sits between the decompressor and the tar reader and follows the block structure itself
+//! (header, then `size` rounded up to 512, the size octal or base-256 and overridden by a PAX
+//! `size` record exactly as the tar crate does it; a zero block ends the archive). It refuses the
+//! archive when it sees the header of an `L`/`K` record larger than [`PATH_MAX`] or of an
+//! `x`/`g` record larger than [`PAX_MAX`], before the tar reader is handed that header. Names and
+//! symlink targets that arrive some other way (a PAX `path`/`linkpath`) are held to the same
+//! [`PATH_MAX`]. GNU sparse (`S`) members refuse the archive: the tar crate reads their
+//! extended sparse maps as extra blocks that no `size` field accounts for, so following the
+//! structure would mean re-implementing its sparse parser, and the member would only be dropped
+//! (it is not a regular file); GNU tar writes them only with `--sparse`.
+//!
+//! Names in errors and log lines go through [`shown`]: at most [`SHOWN_MAX`] characters.
 
+use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 use std::io::{self, Chain, Cursor, Read, Write};
@@ -21,13 +38,37 @@ use std::os::unix::ffi::OsStrExt;
 
 use tar::{Builder, EntryType, Header};
 
+/// Linux's `PATH_MAX`, which counts the terminating NUL: the largest GNU `L`/`K` record (the name
+/// plus its NUL, as GNU tar writes it) accepted; names and link targets must be shorter.
+pub const PATH_MAX: u64 = 4096;
+
+/// The largest PAX extended header (`x` or `g`) accepted; real ones are a few hundred bytes.
+pub const PAX_MAX: u64 = 64 * 1024;
+
+/// Most characters of a hostile name (or text quoting one) put in an error or a log line.
+pub const SHOWN_MAX: usize = 200;
+
 /// Why an archive was refused as a whole.
 #[derive(Debug, thiserror::Error)]
 pub enum SanitizeError {
-    #[error("archive member has an absolute name: {0:?}")]
+    #[error("archive member has an absolute name: {0}")]
     Absolute(String),
-    #[error("archive member name contains '..': {0:?}")]
+    #[error("archive member name contains '..': {0}")]
     Traversal(String),
+    #[error(
+        "archive member name is longer than {} bytes (PATH_MAX is {PATH_MAX} with the terminating NUL)",
+        PATH_MAX - 1
+    )]
+    NameTooLong,
+    #[error(
+        "archive member's link target is longer than {} bytes (PATH_MAX is {PATH_MAX} with the terminating NUL)",
+        PATH_MAX - 1
+    )]
+    LinkTooLong,
+    #[error("archive has a PAX extended header of {size} bytes; at most {PAX_MAX} are accepted")]
+    PaxTooLarge { size: u64 },
+    #[error("archive member {0} is a GNU sparse file, which is not supported")]
+    Sparse(String),
     #[error(
         "archive exceeds the limit of {limit} bytes (decompressed; DAIV_SANDBOX_SEED_MAX_BYTES)"
     )]
@@ -101,6 +142,33 @@ pub fn detect(head: &[u8]) -> Compression {
     }
 }
 
+/// `raw` for an error or a log line: lossy UTF-8, escaped and quoted like `{:?}`, and cut after
+/// [`SHOWN_MAX`] characters with a marker giving its real length (`"abc"…(32768 bytes)`), so a
+/// hostile name cannot make a response body or a log line grow with it.
+pub fn shown(raw: &[u8]) -> String {
+    let text = String::from_utf8_lossy(raw);
+    let mut escaped = text.escape_debug();
+    let mut out = String::with_capacity(SHOWN_MAX + 24);
+    out.push('"');
+    out.extend(escaped.by_ref().take(SHOWN_MAX));
+    out.push('"');
+    if escaped.next().is_some() {
+        out.push_str(&format!("…({} bytes)", raw.len()));
+    }
+    out
+}
+
+/// Free text (such as a tar crate error, which may quote a header's name) cut like [`shown`].
+fn cut(text: &str) -> String {
+    let mut chars = text.chars();
+    let head: String = chars.by_ref().take(SHOWN_MAX).collect();
+    if chars.next().is_some() {
+        format!("{head}…({} bytes)", text.len())
+    } else {
+        head
+    }
+}
+
 type Peeked<R> = Chain<Cursor<Vec<u8>>, R>;
 
 /// Reads up to 6 bytes to detect the compression, then returns a reader of the whole input,
@@ -130,7 +198,7 @@ fn decoder<'a, R: Read + 'a>(mut input: R) -> io::Result<Box<dyn Read + 'a>> {
 struct Counted<'a, R> {
     inner: R,
     budget: &'a mut Budget,
-    exceeded: &'a std::cell::Cell<bool>,
+    exceeded: &'a Cell<bool>,
 }
 
 impl<R: Read> Read for Counted<'_, R> {
@@ -145,10 +213,185 @@ impl<R: Read> Read for Counted<'_, R> {
     }
 }
 
+/// Where [`TarGuard`] is in the archive's block structure.
+#[derive(Debug, Clone, Copy)]
+enum Phase {
+    /// Inside a header block, `filled` of its 512 bytes seen.
+    Header { filled: usize },
+    /// Inside a record's data and padding: `left` bytes to the next header. The first `keep` of
+    /// them are kept (a PAX record, for its `size`); `pax` says the record is one.
+    Body { left: u64, keep: u64, pax: bool },
+    /// After the end-of-archive block: the tar reader stops there, nothing is interpreted.
+    End,
+    /// A header whose size the tar reader cannot parse either was passed on: it fails on it, and
+    /// any further read is refused rather than passed on untracked.
+    Lost,
+    /// Refused: every further read fails.
+    Failed,
+}
+
+/// Follows the tar block structure between the decompressor and [`tar::Archive`] and refuses
+/// the archive at the header of a record the tar crate would read whole (see the module docs),
+/// so that record is never read. The refusal is left in `refused` for [`sanitize`] to report;
+/// the tar reader only sees an I/O error.
+///
+/// It tracks sizes exactly as tar 0.4's `next_entry_raw`/`next_entry` do: the size field through
+/// [`Header::entry_size`] (octal or base-256), overridden by the `size` of a preceding PAX `x`
+/// record (one with a ustar or GNU magic: others are plain members to the tar crate) for the
+/// next header that is not itself an `L`, `K`, `x` or `g`.
+struct TarGuard<'a, R> {
+    inner: R,
+    phase: Phase,
+    header: Header,
+    /// A PAX `x` record was read since the last member: the `size` it carries, if any.
+    pax: Option<Option<u64>>,
+    /// The PAX record passing by (at most [`PAX_MAX`] bytes).
+    record: Vec<u8>,
+    refused: &'a Cell<Option<SanitizeError>>,
+}
+
+impl<'a, R: Read> TarGuard<'a, R> {
+    fn new(inner: R, refused: &'a Cell<Option<SanitizeError>>) -> Self {
+        Self {
+            inner,
+            phase: Phase::Header { filled: 0 },
+            header: Header::new_old(),
+            pax: None,
+            record: Vec::new(),
+            refused,
+        }
+    }
+
+    /// Moves through `data`, which has just been read.
+    fn observe(&mut self, mut data: &[u8]) -> Result<(), SanitizeError> {
+        while !data.is_empty() {
+            match self.phase {
+                Phase::Header { filled } => {
+                    let n = (512 - filled).min(data.len());
+                    self.header.as_mut_bytes()[filled..filled + n].copy_from_slice(&data[..n]);
+                    data = &data[n..];
+                    self.phase = if filled + n == 512 {
+                        self.at_header()?
+                    } else {
+                        Phase::Header { filled: filled + n }
+                    };
+                }
+                Phase::Body { left, keep, pax } => {
+                    let n = left.min(data.len() as u64);
+                    let kept = keep.min(n);
+                    // `kept` <= PAX_MAX, so both fit in usize.
+                    self.record.extend_from_slice(&data[..kept as usize]);
+                    data = &data[n as usize..];
+                    self.phase = if n == left {
+                        self.after_body(pax)
+                    } else {
+                        Phase::Body {
+                            left: left - n,
+                            keep: keep - kept,
+                            pax,
+                        }
+                    };
+                }
+                Phase::End | Phase::Lost | Phase::Failed => return Ok(()),
+            }
+        }
+        Ok(())
+    }
+
+    /// A whole header has been seen: refuse it, or work out where the next one starts.
+    fn at_header(&mut self) -> Result<Phase, SanitizeError> {
+        let h = &self.header;
+        if h.as_bytes().iter().all(|b| *b == 0) {
+            return Ok(Phase::End);
+        }
+        let kind = h.entry_type();
+        if kind.is_gnu_sparse() {
+            return Err(SanitizeError::Sparse(shown(&h.path_bytes())));
+        }
+        let Ok(mut size) = h.entry_size() else {
+            return Ok(Phase::Lost);
+        };
+        let is_pax = kind.is_pax_local_extensions() || kind.is_pax_global_extensions();
+        if kind.is_gnu_longname() && size > PATH_MAX {
+            return Err(SanitizeError::NameTooLong);
+        }
+        if kind.is_gnu_longlink() && size > PATH_MAX {
+            return Err(SanitizeError::LinkTooLong);
+        }
+        if is_pax && size > PAX_MAX {
+            return Err(SanitizeError::PaxTooLarge { size });
+        }
+        let extension = is_pax || kind.is_gnu_longname() || kind.is_gnu_longlink();
+        let recognized = h.as_gnu().is_some() || h.as_ustar().is_some();
+        // The tar crate reads recognised `L`, `K` and `x` records ahead of the member they
+        // describe; anything else is handed out as a member, and the PAX state starts afresh.
+        let leads = recognized
+            && (kind.is_gnu_longname() || kind.is_gnu_longlink() || kind.is_pax_local_extensions());
+        if !leads {
+            if let Some(Some(pax_size)) = self.pax.filter(|_| !extension) {
+                size = pax_size;
+            }
+            self.pax = None;
+        }
+        let keeps_pax = recognized && kind.is_pax_local_extensions();
+        let Some(padded) = size.checked_add(511).map(|s| s & !511) else {
+            return Ok(Phase::Lost); // the tar crate fails with "size overflow"
+        };
+        self.record.clear();
+        if padded == 0 {
+            return Ok(self.after_body(keeps_pax));
+        }
+        Ok(Phase::Body {
+            left: padded,
+            keep: if keeps_pax { size } else { 0 },
+            pax: keeps_pax,
+        })
+    }
+
+    fn after_body(&mut self, pax: bool) -> Phase {
+        if pax {
+            self.pax = Some(pax_size(&self.record));
+            self.record = Vec::new();
+        }
+        Phase::Header { filled: 0 }
+    }
+}
+
+/// The `size` of a PAX record, parsed as tar 0.4's `pax_extensions_value` does: the first `size`
+/// key wins, and a malformed record before it, or a bad value, means none.
+fn pax_size(record: &[u8]) -> Option<u64> {
+    for ext in tar::PaxExtensions::new(record) {
+        let ext = ext.ok()?;
+        if ext.key() != Ok("size") {
+            continue;
+        }
+        return ext.value().ok()?.parse::<u64>().ok();
+    }
+    None
+}
+
+impl<R: Read> Read for TarGuard<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self.phase {
+            Phase::Failed => return Err(io::Error::other("archive refused")),
+            Phase::Lost => return Err(io::Error::other("invalid tar header")),
+            _ => {}
+        }
+        let n = self.inner.read(buf)?;
+        if let Err(e) = self.observe(&buf[..n]) {
+            self.phase = Phase::Failed;
+            let msg = e.to_string();
+            self.refused.set(Some(e));
+            return Err(io::Error::other(msg));
+        }
+        Ok(n)
+    }
+}
+
 /// Remembers whether the consumer failed, so its error is not reported as a corrupt archive.
 struct Watched<'a, W> {
     inner: W,
-    failed: &'a std::cell::Cell<bool>,
+    failed: &'a Cell<bool>,
 }
 
 impl<W: Write> Write for Watched<'_, W> {
@@ -187,8 +430,9 @@ pub fn sanitize<R: Read, W: Write>(
     opts: &Options,
     budget: &mut Budget,
 ) -> Result<Stats, SanitizeError> {
-    let exceeded = std::cell::Cell::new(false);
-    let out_failed = std::cell::Cell::new(false);
+    let exceeded = Cell::new(false);
+    let out_failed = Cell::new(false);
+    let refused = Cell::new(None);
     let member_limit = budget.max_members;
     let size_limit = budget.max_bytes;
     let classify = |e: io::Error, exceeded: bool, out_failed: bool| {
@@ -197,7 +441,7 @@ pub fn sanitize<R: Read, W: Write>(
         } else if out_failed {
             SanitizeError::OutputClosed
         } else {
-            SanitizeError::Corrupt(e.to_string())
+            SanitizeError::Corrupt(cut(&e.to_string()))
         }
     };
     let decoded = decoder(input).map_err(|e| classify(e, false, false))?;
@@ -208,7 +452,7 @@ pub fn sanitize<R: Read, W: Write>(
         budget,
         exceeded: &exceeded,
     };
-    let mut archive = tar::Archive::new(counted);
+    let mut archive = tar::Archive::new(TarGuard::new(counted, &refused));
     let mut builder = Builder::new(Watched {
         inner: output,
         failed: &out_failed,
@@ -222,7 +466,10 @@ pub fn sanitize<R: Read, W: Write>(
         skipped: 0,
     };
     let result = (|| -> Result<(), SanitizeError> {
-        let io_err = |e: io::Error| classify(e, exceeded.get(), out_failed.get());
+        let io_err = |e: io::Error| match refused.take() {
+            Some(r) => r,
+            None => classify(e, exceeded.get(), out_failed.get()),
+        };
         st.emit_root(&mut builder).map_err(io_err)?;
         let entries = archive.entries().map_err(io_err)?;
         for entry in entries {
@@ -276,16 +523,18 @@ impl From<io::Error> for MemberError {
 
 /// `name` split into components, or `None` for the root itself (`.`, `./`).
 fn normalize(raw: &[u8]) -> Result<Option<Vec<&[u8]>>, SanitizeError> {
-    let shown = || String::from_utf8_lossy(raw).into_owned();
+    if raw.len() as u64 >= PATH_MAX {
+        return Err(SanitizeError::NameTooLong);
+    }
     if raw.starts_with(b"/") {
-        return Err(SanitizeError::Absolute(shown()));
+        return Err(SanitizeError::Absolute(shown(raw)));
     }
     let comps: Vec<&[u8]> = raw
         .split(|b| *b == b'/')
         .filter(|c| !c.is_empty() && *c != b".")
         .collect();
     if comps.iter().any(|c| *c == b"..") {
-        return Err(SanitizeError::Traversal(shown()));
+        return Err(SanitizeError::Traversal(shown(raw)));
     }
     Ok((!comps.is_empty()).then_some(comps))
 }
@@ -363,7 +612,7 @@ impl State {
 
     fn skip(&mut self, name: &[u8], why: &str) {
         self.skipped += 1;
-        tracing::warn!(member = %String::from_utf8_lossy(name), reason = why, "skipping archive member");
+        tracing::warn!(member = %shown(name), reason = why, "skipping archive member");
     }
 
     fn member<R: Read, W: Write>(
@@ -395,6 +644,13 @@ impl State {
                 return Ok(());
             }
         };
+        if kind == Kind::Symlink
+            && entry
+                .link_name_bytes()
+                .is_some_and(|t| t.len() as u64 >= PATH_MAX)
+        {
+            return Err(MemberError::Refused(SanitizeError::LinkTooLong));
+        }
         match self.ancestor_not_dir(&comps) {
             Some(Kind::Symlink) => {
                 self.skip(&raw, "path traverses a symlink");
@@ -423,6 +679,7 @@ impl State {
                     self.skip(&raw, "symlink without a target");
                     return Ok(());
                 };
+
                 let Some(walked) = self.target_walk(&comps, &target) else {
                     self.skip(&raw, "symlink target is absolute or escapes the root");
                     return Ok(());
@@ -526,6 +783,10 @@ mod tests {
     }
 
     fn run(input: &[u8]) -> Result<(Vec<Out>, Stats), SanitizeError> {
+        run_from(input)
+    }
+
+    fn run_from(input: impl Read) -> Result<(Vec<Out>, Stats), SanitizeError> {
         let mut out = Vec::new();
         let mut budget = Budget::new(1 << 30, 1000);
         let opts = Options {
@@ -792,6 +1053,428 @@ mod tests {
             assert_eq!(v[1].data, "hello", "{kind:?}");
         }
         Ok(())
+    }
+
+    // === The memory bounds (TarGuard) and hostile names in messages ===
+
+    const MIB: u64 = 1 << 20;
+
+    /// A GNU-magic header block; `size` written octal, or base-256 when `base256`.
+    fn block(kind: u8, name: &[u8], size: u64, base256: bool) -> Vec<u8> {
+        let mut h = Header::new_gnu();
+        h.set_entry_type(EntryType::new(kind));
+        h.set_mode(0o644);
+        h.as_old_mut().name[..name.len()].copy_from_slice(name);
+        if base256 {
+            let field = &mut h.as_old_mut().size;
+            field.fill(0);
+            field[0] = 0x80;
+            field[4..].copy_from_slice(&size.to_be_bytes());
+        } else {
+            h.set_size(size);
+        }
+        h.set_cksum();
+        h.as_bytes().to_vec()
+    }
+
+    /// `data` padded to whole blocks.
+    fn padded(data: &[u8]) -> Vec<u8> {
+        let mut v = data.to_vec();
+        v.resize(data.len().div_ceil(512) * 512, 0);
+        v
+    }
+
+    /// A PAX record: `len key=value\n`, the length counting itself.
+    fn pax_record(key: &str, value: &str) -> Vec<u8> {
+        let rest = format!(" {key}={value}\n");
+        let mut len = rest.len() + 1;
+        while format!("{len}{rest}").len() != len {
+            len += 1;
+        }
+        format!("{len}{rest}").into_bytes()
+    }
+
+    fn end() -> Vec<u8> {
+        vec![0; 1024]
+    }
+
+    /// A reader counting the bytes pulled from it.
+    struct Pulled<R> {
+        inner: R,
+        n: std::rc::Rc<Cell<u64>>,
+    }
+
+    impl<R: Read> Read for Pulled<R> {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            let n = self.inner.read(buf)?;
+            self.n.set(self.n.get() + n as u64);
+            Ok(n)
+        }
+    }
+
+    /// Sanitises `head` followed by `tail` bytes of `a`, the way a 100 MiB hostile record would
+    /// arrive; returns the result and how many bytes were pulled from the input.
+    fn run_counted(head: Vec<u8>, tail: u64) -> (Result<(Vec<Out>, Stats), SanitizeError>, u64) {
+        let n = std::rc::Rc::new(Cell::new(0));
+        let input = Pulled {
+            inner: Cursor::new(head).chain(io::repeat(b'a').take(tail)),
+            n: n.clone(),
+        };
+        let r = run_from(input);
+        (r, n.get())
+    }
+
+    #[test]
+    fn oversized_long_name_link_and_pax_records_fail_before_they_are_read() {
+        for (kind, size, what) in [
+            (b'L', 100 * MIB, "L"),
+            (b'K', 100 * MIB, "K"),
+            (b'x', 100 * MIB, "x"),
+            (b'g', 100 * MIB, "g"),
+            (b'L', PATH_MAX + 1, "L just over"),
+            (b'x', PAX_MAX + 1, "x just over"),
+        ] {
+            let (r, pulled) = run_counted(block(kind, b"././@LongLink", size, false), size);
+            match (kind, &r) {
+                (b'L', Err(SanitizeError::NameTooLong))
+                | (b'K', Err(SanitizeError::LinkTooLong))
+                | (b'x' | b'g', Err(SanitizeError::PaxTooLarge { .. })) => {}
+                _ => panic!("{what}: {r:?}"),
+            }
+            assert!(pulled < MIB, "{what}: {pulled} bytes read");
+        }
+        let e = run_counted(block(b'L', b"x", 100 * MIB, false), 0).0.err();
+        assert_eq!(
+            e.map(|e| e.to_string()).as_deref(),
+            Some(
+                "archive member name is longer than 4095 bytes (PATH_MAX is 4096 with the terminating NUL)"
+            )
+        );
+    }
+
+    #[test]
+    fn a_compressed_bomb_in_a_long_name_record_is_not_decompressed() -> Result<(), SanitizeError> {
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        let io = |e: io::Error| SanitizeError::Corrupt(e.to_string());
+        gz.write_all(&block(b'L', b"././@LongLink", 100 * MIB, false))
+            .map_err(io)?;
+        io::copy(&mut io::repeat(b'a').take(8 * MIB), &mut gz).map_err(io)?;
+        let gz = gz.finish().map_err(io)?;
+        let mut budget = Budget::new(1 << 30, 1000);
+        let opts = Options {
+            uid: 1,
+            gid: 1,
+            prefix: "repo".into(),
+        };
+        let r = sanitize(&gz[..], io::sink(), &opts, &mut budget);
+        assert!(matches!(r, Err(SanitizeError::NameTooLong)), "{r:?}");
+        assert!(
+            budget.bytes_used < MIB,
+            "{} bytes decompressed",
+            budget.bytes_used
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn names_and_link_targets_up_to_path_max_pass_and_longer_ones_are_refused() {
+        // Through GNU L/K records, as the tar crate's Builder writes them (name + NUL).
+        let long = |len: usize| "n".repeat(len);
+        let build = |file: &str, link: Option<&str>| {
+            let mut b = Builder::new(Vec::new());
+            let mut h = Header::new_gnu();
+            h.set_size(2);
+            h.set_mode(0o644);
+            b.append_data(&mut h, file, &b"hi"[..]).unwrap_or_default();
+            if let Some(target) = link {
+                let mut h = Header::new_gnu();
+                h.set_entry_type(EntryType::Symlink);
+                h.set_mode(0o777);
+                h.set_size(0);
+                b.append_link(&mut h, "link", target).unwrap_or_default();
+            }
+            b.into_inner().unwrap_or_default()
+        };
+        let ok = long(4095);
+        let r = run(&build(&ok, Some(&ok)));
+        let (v, s) = r.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(s.skipped, 0);
+        assert_eq!(v.last().map(|o| o.link.as_deref()), Some(Some(ok.as_str())));
+        assert!(
+            v.iter()
+                .any(|o| o.name == format!("repo/{ok}") && o.data == "hi")
+        );
+        let too_long = long(4097);
+        let r = run(&build(&too_long, None));
+        assert!(matches!(r, Err(SanitizeError::NameTooLong)), "{r:?}");
+        let r = run(&build("f", Some(&too_long)));
+        assert!(matches!(r, Err(SanitizeError::LinkTooLong)), "{r:?}");
+        // Through PAX `path` / `linkpath`, which the PAX bound lets reach 64 KiB.
+        let big = "a".repeat(5000);
+        for (key, want_name) in [("path", true), ("linkpath", false)] {
+            let rec = pax_record(key, &big);
+            let mut input = block(b'x', b"pax", rec.len() as u64, false);
+            input.extend(padded(&rec));
+            input.extend(block(b'2', b"link", 0, false));
+            input.extend(end());
+            let r = run(&input);
+            match r {
+                Err(SanitizeError::NameTooLong) if want_name => {}
+                Err(SanitizeError::LinkTooLong) if !want_name => {}
+                r => panic!("{key}: {r:?}"),
+            }
+        }
+    }
+
+    /// Data that is a valid, hostile `L` header: only a tracker that lost the block structure
+    /// takes it for one.
+    fn decoy(len: usize) -> Vec<u8> {
+        let mut d = block(b'L', b"././@LongLink", 100 * MIB, false);
+        d.resize(len, b'z');
+        d
+    }
+
+    #[test]
+    fn a_pax_size_overrides_the_header_size_and_tracking_follows_it() -> Result<(), SanitizeError> {
+        // The header says 0, PAX says 1024: the 1024 bytes (a decoy header) are data.
+        let rec = pax_record("size", "1024");
+        let mut input = block(b'x', b"pax", rec.len() as u64, false);
+        input.extend(padded(&rec));
+        input.extend(block(b'0', b"big", 0, false));
+        input.extend(decoy(1024));
+        input.extend(block(b'0', b"after", 2, false));
+        input.extend(padded(b"ok"));
+        input.extend(end());
+        let (v, _) = run(&input)?;
+        assert_eq!(names(&v), ["repo", "repo/big", "repo/after"]);
+        assert_eq!(v[1].data.len(), 1024);
+        assert_eq!(v[2].data, "ok");
+        // The header says 1024, PAX says 0: the next block is a header, and a hostile one.
+        let rec = pax_record("size", "0");
+        let mut input = block(b'x', b"pax", rec.len() as u64, false);
+        input.extend(padded(&rec));
+        input.extend(block(b'0', b"empty", 1024, false));
+        input.extend(block(b'L', b"././@LongLink", 100 * MIB, false));
+        let (r, pulled) = run_counted(input, 100 * MIB);
+        assert!(matches!(r, Err(SanitizeError::NameTooLong)), "{r:?}");
+        assert!(pulled < MIB, "{pulled}");
+        // Like the tar crate, no override from a PAX record without ustar/GNU magic (a plain
+        // member to it), nor across a global header (which takes the pending record).
+        let mut v7 = Header::new_old();
+        v7.set_entry_type(EntryType::XHeader);
+        v7.set_size(rec.len() as u64);
+        v7.set_cksum();
+        let global = pax_record("comment", "hi");
+        for lead in [
+            [v7.as_bytes().to_vec(), padded(&rec)].concat(),
+            [
+                block(b'x', b"pax", rec.len() as u64, false),
+                padded(&rec),
+                block(b'g', b"global", global.len() as u64, false),
+                padded(&global),
+            ]
+            .concat(),
+        ] {
+            let mut input = lead;
+            input.extend(block(b'0', b"big", 1024, false));
+            input.extend(decoy(1024));
+            input.extend(end());
+            let (v, _) = run(&input)?;
+            assert_eq!(names(&v), ["repo", "repo/big"]);
+            assert_eq!(v[1].data.len(), 1024);
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn base256_sizes_are_followed() -> Result<(), SanitizeError> {
+        let mut input = block(b'0', b"b256", 600, true);
+        input.extend(padded(&decoy(600)));
+        input.extend(block(b'0', b"after", 2, false));
+        input.extend(padded(b"ok"));
+        input.extend(end());
+        let (v, _) = run(&input)?;
+        assert_eq!(names(&v), ["repo", "repo/b256", "repo/after"]);
+        assert_eq!(v[1].data.len(), 600);
+        assert_eq!(v[2].data, "ok");
+        let mut input = block(b'0', b"b256", 600, true);
+        input.extend(padded(&[b'x'; 600]));
+        input.extend(block(b'L', b"././@LongLink", 100 * MIB, true));
+        let (r, pulled) = run_counted(input, 100 * MIB);
+        assert!(matches!(r, Err(SanitizeError::NameTooLong)), "{r:?}");
+        assert!(pulled < MIB, "{pulled}");
+        Ok(())
+    }
+
+    #[test]
+    fn gnu_sparse_members_refuse_the_archive() {
+        let mut input = block(b'S', b"holes", 0, false);
+        input.extend(end());
+        let r = run(&input);
+        match r {
+            Err(e @ SanitizeError::Sparse(_)) => {
+                assert!(
+                    e.to_string().contains("\"holes\" is a GNU sparse file"),
+                    "{e}"
+                );
+            }
+            r => panic!("{r:?}"),
+        }
+    }
+
+    #[test]
+    fn hostile_names_are_cut_in_messages() {
+        assert_eq!(shown(b"a\"b\n"), r#""a\"b\n""#);
+        let long = format!("../{}", "a".repeat(32 * 1024));
+        let s = shown(long.as_bytes());
+        assert_eq!(
+            s.chars().count(),
+            SHOWN_MAX + 2 + "…(32771 bytes)".chars().count()
+        );
+        assert!(s.ends_with("\"…(32771 bytes)"), "{s}");
+        // Escapes count: 200 characters of output, whatever the input.
+        let ctl = vec![1u8; 1000];
+        assert!(shown(&ctl).len() < SHOWN_MAX + 40, "{}", shown(&ctl));
+        assert!(cut(&"e".repeat(1000)).ends_with("…(1000 bytes)"));
+        // A traversal with a name just under PATH_MAX: the message stays short.
+        let name = format!("../{}", "a".repeat(4000));
+        // The Builder refuses `..`: write the L record by hand.
+        let mut rec = name.clone().into_bytes();
+        rec.push(0);
+        let mut input = block(b'L', b"././@LongLink", rec.len() as u64, false);
+        input.extend(padded(&rec));
+        input.extend(block(b'0', b"short", 0, false));
+        input.extend(end());
+        let r = run(&input);
+        let msg = match r {
+            Err(e @ SanitizeError::Traversal(_)) => e.to_string(),
+            r => panic!("{r:?}"),
+        };
+        assert!(msg.len() < 300, "{} bytes: {msg}", msg.len());
+        assert!(msg.ends_with("…(4003 bytes)"), "{msg}");
+    }
+
+    mod roundtrip {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// Hands out the input in the chunk sizes given, round and round.
+        struct Chunked<'a> {
+            data: &'a [u8],
+            sizes: Vec<usize>,
+            i: usize,
+        }
+
+        impl Read for Chunked<'_> {
+            fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+                let want = self.sizes[self.i % self.sizes.len()];
+                self.i += 1;
+                let n = want.min(buf.len()).min(self.data.len());
+                buf[..n].copy_from_slice(&self.data[..n]);
+                self.data = &self.data[n..];
+                Ok(n)
+            }
+        }
+
+        /// How a generated member is written.
+        #[derive(Debug, Clone, Copy)]
+        enum Style {
+            /// The Builder's own way: a GNU `L` record when the name is long.
+            Plain,
+            /// After a PAX record with a comment and a matching `size`.
+            PaxComment,
+            /// Header size 0, the real size in a PAX record only.
+            PaxSizeOnly,
+            /// The name in a PAX `path` record (header name short).
+            PaxPath,
+        }
+
+        fn style() -> impl Strategy<Value = Style> {
+            prop_oneof![
+                Just(Style::Plain),
+                Just(Style::PaxComment),
+                Just(Style::PaxSizeOnly),
+                Just(Style::PaxPath),
+            ]
+        }
+
+        type Want = (String, EntryType, String, Option<String>);
+
+        /// An archive of generated members (name length, data length, style, plus a symlink to
+        /// it), and the sanitised members it calls for.
+        fn build(members: &[(usize, usize, Style, bool)]) -> io::Result<(Vec<u8>, Vec<Want>)> {
+            let mut b = Builder::new(Vec::new());
+            let mut want: Vec<Want> = vec![("repo".into(), D, String::new(), None)];
+            for (i, (name_len, data_len, style, link)) in members.iter().enumerate() {
+                let name = format!("{i}-{}", "n".repeat(*name_len));
+                let data: String = (0..*data_len)
+                    .map(|j| (b'a' + ((i + j) % 26) as u8) as char)
+                    .collect();
+                let mut h = Header::new_gnu();
+                h.set_mode(0o644);
+                h.set_size(data.len() as u64);
+                let size = data.len().to_string();
+                let mut records: Vec<(&str, &[u8])> = vec![("size", size.as_bytes())];
+                match style {
+                    Style::Plain => records.clear(),
+                    Style::PaxComment => records.push(("comment", &b"generated"[..])),
+                    Style::PaxSizeOnly => h.set_size(0),
+                    Style::PaxPath => records.push(("path", name.as_bytes())),
+                }
+                if !records.is_empty() {
+                    b.append_pax_extensions(records)?;
+                }
+                if matches!(style, Style::PaxPath) {
+                    h.set_path("short")?;
+                    h.set_cksum();
+                    b.append(&h, data.as_bytes())?;
+                } else {
+                    b.append_data(&mut h, &name, data.as_bytes())?;
+                }
+                want.push((format!("repo/{name}"), F, data, None));
+                if *link {
+                    let mut h = Header::new_gnu();
+                    h.set_entry_type(L);
+                    h.set_mode(0o777);
+                    h.set_size(0);
+                    let link_name = format!("l{i}");
+                    b.append_link(&mut h, &link_name, &name)?;
+                    want.push((format!("repo/{link_name}"), L, String::new(), Some(name)));
+                }
+            }
+            Ok((b.into_inner()?, want))
+        }
+
+        fn fail(e: impl std::fmt::Display) -> TestCaseError {
+            TestCaseError::fail(e.to_string())
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(48))]
+            #[test]
+            fn normal_archives_sanitise_as_before(
+                members in proptest::collection::vec(
+                    (1usize..4000, 0usize..1500, style(), any::<bool>()),
+                    1..6,
+                ),
+                sizes in proptest::collection::vec(1usize..1300, 1..5),
+            ) {
+                let (input, want) = build(&members).map_err(fail)?;
+                // The guard passes every byte on, unchanged, and refuses nothing.
+                let refused = Cell::new(None);
+                let mut through = Vec::new();
+                let chunked = Chunked { data: &input, sizes: sizes.clone(), i: 0 };
+                TarGuard::new(chunked, &refused).read_to_end(&mut through).map_err(fail)?;
+                prop_assert!(through == input);
+                prop_assert!(refused.take().is_none());
+                // And the sanitised archive is what the members call for.
+                let (out, stats) = run_from(Chunked { data: &input, sizes, i: 0 }).map_err(fail)?;
+                prop_assert_eq!(stats.skipped, 0);
+                let got: Vec<Want> =
+                    out.into_iter().map(|o| (o.name, o.kind, o.data, o.link)).collect();
+                prop_assert_eq!(got, want);
+            }
+        }
     }
 
     mod prop {

@@ -22,10 +22,11 @@ use futures::StreamExt;
 use tokio::sync::mpsc;
 
 use super::sanitize::{self, Budget, Options, SanitizeError};
-use super::{ChannelReader, ChannelWriter, WORKSPACE, run_script};
+use super::{ChannelReader, ChannelWriter, WORKSPACE};
 use crate::config::Config;
 use crate::engine::{ContainerEngine, EngineError};
 use crate::error::ApiError;
+use crate::runtime::SessionRuntime;
 
 /// Directory of the one-shot marker; root-owned, outside the workspace.
 pub const MARKER_DIR: &str = "/.daiv-sandbox";
@@ -52,6 +53,7 @@ pub struct SeedOutcome {
 /// made sure the session runs.
 pub async fn seed(
     engine: &dyn ContainerEngine,
+    runtime: &dyn SessionRuntime,
     config: &Config,
     id: &str,
     mut multipart: Multipart,
@@ -65,7 +67,6 @@ pub async fn seed(
         Err(EngineError::NotFound) => {}
         Err(e) => return Err(e.into()),
     }
-    let user = format!("{}:{}", config.run_uid, config.run_gid);
     let mut budget = Budget::new(config.seed_max_bytes, config.seed_max_members);
     let mut outcome = SeedOutcome::default();
     let mut written: Vec<&'static str> = Vec::new();
@@ -74,7 +75,7 @@ pub async fn seed(
             Ok(Some(f)) => f,
             Ok(None) => break,
             Err(e) => {
-                cleanup(engine, id, &user, &written).await;
+                cleanup(runtime, id, &written).await;
                 return Err(ApiError::Unprocessable(format!(
                     "malformed multipart body: {e}"
                 )));
@@ -85,17 +86,17 @@ pub async fn seed(
             continue; // unknown fields are ignored (their bytes are skipped by the parser)
         };
         if written.contains(dest) {
-            tracing::warn!(session_id = %id, field = %name, "duplicate seed field ignored");
+            tracing::warn!(session_id = %id, field = %sanitize::shown(name.as_bytes()), "duplicate seed field ignored");
             continue;
         }
         written.push(dest);
-        match seed_one(engine, config, id, dest, field, &mut budget).await {
+        match seed_one(runtime, config, id, dest, field, &mut budget).await {
             Ok(stats) => {
                 outcome.members += stats.members;
                 outcome.skipped += stats.skipped;
             }
             Err(e) => {
-                cleanup(engine, id, &user, &written).await;
+                cleanup(runtime, id, &written).await;
                 return Err(e);
             }
         }
@@ -107,7 +108,7 @@ pub async fn seed(
     }
     outcome.bytes = budget.bytes_used;
     if let Err(e) = write_marker(engine, id).await {
-        cleanup(engine, id, &user, &written).await;
+        cleanup(runtime, id, &written).await;
         return Err(e);
     }
     tracing::info!(
@@ -123,7 +124,7 @@ pub async fn seed(
 /// decompresses, sanitises and re-tars into another bounded channel, which is `put_archive`'s
 /// body. Whichever stage fails first decides the error.
 async fn seed_one(
-    engine: &dyn ContainerEngine,
+    runtime: &dyn SessionRuntime,
     config: &Config,
     id: &str,
     dest: &str,
@@ -157,11 +158,8 @@ async fn seed_one(
         }
         (result, worker_budget)
     });
-    let body = futures::stream::unfold(out_rx, |mut rx| async move {
-        rx.recv().await.map(|item| (item, rx))
-    })
-    .boxed();
-    let put = engine.put_archive(id, WORKSPACE, body);
+    // The helper extracts as the sandbox user: nothing of the seed is written as root.
+    let put = runtime.extract(id, WORKSPACE, out_rx);
     let feed = async move {
         let mut raw: u64 = 0;
         loop {
@@ -186,6 +184,31 @@ async fn seed_one(
             }
         }
     };
+    let t0 = std::time::Instant::now();
+    let feed = async {
+        let r = feed.await;
+        tracing::debug!(
+            elapsed_ms = t0.elapsed().as_secs_f64() * 1e3,
+            "seed: upload read"
+        );
+        r
+    };
+    let put = async {
+        let r = put.await;
+        tracing::debug!(
+            elapsed_ms = t0.elapsed().as_secs_f64() * 1e3,
+            "seed: extracted"
+        );
+        r
+    };
+    let worker = async {
+        let r = worker.await;
+        tracing::debug!(
+            elapsed_ms = t0.elapsed().as_secs_f64() * 1e3,
+            "seed: sanitised"
+        );
+        r
+    };
     let (fed, put, worked) = tokio::join!(feed, put, worker);
     let (sanitized, used) = worked.map_err(|e| ApiError::Internal(e.into()))?;
     *budget = used;
@@ -194,7 +217,7 @@ async fn seed_one(
             fed?;
             put?;
             Err(ApiError::Unavailable(
-                "the container engine stopped reading the archive".to_string(),
+                "the session's helper stopped reading the archive".to_string(),
             ))
         }
         Err(e @ (SanitizeError::TooLarge { .. } | SanitizeError::TooManyMembers { .. })) => {
@@ -206,12 +229,7 @@ async fn seed_one(
         }
         Ok(stats) => {
             fed?;
-            put.map_err(|e| match e {
-                EngineError::NotFound => {
-                    ApiError::Conflict(format!("{WORKSPACE} is missing in the session container"))
-                }
-                e => e.into(),
-            })?;
+            put?;
             Ok(stats)
         }
     }
@@ -250,16 +268,13 @@ async fn write_marker(engine: &dyn ContainerEngine, id: &str) -> Result<(), ApiE
     Ok(())
 }
 
-/// Empties the destinations a failed seed wrote to, as the sandbox user (who owns every
-/// extracted entry). Best effort: a failure is logged, the original error is what the client sees.
-async fn cleanup(engine: &dyn ContainerEngine, id: &str, user: &str, dests: &[&str]) {
-    if dests.is_empty() {
-        return;
-    }
-    const SCRIPT: &str = r#"for d; do [ -d "$d" ] || continue; rm -rf -- "$d"/* "$d"/.[!.]* "$d"/..?* 2>/dev/null; done; exit 0"#;
-    let paths: Vec<String> = dests.iter().map(|d| format!("{WORKSPACE}/{d}")).collect();
-    let args: Vec<&str> = paths.iter().map(String::as_str).collect();
-    if let Err(e) = run_script(engine, id, user, SCRIPT, &args).await {
-        tracing::warn!(session_id = %id, error = %e, "could not clean up a failed seed");
+/// Empties the destinations a failed seed wrote to, through the helper (as the sandbox user,
+/// who owns every extracted entry). Best effort: a failure is logged, the original error is
+/// what the client sees.
+async fn cleanup(runtime: &dyn SessionRuntime, id: &str, dests: &[&str]) {
+    for d in dests {
+        if let Err(e) = runtime.clear(id, &format!("{WORKSPACE}/{d}")).await {
+            tracing::warn!(session_id = %id, error = %e, "could not clean up a failed seed");
+        }
     }
 }

@@ -12,13 +12,17 @@ use tracing::{Instrument, debug, info_span};
 
 use super::body::{Body, empty};
 use super::request::Binding;
-use super::{Ctx, error_response, mitm, refuse, tunnel, upstream};
+use super::{ClientConn, Ctx, error_response, mitm, refuse, tunnel, upstream};
 use crate::audit::AuditRecord;
 use crate::error::{DenyCode, ProxyError};
 
 /// Handles a CONNECT request. The response is sent before the tunnel's work starts (hyper
 /// upgrades the connection once the 200 is written).
-pub async fn connect(req: Request<Incoming>, ctx: Arc<Ctx>) -> Response<Body> {
+pub async fn connect(
+    req: Request<Incoming>,
+    ctx: Arc<Ctx>,
+    client: Arc<ClientConn>,
+) -> Response<Body> {
     let started = Instant::now();
     let target = match target(&req) {
         Ok(t) => t,
@@ -33,10 +37,11 @@ pub async fn connect(req: Request<Incoming>, ctx: Arc<Ctx>) -> Response<Body> {
         None,
     );
     let (host, port) = target;
-    match open(req, host, port, &ctx, &mut record, started).await {
+    let json = super::wants_json(req.headers());
+    match open(req, host, port, &ctx, client, &mut record, started).await {
         Ok(resp) => resp,
         Err(err) => {
-            let resp = refuse(&err, &mut record, started);
+            let resp = refuse(&err, &mut record, started, json);
             ctx.audit.record(&record);
             resp
         }
@@ -61,18 +66,29 @@ async fn open(
     host: Host,
     port: u16,
     ctx: &Arc<Ctx>,
+    client: Arc<ClientConn>,
     record: &mut AuditRecord,
     started: Instant,
 ) -> Result<Response<Body>, ProxyError> {
+    // Subscribe before reading the policy, so a reload in between is not missed by the tunnel.
+    let changes = ctx.policy.subscribe();
     let policy = ctx.policy.current();
-    let decision = policy.decide_connect(&host);
+    record.policy_version = policy.version().map(str::to_owned);
+    let mut decision = policy.decide_connect(&host);
     record.reason = decision.reason.code();
     record.rule = decision
         .rule
         .and_then(|i| policy.rule_host(i))
         .map(str::to_owned);
     if !decision.allowed {
-        return Err(ProxyError::Denied(DenyCode::Policy(decision.reason)));
+        let code = DenyCode::Policy(decision.reason);
+        if !(ctx.shadow_for(&policy) && super::shadowable(code)) {
+            return Err(ProxyError::Denied(code));
+        }
+        // Shadow mode: the tunnel opens, intercepted, so each request inside is evaluated and
+        // audited on its own.
+        record.enforced = false;
+        decision.intercept = true;
     }
     // Resolve and check now, before answering 200: the agent gets a 403 / 502 it can read instead
     // of a tunnel that fails later. A MITM session re-resolves per upstream connection (the
@@ -80,7 +96,7 @@ async fn open(
     let addrs = ctx.guard.resolve(&host, port).await?;
     let span = info_span!("tunnel", host = %host, port, intercept = decision.intercept);
     if decision.intercept {
-        record.decision = "allow";
+        record.decision = if record.enforced { "allow" } else { "deny" };
         record.status = Some(StatusCode::OK.as_u16());
         record.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         ctx.audit.record(record);
@@ -88,14 +104,15 @@ async fn open(
             host,
             port,
             tls: true,
+            client: Some(client.clone()),
         });
         let ctx = ctx.clone();
         ctx.tasks.clone().spawn(
             async move {
                 match hyper::upgrade::on(req).await {
                     Ok(upgraded) => {
-                        if let Err(error) = mitm::serve(TokioIo::new(upgraded), binding, ctx).await
-                        {
+                        let io = TokioIo::new(upgraded);
+                        if let Err(error) = mitm::serve(io, binding, ctx, client).await {
                             debug!(%error, "mitm session ended with an error");
                         }
                     }
@@ -105,7 +122,7 @@ async fn open(
             .instrument(span),
         );
     } else {
-        let upstream = upstream::connect_any(&addrs).await?;
+        let upstream = upstream::connect_any(&addrs, ctx.upstreams.proxy.as_deref()).await?;
         record.decision = "allow";
         record.status = Some(StatusCode::OK.as_u16());
         let record = record.clone();
@@ -114,8 +131,14 @@ async fn open(
             async move {
                 match hyper::upgrade::on(req).await {
                     Ok(upgraded) => {
-                        tunnel::run(TokioIo::new(upgraded), upstream, host, record, started, ctx)
-                            .await
+                        let tunnel = tunnel::Tunnel {
+                            host,
+                            record,
+                            started,
+                            client,
+                            changes,
+                        };
+                        tunnel::run(TokioIo::new(upgraded), upstream, tunnel, ctx).await
                     }
                     Err(error) => debug!(%error, "upgrade failed"),
                 }

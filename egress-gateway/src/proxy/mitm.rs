@@ -14,7 +14,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_rustls::LazyConfigAcceptor;
 
 use super::request::{self, Binding};
-use super::{Ctx, HEADER_READ_TIMEOUT};
+use super::{ClientConn, Ctx, http1_server};
 use crate::audit::AuditRecord;
 use crate::error::{DenyCode, ProxyError};
 
@@ -25,8 +25,13 @@ const H2_SEND_BUFFER: usize = 1024 * 1024;
 /// The client's TLS handshake with the gateway must finish within this.
 pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Runs one MITM session to completion.
-pub async fn serve<C>(io: C, binding: Arc<Binding>, ctx: Arc<Ctx>) -> Result<(), ProxyError>
+/// Runs one MITM session to completion, or until no byte has moved for the idle timeout.
+pub async fn serve<C>(
+    io: C,
+    binding: Arc<Binding>,
+    ctx: Arc<Ctx>,
+    client: Arc<ClientConn>,
+) -> Result<(), ProxyError>
 where
     C: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -55,26 +60,37 @@ where
         .map_err(ProxyError::client)?;
     let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2".as_slice());
 
+    let limits = ctx.limits.clone();
     let service = service_fn(move |req| {
         let binding = binding.clone();
         let ctx = ctx.clone();
         async move { Ok::<_, Infallible>(request::handle(req, binding, ctx).await) }
     });
     let io = TokioIo::new(tls);
-    if h2 {
-        hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-            .timer(TokioTimer::new())
-            .max_send_buf_size(H2_SEND_BUFFER)
-            .serve_connection(io, service)
-            .await
-            .map_err(ProxyError::client)
-    } else {
-        hyper::server::conn::http1::Builder::new()
-            .timer(TokioTimer::new())
-            .header_read_timeout(HEADER_READ_TIMEOUT)
-            .serve_connection(io, service)
-            .await
-            .map_err(ProxyError::client)
+    let served = async {
+        if h2 {
+            hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                .timer(TokioTimer::new())
+                .max_send_buf_size(H2_SEND_BUFFER)
+                .serve_connection(io, service)
+                .await
+        } else {
+            // Upgrades: a WebSocket handshake that the policy allows is handed to
+            // `request::upgrade` once the upstream answers 101.
+            http1_server(&limits)
+                .serve_connection(io, service)
+                .with_upgrades()
+                .await
+        }
+    };
+    // HTTP/2 has no header-read timeout and an idle h2 connection is never closed by hyper: the
+    // activity clock of the client socket covers both protocols.
+    tokio::select! {
+        res = served => res.map_err(ProxyError::client),
+        () = client.activity.idle_for(limits.idle_timeout) => {
+            tracing::debug!("mitm session idle; closing");
+            Ok(())
+        }
     }
 }
 

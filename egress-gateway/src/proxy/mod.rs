@@ -5,6 +5,7 @@
 
 pub mod body;
 pub mod connect;
+pub mod io;
 pub mod mitm;
 pub mod request;
 pub mod tunnel;
@@ -12,7 +13,6 @@ pub mod upstream;
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,12 +21,14 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use shared_policy::Host;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use self::body::Body;
+use self::io::{Activity, Metered};
 use self::request::Binding;
 use crate::audit::AuditSink;
 use crate::ca::CertificateAuthority;
@@ -34,15 +36,68 @@ use crate::error::{DenyCode, ProxyError};
 use crate::guard::AddressGuard;
 use crate::policy_store::PolicyStore;
 
-/// A client must finish sending request headers within this (slowloris).
+/// A client must finish sending request headers within this (slowloris). hyper starts it again
+/// whenever an HTTP/1.1 connection waits for its next request, so it is also the keep-alive
+/// idle timeout.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// A client connection on which no byte moves, either way, for this long is closed: a tunnel, a
+/// MITM session (HTTP/2 included) or a plaintext exchange. Longer than the upstream response-head
+/// timeout, so a slow answer is never cut by it.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+/// Client connections served at once by default; more are closed at accept.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
+/// hyper's per-connection HTTP/1.1 buffer limit (default ~400 KiB), which bounds what a half-sent
+/// request head can make the gateway hold; a longer head gets 431. Applies to the client side of
+/// plaintext and MITM'd HTTP/1.1 (HTTP/2 header lists are capped at 16 KiB by hyper).
+pub const MAX_BUF_SIZE: usize = 64 * 1024;
 /// On SIGTERM, in-flight exchanges get this long before the process exits. Short: the sandbox it
 /// serves is being stopped too, and a stop must not wait out the engine's kill timeout.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 /// The reason-code header on a 403.
 pub const DENIED_HEADER: &str = "x-egress-denied";
-/// Origin-form path that answers 200 when the gateway is listening (readiness probes).
-pub const HEALTH_PATH: &str = "/-/health/";
+/// Origin-form path that answers 200 when the gateway is listening (readiness probes), with the
+/// enforced policy's version in [`VERSION_HEADER`].
+pub const HEALTH_PATH: &str = shared_policy::sidecar::HEALTH_PATH;
+/// The enforced policy's `version`, on health answers and denials.
+pub const VERSION_HEADER: &str = shared_policy::sidecar::VERSION_HEADER;
+
+/// Resource bounds of one gateway. The defaults are the constants above; tests shorten the
+/// timeouts to observe them.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Client connections at once, tunnels and MITM sessions included (each is one client TCP
+    /// connection); more are closed at accept.
+    pub max_connections: usize,
+    /// See [`HEADER_READ_TIMEOUT`].
+    pub header_read_timeout: Duration,
+    /// See [`IDLE_TIMEOUT`].
+    pub idle_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            header_read_timeout: HEADER_READ_TIMEOUT,
+            idle_timeout: IDLE_TIMEOUT,
+        }
+    }
+}
+
+/// One accepted client connection: its slot under [`Limits::max_connections`] and its activity
+/// clock. The tunnel or MITM session that a CONNECT turns it into holds it too, so the slot is
+/// free only when the client's socket is closed.
+pub struct ClientConn {
+    _slot: OwnedSemaphorePermit,
+    /// Last byte moved on the client socket.
+    pub activity: Arc<Activity>,
+}
+
+impl std::fmt::Debug for ClientConn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ClientConn")
+    }
+}
 
 /// Everything a connection needs, shared.
 pub struct Ctx {
@@ -60,6 +115,31 @@ pub struct Ctx {
     pub audit: Arc<dyn AuditSink>,
     /// Tunnels and MITM sessions outlive their CONNECT request: tracked for graceful shutdown.
     pub tasks: TaskTracker,
+    /// Connection cap and timeouts.
+    pub limits: Limits,
+    /// Report-only for every policy (`--shadow`), besides a policy's own `mode: "shadow"`.
+    pub shadow: bool,
+    /// Counters (decisions are counted by the audit sink; latency here).
+    pub metrics: Arc<crate::metrics::Metrics>,
+}
+
+impl Ctx {
+    /// Whether `policy`'s denials are only reported. Never for the deny-all stand-in: a missing
+    /// or broken policy is enforced even in shadow mode (fail closed).
+    pub fn shadow_for(&self, policy: &shared_policy::Evaluator) -> bool {
+        !policy.is_deny_all() && (self.shadow || policy.is_shadow())
+    }
+}
+
+/// Whether a denial with `code` may be let through in shadow mode: only the policy's own
+/// decisions are report-only; the hardening checks (destination binding, address guard,
+/// credentials only over TLS) always apply.
+pub fn shadowable(code: DenyCode) -> bool {
+    use shared_policy::Reason;
+    matches!(
+        code,
+        DenyCode::Policy(Reason::HostNotListed | Reason::MethodNotAllowed | Reason::PathNotAllowed)
+    )
 }
 
 /// Accepts connections until `shutdown` resolves, then drains for at most [`SHUTDOWN_GRACE`].
@@ -69,15 +149,34 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     let stop = CancellationToken::new();
+    let slots = Arc::new(Semaphore::new(
+        ctx.limits.max_connections.min(Semaphore::MAX_PERMITS),
+    ));
+    // Connections closed since the limit was last reached: logged once per burst, not per socket.
+    let mut refused = 0u64;
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
             () = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
                 Ok((tcp, peer)) => {
-                    let _ = tcp.set_nodelay(true);
+                    let Ok(slot) = slots.clone().try_acquire_owned() else {
+                        // Closed before a byte is read, so the cap bounds what a sandbox can make
+                        // the gateway hold (buffers, TLS state, tunnels).
+                        if refused == 0 {
+                            warn!(limit = ctx.limits.max_connections, "connection limit reached; closing new connections");
+                        }
+                        refused += 1;
+                        drop(tcp);
+                        continue;
+                    };
+                    if refused > 0 {
+                        info!(refused, "below the connection limit again");
+                        refused = 0;
+                    }
+                    set_nodelay(&tcp);
                     let span = info_span!("conn", client = %peer);
-                    ctx.tasks.spawn(accept_conn(tcp, peer, ctx.clone(), stop.clone()).instrument(span));
+                    ctx.tasks.spawn(accept_conn(tcp, slot, ctx.clone(), stop.clone()).instrument(span));
                 }
                 Err(error) => {
                     // Out of file descriptors and the like: back off instead of spinning.
@@ -103,22 +202,46 @@ pub async fn serve(
     Ok(())
 }
 
+/// Small writes (TLS records, request heads) go out at once: every socket the gateway accepts
+/// or opens has Nagle's algorithm off.
+pub(crate) fn set_nodelay(tcp: &TcpStream) {
+    if let Err(error) = tcp.set_nodelay(true) {
+        debug!(%error, "cannot set TCP_NODELAY");
+    }
+}
+
+/// The HTTP/1.1 server side for clients (the proxy socket and MITM'd HTTP/1.1): bounded buffers
+/// and a header-read timeout.
+pub(crate) fn http1_server(limits: &Limits) -> hyper::server::conn::http1::Builder {
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .max_buf_size(MAX_BUF_SIZE);
+    builder
+}
+
 /// One client connection: HTTP/1.1 with upgrades (CONNECT). Idle keep-alive connections close
 /// at once on shutdown; a request in flight finishes first.
 async fn accept_conn(
-    tcp: tokio::net::TcpStream,
-    _peer: SocketAddr,
+    tcp: TcpStream,
+    slot: OwnedSemaphorePermit,
     ctx: Arc<Ctx>,
     stop: CancellationToken,
 ) {
-    let service = service_fn(move |req| {
-        let ctx = ctx.clone();
-        async move { Ok::<_, Infallible>(route(req, ctx).await) }
+    let activity = Activity::new();
+    let client = Arc::new(ClientConn {
+        _slot: slot,
+        activity: activity.clone(),
     });
-    let conn = hyper::server::conn::http1::Builder::new()
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT)
-        .serve_connection(TokioIo::new(tcp), service)
+    let limits = ctx.limits.clone();
+    let service = service_fn(move |req| {
+        let (ctx, client) = (ctx.clone(), client.clone());
+        async move { Ok::<_, Infallible>(route(req, ctx, client).await) }
+    });
+    let io = TokioIo::new(Metered::new(tcp, Some(activity.clone())));
+    let conn = http1_server(&limits)
+        .serve_connection(io, service)
         .with_upgrades();
     tokio::pin!(conn);
     let result = tokio::select! {
@@ -127,6 +250,10 @@ async fn accept_conn(
             conn.as_mut().graceful_shutdown();
             conn.await
         }
+        () = activity.idle_for(limits.idle_timeout) => {
+            debug!("client connection idle; closing");
+            Ok(())
+        }
     };
     if let Err(error) = result {
         debug!(%error, "client connection ended with an error");
@@ -134,9 +261,9 @@ async fn accept_conn(
 }
 
 /// CONNECT, absolute-form plaintext, or (origin-form) the health probe.
-async fn route(req: Request<Incoming>, ctx: Arc<Ctx>) -> Response<Body> {
+async fn route(req: Request<Incoming>, ctx: Arc<Ctx>, client: Arc<ClientConn>) -> Response<Body> {
     if req.method() == Method::CONNECT {
-        return connect::connect(req, ctx).await;
+        return connect::connect(req, ctx, client).await;
     }
     let uri = req.uri();
     match (uri.scheme_str(), uri.host()) {
@@ -146,6 +273,7 @@ async fn route(req: Request<Incoming>, ctx: Arc<Ctx>) -> Response<Body> {
                     host,
                     port: uri.port_u16().unwrap_or(80),
                     tls: false,
+                    client: Some(client),
                 });
                 request::handle(req, binding, ctx).await
             }
@@ -154,7 +282,7 @@ async fn route(req: Request<Incoming>, ctx: Arc<Ctx>) -> Response<Body> {
         // `GET https://...` to a proxy asks it to originate TLS; clients use CONNECT for that.
         (Some(_), Some(_)) => error_response(&ProxyError::BadRequest("use CONNECT for https")),
         _ if uri.path() == HEALTH_PATH || uri.path() == HEALTH_PATH.trim_end_matches('/') => {
-            Response::new(body::full("ok\n"))
+            health_response(&ctx, wants_json(req.headers()))
         }
         _ => error_response(&ProxyError::BadRequest(
             "not a proxy request (absolute-form or CONNECT expected)",
@@ -162,26 +290,124 @@ async fn route(req: Request<Incoming>, ctx: Arc<Ctx>) -> Response<Body> {
     }
 }
 
-/// 403 with the reason code in [`DENIED_HEADER`] and a plain-text body saying why.
+/// `GET /-/health/`: `200`, the enforced policy's version in [`VERSION_HEADER`], and `ok` (or,
+/// for a client that accepts JSON, `{"status", "policy", "policy_version", "shadow"}`).
+fn health_response(ctx: &Ctx, json: bool) -> Response<Body> {
+    let policy = ctx.policy.current();
+    let mut resp = if json {
+        let doc = serde_json::json!({
+            "status": "ok",
+            "policy": if policy.is_deny_all() { "unavailable" } else { "loaded" },
+            "policy_version": policy.version(),
+            "shadow": ctx.shadow_for(&policy),
+        });
+        let mut resp = Response::new(body::full(format!("{doc}\n")));
+        resp.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        resp
+    } else {
+        Response::new(body::full("ok\n"))
+    };
+    if let Some(v) = policy.version().and_then(|v| HeaderValue::from_str(v).ok()) {
+        resp.headers_mut().insert(VERSION_HEADER, v);
+    }
+    resp
+}
+
+/// Whether the client asked for JSON: an `Accept` media range `application/json` or `*/*+json`
+/// (`application/problem+json`, ...) with a non-zero `q`. `*/*` alone keeps the plain text.
+pub fn wants_json(headers: &http::HeaderMap) -> bool {
+    headers
+        .get_all(http::header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|range| {
+            let mut parts = range.split(';');
+            let media = parts.next().unwrap_or_default().trim().to_ascii_lowercase();
+            let zero = parts.any(|p| {
+                p.trim()
+                    .strip_prefix("q=")
+                    .and_then(|q| q.trim().parse::<f32>().ok())
+                    .is_some_and(|q| q <= 0.0)
+            });
+            !zero && (media == "application/json" || media.ends_with("+json"))
+        })
+}
+
 /// The answer to a refused or failed exchange, with its audit record completed (decision,
-/// reason, status, duration); the caller writes the record.
+/// reason, status, duration); the caller writes the record. A denial is a 403 with the reason
+/// code in [`DENIED_HEADER`], and a JSON body when `json` (see [`deny_response`]).
 pub fn refuse(
     err: &ProxyError,
     record: &mut crate::audit::AuditRecord,
     started: std::time::Instant,
+    json: bool,
 ) -> Response<Body> {
     let denied = matches!(err, ProxyError::Denied(_));
+    record.decision = if denied { "deny" } else { "error" };
+    record.enforced = true;
+    record.reason = err.code();
     let resp = match err {
-        ProxyError::Denied(code) => deny_response(*code),
+        ProxyError::Denied(code) if json => deny_json_response(*code, record),
+        ProxyError::Denied(code) => {
+            let mut resp = deny_response(*code);
+            if let Some(v) = record
+                .policy_version
+                .as_deref()
+                .and_then(|v| HeaderValue::from_str(v).ok())
+            {
+                resp.headers_mut().insert(VERSION_HEADER, v);
+            }
+            resp
+        }
         other => error_response(other),
     };
-    record.decision = if denied { "deny" } else { "error" };
-    record.reason = err.code();
     record.status = Some(resp.status().as_u16());
     record.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     resp
 }
 
+/// The typed denial: `{"error": "egress_denied", "reason", "detail", "host", "method", "rule"?,
+/// "path"?, "policy_version"}` (`policy_version` is `null` when the policy has none).
+pub fn deny_json_response(code: DenyCode, record: &crate::audit::AuditRecord) -> Response<Body> {
+    let mut doc = serde_json::json!({
+        "error": "egress_denied",
+        "reason": code.code(),
+        "detail": code.describe(),
+        "host": record.host,
+        "method": record.method,
+        "policy_version": record.policy_version,
+    });
+    if let Some(map) = doc.as_object_mut() {
+        if let Some(rule) = &record.rule {
+            map.insert("rule".into(), rule.clone().into());
+        }
+        if let Some(path) = &record.path {
+            map.insert("path".into(), path.clone().into());
+        }
+    }
+    let mut resp = Response::new(body::full(format!("{doc}\n")));
+    *resp.status_mut() = StatusCode::FORBIDDEN;
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp.headers_mut()
+        .insert(DENIED_HEADER, HeaderValue::from_static(code.code()));
+    if let Some(v) = record
+        .policy_version
+        .as_deref()
+        .and_then(|v| HeaderValue::from_str(v).ok())
+    {
+        resp.headers_mut().insert(VERSION_HEADER, v);
+    }
+    resp
+}
+
+/// 403 with the reason code in [`DENIED_HEADER`] and a plain-text body saying why.
 pub fn deny_response(code: DenyCode) -> Response<Body> {
     let text = format!("egress denied ({}): {}\n", code.code(), code.describe());
     let mut resp = Response::new(body::full(text));

@@ -27,6 +27,9 @@ pub struct Binding {
     pub port: u16,
     /// `true` when the client's side of the connection is TLS (MITM), `false` for plaintext.
     pub tls: bool,
+    /// The client connection (its slot and activity clock), kept by an upgraded (WebSocket)
+    /// exchange that outlives the HTTP connection it came from.
+    pub client: Option<Arc<super::ClientConn>>,
 }
 
 impl Binding {
@@ -55,10 +58,11 @@ pub async fn handle(
         // Never the query string: tokens travel there.
         Some(req.uri().path().to_owned()),
     );
+    let json = super::wants_json(req.headers());
     match forward(req, &binding, &ctx, &mut record).await {
         Ok(resp) => resp,
         Err(err) => {
-            let resp = refuse(&err, &mut record, started);
+            let resp = refuse(&err, &mut record, started, json);
             if !matches!(err, ProxyError::Denied(_)) {
                 tracing::warn!(host = %binding.host, error = %err, source = ?std::error::Error::source(&err), "request failed");
             }
@@ -69,7 +73,7 @@ pub async fn handle(
 }
 
 async fn forward(
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
     binding: &Binding,
     ctx: &Ctx,
     record: &mut AuditRecord,
@@ -79,14 +83,22 @@ async fn forward(
 
     // Re-read per request: a tightened policy applies to connections that are already open.
     let policy = ctx.policy.current();
-    let decision = policy.decide_request(&binding.host, req.method().as_str());
+    record.policy_version = policy.version().map(str::to_owned);
+    let decision = policy.decide_http(&binding.host, req.method().as_str(), Some(req.uri().path()));
     record.reason = decision.reason.code();
     record.rule = decision
         .rule
         .and_then(|i| policy.rule_host(i))
         .map(str::to_owned);
     if !decision.allowed {
-        return Err(ProxyError::Denied(DenyCode::Policy(decision.reason)));
+        let code = DenyCode::Policy(decision.reason);
+        if !(ctx.shadow_for(&policy) && super::shadowable(code)) {
+            return Err(ProxyError::Denied(code));
+        }
+        // Shadow mode: recorded as the denial it would be, sent on without any credential (a
+        // denied decision carries none).
+        record.decision = "deny";
+        record.enforced = false;
     }
     // Credentials only travel inside TLS. Forwarding without the credential would surprise the
     // agent with a 401 from the upstream; refusing says why.
@@ -94,27 +106,154 @@ async fn forward(
         record.reason = DenyCode::TlsRequired.code();
         return Err(ProxyError::Denied(DenyCode::TlsRequired));
     }
+    // An origin answers TRACE (and IIS's TRACK) with the request it received, injected header
+    // included: the sandbox would read the credential it must never see.
+    if decision.inject.is_some() && is_echo_method(req.method()) {
+        record.reason = DenyCode::CredentialEcho.code();
+        return Err(ProxyError::Denied(DenyCode::CredentialEcho));
+    }
     record.injected = decision.inject.as_ref().map(|i| i.header.clone());
 
+    // A WebSocket handshake (HTTP/1.1 Upgrade), decided like any request: the upgrade headers
+    // are carried upstream, and on a 101 both sides are spliced.
+    let websocket = websocket_protocol(&req);
+    let client_upgrade = websocket.as_ref().map(|_| hyper::upgrade::on(&mut req));
     let up = upstream::counter();
     let client = ctx.upstreams.for_version(req.version());
-    let upstream_req = build_upstream_request(req, binding, decision.inject.as_ref(), up.clone())?;
+    let mut upstream_req =
+        build_upstream_request(req, binding, decision.inject.as_ref(), up.clone())?;
+    if let Some(protocol) = &websocket {
+        let headers = upstream_req.headers_mut();
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        headers.insert(header::UPGRADE, protocol.clone());
+    }
+    let sent = Instant::now();
     let resp = tokio::time::timeout(RESPONSE_HEAD_TIMEOUT, client.request(upstream_req))
         .await
         .map_err(|_| ProxyError::UpstreamTimeout {
             phase: "response head",
         })?
         .map_err(upstream::classify)?;
+    ctx.metrics.upstream_latency(sent.elapsed());
+    let mut resp = resp;
+    if let Some(client_upgrade) = client_upgrade
+        && resp.status() == http::StatusCode::SWITCHING_PROTOCOLS
+    {
+        let upstream_upgrade = hyper::upgrade::on(&mut resp);
+        let protocol = resp.headers().get(header::UPGRADE).cloned();
+        let (mut parts, _) = resp.into_parts();
+        strip_hop_by_hop(&mut parts.headers);
+        parts
+            .headers
+            .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        if let Some(protocol) = protocol {
+            parts.headers.insert(header::UPGRADE, protocol);
+        }
+        if record.enforced {
+            record.decision = "allow";
+        }
+        record.status = Some(parts.status.as_u16());
+        let splice = Splice {
+            record: record.clone(),
+            started,
+            client: binding.client.clone(),
+        };
+        ctx.tasks.spawn(splice.run(
+            client_upgrade,
+            upstream_upgrade,
+            ctx.audit.clone(),
+            ctx.limits.idle_timeout,
+        ));
+        return Ok(Response::from_parts(parts, super::body::empty()));
+    }
 
     let (mut parts, body) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);
-    record.decision = "allow";
+    if record.enforced {
+        record.decision = "allow";
+    }
     record.status = Some(parts.status.as_u16());
     let audit = PendingAudit::new(record.clone(), started, up, ctx.audit.clone());
     Ok(Response::from_parts(
         parts,
         AuditedBody::new(body, audit).boxed_unsync(),
     ))
+}
+
+/// The `Upgrade` protocol of an HTTP/1.1 WebSocket handshake (`Connection: upgrade` and
+/// `Upgrade: websocket`), if this is one. Other upgrades (h2c, ...) are not carried.
+fn websocket_protocol(req: &Request<Incoming>) -> Option<HeaderValue> {
+    if req.version() != Version::HTTP_11 {
+        return None;
+    }
+    let connection_upgrade = req
+        .headers()
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("upgrade"));
+    let upgrade = req.headers().get(header::UPGRADE)?;
+    (connection_upgrade && upgrade.as_bytes().eq_ignore_ascii_case(b"websocket"))
+        .then(|| upgrade.clone())
+}
+
+/// An upgraded exchange: both sides' connections, spliced until either closes or the client
+/// connection idles out; its audit line (with the byte counts) is written at the end.
+struct Splice {
+    record: AuditRecord,
+    started: Instant,
+    client: Option<Arc<super::ClientConn>>,
+}
+
+impl Splice {
+    async fn run(
+        mut self,
+        client: hyper::upgrade::OnUpgrade,
+        upstream: hyper::upgrade::OnUpgrade,
+        audit: Arc<dyn crate::audit::AuditSink>,
+        idle: Duration,
+    ) {
+        match tokio::try_join!(client, upstream) {
+            Ok((c, u)) => {
+                // Counted on the client side, so a close without TLS close_notify (an error for
+                // the copy) still leaves the byte counts.
+                let mut c = super::io::Metered::new(hyper_util::rt::TokioIo::new(c), None);
+                let mut u = hyper_util::rt::TokioIo::new(u);
+                let copy = tokio::io::copy_bidirectional(&mut c, &mut u);
+                let idle_out = async {
+                    match &self.client {
+                        Some(conn) => conn.activity.idle_for(idle).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    res = copy => if let Err(error) = res {
+                        tracing::debug!(%error, "websocket closed with an error");
+                    },
+                    () = idle_out => tracing::debug!("websocket idle; closing"),
+                }
+                self.record.bytes_up = c.read;
+                self.record.bytes = c.written;
+            }
+            Err(error) => {
+                tracing::debug!(%error, "websocket upgrade failed");
+                self.record.decision = "error";
+                self.record.reason = "upgrade-failed";
+            }
+        }
+        self.record.duration_ms =
+            u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        audit.record(&self.record);
+    }
+}
+
+/// Methods whose response reflects the request headers. Case-insensitive, as the policy's method
+/// match is: some origins treat `trace` as TRACE.
+fn is_echo_method(method: &http::Method) -> bool {
+    ["TRACE", "TRACK"]
+        .iter()
+        .any(|m| method.as_str().eq_ignore_ascii_case(m))
 }
 
 /// Destination binding: every authority the request claims (absolute-form URI, `Host` header,

@@ -1,6 +1,8 @@
 //! The blind tunnel for allowed, non-intercepted hosts. The TLS stays end to end, but the
 //! ClientHello is read first: its SNI must name the CONNECT host, or a client could open a tunnel
 //! to an allowed host's address and reach another name behind the same front (domain fronting).
+//! A tunnel is decided at CONNECT and re-checked on every policy reload: one the current policy
+//! would not open as a blind tunnel any more is closed.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -8,9 +10,11 @@ use std::time::{Duration, Instant};
 use shared_policy::Host;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tracing::debug;
+use tokio::sync::watch;
+use tracing::{debug, info};
 
-use super::Ctx;
+use super::io::Metered;
+use super::{ClientConn, Ctx};
 use crate::audit::AuditRecord;
 use crate::error::DenyCode;
 
@@ -30,18 +34,46 @@ enum HelloError {
     Io,
 }
 
-/// Checks the ClientHello, then copies bytes both ways until either side closes. Writes the
-/// audit line at the end, with the byte counts.
-pub async fn run<C>(
-    mut client: C,
-    mut upstream: TcpStream,
-    host: Host,
-    mut record: AuditRecord,
-    started: Instant,
-    ctx: Arc<Ctx>,
-) where
+/// What a blind tunnel carries besides its two streams.
+pub struct Tunnel {
+    /// The CONNECT host (normalised).
+    pub host: Host,
+    /// The tunnel's audit line, completed and written when it closes.
+    pub record: AuditRecord,
+    /// When the CONNECT arrived.
+    pub started: Instant,
+    /// The client connection (its slot and activity clock).
+    pub client: Arc<ClientConn>,
+    /// Policy reloads since the CONNECT decision.
+    pub changes: watch::Receiver<u64>,
+}
+
+/// Why the copy loop stopped.
+enum Ended {
+    /// Either side closed (or failed).
+    Closed,
+    /// No byte moved for the idle timeout.
+    Idle,
+    /// A reload: the current policy would not open this blind tunnel.
+    Revoked(DenyCode),
+}
+
+/// Checks the ClientHello, then copies bytes both ways until either side closes, the tunnel
+/// idles out, or a policy reload revokes it. Writes the audit line at the end, with the byte
+/// counts.
+pub async fn run<C>(client: C, mut upstream: TcpStream, tunnel: Tunnel, ctx: Arc<Ctx>)
+where
     C: AsyncRead + AsyncWrite + Unpin,
 {
+    let Tunnel {
+        host,
+        mut record,
+        started,
+        client: conn,
+        mut changes,
+    } = tunnel;
+    // Counts what the client sent (the ClientHello included) and received.
+    let mut client = Metered::new(client, None);
     let hello = tokio::time::timeout(CLIENT_HELLO_TIMEOUT, read_client_hello(&mut client)).await;
     let outcome = match hello {
         Ok(Ok((bytes, sni))) => match sni.as_deref().map(Host::parse) {
@@ -69,24 +101,66 @@ pub async fn run<C>(
         }
     };
     if upstream.write_all(&hello).await.is_ok() {
-        record.bytes_up = hello.len() as u64;
-        match tokio::io::copy_bidirectional_with_sizes(
-            &mut client,
-            &mut upstream,
-            TUNNEL_BUFFER,
-            TUNNEL_BUFFER,
-        )
-        .await
-        {
-            Ok((up, down)) => {
-                record.bytes_up += up;
-                record.bytes = down;
+        let ended = {
+            let copy = tokio::io::copy_bidirectional_with_sizes(
+                &mut client,
+                &mut upstream,
+                TUNNEL_BUFFER,
+                TUNNEL_BUFFER,
+            );
+            tokio::pin!(copy);
+            let mut watching = true;
+            loop {
+                tokio::select! {
+                    res = &mut copy => {
+                        if let Err(error) = res {
+                            debug!(%error, "tunnel closed with an error");
+                        }
+                        break Ended::Closed;
+                    }
+                    () = conn.activity.idle_for(ctx.limits.idle_timeout) => break Ended::Idle,
+                    changed = changes.changed(), if watching => match changed {
+                        Ok(()) => if let Some(code) = revoked(&ctx, &host) {
+                            break Ended::Revoked(code);
+                        },
+                        Err(_) => watching = false,
+                    },
+                }
             }
-            Err(error) => debug!(%error, "tunnel closed with an error"),
+        };
+        match ended {
+            Ended::Closed => {}
+            Ended::Idle => debug!("tunnel idle; closing"),
+            Ended::Revoked(code) => {
+                info!(host = %host, reason = code.code(), "policy reload revoked a blind tunnel; closing it");
+                record.decision = "deny";
+                record.reason = code.code();
+            }
         }
     }
-    record.mode = "tunnel";
+    record.bytes_up = client.read;
+    record.bytes = client.written;
     finish(&mut record, started, &ctx);
+}
+
+/// Why the current policy would no longer open this blind tunnel, if it would not: the host is
+/// denied now, or must now be intercepted (a tunnel cannot enforce methods or inject).
+fn revoked(ctx: &Ctx, host: &Host) -> Option<DenyCode> {
+    let policy = ctx.policy.current();
+    let decision = policy.decide_connect(host);
+    if !decision.allowed
+        && ctx.shadow_for(&policy)
+        && super::shadowable(DenyCode::Policy(decision.reason))
+    {
+        // Report-only: the tunnel stays; its closing line records the open.
+        None
+    } else if !decision.allowed {
+        Some(DenyCode::Policy(decision.reason))
+    } else if decision.intercept {
+        Some(DenyCode::InterceptRequired)
+    } else {
+        None
+    }
 }
 
 fn finish(record: &mut AuditRecord, started: Instant, ctx: &Ctx) {

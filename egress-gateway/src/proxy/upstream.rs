@@ -39,10 +39,143 @@ pub type UpBody = CountingBody<Incoming>;
 /// The pooled client used for MITM'd and plaintext-forwarded requests.
 pub type UpstreamClient = Client<HttpsConnector<GuardedConnector>, UpBody>;
 
+/// The upstream proxy's CONNECT answer must arrive within this.
+pub const PROXY_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// A proxy's CONNECT response head larger than this is refused.
+const MAX_PROXY_HEAD: usize = 16 * 1024;
+
+/// A corporate HTTP proxy that every upstream connection goes through
+/// (`--upstream-proxy http://[user:password@]host:port`). The gateway still resolves and checks
+/// the destination itself (the SSRF guard), and asks the proxy to `CONNECT` to the checked
+/// address, never to a name the proxy would resolve again. The proxy's own address is the
+/// operator's and is not subject to the guard.
+#[derive(Clone)]
+pub struct UpstreamProxy {
+    /// `host:port` of the proxy.
+    pub addr: String,
+    /// `Proxy-Authorization` value (`Basic ...`), from the URL's user info.
+    authorization: Option<String>,
+}
+
+impl std::fmt::Debug for UpstreamProxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamProxy")
+            .field("addr", &self.addr)
+            .field("authorization", &self.authorization.as_ref().map(|_| "***"))
+            .finish()
+    }
+}
+
+impl UpstreamProxy {
+    /// Parses `http://[user:password@]host:port` (the port defaults to 3128, `http` is the only
+    /// scheme: the gateway talks to the proxy in plaintext, the tunnelled TLS stays end to end).
+    pub fn parse(url: &str) -> Result<Self, String> {
+        let uri: Uri = url.parse().map_err(|_| format!("{url:?} is not a URL"))?;
+        if uri.scheme_str() != Some("http") {
+            return Err("the upstream proxy URL must start with http://".to_owned());
+        }
+        let authority = uri
+            .authority()
+            .ok_or_else(|| "the upstream proxy URL needs a host".to_owned())?;
+        let (userinfo, hostport) = match authority.as_str().rsplit_once('@') {
+            Some((u, h)) => (Some(u), h),
+            None => (None, authority.as_str()),
+        };
+        let addr = if authority.port_u16().is_some() {
+            hostport.to_owned()
+        } else {
+            format!("{hostport}:3128")
+        };
+        let authorization = userinfo.map(|u| {
+            use base64::Engine;
+            let decoded = percent_decode(u);
+            format!(
+                "Basic {}",
+                base64::engine::general_purpose::STANDARD.encode(decoded)
+            )
+        });
+        Ok(Self {
+            addr,
+            authorization,
+        })
+    }
+
+    /// A tunnel through the proxy to `target` (an address the guard checked).
+    pub async fn dial(&self, target: SocketAddr) -> Result<TcpStream, ProxyError> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let timed_out = |phase| ProxyError::UpstreamTimeout { phase };
+        let mut tcp = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&self.addr))
+            .await
+            .map_err(|_| timed_out("upstream proxy connect"))?
+            .map_err(ProxyError::upstream)?;
+        super::set_nodelay(&tcp);
+        let mut head = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n");
+        if let Some(auth) = &self.authorization {
+            head.push_str(&format!("Proxy-Authorization: {auth}\r\n"));
+        }
+        head.push_str("\r\n");
+        let answer = async {
+            tcp.write_all(head.as_bytes()).await?;
+            // Byte by byte: nothing after the head may be consumed (it belongs to the tunnel).
+            let mut got = Vec::with_capacity(128);
+            let mut byte = [0u8; 1];
+            while !got.ends_with(b"\r\n\r\n") {
+                if tcp.read(&mut byte).await? == 0 || got.len() > MAX_PROXY_HEAD {
+                    return Err(std::io::Error::other(
+                        "upstream proxy closed during CONNECT",
+                    ));
+                }
+                got.push(byte[0]);
+            }
+            Ok(got)
+        };
+        let got = tokio::time::timeout(PROXY_CONNECT_TIMEOUT, answer)
+            .await
+            .map_err(|_| timed_out("upstream proxy CONNECT"))?
+            .map_err(ProxyError::upstream)?;
+        let status = String::from_utf8_lossy(&got)
+            .split_whitespace()
+            .nth(1)
+            .map(str::to_owned)
+            .unwrap_or_default();
+        if status != "200" {
+            return Err(ProxyError::upstream(format!(
+                "upstream proxy answered {status:?} to CONNECT"
+            )));
+        }
+        Ok(tcp)
+    }
+}
+
+/// `%XX` sequences decoded (user info in a URL).
+fn percent_decode(s: &str) -> Vec<u8> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while let Some(&b) = bytes.get(i) {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (b, hex) {
+            (b'%', Some(v)) => {
+                out.push(v);
+                i += 3;
+            }
+            _ => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
 /// Dials `host:port` from a URI after the guard resolved and checked it.
 #[derive(Clone)]
 pub struct GuardedConnector {
     guard: Arc<AddressGuard>,
+    proxy: Option<Arc<UpstreamProxy>>,
 }
 
 impl tower_service::Service<Uri> for GuardedConnector {
@@ -56,6 +189,7 @@ impl tower_service::Service<Uri> for GuardedConnector {
 
     fn call(&mut self, uri: Uri) -> Self::Future {
         let guard = self.guard.clone();
+        let proxy = self.proxy.clone();
         Box::pin(async move {
             let host = uri
                 .host()
@@ -70,18 +204,33 @@ impl tower_service::Service<Uri> for GuardedConnector {
                     80
                 });
             let addrs = guard.resolve(&host, port).await?;
-            connect_any(&addrs).await.map(TokioIo::new)
+            connect_any(&addrs, proxy.as_deref())
+                .await
+                .map(TokioIo::new)
         })
     }
 }
 
-/// Connects to the first address that answers, each with its own timeout.
-pub async fn connect_any(addrs: &[SocketAddr]) -> Result<TcpStream, ProxyError> {
+/// Connects to the first address that answers, each with its own timeout; through `proxy`
+/// when one is configured.
+pub async fn connect_any(
+    addrs: &[SocketAddr],
+    proxy: Option<&UpstreamProxy>,
+) -> Result<TcpStream, ProxyError> {
     let mut last = ProxyError::upstream("no address to connect to");
     for addr in addrs {
+        if let Some(proxy) = proxy {
+            match proxy.dial(*addr).await {
+                Ok(tcp) => return Ok(tcp),
+                Err(e) => {
+                    last = e;
+                    continue;
+                }
+            }
+        }
         match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr)).await {
             Ok(Ok(tcp)) => {
-                let _ = tcp.set_nodelay(true);
+                super::set_nodelay(&tcp);
                 return Ok(tcp);
             }
             Ok(Err(e)) => last = ProxyError::upstream(e),
@@ -119,11 +268,17 @@ pub struct Upstreams {
     pub any: UpstreamClient,
     /// http/1.1 only.
     pub http1: UpstreamClient,
+    /// Where upstream connections go through, if anywhere (blind tunnels use it too).
+    pub proxy: Option<Arc<UpstreamProxy>>,
 }
 
 impl Upstreams {
-    /// Both clients over the same guard and trust.
-    pub fn new(guard: Arc<AddressGuard>, tls: ClientConfig) -> Self {
+    /// Both clients over the same guard and trust, and optionally an upstream proxy.
+    pub fn new(
+        guard: Arc<AddressGuard>,
+        tls: ClientConfig,
+        proxy: Option<Arc<UpstreamProxy>>,
+    ) -> Self {
         let builder = || {
             hyper_rustls::HttpsConnectorBuilder::new()
                 .with_tls_config(tls.clone())
@@ -142,8 +297,13 @@ impl Upstreams {
         Self {
             any: pooled(builder().enable_http2().wrap_connector(GuardedConnector {
                 guard: guard.clone(),
+                proxy: proxy.clone(),
             })),
-            http1: pooled(builder().wrap_connector(GuardedConnector { guard })),
+            http1: pooled(builder().wrap_connector(GuardedConnector {
+                guard,
+                proxy: proxy.clone(),
+            })),
+            proxy,
         }
     }
 
@@ -181,4 +341,23 @@ pub fn classify(err: hyper_util::client::legacy::Error) -> ProxyError {
 /// A fresh upload counter.
 pub fn counter() -> Arc<AtomicU64> {
     Arc::new(AtomicU64::new(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both ends the gateway owns have Nagle off: upstream sockets here, accepted ones in `serve`.
+    #[tokio::test]
+    async fn upstream_and_accepted_sockets_have_nodelay() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let dialled = connect_any(&[addr], None).await.expect("connect");
+        assert!(dialled.nodelay().expect("nodelay"));
+        let (accepted, _) = listener.accept().await.expect("accept");
+        super::super::set_nodelay(&accepted);
+        assert!(accepted.nodelay().expect("nodelay"));
+    }
 }

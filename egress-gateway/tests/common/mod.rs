@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use egress_gateway::audit::MemorySink;
-use egress_gateway::{Gateway, GatewayConfig};
+use egress_gateway::{Gateway, GatewayConfig, Limits};
 use integration::fixtures::{TestCa, Upstream, start_upstream};
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -35,12 +35,18 @@ pub struct Harness {
     pub audit: Arc<MemorySink>,
     pub policy_path: PathBuf,
     pub dir: tempfile::TempDir,
+    /// The metrics endpoint, when [`Options::metrics`] asked for one.
+    pub metrics: Option<SocketAddr>,
     _stop: oneshot::Sender<()>,
 }
 
 pub struct Options {
     pub allowed_cidrs: Vec<&'static str>,
     pub static_hosts: bool,
+    pub limits: Limits,
+    pub shadow: bool,
+    pub metrics: bool,
+    pub upstream_proxy: Option<String>,
 }
 
 impl Default for Options {
@@ -48,6 +54,10 @@ impl Default for Options {
         Self {
             allowed_cidrs: vec![LOOPBACK],
             static_hosts: true,
+            limits: Limits::default(),
+            shadow: false,
+            metrics: false,
+            upstream_proxy: None,
         }
     }
 }
@@ -91,12 +101,32 @@ pub async fn start_with(policy: serde_json::Value, opts: Options) -> Harness {
         static_hosts,
         session_id: "test-session".into(),
         audit: audit.clone(),
+        limits: opts.limits,
+        shadow: opts.shadow,
+        upstream_proxy: opts
+            .upstream_proxy
+            .as_deref()
+            .map(|u| egress_gateway::proxy::upstream::UpstreamProxy::parse(u).expect("proxy url")),
     };
     let gw = Gateway::new(config).expect("gateway");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let gateway = listener.local_addr().expect("addr");
+    let metrics = if opts.metrics {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind metrics");
+        let addr = l.local_addr().expect("addr");
+        tokio::spawn(egress_gateway::metrics::serve(
+            l,
+            gw.scrape(),
+            std::future::pending(),
+        ));
+        Some(addr)
+    } else {
+        None
+    };
     let (stop, stopped) = oneshot::channel::<()>();
     tokio::spawn(gw.serve(listener, async move {
         let _ = stopped.await;
@@ -110,6 +140,7 @@ pub async fn start_with(policy: serde_json::Value, opts: Options) -> Harness {
         audit,
         policy_path,
         dir,
+        metrics,
         _stop: stop,
     }
 }

@@ -5,6 +5,9 @@
 //! cp-bench --base http://127.0.0.1:8000 --key "$DAIV_SANDBOX_API_KEY" \
 //!          [--image daiv-sandbox-busybox:local] [--n 20] [--pid <service pid>] [--big-mb 200]
 //! ```
+//! `--docker` (default `/var/run/docker.sock` when present; `none` to skip) adds the floors the
+//! targets are stated against: a raw `docker exec true` (create + start + inspect) into a live
+//! session and a raw `put_archive` of the 5,000-file tree.
 //! `--pid` (a local service) adds its peak RSS while seeding a `--big-mb` archive, sampled from
 //! `/proc/<pid>/status`. Archives are generated in memory, deterministically; nothing touches the
 //! network beyond the given base URL. Every session created is force-removed at the end.
@@ -21,6 +24,8 @@ struct Args {
     n: usize,
     pid: Option<u32>,
     big_mb: usize,
+    /// The Docker socket, for the floors (raw exec, raw put_archive); `None` skips them.
+    docker: Option<String>,
 }
 
 fn args() -> Result<Args> {
@@ -31,6 +36,7 @@ fn args() -> Result<Args> {
         n: 20,
         pid: None,
         big_mb: 200,
+        docker: Some("/var/run/docker.sock".into()).filter(|p| std::path::Path::new(p).exists()),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -42,9 +48,10 @@ fn args() -> Result<Args> {
             "--n" => a.n = val()?.parse()?,
             "--pid" => a.pid = Some(val()?.parse()?),
             "--big-mb" => a.big_mb = val()?.parse()?,
+            "--docker" => a.docker = Some(val()?).filter(|v| v != "none"),
             "-h" | "--help" => {
                 println!(
-                    "cp-bench --base URL --key KEY [--image IMG] [--n N] [--pid PID] [--big-mb MB]"
+                    "cp-bench --base URL --key KEY [--image IMG] [--n N] [--pid PID] [--big-mb MB] [--docker SOCKET|none]"
                 );
                 std::process::exit(0);
             }
@@ -158,6 +165,14 @@ fn blob_tar(files: usize, size: usize) -> Result<Vec<u8>> {
     Ok(b.into_inner()?)
 }
 
+/// The source tree as a plain tar (what put_archive takes).
+fn plain_tree(files: usize) -> Result<Vec<u8>> {
+    let gz = source_tree(files)?;
+    let mut out = Vec::new();
+    std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&gz[..]), &mut out)?;
+    Ok(out)
+}
+
 /// A source-like tree of `files` small text files in nested directories, gzipped.
 fn source_tree(files: usize) -> Result<Vec<u8>> {
     let mut b = tar::Builder::new(Vec::new());
@@ -234,12 +249,25 @@ async fn timed<T>(
 
 async fn bench(a: &Args, c: &mut Client, s: &mut Samples) -> Result<Value> {
     let n = a.n;
-    // Sessions, commands, close.
+    let cmd = |k: usize| json!({"commands": vec!["true"; k]});
+    // Sessions, a first command, close.
     for _ in 0..n {
         let t = Instant::now();
         let id = c.session(&a.image).await?;
         s.add("create session", t.elapsed());
-        let cmd = |k: usize| json!({"commands": vec!["true"; k]});
+        timed(
+            s,
+            "first run true",
+            c.post(&format!("/session/{id}/"), cmd(1)),
+        )
+        .await?;
+        timed(s, "DELETE (stop)", c.delete(&id, false)).await?;
+    }
+    // Commands on a live session, beside the floor: one raw `docker exec true` through the
+    // Docker API (create + start + inspect), which the issue's ratios are measured against.
+    let id = c.session(&a.image).await?;
+    c.post(&format!("/session/{id}/"), cmd(1)).await?;
+    for _ in 0..n {
         timed(s, "run true", c.post(&format!("/session/{id}/"), cmd(1))).await?;
         timed(
             s,
@@ -247,21 +275,40 @@ async fn bench(a: &Args, c: &mut Client, s: &mut Samples) -> Result<Value> {
             c.post(&format!("/session/{id}/"), cmd(10)),
         )
         .await?;
-        timed(s, "DELETE (stop)", c.delete(&id, false)).await?;
+        if let Some(sock) = &a.docker {
+            timed(s, "floor: docker exec true", docker::exec_true(sock, &id)).await?;
+        }
     }
+    c.delete(&id, true).await?;
     // Seeds: a fresh session each (seeding is one-shot).
     let small = blob_tar(100, 10 * 1024)?;
     let large = blob_tar(300, 100 * 1024)?;
     let tree = source_tree(5000)?;
     let tree_len = tree.len();
+    let tree_2000 = source_tree(2000)?;
     for (label, archive, reps) in [
         ("seed 1 MB", &small, n),
         ("seed 30 MB", &large, n.min(5)),
+        ("seed 2000 files (gz)", &tree_2000, n.min(5)),
         ("seed 5000 files (gz)", &tree, n.min(5)),
     ] {
         for _ in 0..reps {
             let id = c.session(&a.image).await?;
             timed(s, label, c.seed(&id, archive.clone())).await?;
+            c.delete(&id, true).await?;
+        }
+    }
+    // The seeding floor: the same 5,000 files (uncompressed) through a raw put_archive.
+    if let Some(sock) = &a.docker {
+        let plain = plain_tree(5000)?;
+        for _ in 0..n.min(5) {
+            let id = c.session(&a.image).await?;
+            timed(
+                s,
+                "floor: put_archive 5000 files",
+                docker::put_archive(sock, &id, "/workspace/tmp", plain.clone()),
+            )
+            .await?;
             c.delete(&id, true).await?;
         }
     }
@@ -369,4 +416,89 @@ async fn main() -> Result<()> {
     let report = s.report(extra);
     println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(())
+}
+
+/// Raw Docker Engine API calls over the unix socket, one connection per call (as a client
+/// without keep-alive would): the floors the service is compared with.
+mod docker {
+    use anyhow::{Context, Result, bail};
+    use http_body_util::{BodyExt, Full};
+    use hyper::Request;
+    use hyper_util::rt::TokioIo;
+
+    async fn call(
+        sock: &str,
+        method: &str,
+        path: &str,
+        body: Vec<u8>,
+        ctype: &str,
+    ) -> Result<Vec<u8>> {
+        let stream = tokio::net::UnixStream::connect(sock)
+            .await
+            .with_context(|| format!("connect {sock}"))?;
+        let (mut tx, conn) =
+            hyper::client::conn::http1::handshake::<_, Full<bytes::Bytes>>(TokioIo::new(stream))
+                .await?;
+        tokio::spawn(conn);
+        let req = Request::builder()
+            .method(method)
+            .uri(format!("http://docker{path}"))
+            .header("Host", "docker")
+            .header("Content-Type", ctype)
+            .body(Full::new(bytes::Bytes::from(body)))?;
+        let resp = tx.send_request(req).await?;
+        let status = resp.status();
+        let bytes = resp.into_body().collect().await?.to_bytes().to_vec();
+        if !status.is_success() {
+            bail!(
+                "{method} {path}: {status} {}",
+                String::from_utf8_lossy(&bytes)
+            );
+        }
+        Ok(bytes)
+    }
+
+    /// `docker exec <id> true`: create, start (attached, until it ends), inspect.
+    pub async fn exec_true(sock: &str, id: &str) -> Result<()> {
+        let created = call(
+            sock,
+            "POST",
+            &format!("/containers/{id}/exec"),
+            br#"{"Cmd":["true"],"AttachStdout":true,"AttachStderr":true}"#.to_vec(),
+            "application/json",
+        )
+        .await?;
+        let v: serde_json::Value = serde_json::from_slice(&created)?;
+        let exec = v["Id"].as_str().context("exec id")?.to_string();
+        call(
+            sock,
+            "POST",
+            &format!("/exec/{exec}/start"),
+            br#"{"Detach":false,"Tty":false}"#.to_vec(),
+            "application/json",
+        )
+        .await?;
+        call(
+            sock,
+            "GET",
+            &format!("/exec/{exec}/json"),
+            Vec::new(),
+            "application/json",
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// `PUT /containers/<id>/archive?path=<dir>` of a plain tar.
+    pub async fn put_archive(sock: &str, id: &str, dir: &str, tar: Vec<u8>) -> Result<()> {
+        call(
+            sock,
+            "PUT",
+            &format!("/containers/{id}/archive?path={dir}"),
+            tar,
+            "application/x-tar",
+        )
+        .await?;
+        Ok(())
+    }
 }

@@ -410,6 +410,57 @@ async fn reload_latency(env: &Env) -> anyhow::Result<Vec<f64>> {
     Ok(out)
 }
 
+/// Time from writing a staged policy (in place, as `put_archive` does) until the gateway's health
+/// endpoint reports its version: the gateway half of an acknowledged `PUT .../egress/` (the
+/// control plane adds one exec round trip). Requests keep flowing meanwhile; any 403 on the
+/// host both versions allow is counted as spurious.
+async fn staged_install_latency(env: &Env, rounds: usize) -> anyhow::Result<(Vec<f64>, u64)> {
+    let health = reqwest::Client::builder().no_proxy().build()?;
+    let health_url = format!("http://{}/-/health/", env.gw.addr);
+    let staged = env.policy_path.with_file_name("config.json.staged");
+    let client = env.client(Mode::Mitm, true)?;
+    let url = env.url(Mode::Mitm, "/");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut spurious = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Ok(r) = client.get(&url).send().await
+                    && r.status() == 403
+                {
+                    spurious += 1;
+                }
+            }
+            spurious
+        })
+    };
+    let mut out = Vec::new();
+    for round in 0..rounds {
+        let mut doc = policy(false);
+        let version = format!("bench-{round}");
+        doc["version"] = json!(version);
+        let t = Instant::now();
+        std::fs::write(&staged, doc.to_string())?;
+        loop {
+            let resp = health.get(&health_url).send().await?;
+            let v = resp
+                .headers()
+                .get("x-egress-policy-version")
+                .and_then(|v| v.to_str().ok());
+            if v == Some(version.as_str()) {
+                break;
+            }
+            if t.elapsed() > Duration::from_secs(5) {
+                bail!("staged policy {version} not enforced within 5 s");
+            }
+        }
+        out.push(ms(&t.elapsed()));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    Ok((out, load.await?))
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = args()?;
@@ -537,6 +588,15 @@ async fn main() -> anyhow::Result<()> {
         reload.iter().cloned().fold(0.0, f64::max)
     );
     report["reload_ms"] = json!(reload);
+
+    let (staged, spurious) = staged_install_latency(&env, 100).await?;
+    println!(
+        "staged install (write -> health reports the version), 100 updates under load: median {:.1} ms, max {:.1} ms, spurious denials {spurious}",
+        median(staged.clone()),
+        staged.iter().cloned().fold(0.0, f64::max)
+    );
+    report["staged_install_ms_median"] = json!(median(staged));
+    report["staged_install_spurious_denials"] = json!(spurious);
 
     let line = report.to_string();
     println!("\nJSON {line}");

@@ -1,0 +1,501 @@
+//! The session runtime: how commands, fs ops and seed extraction reach a session's files.
+//!
+//! Handlers and session logic see [`SessionRuntime`] only. Its implementation, [`HelperRuntime`],
+//! talks to `daiv-sandbox-helper` inside the container (the `sandbox-helper` crate) over one
+//! long-lived attached exec per session and replica ([`channel`]): no Docker round trip per
+//! operation, and every operation runs as the sandbox user, so permissions are the kernel's and
+//! nothing running as root acts on a path the sandbox can change. [`ContainerEngine`] keeps
+//! container and network lifecycle only.
+//!
+//! Channels open lazily on first use and again after the helper or its container went away;
+//! a request that never reached a helper is retried once on a fresh channel, and a read-only
+//! one also when the helper died under it. Anything else answers 503 (retryable): never a
+//! wrong answer.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use crate::api::RunResult;
+use crate::engine::{ContainerEngine, ExecSpec};
+use crate::error::ApiError;
+
+pub mod channel;
+
+use channel::{Channel, ChannelError, Incoming, RequestHandle};
+
+/// Root-owned directory of the service's own files in every sandbox (outside `/workspace`, not
+/// writable by the sandbox user): the helper binary and the seed marker.
+pub const SANDBOX_DIR: &str = "/.daiv-sandbox";
+/// Where the helper binary lives in every sandbox.
+pub const HELPER_PATH: &str = "/.daiv-sandbox/daiv-sandbox-helper";
+/// Exit code of a command killed at its timeout (as coreutils' `timeout`).
+pub const TIMEOUT_EXIT_CODE: i64 = 124;
+/// Exit code reported for a command whose helper vanished under it (it was killed, or the
+/// container stopped): the command's fate is unknown.
+pub const LOST_EXIT_CODE: i64 = -1;
+/// Server-side deadline of one fs op; the helper stops the op (and its walk) past it.
+pub const FS_DEADLINE: Duration = Duration::from_secs(30);
+
+/// A request's commands, as the run route received them.
+#[derive(Debug, Clone)]
+pub struct RunSpec {
+    pub commands: Vec<String>,
+    pub fail_fast: bool,
+    pub timeout: Option<Duration>,
+    pub output_cap: usize,
+    pub workdir: String,
+    pub env: Vec<(String, String)>,
+}
+
+#[async_trait::async_trait]
+pub trait SessionRuntime: Send + Sync + 'static {
+    /// Runs the commands in order; a timed-out command ends the batch (exit code 124).
+    async fn run(&self, id: &str, spec: &RunSpec) -> Result<Vec<RunResult>, ApiError>;
+    /// One fs op: `request` is the helper's request object, `input` its content (write).
+    /// Returns the op's complete wire response (with its own `error` field).
+    async fn fs(&self, id: &str, request: Value, input: Option<Bytes>) -> Result<Value, ApiError>;
+    /// Extracts a (sanitised) tar stream under `dest`, as the sandbox user.
+    /// A producer that fails sends `Err` (and its own error is what the caller reports).
+    async fn extract(
+        &self,
+        id: &str,
+        dest: &str,
+        tar: mpsc::Receiver<std::io::Result<Bytes>>,
+    ) -> Result<Value, ApiError>;
+    /// Empties `dest` (a failed seed leaves nothing behind).
+    async fn clear(&self, id: &str, dest: &str) -> Result<(), ApiError>;
+    /// Opens the session's channel ahead of its first use (best effort).
+    async fn warm(&self, id: &str);
+    /// Drops the session's channel (the session is being removed or stopped).
+    fn forget(&self, id: &str);
+}
+
+/// A session's channel, opened once under its own async lock.
+type Slot = Arc<tokio::sync::Mutex<Option<Arc<Channel>>>>;
+
+/// [`SessionRuntime`] over the in-container helper.
+pub struct HelperRuntime {
+    engine: Arc<dyn ContainerEngine>,
+    user: String,
+    /// One slot per session: the async lock makes concurrent first uses open one channel.
+    channels: Mutex<HashMap<String, Slot>>,
+}
+
+/// Why a call on a channel failed.
+enum CallError {
+    /// The channel closed; `reached` says whether the helper had answered anything yet.
+    Lost {
+        reached: bool,
+    },
+    Api(ApiError),
+}
+
+impl From<ApiError> for CallError {
+    fn from(e: ApiError) -> Self {
+        CallError::Api(e)
+    }
+}
+
+impl HelperRuntime {
+    pub fn new(engine: Arc<dyn ContainerEngine>, run_uid: u32, run_gid: u32) -> Self {
+        Self {
+            engine,
+            user: format!("{run_uid}:{run_gid}"),
+            channels: Mutex::default(),
+        }
+    }
+
+    fn slot(&self, id: &str) -> Slot {
+        let mut map = self.channels.lock().unwrap_or_else(|e| e.into_inner());
+        // Slots of closed channels are dropped here, so the map holds live sessions only.
+        map.retain(|k, v| {
+            k == id
+                || v.try_lock()
+                    .map(|c| c.as_ref().is_some_and(|c| !c.is_closed()))
+                    .unwrap_or(true)
+        });
+        map.entry(id.to_string()).or_default().clone()
+    }
+
+    async fn channel(&self, id: &str) -> Result<Arc<Channel>, ApiError> {
+        let slot = self.slot(id);
+        let mut held = slot.lock().await;
+        if let Some(c) = held.as_ref()
+            && !c.is_closed()
+        {
+            return Ok(c.clone());
+        }
+        let spec = ExecSpec {
+            cmd: vec![HELPER_PATH.to_string(), "serve".to_string()],
+            user: self.user.clone(),
+            workdir: Some("/".to_string()),
+            env: Vec::new(),
+        };
+        let exec = self.engine.exec_attached(id, &spec).await?;
+        let chan = Channel::open(exec).await.map_err(|e| {
+            tracing::warn!(session_id = %id, error = %e, "session helper unavailable");
+            ApiError::Unavailable(
+                "the session's helper could not be started; retry, or recreate the session"
+                    .to_string(),
+            )
+        })?;
+        *held = Some(chan.clone());
+        Ok(chan)
+    }
+
+    /// Runs `call` on the session's channel, once more on a fresh one when the first never
+    /// reached a helper (or, with `idempotent`, when the helper died under it).
+    async fn with_retry<T, F>(&self, id: &str, idempotent: bool, call: F) -> Result<T, ApiError>
+    where
+        F: for<'a> Fn(&'a Arc<Channel>) -> futures::future::BoxFuture<'a, Result<T, CallError>>,
+    {
+        for attempt in 0..2 {
+            let chan = self.channel(id).await?;
+            match call(&chan).await {
+                Ok(v) => return Ok(v),
+                Err(CallError::Api(e)) => return Err(e),
+                Err(CallError::Lost { reached }) => {
+                    if attempt == 0 && (!reached || idempotent) {
+                        tracing::info!(session_id = %id, "session helper channel lost; reopening");
+                        continue;
+                    }
+                    break;
+                }
+            }
+        }
+        Err(ApiError::Unavailable(
+            "the session's helper went away during the operation; retry".to_string(),
+        ))
+    }
+}
+
+/// The `ok` value of a final response, or its error as an API error.
+fn ok_of(response: Value) -> Result<Value, ApiError> {
+    if let Some(v) = response.get("ok") {
+        return Ok(v.clone());
+    }
+    let err = response.get("error").cloned().unwrap_or(Value::Null);
+    let kind = err
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or("internal");
+    let message = err
+        .get("message")
+        .and_then(Value::as_str)
+        .unwrap_or("the session helper failed")
+        .to_string();
+    Err(match kind {
+        "bad_request" => ApiError::Unprocessable(message),
+        "deadline" => ApiError::Unavailable(format!(
+            "the operation took longer than {}s and was stopped",
+            FS_DEADLINE.as_secs()
+        )),
+        _ => {
+            tracing::warn!(kind, message = %message, "session helper error");
+            ApiError::Unavailable("the session's helper failed; retry".to_string())
+        }
+    })
+}
+
+fn lost(e: ChannelError, reached: bool) -> CallError {
+    match e {
+        ChannelError::Closed => CallError::Lost { reached },
+        other => CallError::Api(ApiError::Unavailable(other.to_string())),
+    }
+}
+
+/// Waits for the request's final response, ignoring progress frames.
+async fn response(h: &mut RequestHandle) -> Result<Value, CallError> {
+    loop {
+        match h.recv().await {
+            Ok(Incoming::Response(v)) => return Ok(ok_of(v)?),
+            Ok(_) => {}
+            Err(e) => return Err(lost(e, false)),
+        }
+    }
+}
+
+/// Output of one command as the run result shows it: lossy UTF-8, plus the truncation line
+/// when the helper dropped bytes past the cap.
+fn command_output(bytes: &[u8], omitted: u64, cap: usize) -> String {
+    let mut s = String::from_utf8_lossy(bytes).into_owned();
+    if omitted > 0 {
+        s.push_str(&format!(
+            "\n[daiv-sandbox: output truncated: {omitted} bytes omitted; the limit is {cap} bytes]\n"
+        ));
+    }
+    s
+}
+
+#[async_trait::async_trait]
+impl SessionRuntime for HelperRuntime {
+    async fn run(&self, id: &str, spec: &RunSpec) -> Result<Vec<RunResult>, ApiError> {
+        let request = json!({
+            "op": "run",
+            "commands": spec.commands,
+            "fail_fast": spec.fail_fast,
+            "timeout_ms": spec.timeout.map(|t| t.as_millis() as u64),
+            "output_cap": spec.output_cap as u64,
+            "workdir": spec.workdir,
+            "env": spec.env,
+        });
+        let spec = Arc::new(spec.clone());
+        self.with_retry(id, false, |chan| {
+            let request = request.clone();
+            let spec = spec.clone();
+            Box::pin(async move {
+                let mut h = chan.request(&request).await.map_err(|e| lost(e, false))?;
+                let mut results = Vec::with_capacity(spec.commands.len());
+                let mut current: Option<(usize, Vec<u8>)> = None;
+                let mut reached = false;
+                loop {
+                    let msg = match h.recv().await {
+                        Ok(m) => m,
+                        Err(e) => {
+                            let Some((index, out)) = current.take() else {
+                                return Err(lost(e, reached));
+                            };
+                            // The helper vanished mid-command: report what it printed.
+                            results.push(RunResult {
+                                command: spec.commands.get(index).cloned().unwrap_or_default(),
+                                output: command_output(&out, 0, spec.output_cap),
+                                exit_code: LOST_EXIT_CODE,
+                                workdir: spec.workdir.clone(),
+                            });
+                            return Ok(results);
+                        }
+                    };
+                    reached = true;
+                    match msg {
+                        Incoming::Data(bytes) => {
+                            if let Some((_, out)) = current.as_mut() {
+                                // The helper caps; this bound only guards against a bad one.
+                                let room = (spec.output_cap + 64 * 1024).saturating_sub(out.len());
+                                out.extend_from_slice(&bytes[..room.min(bytes.len())]);
+                            }
+                        }
+                        Incoming::Event(ev) => match ev.get("type").and_then(Value::as_str) {
+                            Some("started") => {
+                                let index = ev.get("index").and_then(Value::as_u64).unwrap_or(0);
+                                current = Some((index as usize, Vec::new()));
+                            }
+                            Some("finished") => {
+                                let (index, out) = current.take().unwrap_or_default();
+                                let exit_code =
+                                    ev.get("exit_code").and_then(Value::as_i64).unwrap_or(-1);
+                                let omitted =
+                                    ev.get("omitted").and_then(Value::as_u64).unwrap_or(0);
+                                results.push(RunResult {
+                                    command: spec.commands.get(index).cloned().unwrap_or_default(),
+                                    output: command_output(&out, omitted, spec.output_cap),
+                                    exit_code,
+                                    workdir: spec.workdir.clone(),
+                                });
+                            }
+                            _ => {}
+                        },
+                        Incoming::Response(v) => {
+                            ok_of(v)?;
+                            return Ok(results);
+                        }
+                    }
+                }
+            })
+        })
+        .await
+    }
+
+    async fn fs(&self, id: &str, request: Value, input: Option<Bytes>) -> Result<Value, ApiError> {
+        let op = request.get("op").and_then(Value::as_str).unwrap_or("");
+        let idempotent = matches!(op, "ls" | "read" | "grep" | "glob");
+        let mut request = request;
+        if let Some(obj) = request.as_object_mut() {
+            obj.insert(
+                "deadline_ms".to_string(),
+                json!(FS_DEADLINE.as_millis() as u64),
+            );
+        }
+        self.with_retry(id, idempotent, |chan| {
+            let request = request.clone();
+            let input = input.clone();
+            Box::pin(async move {
+                let mut h = chan.request(&request).await.map_err(|e| lost(e, false))?;
+                if let Some(data) = input {
+                    h.send_data(&data).await.map_err(|e| lost(e, true))?;
+                    h.send_eof().await.map_err(|e| lost(e, true))?;
+                }
+                // Past the helper's own deadline something is wrong with the channel: give up.
+                match tokio::time::timeout(FS_DEADLINE + Duration::from_secs(10), response(&mut h))
+                    .await
+                {
+                    Ok(r) => r,
+                    Err(_) => Err(CallError::Api(ApiError::Unavailable(
+                        "the session's helper did not answer in time; retry".to_string(),
+                    ))),
+                }
+            })
+        })
+        .await
+    }
+
+    async fn extract(
+        &self,
+        id: &str,
+        dest: &str,
+        mut tar: mpsc::Receiver<std::io::Result<Bytes>>,
+    ) -> Result<Value, ApiError> {
+        // A stream cannot be replayed: one attempt, on a channel known to be open.
+        let chan = self.channel(id).await?;
+        let mut h = chan
+            .request(&json!({"op": "extract", "dest": dest}))
+            .await
+            .map_err(|_| lost_api())?;
+        while let Some(chunk) = tar.recv().await {
+            let Ok(chunk) = chunk else {
+                // Dropping the handle cancels the extraction in the helper.
+                return Err(ApiError::Unprocessable(
+                    "the archive was refused".to_string(),
+                ));
+            };
+            h.send_data(&chunk).await.map_err(|_| lost_api())?;
+        }
+        h.send_eof().await.map_err(|_| lost_api())?;
+        match response(&mut h).await {
+            Ok(v) => Ok(v),
+            Err(CallError::Api(e)) => Err(e),
+            Err(CallError::Lost { .. }) => Err(lost_api()),
+        }
+    }
+
+    async fn clear(&self, id: &str, dest: &str) -> Result<(), ApiError> {
+        let request = json!({"op": "clear", "dest": dest});
+        self.with_retry(id, true, |chan| {
+            let request = request.clone();
+            Box::pin(async move {
+                let mut h = chan.request(&request).await.map_err(|e| lost(e, false))?;
+                response(&mut h).await.map(|_| ())
+            })
+        })
+        .await
+    }
+
+    async fn warm(&self, id: &str) {
+        if let Err(e) = self.channel(id).await {
+            tracing::debug!(session_id = %id, error = %e, "could not open the helper channel ahead of use");
+        }
+    }
+
+    fn forget(&self, id: &str) {
+        let mut map = self.channels.lock().unwrap_or_else(|e| e.into_inner());
+        map.remove(id);
+    }
+}
+
+fn lost_api() -> ApiError {
+    ApiError::Unavailable("the session's helper went away during the operation; retry".to_string())
+}
+
+// === the helper binary ===
+
+/// Reads the static helper binary the sandboxes get: `DAIV_SANDBOX_HELPER_BIN`, else
+/// `daiv-sandbox-helper` beside this executable (the service image), else
+/// `../helper/daiv-sandbox-helper` from it (`target/helper/`, where `make build` puts the static
+/// build). A dynamically linked build is refused: it cannot run in a busybox or shell-less image.
+pub fn helper_binary(configured: Option<&Path>) -> Result<Bytes, String> {
+    let candidates: Vec<PathBuf> = match configured {
+        Some(p) => vec![p.to_path_buf()],
+        None => {
+            let exe_dir = std::env::current_exe()
+                .ok()
+                .and_then(|e| e.parent().map(Path::to_path_buf))
+                .unwrap_or_default();
+            vec![
+                exe_dir.join("daiv-sandbox-helper"),
+                exe_dir.join("../helper/daiv-sandbox-helper"),
+            ]
+        }
+    };
+    let mut why = Vec::new();
+    for path in &candidates {
+        // The headers first: a debug build beside the binary can be tens of MB, and reading it
+        // whole only to refuse it would be the service's peak memory.
+        let head = std::fs::File::open(path).and_then(|f| {
+            let mut head = Vec::with_capacity(64 * 1024);
+            std::io::Read::read_to_end(&mut std::io::Read::take(f, 64 * 1024), &mut head)?;
+            Ok(head)
+        });
+        match head.map(|h| is_static_elf(&h)) {
+            Ok(Ok(true)) => match std::fs::read(path) {
+                Ok(bytes) => return Ok(Bytes::from(bytes)),
+                Err(e) => why.push(format!("{}: {e}", path.display())),
+            },
+            Ok(Ok(false)) => why.push(format!("{} is dynamically linked", path.display())),
+            Ok(Err(e)) => why.push(format!("{}: {e}", path.display())),
+            Err(e) => why.push(format!("{}: {e}", path.display())),
+        }
+    }
+    Err(format!(
+        "no static session helper binary ({}); build it with `make helper` or set DAIV_SANDBOX_HELPER_BIN",
+        why.join("; ")
+    ))
+}
+
+/// An x86-64/aarch64 ELF executable without a program interpreter (`PT_INTERP`).
+fn is_static_elf(b: &[u8]) -> Result<bool, &'static str> {
+    if b.len() < 64 || &b[..4] != b"\x7fELF" || b[4] != 2 || b[5] != 1 {
+        return Err("not a 64-bit little-endian ELF file");
+    }
+    let u16_at = |o: usize| b.get(o..o + 2).map(|s| u16::from_le_bytes([s[0], s[1]]));
+    let u64_at = |o: usize| {
+        b.get(o..o + 8)
+            .and_then(|s| <[u8; 8]>::try_from(s).ok())
+            .map(u64::from_le_bytes)
+    };
+    let (Some(phoff), Some(phentsize), Some(phnum)) = (u64_at(0x20), u16_at(0x36), u16_at(0x38))
+    else {
+        return Err("truncated ELF header");
+    };
+    for i in 0..usize::from(phnum) {
+        let at = usize::try_from(phoff).map_err(|_| "bad program header offset")?
+            + i * usize::from(phentsize);
+        let p_type = b
+            .get(at..at + 4)
+            .and_then(|s| <[u8; 4]>::try_from(s).ok())
+            .map(u32::from_le_bytes)
+            .ok_or("truncated program headers")?;
+        if p_type == 3 {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dynamic_executables_are_told_apart_from_static_ones() {
+        // This test binary is dynamically linked (cargo's default on glibc).
+        let exe = std::env::current_exe().and_then(std::fs::read);
+        if let Ok(bytes) = exe {
+            assert_eq!(is_static_elf(&bytes), Ok(false));
+        }
+        assert!(is_static_elf(b"#!/bin/sh\n").is_err());
+        let missing = helper_binary(Some(Path::new("/nonexistent/helper")));
+        assert!(missing.is_err_and(|e| e.contains("make helper")));
+    }
+
+    #[test]
+    fn truncated_output_says_how_much_was_dropped() {
+        let s = command_output(b"abc", 10, 3);
+        assert!(s.starts_with("abc\n[daiv-sandbox: output truncated: 10 bytes omitted"));
+        assert_eq!(command_output(b"abc", 0, 3), "abc");
+    }
+}

@@ -1,0 +1,769 @@
+//! `ls`, `read`, `grep`, `glob`, `write`, `edit`, `delete`: the control plane's former shell
+//! scripts done natively, with the same responses and messages, every path going through
+//! [`Root::resolve`]. Messages name only the wire path the client gave.
+
+use std::ffi::OsStr;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use base64::Engine as _;
+use globset::{GlobBuilder, GlobMatcher, GlobSet, GlobSetBuilder};
+use rustix::fd::OwnedFd;
+use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags, Stat};
+use rustix::io::Errno;
+
+use super::ere;
+use super::resolve::{Opts, ResolveError, Root};
+use super::text::{Page, page_checked, replace};
+use super::{OpError, Stop, fail};
+use crate::wire::*;
+
+/// Longest line grep matches against; the rest of a longer line is not searched (memory stays
+/// bounded on minified or binary-like text without NULs).
+const GREP_MAX_LINE: usize = 16 * 1024 * 1024;
+
+const FOLLOW: Opts = Opts {
+    follow_final: true,
+    create_parents: false,
+    missing_ok: false,
+};
+
+/// The context of one fs op.
+pub struct Fs<'a> {
+    pub root: &'a Root,
+    pub stop: &'a Stop<'a>,
+}
+
+fn path_arg(path: &str, allow_root: bool) -> Result<String, OpError> {
+    validate_path(path, allow_root).map_err(|m| fail(FsErrorCode::InvalidPath, m))
+}
+
+fn describe(e: Errno) -> String {
+    std::io::Error::from_raw_os_error(e.raw_os_error()).to_string()
+}
+
+/// Any errno without a dedicated code: `exec_failed`, naming only the wire path.
+fn errno_fail(e: Errno, path: &str) -> OpError {
+    match e {
+        Errno::NOSPC => fail(
+            FsErrorCode::ExecFailed,
+            format!("{path}: no space left on device"),
+        ),
+        Errno::LOOP => fail(
+            FsErrorCode::ExecFailed,
+            format!("{path}: too many levels of symbolic links"),
+        ),
+        e => fail(FsErrorCode::ExecFailed, format!("{path}: {}", describe(e))),
+    }
+}
+
+fn denied(path: &str) -> OpError {
+    fail(
+        FsErrorCode::PermissionDenied,
+        format!("permission denied: {path}"),
+    )
+}
+
+fn outside(path: &str) -> OpError {
+    fail(
+        FsErrorCode::PermissionDenied,
+        format!("permission denied: {path}: a symbolic link on the way leads outside /workspace"),
+    )
+}
+
+/// Resolution failures of an existing path. A non-directory in the middle of the path reads as
+/// absent, as `[ -e "$p" ]` did.
+fn resolve_err(e: ResolveError, path: &str) -> OpError {
+    match e {
+        ResolveError::Errno(Errno::NOENT | Errno::NOTDIR) => {
+            fail(FsErrorCode::NotFound, format!("{path} does not exist"))
+        }
+        ResolveError::Errno(Errno::ACCESS | Errno::PERM) => denied(path),
+        ResolveError::Outside => outside(path),
+        ResolveError::Loop => errno_fail(Errno::LOOP, path),
+        ResolveError::Errno(e) => errno_fail(e, path),
+    }
+}
+
+/// Opening the final entry after resolution (a racing swap shows up here).
+fn open_err(e: Errno, path: &str) -> OpError {
+    match e {
+        Errno::NOENT => fail(FsErrorCode::NotFound, format!("{path} does not exist")),
+        Errno::ACCESS | Errno::PERM => denied(path),
+        Errno::ISDIR => fail(FsErrorCode::IsADirectory, format!("{path} is a directory")),
+        // O_NOFOLLOW met a symlink swapped in, or O_DIRECTORY a non-directory.
+        Errno::LOOP | Errno::NXIO => fail(
+            FsErrorCode::ExecFailed,
+            format!("{path} is not a regular file"),
+        ),
+        e => errno_fail(e, path),
+    }
+}
+
+fn file_type(st: &Stat) -> FileType {
+    FileType::from_raw_mode(st.st_mode)
+}
+
+/// `path/rel`, the way the old scripts rebuilt what `find` printed.
+fn join(path: &str, rel: &[u8]) -> String {
+    format!(
+        "{}/{}",
+        path.trim_end_matches('/'),
+        String::from_utf8_lossy(rel)
+    )
+}
+
+fn glob_matcher(pattern: &str) -> Result<GlobMatcher, OpError> {
+    GlobBuilder::new(pattern)
+        .literal_separator(true)
+        .backslash_escape(true)
+        .build()
+        .map(|g| g.compile_matcher())
+        .map_err(|e| fail(FsErrorCode::InvalidPattern, format!("invalid glob: {e}")))
+}
+
+/// Directory basename globs, as `find -name` took them; an invalid one matches nothing.
+pub fn prune_set(prune: &[String]) -> GlobSet {
+    let mut b = GlobSetBuilder::new();
+    for p in prune.iter().filter(|p| !p.is_empty()) {
+        if let Ok(g) = GlobBuilder::new(p)
+            .literal_separator(true)
+            .backslash_escape(true)
+            .build()
+        {
+            b.add(g);
+        }
+    }
+    b.build().unwrap_or_else(|_| GlobSet::empty())
+}
+
+/// A directory's entries (without `.` and `..`), sorted by name; types not reported by
+/// `readdir` are looked up without following links.
+fn read_dir(fd: &OwnedFd, stop: &Stop<'_>) -> Result<Vec<(Vec<u8>, FileType)>, OpError> {
+    let mut dir = Dir::read_from(fd).map_err(|e| errno_fail(e, "directory"))?;
+    let mut out = Vec::new();
+    while let Some(entry) = dir.read() {
+        let Ok(entry) = entry else { break };
+        let name = entry.file_name().to_bytes();
+        if name == b"." || name == b".." {
+            continue;
+        }
+        let mut ft = entry.file_type();
+        if ft == FileType::Unknown {
+            ft = rustix::fs::statat(fd, entry.file_name(), AtFlags::SYMLINK_NOFOLLOW)
+                .map(|st| file_type(&st))
+                .unwrap_or(FileType::Unknown);
+        }
+        out.push((name.to_vec(), ft));
+        if out.len() % 4096 == 0 {
+            stop.check()?;
+        }
+    }
+    out.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    Ok(out)
+}
+
+fn open_child_dir(dir: &OwnedFd, name: &[u8]) -> Result<OwnedFd, Errno> {
+    rustix::fs::openat(
+        dir,
+        OsStr::from_bytes(name),
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+}
+
+/// Depth-first, pre-order, sorted walk below `fd` that never follows a symlink; pruned
+/// directories are neither visited nor entered, unreadable ones are skipped (as `find
+/// 2>/dev/null` did). `visit(dir, rel, name, type)` returns `false` to stop the walk.
+pub fn walk(
+    fd: OwnedFd,
+    prune: &GlobSet,
+    stop: &Stop<'_>,
+    mut visit: impl FnMut(&OwnedFd, &[u8], &[u8], FileType) -> Result<bool, OpError>,
+) -> Result<(), OpError> {
+    struct Frame {
+        fd: OwnedFd,
+        rel: Vec<u8>,
+        entries: std::vec::IntoIter<(Vec<u8>, FileType)>,
+    }
+    let entries = read_dir(&fd, stop)?.into_iter();
+    let mut stack = vec![Frame {
+        fd,
+        rel: Vec::new(),
+        entries,
+    }];
+    let mut seen = 0u64;
+    while let Some(top) = stack.last_mut() {
+        let Some((name, ft)) = top.entries.next() else {
+            stack.pop();
+            continue;
+        };
+        seen += 1;
+        if seen.is_multiple_of(256) {
+            stop.check()?;
+        }
+        let mut rel = top.rel.clone();
+        if !rel.is_empty() {
+            rel.push(b'/');
+        }
+        rel.extend_from_slice(&name);
+        if ft == FileType::Directory && prune.is_match(OsStr::from_bytes(&name)) {
+            continue;
+        }
+        if !visit(&top.fd, &rel, &name, ft)? {
+            return Ok(());
+        }
+        if ft == FileType::Directory
+            && let Ok(child) = open_child_dir(&top.fd, &name)
+        {
+            let entries = read_dir(&child, stop)?.into_iter();
+            stack.push(Frame {
+                fd: child,
+                rel,
+                entries,
+            });
+        }
+    }
+    Ok(())
+}
+
+static EDIT_SEQ: AtomicU64 = AtomicU64::new(0);
+
+impl Fs<'_> {
+    /// Resolves `path` (following links) to a directory and opens it for listing.
+    fn open_dir_op(&self, path: &str) -> Result<OwnedFd, OpError> {
+        let res = self
+            .root
+            .resolve(path, FOLLOW)
+            .map_err(|e| resolve_err(e, path))?;
+        if res.file_type() != Some(FileType::Directory) {
+            return Err(fail(
+                FsErrorCode::NotADirectory,
+                format!("{path} is not a directory"),
+            ));
+        }
+        res.open_dir().map_err(|e| match e {
+            Errno::NOTDIR | Errno::LOOP => fail(
+                FsErrorCode::NotADirectory,
+                format!("{path} is not a directory"),
+            ),
+            e => open_err(e, path),
+        })
+    }
+
+    /// A halt if the request was stopped, else an I/O failure while reading.
+    fn io_or_halt(&self, e: std::io::Error) -> OpError {
+        match self.stop.check() {
+            Err(h) => OpError::Halt(h),
+            Ok(()) => fail(
+                FsErrorCode::ExecFailed,
+                format!("reading the file failed: {e}"),
+            ),
+        }
+    }
+
+    // === ls ===
+
+    /// One directory level, directories first then the rest, each sorted.
+    pub fn ls(&self, path: &str) -> Result<FsLsResponse, OpError> {
+        let path = path_arg(path, true)?;
+        let fd = self.open_dir_op(&path)?;
+        let (mut dirs, mut others): (Vec<FsEntry>, Vec<FsEntry>) = (Vec::new(), Vec::new());
+        for (name, ft) in read_dir(&fd, self.stop)? {
+            let is_dir = ft == FileType::Directory;
+            let e = FsEntry {
+                path: join(&path, &name),
+                is_dir,
+            };
+            if is_dir { dirs.push(e) } else { others.push(e) }
+        }
+        dirs.sort_by(|a, b| a.path.cmp(&b.path));
+        others.sort_by(|a, b| a.path.cmp(&b.path));
+        dirs.extend(others);
+        Ok(FsLsResponse {
+            entries: dirs,
+            error: None,
+        })
+    }
+
+    // === glob ===
+
+    /// Paths under `path` matching the glob, relative to `path`; pruned directories are never
+    /// entered. Sorted by path.
+    pub fn glob(
+        &self,
+        pattern: &str,
+        path: &str,
+        prune: &[String],
+    ) -> Result<FsGlobResponse, OpError> {
+        let path = path_arg(path, true)?;
+        let pattern = pattern
+            .trim_start_matches(&format!("{path}/"))
+            .trim_start_matches('/');
+        let matcher = glob_matcher(pattern)?;
+        let prunes = prune_set(prune);
+        let fd = self.open_dir_op(&path)?;
+        let mut matches = Vec::new();
+        walk(fd, &prunes, self.stop, |_, rel, _, ft| {
+            if matcher.is_match(Path::new(OsStr::from_bytes(rel))) {
+                matches.push(FsEntry {
+                    path: join(&path, rel),
+                    is_dir: ft == FileType::Directory,
+                });
+            }
+            Ok(true)
+        })?;
+        matches.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(FsGlobResponse {
+            matches,
+            error: None,
+        })
+    }
+
+    // === grep ===
+
+    /// POSIX ERE search over regular files only (never FIFOs or devices, never through
+    /// symlinks while walking), stopping at the first match past [`GREP_MAX_MATCHES`]. A file
+    /// with a NUL byte is binary: GNU grep printed "Binary file ... matches" for it, which the
+    /// old parser dropped, so from its first NUL-bearing chunk on it yields nothing.
+    pub fn grep(
+        &self,
+        pattern: &str,
+        path: &str,
+        glob: Option<&str>,
+        prune: &[String],
+    ) -> Result<FsGrepResponse, OpError> {
+        let path = path_arg(path, true)?;
+        let basename = glob
+            .filter(|g| !g.is_empty())
+            .map(glob_matcher)
+            .transpose()?;
+        let re = ere::compile(pattern).map_err(|_| {
+            fail(
+                FsErrorCode::InvalidPattern,
+                format!("invalid regular expression (POSIX ERE): {pattern:?}"),
+            )
+        })?;
+        let prunes = prune_set(prune);
+        let res = self
+            .root
+            .resolve(&path, FOLLOW)
+            .map_err(|e| resolve_err(e, &path))?;
+        let mut matches = Vec::new();
+        match res.file_type() {
+            Some(FileType::Directory) => {
+                let fd = res.open_dir().map_err(|e| open_err(e, &path))?;
+                walk(fd, &prunes, self.stop, |dir, rel, name, ft| {
+                    if ft != FileType::RegularFile || name.contains(&b'\n') {
+                        return Ok(true);
+                    }
+                    if let Some(m) = &basename
+                        && !m.is_match(OsStr::from_bytes(name))
+                    {
+                        return Ok(true);
+                    }
+                    let Ok(fd) = rustix::fs::openat(
+                        dir,
+                        OsStr::from_bytes(name),
+                        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+                        Mode::empty(),
+                    ) else {
+                        return Ok(true);
+                    };
+                    search(fd, &re, &join(&path, rel), &mut matches, self.stop)?;
+                    Ok(matches.len() <= GREP_MAX_MATCHES)
+                })?;
+            }
+            Some(FileType::RegularFile) => {
+                let fd = res
+                    .open(OFlags::RDONLY | OFlags::NONBLOCK, Mode::empty())
+                    .map_err(|e| open_err(e, &path))?;
+                let base = path.rsplit('/').next().unwrap_or_default();
+                if basename.as_ref().is_none_or(|m| m.is_match(base)) {
+                    search(fd, &re, &path, &mut matches, self.stop)?;
+                }
+            }
+            // A FIFO, device or socket is never read: the answer comes at once.
+            _ => {}
+        }
+        let truncated = matches.len() > GREP_MAX_MATCHES;
+        matches.truncate(GREP_MAX_MATCHES);
+        Ok(FsGrepResponse {
+            matches,
+            truncated,
+            error: None,
+        })
+    }
+
+    // === read ===
+
+    /// Resolves (following links) and opens a regular file; anything else is refused before a
+    /// byte is read.
+    fn open_file(
+        &self,
+        path: &str,
+        flags: OFlags,
+    ) -> Result<(File, Stat, super::resolve::Resolved), OpError> {
+        let res = self
+            .root
+            .resolve(path, FOLLOW)
+            .map_err(|e| resolve_err(e, path))?;
+        match res.file_type() {
+            Some(FileType::RegularFile) => {}
+            Some(FileType::Directory) => {
+                return Err(fail(
+                    FsErrorCode::IsADirectory,
+                    format!("{path} is a directory"),
+                ));
+            }
+            _ => {
+                return Err(fail(
+                    FsErrorCode::ExecFailed,
+                    format!("{path} is not a regular file"),
+                ));
+            }
+        }
+        let fd = res
+            .open(flags | OFlags::NONBLOCK, Mode::empty())
+            .map_err(|e| open_err(e, path))?;
+        let st = rustix::fs::fstat(&fd).map_err(|e| errno_fail(e, path))?;
+        if file_type(&st) != FileType::RegularFile {
+            return Err(fail(
+                FsErrorCode::ExecFailed,
+                format!("{path} is not a regular file"),
+            ));
+        }
+        Ok((File::from(fd), st, res))
+    }
+
+    /// Pages a file (see [`page_checked`]).
+    pub fn read(&self, path: &str, offset: u64, limit: u64) -> Result<FsReadResponse, OpError> {
+        let path = path_arg(path, false)?;
+        let (file, _, _) = self.open_file(&path, OFlags::RDONLY)?;
+        let page = page_checked(&file, offset, limit.max(1), &mut || self.stop.check_io())
+            .map_err(|e| self.io_or_halt(e))?;
+        Ok(match page {
+            Page::Empty => FsReadResponse {
+                content: Some(EMPTY_FILE_SENTINEL.to_string()),
+                encoding: Some("utf-8".into()),
+                ..Default::default()
+            },
+            Page::Binary(bytes) => FsReadResponse {
+                content: Some(base64::engine::general_purpose::STANDARD.encode(bytes)),
+                encoding: Some("base64".into()),
+                ..Default::default()
+            },
+            Page::BinaryTooLarge => {
+                return Err(fail(
+                    FsErrorCode::TooLarge,
+                    format!("Binary file exceeds maximum preview size of {READ_MAX_BYTES} bytes"),
+                ));
+            }
+            Page::OffsetBeyond { total } => {
+                return Err(fail(
+                    FsErrorCode::InvalidOffset,
+                    format!("Line offset {offset} exceeds file length ({total} lines)"),
+                ));
+            }
+            Page::Text {
+                content,
+                total_lines,
+                end_line,
+                truncated,
+            } => FsReadResponse {
+                content: Some(content),
+                encoding: Some("utf-8".into()),
+                total_lines: Some(total_lines),
+                end_line: Some(end_line),
+                truncated,
+                error: None,
+            },
+        })
+    }
+
+    // === write ===
+
+    /// Create-only: missing parents are created (0755), the file with `O_CREAT | O_EXCL |
+    /// O_NOFOLLOW` and exactly `mode & 0o777`; the content comes from `input`. A failure after
+    /// creation removes the partial file.
+    pub fn write(
+        &self,
+        path: &str,
+        mode: u32,
+        input: &mut super::Input,
+    ) -> Result<FsWriteResponse, OpError> {
+        let path = path_arg(path, false)?;
+        if mode > 0o7777 {
+            return Err(OpError::Fail(
+                crate::protocol::ErrorKind::BadRequest,
+                format!("mode must be between 0 and 4095, got {mode}"),
+            ));
+        }
+        let exists = || {
+            fail(
+                FsErrorCode::AlreadyExists,
+                format!(
+                    "Cannot write to {path} because it already exists. Read and then make an edit, or write to a new path."
+                ),
+            )
+        };
+        let cannot_create = || {
+            fail(
+                FsErrorCode::PermissionDenied,
+                format!("permission denied: cannot create {path}"),
+            )
+        };
+        let opts = Opts {
+            follow_final: false,
+            create_parents: true,
+            missing_ok: true,
+        };
+        let res = self.root.resolve(&path, opts).map_err(|e| match e {
+            ResolveError::Errno(Errno::NOTDIR | Errno::EXIST) => fail(
+                FsErrorCode::ExecFailed,
+                format!("a parent of {path} is not a directory"),
+            ),
+            ResolveError::Errno(Errno::ACCESS | Errno::PERM) => cannot_create(),
+            e => resolve_err(e, &path),
+        })?;
+        let Some(name) = res.name.clone().filter(|_| res.stat.is_none()) else {
+            return Err(exists());
+        };
+        let mode = mode & 0o777;
+        let fd = res
+            .open(
+                OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL,
+                Mode::from_raw_mode(mode),
+            )
+            .map_err(|e| match e {
+                Errno::EXIST => exists(),
+                Errno::ACCESS | Errno::PERM => cannot_create(),
+                e => errno_fail(e, &path),
+            })?;
+        let written = (|| -> Result<(), OpError> {
+            rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode)).map_err(|e| errno_fail(e, &path))?;
+            let mut file = File::from(fd);
+            while let Some(chunk) = input.next(self.stop)? {
+                file.write_all(&chunk).map_err(|e| io_fail(e, &path))?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = written {
+            let _ = rustix::fs::unlinkat(&res.dir, name.as_os_str(), AtFlags::empty());
+            return Err(e);
+        }
+        Ok(FsWriteResponse {
+            ok: true,
+            error: None,
+        })
+    }
+
+    // === edit ===
+
+    /// Read, replace, write back atomically (a temporary file in the same directory, renamed
+    /// over the file), following symlinks to the file they name and keeping its mode.
+    pub fn edit(
+        &self,
+        path: &str,
+        old: &str,
+        new: &str,
+        replace_all: bool,
+    ) -> Result<FsEditResponse, OpError> {
+        let path = path_arg(path, false)?;
+        if old.is_empty() {
+            return Err(fail(
+                FsErrorCode::StringNotFound,
+                "old must not be empty: give the exact text to replace",
+            ));
+        }
+        // Read-write open: the kernel refuses a file the sandbox user may not write.
+        let (file, st, res) = self.open_file(&path, OFlags::RDWR)?;
+        let too_large = || {
+            fail(
+                FsErrorCode::TooLarge,
+                format!("{path} is larger than the {EDIT_MAX_BYTES}-byte edit limit"),
+            )
+        };
+        if st.st_size as u64 > EDIT_MAX_BYTES {
+            return Err(too_large());
+        }
+        let mut raw = Vec::with_capacity(st.st_size as usize);
+        (&file)
+            .take(EDIT_MAX_BYTES + 1)
+            .read_to_end(&mut raw)
+            .map_err(|e| self.io_or_halt(e))?;
+        if raw.len() as u64 > EDIT_MAX_BYTES {
+            return Err(too_large());
+        }
+        let text = String::from_utf8(raw).map_err(|_| {
+            fail(
+                FsErrorCode::NotATextFile,
+                format!("{path} is not a UTF-8 text file"),
+            )
+        })?;
+        let (updated, count) = replace(&text, old, new, replace_all)?;
+        self.stop.check()?;
+        let Some(name) = res.name.as_ref() else {
+            return Err(fail(
+                FsErrorCode::IsADirectory,
+                format!("{path} is a directory"),
+            ));
+        };
+        let mode = Mode::from_raw_mode(st.st_mode & 0o777);
+        let tmp = format!(
+            ".daiv-edit-{}-{}",
+            std::process::id(),
+            EDIT_SEQ.fetch_add(1, Ordering::Relaxed)
+        );
+        let fd = rustix::fs::openat(
+            &res.dir,
+            tmp.as_str(),
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            mode,
+        )
+        .map_err(|e| match e {
+            Errno::ACCESS | Errno::PERM => denied(&path),
+            e => errno_fail(e, &path),
+        })?;
+        let done = (|| -> Result<(), OpError> {
+            rustix::fs::fchmod(&fd, mode).map_err(|e| errno_fail(e, &path))?;
+            let mut out = File::from(fd);
+            out.write_all(updated.as_bytes())
+                .map_err(|e| io_fail(e, &path))?;
+            rustix::fs::renameat(&res.dir, tmp.as_str(), &res.dir, name.as_os_str()).map_err(|e| {
+                match e {
+                    Errno::ACCESS | Errno::PERM => denied(&path),
+                    e => errno_fail(e, &path),
+                }
+            })
+        })();
+        if let Err(e) = done {
+            let _ = rustix::fs::unlinkat(&res.dir, tmp.as_str(), AtFlags::empty());
+            return Err(e);
+        }
+        Ok(FsEditResponse {
+            occurrences: Some(count as u64),
+            error: None,
+        })
+    }
+
+    // === delete ===
+
+    /// Removes a file (or a symlink itself, never its target); directories are refused.
+    /// Idempotent: an absent path is `removed: false`.
+    pub fn delete(&self, path: &str) -> Result<FsDeleteResponse, OpError> {
+        let path = path_arg(path, false)?;
+        let absent = FsDeleteResponse {
+            ok: true,
+            removed: false,
+            error: None,
+        };
+        let opts = Opts {
+            follow_final: false,
+            create_parents: false,
+            missing_ok: true,
+        };
+        let res = match self.root.resolve(&path, opts) {
+            Ok(r) => r,
+            Err(ResolveError::Errno(Errno::NOENT | Errno::NOTDIR)) => return Ok(absent),
+            Err(e) => return Err(resolve_err(e, &path)),
+        };
+        let is_dir = || fail(FsErrorCode::IsADirectory, format!("{path} is a directory"));
+        let (Some(name), Some(ft)) = (res.name.as_ref(), res.file_type()) else {
+            return if res.stat.is_none() {
+                Ok(absent)
+            } else {
+                Err(is_dir())
+            };
+        };
+        if ft == FileType::Directory {
+            return Err(is_dir());
+        }
+        match rustix::fs::unlinkat(&res.dir, name.as_os_str(), AtFlags::empty()) {
+            Ok(()) => Ok(FsDeleteResponse {
+                ok: true,
+                removed: true,
+                error: None,
+            }),
+            Err(Errno::NOENT) => Ok(absent),
+            Err(Errno::ISDIR) => Err(is_dir()),
+            Err(Errno::ACCESS | Errno::PERM) => Err(denied(&path)),
+            Err(e) => Err(errno_fail(e, &path)),
+        }
+    }
+}
+
+fn io_fail(e: std::io::Error, path: &str) -> OpError {
+    match e.raw_os_error() {
+        Some(n) => errno_fail(Errno::from_raw_os_error(n), path),
+        None => fail(FsErrorCode::ExecFailed, format!("{path}: {e}")),
+    }
+}
+
+/// Greps one open file line by line into `matches` (at most one past the cap).
+fn search(
+    fd: OwnedFd,
+    re: &regex::bytes::Regex,
+    shown: &str,
+    matches: &mut Vec<FsGrepMatch>,
+    stop: &Stop<'_>,
+) -> Result<(), OpError> {
+    match rustix::fs::fstat(&fd) {
+        Ok(st) if file_type(&st) == FileType::RegularFile => {}
+        _ => return Ok(()),
+    }
+    let mut file = File::from(fd);
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut carry: Vec<u8> = Vec::new();
+    let mut line_no = 0u64;
+    let emit = |line: &[u8], line_no: u64, matches: &mut Vec<FsGrepMatch>| {
+        if re.is_match(line) {
+            let text = String::from_utf8_lossy(line);
+            matches.push(FsGrepMatch {
+                path: shown.to_string(),
+                line: line_no,
+                text: text.strip_suffix('\r').unwrap_or(&text).to_string(),
+            });
+        }
+        matches.len() <= GREP_MAX_MATCHES
+    };
+    loop {
+        stop.check()?;
+        let n = match file.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => return Ok(()),
+        };
+        let chunk = &buf[..n];
+        if memchr::memchr(0, chunk).is_some() {
+            return Ok(());
+        }
+        let mut start = 0;
+        for nl in memchr::memchr_iter(b'\n', chunk) {
+            line_no += 1;
+            let more = if carry.is_empty() {
+                emit(&chunk[start..nl], line_no, matches)
+            } else {
+                let room = GREP_MAX_LINE.saturating_sub(carry.len());
+                carry.extend_from_slice(&chunk[start..nl.min(start + room)]);
+                let more = emit(&carry, line_no, matches);
+                carry.clear();
+                more
+            };
+            if !more {
+                return Ok(());
+            }
+            start = nl + 1;
+        }
+        let room = GREP_MAX_LINE.saturating_sub(carry.len());
+        carry.extend_from_slice(&chunk[start..n.min(start + room)]);
+    }
+    if !carry.is_empty() {
+        emit(&carry, line_no + 1, matches);
+    }
+    Ok(())
+}

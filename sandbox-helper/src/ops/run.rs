@@ -1,0 +1,316 @@
+//! `run`: a request's commands in order, each in its own process group with stdout and stderr in
+//! one pipe, output streamed as it is produced.
+//!
+//! Waiting is a `poll` on the pipe and, where the kernel has it, a pidfd of the shell, so a
+//! command's end is seen at once even when a background child keeps the pipe open: once the
+//! shell has exited, what is already in the pipe is taken without blocking and the command is
+//! done. Timeouts and CANCEL kill the whole process group.
+
+use std::io::{self, Read};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::{Duration, Instant};
+
+use rustix::event::{PollFd, PollFlags, Timespec};
+use rustix::process::{Pid, PidfdFlags, Signal};
+
+use super::{Halt, Stop, TICK};
+use crate::protocol::{Event, MAX_DATA_CHUNK};
+
+/// Printed as a command's output when the image has no shell at all.
+pub const NO_SHELL: &[u8] = b"daiv-sandbox: no shell in this image\n";
+/// Exit code of a command killed by its timeout (as coreutils' `timeout`).
+pub const TIMEOUT_EXIT: i64 = 124;
+/// PATH used when the helper's own environment has none.
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// Most bytes taken from the pipe after the shell exited (a background child may keep writing).
+const DRAIN_MAX: usize = 16 * 1024 * 1024;
+
+/// What a `run` sends while it works.
+pub enum Emit<'a> {
+    Event(Event),
+    Data(&'a [u8]),
+}
+
+/// What one `run` request asks for.
+pub struct RunSpec<'a> {
+    pub commands: &'a [String],
+    pub fail_fast: bool,
+    pub timeout: Option<Duration>,
+    pub output_cap: u64,
+    pub workdir: &'a Path,
+    pub env: &'a [(String, String)],
+}
+
+/// The shell commands run with, picked once per process.
+#[derive(Debug, Clone)]
+pub enum Shell {
+    /// `bash -o pipefail -c`.
+    Bash(PathBuf),
+    /// `sh -o pipefail -c` (busybox, bash as sh).
+    ShPipefail(PathBuf),
+    /// `sh -c` (dash).
+    Sh(PathBuf),
+    None,
+}
+
+impl Shell {
+    fn argv(&self) -> Option<(&Path, &'static [&'static str])> {
+        match self {
+            Shell::Bash(p) | Shell::ShPipefail(p) => Some((p, &["-o", "pipefail", "-c"])),
+            Shell::Sh(p) => Some((p, &["-c"])),
+            Shell::None => None,
+        }
+    }
+}
+
+/// `name` as an executable regular file on the helper's PATH.
+fn find_on_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_else(|| DEFAULT_PATH.into());
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+}
+
+/// The shell, detected on first use: bash if on PATH, else `sh` with pipefail if it accepts it.
+pub fn shell() -> &'static Shell {
+    static SHELL: OnceLock<Shell> = OnceLock::new();
+    SHELL.get_or_init(|| {
+        if let Some(bash) = find_on_path("bash") {
+            return Shell::Bash(bash);
+        }
+        let Some(sh) = find_on_path("sh") else {
+            return Shell::None;
+        };
+        let pipefail = Command::new(&sh)
+            .args(["-o", "pipefail", "-c", "true"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if pipefail {
+            Shell::ShPipefail(sh)
+        } else {
+            Shell::Sh(sh)
+        }
+    })
+}
+
+/// How one command ended.
+struct Outcome {
+    exit_code: i64,
+    omitted: u64,
+    timed_out: bool,
+}
+
+/// Sends output within the cap, counts the rest.
+struct Capped<'e> {
+    emit: &'e mut dyn FnMut(Emit<'_>),
+    room: u64,
+    omitted: u64,
+}
+
+impl Capped<'_> {
+    fn push(&mut self, data: &[u8]) {
+        let take = (data.len() as u64).min(self.room) as usize;
+        for chunk in data[..take].chunks(MAX_DATA_CHUNK) {
+            (self.emit)(Emit::Data(chunk));
+        }
+        self.room -= take as u64;
+        self.omitted += (data.len() - take) as u64;
+    }
+}
+
+/// Runs the commands; `pgid` holds the running command's process group (0 between commands) so
+/// the server can kill it on shutdown. Only a CANCEL makes this an `Err`.
+pub fn run(
+    spec: &RunSpec<'_>,
+    stop: &Stop<'_>,
+    pgid: &AtomicI32,
+    emit: &mut dyn FnMut(Emit<'_>),
+) -> Result<(), RunError> {
+    for (index, command) in spec.commands.iter().enumerate() {
+        stop.check().map_err(RunError::Halt)?;
+        let index = u32::try_from(index).unwrap_or(u32::MAX);
+        emit(Emit::Event(Event::Started { index }));
+        let outcome = run_one(spec, command, stop, pgid, emit)?;
+        emit(Emit::Event(Event::Finished {
+            index,
+            exit_code: outcome.exit_code,
+            omitted: outcome.omitted,
+            timed_out: outcome.timed_out,
+        }));
+        if outcome.timed_out || (spec.fail_fast && outcome.exit_code != 0) {
+            break;
+        }
+    }
+    Ok(())
+}
+
+#[derive(Debug)]
+pub enum RunError {
+    Halt(Halt),
+    /// The shell could not be started (workdir missing, ...).
+    Spawn(String),
+}
+
+fn exit_code(status: std::process::ExitStatus) -> i64 {
+    match (status.code(), status.signal()) {
+        (Some(c), _) => i64::from(c),
+        (None, Some(s)) => 128 + i64::from(s),
+        (None, None) => -1,
+    }
+}
+
+fn kill_group(pid: u32) {
+    if let Some(p) = i32::try_from(pid).ok().and_then(Pid::from_raw) {
+        let _ = rustix::process::kill_process_group(p, Signal::KILL);
+    }
+}
+
+fn run_one(
+    spec: &RunSpec<'_>,
+    command: &str,
+    stop: &Stop<'_>,
+    pgid: &AtomicI32,
+    emit: &mut dyn FnMut(Emit<'_>),
+) -> Result<Outcome, RunError> {
+    let mut out = Capped {
+        emit,
+        room: spec.output_cap,
+        omitted: 0,
+    };
+    let Some((program, flags)) = shell().argv() else {
+        out.push(NO_SHELL);
+        return Ok(Outcome {
+            exit_code: 127,
+            omitted: out.omitted,
+            timed_out: false,
+        });
+    };
+    let spawn_err = |e: io::Error| {
+        RunError::Spawn(format!(
+            "cannot start {} in {}: {e}",
+            program.display(),
+            spec.workdir.display()
+        ))
+    };
+    let (mut reader, writer) = io::pipe().map_err(spawn_err)?;
+    let child = {
+        let mut cmd = Command::new(program);
+        cmd.args(flags)
+            .arg(command)
+            .stdin(Stdio::null())
+            .stdout(writer.try_clone().map_err(spawn_err)?)
+            .stderr(writer)
+            .current_dir(spec.workdir)
+            .envs(spec.env.iter().map(|(k, v)| (k, v)))
+            .process_group(0);
+        cmd.spawn().map_err(spawn_err)?
+        // `cmd` drops here, closing our copies of the pipe's write end.
+    };
+    let pid = child.id();
+    pgid.store(i32::try_from(pid).unwrap_or(0), Ordering::Relaxed);
+    let result = wait(child, &mut reader, spec, stop, &mut out);
+    pgid.store(0, Ordering::Relaxed);
+    result
+}
+
+fn wait(
+    mut child: Child,
+    reader: &mut io::PipeReader,
+    spec: &RunSpec<'_>,
+    stop: &Stop<'_>,
+    out: &mut Capped<'_>,
+) -> Result<Outcome, RunError> {
+    let pid = child.id();
+    let pidfd = i32::try_from(pid)
+        .ok()
+        .and_then(Pid::from_raw)
+        .and_then(|p| rustix::process::pidfd_open(p, PidfdFlags::empty()).ok());
+    let deadline = spec.timeout.map(|t| Instant::now() + t);
+    let mut buf = vec![0u8; MAX_DATA_CHUNK];
+    let mut pipe_open = true;
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            drain(reader, pipe_open, &mut buf, out);
+            return Ok(Outcome {
+                exit_code: exit_code(status),
+                omitted: out.omitted,
+                timed_out: false,
+            });
+        }
+        if stop.check().is_err() {
+            kill_group(pid);
+            let _ = child.wait();
+            return Err(RunError::Halt(Halt::Cancelled));
+        }
+        let now = Instant::now();
+        if let Some(d) = deadline
+            && now >= d
+        {
+            kill_group(pid);
+            let _ = child.wait();
+            drain(reader, pipe_open, &mut buf, out);
+            return Ok(Outcome {
+                exit_code: TIMEOUT_EXIT,
+                omitted: out.omitted,
+                timed_out: true,
+            });
+        }
+        let wait_for = deadline.map_or(TICK, |d| TICK.min(d - now));
+        let ts = Timespec {
+            tv_sec: wait_for.as_secs() as _,
+            tv_nsec: wait_for.subsec_nanos() as _,
+        };
+        let mut readable = false;
+        {
+            let mut fds: Vec<PollFd<'_>> = Vec::with_capacity(2);
+            if pipe_open {
+                fds.push(PollFd::new(reader, PollFlags::IN));
+            }
+            if let Some(p) = &pidfd {
+                fds.push(PollFd::new(p, PollFlags::IN));
+            }
+            if fds.is_empty() {
+                std::thread::sleep(wait_for);
+            } else if rustix::event::poll(&mut fds, Some(&ts)).is_ok() && pipe_open {
+                readable = !fds[0].revents().is_empty();
+            }
+        }
+        if readable {
+            match reader.read(&mut buf) {
+                Ok(0) => pipe_open = false,
+                Ok(n) => out.push(&buf[..n]),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => pipe_open = false,
+            }
+        }
+    }
+}
+
+/// Takes what is already in the pipe without waiting for writers that outlive the shell.
+fn drain(reader: &mut io::PipeReader, open: bool, buf: &mut [u8], out: &mut Capped<'_>) {
+    if !open || rustix::io::ioctl_fionbio(&*reader, true).is_err() {
+        return;
+    }
+    let mut taken = 0;
+    while taken < DRAIN_MAX {
+        match reader.read(buf) {
+            Ok(0) => return,
+            Ok(n) => {
+                taken += n;
+                out.push(&buf[..n]);
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return,
+        }
+    }
+}

@@ -1,0 +1,938 @@
+//! The built binary driven over pipes with the protocol, as the control plane drives it.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{PermissionsExt, symlink};
+use std::path::Path;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+use std::time::{Duration, Instant};
+
+use sandbox_helper::protocol::{Event, Frame, Response, encode, kind, read_frame};
+use serde_json::{Value, json};
+
+struct Helper {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    frames: Receiver<Frame>,
+    stash: HashMap<u32, Vec<Frame>>,
+    next_id: u32,
+}
+
+/// Everything one request produced.
+#[derive(Debug, Default)]
+struct Reply {
+    events: Vec<Event>,
+    /// DATA payloads concatenated, per command index.
+    output: HashMap<u32, Vec<u8>>,
+    response: Option<Response>,
+}
+
+impl Reply {
+    fn ok(&self) -> Value {
+        match self.response.clone().unwrap() {
+            Response::Ok(v) => v,
+            Response::Error(e) => panic!("error response: {e}"),
+        }
+    }
+
+    fn err_kind(&self) -> String {
+        match self.response.clone().unwrap() {
+            Response::Error(e) => serde_json::to_value(e.kind)
+                .unwrap()
+                .as_str()
+                .unwrap()
+                .to_string(),
+            Response::Ok(v) => panic!("expected an error, got {v}"),
+        }
+    }
+
+    fn text(&self, index: u32) -> String {
+        String::from_utf8_lossy(self.output.get(&index).map_or(&[][..], |v| v)).into_owned()
+    }
+
+    fn finished(&self) -> Vec<(u32, i64, u64, bool)> {
+        self.events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Finished {
+                    index,
+                    exit_code,
+                    omitted,
+                    timed_out,
+                } => Some((*index, *exit_code, *omitted, *timed_out)),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+impl Helper {
+    fn start(root: &Path) -> Helper {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_daiv-sandbox-helper"))
+            .args(["serve", "--root"])
+            .arg(root)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut stdout = child.stdout.take().unwrap();
+        let (tx, rx) = channel();
+        std::thread::spawn(move || {
+            while let Ok(Some(f)) = read_frame(&mut stdout) {
+                if tx.send(f).is_err() {
+                    break;
+                }
+            }
+        });
+        let stdin = child.stdin.take();
+        let h = Helper {
+            child,
+            stdin,
+            frames: rx,
+            stash: HashMap::new(),
+            next_id: 1,
+        };
+        let ready = h.frames.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!((ready.id, ready.kind), (0, kind::EVENT));
+        let ev: Event = serde_json::from_slice(&ready.payload).unwrap();
+        assert!(matches!(ev, Event::Ready { protocol: 1, .. }), "{ev:?}");
+        h
+    }
+
+    fn send(&mut self, id: u32, kind: u8, payload: &[u8]) {
+        let mut buf = Vec::new();
+        encode(id, kind, payload, &mut buf);
+        let stdin = self.stdin.as_mut().unwrap();
+        stdin.write_all(&buf).unwrap();
+        stdin.flush().unwrap();
+    }
+
+    fn request(&mut self, req: &Value) -> u32 {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.send(id, kind::REQUEST, &serde_json::to_vec(req).unwrap());
+        id
+    }
+
+    fn next_for(&mut self, id: u32, timeout: Duration) -> Option<Frame> {
+        if let Some(v) = self.stash.get_mut(&id)
+            && !v.is_empty()
+        {
+            return Some(v.remove(0));
+        }
+        let end = Instant::now() + timeout;
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            match self.frames.recv_timeout(left) {
+                Ok(f) if f.id == id => return Some(f),
+                Ok(f) => self.stash.entry(f.id).or_default().push(f),
+                Err(RecvTimeoutError::Timeout) => return None,
+                Err(RecvTimeoutError::Disconnected) => return None,
+            }
+        }
+    }
+
+    fn collect(&mut self, id: u32, timeout: Duration) -> Reply {
+        let end = Instant::now() + timeout;
+        let mut reply = Reply::default();
+        let mut current = 0;
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            let f = self
+                .next_for(id, left)
+                .unwrap_or_else(|| panic!("no response for {id} in {timeout:?}: {reply:?}"));
+            match f.kind {
+                kind::EVENT => {
+                    let ev: Event = serde_json::from_slice(&f.payload).unwrap();
+                    if let Event::Started { index } = ev {
+                        current = index;
+                    }
+                    reply.events.push(ev);
+                }
+                kind::DATA => reply
+                    .output
+                    .entry(current)
+                    .or_default()
+                    .extend_from_slice(&f.payload),
+                kind::RESPONSE => {
+                    reply.response = Some(serde_json::from_slice(&f.payload).unwrap());
+                    return reply;
+                }
+                k => panic!("unexpected kind {k}"),
+            }
+        }
+    }
+
+    fn call(&mut self, req: Value) -> Reply {
+        let id = self.request(&req);
+        self.collect(id, Duration::from_secs(30))
+    }
+
+    /// An fs op's `ok` value.
+    fn fs(&mut self, req: Value) -> Value {
+        self.call(req).ok()
+    }
+
+    /// An op with input: the request, `data` in frames of `chunk` bytes, EOF.
+    fn with_input(&mut self, req: Value, data: &[u8], chunk: usize) -> Reply {
+        let id = self.request(&req);
+        for c in data.chunks(chunk.max(1)) {
+            self.send(id, kind::DATA, c);
+        }
+        self.send(id, kind::EOF, b"");
+        self.collect(id, Duration::from_secs(30))
+    }
+
+    fn run(&mut self, commands: &[&str], extra: Value) -> Reply {
+        let mut req = json!({"op": "run", "commands": commands, "workdir": "/workspace"});
+        for (k, v) in extra.as_object().unwrap() {
+            req[k] = v.clone();
+        }
+        self.call(req)
+    }
+}
+
+impl Drop for Helper {
+    fn drop(&mut self) {
+        drop(self.stdin.take());
+        let end = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < end {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn code(v: &Value) -> Option<&str> {
+    v["error"]["code"].as_str()
+}
+
+fn setup() -> (tempfile::TempDir, Helper) {
+    let dir = tempfile::tempdir().unwrap();
+    let h = Helper::start(dir.path());
+    (dir, h)
+}
+
+// === lifecycle and protocol errors ===
+
+#[test]
+fn ready_ping_and_exit_at_eof() {
+    let (_d, mut h) = setup();
+    assert_eq!(h.fs(json!({"op": "ping"})), json!({}));
+    drop(h.stdin.take());
+    let end = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Some(status) = h.child.try_wait().unwrap() {
+            assert_eq!(status.code(), Some(0));
+            break;
+        }
+        assert!(Instant::now() < end, "helper did not exit at EOF");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn malformed_requests_are_bad_requests_and_oversize_frames_end_the_helper() {
+    let (_d, mut h) = setup();
+    h.send(5, kind::REQUEST, b"{not json");
+    assert_eq!(
+        h.collect(5, Duration::from_secs(5)).err_kind(),
+        "bad_request"
+    );
+    h.send(6, kind::REQUEST, br#"{"op":"nope"}"#);
+    assert_eq!(
+        h.collect(6, Duration::from_secs(5)).err_kind(),
+        "bad_request"
+    );
+    h.send(7, 42, b"");
+    assert_eq!(
+        h.collect(7, Duration::from_secs(5)).err_kind(),
+        "bad_request"
+    );
+    // Still serving.
+    assert_eq!(h.fs(json!({"op": "ping"})), json!({}));
+    let len = ((sandbox_helper::protocol::MAX_PAYLOAD + 6) as u32).to_be_bytes();
+    let stdin = h.stdin.as_mut().unwrap();
+    stdin.write_all(&len).unwrap();
+    stdin.flush().unwrap();
+    // Rejected on the length alone: the helper may be gone before the rest arrives.
+    let _ = stdin
+        .write_all(&[0, 0, 0, 9, 1])
+        .and_then(|()| stdin.flush());
+    let end = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Some(status) = h.child.try_wait().unwrap() {
+            assert_eq!(status.code(), Some(2));
+            break;
+        }
+        assert!(Instant::now() < end, "helper survived an oversize frame");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+// === run ===
+
+#[test]
+fn run_reports_exit_codes_pipefail_and_interleaved_output() {
+    let (_d, mut h) = setup();
+    let r = h.run(
+        &[
+            "exit 3",
+            "false | true",
+            "echo out; echo err >&2; echo out2",
+            "kill -9 $$",
+            "pwd; echo $GREETING",
+        ],
+        json!({"env": [["GREETING", "hi"]]}),
+    );
+    assert_eq!(r.ok(), json!({}));
+    let codes: Vec<i64> = r.finished().iter().map(|f| f.1).collect();
+    assert_eq!(codes, vec![3, 1, 0, 137, 0]);
+    assert_eq!(r.text(2), "out\nerr\nout2\n");
+    let pwd = r.text(4);
+    assert!(pwd.ends_with("\nhi\n"), "{pwd:?}");
+    assert_eq!(
+        std::fs::canonicalize(pwd.lines().next().unwrap()).unwrap(),
+        std::fs::canonicalize(_d.path()).unwrap()
+    );
+}
+
+#[test]
+fn output_past_the_cap_is_counted_not_sent() {
+    let (_d, mut h) = setup();
+    let r = h.run(
+        &["printf 0123456789abcdef", "head -c 300000 /dev/zero"],
+        json!({"output_cap": 10}),
+    );
+    assert_eq!(r.text(0), "0123456789");
+    assert_eq!(r.finished()[0], (0, 0, 6, false));
+    assert_eq!(r.output[&1].len(), 10);
+    assert_eq!(r.finished()[1].2, 300_000 - 10);
+    // A large uncapped output arrives whole, in frames of at most 64 KiB.
+    let r = h.run(&["head -c 1000000 /dev/zero"], json!({}));
+    assert_eq!(r.output[&0].len(), 1_000_000);
+}
+
+fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => !s
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z'),
+        Err(_) => false,
+    }
+}
+
+#[test]
+fn a_timeout_kills_the_whole_group_and_skips_the_rest() {
+    let (d, mut h) = setup();
+    let start = Instant::now();
+    let r = h.run(
+        &[
+            "sleep 1000 & echo $! > child.pid; echo started; sleep 1000",
+            "echo never",
+        ],
+        json!({"timeout_ms": 500}),
+    );
+    assert!(start.elapsed() < Duration::from_secs(10));
+    assert_eq!(r.finished(), vec![(0, 124, 0, true)]);
+    assert_eq!(r.text(0), "started\n");
+    let pid: u32 = std::fs::read_to_string(d.path().join("child.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let end = Instant::now() + Duration::from_secs(5);
+    while alive(pid) {
+        assert!(Instant::now() < end, "background sleep {pid} survived");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn fail_fast_stops_after_the_first_failure() {
+    let (_d, mut h) = setup();
+    let r = h.run(&["false", "echo x"], json!({"fail_fast": true}));
+    assert_eq!(r.finished(), vec![(0, 1, 0, false)]);
+    let r = h.run(&["false", "echo x"], json!({"fail_fast": false}));
+    assert_eq!(r.finished().len(), 2);
+    assert_eq!(r.text(1), "x\n");
+}
+
+#[test]
+fn a_background_child_holding_stdout_does_not_hang_the_request() {
+    let (_d, mut h) = setup();
+    let start = Instant::now();
+    let r = h.run(
+        &["(sleep 5; echo late) & echo early", "echo next"],
+        json!({}),
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(r.text(0), "early\n");
+    assert_eq!(r.text(1), "next\n");
+    assert_eq!(r.finished().len(), 2);
+}
+
+#[test]
+fn cancel_kills_the_running_command() {
+    let (_d, mut h) = setup();
+    let id = h
+        .request(&json!({"op": "run", "commands": ["echo go; sleep 30"], "workdir": "/workspace"}));
+    let first = h.next_for(id, Duration::from_secs(5)).unwrap();
+    assert_eq!(first.kind, kind::EVENT);
+    let start = Instant::now();
+    h.send(id, kind::CANCEL, b"");
+    let r = h.collect(id, Duration::from_secs(5));
+    assert_eq!(r.err_kind(), "cancelled");
+    assert!(start.elapsed() < Duration::from_secs(2));
+    // Other requests were unaffected meanwhile.
+    assert_eq!(h.fs(json!({"op": "ping"})), json!({}));
+}
+
+#[test]
+fn requests_interleave() {
+    let (_d, mut h) = setup();
+    let slow = h.request(
+        &json!({"op": "run", "commands": ["sleep 1; echo slow"], "workdir": "/workspace"}),
+    );
+    let start = Instant::now();
+    assert_eq!(h.fs(json!({"op": "ping"})), json!({}));
+    assert!(start.elapsed() < Duration::from_millis(900));
+    let r = h.collect(slow, Duration::from_secs(10));
+    assert_eq!(r.text(0), "slow\n");
+}
+
+// === fs ===
+
+#[test]
+fn ls_glob_and_their_errors() {
+    let (d, mut h) = setup();
+    let p = d.path();
+    std::fs::create_dir_all(p.join("repo/src/deep")).unwrap();
+    std::fs::create_dir_all(p.join("repo/node_modules/x")).unwrap();
+    std::fs::write(p.join("repo/b.txt"), "b").unwrap();
+    std::fs::write(p.join("repo/a.rs"), "a").unwrap();
+    std::fs::write(p.join("repo/src/lib.rs"), "x").unwrap();
+    std::fs::write(p.join("repo/src/deep/m.rs"), "x").unwrap();
+    std::fs::write(p.join("repo/node_modules/x/i.rs"), "x").unwrap();
+    symlink("src", p.join("repo/zlink")).unwrap();
+    let v = h.fs(json!({"op": "ls", "path": "/workspace/repo/"}));
+    assert_eq!(
+        v,
+        json!({"entries": [
+            {"path": "/workspace/repo/node_modules", "is_dir": true},
+            {"path": "/workspace/repo/src", "is_dir": true},
+            {"path": "/workspace/repo/a.rs", "is_dir": false},
+            {"path": "/workspace/repo/b.txt", "is_dir": false},
+            {"path": "/workspace/repo/zlink", "is_dir": false},
+        ], "error": null})
+    );
+    // ls through a link to a directory lists the directory.
+    let v = h.fs(json!({"op": "ls", "path": "/workspace/repo/zlink"}));
+    assert_eq!(v["entries"][0]["path"], "/workspace/repo/zlink/deep");
+    let v = h.fs(json!({"op": "ls", "path": "/workspace/nope"}));
+    assert_eq!(code(&v), Some("not_found"));
+    assert_eq!(v["error"]["message"], "/workspace/nope does not exist");
+    let v = h.fs(json!({"op": "ls", "path": "/workspace/repo/a.rs"}));
+    assert_eq!(code(&v), Some("not_a_directory"));
+    let v = h.fs(json!({"op": "ls", "path": "/etc"}));
+    assert_eq!(code(&v), Some("invalid_path"));
+
+    let v = h.fs(json!({"op": "glob", "pattern": "**/*.rs", "path": "/workspace/repo", "prune": ["node_modules"]}));
+    let paths: Vec<&str> = v["matches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        paths,
+        vec![
+            "/workspace/repo/a.rs",
+            "/workspace/repo/src/deep/m.rs",
+            "/workspace/repo/src/lib.rs"
+        ]
+    );
+    // `*` does not cross `/`; the path prefix in the pattern is trimmed.
+    let v = h.fs(json!({"op": "glob", "pattern": "/workspace/repo/*.rs", "path": "/workspace/repo", "prune": []}));
+    assert_eq!(
+        v["matches"],
+        json!([{"path": "/workspace/repo/a.rs", "is_dir": false}])
+    );
+    let v = h.fs(json!({"op": "glob", "pattern": "s*", "path": "/workspace/repo", "prune": []}));
+    assert_eq!(
+        v["matches"],
+        json!([{"path": "/workspace/repo/src", "is_dir": true}])
+    );
+    let v = h.fs(json!({"op": "glob", "pattern": "[", "path": "/workspace/repo", "prune": []}));
+    assert_eq!(code(&v), Some("invalid_pattern"));
+    let v =
+        h.fs(json!({"op": "glob", "pattern": "*", "path": "/workspace/repo/a.rs", "prune": []}));
+    assert_eq!(code(&v), Some("not_a_directory"));
+}
+
+#[test]
+fn read_pages_and_refuses_what_is_not_a_regular_file() {
+    let (d, mut h) = setup();
+    let p = d.path();
+    std::fs::write(p.join("t.txt"), "a\nb\nc\n").unwrap();
+    std::fs::write(p.join("empty"), "").unwrap();
+    std::fs::write(p.join("bin"), b"\xff\x00\x01").unwrap();
+    std::fs::create_dir(p.join("dir")).unwrap();
+    symlink("t.txt", p.join("link")).unwrap();
+    let v = h.fs(json!({"op": "read", "path": "/workspace/t.txt", "offset": 1, "limit": 1}));
+    assert_eq!(
+        v,
+        json!({"content": "b", "encoding": "utf-8", "total_lines": 3, "end_line": 2, "truncated": false, "error": null})
+    );
+    let v = h.fs(json!({"op": "read", "path": "/workspace/link"}));
+    assert_eq!(v["content"], "a\nb\nc");
+    let v = h.fs(json!({"op": "read", "path": "/workspace/empty"}));
+    assert_eq!(v["content"], sandbox_helper::wire::EMPTY_FILE_SENTINEL);
+    let v = h.fs(json!({"op": "read", "path": "/workspace/bin"}));
+    assert_eq!(
+        (v["content"].as_str(), v["encoding"].as_str()),
+        (Some("/wAB"), Some("base64"))
+    );
+    let v = h.fs(json!({"op": "read", "path": "/workspace/t.txt", "offset": 3}));
+    assert_eq!(code(&v), Some("invalid_offset"));
+    let v = h.fs(json!({"op": "read", "path": "/workspace/dir"}));
+    assert_eq!(code(&v), Some("is_a_directory"));
+    let v = h.fs(json!({"op": "read", "path": "/workspace/missing"}));
+    assert_eq!(code(&v), Some("not_found"));
+    let v = h.fs(json!({"op": "read", "path": "/workspace"}));
+    assert_eq!(code(&v), Some("invalid_path"));
+    let fifo = p.join("fifo");
+    assert!(
+        Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let start = Instant::now();
+    let v = h.fs(json!({"op": "read", "path": "/workspace/fifo"}));
+    assert_eq!(code(&v), Some("exec_failed"));
+    assert!(start.elapsed() < Duration::from_secs(2));
+}
+
+#[test]
+fn grep_matches_regular_files_and_returns_promptly_on_a_fifo() {
+    let (d, mut h) = setup();
+    let p = d.path();
+    std::fs::create_dir_all(p.join("r/sub")).unwrap();
+    std::fs::create_dir_all(p.join("r/target")).unwrap();
+    std::fs::write(p.join("r/a.txt"), "hello\nhelo\nnope\r\nhelllo\r\n").unwrap();
+    std::fs::write(p.join("r/sub/b.rs"), "fn hello() {}\n").unwrap();
+    std::fs::write(p.join("r/target/c.txt"), "hello\n").unwrap();
+    std::fs::write(p.join("r/bin.dat"), b"hello\x00\n").unwrap();
+    symlink("a.txt", p.join("r/link.txt")).unwrap();
+    assert!(
+        Command::new("mkfifo")
+            .arg(p.join("r/fifo"))
+            .status()
+            .unwrap()
+            .success()
+    );
+    let start = Instant::now();
+    let v = h.fs(json!({"op": "grep", "pattern": "hel+o", "path": "/workspace/r", "glob": null, "prune": ["target"]}));
+    assert!(start.elapsed() < Duration::from_secs(3));
+    assert_eq!(
+        v,
+        json!({"matches": [
+            {"path": "/workspace/r/a.txt", "line": 1, "text": "hello"},
+            {"path": "/workspace/r/a.txt", "line": 2, "text": "helo"},
+            {"path": "/workspace/r/a.txt", "line": 4, "text": "helllo"},
+            {"path": "/workspace/r/sub/b.rs", "line": 1, "text": "fn hello() {}"},
+        ], "truncated": false, "error": null})
+    );
+    let v = h.fs(json!({"op": "grep", "pattern": "hello", "path": "/workspace/r", "glob": "*.rs", "prune": []}));
+    assert_eq!(v["matches"].as_array().unwrap().len(), 1);
+    // A single file, through a link; a FIFO named directly answers at once with nothing.
+    let v = h.fs(
+        json!({"op": "grep", "pattern": "^helo$", "path": "/workspace/r/link.txt", "prune": []}),
+    );
+    assert_eq!(
+        v["matches"],
+        json!([{"path": "/workspace/r/link.txt", "line": 2, "text": "helo"}])
+    );
+    let start = Instant::now();
+    let v = h.fs(json!({"op": "grep", "pattern": "x", "path": "/workspace/r/fifo", "prune": []}));
+    assert_eq!(v["matches"], json!([]));
+    assert!(start.elapsed() < Duration::from_secs(2));
+    let v = h.fs(json!({"op": "grep", "pattern": "a(", "path": "/workspace/r", "prune": []}));
+    assert_eq!(code(&v), Some("invalid_pattern"));
+    let v = h.fs(json!({"op": "grep", "pattern": "a", "path": "/workspace/none", "prune": []}));
+    assert_eq!(code(&v), Some("not_found"));
+    // Truncation at 200 matches.
+    std::fs::write(p.join("r/many.txt"), "x\n".repeat(500)).unwrap();
+    let v =
+        h.fs(json!({"op": "grep", "pattern": "x", "path": "/workspace/r/many.txt", "prune": []}));
+    assert_eq!(v["matches"].as_array().unwrap().len(), 200);
+    assert_eq!(v["truncated"], true);
+}
+
+#[test]
+fn write_edit_delete() {
+    let (d, mut h) = setup();
+    let p = d.path();
+    let big: Vec<u8> = (0..3_000_000u32).map(|i| b'a' + (i % 26) as u8).collect();
+    let r = h.with_input(
+        json!({"op": "write", "path": "/workspace/new/dir/f.bin", "mode": 0o640}),
+        &big,
+        1000,
+    );
+    assert_eq!(r.ok(), json!({"ok": true, "error": null}));
+    assert_eq!(std::fs::read(p.join("new/dir/f.bin")).unwrap(), big);
+    let meta = std::fs::metadata(p.join("new/dir/f.bin")).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o7777, 0o640);
+    assert_eq!(
+        std::fs::metadata(p.join("new/dir"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777,
+        0o755
+    );
+    let r = h.with_input(
+        json!({"op": "write", "path": "/workspace/new/dir/f.bin"}),
+        b"x",
+        1,
+    );
+    assert_eq!(code(&r.ok()), Some("already_exists"));
+    assert_eq!(
+        std::fs::read(p.join("new/dir/f.bin")).unwrap().len(),
+        big.len()
+    );
+    let r = h.with_input(
+        json!({"op": "write", "path": "/workspace/new/dir/f.bin/x"}),
+        b"x",
+        1,
+    );
+    assert_eq!(code(&r.ok()), Some("exec_failed"));
+    let r = h.with_input(
+        json!({"op": "write", "path": "/workspace/x", "mode": 0o17777}),
+        b"x",
+        1,
+    );
+    assert_eq!(r.err_kind(), "bad_request");
+    let r = h.with_input(json!({"op": "write", "path": "/workspace/e.txt"}), b"", 1);
+    assert_eq!(r.ok()["ok"], true);
+    assert_eq!(std::fs::read(p.join("e.txt")).unwrap(), b"");
+
+    // edit: replace, keep the mode, follow a link to the file it names.
+    let text = "line one\nline two\n".repeat(50_000);
+    let r = h.with_input(
+        json!({"op": "write", "path": "/workspace/t.txt", "mode": 0o600}),
+        text.as_bytes(),
+        65_536,
+    );
+    assert_eq!(r.ok()["ok"], true);
+    symlink("t.txt", p.join("t.link")).unwrap();
+    let v = h.fs(json!({"op": "edit", "path": "/workspace/t.link", "old": "two", "new": "2", "replace_all": true}));
+    assert_eq!(v, json!({"occurrences": 50_000, "error": null}));
+    assert_eq!(
+        std::fs::read_to_string(p.join("t.txt")).unwrap(),
+        "line one\nline 2\n".repeat(50_000)
+    );
+    assert!(
+        std::fs::symlink_metadata(p.join("t.link"))
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+    assert_eq!(
+        std::fs::metadata(p.join("t.txt"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777,
+        0o600
+    );
+    let v = h.fs(json!({"op": "edit", "path": "/workspace/t.txt", "old": "one", "new": "1"}));
+    assert_eq!(code(&v), Some("multiple_occurrences"));
+    let v = h.fs(json!({"op": "edit", "path": "/workspace/t.txt", "old": "zzz", "new": "1"}));
+    assert_eq!(code(&v), Some("string_not_found"));
+    let v = h.fs(json!({"op": "edit", "path": "/workspace/new/dir/f.bin", "old": "", "new": "1"}));
+    assert_eq!(code(&v), Some("string_not_found"));
+    std::fs::write(p.join("latin1"), b"caf\xe9").unwrap();
+    let v = h.fs(json!({"op": "edit", "path": "/workspace/latin1", "old": "caf", "new": "x"}));
+    assert_eq!(code(&v), Some("not_a_text_file"));
+    // No temporary files left behind.
+    let leftovers: Vec<_> = std::fs::read_dir(p)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(".daiv-edit"))
+        .collect();
+    assert!(leftovers.is_empty());
+
+    // delete: a file, a symlink itself (never its target), not a directory, absent is fine.
+    let v = h.fs(json!({"op": "delete", "path": "/workspace/t.link"}));
+    assert_eq!(v, json!({"ok": true, "removed": true, "error": null}));
+    assert!(p.join("t.txt").exists());
+    let v = h.fs(json!({"op": "delete", "path": "/workspace/new"}));
+    assert_eq!(code(&v), Some("is_a_directory"));
+    let v = h.fs(json!({"op": "delete", "path": "/workspace/t.txt"}));
+    assert_eq!(v["removed"], true);
+    let v = h.fs(json!({"op": "delete", "path": "/workspace/t.txt"}));
+    assert_eq!(v, json!({"ok": true, "removed": false, "error": null}));
+}
+
+#[test]
+fn symlinks_to_outside_are_refused_and_never_followed() {
+    let (d, mut h) = setup();
+    let outside = tempfile::tempdir().unwrap();
+    let p = d.path();
+    let secret = outside.path().join("secret");
+    std::fs::write(&secret, "secret\n").unwrap();
+    symlink(&secret, p.join("file-link")).unwrap();
+    symlink(outside.path(), p.join("dir-link")).unwrap();
+    symlink("../../../../../../..", p.join("up")).unwrap();
+    std::fs::create_dir(p.join("repo")).unwrap();
+    std::fs::write(p.join("repo/ok.txt"), "inside\n").unwrap();
+    symlink("/workspace/repo/ok.txt", p.join("abs-inside")).unwrap();
+
+    let v = h.fs(json!({"op": "read", "path": "/workspace/file-link"}));
+    assert_eq!(code(&v), Some("permission_denied"));
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("outside /workspace") && !msg.contains(outside.path().to_str().unwrap()),
+        "{msg}"
+    );
+    let v = h.fs(json!({"op": "read", "path": "/workspace/dir-link/secret"}));
+    assert_eq!(code(&v), Some("permission_denied"));
+    let v = h
+        .fs(json!({"op": "edit", "path": "/workspace/file-link", "old": "secret", "new": "pwned"}));
+    assert_eq!(code(&v), Some("permission_denied"));
+    let r = h.with_input(
+        json!({"op": "write", "path": "/workspace/dir-link/planted"}),
+        b"x",
+        1,
+    );
+    assert_eq!(code(&r.ok()), Some("permission_denied"));
+    let v = h.fs(json!({"op": "ls", "path": "/workspace/dir-link"}));
+    assert_eq!(code(&v), Some("permission_denied"));
+    let v = h
+        .fs(json!({"op": "grep", "pattern": "secret", "path": "/workspace/dir-link", "prune": []}));
+    assert_eq!(code(&v), Some("permission_denied"));
+    // A walk never follows links: grepping the root does not see the secret.
+    let v = h.fs(json!({"op": "grep", "pattern": "secret", "path": "/workspace", "prune": []}));
+    assert_eq!(v["matches"], json!([]));
+    // `..` stops at the root: "up" is the root itself.
+    let v = h.fs(json!({"op": "read", "path": "/workspace/up/repo/ok.txt"}));
+    assert_eq!(v["content"], "inside");
+    let v = h.fs(json!({"op": "read", "path": "/workspace/abs-inside"}));
+    assert_eq!(v["content"], "inside");
+    // Deleting the link removes the link only.
+    let v = h.fs(json!({"op": "delete", "path": "/workspace/file-link"}));
+    assert_eq!(v["removed"], true);
+    assert_eq!(std::fs::read_to_string(&secret).unwrap(), "secret\n");
+    assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 1);
+}
+
+#[test]
+fn a_symlink_swap_race_never_lands_outside() {
+    let (d, mut h) = setup();
+    let outside = tempfile::tempdir().unwrap();
+    let p = d.path().to_path_buf();
+    std::fs::create_dir(p.join("d")).unwrap();
+    symlink(outside.path(), p.join("e")).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let swapper = {
+        let (p, stop) = (p.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                rustix::fs::renameat_with(
+                    rustix::fs::CWD,
+                    p.join("d").as_path(),
+                    rustix::fs::CWD,
+                    p.join("e").as_path(),
+                    rustix::fs::RenameFlags::EXCHANGE,
+                )
+                .unwrap();
+                n += 1;
+            }
+            n
+        })
+    };
+    let mut written = 0;
+    for i in 0..200 {
+        let r = h.with_input(
+            json!({"op": "write", "path": format!("/workspace/d/f{i}")}),
+            b"data",
+            4,
+        );
+        let v = r.ok();
+        if v["ok"] == true {
+            written += 1;
+        } else {
+            assert_eq!(code(&v), Some("permission_denied"), "{v}");
+        }
+        let v = h.fs(json!({"op": "read", "path": format!("/workspace/d/f{i}")}));
+        assert!(
+            v["content"] == "data" || v["error"]["code"].is_string(),
+            "{v}"
+        );
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let swaps = swapper.join().unwrap();
+    assert!(swaps > 100, "the race barely ran: {swaps} swaps");
+    assert_eq!(
+        std::fs::read_dir(outside.path()).unwrap().count(),
+        0,
+        "a write landed outside the root"
+    );
+    // Whatever was written is inside (under d or e, whichever is the real directory now).
+    let real = if p.join("d").is_symlink() { "e" } else { "d" };
+    assert_eq!(std::fs::read_dir(p.join(real)).unwrap().count(), written);
+}
+
+#[test]
+fn names_that_are_not_utf8_work() {
+    let (d, mut h) = setup();
+    let p = d.path();
+    let name = OsStr::from_bytes(b"caf\xe9.txt");
+    std::fs::write(p.join(name), "needle\n").unwrap();
+    let v = h.fs(json!({"op": "ls", "path": "/workspace"}));
+    assert_eq!(
+        v["entries"],
+        json!([{"path": "/workspace/caf\u{fffd}.txt", "is_dir": false}])
+    );
+    let v = h.fs(json!({"op": "glob", "pattern": "caf*", "path": "/workspace", "prune": []}));
+    assert_eq!(v["matches"].as_array().unwrap().len(), 1);
+    let v = h.fs(json!({"op": "grep", "pattern": "needle", "path": "/workspace", "prune": []}));
+    assert_eq!(v["matches"][0]["path"], "/workspace/caf\u{fffd}.txt");
+
+    let mut b = tar::Builder::new(Vec::new());
+    let mut hd = tar::Header::new_gnu();
+    hd.set_size(3);
+    hd.set_mode(0o644);
+    hd.set_entry_type(tar::EntryType::Regular);
+    b.append_data(
+        &mut hd,
+        Path::new(OsStr::from_bytes(b"dir\xff/f\xfe")),
+        &b"abc"[..],
+    )
+    .unwrap();
+    let tar = b.into_inner().unwrap();
+    let r = h.with_input(
+        json!({"op": "extract", "dest": "/workspace/seed"}),
+        &tar,
+        100,
+    );
+    assert_eq!(r.ok()["files"], 1);
+    let got = std::fs::read(p.join("seed").join(OsStr::from_bytes(b"dir\xff/f\xfe"))).unwrap();
+    assert_eq!(got, b"abc");
+}
+
+#[test]
+fn ls_of_ten_thousand_entries() {
+    let (d, mut h) = setup();
+    std::fs::create_dir(d.path().join("big")).unwrap();
+    for i in 0..10_000 {
+        std::fs::write(d.path().join(format!("big/f{i:05}")), "").unwrap();
+    }
+    let start = Instant::now();
+    let v = h.fs(json!({"op": "ls", "path": "/workspace/big"}));
+    let entries = v["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 10_000);
+    assert_eq!(entries[0]["path"], "/workspace/big/f00000");
+    assert_eq!(entries[9_999]["path"], "/workspace/big/f09999");
+    assert!(start.elapsed() < Duration::from_secs(10));
+}
+
+#[test]
+fn extract_and_clear() {
+    let (d, mut h) = setup();
+    let outside = tempfile::tempdir().unwrap();
+    let p = d.path();
+    std::fs::create_dir_all(p.join("repo")).unwrap();
+    symlink(outside.path(), p.join("repo/trap")).unwrap();
+    let mut b = tar::Builder::new(Vec::new());
+    let mut dir = tar::Header::new_gnu();
+    dir.set_entry_type(tar::EntryType::Directory);
+    dir.set_mode(0o750);
+    dir.set_size(0);
+    b.append_data(&mut dir, "src/", &b""[..]).unwrap();
+    let mut f = tar::Header::new_gnu();
+    f.set_entry_type(tar::EntryType::Regular);
+    f.set_mode(0o755);
+    f.set_size(5);
+    f.set_mtime(1_000_000_000);
+    b.append_data(&mut f, "src/run.sh", &b"echo\n"[..]).unwrap();
+    let mut f2 = f.clone();
+    f2.set_size(4);
+    b.append_data(&mut f2, "implicit/parent/file", &b"data"[..])
+        .unwrap();
+    b.append_data(&mut f2, "trap/escaped", &b"data"[..])
+        .unwrap();
+    let mut l = tar::Header::new_gnu();
+    l.set_entry_type(tar::EntryType::Symlink);
+    l.set_size(0);
+    b.append_link(&mut l, "src/link", "run.sh").unwrap();
+    let long = format!("{}/x.txt", "n".repeat(150));
+    b.append_data(&mut f2, &long, &b"long"[..]).unwrap();
+    let tar = b.into_inner().unwrap();
+    let r = h.with_input(json!({"op": "extract", "dest": "/workspace/repo"}), &tar, 7);
+    assert_eq!(
+        r.ok(),
+        json!({"files": 3, "dirs": 1, "symlinks": 1, "bytes": 13, "skipped": 1})
+    );
+    let meta = std::fs::metadata(p.join("repo/src/run.sh")).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o777, 0o755);
+    assert_eq!(std::os::unix::fs::MetadataExt::mtime(&meta), 1_000_000_000);
+    assert_eq!(
+        std::fs::metadata(p.join("repo/src"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777,
+        0o750
+    );
+    assert_eq!(
+        std::fs::read_link(p.join("repo/src/link")).unwrap(),
+        Path::new("run.sh")
+    );
+    assert_eq!(
+        std::fs::read(p.join("repo/implicit/parent/file")).unwrap(),
+        b"data"
+    );
+    assert_eq!(std::fs::read(p.join("repo").join(&long)).unwrap(), b"long");
+    assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 0);
+
+    std::fs::write(outside.path().join("keep"), "k").unwrap();
+    let r = h.call(json!({"op": "clear", "dest": "/workspace/repo"}));
+    assert_eq!(r.ok(), json!({}));
+    assert!(p.join("repo").is_dir());
+    assert_eq!(std::fs::read_dir(p.join("repo")).unwrap().count(), 0);
+    assert!(outside.path().join("keep").exists());
+    let r = h.call(json!({"op": "clear", "dest": "/workspace/absent"}));
+    assert_eq!(r.ok(), json!({}));
+}
+
+#[test]
+fn a_passed_deadline_answers_deadline() {
+    let (d, mut h) = setup();
+    std::fs::create_dir(d.path().join("w")).unwrap();
+    for i in 0..3000 {
+        std::fs::write(d.path().join(format!("w/f{i}")), "x\n").unwrap();
+    }
+    let r = h.call(json!({"op": "grep", "pattern": "x", "path": "/workspace/w", "prune": [], "deadline_ms": 0}));
+    assert_eq!(r.err_kind(), "deadline");
+}

@@ -199,6 +199,9 @@ pub struct Config {
     pub egress_allowed_cidrs: Vec<ipnet::IpNet>,
     /// Extra CA bundle gateways trust for upstream servers (private or test PKI).
     pub egress_upstream_ca_file: Option<PathBuf>,
+    /// HTTP proxy gateways send their own egress through (`http://[user:pass@]host[:port]`);
+    /// a secret, since it may carry credentials.
+    pub egress_upstream_proxy: Option<Secret>,
     /// Address pool the per-session internal networks are carved from (one /29 each).
     pub egress_subnet_pool: ipnet::Ipv4Net,
     pub fs_prune_dirs: Vec<String>,
@@ -494,6 +497,22 @@ pub fn load(src: &dyn Source) -> Result<Config, ConfigError> {
             "file not found or not a regular file",
         );
     }
+    let egress_upstream_proxy = src.get("EGRESS_UPSTREAM_PROXY");
+    if let Some(raw) = &egress_upstream_proxy {
+        let uri = raw.parse::<axum::http::Uri>();
+        let ok = uri.as_ref().is_ok_and(|u| {
+            u.scheme_str() == Some("http") && u.host().is_some_and(|h| !h.is_empty())
+        });
+        if !ok {
+            // Never the value: it may carry a password.
+            p.fail(
+                "EGRESS_UPSTREAM_PROXY",
+                "(hidden)",
+                "expected http://[user:pass@]host[:port]",
+            );
+        }
+    }
+    let egress_upstream_proxy = egress_upstream_proxy.map(Secret::new);
     let default_pool: ipnet::Ipv4Net =
         ipnet::Ipv4Net::new(std::net::Ipv4Addr::new(100, 64, 0, 0), 10).unwrap_or_default();
     let egress_subnet_pool = p.parse_or::<ipnet::Ipv4Net>("EGRESS_SUBNET_POOL", default_pool);
@@ -618,6 +637,7 @@ pub fn load(src: &dyn Source) -> Result<Config, ConfigError> {
         egress_ca,
         egress_allowed_cidrs,
         egress_upstream_ca_file,
+        egress_upstream_proxy,
         egress_subnet_pool,
         fs_prune_dirs,
         command_timeout,
@@ -661,6 +681,29 @@ pub fn for_tests(api_key: &str, extra: &[(&str, &str)]) -> std::sync::Arc<Config
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn upstream_proxy_is_validated_and_never_echoed() {
+        let ok = load(&env(&[
+            ("API_KEY", "k"),
+            ("EGRESS_UPSTREAM_PROXY", "http://u:pw@proxy.test:3128"),
+        ]));
+        let c = ok.expect("valid proxy");
+        assert_eq!(
+            c.egress_upstream_proxy.as_ref().map(Secret::expose),
+            Some("http://u:pw@proxy.test:3128")
+        );
+        assert!(!format!("{c:?}").contains("pw@"));
+        let bad = load(&env(&[
+            ("API_KEY", "k"),
+            ("EGRESS_UPSTREAM_PROXY", "socks5://u:s3cret@x"),
+        ]));
+        let e = bad.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(
+            e.contains("EGRESS_UPSTREAM_PROXY") && !e.contains("s3cret"),
+            "{e}"
+        );
+    }
 
     fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
         pairs

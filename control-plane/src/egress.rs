@@ -490,6 +490,12 @@ impl Egress {
                 path(sidecar::UPSTREAM_CA_FILE),
             ));
         }
+        if let Some(proxy) = &c.egress_upstream_proxy {
+            env.push((
+                sidecar::env::UPSTREAM_PROXY.to_string(),
+                proxy.expose().to_string(),
+            ));
+        }
         let egress_network = c
             .egress_proxy_network
             .clone()

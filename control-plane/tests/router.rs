@@ -463,6 +463,10 @@ async fn openapi_documents_every_route() {
 // === egress sessions (in-process: what the control plane asks of the engine) ===
 
 fn egress_harness(engine: FakeEngine) -> Harness {
+    egress_harness_with(engine, &[])
+}
+
+fn egress_harness_with(engine: FakeEngine, extra: &[(&str, &str)]) -> Harness {
     static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let dir = std::env::temp_dir().join(format!("daiv-router-ca-{}-{n}", std::process::id()));
@@ -480,10 +484,12 @@ fn egress_harness(engine: FakeEngine) -> Harness {
     )
     .expect("key");
     let (cert, key) = (cert.display().to_string(), key.display().to_string());
-    let h = Harness::new(
-        engine,
-        &[("EGRESS_CA_CERT_FILE", &cert), ("EGRESS_CA_KEY_FILE", &key)],
-    );
+    let mut settings = vec![
+        ("EGRESS_CA_CERT_FILE", cert.as_str()),
+        ("EGRESS_CA_KEY_FILE", key.as_str()),
+    ];
+    settings.extend_from_slice(extra);
+    let h = Harness::new(engine, &settings);
     // The CA is read once, when the state is built: the files can go.
     let _ = std::fs::remove_dir_all(&dir);
     h
@@ -1006,4 +1012,37 @@ async fn path_rules_pass_the_api() {
         .await;
     assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{b}");
     assert!(b.to_string().contains("paths"), "{b}");
+}
+
+/// `DAIV_SANDBOX_EGRESS_UPSTREAM_PROXY` reaches the gateway (only): its egress goes through the
+/// operator's proxy, and the sandbox never sees the proxy's credentials.
+#[tokio::test]
+async fn the_upstream_proxy_setting_reaches_the_gateway_only() {
+    let proxy = "http://user:pw@corp-proxy.test:3128";
+    let h = egress_harness_with(FakeEngine::default(), &[("EGRESS_UPSTREAM_PROXY", proxy)]);
+    let (s, b) = h
+        .api(
+            "POST",
+            "/session/",
+            Some(json!({"base_image": "img:1", "egress": egress_body("tok")})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    let id = b["session_id"].as_str().expect("id").to_string();
+    let gateway_id = h
+        .engine
+        .container_ids()
+        .into_iter()
+        .find(|c| c != &id)
+        .expect("gateway");
+    let gateway = h.engine.spec(&gateway_id).expect("gateway spec");
+    assert!(
+        gateway
+            .env
+            .contains(&("DAIV_EGRESS_UPSTREAM_PROXY".to_string(), proxy.to_string())),
+        "{:?}",
+        gateway.env
+    );
+    let sandbox = h.engine.spec(&id).expect("sandbox");
+    assert!(sandbox.env.iter().all(|(_, v)| !v.contains("pw@")));
 }

@@ -267,6 +267,15 @@ async fn commands_cannot_forge_results() -> Result<()> {
     assert_eq!(results.len(), 2, "{results:?}");
     assert_eq!(results[0]["exit_code"], 3);
     assert_eq!(results[1]["output"], "second\n");
+    // Nor can a command reach into the helper (same uid): it is not dumpable, so its /proc
+    // entries are root's and it cannot be ptraced or have its memory written.
+    let (c, out) = cp
+        .sh(
+            &s,
+            "stat -c %u /proc/$PPID/mem; cat /proc/$PPID/mem >/dev/null 2>&1 || echo denied",
+        )
+        .await?;
+    assert_eq!((c, out.as_str()), (0, "0\ndenied\n"));
     Ok(())
 }
 

@@ -89,6 +89,14 @@ impl Out {
 /// Serves the protocol on stdin/stdout with `root` as `/workspace`; returns the exit code
 /// (0 at end of input, 2 on a framing error, 1 if the root cannot be opened).
 pub fn serve(root_dir: &Path) -> i32 {
+    // Commands run as this process's uid: without this, one could ptrace the helper (or write
+    // its memory through /proc) and alter what it answers. Children are dumpable again after
+    // their exec, so commands are unaffected.
+    if let Err(e) =
+        rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
+    {
+        eprintln!("daiv-sandbox-helper: cannot make itself non-dumpable: {e}");
+    }
     let root = match Root::open(root_dir) {
         Ok(r) => Arc::new(r),
         Err(e) => {

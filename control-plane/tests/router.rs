@@ -519,12 +519,7 @@ async fn egress_create_builds_the_triad_and_keeps_secrets_in_the_gateway() {
     assert_eq!(s, StatusCode::OK, "{b}");
     let id = b["session_id"].as_str().expect("id").to_string();
     let sandbox = h.engine.spec(&id).expect("sandbox");
-    let gateway_id = h
-        .engine
-        .container_ids()
-        .into_iter()
-        .find(|c| c != &id)
-        .expect("gateway");
+    let gateway_id = gateway_of(&h, &id);
     let gateway = h.engine.spec(&gateway_id).expect("gateway spec");
     // What the sandbox makes its gateway do is bounded: memory by default, logs on disk.
     assert_eq!(gateway.memory_bytes, Some(128 * 1024 * 1024));
@@ -739,12 +734,7 @@ async fn egress_close_stops_both_and_resume_starts_the_gateway_first() {
         )
         .await;
     let id = b["session_id"].as_str().expect("id").to_string();
-    let gateway = h
-        .engine
-        .container_ids()
-        .into_iter()
-        .find(|c| c != &id)
-        .expect("gateway");
+    let gateway = gateway_of(&h, &id);
     let (s, _) = h.api("DELETE", &format!("/session/{id}/"), None).await;
     assert_eq!(s, StatusCode::NO_CONTENT);
     assert_eq!(h.engine.status(&gateway), Some(ContainerStatus::Exited));
@@ -1029,12 +1019,7 @@ async fn the_upstream_proxy_setting_reaches_the_gateway_only() {
         .await;
     assert_eq!(s, StatusCode::OK, "{b}");
     let id = b["session_id"].as_str().expect("id").to_string();
-    let gateway_id = h
-        .engine
-        .container_ids()
-        .into_iter()
-        .find(|c| c != &id)
-        .expect("gateway");
+    let gateway_id = gateway_of(&h, &id);
     let gateway = h.engine.spec(&gateway_id).expect("gateway spec");
     assert!(
         gateway

@@ -350,21 +350,20 @@ pub fn refuse(
     record.decision = if denied { "deny" } else { "error" };
     record.enforced = true;
     record.reason = err.code();
-    let resp = match err {
+    let mut resp = match err {
         ProxyError::Denied(code) if json => deny_json_response(*code, record),
-        ProxyError::Denied(code) => {
-            let mut resp = deny_response(*code);
-            if let Some(v) = record
-                .policy_version
-                .as_deref()
-                .and_then(|v| HeaderValue::from_str(v).ok())
-            {
-                resp.headers_mut().insert(VERSION_HEADER, v);
-            }
-            resp
-        }
+        ProxyError::Denied(code) => deny_response(*code),
         other => error_response(other),
     };
+    // Every denial says which policy decided it, whatever its body.
+    if denied
+        && let Some(v) = record
+            .policy_version
+            .as_deref()
+            .and_then(|v| HeaderValue::from_str(v).ok())
+    {
+        resp.headers_mut().insert(VERSION_HEADER, v);
+    }
     record.status = Some(resp.status().as_u16());
     record.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     resp
@@ -397,13 +396,6 @@ pub fn deny_json_response(code: DenyCode, record: &crate::audit::AuditRecord) ->
     );
     resp.headers_mut()
         .insert(DENIED_HEADER, HeaderValue::from_static(code.code()));
-    if let Some(v) = record
-        .policy_version
-        .as_deref()
-        .and_then(|v| HeaderValue::from_str(v).ok())
-    {
-        resp.headers_mut().insert(VERSION_HEADER, v);
-    }
     resp
 }
 

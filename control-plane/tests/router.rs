@@ -495,6 +495,21 @@ fn egress_harness_with(engine: FakeEngine, extra: &[(&str, &str)]) -> Harness {
     h
 }
 
+impl Harness {
+    /// Creates an egress session (policy from [`egress_body`]) and returns its id.
+    async fn egress_session(&self, secret: &str) -> String {
+        let (s, b) = self
+            .api(
+                "POST",
+                "/session/",
+                Some(json!({"base_image": "img:1", "egress": egress_body(secret)})),
+            )
+            .await;
+        assert_eq!(s, StatusCode::OK, "{b}");
+        b["session_id"].as_str().expect("id").to_string()
+    }
+}
+
 fn egress_body(secret: &str) -> Value {
     json!({
         "policy": {"default": "deny", "rules": [{"host": "api.upstream.test", "methods": ["GET"], "inject": "tok"}]},
@@ -509,15 +524,7 @@ fn tar_text(spec: &control_plane::engine::ContainerSpec) -> String {
 #[tokio::test]
 async fn egress_create_builds_the_triad_and_keeps_secrets_in_the_gateway() {
     let h = egress_harness(FakeEngine::default());
-    let (s, b) = h
-        .api(
-            "POST",
-            "/session/",
-            Some(json!({"base_image": "img:1", "egress": egress_body("s3cr3t-value")})),
-        )
-        .await;
-    assert_eq!(s, StatusCode::OK, "{b}");
-    let id = b["session_id"].as_str().expect("id").to_string();
+    let id = h.egress_session("s3cr3t-value").await;
     let sandbox = h.engine.spec(&id).expect("sandbox");
     let gateway_id = gateway_of(&h, &id);
     let gateway = h.engine.spec(&gateway_id).expect("gateway spec");
@@ -841,15 +848,7 @@ fn tar_entries(tar_bytes: &[u8]) -> Vec<(String, u64, Vec<u8>)> {
 async fn egress_create_writes_the_sidecar_contract_and_acknowledges_the_policy() {
     use shared_policy::sidecar;
     let h = egress_harness(FakeEngine::default());
-    let (s, b) = h
-        .api(
-            "POST",
-            "/session/",
-            Some(json!({"base_image": "img:1", "egress": egress_body("s3cr3t")})),
-        )
-        .await;
-    assert_eq!(s, StatusCode::OK, "{b}");
-    let id = b["session_id"].as_str().expect("id").to_string();
+    let id = h.egress_session("s3cr3t").await;
     let gateway_id = gateway_of(&h, &id);
     let gateway = h.engine.spec(&gateway_id).expect("gateway spec");
     let env: std::collections::HashMap<_, _> = gateway.env.iter().cloned().collect();
@@ -1010,15 +1009,7 @@ async fn path_rules_pass_the_api() {
 async fn the_upstream_proxy_setting_reaches_the_gateway_only() {
     let proxy = "http://user:pw@corp-proxy.test:3128";
     let h = egress_harness_with(FakeEngine::default(), &[("EGRESS_UPSTREAM_PROXY", proxy)]);
-    let (s, b) = h
-        .api(
-            "POST",
-            "/session/",
-            Some(json!({"base_image": "img:1", "egress": egress_body("tok")})),
-        )
-        .await;
-    assert_eq!(s, StatusCode::OK, "{b}");
-    let id = b["session_id"].as_str().expect("id").to_string();
+    let id = h.egress_session("tok").await;
     let gateway_id = gateway_of(&h, &id);
     let gateway = h.engine.spec(&gateway_id).expect("gateway spec");
     assert!(

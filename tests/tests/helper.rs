@@ -45,12 +45,21 @@ async fn racing_symlink_swaps_never_write_outside_the_workspace() -> Result<()> 
 import os, time
 os.chdir(\"/workspace/tmp/race\")
 end = time.time() + 60
+n = 0
 while time.time() < end and os.path.exists(\"/workspace/tmp/race/run\"):
     try:
-        os.rename(\"real\", \"d\"); os.rename(\"d\", \"real\")
-        os.symlink(\"/etc\", \"d\"); os.unlink(\"d\")
+        real_d = os.path.isdir(\"d\") and not os.path.islink(\"d\")
+        if real_d and os.path.exists(\"real\"):
+            os.rename(\"d\", \"junk%d\" % n)
+        elif real_d:
+            os.rename(\"d\", \"real\")
+        os.symlink(\"/etc\", \"d\")
+        os.unlink(\"d\")
+        os.rename(\"real\", \"d\")
+        n += 1
     except OSError:
         pass
+open(\"/workspace/tmp/race/swaps\", \"w\").write(str(n))
 ' >/dev/null 2>&1 &) ; touch run; echo started",
         )
         .await?;
@@ -76,6 +85,19 @@ while time.time() < end and os.path.exists(\"/workspace/tmp/race/run\"):
         .await?;
     }
     cp.sh(&s, "rm -f /workspace/tmp/race/run").await?;
+    // The race really ran: the swapper counted its swaps (else this test proves nothing).
+    let swaps: u64 = e2e::eventually(
+        "the swapper reports",
+        std::time::Duration::from_secs(10),
+        || async {
+            let (_, out) = cp
+                .sh(&s, "cat /workspace/tmp/race/swaps 2>/dev/null")
+                .await?;
+            Ok(out.trim().parse::<u64>().ok())
+        },
+    )
+    .await?;
+    assert!(swaps > 100, "only {swaps} swaps during the writes");
     let after = root_sh(&s, "sha256sum /etc/passwd; ls /etc | wc -l")?;
     assert_eq!(before, after, "/etc changed");
     let planted = root_sh(&s, "ls /etc | grep -c '^f[0-9]' || true")?;
@@ -410,12 +432,17 @@ async fn a_disconnected_client_cancels_its_command() -> Result<()> {
     let gone = impatient
         .post(cp.url(&format!("/session/{}/", s.id)))
         .header("X-API-Key", &cp.key)
-        .json(&json!({"commands": ["sleep 900 & sleep 901"]}))
+        .json(&json!({"commands": ["touch /workspace/tmp/started; sleep 900 & sleep 901"]}))
         .send()
         .await;
     assert!(
         gone.is_err(),
         "the request should have timed out client-side"
+    );
+    // It did start (else the processes' absence below proves nothing).
+    assert_eq!(
+        root_sh(&s, "test -e /workspace/tmp/started && echo yes")?.trim(),
+        "yes"
     );
     e2e::eventually(
         "the cancelled command's process group is gone",

@@ -24,11 +24,6 @@ async fn main() -> anyhow::Result<()> {
             std::process::exit(2);
         }
     };
-    // Every sandbox gets the helper; without it no session could run a command.
-    if let Err(e) = control_plane::runtime::helper_binary(config.helper_bin.as_deref()) {
-        eprintln!("daiv-sandbox: {e}");
-        std::process::exit(2);
-    }
     // Held until main returns: dropping it flushes queued error reports.
     let _reports = control_plane::telemetry::init(&config);
 
@@ -54,6 +49,15 @@ async fn main() -> anyhow::Result<()> {
             Arc::new(LocalLocks::default()),
         ),
     };
+    // Every sandbox gets the helper; without it no session could run a command. The state read
+    // it once; only a failure reads again, to say why.
+    if !state.sessions.has_helper() {
+        let why = control_plane::runtime::helper_binary(config.helper_bin.as_deref())
+            .err()
+            .unwrap_or_else(|| "the session helper could not be read".to_string());
+        eprintln!("daiv-sandbox: {why}");
+        std::process::exit(2);
+    }
     let reaper = config
         .reaper_enabled
         .then(|| Arc::new(Reaper::new(&state)).spawn());

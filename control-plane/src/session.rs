@@ -73,6 +73,11 @@ impl Sessions {
         &*self.engine
     }
 
+    /// Whether sandboxes get the helper (the service refuses to start without it).
+    pub fn has_helper(&self) -> bool {
+        self.helper.is_some()
+    }
+
     pub fn runtime(&self) -> &dyn SessionRuntime {
         &*self.runtime
     }

@@ -56,7 +56,7 @@ pub struct RunRequest {
     pub timeout: Option<u64>,
 }
 
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct RunResult {
     /// Command that was executed.
     pub command: String,
@@ -72,6 +72,91 @@ pub struct RunResult {
 pub struct RunResponse {
     /// List of results of each command.
     pub results: Vec<RunResult>,
+}
+
+/// One line of a streaming run (`Accept: application/x-ndjson`), tagged by `type`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum RunStreamLine {
+    /// Output of command `index` as it is printed (UTF-8, lossy; a character split across
+    /// chunks is never broken).
+    Output { index: usize, data: String },
+    /// Command `index` ended; the fields are its entry of `done.results`.
+    Result {
+        index: usize,
+        command: String,
+        exit_code: i64,
+        workdir: String,
+    },
+    /// Nothing else was sent for a while; the run goes on.
+    Heartbeat,
+    /// The last line: exactly what the plain JSON response would have been.
+    Done { results: Vec<RunResult> },
+    /// The run could not go on (the session went away); the last line instead of `done`.
+    Error { detail: String },
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct StartProcessRequest {
+    /// Shell command, run in the background like a command of a run (same shell, user, limits).
+    pub command: String,
+    /// Variables added to the session's environment for this process.
+    #[serde(default)]
+    pub environment: Option<BTreeMap<String, String>>,
+    /// Working directory under /workspace (default /workspace/repo).
+    #[serde(default)]
+    pub workdir: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct StartProcessResponse {
+    pub process_id: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ProcessInfo {
+    pub process_id: String,
+    pub command: String,
+    pub running: bool,
+    /// `null` while it runs; 128 + the signal when a signal ended it (137 once killed).
+    pub exit_code: Option<i64>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ProcessList {
+    pub processes: Vec<ProcessInfo>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ProcessOutput {
+    pub process_id: String,
+    pub running: bool,
+    pub exit_code: Option<i64>,
+    /// Output from `offset` on (UTF-8, lossy; a character is never split at the end).
+    pub output: String,
+    /// Byte offset `output` starts at: later than asked when older bytes were dropped.
+    pub offset: u64,
+    /// Pass it as the next poll's `offset`.
+    pub next_offset: u64,
+    /// Output before `offset` was dropped from the bounded buffer.
+    pub truncated: bool,
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+pub struct PollQuery {
+    /// Byte offset to read from (a previous `next_offset`).
+    #[serde(default)]
+    pub offset: u64,
+    /// Seconds to wait for new output when there is none yet (capped by the server).
+    #[serde(default)]
+    pub wait: f64,
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+pub struct StdinQuery {
+    /// Close the process's stdin after writing the body.
+    #[serde(default)]
+    pub eof: bool,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]

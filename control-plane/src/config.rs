@@ -238,6 +238,14 @@ pub struct Config {
     pub seed_max_members: u64,
     /// `GET /metrics` without the API key (for scrapers that cannot send a header).
     pub metrics_public: bool,
+    /// Output bytes kept per background process (oldest dropped past it).
+    pub process_output_bytes: u64,
+    /// Live background processes allowed per session.
+    pub max_processes: u32,
+    /// Longest a process poll may wait for new output (`wait` is capped to it).
+    pub process_wait_max: Duration,
+    /// Most silence on a streaming run before a heartbeat line.
+    pub stream_heartbeat: Duration,
 }
 
 /// Every invalid variable, one per line.
@@ -617,6 +625,29 @@ pub fn load(src: &dyn Source) -> Result<Config, ConfigError> {
     let seed_max_bytes = p.parse_or::<u64>("SEED_MAX_BYTES", 2 * 1024 * 1024 * 1024);
     let seed_max_members = p.parse_or::<u64>("SEED_MAX_MEMBERS", 200_000);
     let metrics_public = p.bool_or("METRICS_PUBLIC", false);
+    let process_output_bytes = p.parse_or::<u64>("PROCESS_OUTPUT_BYTES", 1024 * 1024);
+    if !(1..=8 * 1024 * 1024).contains(&process_output_bytes) {
+        let raw = process_output_bytes.to_string();
+        p.fail(
+            "PROCESS_OUTPUT_BYTES",
+            &raw,
+            "must be between 1 and 8388608 (8 MiB)",
+        );
+    }
+    let max_processes = p.parse_or::<u32>("MAX_PROCESSES", 16);
+    if max_processes == 0 {
+        p.fail("MAX_PROCESSES", "0", "must be at least 1");
+    }
+    let process_wait_max = p.parse_or::<u64>("PROCESS_WAIT_MAX_SECONDS", 30);
+    if process_wait_max > 300 {
+        let raw = process_wait_max.to_string();
+        p.fail("PROCESS_WAIT_MAX_SECONDS", &raw, "must be at most 300");
+    }
+    let stream_heartbeat = p.parse_or::<u64>("STREAM_HEARTBEAT_SECONDS", 10);
+    if !(1..=10).contains(&stream_heartbeat) {
+        let raw = stream_heartbeat.to_string();
+        p.fail("STREAM_HEARTBEAT_SECONDS", &raw, "must be between 1 and 10");
+    }
 
     p.finish()?;
     Ok(Config {
@@ -661,6 +692,10 @@ pub fn load(src: &dyn Source) -> Result<Config, ConfigError> {
         seed_max_bytes,
         seed_max_members,
         metrics_public,
+        process_output_bytes,
+        max_processes,
+        process_wait_max: Duration::from_secs(process_wait_max),
+        stream_heartbeat: Duration::from_secs(stream_heartbeat),
     })
 }
 

@@ -27,6 +27,9 @@ pub enum ApiError {
     Unprocessable(String),
     #[error("{0}")]
     PayloadTooLarge(String),
+    /// A per-session limit is reached (live background processes).
+    #[error("{0}")]
+    TooManyRequests(String),
     /// Retryable infrastructure trouble: Docker not answering, a restart that failed.
     #[error("{0}")]
     Unavailable(String),
@@ -44,6 +47,7 @@ impl ApiError {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::TooManyRequests(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }

@@ -5,6 +5,7 @@
 //! - [`api`]: wire types, shaped like the reference's.
 //! - [`routes`]: thin axum handlers; [`auth`] guards them with `X-API-Key`.
 //! - [`session`]: session lifecycle over the engine seam; commands through the runtime.
+//! - [`processes`]: background processes and streaming runs (over the same runtime).
 //! - [`runtime`]: the [`runtime::SessionRuntime`] seam (commands, fs ops, seed extraction) and its
 //!   implementation over the in-container helper's channel.
 //! - [`engine`]: the [`engine::ContainerEngine`] trait, its Docker implementation and a fake.
@@ -29,6 +30,7 @@ pub mod egress;
 pub mod engine;
 pub mod error;
 pub mod lock;
+pub mod processes;
 pub mod reaper;
 pub mod routes;
 pub mod runtime;
@@ -93,6 +95,20 @@ impl AppState {
         self
     }
 
+    /// For operations that may overlap a running command (read-only fs ops, background
+    /// processes): no lock while the session runs; a stopped session is restarted under its
+    /// lock, as every other operation does.
+    pub async fn running_unlocked(&self, session_id: &str) -> Result<(), ApiError> {
+        let info = self.sessions.find(session_id).await?;
+        if info.is_running() {
+            self.activity.touch(session_id).await;
+            return Ok(());
+        }
+        let _held = self.lock(session_id).await?;
+        self.sessions.ensure_running(session_id).await?;
+        Ok(())
+    }
+
     /// The session's lock for a request that removes it: released with its activity record
     /// deleted rather than refreshed.
     pub async fn lock_to_remove(&self, session_id: &str) -> Result<LockGuard, ApiError> {
@@ -154,6 +170,11 @@ impl AppState {
         routes::fs::write,
         routes::fs::edit,
         routes::fs::delete,
+        routes::processes::start,
+        routes::processes::list,
+        routes::processes::poll,
+        routes::processes::stdin,
+        routes::processes::kill,
         routes::meta::health,
         routes::meta::version,
     ),
@@ -221,6 +242,21 @@ pub fn app(state: AppState) -> Router {
     ] {
         api = both(api, &format!("/session/{{session_id}}/fs/{op}/"), handler);
     }
+    api = both(
+        api,
+        "/session/{session_id}/processes/",
+        post(routes::processes::start).get(routes::processes::list),
+    );
+    api = both(
+        api,
+        "/session/{session_id}/processes/{process_id}/",
+        get(routes::processes::poll).delete(routes::processes::kill),
+    );
+    api = both(
+        api,
+        "/session/{session_id}/processes/{process_id}/stdin",
+        post(routes::processes::stdin),
+    );
     let api = api.route_layer(middleware::from_fn_with_state(
         state.clone(),
         auth::require_api_key,

@@ -346,6 +346,25 @@ impl Reaper {
             tracing::debug!(session_id = %id, ?why, "reaper: session back in use; kept");
             return;
         }
+        // A background job still running is use, however long since the last request.
+        if matches!(why, Why::Idle) {
+            let live = crate::processes::live(&self.sessions, id).await;
+            self.metrics
+                .observe_processes(id, live.as_ref().ok().map(|n| *n as u64));
+            match live {
+                Ok(0) => {}
+                Ok(n) => {
+                    tracing::debug!(session_id = %id, processes = n, "reaper: background processes run; kept");
+                    self.activity.touch(id).await;
+                    out.busy.push(id.to_string());
+                    return;
+                }
+                // No answer from its helper: nothing shows the session is in use.
+                Err(e) => {
+                    tracing::debug!(session_id = %id, error = %e, "reaper: cannot list processes")
+                }
+            }
+        }
         match self.sessions.close(id, true).await {
             Ok(()) | Err(ApiError::NotFound) => {
                 tracing::info!(session_id = %id, ?why, "reaper: session removed");

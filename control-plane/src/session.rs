@@ -317,6 +317,17 @@ impl Sessions {
     /// Runs the commands in order through the session's helper. A timed-out command ends the
     /// request: it and everything it started are killed, the rest are skipped.
     pub async fn run(&self, id: &str, req: &RunRequest) -> Result<RunResponse, ApiError> {
+        let Some(spec) = self.run_spec(id, req).await? else {
+            return Ok(RunResponse {
+                results: Vec::new(),
+            });
+        };
+        let results = self.runtime.run(id, &spec).await?;
+        Ok(RunResponse { results })
+    }
+
+    /// Checks a run request and makes sure the session runs; `None` when there is nothing to run.
+    pub async fn run_spec(&self, id: &str, req: &RunRequest) -> Result<Option<RunSpec>, ApiError> {
         if let Some(bad) = req.commands.iter().find(|c| c.contains('\0')) {
             return Err(ApiError::Unprocessable(format!(
                 "command contains a NUL byte: {:?}",
@@ -335,20 +346,16 @@ impl Sessions {
         };
         self.ensure_running(id).await?;
         if req.commands.is_empty() {
-            return Ok(RunResponse {
-                results: Vec::new(),
-            });
+            return Ok(None);
         }
-        let spec = RunSpec {
+        Ok(Some(RunSpec {
             commands: req.commands.clone(),
             fail_fast: req.fail_fast,
             timeout,
             output_cap: self.config.output_max_bytes,
             workdir: WORKDIR.to_string(),
             env: Vec::new(),
-        };
-        let results = self.runtime.run(id, &spec).await?;
-        Ok(RunResponse { results })
+        }))
     }
 }
 

@@ -288,12 +288,27 @@ async fn fs_read_and_edit_go_through_the_helper() {
 }
 
 #[tokio::test]
-async fn fs_ops_wait_for_the_session_lock_then_409() {
+async fn fs_writes_wait_for_the_session_lock_then_409_and_reads_do_not() {
     let h = Harness::new(&[("SESSION_LOCK_WAIT_SECONDS", "0.1")]);
     let id = h.session().await;
     let held = h.locks.acquire(&id, Duration::from_secs(1)).await;
     assert!(held.is_ok());
-    let (s, _) = h.fs(&id, "ls", json!({"path": "/workspace"})).await;
+    for op in ["ls", "glob", "grep", "read"] {
+        let body = json!({"path": "/workspace", "pattern": "x"});
+        let (s, v) = h.fs(&id, op, body).await;
+        assert_eq!(s, StatusCode::OK, "{op} waited for the lock: {v}");
+    }
+    let (s, _) = h
+        .fs(&id, "delete", json!({"path": "/workspace/repo/x"}))
+        .await;
+    assert_eq!(s, StatusCode::CONFLICT);
+    let (s, _) = h
+        .fs(
+            &id,
+            "edit",
+            json!({"path": "/workspace/repo/x", "old": "a", "new": "b"}),
+        )
+        .await;
     assert_eq!(s, StatusCode::CONFLICT);
     let (s, _, _) = h.seed(&id, &[("repo_archive", vec![])]).await;
     assert_eq!(s, StatusCode::CONFLICT);

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-const USAGE: &str = "usage: daiv-sandbox-helper serve [--root DIR] | init | --version";
+const USAGE: &str = "usage: daiv-sandbox-helper serve [--root DIR] [--processes NAME] | init [--processes NAME] | --version";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -14,17 +14,45 @@ fn main() -> ExitCode {
             println!("daiv-sandbox-helper {}", env!("CARGO_PKG_VERSION"));
             ExitCode::SUCCESS
         }
-        // Keep-alive for shell-less images: park forever; SIGTERM's default action ends it
-        // (tini, not this, is PID 1).
-        ["init"] => loop {
-            std::thread::park();
-        },
-        ["serve"] => serve(PathBuf::from(sandbox_helper::wire::WORKSPACE)),
-        ["serve", "--root", dir] => serve(PathBuf::from(dir)),
-        _ => {
-            eprintln!("{USAGE}");
-            ExitCode::from(2)
+        ["init", rest @ ..] => {
+            let Some(name) = processes_flag(rest) else {
+                return usage();
+            };
+            // The keep-alive (tini, not this, is PID 1; SIGTERM's default action ends it) and
+            // the supervisor of background processes. Without the socket, commands still work.
+            if let Err(e) = sandbox_helper::ops::procs::supervise(name) {
+                eprintln!("daiv-sandbox-helper: no background processes: {e}");
+            }
+            loop {
+                std::thread::park();
+            }
         }
+        ["serve", rest @ ..] => {
+            let (root, rest) = match rest {
+                ["--root", dir, rest @ ..] => (PathBuf::from(dir), rest),
+                _ => (PathBuf::from(sandbox_helper::wire::WORKSPACE), rest),
+            };
+            let Some(name) = processes_flag(rest) else {
+                return usage();
+            };
+            sandbox_helper::ops::procs::set_socket(name);
+            serve(root)
+        }
+        _ => usage(),
+    }
+}
+
+fn usage() -> ExitCode {
+    eprintln!("{USAGE}");
+    ExitCode::from(2)
+}
+
+/// `[--processes NAME]`: the supervisor's abstract socket (default one per sandbox).
+fn processes_flag<'a>(rest: &[&'a str]) -> Option<&'a str> {
+    match rest {
+        [] => Some(sandbox_helper::ops::procs::DEFAULT_SOCKET),
+        ["--processes", name] => Some(name),
+        _ => None,
     }
 }
 

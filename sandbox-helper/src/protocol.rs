@@ -295,6 +295,70 @@ pub enum Request {
         #[serde(default)]
         deadline_ms: Option<u64>,
     },
+    /// A background process request, relayed to the container's supervisor
+    /// (`ops::procs`). For `stdin`, the bytes follow as DATA frames, then EOF; a `poll`
+    /// answers with one DATA frame of output before its RESPONSE.
+    Proc {
+        request: ProcRequest,
+    },
+}
+
+/// A background-process request: what `serve` relays to the container's supervisor
+/// (`ops::procs`), there answered on an abstract unix socket.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "action", rename_all = "snake_case")]
+pub enum ProcRequest {
+    Start {
+        command: String,
+        /// Already a path the helper can use (serve maps `/workspace/...` under its root).
+        workdir: String,
+        #[serde(default)]
+        env: Vec<(String, String)>,
+        /// Live processes allowed at once; more is a `limit` error.
+        max_live: u32,
+        /// Output kept per process; older bytes are dropped.
+        buffer_bytes: u64,
+    },
+    List,
+    Poll {
+        process_id: String,
+        #[serde(default)]
+        offset: u64,
+        #[serde(default)]
+        wait_ms: u64,
+        max_bytes: u64,
+    },
+    /// The bytes follow as one DATA frame; `eof` closes the process's stdin afterwards.
+    Stdin {
+        process_id: String,
+        #[serde(default)]
+        eof: bool,
+    },
+    Kill {
+        process_id: String,
+    },
+}
+
+/// One process as listed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcInfo {
+    pub process_id: String,
+    pub command: String,
+    pub running: bool,
+    pub exit_code: Option<i64>,
+}
+
+/// A poll's answer; the output itself is the DATA frame before it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PollInfo {
+    pub process_id: String,
+    pub running: bool,
+    pub exit_code: Option<i64>,
+    /// Where the returned output starts (later than asked when older bytes were dropped).
+    pub offset: u64,
+    pub next_offset: u64,
+    /// Bytes before `offset` were dropped from the buffer.
+    pub truncated: bool,
 }
 
 /// Why a request produced no `ok` value.
@@ -311,6 +375,12 @@ pub enum ErrorKind {
     Io,
     /// A bug in the helper.
     Internal,
+    /// The thing named (a background process) does not exist.
+    NotFound,
+    /// The request does not fit the target's state (stdin of a process that ended).
+    Conflict,
+    /// A per-session limit (live background processes) is reached.
+    Limit,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

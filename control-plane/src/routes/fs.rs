@@ -1,6 +1,10 @@
 //! `POST /session/{id}/fs/{op}`: the Python-free file operations. fs-level problems come back
 //! as HTTP 200 with `error`; HTTP statuses are for auth (403), the session (404), its lock (409)
 //! and the engine (503).
+//!
+//! `ls`, `read`, `grep` and `glob` change nothing, so they run beside a command of the same
+//! session instead of waiting for its lock; `write`, `edit` and `delete` keep the session's order
+//! with commands and seeds.
 
 use axum::Json;
 use axum::extract::{Path, State};
@@ -11,9 +15,9 @@ use crate::error::ApiError;
 use crate::workspace::fs::{Fs, OpError, respond};
 use crate::workspace::wire::*;
 
-/// Holds the session lock and makes sure the session runs (one inspect) before the op.
+/// Makes sure the session runs (one inspect) before the op; writers also hold the session lock.
 macro_rules! fs_handler {
-    ($name:ident, $op:ident, $req:ty, $resp:ty, $path:literal) => {
+    ($name:ident, $op:ident, $req:ty, $resp:ty, $path:literal, $writes:literal) => {
         #[utoipa::path(post, path = $path, tag = "fs", request_body = $req,
                     security(("api_key" = [])),
                     params(("session_id" = String, Path, description = "The session id")),
@@ -25,8 +29,14 @@ macro_rules! fs_handler {
             Path(id): Path<String>,
             ApiJson(req): ApiJson<$req>,
         ) -> Result<Json<$resp>, ApiError> {
-            let _held = state.lock(&id).await?;
-            state.sessions.ensure_running(&id).await?;
+            let _held = if $writes {
+                let held = state.lock(&id).await?;
+                state.sessions.ensure_running(&id).await?;
+                Some(held)
+            } else {
+                state.running_unlocked(&id).await?;
+                None
+            };
             let fs = Fs {
                 runtime: state.sessions.runtime(),
                 config: &state.config,
@@ -54,47 +64,54 @@ fs_handler!(
     ls,
     FsLsRequest,
     FsLsResponse,
-    "/session/{session_id}/fs/ls"
+    "/session/{session_id}/fs/ls",
+    false
 );
 fs_handler!(
     read,
     read,
     FsReadRequest,
     FsReadResponse,
-    "/session/{session_id}/fs/read"
+    "/session/{session_id}/fs/read",
+    false
 );
 fs_handler!(
     grep,
     grep,
     FsGrepRequest,
     FsGrepResponse,
-    "/session/{session_id}/fs/grep"
+    "/session/{session_id}/fs/grep",
+    false
 );
 fs_handler!(
     glob,
     glob,
     FsGlobRequest,
     FsGlobResponse,
-    "/session/{session_id}/fs/glob"
+    "/session/{session_id}/fs/glob",
+    false
 );
 fs_handler!(
     write,
     write,
     FsWriteRequest,
     FsWriteResponse,
-    "/session/{session_id}/fs/write"
+    "/session/{session_id}/fs/write",
+    true
 );
 fs_handler!(
     edit,
     edit,
     FsEditRequest,
     FsEditResponse,
-    "/session/{session_id}/fs/edit"
+    "/session/{session_id}/fs/edit",
+    true
 );
 fs_handler!(
     delete,
     delete,
     FsDeleteRequest,
     FsDeleteResponse,
-    "/session/{session_id}/fs/delete"
+    "/session/{session_id}/fs/delete",
+    true
 );

@@ -5,5 +5,6 @@ pub mod egress;
 pub mod fs;
 pub mod meta;
 pub mod metrics;
+pub mod processes;
 pub mod seed;
 pub mod session;

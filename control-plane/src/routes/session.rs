@@ -2,11 +2,12 @@
 
 use axum::Json;
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
 
 use crate::AppState;
 use crate::api::{
-    ApiJson, CloseQuery, ErrorBody, RunRequest, RunResponse, StartSessionRequest,
+    ApiJson, CloseQuery, ErrorBody, RunRequest, RunResponse, RunStreamLine, StartSessionRequest,
     StartSessionResponse,
 };
 use crate::error::ApiError;
@@ -32,24 +33,60 @@ pub async fn create(
     Ok(Json(StartSessionResponse { session_id }))
 }
 
-/// Run commands on a session, in order, in `/workspace/repo`.
+/// Run commands on a session, in order, in `/workspace/repo`. With `Accept:
+/// application/x-ndjson` the answer streams as the commands print (one `RunStreamLine` per line).
 #[utoipa::path(post, path = "/session/{session_id}/", tag = "session", request_body = RunRequest,
     security(("api_key" = [])),
     params(("session_id" = String, Path, description = "The session id")),
-    responses((status = 200, body = RunResponse), (status = 403, body = ErrorBody),
+    responses((status = 200, body = RunResponse, content_type = "application/json"),
+        (status = 200, body = RunStreamLine, content_type = "application/x-ndjson"),
+        (status = 403, body = ErrorBody),
         (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn run(
     State(state): State<AppState>,
     Path(id): Path<String>,
+    headers: HeaderMap,
     ApiJson(req): ApiJson<RunRequest>,
-) -> Result<Json<RunResponse>, ApiError> {
+) -> Result<Response, ApiError> {
+    if wants_ndjson(&headers) {
+        let held = state.lock(&id).await?;
+        let spec = state.sessions.run_spec(&id, &req).await?;
+        let body = match spec {
+            Some(spec) => crate::processes::stream_run(state.clone(), id, spec, held),
+            None => {
+                let done = RunStreamLine::Done {
+                    results: Vec::new(),
+                };
+                let mut line = serde_json::to_vec(&done).unwrap_or_default();
+                line.push(b'\n');
+                axum::body::Body::from(line)
+            }
+        };
+        return Ok(([(header::CONTENT_TYPE, NDJSON)], body).into_response());
+    }
     let _held = state.lock(&id).await?;
     let started = std::time::Instant::now();
     let ran = state.sessions.run(&id, &req).await;
     state.metrics.command_batches.observe(started.elapsed());
     let ran = ran?;
     state.metrics.commands.add(ran.results.len() as u64);
-    Ok(Json(ran))
+    Ok(Json(ran).into_response())
+}
+
+const NDJSON: &str = "application/x-ndjson";
+
+/// `Accept` names NDJSON (alone or among others, with any parameters).
+fn wants_ndjson(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|m| {
+            m.split(';')
+                .next()
+                .is_some_and(|t| t.trim().eq_ignore_ascii_case(NDJSON))
+        })
 }
 
 /// 204 when the session exists (restarting it if stopped), else 404.
@@ -82,6 +119,8 @@ pub async fn close(
         state.lock(&id).await?
     };
     state.sessions.close(&id, q.force).await?;
+    // Its processes died with it.
+    state.metrics.observe_processes(&id, None);
     let mode = if q.force { "remove" } else { "stop" };
     state.metrics.sessions_closed.with(&[mode]).inc();
     Ok(StatusCode::NO_CONTENT)

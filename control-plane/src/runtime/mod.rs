@@ -53,10 +53,44 @@ pub struct RunSpec {
     pub env: Vec<(String, String)>,
 }
 
+/// What a streaming run reports while it works (see [`SessionRuntime::run_streaming`]).
+#[derive(Debug)]
+pub enum RunEvent {
+    /// Output of command `index`, as the helper forwarded it (within the output cap).
+    Output { index: usize, data: Bytes },
+    /// Command `index` ended; `result` is its entry of the final results.
+    Result { index: usize, result: RunResult },
+}
+
+/// A background-process answer: the supervisor's `ok` value and, for a poll, the output bytes.
+#[derive(Debug)]
+pub struct ProcessAnswer {
+    pub value: Value,
+    pub output: Bytes,
+}
+
 #[async_trait::async_trait]
 pub trait SessionRuntime: Send + Sync + 'static {
     /// Runs the commands in order; a timed-out command ends the batch (exit code 124).
-    async fn run(&self, id: &str, spec: &RunSpec) -> Result<Vec<RunResult>, ApiError>;
+    async fn run(&self, id: &str, spec: &RunSpec) -> Result<Vec<RunResult>, ApiError> {
+        self.run_streaming(id, spec, None).await
+    }
+    /// [`Self::run`], also reporting output and each command's end on `events` as they happen.
+    /// Dropping the future cancels the batch (the helper kills the running command's group).
+    async fn run_streaming(
+        &self,
+        id: &str,
+        spec: &RunSpec,
+        events: Option<mpsc::Sender<RunEvent>>,
+    ) -> Result<Vec<RunResult>, ApiError>;
+    /// One background-process request (`sandbox_helper::ops::procs::ProcRequest` as JSON);
+    /// `input` is stdin for a `stdin` request.
+    async fn process(
+        &self,
+        id: &str,
+        request: Value,
+        input: Option<Bytes>,
+    ) -> Result<ProcessAnswer, ApiError>;
     /// One fs op: `request` is the helper's request object, `input` its content (write).
     /// Returns the op's complete wire response (with its own `error` field).
     async fn fs(&self, id: &str, request: Value, input: Option<Bytes>) -> Result<Value, ApiError>;
@@ -203,6 +237,25 @@ fn ok_of(response: Value) -> Result<Value, ApiError> {
     })
 }
 
+/// A process answer's `ok` value; the supervisor's own refusals keep their meaning.
+fn process_ok(response: Value) -> Result<Value, ApiError> {
+    let err = response.get("error");
+    let kind = err.and_then(|e| e.get("kind")).and_then(Value::as_str);
+    let message = || {
+        err.and_then(|e| e.get("message"))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
+    match kind {
+        Some("not_found") => Err(ApiError::NotFound),
+        Some("conflict") => Err(ApiError::Conflict(message())),
+        Some("limit") => Err(ApiError::TooManyRequests(message())),
+        Some("io") => Err(ApiError::Unprocessable(message())),
+        _ => ok_of(response),
+    }
+}
+
 fn lost(e: ChannelError, reached: bool) -> CallError {
     match e {
         ChannelError::Closed => CallError::Lost { reached },
@@ -235,7 +288,12 @@ fn command_output(bytes: &[u8], omitted: u64, cap: usize) -> String {
 
 #[async_trait::async_trait]
 impl SessionRuntime for HelperRuntime {
-    async fn run(&self, id: &str, spec: &RunSpec) -> Result<Vec<RunResult>, ApiError> {
+    async fn run_streaming(
+        &self,
+        id: &str,
+        spec: &RunSpec,
+        events: Option<mpsc::Sender<RunEvent>>,
+    ) -> Result<Vec<RunResult>, ApiError> {
         let request = json!({
             "op": "run",
             "commands": spec.commands,
@@ -249,6 +307,7 @@ impl SessionRuntime for HelperRuntime {
         self.with_retry(id, false, |chan| {
             let request = request.clone();
             let spec = spec.clone();
+            let events = events.clone();
             Box::pin(async move {
                 let mut h = chan.request(&request).await.map_err(|e| lost(e, false))?;
                 let mut results = Vec::with_capacity(spec.commands.len());
@@ -274,10 +333,22 @@ impl SessionRuntime for HelperRuntime {
                     reached = true;
                     match msg {
                         Incoming::Data(bytes) => {
-                            if let Some((_, out)) = current.as_mut() {
+                            if let Some((index, out)) = current.as_mut() {
                                 // The helper caps; this bound only guards against a bad one.
                                 let room = (spec.output_cap + 64 * 1024).saturating_sub(out.len());
-                                out.extend_from_slice(&bytes[..room.min(bytes.len())]);
+                                let take = room.min(bytes.len());
+                                out.extend_from_slice(&bytes[..take]);
+                                if let Some(tx) = &events
+                                    && take > 0
+                                {
+                                    let data = bytes.slice(..take);
+                                    let _ = tx
+                                        .send(RunEvent::Output {
+                                            index: *index,
+                                            data,
+                                        })
+                                        .await;
+                                }
                             }
                         }
                         Incoming::Event(ev) => match ev.get("type").and_then(Value::as_str) {
@@ -291,12 +362,17 @@ impl SessionRuntime for HelperRuntime {
                                     ev.get("exit_code").and_then(Value::as_i64).unwrap_or(-1);
                                 let omitted =
                                     ev.get("omitted").and_then(Value::as_u64).unwrap_or(0);
-                                results.push(RunResult {
+                                let result = RunResult {
                                     command: spec.commands.get(index).cloned().unwrap_or_default(),
                                     output: command_output(&out, omitted, spec.output_cap),
                                     exit_code,
                                     workdir: spec.workdir.clone(),
-                                });
+                                };
+                                if let Some(tx) = &events {
+                                    let result = result.clone();
+                                    let _ = tx.send(RunEvent::Result { index, result }).await;
+                                }
+                                results.push(result);
                             }
                             _ => {}
                         },
@@ -371,6 +447,41 @@ impl SessionRuntime for HelperRuntime {
             Err(CallError::Api(e)) => Err(e),
             Err(CallError::Lost { .. }) => Err(lost_api()),
         }
+    }
+
+    async fn process(
+        &self,
+        id: &str,
+        request: Value,
+        input: Option<Bytes>,
+    ) -> Result<ProcessAnswer, ApiError> {
+        let action = request.get("action").and_then(Value::as_str).unwrap_or("");
+        // Starting twice or writing stdin twice is not harmless; the rest may be retried.
+        let idempotent = matches!(action, "list" | "poll" | "kill");
+        let request = json!({"op": "proc", "request": request});
+        self.with_retry(id, idempotent, |chan| {
+            let request = request.clone();
+            let input = input.clone();
+            Box::pin(async move {
+                let mut h = chan.request(&request).await.map_err(|e| lost(e, false))?;
+                if let Some(data) = input {
+                    h.send_data(&data).await.map_err(|e| lost(e, true))?;
+                    h.send_eof().await.map_err(|e| lost(e, true))?;
+                }
+                let mut output = Bytes::new();
+                loop {
+                    match h.recv().await.map_err(|e| lost(e, true))? {
+                        Incoming::Data(d) => output = d,
+                        Incoming::Event(_) => {}
+                        Incoming::Response(v) => {
+                            let value = process_ok(v)?;
+                            return Ok(ProcessAnswer { value, output });
+                        }
+                    }
+                }
+            })
+        })
+        .await
     }
 
     async fn clear(&self, id: &str, dest: &str) -> Result<(), ApiError> {

@@ -32,6 +32,11 @@ impl Counter {
     pub fn get(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
     }
+
+    /// For gauges kept in the same cell: the value last observed.
+    pub fn set(&self, n: u64) {
+        self.0.store(n, Ordering::Relaxed);
+    }
 }
 
 /// Per-bucket (not cumulative) counts; the sum is kept in microseconds so it stays an integer.
@@ -103,6 +108,11 @@ pub struct Metrics {
     pub lock_busy: Counter,
     pub engine_calls: Family<Histogram>,
     pub engine_errors: Family<Counter>,
+    pub processes_started: Counter,
+    pub processes_killed: Counter,
+    /// Running background processes per session as last listed (list route, reaper).
+    processes_live: std::sync::Mutex<std::collections::HashMap<String, u64>>,
+    pub streamed_runs: Counter,
 }
 
 impl Default for Metrics {
@@ -122,6 +132,10 @@ impl Default for Metrics {
             lock_busy: Counter::default(),
             engine_calls: Family::new(&["op"]),
             engine_errors: Family::new(&["op", "kind"]),
+            processes_started: Counter::default(),
+            processes_killed: Counter::default(),
+            processes_live: Default::default(),
+            streamed_runs: Counter::default(),
         }
     }
 }
@@ -134,6 +148,30 @@ pub struct SessionGauge {
 }
 
 impl Metrics {
+    /// Records how many background processes of a session run (`None`: the session is gone).
+    pub fn observe_processes(&self, session_id: &str, running: Option<u64>) {
+        let mut m = self
+            .processes_live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        match running {
+            Some(n) if n > 0 => {
+                m.insert(session_id.to_string(), n);
+            }
+            _ => {
+                m.remove(session_id);
+            }
+        }
+    }
+
+    fn processes_live(&self) -> u64 {
+        let m = self
+            .processes_live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        m.values().sum()
+    }
+
     /// The Prometheus text exposition (format 0.0.4).
     pub fn render(&self, sessions: Option<SessionGauge>) -> String {
         let mut out = String::with_capacity(8 * 1024);
@@ -244,6 +282,31 @@ impl Metrics {
             "Container engine (Docker API) errors by operation and kind.",
             &self.engine_errors,
         );
+        counter(
+            w,
+            "daiv_sandbox_streamed_runs_total",
+            "Run requests answered as an NDJSON stream.",
+            self.streamed_runs.get(),
+        );
+        counter(
+            w,
+            "daiv_sandbox_processes_started_total",
+            "Background processes started.",
+            self.processes_started.get(),
+        );
+        counter(
+            w,
+            "daiv_sandbox_processes_killed_total",
+            "Background processes killed through the API.",
+            self.processes_killed.get(),
+        );
+        header(
+            w,
+            "daiv_sandbox_processes_live",
+            "Running background processes over all sessions, as last listed (list route, reaper).",
+            "gauge",
+        );
+        let _ = writeln!(w, "daiv_sandbox_processes_live {}", self.processes_live());
         out
     }
 }

@@ -12,6 +12,7 @@ use crate::wire::{FsError, FsErrorCode};
 pub mod ere;
 pub mod extract;
 pub mod fs;
+pub mod procs;
 pub mod resolve;
 pub mod run;
 pub mod serve;

@@ -58,7 +58,8 @@ pub enum Shell {
 }
 
 impl Shell {
-    fn argv(&self) -> Option<(&Path, &'static [&'static str])> {
+    /// The program and the flags that come before the command string.
+    pub fn argv(&self) -> Option<(&Path, &'static [&'static str])> {
         match self {
             Shell::Bash(p) | Shell::ShPipefail(p) => Some((p, &["-o", "pipefail", "-c"])),
             Shell::Sh(p) => Some((p, &["-c"])),

@@ -16,9 +16,11 @@ use serde::Serialize;
 
 use super::extract;
 use super::fs::Fs;
+use super::procs;
 use super::resolve::Root;
 use super::run::{self, Emit, RunError, RunSpec};
 use super::{Halt, Input, InputMsg, OpError, Stop};
+use crate::protocol::ProcRequest;
 use crate::protocol::{
     ErrorKind, Event, MAX_PAYLOAD, Request, Response, VERSION, encode, encode_json, kind,
     read_frame,
@@ -187,13 +189,19 @@ fn dispatch(
                     return;
                 }
             };
-            let (input_tx, input) =
-                if matches!(req, Request::Write { .. } | Request::Extract { .. }) {
-                    let (tx, rx) = sync_channel(IN_QUEUE);
-                    (Some(tx), Some(Input::new(rx)))
-                } else {
-                    (None, None)
-                };
+            let (input_tx, input) = if matches!(
+                req,
+                Request::Write { .. }
+                    | Request::Extract { .. }
+                    | Request::Proc {
+                        request: ProcRequest::Stdin { .. }
+                    }
+            ) {
+                let (tx, rx) = sync_channel(IN_QUEUE);
+                (Some(tx), Some(Input::new(rx)))
+            } else {
+                (None, None)
+            };
             let live = Arc::new(Live {
                 cancelled: AtomicBool::new(false),
                 pgid: AtomicI32::new(0),
@@ -317,7 +325,7 @@ fn handle(
         | Request::Edit { deadline_ms, .. }
         | Request::Delete { deadline_ms, .. } => Some(*deadline_ms),
         Request::Extract { deadline_ms, .. } | Request::Clear { deadline_ms, .. } => *deadline_ms,
-        Request::Ping | Request::Run { .. } => None,
+        Request::Ping | Request::Run { .. } | Request::Proc { .. } => None,
     };
     let stop = Stop {
         cancelled: &live.cancelled,
@@ -430,6 +438,7 @@ fn handle(
                 Err(OpError::Fs(e)) => Response::error(ErrorKind::Io, e.message),
             }
         }
+        Request::Proc { request } => proc_request(id, request, input, root_dir, &stop, out),
         Request::Clear { dest, .. } => match extract::clear(root, &dest, &stop) {
             Ok(()) => Response::empty(),
             Err(OpError::Halt(h)) => halted(h, live, dl),
@@ -437,4 +446,48 @@ fn handle(
             Err(OpError::Fs(e)) => Response::error(ErrorKind::Io, e.message),
         },
     }
+}
+
+/// Most stdin bytes one request may carry.
+const MAX_STDIN: usize = 1024 * 1024;
+
+/// Relays a background-process request to the container's supervisor.
+fn proc_request(
+    id: u32,
+    mut request: ProcRequest,
+    input: Option<Input>,
+    root_dir: &Path,
+    stop: &Stop<'_>,
+    out: &Out,
+) -> Response {
+    let mut data = None;
+    if let Some(mut input) = input {
+        let mut buf = Vec::new();
+        loop {
+            match input.next(stop) {
+                Ok(Some(d)) => {
+                    if buf.len() + d.len() > MAX_STDIN {
+                        let _ = input.drain(stop);
+                        return Response::error(
+                            ErrorKind::BadRequest,
+                            format!("stdin writes are limited to {MAX_STDIN} bytes per request"),
+                        );
+                    }
+                    buf.extend_from_slice(&d);
+                }
+                Ok(None) => break,
+                Err(h) => return Response::error(ErrorKind::Cancelled, format!("{h:?}")),
+            }
+        }
+        data = Some(buf);
+    }
+    if let ProcRequest::Start { workdir, .. } = &mut request {
+        *workdir = host_path(root_dir, workdir).to_string_lossy().into_owned();
+    }
+    let is_poll = matches!(request, ProcRequest::Poll { .. });
+    let (output, response) = procs::call(procs::socket(), &request, data.as_deref());
+    if is_poll && matches!(response, Response::Ok(_)) {
+        out.frame(id, kind::DATA, &output);
+    }
+    response
 }

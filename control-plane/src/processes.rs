@@ -1,0 +1,412 @@
+//! Background processes and streaming runs: what the routes under `/processes/` and a run with
+//! `Accept: application/x-ndjson` do, over the session runtime.
+//!
+//! Processes live in the sandbox, supervised by its `init` helper (see
+//! `sandbox_helper::ops::procs`): every replica and every channel sees the same ones, and they
+//! die with the container. This module validates requests, speaks the supervisor's requests and
+//! turns its byte output into text without ever splitting a character.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde_json::{Value, json};
+
+use crate::AppState;
+use crate::api::{ProcessList, ProcessOutput, StartProcessRequest, WORKDIR};
+use crate::error::ApiError;
+
+/// Most bytes one stdin request may carry (the helper enforces the same bound).
+pub const MAX_STDIN_BYTES: usize = 1024 * 1024;
+
+/// Text of `bytes`, keeping back an incomplete UTF-8 sequence at the end for the next chunk.
+#[derive(Debug, Default)]
+pub struct Utf8Carry {
+    pending: Vec<u8>,
+}
+
+impl Utf8Carry {
+    /// Decodes what is complete of `pending + bytes` (invalid bytes become U+FFFD).
+    pub fn push(&mut self, bytes: &[u8]) -> String {
+        self.pending.extend_from_slice(bytes);
+        let keep = incomplete_tail(&self.pending);
+        let rest = self.pending.split_off(self.pending.len() - keep);
+        let text = String::from_utf8_lossy(&self.pending).into_owned();
+        self.pending = rest;
+        text
+    }
+
+    /// Whatever is held back, decoded as is (the stream ended).
+    pub fn finish(&mut self) -> String {
+        let text = String::from_utf8_lossy(&self.pending).into_owned();
+        self.pending.clear();
+        text
+    }
+}
+
+/// Length of an incomplete (but so far valid) UTF-8 sequence at the end of `b`, 0..=3.
+pub fn incomplete_tail(b: &[u8]) -> usize {
+    let start = b.len().saturating_sub(3);
+    for i in (start..b.len()).rev() {
+        let c = b[i];
+        if c & 0xC0 == 0x80 {
+            continue; // a continuation byte: look further back for the lead
+        }
+        let need = match c {
+            0xC2..=0xDF => 2,
+            0xE0..=0xEF => 3,
+            0xF0..=0xF4 => 4,
+            _ => return 0,
+        };
+        let have = b.len() - i;
+        return if have < need { have } else { 0 };
+    }
+    0
+}
+
+fn valid_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c == '_' || c.is_ascii_alphabetic())
+        && chars.all(|c| c == '_' || c.is_ascii_alphanumeric())
+}
+
+/// A process's working directory: `/workspace` or below it, absolute, no `..`.
+fn workdir(raw: Option<&str>) -> Result<String, ApiError> {
+    let Some(raw) = raw else {
+        return Ok(WORKDIR.to_string());
+    };
+    let ok = (raw == "/workspace" || raw.starts_with("/workspace/"))
+        && !raw.split('/').any(|c| c == "..")
+        && !raw.contains('\0');
+    if ok {
+        Ok(raw.to_string())
+    } else {
+        Err(ApiError::Unprocessable(
+            "workdir must be /workspace or a directory below it, without '..'".to_string(),
+        ))
+    }
+}
+
+fn environment(env: &Option<BTreeMap<String, String>>) -> Result<Vec<(String, String)>, ApiError> {
+    let Some(env) = env else {
+        return Ok(Vec::new());
+    };
+    env.iter()
+        .map(|(k, v)| {
+            if !valid_name(k) {
+                return Err(ApiError::Unprocessable(format!(
+                    "environment: {k:?} is not a variable name (letters, digits, '_'; not starting with a digit)"
+                )));
+            }
+            if v.contains('\0') {
+                return Err(ApiError::Unprocessable(format!(
+                    "environment: the value of {k} contains a NUL byte"
+                )));
+            }
+            Ok((k.clone(), v.clone()))
+        })
+        .collect()
+}
+
+fn process_id(raw: &str) -> Result<(), ApiError> {
+    // Ids are the supervisor's (`p<n>-<hex>`); anything else cannot exist.
+    if raw.is_empty()
+        || raw.len() > 64
+        || !raw.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+    {
+        return Err(ApiError::NotFound);
+    }
+    Ok(())
+}
+
+async fn call(
+    state: &AppState,
+    id: &str,
+    request: Value,
+    input: Option<Bytes>,
+) -> Result<crate::runtime::ProcessAnswer, ApiError> {
+    state.running_unlocked(id).await?;
+    state.sessions.runtime().process(id, request, input).await
+}
+
+pub async fn start(
+    state: &AppState,
+    id: &str,
+    req: &StartProcessRequest,
+) -> Result<String, ApiError> {
+    if req.command.trim().is_empty() {
+        return Err(ApiError::Unprocessable(
+            "command must not be empty".to_string(),
+        ));
+    }
+    if req.command.contains('\0') {
+        return Err(ApiError::Unprocessable(
+            "command contains a NUL byte".to_string(),
+        ));
+    }
+    let request = json!({
+        "action": "start",
+        "command": req.command,
+        "workdir": workdir(req.workdir.as_deref())?,
+        "env": environment(&req.environment)?,
+        "max_live": state.config.max_processes,
+        "buffer_bytes": state.config.process_output_bytes,
+    });
+    let answer = call(state, id, request, None).await?;
+    let pid = answer
+        .value
+        .get("process_id")
+        .and_then(Value::as_str)
+        .ok_or_else(|| {
+            ApiError::Unavailable("the session's helper gave no process id".to_string())
+        })?
+        .to_string();
+    state.metrics.processes_started.inc();
+    Ok(pid)
+}
+
+pub async fn list(state: &AppState, id: &str) -> Result<ProcessList, ApiError> {
+    let answer = call(state, id, json!({"action": "list"}), None).await?;
+    let list: ProcessList = serde_json::from_value(answer.value).map_err(|e| {
+        ApiError::Internal(anyhow::anyhow!("bad process list from the helper: {e}"))
+    })?;
+    let running = list.processes.iter().filter(|p| p.running).count();
+    state.metrics.observe_processes(id, Some(running as u64));
+    Ok(list)
+}
+
+/// Running processes of a session, for the reaper (which must not take a busy job for idle).
+pub async fn live(sessions: &crate::session::Sessions, id: &str) -> Result<usize, ApiError> {
+    let answer = sessions
+        .runtime()
+        .process(id, json!({"action": "list"}), None)
+        .await?;
+    let list: ProcessList = serde_json::from_value(answer.value).map_err(|e| {
+        ApiError::Internal(anyhow::anyhow!("bad process list from the helper: {e}"))
+    })?;
+    Ok(list.processes.iter().filter(|p| p.running).count())
+}
+
+pub async fn poll(
+    state: &AppState,
+    id: &str,
+    pid: &str,
+    offset: u64,
+    wait: f64,
+) -> Result<ProcessOutput, ApiError> {
+    process_id(pid)?;
+    if !wait.is_finite() || wait < 0.0 {
+        return Err(ApiError::Unprocessable(
+            "wait must be a number of seconds, at least 0".to_string(),
+        ));
+    }
+    let wait = Duration::from_secs_f64(wait.min(3600.0)).min(state.config.process_wait_max);
+    let request = json!({
+        "action": "poll",
+        "process_id": pid,
+        "offset": offset,
+        "wait_ms": wait.as_millis() as u64,
+        "max_bytes": state.config.process_output_bytes,
+    });
+    let answer = call(state, id, request, None).await?;
+    let v = &answer.value;
+    let running = v.get("running").and_then(Value::as_bool).unwrap_or(false);
+    let from = v.get("offset").and_then(Value::as_u64).unwrap_or(offset);
+    let mut bytes: &[u8] = &answer.output;
+    // A character cut at the end comes whole with the next poll; once the process ended and
+    // this answer holds the rest of the buffer, the bytes are what they are.
+    let more_to_come = running || bytes.len() as u64 >= state.config.process_output_bytes;
+    let cut = incomplete_tail(bytes);
+    if cut > 0 && more_to_come {
+        bytes = &bytes[..bytes.len() - cut];
+    }
+    Ok(ProcessOutput {
+        process_id: pid.to_string(),
+        running,
+        exit_code: v.get("exit_code").and_then(Value::as_i64),
+        output: String::from_utf8_lossy(bytes).into_owned(),
+        offset: from,
+        next_offset: from + bytes.len() as u64,
+        truncated: v.get("truncated").and_then(Value::as_bool).unwrap_or(false),
+    })
+}
+
+pub async fn stdin(
+    state: &AppState,
+    id: &str,
+    pid: &str,
+    body: Bytes,
+    eof: bool,
+) -> Result<(), ApiError> {
+    process_id(pid)?;
+    if body.len() > MAX_STDIN_BYTES {
+        return Err(ApiError::PayloadTooLarge(format!(
+            "stdin writes are limited to {MAX_STDIN_BYTES} bytes per request"
+        )));
+    }
+    let request = json!({"action": "stdin", "process_id": pid, "eof": eof});
+    call(state, id, request, Some(body)).await.map(|_| ())
+}
+
+pub async fn kill(state: &AppState, id: &str, pid: &str) -> Result<(), ApiError> {
+    process_id(pid)?;
+    let request = json!({"action": "kill", "process_id": pid});
+    call(state, id, request, None).await?;
+    state.metrics.processes_killed.inc();
+    Ok(())
+}
+
+/// The body of a streaming run: NDJSON lines as the commands print and end, heartbeats in
+/// silences, `done` with the plain response's results last. `held` (the session lock) is kept
+/// until the batch ends; a client that goes away drops the body, which cancels the batch.
+pub fn stream_run(
+    state: AppState,
+    id: String,
+    spec: crate::runtime::RunSpec,
+    held: crate::lock::LockGuard,
+) -> axum::body::Body {
+    use crate::api::RunStreamLine as Line;
+    use crate::runtime::RunEvent;
+    use tokio::sync::mpsc;
+
+    let (out_tx, out_rx) = mpsc::channel::<Bytes>(32);
+    let heartbeat = state.config.stream_heartbeat;
+    state.metrics.streamed_runs.inc();
+    tokio::spawn(async move {
+        let _held = held;
+        let line = |l: &Line| {
+            let mut v = serde_json::to_vec(l).unwrap_or_default();
+            v.push(b'\n');
+            Bytes::from(v)
+        };
+        let (ev_tx, mut ev_rx) = mpsc::channel::<RunEvent>(64);
+        let runtime = state.sessions.clone();
+        let run_id = id.clone();
+        let run_spec = spec.clone();
+        let mut run = Box::pin(async move {
+            runtime
+                .runtime()
+                .run_streaming(&run_id, &run_spec, Some(ev_tx))
+                .await
+        });
+        let mut carry: Option<(usize, Utf8Carry)> = None;
+        let mut finished = None;
+        let started = std::time::Instant::now();
+        loop {
+            let next = tokio::select! {
+                biased;
+                _ = out_tx.closed() => return, // the client left: dropping `run` cancels it
+                ev = ev_rx.recv() => match ev {
+                    Some(RunEvent::Output { index, data }) => {
+                        let c = match &mut carry {
+                            Some((i, c)) if *i == index => c,
+                            _ => &mut carry.insert((index, Utf8Carry::default())).1,
+                        };
+                        let text = c.push(&data);
+                        if text.is_empty() { continue; }
+                        Some(Line::Output { index, data: text })
+                    }
+                    Some(RunEvent::Result { index, result }) => {
+                        if let Some((i, mut c)) = carry.take() {
+                            let rest = c.finish();
+                            if i == index && !rest.is_empty()
+                                && out_tx.send(line(&Line::Output { index, data: rest })).await.is_err() {
+                                return;
+                            }
+                        }
+                        Some(Line::Result {
+                            index,
+                            command: result.command,
+                            exit_code: result.exit_code,
+                            workdir: result.workdir,
+                        })
+                    }
+                    None => {
+                        // The run ended: every event is in; its result is the last line.
+                        let r = match finished.take() { Some(r) => r, None => (&mut run).await };
+                        state.metrics.command_batches.observe(started.elapsed());
+                        let last = match r {
+                            Ok(results) => {
+                                state.metrics.commands.add(results.len() as u64);
+                                Line::Done { results }
+                            }
+                            Err(e) => Line::Error { detail: e.to_string() },
+                        };
+                        let _ = out_tx.send(line(&last)).await;
+                        return;
+                    }
+                },
+                r = &mut run, if finished.is_none() => { finished = Some(r); continue; }
+                _ = tokio::time::sleep(heartbeat) => Some(Line::Heartbeat),
+            };
+            if let Some(l) = next
+                && out_tx.send(line(&l)).await.is_err()
+            {
+                return;
+            }
+        }
+    });
+    let stream = futures::stream::unfold(out_rx, |mut rx| async move {
+        rx.recv()
+            .await
+            .map(|b| (Ok::<_, std::convert::Infallible>(b), rx))
+    });
+    axum::body::Body::from_stream(stream)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_character_split_across_chunks_comes_out_whole() {
+        let text = "héllo 🦀 wörld";
+        let bytes = text.as_bytes();
+        for split in 0..=bytes.len() {
+            let mut c = Utf8Carry::default();
+            let mut out = c.push(&bytes[..split]);
+            out.push_str(&c.push(&bytes[split..]));
+            out.push_str(&c.finish());
+            assert_eq!(out, text, "split at {split}");
+        }
+    }
+
+    #[test]
+    fn invalid_bytes_are_replaced_not_held() {
+        let mut c = Utf8Carry::default();
+        assert_eq!(c.push(b"a\xffb"), "a\u{fffd}b");
+        assert_eq!(c.push(b"\xe2\x82"), "");
+        assert_eq!(c.finish(), "\u{fffd}");
+    }
+
+    #[test]
+    fn incomplete_tails_are_measured() {
+        assert_eq!(incomplete_tail(b"abc"), 0);
+        assert_eq!(incomplete_tail("é".as_bytes()), 0);
+        assert_eq!(incomplete_tail(&"é".as_bytes()[..1]), 1);
+        assert_eq!(incomplete_tail(&"🦀".as_bytes()[..3]), 3);
+        assert_eq!(incomplete_tail(b"\x80\x80\x80"), 0);
+    }
+
+    #[test]
+    fn workdirs_stay_in_the_workspace() {
+        assert_eq!(workdir(None).expect("default"), "/workspace/repo");
+        assert!(workdir(Some("/workspace/tmp")).is_ok());
+        assert!(workdir(Some("/etc")).is_err());
+        assert!(workdir(Some("/workspace/../etc")).is_err());
+        assert!(workdir(Some("/workspacex")).is_err());
+    }
+
+    #[test]
+    fn environment_names_are_checked() {
+        let ok: BTreeMap<String, String> = [("A_1".to_string(), "x".to_string())].into();
+        assert_eq!(
+            environment(&Some(ok)).expect("valid"),
+            vec![("A_1".into(), "x".into())]
+        );
+        let bad: BTreeMap<String, String> = [("1A".to_string(), "x".to_string())].into();
+        assert!(environment(&Some(bad)).is_err());
+    }
+}

@@ -1,0 +1,558 @@
+//! Streaming runs, background processes and operations that overlap a running command, against
+//! the real binary on real Docker (both images; the lifecycle also under gVisor).
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use e2e::{BUSYBOX, ControlPlane, DEBIAN, Session, eventually, require_image};
+use futures::StreamExt;
+use reqwest::Method;
+use serde_json::{Value, json};
+
+/// Posts a run with `Accept: application/x-ndjson`; returns the response (not yet read).
+async fn stream(cp: &ControlPlane, s: &Session, body: Value) -> Result<reqwest::Response> {
+    let resp = cp
+        .http()
+        .post(cp.url(&format!("/session/{}/", s.id)))
+        .header("X-API-Key", &cp.key)
+        .header("Accept", "application/x-ndjson")
+        .json(&body)
+        .send()
+        .await?;
+    if resp.status() != 200 {
+        bail!("stream: {} {}", resp.status(), resp.text().await?);
+    }
+    Ok(resp)
+}
+
+/// Every line of a streamed response, each with the time it arrived.
+async fn lines(resp: reqwest::Response) -> Result<Vec<(Instant, Value)>> {
+    let mut out = Vec::new();
+    let mut buf = Vec::new();
+    let mut body = resp.bytes_stream();
+    while let Some(chunk) = body.next().await {
+        buf.extend_from_slice(&chunk?);
+        while let Some(nl) = buf.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=nl).collect();
+            out.push((Instant::now(), serde_json::from_slice(&line[..nl])?));
+        }
+    }
+    if !buf.is_empty() {
+        bail!(
+            "unterminated last line: {:?}",
+            String::from_utf8_lossy(&buf)
+        );
+    }
+    Ok(out)
+}
+
+async fn streaming_matches_the_json_response(image: &str) -> Result<()> {
+    require_image(image);
+    let cp = ControlPlane::start().await?;
+    let s = cp.session_of(image).await?;
+    let commands = json!([
+        "echo one; sleep 1; echo two",
+        "printf 'h\\303\\251'; exit 3",
+        "echo never"
+    ]);
+    let body = json!({"commands": commands, "fail_fast": true});
+    let resp = stream(&cp, &s, body.clone()).await?;
+    assert_eq!(
+        resp.headers()["content-type"].to_str()?,
+        "application/x-ndjson"
+    );
+    let got = lines(resp).await?;
+    let kinds: Vec<&str> = got
+        .iter()
+        .map(|(_, v)| v["type"].as_str().unwrap_or("?"))
+        .collect();
+    // Output of command 0 comes before its result, and "one" before "two" by about a second.
+    let first_out = got
+        .iter()
+        .find(|(_, v)| v["type"] == "output" && v["index"] == 0)
+        .context("no output line")?;
+    assert!(
+        first_out.1["data"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("one"),
+        "{kinds:?}"
+    );
+    let result0 = got
+        .iter()
+        .position(|(_, v)| v["type"] == "result" && v["index"] == 0);
+    let result1 = got
+        .iter()
+        .position(|(_, v)| v["type"] == "result" && v["index"] == 1);
+    let (Some(r0), Some(r1)) = (result0, result1) else {
+        bail!("results missing: {got:?}");
+    };
+    assert!(r0 < r1);
+    assert!(
+        first_out.0 + Duration::from_millis(500) <= got[r0].0,
+        "the first output arrived with the result, not as printed"
+    );
+    let out0: String = got[..r0]
+        .iter()
+        .filter(|(_, v)| v["type"] == "output" && v["index"] == 0)
+        .map(|(_, v)| v["data"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(out0, "one\ntwo\n");
+    let out1: String = got[r0..r1]
+        .iter()
+        .filter(|(_, v)| v["type"] == "output" && v["index"] == 1)
+        .map(|(_, v)| v["data"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(out1, "hé");
+    assert_eq!(got[r1].1["exit_code"], 3);
+    assert!(
+        !got.iter().any(|(_, v)| v["index"] == 2),
+        "fail_fast ran command 2"
+    );
+    let (_, done) = got.last().context("no lines")?;
+    assert_eq!(done["type"], "done");
+    // `done` is what the plain JSON response says for the same batch.
+    let plain = cp.run(&s, body).await?;
+    assert_eq!(done["results"], Value::Array(plain));
+    Ok(())
+}
+
+#[tokio::test]
+async fn streaming_run_order_and_done_match_the_json_response_busybox() -> Result<()> {
+    streaming_matches_the_json_response(BUSYBOX).await
+}
+
+#[tokio::test]
+async fn streaming_run_order_and_done_match_the_json_response_debian() -> Result<()> {
+    streaming_matches_the_json_response(DEBIAN).await
+}
+
+#[tokio::test]
+async fn a_silent_streaming_command_gets_heartbeats_and_its_timeout_result() -> Result<()> {
+    require_image(BUSYBOX);
+    let cp = ControlPlane::start_with(&[("STREAM_HEARTBEAT_SECONDS", "1")]).await?;
+    let s = cp.session_of(BUSYBOX).await?;
+    let resp = stream(&cp, &s, json!({"commands": ["sleep 30"], "timeout": 4})).await?;
+    let got = lines(resp).await?;
+    let beats = got.iter().filter(|(_, v)| v["type"] == "heartbeat").count();
+    assert!(beats >= 2, "{got:?}");
+    let (_, done) = got.last().context("no lines")?;
+    assert_eq!(done["type"], "done");
+    assert_eq!(done["results"][0]["exit_code"], 124);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_client_that_disconnects_kills_its_streaming_batch() -> Result<()> {
+    require_image(BUSYBOX);
+    let cp = ControlPlane::start().await?;
+    let s = cp.session_of(BUSYBOX).await?;
+    let resp = stream(
+        &cp,
+        &s,
+        json!({"commands": ["echo started; sleep 300 & sleep 301; echo never"]}),
+    )
+    .await?;
+    let mut body = resp.bytes_stream();
+    let first = body.next().await.context("no first chunk")??;
+    assert!(String::from_utf8_lossy(&first).contains("started"));
+    drop(body);
+    // No sleep is left, and the session takes commands again (its lock was released).
+    eventually("the batch killed", Duration::from_secs(15), || async {
+        let (code, out) = cp.sh(&s, "ps | grep -c '[s]leep 30' || true").await?;
+        Ok((code == 0 && out.trim() == "0").then_some(()))
+    })
+    .await
+}
+
+async fn start(cp: &ControlPlane, s: &Session, body: Value) -> Result<String> {
+    let (status, resp) = cp
+        .call(
+            Method::POST,
+            &format!("/session/{}/processes/", s.id),
+            Some(body),
+        )
+        .await?;
+    if status != 201 {
+        bail!("start: {status} {resp}");
+    }
+    Ok(resp["process_id"]
+        .as_str()
+        .context("no process_id")?
+        .to_string())
+}
+
+async fn poll(cp: &ControlPlane, s: &Session, pid: &str, query: &str) -> Result<Value> {
+    let (status, resp) = cp
+        .call(
+            Method::GET,
+            &format!("/session/{}/processes/{pid}/?{query}", s.id),
+            None,
+        )
+        .await?;
+    if status != 200 {
+        bail!("poll: {status} {resp}");
+    }
+    Ok(resp)
+}
+
+async fn list(cp: &ControlPlane, s: &Session) -> Result<Vec<Value>> {
+    let (status, resp) = cp
+        .call(Method::GET, &format!("/session/{}/processes/", s.id), None)
+        .await?;
+    if status != 200 {
+        bail!("list: {status} {resp}");
+    }
+    Ok(resp["processes"].as_array().cloned().unwrap_or_default())
+}
+
+async fn stdin(cp: &ControlPlane, s: &Session, pid: &str, data: &str, eof: bool) -> Result<u16> {
+    let resp = cp
+        .http()
+        .post(cp.url(&format!(
+            "/session/{}/processes/{pid}/stdin?eof={eof}",
+            s.id
+        )))
+        .header("X-API-Key", &cp.key)
+        .body(data.to_string())
+        .send()
+        .await?;
+    Ok(resp.status().as_u16())
+}
+
+/// Output of a process until it ends, following `next_offset`.
+async fn output_to_end(cp: &ControlPlane, s: &Session, pid: &str) -> Result<(String, Value)> {
+    let mut offset = 0;
+    let mut text = String::new();
+    for _ in 0..100 {
+        let p = poll(cp, s, pid, &format!("offset={offset}&wait=5")).await?;
+        text.push_str(p["output"].as_str().unwrap_or_default());
+        let next = p["next_offset"].as_u64().context("next_offset")?;
+        if p["running"] == false && next == offset {
+            return Ok((text, p));
+        }
+        offset = next;
+    }
+    bail!("process {pid} never ended")
+}
+
+/// Counts the `sleep 311` / `sleep 312` children by their command lines (portable: procps' `ps`
+/// shows only names).
+const COUNT_CHILD_SLEEPS: &str = "for p in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $p; echo; done 2>/dev/null | grep -c '^sleep 31[12] $' || true";
+
+async fn process_lifecycle(image: &str, runtime: &str) -> Result<()> {
+    require_image(image);
+    let cp = ControlPlane::start_with(&[("RUNTIME", runtime)]).await?;
+    let s = cp
+        .session(json!({"base_image": image, "environment": {"FROM_SESSION": "s1"}}))
+        .await?;
+
+    // Output, environment, workdir, exit code; the long poll waits for what comes later.
+    let pid = start(
+        &cp,
+        &s,
+        json!({"command": "echo \"$FROM_SESSION $EXTRA $(pwd)\"; sleep 2; echo later; exit 7",
+               "environment": {"EXTRA": "x2"}, "workdir": "/workspace/tmp"}),
+    )
+    .await?;
+    let first = poll(&cp, &s, &pid, "offset=0&wait=5").await?;
+    assert_eq!(first["output"], "s1 x2 /workspace/tmp\n", "{first}");
+    assert_eq!(first["running"], true);
+    assert_eq!(first["exit_code"], Value::Null);
+    let next = first["next_offset"].as_u64().context("next_offset")?;
+    let waited = Instant::now();
+    let second = poll(&cp, &s, &pid, &format!("offset={next}&wait=10")).await?;
+    assert!(
+        waited.elapsed() >= Duration::from_millis(500),
+        "the long poll did not wait"
+    );
+    assert_eq!(second["output"], "later\n", "{second}");
+    let (_, end) = output_to_end(&cp, &s, &pid).await?;
+    assert_eq!(end["exit_code"], 7);
+    let listed = list(&cp, &s).await?;
+    let me = listed
+        .iter()
+        .find(|p| p["process_id"] == pid.as_str())
+        .context("not listed")?;
+    assert_eq!(me["running"], false);
+    assert_eq!(me["exit_code"], 7);
+    assert_eq!(stdin(&cp, &s, &pid, "late", false).await?, 409);
+
+    // stdin reaches the process; eof closes it.
+    let cat = start(&cp, &s, json!({"command": "cat; echo cat-done"})).await?;
+    assert_eq!(stdin(&cp, &s, &cat, "hello ", false).await?, 204);
+    assert_eq!(stdin(&cp, &s, &cat, "world\n", true).await?, 204);
+    let (text, end) = output_to_end(&cp, &s, &cat).await?;
+    assert_eq!(text, "hello world\ncat-done\n");
+    assert_eq!(end["exit_code"], 0);
+
+    // Kill takes the whole group: the child sleeps die with the shell.
+    let tree = start(&cp, &s, json!({"command": "sleep 311 & sleep 312 & wait"})).await?;
+    eventually("children started", Duration::from_secs(10), || async {
+        let (_, out) = cp.sh(&s, COUNT_CHILD_SLEEPS).await?;
+        Ok((out.trim() == "2").then_some(()))
+    })
+    .await?;
+    let (status, _) = cp
+        .call(
+            Method::DELETE,
+            &format!("/session/{}/processes/{tree}/", s.id),
+            None,
+        )
+        .await?;
+    assert_eq!(status, 204);
+    eventually("group killed", Duration::from_secs(10), || async {
+        let (_, out) = cp.sh(&s, COUNT_CHILD_SLEEPS).await?;
+        Ok((out.trim() == "0").then_some(()))
+    })
+    .await?;
+    let (_, end) = output_to_end(&cp, &s, &tree).await?;
+    assert_eq!(end["exit_code"], 137);
+
+    // Unknown ids are 404.
+    let (status, _) = cp
+        .call(
+            Method::DELETE,
+            &format!("/session/{}/processes/p999-000000000000/", s.id),
+            None,
+        )
+        .await?;
+    assert_eq!(status, 404);
+    let (status, _) = cp
+        .call(
+            Method::GET,
+            &format!("/session/{}/processes/nope/", s.id),
+            None,
+        )
+        .await?;
+    assert_eq!(status, 404);
+
+    // A stopped session restarts with no processes.
+    let sleeper = start(&cp, &s, json!({"command": "sleep 600"})).await?;
+    assert!(
+        list(&cp, &s)
+            .await?
+            .iter()
+            .any(|p| p["process_id"] == sleeper.as_str())
+    );
+    let (status, _) = cp
+        .call(Method::DELETE, &format!("/session/{}/", s.id), None)
+        .await?;
+    assert_eq!(status, 204);
+    assert_eq!(list(&cp, &s).await?, Vec::<Value>::new());
+    let (status, _) = cp
+        .call(
+            Method::GET,
+            &format!("/session/{}/processes/{sleeper}/", s.id),
+            None,
+        )
+        .await?;
+    assert_eq!(status, 404);
+
+    // Force delete takes them too: the container is gone.
+    start(&cp, &s, json!({"command": "sleep 600"})).await?;
+    assert_eq!(cp.force_close(&s).await?, 204);
+    assert!(e2e::inspect(&s.id).is_none());
+    let (status, _) = cp
+        .call(Method::GET, &format!("/session/{}/processes/", s.id), None)
+        .await?;
+    assert_eq!(status, 404);
+    Ok(())
+}
+
+#[tokio::test]
+async fn background_process_lifecycle_busybox() -> Result<()> {
+    process_lifecycle(BUSYBOX, "runc").await
+}
+
+#[tokio::test]
+async fn background_process_lifecycle_debian() -> Result<()> {
+    process_lifecycle(DEBIAN, "runc").await
+}
+
+#[tokio::test]
+async fn background_process_lifecycle_under_gvisor() -> Result<()> {
+    process_lifecycle(BUSYBOX, "runsc").await
+}
+
+#[tokio::test]
+async fn process_output_is_bounded_and_says_it_was_truncated() -> Result<()> {
+    require_image(BUSYBOX);
+    let cp = ControlPlane::start_with(&[("PROCESS_OUTPUT_BYTES", "1000")]).await?;
+    let s = cp.session_of(BUSYBOX).await?;
+    // 5000 bytes: "0000\n" .. "0999\n".
+    let pid = start(
+        &cp,
+        &s,
+        json!({"command": "i=0; while [ $i -lt 1000 ]; do printf '%04d\\n' $i; i=$((i+1)); done"}),
+    )
+    .await?;
+    let (_, end) = output_to_end(&cp, &s, &pid).await?;
+    assert_eq!(end["exit_code"], 0);
+    let p = poll(&cp, &s, &pid, "offset=0").await?;
+    assert_eq!(p["truncated"], true, "{p}");
+    assert_eq!(p["offset"], 4000);
+    assert_eq!(p["next_offset"], 5000);
+    let out = p["output"].as_str().unwrap_or_default();
+    assert!(
+        out.starts_with("0800\n") && out.ends_with("0999\n"),
+        "{out}"
+    );
+    // Reading from inside the kept window is not truncated.
+    let p = poll(&cp, &s, &pid, "offset=4500").await?;
+    assert_eq!(p["truncated"], false);
+    assert_eq!(p["output"].as_str().map(str::len), Some(500));
+    Ok(())
+}
+
+#[tokio::test]
+async fn live_processes_are_capped_per_session() -> Result<()> {
+    require_image(BUSYBOX);
+    let cp = ControlPlane::start_with(&[("MAX_PROCESSES", "2")]).await?;
+    let s = cp.session_of(BUSYBOX).await?;
+    let a = start(&cp, &s, json!({"command": "sleep 600"})).await?;
+    start(&cp, &s, json!({"command": "sleep 600"})).await?;
+    let (status, body) = cp
+        .call(
+            Method::POST,
+            &format!("/session/{}/processes/", s.id),
+            Some(json!({"command": "true"})),
+        )
+        .await?;
+    assert_eq!(status, 429, "{body}");
+    assert!(
+        body["detail"].as_str().unwrap_or("").contains("limit"),
+        "{body}"
+    );
+    // One ended: room again.
+    cp.call(
+        Method::DELETE,
+        &format!("/session/{}/processes/{a}/", s.id),
+        None,
+    )
+    .await?;
+    eventually("room for one more", Duration::from_secs(10), || async {
+        let (status, _) = cp
+            .call(
+                Method::POST,
+                &format!("/session/{}/processes/", s.id),
+                Some(json!({"command": "true"})),
+            )
+            .await?;
+        Ok((status == 201).then_some(()))
+    })
+    .await?;
+    // Bad input is refused before anything runs.
+    for bad in [
+        json!({"command": ""}),
+        json!({"command": "true", "workdir": "/etc"}),
+        json!({"command": "true", "environment": {"1X": "y"}}),
+    ] {
+        let (status, _) = cp
+            .call(
+                Method::POST,
+                &format!("/session/{}/processes/", s.id),
+                Some(bad.clone()),
+            )
+            .await?;
+        assert_eq!(status, 422, "{bad}");
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn reads_and_polls_are_answered_while_a_long_command_runs() -> Result<()> {
+    require_image(BUSYBOX);
+    let cp = ControlPlane::start_with(&[("SESSION_LOCK_WAIT_SECONDS", "1")]).await?;
+    let s = cp.session_of(BUSYBOX).await?;
+    cp.sh(&s, "echo needle > /workspace/repo/a.txt").await?;
+    let pid = start(&cp, &s, json!({"command": "echo bg; sleep 600"})).await?;
+    let long = {
+        let url = cp.url(&format!("/session/{}/", s.id));
+        let req = cp
+            .http()
+            .post(url)
+            .header("X-API-Key", &cp.key)
+            .json(&json!({"commands": ["sleep 8; echo slept"]}));
+        tokio::spawn(async move { req.send().await?.json::<Value>().await })
+    };
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let began = Instant::now();
+    let (status, read) = cp
+        .call(
+            Method::POST,
+            &format!("/session/{}/fs/read/", s.id),
+            Some(json!({"path": "/workspace/repo/a.txt"})),
+        )
+        .await?;
+    assert_eq!(status, 200, "{read}");
+    assert!(
+        read["content"].as_str().unwrap_or("").contains("needle"),
+        "{read}"
+    );
+    let (status, grep) = cp
+        .call(
+            Method::POST,
+            &format!("/session/{}/fs/grep/", s.id),
+            Some(json!({"pattern": "needle", "path": "/workspace/repo"})),
+        )
+        .await?;
+    assert_eq!(status, 200, "{grep}");
+    assert_eq!(grep["matches"].as_array().map(Vec::len), Some(1), "{grep}");
+    let p = poll(&cp, &s, &pid, "offset=0").await?;
+    assert_eq!(p["output"], "bg\n");
+    assert!(
+        began.elapsed() < Duration::from_secs(6),
+        "the reads waited for the command"
+    );
+    // A write still waits for the command (and, past the lock wait, is told the session is busy).
+    let (status, _) = cp
+        .call(
+            Method::POST,
+            &format!("/session/{}/fs/delete/", s.id),
+            Some(json!({"path": "/workspace/repo/a.txt"})),
+        )
+        .await?;
+    assert_eq!(status, 409);
+    let done = long.await??;
+    assert_eq!(done["results"][0]["output"], "slept\n");
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_reaper_keeps_a_session_with_a_live_process_and_removes_it_once_idle() -> Result<()> {
+    require_image(BUSYBOX);
+    let cp = ControlPlane::start_with(&[
+        ("REAPER_ENABLED", "true"),
+        ("REAPER_INTERVAL_SECONDS", "1"),
+        ("RUNNING_SESSION_MAX_IDLE_SECONDS", "2"),
+    ])
+    .await?;
+    let s = cp.session_of(BUSYBOX).await?;
+    let pid = start(&cp, &s, json!({"command": "sleep 7"})).await?;
+    // Idle for longer than the limit, but its job runs: kept.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(
+        e2e::inspect(&s.id).is_some(),
+        "reaped while its process ran"
+    );
+    let (_, metrics) = {
+        let resp = cp
+            .http()
+            .get(format!("{}/metrics", cp.base))
+            .header("X-API-Key", &cp.key)
+            .send()
+            .await?;
+        (resp.status(), resp.text().await?)
+    };
+    assert!(
+        metrics.contains("daiv_sandbox_processes_started_total 1"),
+        "{metrics}"
+    );
+    let _ = pid;
+    // Once it ends, the session is idle like any other and goes.
+    eventually("reaped once idle", Duration::from_secs(20), || async {
+        Ok(e2e::inspect(&s.id).is_none().then_some(()))
+    })
+    .await
+}

@@ -6,8 +6,10 @@ SHELL := /bin/bash
 CARGO ?= cargo
 DEV_DIR := .dev
 PORT ?= 8000
+FUZZ_SECONDS ?= 60
+FUZZ_SMOKE_SECONDS ?= 10
 
-.PHONY: help fmt lint build helper images compose-smoke docker gvisor redis run test test-unit test-e2e check-leaks clean-docker
+.PHONY: help fmt lint build helper images compose-smoke docker gvisor redis run test test-unit test-e2e check-leaks clean-docker cargo-fuzz fuzz fuzz-smoke
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -66,6 +68,15 @@ test-unit: ## Unit and in-process tests only (no Docker)
 test: lint images gvisor redis build ## Everything: lint, unit, in-process and end-to-end tests on real Docker
 	$(CARGO) nextest run --workspace --profile ci
 	@scripts/check-leaks.sh
+
+cargo-fuzz: ## Install cargo-fuzz (runs the fuzz targets); a no-op when it is installed
+	@command -v cargo-fuzz >/dev/null 2>&1 || $(CARGO) install cargo-fuzz --locked
+
+fuzz: cargo-fuzz ## Fuzz each target (fuzz/) for FUZZ_SECONDS (60), one at a time; prints executions
+	@fuzz/run.sh $(FUZZ_SECONDS)
+
+fuzz-smoke: cargo-fuzz ## Replay the fuzz regressions, then fuzz each target for FUZZ_SMOKE_SECONDS (10)
+	@fuzz/run.sh --smoke $(FUZZ_SMOKE_SECONDS)
 
 check-leaks: ## Fail if containers or networks created by the service are left behind
 	@scripts/check-leaks.sh

@@ -631,8 +631,9 @@ fn check_glob_text(glob: &str) -> Result<(), String> {
 
 /// Lower case, no trailing dot, non-ASCII labels as punycode: the rule side of normalisation.
 fn normalise_glob(glob: &str) -> String {
-    let glob = glob.strip_suffix('.').unwrap_or(glob);
-    glob.split('.')
+    let trimmed = glob.strip_suffix('.').unwrap_or(glob);
+    let joined = trimmed
+        .split('.')
         .map(|label| {
             if label.is_ascii() {
                 label.to_ascii_lowercase()
@@ -641,7 +642,13 @@ fn normalise_glob(glob: &str) -> String {
             }
         })
         .collect::<Vec<_>>()
-        .join(".")
+        .join(".");
+    // As `Host::parse` does: IDNA maps other full stops (`。`) to `.`, and a trailing one is the
+    // root's dot unless a `.` was already stripped.
+    match joined.strip_suffix('.') {
+        Some(stripped) if trimmed.len() == glob.len() => stripped.to_owned(),
+        _ => joined,
+    }
 }
 
 /// A path glob: starts with `/`, no whitespace, no `#` (fragment) or characters globset would

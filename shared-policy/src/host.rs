@@ -54,7 +54,13 @@ impl Host {
             return Ok(Self::from_ip(ip));
         }
         let ascii = idna::domain_to_ascii(trimmed).map_err(|_| HostError::InvalidName)?;
-        let ascii = ascii.strip_suffix('.').unwrap_or(&ascii).to_owned();
+        // IDNA maps other full stops (`。`, `．`) to `.`: a trailing one is the root's dot, unless
+        // a `.` was already stripped (two trailing dots are an empty label, as in `a..`).
+        let ascii = match ascii.strip_suffix('.') {
+            Some(stripped) if trimmed.len() == input.len() => stripped,
+            _ => &ascii,
+        }
+        .to_owned();
         if ascii.is_empty() {
             return Err(HostError::Empty);
         }
@@ -162,6 +168,7 @@ mod tests {
             ("127.0.0.1", "127.0.0.1"),
             ("[::1]", "::1"),
             ("::FFFF:127.0.0.1", "127.0.0.1"),
+            ("a\u{3002}b\u{3002}", "a.b"),
         ];
         for (input, want) in cases {
             let host = Host::parse(input).map_err(|e| format!("{input}: {e}"));
@@ -180,6 +187,11 @@ mod tests {
             ".",
             "a b.test",
             "a..b",
+            // Found by fuzz/fuzz_targets/host.rs: two trailing dots normalised to `a`, which a
+            // rule for `a..` (or `a.`) never matches.
+            "a..",
+            "example.com..",
+            "a.\u{3002}",
             "127.1",
             "0x7f.1",
             "a/b",

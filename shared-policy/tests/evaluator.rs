@@ -488,6 +488,35 @@ fn policy(rules: serde_json::Value) -> Result<Evaluator, PolicyError> {
     Evaluator::from_json(doc.to_string().as_bytes())
 }
 
+/// A rule names its host in any spelling the host is normalised from. Found by
+/// fuzz/fuzz_targets/host.rs: `s0a。` (an ideographic full stop, which IDNA maps to `.`) was the
+/// host `s0a` but the glob `s0a.`, so under default allow the rule's method restriction never
+/// applied; and `a..` normalised to the host `a`.
+#[test]
+fn rules_match_hosts_spelled_with_other_full_stops() {
+    for rule in [
+        "s0a\u{3002}",
+        "b\u{fc}cher\u{3002}example\u{ff0e}",
+        "a\u{3002}b",
+    ] {
+        let ev = policy(serde_json::json!([{"host": rule, "methods": ["GET"]}])).expect(rule);
+        let host = Host::parse(rule).expect(rule);
+        let get = ev.decide_http(&host, "GET", Some("/"));
+        assert_eq!(
+            (get.allowed, get.reason),
+            (true, Reason::RuleAllowed),
+            "{rule}"
+        );
+        let post = ev.decide_http(&host, "POST", Some("/"));
+        assert_eq!(
+            post.reason,
+            Reason::MethodNotAllowed,
+            "{rule}: the restriction applies"
+        );
+    }
+    assert!(Host::parse("a..").is_err());
+}
+
 /// An IPv6 rule is an address, not a glob: `[2001:db8::1]` as a glob is a character class that
 /// matches nothing, which under default allow silently dropped its method restriction.
 #[test]

@@ -82,7 +82,9 @@ pub enum SanitizeError {
     OutputClosed,
 }
 
-/// Limits shared by all archives of one seed request, and what is left of them.
+/// Limits shared by all archives of one seed request, and what is left of them. Every entry the
+/// sanitiser emits counts as a member, the parent directories it synthesises included: a name
+/// like `a/a/…/a` would otherwise create thousands of directories for one member.
 #[derive(Debug, Clone, Copy)]
 pub struct Budget {
     pub max_bytes: u64,
@@ -189,9 +191,26 @@ fn decoder<'a, R: Read + 'a>(mut input: R) -> io::Result<Box<dyn Read + 'a>> {
         Compression::None => Box::new(whole),
         Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(whole)),
         Compression::Bzip2 => Box::new(bzip2::read::MultiBzDecoder::new(whole)),
-        Compression::Xz => Box::new(liblzma::read::XzDecoder::new_multi_decoder(whole)),
-        Compression::Zstd => Box::new(zstd::stream::read::Decoder::new(whole)?),
+        Compression::Xz => Box::new(xz_decoder(whole, DECODER_MEMORY)?),
+        Compression::Zstd => {
+            let mut d = zstd::stream::read::Decoder::new(whole)?;
+            // The format allows windows of up to 2 GiB; the archive says which it wants.
+            d.window_log_max(DECODER_MEMORY.ilog2())?;
+            Box::new(d)
+        }
     })
+}
+
+/// Most memory a decompressor may take for its window or dictionary (xz -9 and zstd -19 fit):
+/// an archive's header chooses it, so without a bound ~200 KB of upload could claim gigabytes.
+const DECODER_MEMORY: u64 = 128 * 1024 * 1024;
+
+/// An xz decoder (concatenated streams) that refuses archives needing more than `memlimit`.
+fn xz_decoder<R: Read>(r: R, memlimit: u64) -> io::Result<liblzma::read::XzDecoder<R>> {
+    let stream =
+        liblzma::stream::Stream::new_stream_decoder(memlimit, liblzma::stream::CONCATENATED)
+            .map_err(io::Error::other)?;
+    Ok(liblzma::read::XzDecoder::new_stream(r, stream))
 }
 
 /// Counts decompressed bytes against the budget; going over is an error the tar reader passes up.
@@ -421,6 +440,9 @@ struct State {
     /// with one of these names would make that earlier target resolve elsewhere.
     walked: HashSet<Vec<u8>>,
     skipped: u64,
+    /// Entries counted against the budget's member limit (all archives of the request so far).
+    members_used: u64,
+    member_limit: u64,
 }
 
 /// Sanitises `input` (plain or compressed tar) into a plain tar on `output`.
@@ -445,8 +467,7 @@ pub fn sanitize<R: Read, W: Write>(
         }
     };
     let decoded = decoder(input).map_err(|e| classify(e, false, false))?;
-    let members_before = budget.members_used;
-    let mut members_used = budget.members_used;
+    let members_used = budget.members_used;
     let counted = Counted {
         inner: decoded,
         budget,
@@ -464,7 +485,10 @@ pub fn sanitize<R: Read, W: Write>(
         emitted: HashMap::new(),
         walked: HashSet::new(),
         skipped: 0,
+        members_used,
+        member_limit,
     };
+    let mut archive_members = 0u64;
     let result = (|| -> Result<(), SanitizeError> {
         let io_err = |e: io::Error| match refused.take() {
             Some(r) => r,
@@ -478,12 +502,11 @@ pub fn sanitize<R: Read, W: Write>(
             if matches!(etype, EntryType::XGlobalHeader | EntryType::XHeader) {
                 continue;
             }
-            members_used += 1;
-            if members_used > member_limit {
-                return Err(SanitizeError::TooManyMembers {
-                    limit: member_limit,
-                });
-            }
+            archive_members += 1;
+            st.count_member().map_err(|e| match e {
+                MemberError::Refused(r) => r,
+                MemberError::Io(e) => io_err(e),
+            })?;
             st.member(entry, &mut builder).map_err(|e| match e {
                 MemberError::Refused(r) => r,
                 MemberError::Io(e) => io_err(e),
@@ -494,18 +517,18 @@ pub fn sanitize<R: Read, W: Write>(
     })();
     drop(builder);
     drop(archive);
-    budget.members_used = members_used;
+    budget.members_used = st.members_used;
     result?;
     if st.skipped > 0 {
         tracing::warn!(
             skipped = st.skipped,
-            members = members_used - members_before,
+            members = archive_members,
             prefix = %opts.prefix,
             "archive sanitisation dropped members"
         );
     }
     Ok(Stats {
-        members: members_used - members_before,
+        members: archive_members,
         skipped: st.skipped,
     })
 }
@@ -574,6 +597,17 @@ impl State {
         b.append_data(&mut h, OsStr::from_bytes(&name), io::empty())
     }
 
+    /// One more entry against the member limit.
+    fn count_member(&mut self) -> Result<(), MemberError> {
+        self.members_used += 1;
+        if self.members_used > self.member_limit {
+            return Err(MemberError::Refused(SanitizeError::TooManyMembers {
+                limit: self.member_limit,
+            }));
+        }
+        Ok(())
+    }
+
     fn emit_dir<W: Write>(
         &mut self,
         b: &mut Builder<W>,
@@ -588,11 +622,17 @@ impl State {
         Ok(())
     }
 
-    /// Sandbox-owned entries for every ancestor not yet emitted, top-down.
-    fn ensure_parents<W: Write>(&mut self, b: &mut Builder<W>, comps: &[&[u8]]) -> io::Result<()> {
+    /// Sandbox-owned entries for every ancestor not yet emitted, top-down; each one counts as a
+    /// member.
+    fn ensure_parents<W: Write>(
+        &mut self,
+        b: &mut Builder<W>,
+        comps: &[&[u8]],
+    ) -> Result<(), MemberError> {
         for i in 1..comps.len() {
             let ancestor = comps[..i].join(&b'/');
             if !self.emitted.contains_key(&ancestor) {
+                self.count_member()?;
                 self.emit_dir(b, &ancestor, 0o755, 0)?;
             }
         }
@@ -1014,6 +1054,44 @@ mod tests {
             matches!(r, Err(SanitizeError::TooManyMembers { limit: 2 })),
             "{r:?}"
         );
+    }
+
+    #[test]
+    fn synthesised_parents_count_as_members() {
+        // Found by fuzz/fuzz_targets/sanitize.rs (fuzz/regressions/sanitize/): one member with a
+        // deep name emitted a directory per component, none of them counted, so 200,000 members
+        // could create hundreds of millions of directories.
+        let opts = Options {
+            uid: 1,
+            gid: 1,
+            prefix: "repo".into(),
+        };
+        let input = archive(&[("a/b/c/d.txt", F, "x", 0o644)]);
+        let mut budget = Budget::new(1 << 20, 3);
+        let r = sanitize(&input[..], io::sink(), &opts, &mut budget);
+        assert!(
+            matches!(r, Err(SanitizeError::TooManyMembers { limit: 3 })),
+            "{r:?}"
+        );
+        let mut budget = Budget::new(1 << 20, 4);
+        let stats = sanitize(&input[..], io::sink(), &opts, &mut budget);
+        assert!(matches!(stats, Ok(Stats { members: 1, .. })), "{stats:?}");
+        assert_eq!(budget.members_used, 4);
+        // A 4000-byte name of 2000 components, in a GNU long-name record.
+        let mut rec = "a/".repeat(1999).into_bytes();
+        rec.extend_from_slice(b"f\0");
+        let mut input = block(b'L', b"././@LongLink", rec.len() as u64, false);
+        input.extend(padded(&rec));
+        input.extend(block(b'0', b"short", 0, false));
+        input.extend(end());
+        let mut out = Vec::new();
+        let mut budget = Budget::new(1 << 30, 1000);
+        let r = sanitize(&input[..], &mut out, &opts, &mut budget);
+        assert!(
+            matches!(r, Err(SanitizeError::TooManyMembers { limit: 1000 })),
+            "{r:?}"
+        );
+        assert!(out.len() < 4 << 20, "{} bytes emitted", out.len());
     }
 
     #[test]
@@ -1584,5 +1662,26 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn an_xz_archive_needing_more_decoder_memory_than_allowed_is_refused() {
+        use std::io::Write;
+        // Preset 6: an 8 MiB dictionary, far over a 1 MiB limit, well under the real one.
+        let mut xz = liblzma::write::XzEncoder::new(Vec::new(), 6);
+        xz.write_all(&vec![b'a'; 64 * 1024]).expect("compress");
+        let xz = xz.finish().expect("finish");
+        let mut out = Vec::new();
+        let refused = xz_decoder(&xz[..], 1024 * 1024)
+            .and_then(|mut d| std::io::Read::read_to_end(&mut d, &mut out));
+        assert!(
+            refused.is_err(),
+            "decoded {} bytes under a 1 MiB limit",
+            out.len()
+        );
+        let mut d = xz_decoder(&xz[..], DECODER_MEMORY).expect("decoder");
+        out.clear();
+        std::io::Read::read_to_end(&mut d, &mut out).expect("decodes within the real limit");
+        assert_eq!(out.len(), 64 * 1024);
     }
 }

@@ -261,7 +261,7 @@ fn is_echo_method(method: &http::Method) -> bool {
 /// built from the binding, never from these, so a mismatch could not redirect the request; it is
 /// refused anyway, because it means the client is trying to reach another host than the policy
 /// checked (and must never be given that host's credential).
-fn check_destination(req: &Request<Incoming>, binding: &Binding) -> Result<(), ProxyError> {
+pub fn check_destination(req: &Request<Incoming>, binding: &Binding) -> Result<(), ProxyError> {
     let mismatch = || ProxyError::Denied(DenyCode::HostMismatch);
     let default_port = if binding.tls { 443 } else { 80 };
     let matches = |authority: &str| match Host::parse_authority(authority) {
@@ -288,7 +288,7 @@ fn check_destination(req: &Request<Incoming>, binding: &Binding) -> Result<(), P
     Ok(())
 }
 
-fn build_upstream_request(
+pub fn build_upstream_request(
     req: Request<Incoming>,
     binding: &Binding,
     inject: Option<&Injection>,
@@ -326,6 +326,13 @@ fn build_upstream_request(
 /// Hop-by-hop headers (RFC 9110 7.6.1) belong to one connection and are not forwarded; the
 /// `te: trailers` that gRPC needs is kept.
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Only the `trailers` token survives, once, whatever other `te` values came with it (and
+    // even when `Connection` lists `te`, as RFC 9110 has senders of `te` do).
+    let keep_te = headers
+        .get_all(header::TE)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers"));
     let listed: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -336,9 +343,6 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     for name in listed {
         headers.remove(name);
     }
-    let keep_te = headers
-        .get(header::TE)
-        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers"));
     for name in [
         header::CONNECTION,
         header::TRANSFER_ENCODING,
@@ -350,7 +354,36 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     ] {
         headers.remove(name);
     }
-    if !keep_te {
-        headers.remove(header::TE);
+    headers.remove(header::TE);
+    if keep_te {
+        headers.insert(header::TE, header::HeaderValue::from_static("trailers"));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_te_trailers_passes_and_only_once() {
+        let mut h = HeaderMap::new();
+        h.append(header::TE, HeaderValue::from_static("trailers"));
+        h.append(header::TE, HeaderValue::from_static("gzip"));
+        h.append(header::CONNECTION, HeaderValue::from_static("te, x-hop"));
+        h.append("x-hop", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut h);
+        let te: Vec<_> = h.get_all(header::TE).iter().collect();
+        assert_eq!(te, [HeaderValue::from_static("trailers")]);
+        assert!(h.get("x-hop").is_none() && h.get(header::CONNECTION).is_none());
+
+        let mut h = HeaderMap::new();
+        h.append(header::TE, HeaderValue::from_static("gzip, trailers"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.get(header::TE), Some(&HeaderValue::from_static("trailers")));
+
+        let mut h = HeaderMap::new();
+        h.append(header::TE, HeaderValue::from_static("gzip"));
+        strip_hop_by_hop(&mut h);
+        assert!(h.get(header::TE).is_none());
     }
 }

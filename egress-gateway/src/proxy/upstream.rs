@@ -39,6 +39,15 @@ pub type UpBody = CountingBody<Incoming>;
 /// The pooled client used for MITM'd and plaintext-forwarded requests.
 pub type UpstreamClient = Client<HttpsConnector<GuardedConnector>, UpBody>;
 
+/// HTTP/2 flow-control window the gateway grants an upstream per stream. Fixed, not adaptive:
+/// hyper's adaptive window grows to 16 MiB, and what an upstream sends beyond what the client has
+/// read waits in the gateway's memory. Equal to what the client side buffers per stream
+/// (`mitm::H2_SEND_BUFFER`), so a download holds at most about twice that in the gateway; 1 MiB
+/// per round trip still carries ~100 MiB/s at 10 ms.
+pub const H2_STREAM_WINDOW: u32 = 1024 * 1024;
+/// The HTTP/2 connection window towards an upstream: a few concurrent streams' worth.
+pub const H2_CONNECTION_WINDOW: u32 = 4 * 1024 * 1024;
+
 /// The upstream proxy's CONNECT answer must arrive within this.
 pub const PROXY_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// A proxy's CONNECT response head larger than this is refused.
@@ -287,7 +296,8 @@ impl Upstreams {
         };
         let pooled = |https| {
             Client::builder(TokioExecutor::new())
-                .http2_adaptive_window(true)
+                .http2_initial_stream_window_size(H2_STREAM_WINDOW)
+                .http2_initial_connection_window_size(H2_CONNECTION_WINDOW)
                 .timer(TokioTimer::new())
                 .pool_timer(TokioTimer::new())
                 .pool_idle_timeout(POOL_IDLE_TIMEOUT)

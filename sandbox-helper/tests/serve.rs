@@ -936,3 +936,52 @@ fn a_passed_deadline_answers_deadline() {
     let r = h.call(json!({"op": "grep", "pattern": "x", "path": "/workspace/w", "prune": [], "deadline_ms": 0}));
     assert_eq!(r.err_kind(), "deadline");
 }
+
+/// A full disk: writes and edits answer `exec_failed` naming ENOSPC, leave no partial file, and
+/// the helper keeps serving. Needs root (a 64 KiB tmpfs), as the suite has on CI and here.
+#[test]
+fn a_full_disk_is_a_clear_error_and_nothing_half_written_stays() {
+    let dir = tempfile::tempdir().unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=64k", "tmpfs"])
+        .arg(dir.path())
+        .status()
+        .unwrap();
+    assert!(mounted.success(), "mounting a tmpfs needs root");
+    struct Unmount<'a>(&'a Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(self.0).status();
+        }
+    }
+    let _unmount = Unmount(dir.path());
+    let mut h = Helper::start(dir.path());
+    let big = vec![b'x'; 256 * 1024];
+    let r = h.with_input(
+        json!({"op": "write", "path": "/workspace/big.bin"}),
+        &big,
+        64 * 1024,
+    );
+    let v = r.ok();
+    assert_eq!(code(&v), Some("exec_failed"), "{v}");
+    assert!(v.to_string().contains("no space left"), "{v}");
+    assert!(
+        !dir.path().join("big.bin").exists(),
+        "a partial file was left"
+    );
+    // Edits that need room fail the same way and keep the original.
+    let small = vec![b'y'; 40 * 1024];
+    let r = h.with_input(
+        json!({"op": "write", "path": "/workspace/s.txt"}),
+        &small,
+        64 * 1024,
+    );
+    assert_eq!(code(&r.ok()), None);
+    let r = h.call(json!({"op": "edit", "path": "/workspace/s.txt", "old": "y", "new": "zz", "replace_all": true}));
+    let v = r.ok();
+    assert_eq!(code(&v), Some("exec_failed"), "{v}");
+    assert_eq!(std::fs::read(dir.path().join("s.txt")).unwrap(), small);
+    // Still serving.
+    let r = h.call(json!({"op": "ls", "path": "/workspace"}));
+    assert_eq!(code(&r.ok()), None);
+}

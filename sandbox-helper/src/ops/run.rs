@@ -28,6 +28,25 @@ pub const TIMEOUT_EXIT: i64 = 124;
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /// Most bytes taken from the pipe after the shell exited (a background child may keep writing).
 const DRAIN_MAX: usize = 16 * 1024 * 1024;
+/// Appended to the output of a command the kernel's OOM killer ended.
+pub const OOM_NOTE: &[u8] =
+    b"\n[daiv-sandbox: killed by the out-of-memory killer: the session's memory limit was reached]\n";
+
+/// OOM kills so far in the container's memory cgroup (v2 `memory.events`, v1 `oom_control`),
+/// `None` where neither is readable (gVisor, no memory controller).
+fn oom_kills() -> Option<u64> {
+    [
+        "/sys/fs/cgroup/memory.events",
+        "/sys/fs/cgroup/memory/memory.oom_control",
+    ]
+    .iter()
+    .find_map(|p| {
+        let text = std::fs::read_to_string(p).ok()?;
+        text.lines()
+            .find_map(|l| l.strip_prefix("oom_kill "))
+            .and_then(|n| n.trim().parse().ok())
+    })
+}
 
 /// What a `run` sends while it works.
 pub enum Emit<'a> {
@@ -105,6 +124,7 @@ pub fn shell() -> &'static Shell {
 }
 
 /// How one command ended.
+#[derive(Clone, Copy)]
 struct Outcome {
     exit_code: i64,
     omitted: u64,
@@ -219,8 +239,22 @@ fn run_one(
     };
     let pid = child.id();
     pgid.store(i32::try_from(pid).unwrap_or(0), Ordering::Relaxed);
+    let ooms_before = oom_kills();
     let result = wait(child, &mut reader, spec, stop, &mut out);
     pgid.store(0, Ordering::Relaxed);
+    // SIGKILL with a new OOM kill in the cgroup: say so, or "137" is all the agent sees.
+    if let Ok(o) = &result
+        && o.exit_code == 128 + 9
+        && !o.timed_out
+        && let (Some(before), Some(after)) = (ooms_before, oom_kills())
+        && after > before
+    {
+        out.push(OOM_NOTE);
+        return Ok(Outcome {
+            omitted: out.omitted,
+            ..*o
+        });
+    }
     result
 }
 

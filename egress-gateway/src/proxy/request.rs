@@ -379,7 +379,10 @@ mod tests {
         let mut h = HeaderMap::new();
         h.append(header::TE, HeaderValue::from_static("gzip, trailers"));
         strip_hop_by_hop(&mut h);
-        assert_eq!(h.get(header::TE), Some(&HeaderValue::from_static("trailers")));
+        assert_eq!(
+            h.get(header::TE),
+            Some(&HeaderValue::from_static("trailers"))
+        );
 
         let mut h = HeaderMap::new();
         h.append(header::TE, HeaderValue::from_static("gzip"));

@@ -9,7 +9,7 @@ PORT ?= 8000
 FUZZ_SECONDS ?= 60
 FUZZ_SMOKE_SECONDS ?= 10
 
-.PHONY: help fmt lint build helper images compose-smoke docker gvisor redis run test test-unit test-e2e check-leaks clean-docker cargo-fuzz fuzz fuzz-smoke
+.PHONY: help fmt lint build helper images compose-smoke docker gvisor redis run test test-unit test-e2e check-leaks clean-docker cargo-fuzz fuzz fuzz-smoke chaos deny
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -77,6 +77,16 @@ fuzz: cargo-fuzz ## Fuzz each target (fuzz/) for FUZZ_SECONDS (60), one at a tim
 
 fuzz-smoke: cargo-fuzz ## Replay the fuzz regressions, then fuzz each target for FUZZ_SMOKE_SECONDS (10)
 	@fuzz/run.sh --smoke $(FUZZ_SMOKE_SECONDS)
+
+chaos: images gvisor build ## Every fault test, including a dockerd restart (alone: it breaks whatever runs beside it)
+	$(CARGO) nextest run -p e2e --test chaos --run-ignored all --test-threads 1
+	@scripts/check-leaks.sh
+
+deny: ## Licenses, bans and sources (offline); RustSec advisories too where their database can be fetched
+	@command -v cargo-deny >/dev/null 2>&1 || $(CARGO) install cargo-deny --locked
+	$(CARGO) deny check licenses bans sources
+	@if $(CARGO) deny fetch >/dev/null 2>&1; then $(CARGO) deny check advisories; \
+	else echo "advisory database unreachable (offline): advisories not checked"; fi
 
 check-leaks: ## Fail if containers or networks created by the service are left behind
 	@scripts/check-leaks.sh

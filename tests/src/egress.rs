@@ -203,3 +203,38 @@ fn rand_u64() -> u64 {
     );
     h.finish()
 }
+
+/// A fresh egress CA written beside `up`'s files, and `up`'s CA bundle: the paths of the egress CA
+/// certificate, its key and the upstream CA, as `EGRESS_CA_CERT_FILE`, `EGRESS_CA_KEY_FILE` and
+/// `EGRESS_UPSTREAM_CA_FILE` take them.
+pub fn egress_ca_files(up: &Upstream) -> Result<(String, String, String)> {
+    let egress_ca = TestCa::new("daiv e2e egress CA")?;
+    let cert = up.dir().join("egress-ca.crt");
+    let key = up.dir().join("egress-ca.key");
+    std::fs::write(&cert, &egress_ca.cert_pem)?;
+    std::fs::write(&key, &egress_ca.key_pem)?;
+    Ok((
+        cert.display().to_string(),
+        key.display().to_string(),
+        up.ca_file()?.display().to_string(),
+    ))
+}
+
+/// An egress session's token and its gateway container's id, from Docker's labels.
+pub fn gateway_of(session_id: &str) -> Result<(String, String)> {
+    let token = crate::inspect(session_id).context("no such sandbox")?["Config"]["Labels"]
+        ["daiv.sandbox.egress"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let gateway = docker(&[
+        "ps",
+        "-q",
+        "--no-trunc",
+        "--filter",
+        &format!("label=daiv.sandbox.egress={token}"),
+        "--filter",
+        "label=daiv.sandbox.role=egress-gateway",
+    ])?;
+    Ok((token, gateway))
+}

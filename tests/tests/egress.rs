@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use e2e::egress::{TestCa, Upstream, docker};
+use e2e::egress::{Upstream, docker, egress_ca_files, gateway_of};
 use e2e::{ControlPlane, DEBIAN, Session, inspect, require_image};
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -25,17 +25,7 @@ async fn stack_with(extra: &[(&str, &str)]) -> Result<Stack> {
     require_image(DEBIAN);
     require_image(GATEWAY_IMAGE);
     let up = Upstream::start(DEBIAN)?;
-    let egress_ca = TestCa::new("daiv e2e egress CA")?;
-    let cert = up.dir().join("egress-ca.crt");
-    let key = up.dir().join("egress-ca.key");
-    std::fs::write(&cert, &egress_ca.cert_pem)?;
-    std::fs::write(&key, &egress_ca.key_pem)?;
-    let upstream_ca = up.ca_file()?;
-    let (cert, key, upstream_ca) = (
-        cert.display().to_string(),
-        key.display().to_string(),
-        upstream_ca.display().to_string(),
-    );
+    let (cert, key, upstream_ca) = egress_ca_files(&up)?;
     let mut settings = vec![
         ("EGRESS_CA_CERT_FILE", cert.as_str()),
         ("EGRESS_CA_KEY_FILE", key.as_str()),
@@ -80,24 +70,6 @@ fn strict_policy(token: &str) -> Value {
 /// Runs one command in the session, returns (exit code, output).
 async fn sh(cp: &ControlPlane, s: &Session, cmd: &str) -> Result<(i64, String)> {
     cp.sh(s, cmd).await
-}
-
-/// The session's egress token and its gateway container's id, from Docker's labels.
-fn triad_of(s: &Session) -> Result<(String, String)> {
-    let token = inspect(&s.id).expect("sandbox")["Config"]["Labels"]["daiv.sandbox.egress"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    let gateway = docker(&[
-        "ps",
-        "-q",
-        "--no-trunc",
-        "--filter",
-        &format!("label=daiv.sandbox.egress={token}"),
-        "--filter",
-        "label=daiv.sandbox.role=egress-gateway",
-    ])?;
-    Ok((token, gateway))
 }
 
 fn last_request(up: &Upstream, path: &str) -> Result<Option<Value>> {
@@ -296,7 +268,7 @@ async fn put_egress_rotates_the_credential_without_restart() -> Result<()> {
         last_request(&up, "/before")?.expect("seen")["headers"]["authorization"],
         "old-token"
     );
-    let (_, gateway) = triad_of(&s)?;
+    let (_, gateway) = gateway_of(&s.id)?;
     let started = |id: &str| {
         inspect(id).map(|i| (i["State"]["StartedAt"].clone(), i["RestartCount"].clone()))
     };
@@ -381,7 +353,7 @@ async fn stopped_egress_sessions_resume_and_force_close_leaves_nothing() -> Resu
     let s = cp
         .session(json!({"base_image": DEBIAN, "egress": strict_policy(SECRET)}))
         .await?;
-    let (token, _) = triad_of(&s)?;
+    let (token, _) = gateway_of(&s.id)?;
     assert!(!token.is_empty());
     let path = format!("/session/{}/", s.id);
     let (status, _) = cp.call(Method::DELETE, &path, None).await?;
@@ -464,7 +436,7 @@ async fn gvisor_sandboxes_reach_their_gateway_on_runc() -> Result<()> {
         .await?;
     let sandbox = inspect(&s.id).expect("sandbox");
     assert_eq!(sandbox["HostConfig"]["Runtime"], "runsc");
-    let (_, gateway) = triad_of(&s)?;
+    let (_, gateway) = gateway_of(&s.id)?;
     assert_eq!(
         inspect(&gateway).expect("gateway")["HostConfig"]["Runtime"],
         "runc"

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use e2e::egress::{TestCa, Upstream, docker};
+use e2e::egress::{Upstream, docker, egress_ca_files};
 use e2e::{ControlPlane, DEBIAN, inspect, require_image};
 use serde_json::{Value, json};
 
@@ -237,13 +237,7 @@ async fn dns_is_not_a_side_channel(runtime: &str) -> Result<()> {
     require_image(DEBIAN);
     require_image(GATEWAY_IMAGE);
     let up = Upstream::start(DEBIAN)?;
-    let egress_ca = TestCa::new("daiv e2e egress CA")?;
-    let cert = up.dir().join("egress-ca.crt");
-    let key = up.dir().join("egress-ca.key");
-    std::fs::write(&cert, &egress_ca.cert_pem)?;
-    std::fs::write(&key, &egress_ca.key_pem)?;
-    let upstream_ca = up.ca_file()?.display().to_string();
-    let (cert, key) = (cert.display().to_string(), key.display().to_string());
+    let (cert, key, upstream_ca) = egress_ca_files(&up)?;
     let cp = ControlPlane::start_with(&[
         ("RUNTIME", runtime),
         ("EGRESS_CA_CERT_FILE", cert.as_str()),

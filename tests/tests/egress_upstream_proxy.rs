@@ -6,7 +6,7 @@
 //! that the gateway's SSRF guard still refuses a loopback destination the proxy would reach.
 
 use anyhow::{Context, Result, bail};
-use e2e::egress::{TestCa, Upstream, docker};
+use e2e::egress::{Upstream, docker, egress_ca_files, gateway_of};
 use e2e::{ControlPlane, DEBIAN, Session, require_image};
 use serde_json::{Value, json};
 
@@ -201,13 +201,7 @@ async fn sandbox_egress_chains_through_an_upstream_proxy_with_the_guard_still_ap
     let proxy = Proxy::start(&up)?;
     let upstream_ip = ip_on(&up.container, &up.network)?;
 
-    let egress_ca = TestCa::new("daiv e2e egress CA")?;
-    let cert = up.dir().join("egress-ca.crt");
-    let key = up.dir().join("egress-ca.key");
-    std::fs::write(&cert, &egress_ca.cert_pem)?;
-    std::fs::write(&key, &egress_ca.key_pem)?;
-    let upstream_ca = up.ca_file()?.display().to_string();
-    let (cert, key) = (cert.display().to_string(), key.display().to_string());
+    let (cert, key, upstream_ca) = egress_ca_files(&up)?;
     let proxy_url = format!(
         "http://{PROXY_USER}:{}@{PROXY_NAME}:3128",
         PROXY_PASSWORD.replace(':', "%3A")
@@ -226,7 +220,7 @@ async fn sandbox_egress_chains_through_an_upstream_proxy_with_the_guard_still_ap
         .session(json!({"base_image": DEBIAN, "egress": policy()}))
         .await?;
     let gateway_ip = {
-        let (_, gateway) = gateway_of(&s)?;
+        let (_, gateway) = gateway_of(&s.id)?;
         ip_on(&gateway, &up.network)?
     };
     // Nothing has gone through the proxy yet (session create needs no upstream).
@@ -344,22 +338,4 @@ async fn sandbox_egress_chains_through_an_upstream_proxy_with_the_guard_still_ap
     drop(s);
     drop(proxy);
     Ok(())
-}
-
-/// The session's egress token and its gateway container's id, from Docker's labels.
-fn gateway_of(s: &Session) -> Result<(String, String)> {
-    let token = e2e::inspect(&s.id).context("sandbox")?["Config"]["Labels"]["daiv.sandbox.egress"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    let gateway = docker(&[
-        "ps",
-        "-q",
-        "--no-trunc",
-        "--filter",
-        &format!("label=daiv.sandbox.egress={token}"),
-        "--filter",
-        "label=daiv.sandbox.role=egress-gateway",
-    ])?;
-    Ok((token, gateway))
 }

@@ -237,6 +237,20 @@ fn ok_of(response: Value) -> Result<Value, ApiError> {
     })
 }
 
+/// Sends a request and its input (then EOF), if any.
+async fn start(
+    chan: &Arc<Channel>,
+    request: &Value,
+    input: Option<Bytes>,
+) -> Result<RequestHandle, CallError> {
+    let mut h = chan.request(request).await.map_err(|e| lost(e, false))?;
+    if let Some(data) = input {
+        h.send_data(&data).await.map_err(|e| lost(e, true))?;
+        h.send_eof().await.map_err(|e| lost(e, true))?;
+    }
+    Ok(h)
+}
+
 /// A process answer's `ok` value; the supervisor's own refusals keep their meaning.
 fn process_ok(response: Value) -> Result<Value, ApiError> {
     let err = response.get("error");
@@ -401,11 +415,7 @@ impl SessionRuntime for HelperRuntime {
             let request = request.clone();
             let input = input.clone();
             Box::pin(async move {
-                let mut h = chan.request(&request).await.map_err(|e| lost(e, false))?;
-                if let Some(data) = input {
-                    h.send_data(&data).await.map_err(|e| lost(e, true))?;
-                    h.send_eof().await.map_err(|e| lost(e, true))?;
-                }
+                let mut h = start(chan, &request, input).await?;
                 // Past the helper's own deadline something is wrong with the channel: give up.
                 match tokio::time::timeout(FS_DEADLINE + Duration::from_secs(10), response(&mut h))
                     .await
@@ -463,11 +473,7 @@ impl SessionRuntime for HelperRuntime {
             let request = request.clone();
             let input = input.clone();
             Box::pin(async move {
-                let mut h = chan.request(&request).await.map_err(|e| lost(e, false))?;
-                if let Some(data) = input {
-                    h.send_data(&data).await.map_err(|e| lost(e, true))?;
-                    h.send_eof().await.map_err(|e| lost(e, true))?;
-                }
+                let mut h = start(chan, &request, input).await?;
                 let mut output = Bytes::new();
                 loop {
                     match h.recv().await.map_err(|e| lost(e, true))? {

@@ -246,6 +246,13 @@ pub struct Config {
     pub process_wait_max: Duration,
     /// Most silence on a streaming run before a heartbeat line.
     pub stream_heartbeat: Duration,
+    /// Warm pool of isolated sessions: (image, members) (`WARM_POOL`); empty = none.
+    pub warm_pool: Vec<(String, u32)>,
+    /// Warm pool of egress sessions (whole triads), likewise (`WARM_POOL_EGRESS`).
+    pub warm_pool_egress: Vec<(String, u32)>,
+    /// Remove this deployment's unclaimed pool members on a clean shutdown (default: kept for
+    /// the next start).
+    pub warm_pool_remove_on_shutdown: bool,
 }
 
 /// Every invalid variable, one per line.
@@ -649,6 +656,22 @@ pub fn load(src: &dyn Source) -> Result<Config, ConfigError> {
         p.fail("STREAM_HEARTBEAT_SECONDS", &raw, "must be between 1 and 10");
     }
 
+    let pool_setting = |p: &mut Parser<'_>, key: &str| match src.get(key) {
+        None => Vec::new(),
+        Some(raw) => crate::pool::parse_targets(&raw).unwrap_or_else(|why| {
+            p.fail(key, &raw, why);
+            Vec::new()
+        }),
+    };
+    let warm_pool = pool_setting(&mut p, "WARM_POOL");
+    let warm_pool_egress = pool_setting(&mut p, "WARM_POOL_EGRESS");
+    if !warm_pool_egress.is_empty() && egress_ca.is_none() {
+        p.errors.push(format!(
+            "{PREFIX}WARM_POOL_EGRESS: egress sessions need {PREFIX}EGRESS_CA_CERT_FILE and {PREFIX}EGRESS_CA_KEY_FILE"
+        ));
+    }
+    let warm_pool_remove_on_shutdown = p.bool_or("WARM_POOL_REMOVE_ON_SHUTDOWN", false);
+
     p.finish()?;
     Ok(Config {
         api_key: api_key.unwrap_or_else(|| Secret::new("")),
@@ -696,6 +719,9 @@ pub fn load(src: &dyn Source) -> Result<Config, ConfigError> {
         max_processes,
         process_wait_max: Duration::from_secs(process_wait_max),
         stream_heartbeat: Duration::from_secs(stream_heartbeat),
+        warm_pool,
+        warm_pool_egress,
+        warm_pool_remove_on_shutdown,
     })
 }
 

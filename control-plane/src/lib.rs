@@ -11,6 +11,7 @@
 //! - [`engine`]: the [`engine::ContainerEngine`] trait, its Docker implementation and a fake.
 //! - [`lock`]: per-session locks, in-process or shared by replicas through Redis.
 //! - [`activity`]: when each session was last used (for idle reaping).
+//! - [`pool`]: the warm pool: sessions created ahead of requests, claimed atomically.
 //! - [`reaper`]: the background sweep that removes expired, surplus, idle and orphaned resources.
 //! - [`error`]: the one place errors become HTTP statuses.
 //! - [`telemetry`]: logs, Prometheus metrics and Sentry reports.
@@ -30,6 +31,7 @@ pub mod egress;
 pub mod engine;
 pub mod error;
 pub mod lock;
+pub mod pool;
 pub mod processes;
 pub mod reaper;
 pub mod routes;
@@ -81,7 +83,13 @@ impl AppState {
         // main checks for the helper before serving; in-process tests run without one.
         let helper = runtime::helper_binary(config.helper_bin.as_deref()).ok();
         Self {
-            sessions: Arc::new(Sessions::new(engine, config.clone(), egress, helper)),
+            sessions: Arc::new(Sessions::new(
+                engine,
+                config.clone(),
+                egress,
+                helper,
+                metrics.clone(),
+            )),
             activity: Arc::new(LocalActivity::new(config.running_session_max_idle)),
             config,
             locks,

@@ -9,6 +9,7 @@ use control_plane::activity::RedisActivity;
 use control_plane::config::{self, ProcessEnv};
 use control_plane::engine::docker::DockerEngine;
 use control_plane::lock::{self, LocalLocks, RedisLocks};
+use control_plane::pool::Refill;
 use control_plane::reaper::Reaper;
 use control_plane::{AppState, app};
 
@@ -61,6 +62,9 @@ async fn main() -> anyhow::Result<()> {
     let reaper = config
         .reaper_enabled
         .then(|| Arc::new(Reaper::new(&state)).spawn());
+    // The warm pool (if configured) fills in the background; requests go cold meanwhile.
+    let refill = Refill::new(state.sessions.clone(), state.locks.clone());
+    let refilling = refill.spawn();
 
     let addr = std::net::SocketAddr::new(config.host, config.port);
     // Small request/response exchanges: no Nagle delay on any accepted socket.
@@ -79,6 +83,11 @@ async fn main() -> anyhow::Result<()> {
         .context("server error");
     if let Some(reaper) = reaper {
         reaper.abort();
+    }
+    if let Some(refilling) = refilling {
+        // Builds in flight finish; the members stay unless WARM_POOL_REMOVE_ON_SHUTDOWN.
+        refill.shutdown().await;
+        refilling.abort();
     }
     served
 }

@@ -12,6 +12,9 @@
 //!    newest of them is older than the grace period (a session being created has its network and
 //!    gateway before its sandbox).
 //!
+//! Unclaimed warm-pool members are left alone (each sweep wakes the pool's refill, which
+//! replaces dead and stale ones); claimed ones are sessions like any other.
+//!
 //! Safety: every removal takes the session's lock without waiting (busy: skipped until the next
 //! sweep) and re-checks its condition under the lock, because a request may have restarted or used
 //! the session since the listing. A request in flight holds the lock, so it never loses its session.
@@ -210,7 +213,14 @@ impl Reaper {
     pub async fn sweep(&self, now: SystemTime) -> Result<Sweep, ReaperError> {
         let mut out = Sweep::default();
         let engine = self.sessions.engine();
-        let sandboxes = engine.list(&self.mine(ROLE_SANDBOX, None)).await?;
+        let all = engine.list(&self.mine(ROLE_SANDBOX, None)).await?;
+        // Unclaimed warm-pool members are not sessions: the pool's refill replaces those that
+        // died or went stale (woken below). Their egress tokens still count as live.
+        let sandboxes: Vec<ContainerInfo> = all
+            .iter()
+            .filter(|c| !crate::pool::is_unclaimed(c))
+            .cloned()
+            .collect();
 
         self.sweep_stopped(&sandboxes, now, &mut out).await;
         if let Some(max_idle) = self.policy.max_idle {
@@ -218,7 +228,8 @@ impl Reaper {
         }
         let live: HashSet<String> = sandboxes.iter().map(|c| c.id.clone()).collect();
         self.activity.retain(&live).await;
-        self.sweep_orphans(&sandboxes, now, &mut out).await?;
+        self.sweep_orphans(&all, now, &mut out).await?;
+        self.sessions.pool().wake();
         Ok(out)
     }
 
@@ -572,6 +583,8 @@ mod tests {
     fn stop_time_is_finished_at_or_creation_of_a_never_started_container() {
         let mut info = ContainerInfo {
             id: "x".into(),
+            name: "x".into(),
+            image_id: None,
             status: ContainerStatus::Exited,
             created: Some(100),
             labels: Default::default(),

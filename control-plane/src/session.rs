@@ -22,7 +22,10 @@ use crate::engine::{
     MANAGED_LABEL, NetworkAttach, ROLE_LABEL, ROLE_SANDBOX,
 };
 use crate::error::ApiError;
+use crate::pool::{MemberTag, Pool};
 use crate::runtime::{HELPER_PATH, HelperRuntime, RunSpec, SessionRuntime};
+use crate::telemetry::metrics::Metrics;
+use shared_policy::PolicyFile;
 
 /// Home of the sandbox user: writable, outside the workspace so seeds and `git status` stay clean.
 pub const HOME: &str = "/home/sandbox";
@@ -35,14 +38,16 @@ pub const TIMEOUT_EXIT_CODE: i64 = crate::runtime::TIMEOUT_EXIT_CODE;
 pub const MAX_TIMEOUT_SECS: u64 = 7 * 24 * 3600;
 
 pub struct Sessions {
-    engine: Arc<dyn ContainerEngine>,
+    pub(crate) engine: Arc<dyn ContainerEngine>,
     runtime: Arc<dyn SessionRuntime>,
     /// The static helper binary every sandbox gets in its skeleton (`None` only in-process
     /// tests, whose fake engine runs a host build of the helper).
-    helper: Option<Bytes>,
-    config: Arc<Config>,
+    pub(crate) helper: Option<Bytes>,
+    pub(crate) config: Arc<Config>,
     /// `None` when no egress CA is configured: egress sessions are then refused with 400.
-    egress: Option<Egress>,
+    pub(crate) egress: Option<Egress>,
+    /// The warm pool (inert when none is configured).
+    pub(crate) pool: Pool,
 }
 
 /// Docker's own lower bound for a memory limit.
@@ -54,19 +59,26 @@ impl Sessions {
         config: Arc<Config>,
         egress: Option<Egress>,
         helper: Option<Bytes>,
+        metrics: Arc<Metrics>,
     ) -> Self {
         let runtime = Arc::new(HelperRuntime::new(
             engine.clone(),
             config.run_uid,
             config.run_gid,
         ));
+        let pool = Pool::new(&config, helper.as_ref(), egress.as_ref(), metrics);
         Self {
             engine,
             runtime,
             helper,
             config,
             egress,
+            pool,
         }
+    }
+
+    pub fn pool(&self) -> &Pool {
+        &self.pool
     }
 
     pub fn engine(&self) -> &dyn ContainerEngine {
@@ -84,7 +96,7 @@ impl Sessions {
 
     /// Opens the session's helper channel in the background: the first command or fs op then
     /// finds it ready instead of paying for the exec that opens it.
-    fn warm(&self, id: &str) {
+    pub(crate) fn warm(&self, id: &str) {
         let runtime = self.runtime.clone();
         let id = id.to_string();
         tokio::spawn(async move { runtime.warm(&id).await });
@@ -94,35 +106,71 @@ impl Sessions {
         format!("{}:{}", self.config.run_uid, self.config.run_gid)
     }
 
-    /// Creates and starts an isolated session; nothing is left behind when any step fails.
-    /// `egress_token` names the egress triad's parts (unused for an isolated session).
+    /// Creates and starts a session: a ready warm-pool member when one matches the request
+    /// (see [`crate::pool`]), else a cold create; nothing is left behind when any step fails.
+    /// `egress_token` names a cold egress triad's parts (unused for an isolated session).
     pub async fn create(
         &self,
         req: &StartSessionRequest,
         egress_token: &str,
     ) -> Result<String, ApiError> {
         validate_start(req)?;
-        let Some(egress_body) = &req.egress else {
+        let policy = match &req.egress {
+            Some(body) => {
+                self.egress_or_400()?;
+                Some(egress::parse_policy(body)?)
+            }
+            None => None,
+        };
+        if let Some(id) = self.claim(req, policy.as_ref()).await {
+            tracing::info!(session_id = %id, image = %req.base_image, "session claimed from the warm pool");
+            self.warm(&id);
+            return Ok(id);
+        }
+        let id = self.build(req, policy.as_ref(), egress_token, None).await?;
+        tracing::info!(session_id = %id, image = %req.base_image, egress = policy.is_some(), "session created");
+        self.warm(&id);
+        Ok(id)
+    }
+
+    /// Creates and starts a sandbox (with its triad when `policy` is given): a cold session, or
+    /// a pool member with `tag`'s name and labels.
+    pub(crate) async fn build(
+        &self,
+        req: &StartSessionRequest,
+        policy: Option<&PolicyFile>,
+        egress_token: &str,
+        tag: Option<&MemberTag>,
+    ) -> Result<String, ApiError> {
+        let tagged = |mut spec: ContainerSpec| {
+            if let Some(tag) = tag {
+                spec.name = Some(tag.name.clone());
+                spec.labels.extend(tag.labels.iter().cloned());
+            }
+            spec
+        };
+        let Some(policy) = policy else {
             self.engine.ensure_image(&req.base_image).await?;
-            let spec = self.sandbox_spec(req, None);
+            let spec = tagged(self.sandbox_spec(req, None));
             let id = self.engine.create(&spec).await?;
             if let Err(e) = self.engine.start(&id).await {
                 let _ = self.engine.remove(&id).await;
                 return Err(e.into());
             }
-            tracing::info!(session_id = %id, image = %req.base_image, "session created");
-            self.warm(&id);
             return Ok(id);
         };
         let egress = self.egress_or_400()?;
-        let policy = egress::parse_policy(egress_body)?;
         self.engine.ensure_image(&req.base_image).await?;
         let mut created = Created::default();
         let mut sandbox = None;
         let result = async {
-            let plan = egress.prepare(egress_token, &policy, &mut created).await?;
+            // A pool member's gateway gets the helper: its claim installs the policy with it.
+            let helper = tag.and(self.helper.as_ref());
+            let plan = egress
+                .prepare(egress_token, policy, &mut created, helper)
+                .await?;
             let triad = plan.triad.clone();
-            let spec = self.sandbox_spec(req, Some(&plan));
+            let spec = tagged(self.sandbox_spec(req, Some(&plan)));
             let sandbox_up = async {
                 let id = self.engine.create(&spec).await?;
                 sandbox = Some(id.clone());
@@ -136,23 +184,16 @@ impl Sessions {
             Ok::<_, ApiError>(id)
         }
         .await;
-        match result {
-            Ok(id) => {
-                tracing::info!(session_id = %id, image = %req.base_image, "egress session created");
-                self.warm(&id);
-                Ok(id)
+        if result.is_err() {
+            if let Some(id) = &sandbox {
+                let _ = self.engine.remove(id).await;
             }
-            Err(e) => {
-                if let Some(id) = &sandbox {
-                    let _ = self.engine.remove(id).await;
-                }
-                egress.teardown(&created).await;
-                Err(e)
-            }
+            egress.teardown(&created).await;
         }
+        result
     }
 
-    fn egress_or_400(&self) -> Result<&Egress, ApiError> {
+    pub(crate) fn egress_or_400(&self) -> Result<&Egress, ApiError> {
         self.egress.as_ref().ok_or_else(|| {
             ApiError::BadRequest(
                 "egress not configured: set DAIV_SANDBOX_EGRESS_CA_CERT_FILE and DAIV_SANDBOX_EGRESS_CA_KEY_FILE"
@@ -210,6 +251,7 @@ impl Sessions {
         ]);
         labels.extend(extra_labels.iter().cloned());
         ContainerSpec {
+            name: None,
             image: req.base_image.clone(),
             // The image's entrypoint would wrap the keep-alive in something unknown. The helper
             // keeps the container alive: no shell needed, so shell-less images work.
@@ -246,10 +288,12 @@ impl Sessions {
         }
         let info = self.engine.inspect(id).await?;
         // Another deployment's session is not ours to run, read or delete, even on a shared
-        // engine with a shared key: it is simply not found.
+        // engine with a shared key: it is simply not found. Nor is a warm-pool member until it
+        // is claimed (its name says so: labels cannot change).
         if !info.is_managed()
             || info.labels.get(ROLE_LABEL).map(String::as_str) != Some(ROLE_SANDBOX)
             || info.labels.get(DEPLOYMENT_LABEL) != Some(&self.config.deployment)
+            || crate::pool::is_unclaimed(&info)
         {
             return Err(ApiError::NotFound);
         }

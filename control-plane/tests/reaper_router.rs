@@ -88,6 +88,7 @@ impl World {
             all.insert(k.to_string(), v.to_string());
         }
         let spec = ContainerSpec {
+            name: None,
             image: "img".into(),
             entrypoint: None,
             cmd: None,

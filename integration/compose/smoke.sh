@@ -50,6 +50,8 @@ docker run --rm --pull never --user 10001 -v "$ca:/out" daiv-sandbox-egress:loca
     gen-ca --cert-out /out/egress-ca.crt --key-out /out/egress-ca.key >/dev/null
 chmod 0755 "$ca"
 
+# The stack's warm pool goes with it: nothing of the smoke run may stay on the engine.
+export DAIV_SANDBOX_WARM_POOL_REMOVE_ON_SHUTDOWN=true
 export DAIV_SANDBOX_API_KEY="$key" DAIV_SANDBOX_PORT="$port" DAIV_SANDBOX_EGRESS_CA_DIR="$ca" \
     DAIV_SANDBOX_EGRESS_CA_CERT_FILE=/etc/daiv-sandbox/egress-ca/egress-ca.crt \
     DAIV_SANDBOX_EGRESS_CA_KEY_FILE=/etc/daiv-sandbox/egress-ca/egress-ca.key

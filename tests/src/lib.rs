@@ -71,6 +71,8 @@ pub struct ControlPlane {
     child: Child,
     pub base: String,
     pub key: String,
+    /// Its `DAIV_SANDBOX_DEPLOYMENT`.
+    pub deployment: String,
     log: PathBuf,
     http: reqwest::Client,
 }
@@ -100,6 +102,11 @@ impl ControlPlane {
         }
         let port = free_port();
         let key = format!("e2e-{}-{port}", std::process::id());
+        let deployment = env
+            .iter()
+            .find(|(k, _)| *k == "DEPLOYMENT")
+            .map(|(_, v)| v.to_string())
+            .unwrap_or_else(|| format!("e2e-{}-{port}", std::process::id()));
         let log = std::env::temp_dir().join(format!("daiv-sandbox-e2e-{port}.log"));
         let log_file = std::fs::File::create(&log)?;
         let mut cmd = Command::new(&bin);
@@ -111,10 +118,7 @@ impl ControlPlane {
             .env("DAIV_SANDBOX_LOG_LEVEL", "DEBUG")
             // Each instance its own deployment: a reaper under test never sweeps the sessions
             // of tests running beside it (replicas of one deployment pass the same value).
-            .env(
-                "DAIV_SANDBOX_DEPLOYMENT",
-                format!("e2e-{}-{port}", std::process::id()),
-            )
+            .env("DAIV_SANDBOX_DEPLOYMENT", &deployment)
             .stdout(log_file.try_clone()?)
             .stderr(log_file)
             .stdin(Stdio::null());
@@ -131,6 +135,7 @@ impl ControlPlane {
             child,
             base: format!("http://127.0.0.1:{port}"),
             key,
+            deployment,
             log,
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(300))
@@ -161,6 +166,17 @@ impl ControlPlane {
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// `GET /metrics` as text.
+    pub async fn metrics(&self) -> Result<String> {
+        let resp = self
+            .http
+            .get(format!("{}/metrics", self.base))
+            .header("X-API-Key", &self.key)
+            .send()
+            .await?;
+        Ok(resp.text().await?)
     }
 
     /// Everything the service logged so far.
@@ -325,6 +341,73 @@ impl Drop for Session {
                 }
             }
         }
+    }
+}
+
+/// Removes every container and network labelled with a deployment when dropped: for tests whose
+/// service leaves things behind on purpose (a warm pool is kept across restarts).
+pub struct DeploymentGuard(pub String);
+
+impl Drop for DeploymentGuard {
+    fn drop(&mut self) {
+        remove_deployment(&self.0);
+    }
+}
+
+/// Ids of the containers (`docker ps -a`) matching every `label=...` filter given.
+pub fn containers_with(labels: &[&str]) -> Vec<String> {
+    let mut args = vec![
+        "ps".to_string(),
+        "-aq".to_string(),
+        "--no-trunc".to_string(),
+    ];
+    for l in labels {
+        args.push("--filter".into());
+        args.push(format!("label={l}"));
+    }
+    let out = Command::new("docker").args(&args).output();
+    out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(String::from)
+        .collect()
+}
+
+/// Names of the networks matching every `label=...` filter given.
+pub fn networks_with(labels: &[&str]) -> Vec<String> {
+    let mut args = vec![
+        "network".to_string(),
+        "ls".to_string(),
+        "--format".to_string(),
+        "{{.Name}}".to_string(),
+    ];
+    for l in labels {
+        args.push("--filter".into());
+        args.push(format!("label={l}"));
+    }
+    let out = Command::new("docker").args(&args).output();
+    out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(String::from)
+        .collect()
+}
+
+/// Force-removes every container (with volumes) and network of `deployment`.
+pub fn remove_deployment(deployment: &str) {
+    let label = format!("daiv.sandbox.deployment={deployment}");
+    let quiet = |args: &[&str]| {
+        let _ = Command::new("docker")
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    };
+    for id in containers_with(&[&label]) {
+        quiet(&["rm", "-fv", &id]);
+    }
+    for net in networks_with(&[&label]) {
+        quiet(&["network", "rm", &net]);
     }
 }
 

@@ -255,12 +255,16 @@ impl ContainerEngine for DockerEngine {
             network_disabled: Some(matches!(spec.network, NetworkAttach::None)),
             ..Default::default()
         };
+        let options =
+            spec.name
+                .as_ref()
+                .map(|name| bollard::query_parameters::CreateContainerOptions {
+                    name: Some(name.clone()),
+                    ..Default::default()
+                });
         let created = self
             .docker
-            .create_container(
-                None::<bollard::query_parameters::CreateContainerOptions>,
-                body,
-            )
+            .create_container(options, body)
             .await
             .map_err(map_err)?;
         if let Some(skeleton) = &spec.skeleton {
@@ -305,6 +309,12 @@ impl ContainerEngine for DockerEngine {
         let host = c.host_config.unwrap_or_default();
         Ok(ContainerInfo {
             id: c.id.unwrap_or_else(|| id.to_string()),
+            name: c
+                .name
+                .unwrap_or_default()
+                .trim_start_matches('/')
+                .to_string(),
+            image_id: c.image,
             status: status_of(state.status),
             created: c.created.as_deref().and_then(unix_seconds),
             labels: c.config.and_then(|c| c.labels).unwrap_or_default(),
@@ -495,6 +505,44 @@ impl ContainerEngine for DockerEngine {
         })?
     }
 
+    async fn rename(&self, current: &str, new: &str) -> Result<(), EngineError> {
+        self.docker
+            .rename_container(
+                current,
+                bollard::query_parameters::RenameContainerOptions {
+                    name: new.to_string(),
+                },
+            )
+            .await
+            .map_err(map_err)
+    }
+
+    async fn update_limits(
+        &self,
+        id: &str,
+        memory_bytes: Option<i64>,
+        nano_cpus: Option<i64>,
+    ) -> Result<(), EngineError> {
+        let body = bollard::models::ContainerUpdateBody {
+            memory: memory_bytes,
+            // What the daemon sets at create when only the memory is given.
+            memory_swap: memory_bytes.map(|m| m.saturating_mul(2)),
+            nano_cpus,
+            ..Default::default()
+        };
+        self.docker
+            .update_container(id, body)
+            .await
+            .map_err(map_err)
+    }
+
+    async fn image_id(&self, image: &str) -> Result<String, EngineError> {
+        let found = self.docker.inspect_image(image).await.map_err(map_err)?;
+        found
+            .id
+            .ok_or_else(|| EngineError::Unavailable(format!("image {image} has no id")))
+    }
+
     async fn list(&self, labels: &[(&str, &str)]) -> Result<Vec<ContainerInfo>, EngineError> {
         let filters = managed_filter(labels);
         let found = self
@@ -511,6 +559,13 @@ impl ContainerEngine for DockerEngine {
             .filter_map(|c| {
                 Some(ContainerInfo {
                     id: c.id?,
+                    name: c
+                        .names
+                        .unwrap_or_default()
+                        .first()
+                        .map(|n| n.trim_start_matches('/').to_string())
+                        .unwrap_or_default(),
+                    image_id: c.image_id,
                     created: c.created,
                     status: match c.state.map(|s| s.to_string()).as_deref() {
                         Some("running") => ContainerStatus::Running,

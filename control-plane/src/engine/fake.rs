@@ -52,6 +52,12 @@ struct State {
     /// Container filesystems as far as the archive calls saw them: (container, absolute path) →
     /// regular-file content (`None` for a directory) and (mode, uid, gid).
     files: HashMap<(String, String), FakeFile>,
+    /// Container id → its current name.
+    names: HashMap<String, String>,
+    /// Container id → the id of the image it was created from.
+    container_images: HashMap<String, String>,
+    /// Image reference → the id it resolves to (default `sha256:<reference>`).
+    image_ids: HashMap<String, String>,
 }
 
 #[derive(Clone)]
@@ -158,6 +164,28 @@ impl FakeEngine {
         })
     }
 
+    /// Makes `image` resolve to another id from now on (a re-tagged image).
+    pub fn set_image_id(&self, image: &str, id: &str) {
+        self.with(|s| s.image_ids.insert(image.to_string(), id.to_string()));
+    }
+
+    /// The container's current name.
+    pub fn name(&self, id: &str) -> Option<String> {
+        self.with(|s| s.names.get(id).cloned())
+    }
+
+    /// Marks a container exited, as if its process had died.
+    pub fn kill(&self, id: &str) {
+        self.with(|s| {
+            if let Some(t) = s.alive.remove(id) {
+                t.cancel();
+            }
+            if let Some((_, st)) = s.containers.get_mut(id) {
+                *st = ContainerStatus::Exited;
+            }
+        });
+    }
+
     pub fn set_missing_image(&self, image: &str) {
         self.with(|s| s.missing_images.push(image.to_string()));
     }
@@ -194,13 +222,25 @@ impl ContainerEngine for FakeEngine {
 
     async fn create(&self, spec: &ContainerSpec) -> Result<String, EngineError> {
         self.check_up(format!("create {}", spec.image))?;
-        Ok(self.with(|s| {
+        self.with(|s| {
+            if let Some(name) = &spec.name
+                && s.names.values().any(|n| n == name)
+            {
+                return Err(EngineError::Conflict(format!("name {name} is in use")));
+            }
             s.next_id += 1;
             let id = format!("{:064x}", s.next_id);
+            let name = spec
+                .name
+                .clone()
+                .unwrap_or_else(|| format!("fake-{}", s.next_id));
+            let image_id = image_id_of(s, &spec.image);
+            s.names.insert(id.clone(), name);
+            s.container_images.insert(id.clone(), image_id);
             s.containers
                 .insert(id.clone(), (spec.clone(), ContainerStatus::Created));
-            id
-        }))
+            Ok(id)
+        })
     }
 
     async fn start(&self, id: &str) -> Result<(), EngineError> {
@@ -219,6 +259,8 @@ impl ContainerEngine for FakeEngine {
         self.with(|s| match s.containers.get(id) {
             Some((spec, st)) => Ok(ContainerInfo {
                 id: id.to_string(),
+                name: s.names.get(id).cloned().unwrap_or_default(),
+                image_id: s.container_images.get(id).cloned(),
                 status: st.clone(),
                 created: s.times.get(id).map_or(Some(0), |t| t.0),
                 labels: spec.labels.clone(),
@@ -249,15 +291,66 @@ impl ContainerEngine for FakeEngine {
     async fn remove(&self, id: &str) -> Result<(), EngineError> {
         self.check_up(format!("remove {id}"))?;
         let _ = std::fs::remove_dir_all(self.workspace_dir(id));
+        let _ = std::fs::remove_file(self.workspace_dir(id).with_extension("env"));
         self.with(|s| {
             if let Some(t) = s.alive.remove(id) {
                 t.cancel();
             }
+            s.names.remove(id);
+            s.container_images.remove(id);
             s.containers
                 .remove(id)
                 .map(|_| ())
                 .ok_or(EngineError::NotFound)
         })
+    }
+
+    async fn rename(&self, current: &str, new: &str) -> Result<(), EngineError> {
+        self.check_up(format!("rename {current} {new}"))?;
+        self.with(|s| {
+            let Some(id) = s
+                .names
+                .iter()
+                .find(|(id, name)| *name == current || *id == current)
+                .map(|(id, _)| id.clone())
+            else {
+                return Err(EngineError::NotFound);
+            };
+            match s.names.iter().find(|(_, name)| *name == new) {
+                Some((other, _)) if *other == id => {
+                    return Err(EngineError::Rejected("same name".into()));
+                }
+                Some(_) => return Err(EngineError::Conflict(format!("name {new} is in use"))),
+                None => {}
+            }
+            s.names.insert(id, new.to_string());
+            Ok(())
+        })
+    }
+
+    async fn update_limits(
+        &self,
+        id: &str,
+        memory_bytes: Option<i64>,
+        nano_cpus: Option<i64>,
+    ) -> Result<(), EngineError> {
+        self.check_up(format!("update_limits {id}"))?;
+        self.with(|s| match s.containers.get_mut(id) {
+            Some((spec, _)) => {
+                spec.memory_bytes = memory_bytes.or(spec.memory_bytes);
+                spec.nano_cpus = nano_cpus.or(spec.nano_cpus);
+                Ok(())
+            }
+            None => Err(EngineError::NotFound),
+        })
+    }
+
+    async fn image_id(&self, image: &str) -> Result<String, EngineError> {
+        self.check_up(format!("image_id {image}"))?;
+        if self.with(|s| s.missing_images.iter().any(|m| m == image)) {
+            return Err(EngineError::NotFound);
+        }
+        Ok(self.with(|s| image_id_of(s, image)))
     }
 
     async fn exec(&self, id: &str, spec: &ExecSpec) -> Result<ExecStream, EngineError> {
@@ -294,7 +387,10 @@ impl ContainerEngine for FakeEngine {
 
     /// Runs a host build of the real helper (`daiv-sandbox-helper serve --root <dir>`) with its
     /// stdin and stdout as the channel: in-process tests drive the real protocol and ops.
-    async fn exec_attached(&self, id: &str, _spec: &ExecSpec) -> Result<AttachedExec, EngineError> {
+    async fn exec_attached(&self, id: &str, spec: &ExecSpec) -> Result<AttachedExec, EngineError> {
+        if spec.cmd.get(1).map(String::as_str) == Some("write-file") {
+            return self.write_file(id, spec).await;
+        }
         self.check_up(format!("exec_attached {id}"))?;
         let running = self.with(|s| {
             s.containers
@@ -311,10 +407,24 @@ impl ContainerEngine for FakeEngine {
             std::fs::create_dir_all(root.join(sub))
                 .map_err(|e| EngineError::Unavailable(e.to_string()))?;
         }
+        // The claim's environment file, where the host helper finds it (a sandbox's helper reads
+        // it from its own root-owned directory).
+        let env_file = root.with_extension("env");
+        let claimed = self.with(|s| {
+            let key = (id.to_string(), crate::pool::ENV_FILE.to_string());
+            s.files.get(&key).and_then(|(content, _)| content.clone())
+        });
+        match claimed {
+            Some(content) => std::fs::write(&env_file, content),
+            None => std::fs::remove_file(&env_file).or(Ok(())),
+        }
+        .map_err(|e| EngineError::Unavailable(e.to_string()))?;
         let mut child = tokio::process::Command::new(host_helper())
             .arg("serve")
             .arg("--root")
             .arg(&root)
+            .arg("--env-file")
+            .arg(&env_file)
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::null())
@@ -453,6 +563,8 @@ impl ContainerEngine for FakeEngine {
                 })
                 .map(|(id, (spec, st))| ContainerInfo {
                     id: id.clone(),
+                    name: s.names.get(id).cloned().unwrap_or_default(),
+                    image_id: s.container_images.get(id).cloned(),
                     status: st.clone(),
                     created: s.times.get(id).map_or(Some(0), |t| t.0),
                     labels: spec.labels.clone(),
@@ -528,6 +640,64 @@ impl ContainerEngine for FakeEngine {
                 .collect()
         }))
     }
+}
+
+impl FakeEngine {
+    /// The helper's `write-file PATH MODE`: stdin becomes the file (as the exec's user), and
+    /// the answer is `ok`.
+    async fn write_file(&self, id: &str, spec: &ExecSpec) -> Result<AttachedExec, EngineError> {
+        let path = spec.cmd.get(2).cloned().unwrap_or_default();
+        self.check_up(format!("exec_attached {id} write-file {path}"))?;
+        if !self.with(|s| s.containers.contains_key(id)) {
+            return Err(EngineError::NotFound);
+        }
+        let mode = spec
+            .cmd
+            .get(3)
+            .and_then(|m| u32::from_str_radix(m, 8).ok())
+            .unwrap_or(0o644);
+        let (uid, gid) = spec
+            .user
+            .split_once(':')
+            .map(|(u, g)| (u.parse().unwrap_or(0), g.parse().unwrap_or(0)))
+            .unwrap_or((0, 0));
+        let then = spec.cmd.iter().any(|a| a == "--");
+        let (input, mut reader) = tokio::io::duplex(64 * 1024);
+        let (tx, rx) = tokio::sync::oneshot::channel::<Bytes>();
+        let me = self.clone();
+        let id = id.to_string();
+        tokio::spawn(async move {
+            let mut content = Vec::new();
+            if tokio::io::AsyncReadExt::read_to_end(&mut reader, &mut content)
+                .await
+                .is_ok()
+            {
+                me.with(|s| {
+                    s.files
+                        .insert((id, path), (Some(content), (mode, uid, gid)))
+                });
+                // With `-- CMD`, the command "runs" and succeeds.
+                let said: &'static [u8] = if then { b"ok\nexit 0\n" } else { b"ok\n" };
+                let _ = tx.send(Bytes::from_static(said));
+            }
+        });
+        let output = futures::stream::once(async move {
+            rx.await
+                .map_err(|_| EngineError::Unavailable("write-file failed".into()))
+        })
+        .boxed();
+        Ok(AttachedExec {
+            output,
+            input: Box::pin(input),
+        })
+    }
+}
+
+fn image_id_of(s: &State, image: &str) -> String {
+    s.image_ids
+        .get(image)
+        .cloned()
+        .unwrap_or_else(|| format!("sha256:{image}"))
 }
 
 /// The host build of `daiv-sandbox-helper` next to the test binary (`target/<profile>/`).

@@ -30,6 +30,13 @@ pub const IMAGE_LABEL: &str = "daiv.sandbox.image";
 /// Token shared by the three parts of an egress session (sandbox, gateway, internal network), so
 /// each can be found from the others and orphans can be swept.
 pub const EGRESS_LABEL: &str = "daiv.sandbox.egress";
+/// On a warm-pool member: which pool (`isolated` or `egress`) it was made for. Labels cannot
+/// change after create, so whether a member was claimed is told by its name (see
+/// [`crate::pool`]).
+pub const POOL_LABEL: &str = "daiv.sandbox.pool";
+/// On a warm-pool member: a hash of everything its spec was built from (image, runtime, user,
+/// limits, helper, egress settings); a member whose hash is not the current one is replaced.
+pub const POOL_SPEC_LABEL: &str = "daiv.sandbox.pool.spec";
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -114,6 +121,8 @@ pub enum NetworkAttach {
 /// Everything needed to create a container; the engine adds nothing of its own.
 #[derive(Debug, Clone)]
 pub struct ContainerSpec {
+    /// The container's name; `None` lets the engine pick one.
+    pub name: Option<String>,
     pub image: String,
     /// `None` keeps the image's entrypoint.
     pub entrypoint: Option<Vec<String>>,
@@ -154,6 +163,10 @@ pub enum ContainerStatus {
 #[derive(Debug, Clone)]
 pub struct ContainerInfo {
     pub id: String,
+    /// The container's current name, without Docker's leading `/`.
+    pub name: String,
+    /// The id of the image the container was created from.
+    pub image_id: Option<String>,
     pub status: ContainerStatus,
     /// Unix seconds the container was created.
     pub created: Option<i64>,
@@ -266,6 +279,21 @@ pub trait ContainerEngine: Send + Sync + 'static {
         needle: &str,
         timeout: Duration,
     ) -> Result<(), EngineError>;
+    /// Renames the container now named `current` to `new`. A compare-and-swap on the name: it
+    /// fails ([`EngineError::NotFound`], or [`EngineError::Rejected`] when the container already
+    /// has that name) for every caller but one when several rename the same `current` to the
+    /// same `new` at once, whichever replica they come from.
+    async fn rename(&self, current: &str, new: &str) -> Result<(), EngineError>;
+    /// Changes a running container's memory limit (swap: twice as much, as at create) and CPU
+    /// quota; `None` leaves one unchanged. A runtime that cannot (gVisor) answers an error.
+    async fn update_limits(
+        &self,
+        id: &str,
+        memory_bytes: Option<i64>,
+        nano_cpus: Option<i64>,
+    ) -> Result<(), EngineError>;
+    /// The id the local image `image` resolves to now ([`EngineError::NotFound`] if absent).
+    async fn image_id(&self, image: &str) -> Result<String, EngineError>;
     /// Managed containers carrying all of `labels` (`key=value`).
     async fn list(&self, labels: &[(&str, &str)]) -> Result<Vec<ContainerInfo>, EngineError>;
     async fn create_network(&self, spec: &NetworkSpec) -> Result<String, EngineError>;

@@ -20,6 +20,11 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
         .await
         .ok()
         .map(|list| {
+            // Unclaimed warm-pool members are not sessions (they are `daiv_sandbox_pool_size`).
+            let list: Vec<_> = list
+                .into_iter()
+                .filter(|c| !crate::pool::is_unclaimed(c))
+                .collect();
             let running = list.iter().filter(|c| c.is_running()).count() as u64;
             let stopped = list
                 .iter()

@@ -29,6 +29,8 @@ pub async fn create(
         None => None,
     };
     let session_id = state.sessions.create(&req, &token).await?;
+    // A session claimed from the warm pool was created long before: its idle time starts now.
+    state.activity.touch(&session_id).await;
     state.metrics.sessions_created.inc();
     Ok(Json(StartSessionResponse { session_id }))
 }

@@ -125,6 +125,24 @@ impl ContainerEngine for MeteredEngine {
             self.inner.wait_for_log(id, needle, timeout)
         )
     }
+    async fn rename(&self, current: &str, new: &str) -> Result<(), EngineError> {
+        metered!(self, "rename", self.inner.rename(current, new))
+    }
+    async fn update_limits(
+        &self,
+        id: &str,
+        memory_bytes: Option<i64>,
+        nano_cpus: Option<i64>,
+    ) -> Result<(), EngineError> {
+        metered!(
+            self,
+            "update",
+            self.inner.update_limits(id, memory_bytes, nano_cpus)
+        )
+    }
+    async fn image_id(&self, image: &str) -> Result<String, EngineError> {
+        metered!(self, "inspect_image", self.inner.image_id(image))
+    }
     async fn list(&self, labels: &[(&str, &str)]) -> Result<Vec<ContainerInfo>, EngineError> {
         metered!(self, "list", self.inner.list(labels))
     }

@@ -113,6 +113,14 @@ pub struct Metrics {
     /// Running background processes per session as last listed (list route, reaper).
     processes_live: std::sync::Mutex<std::collections::HashMap<String, u64>>,
     pub streamed_runs: Counter,
+    /// Ready warm-pool members per (image, kind), as this replica last counted them.
+    pub pool_size: Family<Counter>,
+    pub pool_claims: Family<Counter>,
+    /// Requests a pool was configured for that went cold, by (image, kind, reason).
+    pub pool_misses: Family<Counter>,
+    pub pool_refill_failures: Family<Counter>,
+    /// Time to build one member, by kind.
+    pub pool_refill: Family<Histogram>,
 }
 
 impl Default for Metrics {
@@ -136,6 +144,11 @@ impl Default for Metrics {
             processes_killed: Counter::default(),
             processes_live: Default::default(),
             streamed_runs: Counter::default(),
+            pool_size: Family::new(&["image", "kind"]),
+            pool_claims: Family::new(&["image", "kind"]),
+            pool_misses: Family::new(&["image", "kind", "reason"]),
+            pool_refill_failures: Family::new(&["image", "kind"]),
+            pool_refill: Family::new(&["kind"]),
         }
     }
 }
@@ -307,6 +320,37 @@ impl Metrics {
             "gauge",
         );
         let _ = writeln!(w, "daiv_sandbox_processes_live {}", self.processes_live());
+        family_counter_as(
+            w,
+            "daiv_sandbox_pool_size",
+            "Ready warm-pool members by image and kind, as this replica last counted them.",
+            "gauge",
+            &self.pool_size,
+        );
+        family_counter(
+            w,
+            "daiv_sandbox_pool_claims_total",
+            "Sessions handed out from the warm pool, by image and kind.",
+            &self.pool_claims,
+        );
+        family_counter(
+            w,
+            "daiv_sandbox_pool_misses_total",
+            "Requests for a pooled image and kind created cold, by reason (empty, limits, apply).",
+            &self.pool_misses,
+        );
+        family_counter(
+            w,
+            "daiv_sandbox_pool_refill_failures_total",
+            "Warm-pool members that could not be built, or pools that could not be checked.",
+            &self.pool_refill_failures,
+        );
+        family_hist(
+            w,
+            "daiv_sandbox_pool_refill_duration_seconds",
+            "Time to build one warm-pool member (create, start and, for egress, the triad).",
+            &self.pool_refill,
+        );
         out
     }
 }
@@ -321,7 +365,11 @@ fn counter(w: &mut String, name: &str, help: &str, value: u64) {
 }
 
 fn family_counter(w: &mut String, name: &str, help: &str, family: &Family<Counter>) {
-    header(w, name, help, "counter");
+    family_counter_as(w, name, help, "counter", family);
+}
+
+fn family_counter_as(w: &mut String, name: &str, help: &str, kind: &str, family: &Family<Counter>) {
+    header(w, name, help, kind);
     for (values, c) in family.snapshot() {
         let _ = writeln!(
             w,

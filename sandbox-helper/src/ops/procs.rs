@@ -27,6 +27,12 @@ use crate::protocol::{
     ErrorKind, PollInfo, ProcInfo, ProcRequest, Response, encode, encode_json, kind, read_frame,
 };
 
+/// The environment a warm-pool claim gave the session (a JSON list of `[name, value]` pairs),
+/// written by the control plane as root into the root-owned service directory after the
+/// container started: commands and processes get it on top of the container's environment.
+/// Absent in every other session.
+pub const ENV_FILE: &str = "/.daiv-sandbox/environment";
+
 /// The abstract socket `init` listens on (per network namespace: one per sandbox).
 pub const DEFAULT_SOCKET: &str = "daiv-sandbox-processes";
 /// Finished processes kept for their exit code and output; older ones are forgotten first.
@@ -72,6 +78,29 @@ pub fn set_socket(name: &str) {
 /// The supervisor's socket name.
 pub fn socket() -> &'static str {
     SOCKET.get().map_or(DEFAULT_SOCKET, String::as_str)
+}
+
+/// The claim's environment from `path`; none when the file is absent (a session that was not
+/// claimed from a pool). An unreadable or malformed file is reported and counts as empty.
+pub fn claimed_env(path: &std::path::Path) -> Vec<(String, String)> {
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Vec::new(),
+        Err(e) => {
+            eprintln!("daiv-sandbox-helper: cannot read {}: {e}", path.display());
+            return Vec::new();
+        }
+    };
+    match serde_json::from_slice::<Vec<(String, String)>>(&bytes) {
+        Ok(env) => env
+            .into_iter()
+            .filter(|(k, v)| !k.is_empty() && !k.contains(['=', '\0']) && !v.contains('\0'))
+            .collect(),
+        Err(e) => {
+            eprintln!("daiv-sandbox-helper: {} is malformed: {e}", path.display());
+            Vec::new()
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -247,6 +276,8 @@ fn start(
             .stdout(writer.try_clone().map_err(spawn_err)?)
             .stderr(writer)
             .current_dir(workdir)
+            // Read at each start: the claim writes it after this supervisor started.
+            .envs(claimed_env(std::path::Path::new(ENV_FILE)))
             .envs(env.iter().map(|(k, v)| (k, v)))
             .process_group(0);
         cmd.spawn().map_err(spawn_err)?

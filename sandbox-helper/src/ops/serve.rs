@@ -88,9 +88,37 @@ impl Out {
     }
 }
 
+static ENV_FILE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+/// The claim's environment ([`procs::ENV_FILE`]), read once when serving starts: the control
+/// plane writes it before it opens any channel to a claimed session.
+static CLAIMED_ENV: std::sync::OnceLock<Vec<(String, String)>> = std::sync::OnceLock::new();
+
+/// Where [`serve`] reads the claim's environment (`--env-file`; tests use their own).
+pub fn set_env_file(path: &Path) {
+    let _ = ENV_FILE.set(path.to_path_buf());
+}
+
+fn claimed_env() -> &'static [(String, String)] {
+    CLAIMED_ENV.get_or_init(|| {
+        let path = ENV_FILE
+            .get()
+            .cloned()
+            .unwrap_or_else(|| PathBuf::from(procs::ENV_FILE));
+        procs::claimed_env(&path)
+    })
+}
+
+/// A run's environment: the claim's, then the request's (which wins).
+fn run_env(request: Vec<(String, String)>) -> Vec<(String, String)> {
+    let mut env = claimed_env().to_vec();
+    env.extend(request);
+    env
+}
+
 /// Serves the protocol on stdin/stdout with `root` as `/workspace`; returns the exit code
 /// (0 at end of input, 2 on a framing error, 1 if the root cannot be opened).
 pub fn serve(root_dir: &Path) -> i32 {
+    claimed_env();
     // Commands run as this process's uid: without this, one could ptrace the helper (or write
     // its memory through /proc) and alter what it answers. Children are dumpable again after
     // their exec, so commands are unaffected.
@@ -344,6 +372,7 @@ fn handle(
             env,
         } => {
             let workdir = host_path(root_dir, &workdir);
+            let env = run_env(env);
             let spec = RunSpec {
                 commands: &commands,
                 fail_fast,
@@ -490,4 +519,35 @@ fn proc_request(
         out.frame(id, kind::DATA, &output);
     }
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_claims_environment_comes_first_and_the_request_wins() {
+        let dir = std::env::temp_dir().join(format!("daiv-helper-env-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("tempdir");
+        let file = dir.join("environment");
+        std::fs::write(
+            &file,
+            br#"[["A","claimed"],["B","claimed"],["bad=name","x"]]"#,
+        )
+        .expect("write");
+        set_env_file(&file);
+        let env = run_env(vec![("B".into(), "request".into())]);
+        assert_eq!(
+            env,
+            vec![
+                ("A".to_string(), "claimed".to_string()),
+                ("B".to_string(), "claimed".to_string()),
+                ("B".to_string(), "request".to_string()),
+            ]
+        );
+        assert!(procs::claimed_env(&dir.join("absent")).is_empty());
+        std::fs::write(&file, b"not json").expect("write");
+        assert!(procs::claimed_env(&file).is_empty());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

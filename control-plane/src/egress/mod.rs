@@ -43,6 +43,11 @@ use crate::engine::{
 };
 use crate::error::ApiError;
 
+mod policy;
+
+pub use policy::parse_policy;
+use policy::{config_tar, config_tar_with, policy_json};
+
 /// The sandbox's labels naming its gateway container and internal network.
 pub const GATEWAY_LABEL: &str = "daiv.sandbox.egress.gateway";
 pub const NETWORK_LABEL: &str = "daiv.sandbox.egress.network";
@@ -72,6 +77,34 @@ done
 cat "$d/egress-ca.crt" >> "$d/ca-bundle.pem"
 if [ -d /usr/local/share/ca-certificates ]; then cp "$d/egress-ca.crt" /usr/local/share/ca-certificates/daiv-egress-ca.crt 2>/dev/null; fi
 exit 0"#;
+
+const PROXY_ENV: [&str; 6] = [
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "ALL_PROXY",
+    "all_proxy",
+];
+const NO_PROXY_ENV: [&str; 2] = ["NO_PROXY", "no_proxy"];
+const CA_BUNDLE_ENV: [&str; 6] = [
+    "SSL_CERT_FILE",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "GIT_SSL_CAINFO",
+    "NODE_EXTRA_CA_CERTS",
+    "PIP_CERT",
+];
+
+/// Whether an egress sandbox's own settings (proxy, CA bundle) set `name`: those win over the
+/// caller's environment.
+pub fn sets_env(name: &str) -> bool {
+    PROXY_ENV
+        .iter()
+        .chain(&NO_PROXY_ENV)
+        .chain(&CA_BUNDLE_ENV)
+        .any(|k| *k == name)
+}
 
 /// Everything egress needs that does not change per session, read once at start-up.
 pub struct Egress {
@@ -149,11 +182,14 @@ impl Egress {
     /// Creates the internal network and the gateway (not started: the caller starts it while it
     /// creates the sandbox, the two slowest steps side by side); returns how to attach the
     /// sandbox. On error, `created` says what to tear down.
+    /// `helper`: put the session helper into the gateway too (warm-pool members: their claim
+    /// installs the policy through it, see [`Egress::install`]).
     pub async fn prepare(
         &self,
         token: &str,
         policy: &PolicyFile,
         created: &mut Created,
+        helper: Option<&Bytes>,
     ) -> Result<SandboxPlan, ApiError> {
         let c = &self.config;
         self.engine
@@ -168,7 +204,7 @@ impl Egress {
         let sandbox_ip = IpAddr::V4(Ipv4Addr::from(base + 3));
 
         let policy = policy.clone().with_content_version();
-        let spec = self.gateway_spec(&token, gateway_ip, &policy)?;
+        let spec = self.gateway_spec(&token, gateway_ip, &policy, helper)?;
         let gateway = self.engine.create(&spec).await?;
         created.gateway = Some(gateway.clone());
         self.engine
@@ -176,28 +212,14 @@ impl Egress {
             .await?;
 
         let proxy = format!("http://{gateway_ip}:{}", c.egress_proxy_port);
-        let mut env: Vec<(String, String)> = [
-            "HTTP_PROXY",
-            "HTTPS_PROXY",
-            "http_proxy",
-            "https_proxy",
-            "ALL_PROXY",
-            "all_proxy",
-        ]
-        .iter()
-        .map(|k| (k.to_string(), proxy.clone()))
-        .collect();
-        for k in ["NO_PROXY", "no_proxy"] {
+        let mut env: Vec<(String, String)> = PROXY_ENV
+            .iter()
+            .map(|k| (k.to_string(), proxy.clone()))
+            .collect();
+        for k in NO_PROXY_ENV {
             env.push((k.to_string(), "localhost,127.0.0.1,::1".to_string()));
         }
-        for k in [
-            "SSL_CERT_FILE",
-            "REQUESTS_CA_BUNDLE",
-            "CURL_CA_BUNDLE",
-            "GIT_SSL_CAINFO",
-            "NODE_EXTRA_CA_CERTS",
-            "PIP_CERT",
-        ] {
+        for k in CA_BUNDLE_ENV {
             env.push((k.to_string(), SANDBOX_CA_BUNDLE.to_string()));
         }
         Ok(SandboxPlan {
@@ -222,6 +244,29 @@ impl Egress {
                 self.ca_cert.clone(),
             )],
         })
+    }
+
+    /// What a warm-pool egress member depends on besides the sandbox (for its spec hash).
+    pub fn fingerprint(&self) -> String {
+        let c = &self.config;
+        format!(
+            "{}|{}|{}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{}|{}|{}|{}",
+            c.egress_proxy_image,
+            c.egress_proxy_port,
+            c.egress_proxy_runtime.as_str(),
+            c.egress_proxy_network,
+            c.network,
+            c.egress_proxy_memory_bytes,
+            c.egress_proxy_cpus,
+            c.egress_allowed_cidrs,
+            c.egress_upstream_proxy
+                .as_ref()
+                .map(|p| fnv(p.expose().as_bytes())),
+            fnv(&self.ca_cert),
+            fnv(&self.ca_key),
+            self.upstream_ca.as_deref().map_or(0, fnv),
+            c.egress_subnet_pool,
+        )
     }
 
     pub async fn start_gateway(&self, triad: &Triad) -> Result<(), ApiError> {
@@ -364,6 +409,65 @@ impl Egress {
         self.acknowledge(&triad.gateway, &version).await
     }
 
+    /// A warm-pool claim's policy, in one exec: the session helper in the gateway writes it over
+    /// the gateway's policy file (a complete file renamed into place, which the gateway reloads)
+    /// and then runs the gateway's `health --expect-version`, the same acknowledgement as a
+    /// refresh. Without the helper there (the write never said `ok`), the staged-file path of
+    /// [`Egress::refresh`].
+    pub async fn install(&self, triad: &Triad, policy: &PolicyFile) -> Result<(), ApiError> {
+        let policy = policy.clone().with_content_version();
+        let version = policy.version.clone().unwrap_or_default();
+        let health = vec![
+            sidecar::BINARY.to_string(),
+            sidecar::HEALTH_SUBCOMMAND.to_string(),
+            "--timeout-ms".to_string(),
+            POLICY_ACK_TIMEOUT.as_millis().to_string(),
+            "--expect-version".to_string(),
+            version.clone(),
+        ];
+        let (user, path) = (
+            format!("{GATEWAY_UID}:{GATEWAY_UID}"),
+            sidecar::config_path(sidecar::POLICY_FILE),
+        );
+        let run = crate::pool::write_then(
+            &*self.engine,
+            &triad.gateway,
+            &user,
+            &path,
+            0o600,
+            policy_json(&policy)?,
+            &health,
+        );
+        let said = tokio::time::timeout(POLICY_ACK_TIMEOUT + Duration::from_secs(5), run).await;
+        let said = match said {
+            Ok(Ok(said)) => said,
+            Ok(Err(e)) => {
+                tracing::debug!(gateway = %triad.gateway, error = %e, "policy not written by the helper; staging it");
+                return self.refresh(triad, &policy).await;
+            }
+            Err(_) => String::new(),
+        };
+        if !said.starts_with("ok\n") {
+            tracing::debug!(gateway = %triad.gateway, "no helper in the gateway; staging the policy");
+            return self.refresh(triad, &policy).await;
+        }
+        if said.trim_end().ends_with("\nexit 0") {
+            return Ok(());
+        }
+        let last = said
+            .lines()
+            .rev()
+            .nth(1)
+            .unwrap_or_default()
+            .trim()
+            .to_owned();
+        tracing::warn!(gateway = %triad.gateway, version, answer = %last, "egress policy not acknowledged");
+        Err(ApiError::Unavailable(format!(
+            "the egress gateway did not enforce the new policy within {} s",
+            POLICY_ACK_TIMEOUT.as_secs()
+        )))
+    }
+
     pub async fn stop(&self, triad: &Triad) {
         match self
             .engine
@@ -448,6 +552,7 @@ impl Egress {
         token: &str,
         ip: IpAddr,
         policy: &PolicyFile,
+        helper: Option<&Bytes>,
     ) -> Result<ContainerSpec, ApiError> {
         let c = &self.config;
         let path = sidecar::config_path;
@@ -502,6 +607,7 @@ impl Egress {
             .or_else(|| c.network.clone())
             .unwrap_or_else(|| "bridge".to_string());
         Ok(ContainerSpec {
+            name: None,
             image: c.egress_proxy_image.clone(),
             entrypoint: None,
             cmd: None,
@@ -528,129 +634,22 @@ impl Egress {
                 ("max-size".to_string(), "10m".to_string()),
                 ("max-file".to_string(), "3".to_string()),
             ],
-            skeleton: Some(config_tar(&files, true)),
+            skeleton: Some(config_tar_with(&files, true, helper)),
         })
     }
 }
 
-/// Parses an `egress` body as the policy file and applies the API's validation. Parse errors
-/// never echo the body's strings: a misplaced secret must not come back in a 422.
-pub fn parse_policy(value: &serde_json::Value) -> Result<PolicyFile, ApiError> {
-    let file: PolicyFile = serde_json::from_value(value.clone()).map_err(|e| {
-        ApiError::Unprocessable(format!("invalid egress policy: {}", redact(&e.to_string())))
-    })?;
-    shared_policy::validate_for_api(&file)
-        .map_err(|e| ApiError::Unprocessable(format!("invalid egress policy: {e}")))?;
-    Ok(file)
-}
-
-/// Blanks quoted and back-ticked spans of a serde message.
-fn redact(message: &str) -> String {
-    let mut out = String::with_capacity(message.len());
-    let mut inside: Option<char> = None;
-    for ch in message.chars() {
-        match inside {
-            Some(close) if ch == close => {
-                out.push('…');
-                out.push(ch);
-                inside = None;
-            }
-            Some(_) => {}
-            None if ch == '`' || ch == '"' => {
-                out.push(ch);
-                inside = Some(ch);
-            }
-            None => out.push(ch),
-        }
+/// FNV-1a (64 bits): a change detector for the warm pool's spec hash, not a security property.
+pub fn fnv(bytes: &[u8]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        hash ^= u64::from(*b);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
     }
-    out
-}
-
-fn policy_json(policy: &PolicyFile) -> Result<Bytes, ApiError> {
-    serde_json::to_vec(policy)
-        .map(Bytes::from)
-        .map_err(|e| ApiError::Internal(e.into()))
-}
-
-/// The gateway's config files, owned by the gateway's user; `with_dir` adds the directory
-/// entry itself (first creation).
-fn config_tar(files: &[(&str, Bytes, u32)], with_dir: bool) -> Bytes {
-    let mut builder = tar::Builder::new(Vec::new());
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    let header = |kind: tar::EntryType, mode: u32, size: u64| {
-        let mut h = tar::Header::new_gnu();
-        h.set_entry_type(kind);
-        h.set_mode(mode);
-        h.set_uid(u64::from(GATEWAY_UID));
-        h.set_gid(u64::from(GATEWAY_UID));
-        h.set_size(size);
-        h.set_mtime(now);
-        h
-    };
-    let prefix = if with_dir {
-        format!("{}/", sidecar::CONFIG_DIR.trim_start_matches('/'))
-    } else {
-        String::new()
-    };
-    if with_dir {
-        let mut h = header(tar::EntryType::Directory, 0o700, 0);
-        let _ = builder.append_data(&mut h, &prefix, std::io::empty());
-    }
-    for (name, data, mode) in files {
-        let mut h = header(tar::EntryType::Regular, *mode, data.len() as u64);
-        let _ = builder.append_data(&mut h, format!("{prefix}{name}"), &data[..]);
-    }
-    Bytes::from(builder.into_inner().unwrap_or_default())
+    hash
 }
 
 /// A fresh token for an egress session's parts.
 pub fn random_token() -> String {
     format!("{:016x}", rand::random::<u64>())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn parse_errors_never_echo_body_strings() {
-        let body = json!({"policy": {"default": "ghp_supersecret"}});
-        let Err(ApiError::Unprocessable(msg)) = parse_policy(&body) else {
-            panic!("expected 422");
-        };
-        assert!(!msg.contains("ghp_supersecret"), "{msg}");
-    }
-
-    #[test]
-    fn api_validation_applies() {
-        let deny_nothing = json!({"policy": {"default": "deny", "rules": []}});
-        assert!(matches!(
-            parse_policy(&deny_nothing),
-            Err(ApiError::Unprocessable(_))
-        ));
-        let unknown_secret = json!({"policy": {"rules": [{"host": "a.test", "inject": "nope"}]}});
-        assert!(matches!(
-            parse_policy(&unknown_secret),
-            Err(ApiError::Unprocessable(_))
-        ));
-        let ok =
-            json!({"policy": {"rules": [{"host": "*.a.test", "methods": ["get"]}]}, "extra": 1});
-        let file = parse_policy(&ok).expect("valid");
-        assert_eq!(file.policy.rules[0].methods, vec!["GET"]);
-    }
-
-    #[test]
-    fn config_tar_is_owned_by_the_gateway_user() -> std::io::Result<()> {
-        let tar_bytes = config_tar(&[("config.json", Bytes::from_static(b"{}"), 0o600)], true);
-        let mut archive = tar::Archive::new(&tar_bytes[..]);
-        for entry in archive.entries()? {
-            let entry = entry?;
-            assert_eq!(entry.header().uid()?, u64::from(GATEWAY_UID));
-        }
-        Ok(())
-    }
 }

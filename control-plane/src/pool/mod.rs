@@ -1,0 +1,518 @@
+//! The warm pool: sandboxes created and started before anyone asks, handed out by
+//! `POST /session/` in a few milliseconds instead of a container create and start.
+//!
+//! `DAIV_SANDBOX_WARM_POOL` / `DAIV_SANDBOX_WARM_POOL_EGRESS` name images and how many ready
+//! members each keeps (egress members are whole triads, behind a deny-all policy). A request
+//! whose image and kind (isolated or egress) match takes a member and gets what it carries
+//! applied at claim time; anything else, or a pool that is empty or cannot apply the request,
+//! falls back to the cold path.
+//!
+//! # Members, names and the claim
+//!
+//! A member is an ordinary sandbox container (role `sandbox`, this deployment's label) with
+//! [`POOL_LABEL`] (its kind) and [`POOL_SPEC_LABEL`] (a hash of everything its spec was built
+//! from). Labels cannot change after create, so a member's state is its **name**:
+//!
+//! | name | state |
+//! | --- | --- |
+//! | `daiv-building-<token>` | being built (never claimable) |
+//! | `daiv-pool-<token>` | ready: claimable, not a session (its id answers 404) |
+//! | `daiv-claimed-<token>` | claimed: a session like any other, for good |
+//! | `daiv-retired-<token>` | being removed by the pool (stale, dead, over the size, shutdown) |
+//!
+//! Claiming is one engine call: rename `daiv-pool-<t>` to `daiv-claimed-<t>`, addressed by the
+//! *current name*. The engine serialises renames of one container and the target is fixed by the
+//! source, so of any number of racing claimers exactly one succeeds: the others find no container
+//! of the old name (404) or find it already named the target (refused). This holds across
+//! replicas on one engine with or without Redis: the engine is the arbiter, not a lock. Retiring
+//! uses the same swap, so a member is never both handed out and removed. A claimed member never
+//! becomes a member again: every claim gets a container no session ever used.
+//!
+//! [`Sessions::find`] stays one inspect: a pool-labelled container is a session only under its
+//! claimed name. The reaper leaves unclaimed members alone and wakes the refill, which replaces
+//! members that died, whose image tag now points elsewhere or whose spec hash is stale.
+//!
+//! # What a claim applies
+//!
+//! - `environment`: written as root into the sandbox's root-owned service directory
+//!   ([`ENV_FILE`], a JSON list of pairs, readable but not writable by the sandbox user); the
+//!   helper applies it on top of the container's environment to every command (`serve`) and
+//!   background process (`init`). Egress proxy settings still win, as on the cold path.
+//! - `memory_bytes` / `cpus`: a live update of the container (swap twice the memory, as at
+//!   create). A runtime that refuses updates (gVisor) makes the claim fall back to a cold create,
+//!   and requests with limits skip the pool from then on.
+//! - egress `policy` and secrets: staged into the member's gateway and acknowledged (the
+//!   `PUT .../egress/` path) before the 201, so the policy is in effect when the client has the id.
+//!
+//! A claim that fails to apply removes the member (it was never given out) and goes cold.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use bytes::Bytes;
+use shared_policy::PolicyFile;
+
+use crate::api::StartSessionRequest;
+use crate::config::Config;
+use crate::egress::{self, Created, Egress, Triad};
+use crate::engine::{
+    ContainerInfo, DEPLOYMENT_LABEL, EngineError, IMAGE_LABEL, POOL_LABEL, POOL_SPEC_LABEL,
+    ROLE_LABEL, ROLE_SANDBOX,
+};
+use crate::session::Sessions;
+use crate::telemetry::metrics::Metrics;
+
+mod apply;
+mod refill;
+
+pub use apply::{write_by_helper, write_then};
+pub use refill::Refill;
+
+/// Where a claim's environment lives in the sandbox (the helper's `procs::ENV_FILE`).
+pub const ENV_FILE: &str = "/.daiv-sandbox/environment";
+
+pub(crate) const BUILDING: &str = "daiv-building-";
+pub(crate) const READY: &str = "daiv-pool-";
+pub(crate) const CLAIMED: &str = "daiv-claimed-";
+pub(crate) const RETIRED: &str = "daiv-retired-";
+
+/// Largest member count per image.
+const MAX_MEMBERS: u32 = 64;
+/// Candidates a claim tries before it gives up and goes cold (each lost race costs a rename).
+const CLAIM_TRIES: usize = 6;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    Isolated,
+    Egress,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Isolated => "isolated",
+            Kind::Egress => "egress",
+        }
+    }
+}
+
+/// One configured pool: a kind and an image.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Key {
+    pub kind: Kind,
+    pub image: String,
+}
+
+/// A ready member as the pool knows it: its id and token (the name's suffix and, for egress,
+/// the triad's token), and its triad's parts.
+#[derive(Debug, Clone)]
+pub(crate) struct Member {
+    pub id: String,
+    pub token: String,
+    pub triad: Option<Triad>,
+}
+
+impl Member {
+    pub(crate) fn of(info: &ContainerInfo) -> Option<Self> {
+        let token = info.name.strip_prefix(READY)?.to_string();
+        Some(Self {
+            id: info.id.clone(),
+            token,
+            triad: Triad::of(info),
+        })
+    }
+}
+
+/// The name and labels of a member being built.
+#[derive(Debug, Clone)]
+pub struct MemberTag {
+    pub name: String,
+    pub labels: Vec<(String, String)>,
+}
+
+/// `IMAGE=COUNT[,IMAGE=COUNT...]`; a count of 0 configures nothing for that image.
+pub fn parse_targets(raw: &str) -> Result<Vec<(String, u32)>, String> {
+    let mut out: Vec<(String, u32)> = Vec::new();
+    for item in raw.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let Some((image, count)) = item.rsplit_once('=') else {
+            return Err(format!("{item:?}: expected IMAGE=COUNT"));
+        };
+        let image = image.trim();
+        if image.is_empty() || image.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(format!("{item:?}: not an image reference"));
+        }
+        let count: u32 = count
+            .trim()
+            .parse()
+            .map_err(|_| format!("{item:?}: the count must be a whole number"))?;
+        if count > MAX_MEMBERS {
+            return Err(format!("{item:?}: at most {MAX_MEMBERS} members per image"));
+        }
+        if out.iter().any(|(i, _)| i == image) {
+            return Err(format!("{image:?} is listed twice"));
+        }
+        if count > 0 {
+            out.push((image.to_string(), count));
+        }
+    }
+    Ok(out)
+}
+
+/// A pool-labelled container that is not (or not yet, or no longer) a session.
+pub fn is_unclaimed(info: &ContainerInfo) -> bool {
+    info.labels.contains_key(POOL_LABEL) && !info.name.starts_with(CLAIMED)
+}
+
+/// The pool's state in one replica: targets, the members it knows to be ready, the refill's
+/// wake-up and the metrics it keeps.
+pub struct Pool {
+    targets: Vec<(Key, u32)>,
+    /// Members believed ready, per pool; a claim pops from here before it lists the engine.
+    ready: Mutex<HashMap<Key, VecDeque<Member>>>,
+    pub(crate) wake: tokio::sync::Notify,
+    /// Set when a live limits update was refused (gVisor): requests with limits go cold.
+    limits_refused: AtomicBool,
+    /// Spec hashes per kind, of everything but the image.
+    spec_base: HashMap<Kind, u64>,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) remove_on_shutdown: bool,
+    /// Tokens of members this replica is building (removed on shutdown if unfinished).
+    pub(crate) building: Mutex<HashSet<String>>,
+}
+
+impl Pool {
+    pub fn new(
+        config: &Config,
+        helper: Option<&Bytes>,
+        egress: Option<&Egress>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        let mut targets = Vec::new();
+        for (kind, list) in [
+            (Kind::Isolated, &config.warm_pool),
+            (Kind::Egress, &config.warm_pool_egress),
+        ] {
+            for (image, count) in list {
+                let key = Key {
+                    kind,
+                    image: image.clone(),
+                };
+                metrics
+                    .pool_size
+                    .with(&[image.as_str(), kind.as_str()])
+                    .set(0);
+                targets.push((key, *count));
+            }
+        }
+        let sandbox = format!(
+            "{}|{}:{}|{}|{}|{}",
+            config.runtime.as_str(),
+            config.run_uid,
+            config.run_gid,
+            config.pids_limit,
+            helper.map_or(0, |h| egress::fnv(h)),
+            crate::VERSION,
+        );
+        let egress_part = egress.map(Egress::fingerprint).unwrap_or_default();
+        let spec_base = HashMap::from([
+            (Kind::Isolated, egress::fnv(sandbox.as_bytes())),
+            (
+                Kind::Egress,
+                egress::fnv(format!("{sandbox}|{egress_part}").as_bytes()),
+            ),
+        ]);
+        Self {
+            targets,
+            ready: Mutex::default(),
+            wake: tokio::sync::Notify::new(),
+            limits_refused: AtomicBool::new(false),
+            spec_base,
+            metrics,
+            remove_on_shutdown: config.warm_pool_remove_on_shutdown,
+            building: Mutex::default(),
+        }
+    }
+
+    pub fn is_configured(&self) -> bool {
+        !self.targets.is_empty()
+    }
+
+    pub fn targets(&self) -> &[(Key, u32)] {
+        &self.targets
+    }
+
+    fn target(&self, key: &Key) -> Option<u32> {
+        self.targets.iter().find(|(k, _)| k == key).map(|(_, n)| *n)
+    }
+
+    /// The spec hash members of `key` carry (a stale one is replaced).
+    pub(crate) fn spec_hash(&self, key: &Key) -> String {
+        let base = self.spec_base.get(&key.kind).copied().unwrap_or_default();
+        format!(
+            "{:016x}",
+            egress::fnv(format!("{base}|{}", key.image).as_bytes())
+        )
+    }
+
+    /// Asks the refill to look again (after a claim, from the reaper).
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
+
+    fn ready(&self) -> std::sync::MutexGuard<'_, HashMap<Key, VecDeque<Member>>> {
+        self.ready.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn pop(&self, key: &Key) -> Option<Member> {
+        self.ready().get_mut(key).and_then(VecDeque::pop_front)
+    }
+
+    /// Replaces what this replica believes is ready for `key`.
+    pub(crate) fn set_ready(&self, key: &Key, members: Vec<Member>) {
+        self.ready().insert(key.clone(), members.into());
+    }
+
+    pub(crate) fn push_ready(&self, key: &Key, member: Member) {
+        let mut ready = self.ready();
+        let queue = ready.entry(key.clone()).or_default();
+        if !queue.iter().any(|m| m.id == member.id) {
+            queue.push_back(member);
+        }
+    }
+
+    fn add_ready(&self, key: &Key, members: Vec<Member>) {
+        for m in members {
+            self.push_ready(key, m);
+        }
+    }
+
+    /// Labels every member of `key` carries (the refill lists by them).
+    pub(crate) fn labels<'a>(&self, key: &'a Key, deployment: &'a str) -> Vec<(&'a str, &'a str)> {
+        vec![
+            (ROLE_LABEL, ROLE_SANDBOX),
+            (DEPLOYMENT_LABEL, deployment),
+            (POOL_LABEL, key.kind.as_str()),
+            (IMAGE_LABEL, key.image.as_str()),
+        ]
+    }
+
+    fn miss(&self, key: &Key, why: &str) {
+        self.metrics
+            .pool_misses
+            .with(&[key.image.as_str(), key.kind.as_str(), why])
+            .inc();
+    }
+
+    fn claimed(&self, key: &Key) {
+        self.metrics
+            .pool_claims
+            .with(&[key.image.as_str(), key.kind.as_str()])
+            .inc();
+        let size = self
+            .metrics
+            .pool_size
+            .with(&[key.image.as_str(), key.kind.as_str()]);
+        size.set(size.get().saturating_sub(1));
+    }
+}
+
+impl Sessions {
+    /// A ready member for `req`, claimed and with the request applied; `None` sends the request
+    /// down the cold path (no pool for it, the pool is empty, or applying failed).
+    pub(crate) async fn claim(
+        &self,
+        req: &StartSessionRequest,
+        policy: Option<&PolicyFile>,
+    ) -> Option<String> {
+        let kind = if policy.is_some() {
+            Kind::Egress
+        } else {
+            Kind::Isolated
+        };
+        let key = Key {
+            kind,
+            image: req.base_image.clone(),
+        };
+        let pool = &self.pool;
+        pool.target(&key)?;
+        let limits = req.memory_bytes.is_some() || req.cpus.is_some();
+        if limits && pool.limits_refused.load(Ordering::Relaxed) {
+            pool.miss(&key, "limits");
+            return None;
+        }
+        let started = Instant::now();
+        let Some(member) = self.take(&key).await else {
+            pool.miss(&key, "empty");
+            pool.wake();
+            return None;
+        };
+        pool.claimed(&key);
+        pool.wake();
+        match self.apply(&member, req, policy, kind).await {
+            Ok(()) => {
+                tracing::debug!(session_id = %member.id, elapsed_ms = started.elapsed().as_millis() as u64, "warm pool claim");
+                Some(member.id)
+            }
+            Err(e) => {
+                tracing::warn!(session_id = %member.id, error = %e, "warm pool claim could not be applied; creating cold");
+                pool.miss(&key, "apply");
+                self.discard(&member.id, member.triad.as_ref()).await;
+                None
+            }
+        }
+    }
+
+    /// Takes a member by renaming it to its claimed name; a lost race tries the next one. The
+    /// replica's own list comes first, then the engine's (members other replicas built).
+    async fn take(&self, key: &Key) -> Option<Member> {
+        let mut listed = false;
+        for _ in 0..CLAIM_TRIES {
+            let member = match self.pool.pop(key) {
+                Some(m) => m,
+                None if !listed => {
+                    listed = true;
+                    let found = self.list_ready(key).await;
+                    self.pool.add_ready(key, found);
+                    continue;
+                }
+                None => return None,
+            };
+            let from = format!("{READY}{}", member.token);
+            let to = format!("{CLAIMED}{}", member.token);
+            match self.engine.rename(&from, &to).await {
+                Ok(()) => return Some(member),
+                // Another replica claimed (or the refill retired) it first.
+                Err(
+                    EngineError::NotFound | EngineError::Rejected(_) | EngineError::Conflict(_),
+                ) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "warm pool claim failed");
+                    return None;
+                }
+            }
+        }
+        None
+    }
+
+    /// Running, ready members of `key` in the engine, in random order (replicas listing at
+    /// once then mostly try different ones).
+    pub(crate) async fn list_ready(&self, key: &Key) -> Vec<Member> {
+        let labels = self.pool.labels(key, &self.config.deployment);
+        let spec = self.pool.spec_hash(key);
+        let Ok(list) = self.engine.list(&labels).await else {
+            return Vec::new();
+        };
+        let mut found: Vec<Member> = list
+            .iter()
+            .filter(|c| c.is_running() && c.labels.get(POOL_SPEC_LABEL) == Some(&spec))
+            .filter_map(Member::of)
+            .collect();
+        let n = found.len();
+        for i in (1..n).rev() {
+            found.swap(i, (rand::random::<u64>() % (i as u64 + 1)) as usize);
+        }
+        found
+    }
+
+    /// Removes a member (and its triad) that will not be handed out.
+    pub(crate) async fn discard(&self, id: &str, triad: Option<&Triad>) {
+        match self.engine.remove(id).await {
+            Ok(()) | Err(EngineError::NotFound) => {}
+            Err(e) => tracing::warn!(container = %id, error = %e, "could not remove a pool member"),
+        }
+        if let (Some(triad), Some(egress)) = (triad, &self.egress) {
+            egress
+                .teardown(&Created {
+                    network: Some(triad.network.clone()),
+                    gateway: Some(triad.gateway.clone()),
+                })
+                .await;
+        }
+    }
+
+    /// The tag of a new member of `key`.
+    pub(crate) fn member_tag(&self, key: &Key, token: &str) -> MemberTag {
+        MemberTag {
+            name: format!("{BUILDING}{token}"),
+            labels: vec![
+                (POOL_LABEL.to_string(), key.kind.as_str().to_string()),
+                (POOL_SPEC_LABEL.to_string(), self.pool.spec_hash(key)),
+            ],
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_parse_and_are_validated() {
+        assert_eq!(
+            parse_targets(" a:1=2, registry:5000/b@sha256:00=1 ,c=0"),
+            Ok(vec![
+                ("a:1".to_string(), 2),
+                ("registry:5000/b@sha256:00".to_string(), 1)
+            ])
+        );
+        assert_eq!(parse_targets(""), Ok(Vec::new()));
+        for bad in ["a", "a=x", "=2", "a=2,a=1", "a=65", "a b=1"] {
+            assert!(parse_targets(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn settings_are_read_and_an_egress_pool_needs_the_ca() {
+        let env = |pairs: &[(&str, &str)]| -> HashMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let c =
+            crate::config::load(&env(&[("API_KEY", "k"), ("WARM_POOL", "a:1=3")])).expect("valid");
+        assert_eq!(c.warm_pool, vec![("a:1".to_string(), 3)]);
+        assert!(c.warm_pool_egress.is_empty() && !c.warm_pool_remove_on_shutdown);
+        let Err(e) = crate::config::load(&env(&[
+            ("API_KEY", "k"),
+            ("WARM_POOL", "a:1=x"),
+            ("WARM_POOL_EGRESS", "a:1=1"),
+        ])) else {
+            panic!("accepted");
+        };
+        let e = e.to_string();
+        assert!(
+            e.contains("DAIV_SANDBOX_WARM_POOL=") && e.contains("WARM_POOL_EGRESS: egress"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn egress_settings_win_over_a_claims_environment() -> Result<(), Box<dyn std::error::Error>> {
+        let req = StartSessionRequest {
+            base_image: "img".into(),
+            environment: Some(
+                [("A", "1"), ("HTTPS_PROXY", "evil")]
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
+            memory_bytes: None,
+            cpus: None,
+            egress: None,
+        };
+        let read = |b: Option<Bytes>| String::from_utf8_lossy(&b.unwrap_or_default()).into_owned();
+        let isolated = read(apply::env_json(&req, Kind::Isolated));
+        assert_eq!(isolated, r#"[["A","1"],["HTTPS_PROXY","evil"]]"#);
+        let egress = read(apply::env_json(&req, Kind::Egress));
+        assert_eq!(egress, r#"[["A","1"]]"#);
+        let tar = apply::env_tar(Bytes::from_static(b"[]"));
+        let mut archive = tar::Archive::new(&tar[..]);
+        let entry = archive.entries()?.next().ok_or("empty")??;
+        assert_eq!(entry.header().uid()?, 0);
+        assert_eq!(entry.header().mode()?, 0o644);
+        Ok(())
+    }
+}

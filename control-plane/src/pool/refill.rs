@@ -1,0 +1,352 @@
+//! The refill: keeps every pool at its size in the background.
+//!
+//! At start-up, after each claim, when the reaper sweeps and every [`CHECK_EVERY`], it lists each
+//! pool's members (labels: this deployment, the kind, the image) and:
+//! - adopts the ready ones it did not build (a restart finds its pool again);
+//! - retires (swap to the retired name, then remove with the triad) members that died, whose
+//!   spec hash is not the current one, or whose image tag now resolves to another image;
+//! - removes retired leftovers and builds that were abandoned (a replica died mid-build);
+//! - retires members beyond the size, and builds the missing ones.
+//!
+//! Builds are bounded by [`PARALLELISM`] over all pools, so a refill never takes more than that
+//! from the engine while requests wait. With Redis, one replica refills a pool at a time (a lock
+//! per pool, taken without waiting); the others only adopt what it built.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use shared_policy::PolicyFile;
+use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
+
+use super::{BUILDING, CLAIMED, Key, Kind, Member, READY, RETIRED};
+use crate::api::StartSessionRequest;
+use crate::engine::{ContainerInfo, EngineError, POOL_SPEC_LABEL};
+use crate::error::ApiError;
+use crate::lock::{LockError, SessionLocks};
+use crate::session::Sessions;
+
+/// Members built at once, over every pool.
+pub const PARALLELISM: usize = 2;
+/// How often the pools are checked without a reason.
+pub const CHECK_EVERY: Duration = Duration::from_secs(30);
+/// A build older than this whose builder is not this replica was abandoned.
+const BUILD_TIMEOUT_SECS: i64 = 120;
+/// Longest a clean shutdown waits for builds in flight.
+const SHUTDOWN_WAIT: Duration = Duration::from_secs(8);
+
+pub struct Refill {
+    sessions: Arc<Sessions>,
+    locks: Arc<dyn SessionLocks>,
+    slots: Arc<Semaphore>,
+    stopping: AtomicBool,
+}
+
+impl Refill {
+    pub fn new(sessions: Arc<Sessions>, locks: Arc<dyn SessionLocks>) -> Arc<Self> {
+        Arc::new(Self {
+            sessions,
+            locks,
+            slots: Arc::new(Semaphore::new(PARALLELISM)),
+            stopping: AtomicBool::new(false),
+        })
+    }
+
+    /// Refills now and whenever woken (or [`CHECK_EVERY`]), until aborted. `None` without pools.
+    pub fn spawn(self: &Arc<Self>) -> Option<JoinHandle<()>> {
+        if !self.sessions.pool.is_configured() {
+            return None;
+        }
+        let me = self.clone();
+        Some(tokio::spawn(async move {
+            loop {
+                let round = me.clone();
+                // Its own task: a panic in one round is logged and the next one still comes.
+                if let Err(e) = tokio::spawn(async move { round.reconcile_all().await }).await {
+                    tracing::error!(error = %e, "warm pool: refill crashed");
+                }
+                tokio::select! {
+                    () = me.sessions.pool.wake.notified() => {}
+                    () = tokio::time::sleep(CHECK_EVERY) => {}
+                }
+            }
+        }))
+    }
+
+    /// One round over every pool, side by side.
+    pub async fn reconcile_all(&self) {
+        let targets = self.sessions.pool.targets().to_vec();
+        futures::future::join_all(
+            targets
+                .iter()
+                .map(|(key, target)| self.reconcile(key, *target)),
+        )
+        .await;
+    }
+
+    fn failed(&self, key: &Key, what: &str, e: &dyn std::fmt::Display) {
+        tracing::warn!(image = %key.image, kind = key.kind.as_str(), error = %e, "warm pool: {what}");
+        self.sessions
+            .pool
+            .metrics
+            .pool_refill_failures
+            .with(&[key.image.as_str(), key.kind.as_str()])
+            .inc();
+    }
+
+    async fn reconcile(&self, key: &Key, target: u32) {
+        let s = &self.sessions;
+        let deployment = s.config.deployment.as_str();
+        let lock_name = format!(
+            "pool-refill-{deployment}-{}-{:016x}",
+            key.kind.as_str(),
+            crate::egress::fnv(key.image.as_bytes())
+        );
+        let refilling = match self.locks.acquire(&lock_name, Duration::ZERO).await {
+            Ok(held) => Some(held),
+            // Another replica refills this pool now: only adopt what is there.
+            Err(LockError::Timeout) => None,
+            // Without the lock backend, refill anyway: at worst two replicas overfill a little.
+            Err(LockError::Unavailable(_)) => {
+                let listed = s.list_ready(key).await;
+                self.sessions.pool.set_ready(key, listed);
+                return self.fill(key, target, 0).await;
+            }
+        };
+        let Some(_held) = refilling else {
+            let listed = s.list_ready(key).await;
+            self.set_size(key, listed.len());
+            s.pool.set_ready(key, listed);
+            return;
+        };
+        let list = match s.engine.list(&s.pool.labels(key, deployment)).await {
+            Ok(l) => l,
+            Err(e) => return self.failed(key, "cannot list members", &e),
+        };
+        let image = match s.engine.image_id(&key.image).await {
+            Ok(id) => Some(id),
+            // Pulled by the next build.
+            Err(EngineError::NotFound) => None,
+            Err(e) => return self.failed(key, "cannot inspect the image", &e),
+        };
+        let spec = s.pool.spec_hash(key);
+        let now = unix_now();
+        let mine = s
+            .pool
+            .building
+            .lock()
+            .map(|b| b.clone())
+            .unwrap_or_default();
+        let mut ready: Vec<&ContainerInfo> = Vec::new();
+        let mut building_elsewhere = 0usize;
+        for c in &list {
+            if c.name.starts_with(READY) {
+                let stale = c.labels.get(POOL_SPEC_LABEL) != Some(&spec)
+                    || (image.is_some() && c.image_id != image)
+                    || !c.is_running();
+                if stale {
+                    tracing::info!(container = %c.id, running = c.is_running(), "warm pool: replacing a member");
+                    self.retire(c).await;
+                } else {
+                    ready.push(c);
+                }
+            } else if c.name.starts_with(RETIRED) {
+                self.sessions
+                    .discard(&c.id, crate::egress::Triad::of(c).as_ref())
+                    .await;
+            } else if let Some(token) = c.name.strip_prefix(BUILDING) {
+                let abandoned = !mine.contains(token)
+                    && c.created.is_some_and(|t| now - t > BUILD_TIMEOUT_SECS);
+                if abandoned {
+                    self.sessions
+                        .discard(&c.id, crate::egress::Triad::of(c).as_ref())
+                        .await;
+                } else if !mine.contains(token) {
+                    building_elsewhere += 1;
+                }
+            }
+        }
+        ready.sort_by_key(|c| c.created.unwrap_or(0));
+        let target = target as usize;
+        while ready.len() + building_elsewhere > target {
+            let Some(extra) = ready.pop() else { break };
+            self.retire(extra).await;
+        }
+        let members: Vec<Member> = ready.iter().filter_map(|c| Member::of(c)).collect();
+        self.set_size(key, members.len());
+        let have = members.len() + building_elsewhere;
+        s.pool.set_ready(key, members);
+        self.fill(key, target as u32, have).await;
+    }
+
+    fn set_size(&self, key: &Key, n: usize) {
+        self.sessions
+            .pool
+            .metrics
+            .pool_size
+            .with(&[key.image.as_str(), key.kind.as_str()])
+            .set(n as u64);
+    }
+
+    /// Builds the members missing from `have` to `target`.
+    async fn fill(&self, key: &Key, target: u32, have: usize) {
+        let missing = (target as usize).saturating_sub(have);
+        if missing == 0 || self.stopping.load(Ordering::Relaxed) {
+            return;
+        }
+        futures::future::join_all((0..missing).map(|_| self.build(key))).await;
+    }
+
+    /// Swaps a ready member to its retired name (so no claim can take it), then removes it.
+    async fn retire(&self, c: &ContainerInfo) {
+        let Some(token) = c.name.strip_prefix(READY) else {
+            return;
+        };
+        match self
+            .sessions
+            .engine
+            .rename(&c.name, &format!("{RETIRED}{token}"))
+            .await
+        {
+            Ok(()) => {
+                self.sessions
+                    .discard(&c.id, crate::egress::Triad::of(c).as_ref())
+                    .await
+            }
+            // Claimed (or retired) by someone else in the meantime: not ours to remove.
+            Err(e) => {
+                tracing::debug!(container = %c.id, error = %e, "warm pool: member not retired")
+            }
+        }
+    }
+
+    async fn build(&self, key: &Key) {
+        let Ok(_slot) = self.slots.acquire().await else {
+            return;
+        };
+        if self.stopping.load(Ordering::Relaxed) {
+            return;
+        }
+        let s = &self.sessions;
+        let token = crate::egress::random_token();
+        if let Ok(mut b) = s.pool.building.lock() {
+            b.insert(token.clone());
+        }
+        let started = Instant::now();
+        let built = self.build_member(key, &token).await;
+        if let Ok(mut b) = s.pool.building.lock() {
+            b.remove(&token);
+        }
+        match built {
+            Ok(member) => {
+                s.pool
+                    .metrics
+                    .pool_refill
+                    .with(&[key.kind.as_str()])
+                    .observe(started.elapsed());
+                let size = s
+                    .pool
+                    .metrics
+                    .pool_size
+                    .with(&[key.image.as_str(), key.kind.as_str()]);
+                size.set(size.get() + 1);
+                tracing::debug!(container = %member.id, image = %key.image, kind = key.kind.as_str(), "warm pool: member ready");
+                s.pool.push_ready(key, member);
+            }
+            Err(e) => self.failed(key, "building a member failed", &e),
+        }
+    }
+
+    async fn build_member(&self, key: &Key, token: &str) -> Result<Member, ApiError> {
+        let s = &self.sessions;
+        let req = StartSessionRequest {
+            base_image: key.image.clone(),
+            environment: None,
+            memory_bytes: None,
+            cpus: None,
+            egress: None,
+        };
+        let tag = s.member_tag(key, token);
+        // The triad's parts exist before its sandbox: its token's lock keeps the reaper from
+        // taking them for orphans meanwhile (as a cold create does).
+        let _building = match key.kind {
+            Kind::Egress => Some(
+                self.locks
+                    .acquire(
+                        &crate::reaper::egress_lock_key(token),
+                        Duration::from_secs(5),
+                    )
+                    .await
+                    .map_err(|e| ApiError::Unavailable(e.to_string()))?,
+            ),
+            Kind::Isolated => None,
+        };
+        // Deny-all until a claim installs the request's policy.
+        let policy = (key.kind == Kind::Egress).then(PolicyFile::default);
+        let id = s.build(&req, policy.as_ref(), token, Some(&tag)).await?;
+        let ready = async {
+            s.engine
+                .rename(&tag.name, &format!("{READY}{token}"))
+                .await?;
+            s.engine.inspect(&id).await
+        }
+        .await;
+        match ready.map(|info| Member::of(&info)) {
+            Ok(Some(member)) => Ok(member),
+            Ok(None) => Err(ApiError::Unavailable("member renamed under us".into())),
+            Err(e) => {
+                let triad = s.engine.inspect(&id).await.ok();
+                let triad = triad.as_ref().and_then(crate::egress::Triad::of);
+                s.discard(&id, triad.as_ref()).await;
+                Err(e.into())
+            }
+        }
+    }
+
+    /// A clean shutdown: no new builds, those in flight finish (bounded), then, only with
+    /// `WARM_POOL_REMOVE_ON_SHUTDOWN`, this deployment's unclaimed members are removed with their
+    /// triads. By default they stay for the next start.
+    pub async fn shutdown(&self) {
+        self.stopping.store(true, Ordering::Relaxed);
+        let all = u32::try_from(PARALLELISM).unwrap_or(u32::MAX);
+        let _quiet = tokio::time::timeout(SHUTDOWN_WAIT, self.slots.acquire_many(all)).await;
+        if !self.sessions.pool.remove_on_shutdown {
+            return;
+        }
+        let s = &self.sessions;
+        let mut removed = 0usize;
+        for (key, _) in s.pool.targets() {
+            let labels = s.pool.labels(key, &s.config.deployment);
+            let Ok(list) = s.engine.list(&labels).await else {
+                continue;
+            };
+            for c in &list {
+                if c.name.starts_with(READY) {
+                    self.retire(c).await;
+                    removed += 1;
+                } else if c.name.starts_with(RETIRED) {
+                    s.discard(&c.id, crate::egress::Triad::of(c).as_ref()).await;
+                } else if !c.name.starts_with(CLAIMED) {
+                    // Building: nothing of ours is in flight any more.
+                    let token = c.name.strip_prefix(BUILDING).unwrap_or_default();
+                    let mine = s.pool.building.lock().is_ok_and(|b| b.contains(token));
+                    if mine
+                        || c.created
+                            .is_some_and(|t| unix_now() - t > BUILD_TIMEOUT_SECS)
+                    {
+                        s.discard(&c.id, crate::egress::Triad::of(c).as_ref()).await;
+                    }
+                }
+            }
+        }
+        tracing::info!(removed, "warm pool: removed on shutdown");
+    }
+}
+
+fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}

@@ -8,6 +8,11 @@ DEV_DIR := .dev
 PORT ?= 8000
 FUZZ_SECONDS ?= 60
 FUZZ_SMOKE_SECONDS ?= 10
+LEAK_BASELINE := $(DEV_DIR)/leak-baseline
+SOAK_SESSIONS ?= 50
+SOAK_SECONDS ?= 600
+SOAK_SMOKE_SESSIONS ?= 8
+SOAK_SMOKE_SECONDS ?= 60
 
 .PHONY: help fmt lint build helper images compose-smoke docker gvisor redis run test test-unit test-e2e check-leaks clean-docker cargo-fuzz fuzz fuzz-smoke chaos deny
 
@@ -66,8 +71,9 @@ test-unit: ## Unit and in-process tests only (no Docker)
 	$(CARGO) nextest run --workspace --exclude e2e
 
 test: lint images gvisor redis build ## Everything: lint, unit, in-process and end-to-end tests on real Docker
+	@mkdir -p $(DEV_DIR) && scripts/check-leaks.sh --record $(LEAK_BASELINE)
 	$(CARGO) nextest run --workspace --profile ci
-	@scripts/check-leaks.sh
+	@scripts/check-leaks.sh --since $(LEAK_BASELINE)
 
 cargo-fuzz: ## Install cargo-fuzz (runs the fuzz targets); a no-op when it is installed
 	@command -v cargo-fuzz >/dev/null 2>&1 || $(CARGO) install cargo-fuzz --locked
@@ -87,6 +93,18 @@ deny: ## Licenses, bans and sources (offline); RustSec advisories too where thei
 	$(CARGO) deny check licenses bans sources
 	@if $(CARGO) deny fetch >/dev/null 2>&1; then $(CARGO) deny check advisories; \
 	else echo "advisory database unreachable (offline): advisories not checked"; fi
+
+api-fuzz: docker images ## schemathesis against the served OpenAPI document, real sessions (~300 cases per operation + stateful)
+	@integration/schemathesis/run.sh
+
+api-fuzz-smoke: docker images ## The same, ~15 cases per operation and 30 s stateful (under 2 minutes once built)
+	@integration/schemathesis/run.sh --smoke
+
+soak: docker images ## SOAK_SESSIONS (50) busy sessions for SOAK_SECONDS (600): errors, p50/p99, RSS, Docker objects left
+	@SOAK_SESSIONS=$(SOAK_SESSIONS) SOAK_SECONDS=$(SOAK_SECONDS) integration/scripts/soak.sh
+
+soak-smoke: docker images ## The soak with SOAK_SMOKE_SESSIONS (8) sessions for SOAK_SMOKE_SECONDS (60)
+	@SOAK_SESSIONS=$(SOAK_SMOKE_SESSIONS) SOAK_SECONDS=$(SOAK_SMOKE_SECONDS) integration/scripts/soak.sh
 
 check-leaks: ## Fail if containers or networks created by the service are left behind
 	@scripts/check-leaks.sh

@@ -1,18 +1,57 @@
 #!/usr/bin/env bash
-# Fails when any container, network or volume created by the service is still there: every test
-# must clean up what it created, whatever its outcome.
+# Fails when any container, network or volume created by the service (or by the tests' own
+# fixtures) is still there: every test must clean up what it created, whatever its outcome.
+#
+#   scripts/check-leaks.sh                  everything labelled, whenever it was made
+#   scripts/check-leaks.sh --record FILE    remember what exists now (before a test run)
+#   scripts/check-leaks.sh --since FILE     only what appeared after --record: a run's own leaks,
+#                                           not what an earlier run or a live deployment on the
+#                                           same engine owns (those are listed as a warning)
 set -euo pipefail
 label=daiv.sandbox.managed
-# The tests' own fixtures (upstream servers and their networks) must be gone too.
 fixture=daiv.e2e
-containers=$(docker ps -aq --filter "label=$label"; docker ps -aq --filter "label=$fixture")
-networks=$(docker network ls -q --filter "label=$label"; docker network ls -q --filter "label=$fixture")
-volumes=$(docker volume ls -q --filter "label=$label")
-if [ -n "$containers$networks$volumes" ]; then
-    echo "error: left behind by the test suite (label $label):" >&2
-    [ -z "$containers" ] || { docker ps -a --filter "label=$label"; docker ps -a --filter "label=$fixture"; } >&2
-    [ -z "$networks" ] || { docker network ls --filter "label=$label"; docker network ls --filter "label=$fixture"; } >&2
-    [ -z "$volumes" ] || docker volume ls --filter "label=$label" >&2
+
+objects() {
+    local l
+    for l in "$label" "$fixture"; do
+        docker ps -aq --no-trunc --filter "label=$l" | sed 's/^/container /'
+        docker network ls -q --no-trunc --filter "label=$l" | sed 's/^/network /'
+    done
+    docker volume ls -q --filter "label=$label" | sed 's/^/volume /'
+}
+
+case "${1:-}" in
+--record)
+    objects | sort -u >"$2"
+    exit 0
+    ;;
+--since)
+    before=$(sort -u "$2")
+    ;;
+"")
+    before=
+    ;;
+*)
+    echo "usage: $0 [--record FILE | --since FILE]" >&2
+    exit 2
+    ;;
+esac
+
+now=$(objects | sort -u)
+new=$(comm -13 <(printf '%s\n' "$before" | sed '/^$/d') <(printf '%s\n' "$now" | sed '/^$/d'))
+old=$(comm -12 <(printf '%s\n' "$before" | sed '/^$/d') <(printf '%s\n' "$now" | sed '/^$/d'))
+if [ -n "$old" ]; then
+    echo "check-leaks: warning: $(printf '%s\n' "$old" | wc -l) object(s) existed before the run (not counted)" >&2
+fi
+if [ -n "$new" ]; then
+    echo "error: left behind by the test suite (labels $label, $fixture):" >&2
+    while read -r kind id; do
+        case $kind in
+        container) docker ps -a --no-trunc --filter "id=$id" --format '{{.ID}} {{.Image}} {{.Status}} {{.Labels}}' ;;
+        network) docker network ls --no-trunc --filter "id=$id" --format '{{.ID}} {{.Name}} {{.Labels}}' ;;
+        volume) echo "volume $id" ;;
+        esac
+    done <<<"$new" >&2
     exit 1
 fi
 echo "check-leaks: no container, network or volume left behind"

@@ -21,15 +21,22 @@ pub struct ErrorBody {
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct StartSessionRequest {
     /// Docker image to be used as the base image for the sandbox.
+    #[schema(
+        min_length = 1,
+        max_length = 512,
+        pattern = r"^[^\x00-\x20\x7f-\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]+$"
+    )]
     pub base_image: String,
     /// Environment variables to set in the container at startup.
     #[serde(default)]
     pub environment: Option<BTreeMap<String, String>>,
-    /// Memory in bytes to be used for the sandbox.
+    /// Memory in bytes to be used for the sandbox (at least 6 MiB).
     #[serde(default)]
+    #[schema(minimum = 6291456)]
     pub memory_bytes: Option<i64>,
-    /// CPUs to be used for the sandbox.
+    /// CPUs to be used for the sandbox (Docker also refuses more than the host has).
     #[serde(default)]
+    #[schema(minimum = 0.01, maximum = 1024.0)]
     pub cpus: Option<f64>,
     /// Egress policy + secrets. Omit for a network-isolated sandbox (network_mode=none).
     #[serde(default)]
@@ -51,8 +58,9 @@ pub struct RunRequest {
     #[serde(default)]
     pub fail_fast: bool,
     /// Maximum execution time in seconds for each command; overrides the server default
-    /// (DAIV_SANDBOX_COMMAND_TIMEOUT). 0 means no timeout.
+    /// (DAIV_SANDBOX_COMMAND_TIMEOUT). 0 means no timeout; at most 7 days.
     #[serde(default)]
+    #[schema(maximum = 604800)]
     pub timeout: Option<u64>,
 }
 
@@ -99,12 +107,17 @@ pub enum RunStreamLine {
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct StartProcessRequest {
     /// Shell command, run in the background like a command of a run (same shell, user, limits).
+    /// Not blank, no NUL.
+    #[schema(
+        pattern = r"^[^\x00]*[^\x00\t\n\x0b\x0c\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000][^\x00]*$"
+    )]
     pub command: String,
     /// Variables added to the session's environment for this process.
     #[serde(default)]
     pub environment: Option<BTreeMap<String, String>>,
-    /// Working directory under /workspace (default /workspace/repo).
+    /// Working directory: /workspace or below it, without '..' (default /workspace/repo).
     #[serde(default)]
+    #[schema(pattern = r"^/workspace(/(?!\.\.(/|$))[^/\x00]*)*$")]
     pub workdir: Option<String>,
 }
 
@@ -143,16 +156,19 @@ pub struct ProcessOutput {
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct PollQuery {
     /// Byte offset to read from (a previous `next_offset`).
     #[serde(default)]
     pub offset: u64,
     /// Seconds to wait for new output when there is none yet (capped by the server).
     #[serde(default)]
+    #[param(minimum = 0.0)]
     pub wait: f64,
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct StdinQuery {
     /// Close the process's stdin after writing the body.
     #[serde(default)]
@@ -173,6 +189,28 @@ pub struct VersionResponse {
 pub struct CloseQuery {
     #[serde(default)]
     pub force: bool,
+}
+
+/// `axum::extract::Query` whose rejections (a value of the wrong type) answer 422 with the
+/// `{"detail": ...}` shape, like [`ApiJson`]'s, instead of axum's plain-text 400.
+pub struct ApiQuery<T>(pub T);
+
+impl<S, T> axum::extract::FromRequestParts<S> for ApiQuery<T>
+where
+    T: serde::de::DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Query(v)) => Ok(ApiQuery(v)),
+            Err(rejection) => Err(ApiError::Unprocessable(rejection.body_text())),
+        }
+    }
 }
 
 /// `axum::Json` whose rejections (bad JSON, wrong types, wrong content type) answer 422 with the

@@ -31,6 +31,7 @@ pub mod egress;
 pub mod engine;
 pub mod error;
 pub mod lock;
+pub mod openapi;
 pub mod pool;
 pub mod processes;
 pub mod reaper;
@@ -45,6 +46,7 @@ use config::Config;
 use engine::ContainerEngine;
 use error::ApiError;
 use lock::{LockError, LockGuard, SessionLocks};
+use openapi::SessionLinks;
 use session::Sessions;
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -108,7 +110,7 @@ impl AppState {
     /// lock, as every other operation does.
     pub async fn running_unlocked(&self, session_id: &str) -> Result<(), ApiError> {
         let info = self.sessions.find(session_id).await?;
-        if info.is_running() {
+        if info.is_running() && self.sessions.gateway_up(&info).await? {
             self.activity.touch(session_id).await;
             return Ok(());
         }
@@ -186,7 +188,7 @@ impl AppState {
         routes::meta::health,
         routes::meta::version,
     ),
-    modifiers(&ApiKeyScheme),
+    modifiers(&ApiKeyScheme, &SessionLinks),
 )]
 pub struct ApiDoc;
 

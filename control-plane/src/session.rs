@@ -300,14 +300,18 @@ impl Sessions {
         Ok(info)
     }
 
-    /// Starts a stopped session so the next operation finds it warm.
+    /// Starts a stopped session so the next operation finds it warm. An egress session's
+    /// gateway is checked even when the sandbox runs: one killed behind the service's back is
+    /// started again (its policy file, the latest one, is kept in its container), so the sandbox
+    /// never stays cut off.
     pub async fn ensure_running(&self, id: &str) -> Result<ContainerInfo, ApiError> {
         let info = self.find(id).await?;
-        if info.is_running() {
+        let triad = Triad::of(&info);
+        if info.is_running() && triad.is_none() {
             return Ok(info);
         }
         // The gateway first, listening before the sandbox's first command runs.
-        if let Some(triad) = Triad::of(&info) {
+        if let Some(triad) = triad {
             self.egress
                 .as_ref()
                 .ok_or_else(|| {
@@ -315,6 +319,9 @@ impl Sessions {
                 })?
                 .ensure_gateway(&triad)
                 .await?;
+        }
+        if info.is_running() {
+            return Ok(info);
         }
         match self.engine.start(id).await {
             Ok(()) => {
@@ -326,6 +333,15 @@ impl Sessions {
                 "session could not be restarted",
                 &e,
             )),
+        }
+    }
+
+    /// Whether everything the running session `info` needs runs: its gateway, if it has one.
+    pub async fn gateway_up(&self, info: &ContainerInfo) -> Result<bool, ApiError> {
+        match (Triad::of(info), self.egress.as_ref()) {
+            (None, _) => Ok(true),
+            (Some(triad), Some(egress)) => egress.gateway_running(&triad).await,
+            (Some(_), None) => Ok(false),
         }
     }
 

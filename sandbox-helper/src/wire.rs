@@ -170,6 +170,7 @@ pub struct FsWriteRequest {
     pub content: String,
     /// POSIX mode bits, 0..=4095 (setuid/setgid/sticky are cleared).
     #[serde(default = "default_mode")]
+    #[cfg_attr(feature = "openapi", schema(maximum = 4095))]
     pub mode: u32,
 }
 

@@ -398,6 +398,74 @@ async fn stopped_egress_sessions_resume_and_force_close_leaves_nothing() -> Resu
     Ok(())
 }
 
+/// A gateway killed behind the service's back (crash, OOM, an operator's `docker kill`) is
+/// started again by the next request, with the latest policy: the sandbox is not left cut off.
+#[tokio::test]
+async fn a_gateway_killed_behind_the_services_back_comes_back() -> Result<()> {
+    let Stack { up, cp } = stack().await?;
+    let s = cp
+        .session(json!({"base_image": DEBIAN, "egress": strict_policy("old-token")}))
+        .await?;
+    let path = format!("/session/{}/egress/", s.id);
+    let (status, body) = cp
+        .call(Method::PUT, &path, Some(strict_policy("latest-token")))
+        .await?;
+    assert_eq!(status, 204, "{body}");
+    let (_, gateway) = gateway_of(&s.id)?;
+    let started_at = |id: &str| inspect(id).map(|i| i["State"]["StartedAt"].clone());
+    let before = started_at(&gateway);
+    docker(&["kill", &gateway])?;
+    assert_eq!(
+        inspect(&gateway).expect("still there")["State"]["Running"],
+        false
+    );
+
+    let (code, out) = sh(&cp, &s, "curl -sS --fail https://api.upstream.test/healed").await?;
+    assert_eq!(
+        code, 0,
+        "the next command must reach the upstream again: {out}"
+    );
+    assert_eq!(
+        last_request(&up, "/healed")?.expect("seen")["headers"]["authorization"],
+        "latest-token",
+        "the restarted gateway must enforce the latest policy"
+    );
+    assert_ne!(
+        started_at(&gateway),
+        before,
+        "the same gateway, started again"
+    );
+    // A background process start heals it too (it takes no session lock).
+    docker(&["kill", &gateway])?;
+    let (status, body) = cp
+        .call(
+            Method::POST,
+            &format!("/session/{}/processes/", s.id),
+            Some(json!({"command": "curl -sS --fail https://api.upstream.test/healed-again"})),
+        )
+        .await?;
+    assert_eq!(status, 201, "{body}");
+    e2e::eventually(
+        "the process reached the upstream",
+        Duration::from_secs(30),
+        || async { Ok(last_request(&up, "/healed-again")?.is_some().then_some(())) },
+    )
+    .await?;
+    // Removed outright, it cannot come back: a clear 503, never a half-alive session.
+    docker(&["rm", "-f", &gateway])?;
+    let (status, body) = cp
+        .call(
+            Method::POST,
+            &format!("/session/{}/", s.id),
+            Some(json!({"commands": ["true"]})),
+        )
+        .await?;
+    assert_eq!(status, 503, "{body}");
+    assert!(!body.to_string().contains("No such container"), "{body}");
+    cp.force_close(&s).await?;
+    Ok(())
+}
+
 #[tokio::test]
 async fn invalid_or_unconfigured_egress_is_refused() -> Result<()> {
     let Stack { up: _up, cp } = stack().await?;

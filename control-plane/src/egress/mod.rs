@@ -373,14 +373,19 @@ impl Egress {
             .map_err(|e| crate::error::unavailable("egress gateway did not become ready", &e))
     }
 
-    /// Starts a stopped gateway and waits until it listens (warm restart).
-    pub async fn ensure_gateway(&self, triad: &Triad) -> Result<(), ApiError> {
-        let info = self
-            .engine
+    /// Whether the triad's gateway runs (503 when it is gone).
+    pub async fn gateway_running(&self, triad: &Triad) -> Result<bool, ApiError> {
+        self.engine
             .inspect(&triad.gateway)
             .await
-            .map_err(|e| crate::error::unavailable("egress gateway unavailable", &e))?;
-        if info.is_running() {
+            .map(|info| info.is_running())
+            .map_err(|e| crate::error::unavailable("egress gateway unavailable", &e))
+    }
+
+    /// Starts a stopped gateway and waits until it listens (warm restart, or one killed behind
+    /// the service's back).
+    pub async fn ensure_gateway(&self, triad: &Triad) -> Result<(), ApiError> {
+        if self.gateway_running(triad).await? {
             return Ok(());
         }
         self.engine

@@ -3,12 +3,12 @@
 
 use axum::Json;
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 
 use crate::AppState;
 use crate::api::{
-    ApiJson, ErrorBody, PollQuery, ProcessList, ProcessOutput, StartProcessRequest,
+    ApiJson, ApiQuery, ErrorBody, PollQuery, ProcessList, ProcessOutput, StartProcessRequest,
     StartProcessResponse, StdinQuery,
 };
 use crate::error::ApiError;
@@ -57,7 +57,7 @@ pub async fn list(
 pub async fn poll(
     State(state): State<AppState>,
     Path((id, pid)): Path<(String, String)>,
-    Query(q): Query<PollQuery>,
+    ApiQuery(q): ApiQuery<PollQuery>,
 ) -> Result<Json<ProcessOutput>, ApiError> {
     Ok(Json(
         processes::poll(&state, &id, &pid, q.offset, q.wait).await?,
@@ -76,7 +76,7 @@ pub async fn poll(
 pub async fn stdin(
     State(state): State<AppState>,
     Path((id, pid)): Path<(String, String)>,
-    Query(q): Query<StdinQuery>,
+    ApiQuery(q): ApiQuery<StdinQuery>,
     body: Bytes,
 ) -> Result<StatusCode, ApiError> {
     processes::stdin(&state, &id, &pid, body, q.eof).await?;

@@ -1,14 +1,14 @@
 //! `/session/...`: create, run commands, status, close.
 
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 use crate::AppState;
 use crate::api::{
-    ApiJson, CloseQuery, ErrorBody, RunRequest, RunResponse, RunStreamLine, StartSessionRequest,
-    StartSessionResponse,
+    ApiJson, ApiQuery, CloseQuery, ErrorBody, RunRequest, RunResponse, RunStreamLine,
+    StartSessionRequest, StartSessionResponse,
 };
 use crate::error::ApiError;
 
@@ -113,7 +113,7 @@ pub async fn status(
 pub async fn close(
     State(state): State<AppState>,
     Path(id): Path<String>,
-    Query(q): Query<CloseQuery>,
+    ApiQuery(q): ApiQuery<CloseQuery>,
 ) -> Result<StatusCode, ApiError> {
     let _held = if q.force {
         state.lock_to_remove(&id).await?

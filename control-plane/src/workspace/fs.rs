@@ -134,13 +134,14 @@ impl Fs<'_> {
 
     /// Create-only; missing parents are created as the sandbox user.
     pub async fn write(&self, req: &FsWriteRequest) -> Result<FsWriteResponse, OpError> {
-        let path = path_arg(&req.path, false)?;
+        // A mode out of range is the request's shape (422), whatever the path: checked first.
         if req.mode > 0o7777 {
             return Err(OpError::Api(ApiError::Unprocessable(format!(
                 "mode must be between 0 and 4095, got {}",
                 req.mode
             ))));
         }
+        let path = path_arg(&req.path, false)?;
         let content = base64::engine::general_purpose::STANDARD
             .decode(req.content.as_bytes())
             .map_err(|e| {

@@ -15,6 +15,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use integration::cp::{Client as Api, blob_tar, plain_tree, rss_kib, source_tree};
 use serde_json::{Value, json};
 
 struct Args {
@@ -65,140 +66,34 @@ fn args() -> Result<Args> {
     Ok(a)
 }
 
+/// The shared API client, plus the sessions this run created (force-removed at the end).
 struct Client {
-    http: reqwest::Client,
-    api: String,
-    key: String,
+    api: Api,
     created: Vec<String>,
 }
 
 impl Client {
     async fn post(&self, path: &str, body: Value) -> Result<Value> {
-        let r = self
-            .http
-            .post(format!("{}{path}", self.api))
-            .header("X-API-Key", &self.key)
-            .json(&body)
-            .send()
-            .await?;
-        let status = r.status();
-        let v: Value = r.json().await.unwrap_or(Value::Null);
-        if !status.is_success() {
-            bail!("POST {path}: {status} {v}");
-        }
-        Ok(v)
+        self.api.post(path, body).await
     }
 
     async fn session(&mut self, image: &str) -> Result<String> {
-        let v = self.post("/session/", json!({"base_image": image})).await?;
-        let id = v["session_id"]
-            .as_str()
-            .context("no session_id")?
-            .to_string();
+        let id = self.api.create(image).await?;
         self.created.push(id.clone());
         Ok(id)
     }
 
     async fn delete(&self, id: &str, force: bool) -> Result<()> {
-        let r = self
-            .http
-            .delete(format!("{}/session/{id}/?force={force}", self.api))
-            .header("X-API-Key", &self.key)
-            .send()
-            .await?;
-        if !r.status().is_success() {
-            bail!("DELETE {id}: {}", r.status());
-        }
-        Ok(())
+        self.api.delete(id, force).await
     }
 
     async fn seed(&self, id: &str, archive: Vec<u8>) -> Result<()> {
-        let part = reqwest::multipart::Part::bytes(archive).file_name("repo.tar");
-        let form = reqwest::multipart::Form::new().part("repo_archive", part);
-        let r = self
-            .http
-            .post(format!("{}/session/{id}/seed/", self.api))
-            .header("X-API-Key", &self.key)
-            .multipart(form)
-            .send()
-            .await?;
-        if r.status().as_u16() != 204 {
-            let s = r.status();
-            bail!("seed: {s} {}", r.text().await.unwrap_or_default());
-        }
-        Ok(())
+        self.api.seed(id, archive).await
     }
 
     async fn fs(&self, id: &str, op: &str, body: Value) -> Result<Value> {
-        let v = self.post(&format!("/session/{id}/fs/{op}"), body).await?;
-        if !v["error"].is_null() {
-            bail!("fs/{op}: {}", v["error"]);
-        }
-        Ok(v)
+        self.api.fs(id, op, body).await
     }
-}
-
-/// Deterministic pseudo-random bytes (xorshift): incompressible, reproducible.
-fn noise(seed: u64, len: usize) -> Vec<u8> {
-    let mut s = seed | 1;
-    (0..len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s as u8
-        })
-        .collect()
-}
-
-/// A plain tar of `files` files of `size` bytes each.
-fn blob_tar(files: usize, size: usize) -> Result<Vec<u8>> {
-    let mut b = tar::Builder::new(Vec::with_capacity(files * (size + 1024)));
-    for i in 0..files {
-        let data = noise(i as u64 + 7, size);
-        let mut h = tar::Header::new_gnu();
-        h.set_size(size as u64);
-        h.set_mode(0o644);
-        h.set_cksum();
-        b.append_data(&mut h, format!("blobs/{}/{i}.bin", i % 16), &data[..])?;
-    }
-    Ok(b.into_inner()?)
-}
-
-/// The source tree as a plain tar (what put_archive takes).
-fn plain_tree(files: usize) -> Result<Vec<u8>> {
-    let gz = source_tree(files)?;
-    let mut out = Vec::new();
-    std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&gz[..]), &mut out)?;
-    Ok(out)
-}
-
-/// A source-like tree of `files` small text files in nested directories, gzipped.
-fn source_tree(files: usize) -> Result<Vec<u8>> {
-    let mut b = tar::Builder::new(Vec::new());
-    for i in 0..files {
-        let body: String = (0..20)
-            .map(|l| {
-                format!(
-                    "def function_{i}_{l}(x):\n    return x + {l}  # needle{}\n",
-                    i % 50
-                )
-            })
-            .collect();
-        let mut h = tar::Header::new_gnu();
-        h.set_size(body.len() as u64);
-        h.set_mode(0o644);
-        h.set_cksum();
-        b.append_data(
-            &mut h,
-            format!("pkg{}/sub{}/mod_{i}.py", i % 20, i % 7),
-            body.as_bytes(),
-        )?;
-    }
-    let tar = b.into_inner()?;
-    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-    std::io::Write::write_all(&mut gz, &tar)?;
-    Ok(gz.finish()?)
 }
 
 #[derive(Default)]
@@ -225,15 +120,6 @@ impl Samples {
         }
         json!({"results": rows, "extra": extra})
     }
-}
-
-fn rss_kib(pid: u32, field: &str) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find(|l| l.starts_with(field))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
 }
 
 async fn timed<T>(
@@ -400,11 +286,7 @@ async fn bench(a: &Args, c: &mut Client, s: &mut Samples) -> Result<Value> {
 async fn main() -> Result<()> {
     let a = args()?;
     let mut c = Client {
-        http: reqwest::Client::builder()
-            .timeout(Duration::from_secs(600))
-            .build()?,
-        api: format!("{}/api/v1", a.base),
-        key: a.key.clone(),
+        api: Api::new(&a.base, &a.key, Duration::from_secs(600))?,
         created: Vec::new(),
     };
     let mut s = Samples::default();

@@ -1,0 +1,275 @@
+"""Schemathesis hooks for daiv-sandbox (loaded through SCHEMATHESIS_HOOKS by run.sh).
+
+They keep generated requests on this machine and inside the document's promises, without
+changing what the service accepts:
+
+- `POST /session/`: a `base_image` the service would take is replaced by the local image (a
+  generated name would be pulled from a registry); `egress` objects become a policy that reaches
+  only a `.test` host (or are dropped); `memory_bytes` and `cpus` the service would take are
+  bounded (Docker refuses more CPUs than the host has). Values the service refuses are left
+  alone, so negative cases stay negative.
+- Seeds: the archives (any bytes, as far as the document can say) become a small valid tar, so
+  seeds succeed once and then answer 409; corrupt archives are the cargo-fuzz targets' job.
+- `PUT /egress/`: an object body becomes the `.test` policy.
+- Integral floats (`127.0`) become integers: JSON Schema counts them as integers, serde's
+  integer fields do not, and no client of ours writes them.
+- A valid process `workdir` becomes `/workspace` (the document cannot know which directories
+  exist; a missing one is a 422).
+- Runs: a valid `timeout` is bounded to a few seconds (0, "none", too); the service's default
+  command timeout is set by run.sh. Process polls wait at most one second.
+- Operations under `/session/{session_id}/` whose generated id is not a container id (every
+  case of the fuzzing and coverage phases) mostly get a live session instead, and process
+  routes a live process of it, so those phases reach the handlers instead of a 404. The stateful
+  phase follows the document's links and keeps its own ids.
+- Every session seen is force-removed when schemathesis exits (atexit); whatever is still left
+  is removed, and counted as a leak, by run.sh.
+"""
+
+from __future__ import annotations
+
+import atexit
+import io
+import os
+import random
+import re
+import signal
+import sys
+import tarfile
+import threading
+import time
+
+import requests
+import schemathesis
+
+API = os.environ["DAIV_FUZZ_API"].rstrip("/")
+KEY = os.environ["DAIV_FUZZ_KEY"]
+IMAGE = os.environ.get("DAIV_FUZZ_IMAGE", "daiv-sandbox-busybox:local")
+# At most this many sessions created by the fuzzer are kept; older ones are removed once they
+# are AGE seconds old (a stateful scenario is done with its session by then).
+KEEP = int(os.environ.get("DAIV_FUZZ_KEEP_SESSIONS", "8"))
+AGE = float(os.environ.get("DAIV_FUZZ_SESSION_AGE", "15"))
+# Share of `egress` objects kept (as the `.test` policy) rather than dropped: egress sessions
+# start a gateway and a network each.
+EGRESS_SHARE = float(os.environ.get("DAIV_FUZZ_EGRESS_SHARE", "0.15"))
+# Share of fuzzing-phase cases sent to a live session rather than the generated id.
+LIVE_SHARE = float(os.environ.get("DAIV_FUZZ_LIVE_SHARE", "0.9"))
+
+SAFE_EGRESS = {
+    "policy": {
+        "default": "deny",
+        "rules": [{"host": "api.upstream.test", "methods": ["GET"]}],
+    }
+}
+CONTAINER_ID = re.compile(r"^[0-9a-f]{64}$")
+PROCESS_ID = re.compile(r"^p[0-9]+-[0-9a-f]+$")
+MIN_MEMORY = 6 * 1024 * 1024
+MAX_MEMORY = 256 * 1024 * 1024
+MAX_TIMEOUT = 7 * 24 * 3600
+
+def _tar() -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        for name, data in (("README.md", b"# fuzz\nhello\n"), ("src/main.py", b"print('hi')\n")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+ARCHIVE = _tar()
+
+_http = requests.Session()
+_http.headers["X-API-Key"] = KEY
+_lock = threading.Lock()
+_seen: list[str] = []  # every session id handed out, oldest first
+_born: dict[str, float] = {}
+_removed: set[str] = set()
+_live: dict[str, str | None] = {"session": None, "process": None}
+
+
+def _forget(session_id: str) -> None:
+    try:
+        _http.delete(f"{API}/session/{session_id}/", params={"force": "true"}, timeout=60)
+    except requests.RequestException:
+        pass  # run.sh removes (and reports) what is left
+    _removed.add(session_id)
+
+
+def _record(session_id: str) -> None:
+    """Remembers a new session; removes the oldest beyond KEEP."""
+    with _lock:
+        if session_id in _seen:
+            return
+        _seen.append(session_id)
+        _born[session_id] = now = time.monotonic()
+        alive = [s for s in _seen if s not in _removed and s != _live["session"]]
+        old = [s for s in alive[: max(0, len(alive) - KEEP)] if now - _born[s] > AGE]
+    for s in old:
+        _forget(s)
+
+
+@atexit.register
+def _cleanup() -> None:
+    for s in list(_seen):
+        if s not in _removed:
+            _forget(s)
+
+
+# A stopped run (SIGTERM) cleans up too: exiting runs the atexit handler.
+try:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+except ValueError:  # not the main thread
+    pass
+
+
+def _live_session() -> str | None:
+    with _lock:
+        sid = _live["session"]
+    if sid is not None:
+        return sid
+    r = _http.post(f"{API}/session/", json={"base_image": IMAGE}, timeout=120)
+    if r.status_code != 200:
+        return None
+    sid = r.json()["session_id"]
+    with _lock:
+        _live["session"], _live["process"] = sid, None
+    _record(sid)
+    return sid
+
+
+def _live_process(sid: str) -> str | None:
+    with _lock:
+        pid = _live["process"]
+    if pid is not None:
+        return pid
+    r = _http.post(f"{API}/session/{sid}/processes/", json={"command": "cat >/dev/null"}, timeout=60)
+    if r.status_code != 201:
+        return None
+    pid = r.json()["process_id"]
+    with _lock:
+        if _live["session"] == sid:
+            _live["process"] = pid
+    return pid
+
+
+def _accepted_image(v: object) -> bool:
+    """What the service's own check lets through (then it would pull the image)."""
+    if not isinstance(v, str):
+        return False
+    v = v.strip()
+    return 0 < len(v) <= 512 and not any(c.isspace() or ord(c) < 32 or 0x7F <= ord(c) <= 0x9F for c in v)
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _start_body(body: dict) -> None:
+    if _accepted_image(body.get("base_image")):
+        body["base_image"] = IMAGE
+    if isinstance(body.get("egress"), dict):
+        if random.random() < EGRESS_SHARE:
+            body["egress"] = SAFE_EGRESS
+        else:
+            del body["egress"]
+    m = body.get("memory_bytes")
+    if _is_int(m) and m >= MIN_MEMORY:
+        body["memory_bytes"] = min(m, MAX_MEMORY)
+    c = body.get("cpus")
+    if _is_number(c) and 0.01 <= c <= 1024:
+        body["cpus"] = min(float(c), 1.0)
+
+
+def _run_body(body: dict) -> None:
+    t = body.get("timeout")
+    if _is_int(t) and 0 <= t <= MAX_TIMEOUT:
+        body["timeout"] = min(max(t, 1), 3)
+
+
+WORKDIR = re.compile(r"^/workspace(/(?!\.\.(/|$))[^/\x00]*)*$")
+
+
+def _integral(v):
+    if isinstance(v, float) and v.is_integer() and abs(v) < 2**64:
+        return int(v)
+    if isinstance(v, dict):
+        return {k: _integral(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_integral(x) for x in v]
+    return v
+
+
+@schemathesis.hook
+def before_call(context, case, kwargs):
+    if isinstance(case.body, (dict, list, float)):
+        case.body = _integral(case.body)
+    path = case.operation.path
+    method = case.method.upper()
+    params = case.path_parameters or {}
+    if "session_id" in params and not (isinstance(params["session_id"], str) and CONTAINER_ID.match(params["session_id"])):
+        if random.random() < LIVE_SHARE:
+            sid = _live_session()
+            if sid is not None:
+                params["session_id"] = sid
+                if "process_id" in params and not (
+                    isinstance(params["process_id"], str) and PROCESS_ID.match(params["process_id"])
+                ):
+                    pid = _live_process(sid)
+                    if pid is not None:
+                        params["process_id"] = pid
+    body = case.body if isinstance(case.body, dict) else None
+    if body is not None and method == "POST" and path.rstrip("/") == "/session":
+        _start_body(body)
+    elif body is not None and method == "POST" and path.rstrip("/") == "/session/{session_id}":
+        _run_body(body)
+    elif method == "PUT" and path.rstrip("/").endswith("/egress") and body is not None:
+        # Only `.test` hosts, whatever was generated; non-objects stay invalid.
+        case.body = dict(SAFE_EGRESS)
+    elif body is not None and method == "POST" and path.rstrip("/").endswith("/processes"):
+        w = body.get("workdir")
+        if isinstance(w, str) and WORKDIR.match(w):
+            body["workdir"] = "/workspace"
+    elif body is not None and method == "POST" and path.rstrip("/").endswith("/seed"):
+        for field in ("repo_archive", "skills_archive"):
+            if field in body:
+                body[field] = ARCHIVE
+    if method == "GET" and "{process_id}" in path and isinstance(case.query, dict):
+        w = case.query.get("wait")
+        if _is_number(w) and w >= 0:
+            case.query["wait"] = min(float(w), 1.0)
+
+
+@schemathesis.hook
+def after_call(context, case, response):
+    path = case.operation.path.rstrip("/")
+    method = case.method.upper()
+    params = case.path_parameters or {}
+    if method == "POST" and path == "/session" and response.status_code == 200:
+        try:
+            _record(response.json()["session_id"])
+        except (ValueError, KeyError, TypeError):
+            pass
+        return
+    sid = params.get("session_id")
+    if not isinstance(sid, str):
+        return
+    gone = response.status_code == 404 and path == "/session/{session_id}"
+    force = str((case.query or {}).get("force", "")).lower() in ("true", "1")
+    if method == "DELETE" and path == "/session/{session_id}" and response.status_code == 204:
+        gone = gone or force
+    with _lock:
+        if sid == _live["session"]:
+            if gone:
+                _live["session"], _live["process"] = None, None
+            elif "{process_id}" in path and params.get("process_id") == _live["process"]:
+                if response.status_code in (404, 409) or (method == "DELETE" and response.status_code == 204):
+                    _live["process"] = None
+            elif method == "DELETE" and path == "/session/{session_id}":
+                _live["process"] = None  # a stop ends its processes
+    if gone:
+        with _lock:
+            _removed.add(sid)

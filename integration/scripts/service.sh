@@ -1,0 +1,110 @@
+# shellcheck shell=bash
+# Shared by integration/schemathesis/run.sh and integration/scripts/soak.sh: build and start the
+# control plane on a free loopback port under a deployment name of its own, then remove (and
+# count) what that deployment left in Docker. Source it; don't run it.
+#
+# Builds go to $CARGO_TARGET_DIR (default target/); SERVICE_PROFILE=debug|release (release).
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+target_dir="${CARGO_TARGET_DIR:-$root/target}"
+SERVICE_PROFILE="${SERVICE_PROFILE:-release}"
+LABEL_DEPLOYMENT=daiv.sandbox.deployment
+
+# build_service: the control plane and the static helper it gives every sandbox.
+build_service() {
+    local flag=()
+    [ "$SERVICE_PROFILE" = release ] && flag=(--release)
+    (cd "$root" && cargo build --quiet "${flag[@]}" -p control-plane --bin daiv-sandbox)
+    (cd "$root" && images/helper/build.sh)
+}
+
+# dev_key: the development API key (.dev/api-key, created like `make run` does).
+dev_key() {
+    mkdir -p "$root/.dev" && chmod 700 "$root/.dev"
+    [ -s "$root/.dev/api-key" ] || (umask 077; head -c 24 /dev/urandom | base64 | tr -d '/+=' >"$root/.dev/api-key")
+    cat "$root/.dev/api-key"
+}
+
+# dev_ca: the development egress CA (.dev/egress-ca.{crt,key}), made by the gateway image.
+dev_ca() {
+    [ -s "$root/.dev/egress-ca.key" ] && return 0
+    docker run --rm --pull never --user "$(id -u):$(id -g)" -v "$root/.dev:/out" \
+        daiv-sandbox-egress:local gen-ca --cert-out /out/egress-ca.crt --key-out /out/egress-ca.key >/dev/null
+}
+
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# start_service DEPLOYMENT LOGFILE [VAR=VALUE...]: sets SERVICE_PID and SERVICE_URL (the
+# origin, no prefix); extra settings go to the service's environment. Waits for health.
+start_service() {
+    local deployment=$1 log=$2
+    shift 2
+    local port key
+    port=$(free_port)
+    key=$(dev_key)
+    env DAIV_SANDBOX_API_KEY="$key" \
+        DAIV_SANDBOX_ENVIRONMENT=local \
+        DAIV_SANDBOX_HOST=127.0.0.1 \
+        DAIV_SANDBOX_PORT="$port" \
+        DAIV_SANDBOX_DEPLOYMENT="$deployment" \
+        DAIV_SANDBOX_HELPER_BIN="$target_dir/helper/daiv-sandbox-helper" \
+        "$@" \
+        "$target_dir/$SERVICE_PROFILE/daiv-sandbox" >"$log" 2>&1 &
+    SERVICE_PID=$!
+    SERVICE_URL="http://127.0.0.1:$port"
+    local i
+    for i in $(seq 1 100); do
+        if curl -fsS "$SERVICE_URL/-/health/" >/dev/null 2>&1; then
+            return 0
+        fi
+        if ! kill -0 "$SERVICE_PID" 2>/dev/null; then
+            echo "error: the service exited; its log:" >&2
+            tail -n 30 "$log" >&2
+            return 1
+        fi
+        sleep 0.2
+    done
+    echo "error: the service did not become healthy on $SERVICE_URL" >&2
+    return 1
+}
+
+stop_service() {
+    if [ -n "${SERVICE_PID:-}" ] && kill -0 "$SERVICE_PID" 2>/dev/null; then
+        kill -TERM "$SERVICE_PID" 2>/dev/null || true
+        local i
+        for i in $(seq 1 50); do
+            kill -0 "$SERVICE_PID" 2>/dev/null || break
+            sleep 0.1
+        done
+        kill -KILL "$SERVICE_PID" 2>/dev/null || true
+        wait "$SERVICE_PID" 2>/dev/null || true
+    fi
+    SERVICE_PID=
+}
+
+# deployment_objects DEPLOYMENT: the containers and networks labelled with it, one a line.
+deployment_objects() {
+    docker ps -aq --filter "label=$LABEL_DEPLOYMENT=$1" | sed 's/^/container /'
+    docker network ls -q --filter "label=$LABEL_DEPLOYMENT=$1" | sed 's/^/network /'
+}
+
+# sweep_deployment DEPLOYMENT: prints how many objects were left, then force-removes them
+# (containers with their volumes, then networks) and checks that none remains.
+sweep_deployment() {
+    local dep=$1 left n
+    left=$(deployment_objects "$dep")
+    n=$(printf '%s' "$left" | grep -c . || true)
+    echo "$n"
+    if [ "$n" -gt 0 ]; then
+        echo "left behind by deployment $dep:" >&2
+        printf '%s\n' "$left" >&2
+        docker ps -aq --filter "label=$LABEL_DEPLOYMENT=$dep" | xargs -r docker rm -fv >/dev/null
+        docker network ls -q --filter "label=$LABEL_DEPLOYMENT=$dep" | xargs -r docker network rm >/dev/null
+    fi
+    if [ -n "$(deployment_objects "$dep")" ]; then
+        echo "error: could not remove what deployment $dep left" >&2
+        return 1
+    fi
+}

@@ -195,7 +195,9 @@ impl Metrics {
             );
         }
         let mut text = String::new();
-        if let Err(error) = prometheus_client::encoding::text::encode(&mut text, &self.registry) {
+        if let Err(error) =
+            prometheus_client::encoding::prometheus_text::encode(&mut text, &self.registry)
+        {
             warn!(%error, "cannot encode metrics");
         }
         text
@@ -282,7 +284,8 @@ fn answer(req: &Request<Incoming>, scrape: &Scrape) -> Response<Body> {
     let mut resp = Response::new(full(scrape.metrics.render(&scrape.policy, &scrape.ca)));
     resp.headers_mut().insert(
         http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        // The Prometheus text format 0.0.4, which is what `render` encodes.
+        http::HeaderValue::from_static(prometheus_client::encoding::prometheus_text::CONTENT_TYPE),
     );
     resp
 }

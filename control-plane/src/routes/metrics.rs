@@ -1,6 +1,6 @@
-//! `GET /metrics`: Prometheus text format. Needs the API key unless
-//! `DAIV_SANDBOX_METRICS_PUBLIC=true` (for scrapers that cannot send headers; then keep the
-//! port off the internet: the numbers reveal load, not secrets).
+//! `GET /metrics`: Prometheus text format 0.0.4, which every Prometheus version scrapes. Needs
+//! the API key unless `DAIV_SANDBOX_METRICS_PUBLIC=true` (for scrapers that cannot send headers;
+//! then keep the port off the internet: the numbers reveal load, not secrets).
 
 use axum::extract::State;
 use axum::http::header;
@@ -8,7 +8,7 @@ use axum::response::IntoResponse;
 
 use crate::AppState;
 use crate::engine::{ContainerStatus, ROLE_LABEL, ROLE_SANDBOX};
-use crate::telemetry::metrics::SessionGauge;
+use crate::telemetry::metrics::{CONTENT_TYPE, SessionGauge};
 
 pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     // One engine list per scrape: the live count across every replica and restart, which no
@@ -33,10 +33,7 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
             SessionGauge { running, stopped }
         });
     (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
+        [(header::CONTENT_TYPE, CONTENT_TYPE)],
         state.metrics.render(sessions),
     )
 }

@@ -11,9 +11,10 @@
 //! a request that never reached a helper is retried once on a fresh channel, and a read-only
 //! one also when the helper died under it. Anything else answers 503 (retryable): never a
 //! wrong answer.
+//!
+//! [`helper_binary`] (in `helper_bin`) finds the static helper binary the sandboxes are given.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -26,8 +27,10 @@ use crate::engine::{ContainerEngine, ExecSpec};
 use crate::error::ApiError;
 
 pub mod channel;
+mod helper_bin;
 
 use channel::{Channel, ChannelError, Incoming, RequestHandle};
+pub use helper_bin::helper_binary;
 
 /// Root-owned directory of the service's own files in every sandbox (outside `/workspace`, not
 /// writable by the sandbox user): the helper binary and the seed marker.
@@ -518,96 +521,9 @@ fn lost_api() -> ApiError {
     ApiError::Unavailable("the session's helper went away during the operation; retry".to_string())
 }
 
-// === the helper binary ===
-
-/// Reads the static helper binary the sandboxes get: `DAIV_SANDBOX_HELPER_BIN`, else
-/// `daiv-sandbox-helper` beside this executable (the service image), else
-/// `../helper/daiv-sandbox-helper` from it (`target/helper/`, where `make build` puts the static
-/// build). A dynamically linked build is refused: it cannot run in a busybox or shell-less image.
-pub fn helper_binary(configured: Option<&Path>) -> Result<Bytes, String> {
-    let candidates: Vec<PathBuf> = match configured {
-        Some(p) => vec![p.to_path_buf()],
-        None => {
-            let exe_dir = std::env::current_exe()
-                .ok()
-                .and_then(|e| e.parent().map(Path::to_path_buf))
-                .unwrap_or_default();
-            vec![
-                exe_dir.join("daiv-sandbox-helper"),
-                exe_dir.join("../helper/daiv-sandbox-helper"),
-            ]
-        }
-    };
-    let mut why = Vec::new();
-    for path in &candidates {
-        // The headers first: a debug build beside the binary can be tens of MB, and reading it
-        // whole only to refuse it would be the service's peak memory.
-        let head = std::fs::File::open(path).and_then(|f| {
-            let mut head = Vec::with_capacity(64 * 1024);
-            std::io::Read::read_to_end(&mut std::io::Read::take(f, 64 * 1024), &mut head)?;
-            Ok(head)
-        });
-        match head.map(|h| is_static_elf(&h)) {
-            Ok(Ok(true)) => match std::fs::read(path) {
-                Ok(bytes) => return Ok(Bytes::from(bytes)),
-                Err(e) => why.push(format!("{}: {e}", path.display())),
-            },
-            Ok(Ok(false)) => why.push(format!("{} is dynamically linked", path.display())),
-            Ok(Err(e)) => why.push(format!("{}: {e}", path.display())),
-            Err(e) => why.push(format!("{}: {e}", path.display())),
-        }
-    }
-    Err(format!(
-        "no static session helper binary ({}); build it with `make helper` or set DAIV_SANDBOX_HELPER_BIN",
-        why.join("; ")
-    ))
-}
-
-/// An x86-64/aarch64 ELF executable without a program interpreter (`PT_INTERP`).
-fn is_static_elf(b: &[u8]) -> Result<bool, &'static str> {
-    if b.len() < 64 || &b[..4] != b"\x7fELF" || b[4] != 2 || b[5] != 1 {
-        return Err("not a 64-bit little-endian ELF file");
-    }
-    let u16_at = |o: usize| b.get(o..o + 2).map(|s| u16::from_le_bytes([s[0], s[1]]));
-    let u64_at = |o: usize| {
-        b.get(o..o + 8)
-            .and_then(|s| <[u8; 8]>::try_from(s).ok())
-            .map(u64::from_le_bytes)
-    };
-    let (Some(phoff), Some(phentsize), Some(phnum)) = (u64_at(0x20), u16_at(0x36), u16_at(0x38))
-    else {
-        return Err("truncated ELF header");
-    };
-    for i in 0..usize::from(phnum) {
-        let at = usize::try_from(phoff).map_err(|_| "bad program header offset")?
-            + i * usize::from(phentsize);
-        let p_type = b
-            .get(at..at + 4)
-            .and_then(|s| <[u8; 4]>::try_from(s).ok())
-            .map(u32::from_le_bytes)
-            .ok_or("truncated program headers")?;
-        if p_type == 3 {
-            return Ok(false);
-        }
-    }
-    Ok(true)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn dynamic_executables_are_told_apart_from_static_ones() {
-        // This test binary is dynamically linked (cargo's default on glibc).
-        let exe = std::env::current_exe().and_then(std::fs::read);
-        if let Ok(bytes) = exe {
-            assert_eq!(is_static_elf(&bytes), Ok(false));
-        }
-        assert!(is_static_elf(b"#!/bin/sh\n").is_err());
-        let missing = helper_binary(Some(Path::new("/nonexistent/helper")));
-        assert!(missing.is_err_and(|e| e.contains("make helper")));
-    }
 
     #[test]
     fn truncated_output_says_how_much_was_dropped() {

@@ -1,7 +1,7 @@
 //! What the service tells its operators: logs, metrics and error reports.
 //!
 //! # Layout
-//! - [`metrics`]: the Prometheus registry (atomics, hand-rendered text format).
+//! - [`metrics`]: the Prometheus registry on `prometheus-client`, in the text format.
 //! - [`engine`]: [`engine::MeteredEngine`], counting and timing every container-engine call.
 //! - [`request`]: the per-request middleware (one log line, HTTP metrics, Sentry scope) and
 //!   the panic-to-500 handler.

@@ -6,12 +6,18 @@
 //! Kubernetes secrets are mounted); the environment wins over the file, and an empty value counts
 //! as unset.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 use std::time::Duration;
+
+mod parse;
+#[cfg(test)]
+mod tests;
+
+pub use parse::{ProcessEnv, Source};
+
+use parse::Parser;
 
 pub const PREFIX: &str = "DAIV_SANDBOX_";
 
@@ -43,61 +49,6 @@ pub const DEFAULT_PRUNE_DIRS: &[&str] = &[
     "htmlcov",
     "*.egg-info",
 ];
-
-/// Where a setting's raw value comes from. Tests use a `HashMap`; the binary uses [`ProcessEnv`].
-pub trait Source {
-    /// The raw value of `DAIV_SANDBOX_{key}`, `None` when unset or empty.
-    fn get(&self, key: &str) -> Option<String>;
-}
-
-/// The process environment, then files in a secrets directory (default `/run/secrets`).
-pub struct ProcessEnv {
-    secrets_dir: PathBuf,
-}
-
-impl ProcessEnv {
-    pub fn new() -> Self {
-        Self::with_secrets_dir("/run/secrets")
-    }
-
-    pub fn with_secrets_dir(dir: impl Into<PathBuf>) -> Self {
-        Self {
-            secrets_dir: dir.into(),
-        }
-    }
-
-    fn secret_file(&self, name: &str) -> Option<String> {
-        // The reference reads `/run/secrets/<prefix><field>` case-insensitively; accept both the
-        // upper-case spelling and the lower-case one Docker users tend to pick.
-        [name.to_string(), name.to_ascii_lowercase()]
-            .iter()
-            .map(|n| self.secrets_dir.join(n))
-            .find_map(|p| std::fs::read_to_string(p).ok())
-            .map(|v| v.trim_end_matches(['\n', '\r']).to_string())
-    }
-}
-
-impl Default for ProcessEnv {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Source for ProcessEnv {
-    fn get(&self, key: &str) -> Option<String> {
-        let name = format!("{PREFIX}{key}");
-        std::env::var(&name)
-            .ok()
-            .or_else(|| self.secret_file(&name))
-            .filter(|v| !v.is_empty())
-    }
-}
-
-impl Source for HashMap<String, String> {
-    fn get(&self, key: &str) -> Option<String> {
-        HashMap::get(self, key).filter(|v| !v.is_empty()).cloned()
-    }
-}
 
 /// A value that must never be printed: API keys. `Debug` shows `***`.
 #[derive(Clone)]
@@ -259,135 +210,6 @@ pub struct Config {
 #[derive(Debug, thiserror::Error)]
 #[error("invalid configuration:\n{}", .0.join("\n"))]
 pub struct ConfigError(pub Vec<String>);
-
-/// Collects problems instead of stopping at the first.
-struct Parser<'a> {
-    src: &'a dyn Source,
-    errors: Vec<String>,
-}
-
-impl<'a> Parser<'a> {
-    fn new(src: &'a dyn Source) -> Self {
-        Self {
-            src,
-            errors: Vec::new(),
-        }
-    }
-
-    fn fail(&mut self, key: &str, raw: &str, why: impl fmt::Display) {
-        self.errors.push(format!("{PREFIX}{key}={raw:?}: {why}"));
-    }
-
-    fn string_or(&mut self, key: &str, default: &str) -> String {
-        self.src.get(key).unwrap_or_else(|| default.to_string())
-    }
-
-    fn parse_or<T>(&mut self, key: &str, default: T) -> T
-    where
-        T: FromStr,
-        T::Err: fmt::Display,
-    {
-        self.parse_opt(key).unwrap_or(default)
-    }
-
-    fn parse_opt<T>(&mut self, key: &str) -> Option<T>
-    where
-        T: FromStr,
-        T::Err: fmt::Display,
-    {
-        let raw = self.src.get(key)?;
-        match raw.trim().parse::<T>() {
-            Ok(v) => Some(v),
-            Err(e) => {
-                self.fail(key, &raw, e);
-                None
-            }
-        }
-    }
-
-    /// Pydantic's bool spellings, so existing deployments keep working.
-    fn bool_or(&mut self, key: &str, default: bool) -> bool {
-        let Some(raw) = self.src.get(key) else {
-            return default;
-        };
-        match raw.trim().to_ascii_lowercase().as_str() {
-            "1" | "true" | "t" | "yes" | "y" | "on" => true,
-            "0" | "false" | "f" | "no" | "n" | "off" => false,
-            _ => {
-                self.fail(key, &raw, "expected a boolean (true/false)");
-                default
-            }
-        }
-    }
-
-    fn choice<T: Copy>(&mut self, key: &str, default: T, options: &[(&str, T)]) -> T {
-        let Some(raw) = self.src.get(key) else {
-            return default;
-        };
-        match options.iter().find(|(name, _)| *name == raw.trim()) {
-            Some((_, v)) => *v,
-            None => {
-                let names: Vec<_> = options.iter().map(|(n, _)| *n).collect();
-                self.fail(key, &raw, format!("expected one of {}", names.join(", ")));
-                default
-            }
-        }
-    }
-
-    fn seconds_or(&mut self, key: &str, default: u64) -> Duration {
-        Duration::from_secs(self.parse_or::<u64>(key, default))
-    }
-
-    /// Float seconds (the lock wait and refresh take fractions); must be finite and positive.
-    fn float_seconds_or(&mut self, key: &str, default: f64) -> Duration {
-        let Some(raw) = self.src.get(key) else {
-            return Duration::from_secs_f64(default);
-        };
-        match raw.trim().parse::<f64>() {
-            Ok(v) if v.is_finite() && v > 0.0 && v < 1e9 => Duration::from_secs_f64(v),
-            Ok(_) => {
-                self.fail(key, &raw, "expected a positive number of seconds");
-                Duration::from_secs_f64(default)
-            }
-            Err(e) => {
-                self.fail(key, &raw, e);
-                Duration::from_secs_f64(default)
-            }
-        }
-    }
-
-    fn positive_f64_opt(&mut self, key: &str) -> Option<f64> {
-        let raw = self.src.get(key)?;
-        match raw.trim().parse::<f64>() {
-            Ok(v) if v.is_finite() && v > 0.0 => Some(v),
-            _ => {
-                self.fail(key, &raw, "expected a positive number");
-                None
-            }
-        }
-    }
-
-    fn rate_or(&mut self, key: &str, default: f64) -> f64 {
-        let Some(raw) = self.src.get(key) else {
-            return default;
-        };
-        match raw.trim().parse::<f64>() {
-            Ok(v) if (0.0..=1.0).contains(&v) => v,
-            _ => {
-                self.fail(key, &raw, "expected a number between 0.0 and 1.0");
-                default
-            }
-        }
-    }
-
-    fn finish(self) -> Result<(), ConfigError> {
-        if self.errors.is_empty() {
-            Ok(())
-        } else {
-            Err(ConfigError(self.errors))
-        }
-    }
-}
 
 /// Parses and validates every setting; `Err` lists each bad variable.
 pub fn load(src: &dyn Source) -> Result<Config, ConfigError> {
@@ -729,6 +551,8 @@ pub fn load(src: &dyn Source) -> Result<Config, ConfigError> {
 /// in-process tests; panics on an invalid test setup.
 #[cfg(any(test, feature = "test-util"))]
 pub fn for_tests(api_key: &str, extra: &[(&str, &str)]) -> std::sync::Arc<Config> {
+    use std::collections::HashMap;
+
     let mut env: HashMap<String, String> = HashMap::from([("API_KEY".into(), api_key.into())]);
     for (k, v) in extra {
         env.insert(k.to_string(), v.to_string());
@@ -736,165 +560,5 @@ pub fn for_tests(api_key: &str, extra: &[(&str, &str)]) -> std::sync::Arc<Config
     match load(&env) {
         Ok(c) => std::sync::Arc::new(c),
         Err(e) => panic!("test config invalid: {e}"),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn upstream_proxy_is_validated_and_never_echoed() {
-        let ok = load(&env(&[
-            ("API_KEY", "k"),
-            ("EGRESS_UPSTREAM_PROXY", "http://u:pw@proxy.test:3128"),
-        ]));
-        let c = ok.expect("valid proxy");
-        assert_eq!(
-            c.egress_upstream_proxy.as_ref().map(Secret::expose),
-            Some("http://u:pw@proxy.test:3128")
-        );
-        assert!(!format!("{c:?}").contains("pw@"));
-        let bad = load(&env(&[
-            ("API_KEY", "k"),
-            ("EGRESS_UPSTREAM_PROXY", "socks5://u:s3cret@x"),
-        ]));
-        let e = bad.err().map(|e| e.to_string()).unwrap_or_default();
-        assert!(
-            e.contains("EGRESS_UPSTREAM_PROXY") && !e.contains("s3cret"),
-            "{e}"
-        );
-    }
-
-    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
-
-    fn errors(pairs: &[(&str, &str)]) -> Vec<String> {
-        match load(&env(pairs)) {
-            Ok(_) => Vec::new(),
-            Err(ConfigError(e)) => e,
-        }
-    }
-
-    #[test]
-    fn defaults_match_the_reference_table() -> Result<(), ConfigError> {
-        let c = load(&env(&[("API_KEY", "k")]))?;
-        assert_eq!(c.api_v1_str, "/api/v1");
-        assert_eq!(c.environment, Environment::Production);
-        assert_eq!(c.runtime, Runtime::Runc);
-        assert_eq!((c.run_uid, c.run_gid), (1000, 1000));
-        assert_eq!(c.egress_proxy_port, 8080);
-        assert_eq!(c.egress_proxy_runtime, Runtime::Runc);
-        assert!(c.egress_ca.is_none());
-        assert_eq!(c.command_timeout, None);
-        assert_eq!(c.session_lock_ttl, Duration::from_secs(900));
-        assert_eq!(c.session_lock_wait, Duration::from_secs(30));
-        assert_eq!(c.session_lock_refresh, Duration::from_secs(30));
-        assert!(c.reaper_enabled);
-        assert_eq!(c.reaper_interval, Duration::from_secs(600));
-        assert_eq!(c.session_grace, Duration::from_secs(43_200));
-        assert_eq!(c.max_stopped_sessions, 50);
-        assert_eq!(
-            c.running_session_max_idle,
-            Some(Duration::from_secs(14_400))
-        );
-        assert_eq!(c.stop_timeout, Duration::from_secs(2));
-        assert_eq!(c.port, 8000);
-        assert_eq!(c.host.to_string(), "0.0.0.0");
-        assert_eq!(c.log_level, LogLevel::Info);
-        assert!(c.fs_prune_dirs.iter().any(|d| d == ".git"));
-        assert!(!c.fs_prune_dirs.iter().any(|d| d == "node_modules"));
-        Ok(())
-    }
-
-    #[test]
-    fn api_key_is_required_and_never_printed() {
-        let e = errors(&[]);
-        assert!(
-            e.iter().any(|l| l.contains("DAIV_SANDBOX_API_KEY")),
-            "{e:?}"
-        );
-        let c = load(&env(&[("API_KEY", "hunter2")]));
-        let printed = format!("{c:?}");
-        assert!(!printed.contains("hunter2"), "{printed}");
-    }
-
-    #[test]
-    fn every_bad_variable_is_reported_by_name() {
-        let e = errors(&[
-            ("API_KEY", "k"),
-            ("PORT", "eighty"),
-            ("RUNTIME", "kata"),
-            ("REAPER_ENABLED", "maybe"),
-            ("SESSION_LOCK_WAIT_SECONDS", "-1"),
-            ("LOG_LEVEL", "verbose"),
-            ("SENTRY_TRACES_SAMPLE_RATE", "2"),
-            ("EGRESS_PROXY_CPUS", "0"),
-        ]);
-        for name in [
-            "PORT",
-            "RUNTIME",
-            "REAPER_ENABLED",
-            "SESSION_LOCK_WAIT_SECONDS",
-            "LOG_LEVEL",
-            "SENTRY_TRACES_SAMPLE_RATE",
-            "EGRESS_PROXY_CPUS",
-        ] {
-            assert!(
-                e.iter().any(|l| l.starts_with(&format!("{PREFIX}{name}"))),
-                "{name} missing from {e:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn egress_ca_needs_both_files() {
-        let e = errors(&[("API_KEY", "k"), ("EGRESS_CA_CERT_FILE", "/etc/hostname")]);
-        assert!(
-            e.iter().any(|l| l.contains("must be set together")),
-            "{e:?}"
-        );
-        let e = errors(&[
-            ("API_KEY", "k"),
-            ("EGRESS_CA_CERT_FILE", "/nonexistent/ca.crt"),
-            ("EGRESS_CA_KEY_FILE", "/nonexistent/ca.key"),
-        ]);
-        assert_eq!(e.len(), 2, "{e:?}");
-    }
-
-    #[test]
-    fn zero_disables_timeouts_and_comma_lists_replace_defaults() -> Result<(), ConfigError> {
-        let c = load(&env(&[
-            ("API_KEY", "k"),
-            ("COMMAND_TIMEOUT", "30"),
-            ("RUNNING_SESSION_MAX_IDLE_SECONDS", "0"),
-            ("FS_PRUNE_DIRS", " .git , node_modules,,"),
-            ("SESSION_LOCK_WAIT_SECONDS", "0.5"),
-            ("LOG_LEVEL", "WARNING"),
-            ("API_V1_STR", "/v2/"),
-        ]))?;
-        assert_eq!(c.command_timeout, Some(Duration::from_secs(30)));
-        assert_eq!(c.running_session_max_idle, None);
-        assert_eq!(c.fs_prune_dirs, vec![".git", "node_modules"]);
-        assert_eq!(c.session_lock_wait, Duration::from_millis(500));
-        assert_eq!(c.log_level.directive(), "warn");
-        assert_eq!(c.api_v1_str, "/v2");
-        Ok(())
-    }
-
-    #[test]
-    fn secrets_dir_is_read_and_env_wins() -> std::io::Result<()> {
-        let dir = std::env::temp_dir().join(format!("daiv-secrets-{}", std::process::id()));
-        std::fs::create_dir_all(&dir)?;
-        std::fs::write(dir.join("daiv_sandbox_run_uid"), "4242\n")?;
-        let src = ProcessEnv::with_secrets_dir(&dir);
-        assert_eq!(src.get("RUN_UID").as_deref(), Some("4242"));
-        assert_eq!(src.get("RUN_GID"), None);
-        std::fs::remove_dir_all(&dir)?;
-        Ok(())
     }
 }

@@ -1,4 +1,7 @@
 //! [`ContainerEngine`] over the Docker Engine API (bollard). The only module that imports bollard.
+//!
+//! This file makes the daemon calls; `convert` translates between the engine's types and
+//! bollard's models (specs, inspect and list answers, errors, states, timestamps).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -7,9 +10,8 @@ use bollard::Docker;
 use bollard::errors::Error as BollardError;
 use bollard::exec::{StartExecOptions, StartExecResults};
 use bollard::models::{
-    ContainerCreateBody, ContainerStateStatusEnum, EndpointIpamConfig, EndpointSettings,
-    ExecConfig, HostConfig, HostConfigLogConfig, Ipam, IpamConfig, Mount, MountType,
-    NetworkConnectRequest, NetworkCreateRequest, NetworkingConfig,
+    EndpointIpamConfig, EndpointSettings, ExecConfig, Ipam, IpamConfig, NetworkConnectRequest,
+    NetworkCreateRequest,
 };
 use bollard::query_parameters::{
     CreateImageOptions, ListContainersOptions, RemoveContainerOptions, StopContainerOptions,
@@ -20,8 +22,15 @@ use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 
 use super::{
-    AttachedExec, ContainerEngine, ContainerInfo, ContainerSpec, ContainerStatus, EngineError,
-    ExecSpec, ExecStream, MANAGED_LABEL, NetworkAttach, NetworkInfo, NetworkSpec,
+    AttachedExec, ContainerEngine, ContainerInfo, ContainerSpec, EngineError, ExecSpec, ExecStream,
+    NetworkInfo, NetworkSpec,
+};
+
+mod convert;
+
+use convert::{
+    create_body, env_list, info_from_inspect, info_from_summary, managed_filter, map_err,
+    parse_rfc3339, unix_seconds,
 };
 
 /// Upper bound on one Docker API call that is not a stream; a daemon that hangs longer is
@@ -45,51 +54,6 @@ impl DockerEngine {
             .map_err(|e| EngineError::Unavailable(e.to_string()))?;
         Ok(Self { docker })
     }
-}
-
-fn map_err(e: BollardError) -> EngineError {
-    match e {
-        BollardError::DockerResponseServerError {
-            status_code,
-            message,
-        } => match status_code {
-            404 => EngineError::NotFound,
-            409 => EngineError::Conflict(message),
-            400 | 403 | 422 => EngineError::Rejected(message),
-            _ => EngineError::Unavailable(message),
-        },
-        other => EngineError::Unavailable(other.to_string()),
-    }
-}
-
-fn status_of(s: Option<ContainerStateStatusEnum>) -> ContainerStatus {
-    match s {
-        Some(ContainerStateStatusEnum::CREATED) => ContainerStatus::Created,
-        Some(ContainerStateStatusEnum::RUNNING) => ContainerStatus::Running,
-        Some(ContainerStateStatusEnum::PAUSED) => ContainerStatus::Paused,
-        Some(ContainerStateStatusEnum::RESTARTING) => ContainerStatus::Restarting,
-        Some(ContainerStateStatusEnum::EXITED) => ContainerStatus::Exited,
-        Some(ContainerStateStatusEnum::DEAD) => ContainerStatus::Dead,
-        Some(other) => ContainerStatus::Other(other.to_string()),
-        None => ContainerStatus::Other(String::new()),
-    }
-}
-
-/// Docker's RFC 3339 timestamps as Unix seconds.
-fn unix_seconds(rfc3339: &str) -> Option<i64> {
-    time::OffsetDateTime::parse(rfc3339, &time::format_description::well_known::Rfc3339)
-        .ok()
-        .map(|t| t.unix_timestamp())
-}
-
-fn managed_filter(labels: &[(&str, &str)]) -> HashMap<String, Vec<String>> {
-    let mut label_filters = vec![format!("{MANAGED_LABEL}=true")];
-    label_filters.extend(labels.iter().map(|(k, v)| format!("{k}={v}")));
-    HashMap::from([("label".to_string(), label_filters)])
-}
-
-fn env_list(env: &[(String, String)]) -> Vec<String> {
-    env.iter().map(|(k, v)| format!("{k}={v}")).collect()
 }
 
 /// An exec's output as bollard delivers it, and its stdin when attached.
@@ -200,61 +164,7 @@ impl ContainerEngine for DockerEngine {
     }
 
     async fn create(&self, spec: &ContainerSpec) -> Result<String, EngineError> {
-        let (network_mode, endpoints) = match &spec.network {
-            NetworkAttach::None => ("none".to_string(), None),
-            NetworkAttach::Network { name, ip } => {
-                let endpoint = EndpointSettings {
-                    ipam_config: ip.map(|ip| EndpointIpamConfig {
-                        ipv4_address: Some(ip.to_string()),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                };
-                (
-                    name.clone(),
-                    Some(HashMap::from([(name.clone(), endpoint)])),
-                )
-            }
-        };
-        let host_config = HostConfig {
-            memory: spec.memory_bytes,
-            nano_cpus: spec.nano_cpus,
-            pids_limit: Some(spec.pids_limit),
-            network_mode: Some(network_mode),
-            cap_drop: Some(vec!["ALL".to_string()]),
-            security_opt: Some(vec!["no-new-privileges:true".to_string()]),
-            runtime: Some(spec.runtime.clone()),
-            init: Some(spec.init),
-            log_config: (!spec.log_options.is_empty()).then(|| HostConfigLogConfig {
-                typ: Some("json-file".to_string()),
-                config: Some(spec.log_options.iter().cloned().collect()),
-            }),
-            mounts: (!spec.volumes.is_empty()).then(|| {
-                spec.volumes
-                    .iter()
-                    .map(|target| Mount {
-                        target: Some(target.clone()),
-                        typ: Some(MountType::VOLUME),
-                        ..Default::default()
-                    })
-                    .collect()
-            }),
-            ..Default::default()
-        };
-        let body = ContainerCreateBody {
-            image: Some(spec.image.clone()),
-            cmd: spec.cmd.clone(),
-            entrypoint: spec.entrypoint.clone(),
-            env: Some(env_list(&spec.env)),
-            labels: Some(spec.labels.clone()),
-            user: spec.user.clone(),
-            host_config: Some(host_config),
-            networking_config: Some(NetworkingConfig {
-                endpoints_config: endpoints,
-            }),
-            network_disabled: Some(matches!(spec.network, NetworkAttach::None)),
-            ..Default::default()
-        };
+        let body = create_body(spec);
         let options =
             spec.name
                 .as_ref()
@@ -295,7 +205,6 @@ impl ContainerEngine for DockerEngine {
             .await
             .map_err(map_err)
     }
-
     async fn inspect(&self, id: &str) -> Result<ContainerInfo, EngineError> {
         let c = self
             .docker
@@ -305,25 +214,7 @@ impl ContainerEngine for DockerEngine {
             )
             .await
             .map_err(map_err)?;
-        let state = c.state.unwrap_or_default();
-        let host = c.host_config.unwrap_or_default();
-        Ok(ContainerInfo {
-            id: c.id.unwrap_or_else(|| id.to_string()),
-            name: c
-                .name
-                .unwrap_or_default()
-                .trim_start_matches('/')
-                .to_string(),
-            image_id: c.image,
-            status: status_of(state.status),
-            created: c.created.as_deref().and_then(unix_seconds),
-            labels: c.config.and_then(|c| c.labels).unwrap_or_default(),
-            finished_at: state
-                .finished_at
-                .filter(|t| !t.is_empty() && !t.starts_with("0001-")),
-            memory_bytes: host.memory.filter(|m| *m > 0),
-            nano_cpus: host.nano_cpus.filter(|n| *n > 0),
-        })
+        Ok(info_from_inspect(id, c))
     }
 
     async fn stop(&self, id: &str, grace: Duration) -> Result<(), EngineError> {
@@ -542,7 +433,6 @@ impl ContainerEngine for DockerEngine {
             .id
             .ok_or_else(|| EngineError::Unavailable(format!("image {image} has no id")))
     }
-
     async fn list(&self, labels: &[(&str, &str)]) -> Result<Vec<ContainerInfo>, EngineError> {
         let filters = managed_filter(labels);
         let found = self
@@ -554,35 +444,7 @@ impl ContainerEngine for DockerEngine {
             }))
             .await
             .map_err(map_err)?;
-        Ok(found
-            .into_iter()
-            .filter_map(|c| {
-                Some(ContainerInfo {
-                    id: c.id?,
-                    name: c
-                        .names
-                        .unwrap_or_default()
-                        .first()
-                        .map(|n| n.trim_start_matches('/').to_string())
-                        .unwrap_or_default(),
-                    image_id: c.image_id,
-                    created: c.created,
-                    status: match c.state.map(|s| s.to_string()).as_deref() {
-                        Some("running") => ContainerStatus::Running,
-                        Some("exited") => ContainerStatus::Exited,
-                        Some("created") => ContainerStatus::Created,
-                        Some("dead") => ContainerStatus::Dead,
-                        Some("paused") => ContainerStatus::Paused,
-                        Some("restarting") => ContainerStatus::Restarting,
-                        other => ContainerStatus::Other(other.unwrap_or_default().to_string()),
-                    },
-                    labels: c.labels.unwrap_or_default(),
-                    finished_at: None,
-                    memory_bytes: None,
-                    nano_cpus: None,
-                })
-            })
-            .collect())
+        Ok(found.into_iter().filter_map(info_from_summary).collect())
     }
 
     async fn create_network(&self, spec: &NetworkSpec) -> Result<String, EngineError> {
@@ -669,8 +531,4 @@ impl ContainerEngine for DockerEngine {
             })
             .collect())
     }
-}
-
-fn parse_rfc3339(t: &str) -> Option<time::OffsetDateTime> {
-    time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok()
 }

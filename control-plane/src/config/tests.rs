@@ -1,0 +1,158 @@
+use std::collections::HashMap;
+
+use super::*;
+
+#[test]
+fn upstream_proxy_is_validated_and_never_echoed() {
+    let ok = load(&env(&[
+        ("API_KEY", "k"),
+        ("EGRESS_UPSTREAM_PROXY", "http://u:pw@proxy.test:3128"),
+    ]));
+    let c = ok.expect("valid proxy");
+    assert_eq!(
+        c.egress_upstream_proxy.as_ref().map(Secret::expose),
+        Some("http://u:pw@proxy.test:3128")
+    );
+    assert!(!format!("{c:?}").contains("pw@"));
+    let bad = load(&env(&[
+        ("API_KEY", "k"),
+        ("EGRESS_UPSTREAM_PROXY", "socks5://u:s3cret@x"),
+    ]));
+    let e = bad.err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(
+        e.contains("EGRESS_UPSTREAM_PROXY") && !e.contains("s3cret"),
+        "{e}"
+    );
+}
+
+fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn errors(pairs: &[(&str, &str)]) -> Vec<String> {
+    match load(&env(pairs)) {
+        Ok(_) => Vec::new(),
+        Err(ConfigError(e)) => e,
+    }
+}
+
+#[test]
+fn defaults_match_the_reference_table() -> Result<(), ConfigError> {
+    let c = load(&env(&[("API_KEY", "k")]))?;
+    assert_eq!(c.api_v1_str, "/api/v1");
+    assert_eq!(c.environment, Environment::Production);
+    assert_eq!(c.runtime, Runtime::Runc);
+    assert_eq!((c.run_uid, c.run_gid), (1000, 1000));
+    assert_eq!(c.egress_proxy_port, 8080);
+    assert_eq!(c.egress_proxy_runtime, Runtime::Runc);
+    assert!(c.egress_ca.is_none());
+    assert_eq!(c.command_timeout, None);
+    assert_eq!(c.session_lock_ttl, Duration::from_secs(900));
+    assert_eq!(c.session_lock_wait, Duration::from_secs(30));
+    assert_eq!(c.session_lock_refresh, Duration::from_secs(30));
+    assert!(c.reaper_enabled);
+    assert_eq!(c.reaper_interval, Duration::from_secs(600));
+    assert_eq!(c.session_grace, Duration::from_secs(43_200));
+    assert_eq!(c.max_stopped_sessions, 50);
+    assert_eq!(
+        c.running_session_max_idle,
+        Some(Duration::from_secs(14_400))
+    );
+    assert_eq!(c.stop_timeout, Duration::from_secs(2));
+    assert_eq!(c.port, 8000);
+    assert_eq!(c.host.to_string(), "0.0.0.0");
+    assert_eq!(c.log_level, LogLevel::Info);
+    assert!(c.fs_prune_dirs.iter().any(|d| d == ".git"));
+    assert!(!c.fs_prune_dirs.iter().any(|d| d == "node_modules"));
+    Ok(())
+}
+
+#[test]
+fn api_key_is_required_and_never_printed() {
+    let e = errors(&[]);
+    assert!(
+        e.iter().any(|l| l.contains("DAIV_SANDBOX_API_KEY")),
+        "{e:?}"
+    );
+    let c = load(&env(&[("API_KEY", "hunter2")]));
+    let printed = format!("{c:?}");
+    assert!(!printed.contains("hunter2"), "{printed}");
+}
+
+#[test]
+fn every_bad_variable_is_reported_by_name() {
+    let e = errors(&[
+        ("API_KEY", "k"),
+        ("PORT", "eighty"),
+        ("RUNTIME", "kata"),
+        ("REAPER_ENABLED", "maybe"),
+        ("SESSION_LOCK_WAIT_SECONDS", "-1"),
+        ("LOG_LEVEL", "verbose"),
+        ("SENTRY_TRACES_SAMPLE_RATE", "2"),
+        ("EGRESS_PROXY_CPUS", "0"),
+    ]);
+    for name in [
+        "PORT",
+        "RUNTIME",
+        "REAPER_ENABLED",
+        "SESSION_LOCK_WAIT_SECONDS",
+        "LOG_LEVEL",
+        "SENTRY_TRACES_SAMPLE_RATE",
+        "EGRESS_PROXY_CPUS",
+    ] {
+        assert!(
+            e.iter().any(|l| l.starts_with(&format!("{PREFIX}{name}"))),
+            "{name} missing from {e:?}"
+        );
+    }
+}
+
+#[test]
+fn egress_ca_needs_both_files() {
+    let e = errors(&[("API_KEY", "k"), ("EGRESS_CA_CERT_FILE", "/etc/hostname")]);
+    assert!(
+        e.iter().any(|l| l.contains("must be set together")),
+        "{e:?}"
+    );
+    let e = errors(&[
+        ("API_KEY", "k"),
+        ("EGRESS_CA_CERT_FILE", "/nonexistent/ca.crt"),
+        ("EGRESS_CA_KEY_FILE", "/nonexistent/ca.key"),
+    ]);
+    assert_eq!(e.len(), 2, "{e:?}");
+}
+
+#[test]
+fn zero_disables_timeouts_and_comma_lists_replace_defaults() -> Result<(), ConfigError> {
+    let c = load(&env(&[
+        ("API_KEY", "k"),
+        ("COMMAND_TIMEOUT", "30"),
+        ("RUNNING_SESSION_MAX_IDLE_SECONDS", "0"),
+        ("FS_PRUNE_DIRS", " .git , node_modules,,"),
+        ("SESSION_LOCK_WAIT_SECONDS", "0.5"),
+        ("LOG_LEVEL", "WARNING"),
+        ("API_V1_STR", "/v2/"),
+    ]))?;
+    assert_eq!(c.command_timeout, Some(Duration::from_secs(30)));
+    assert_eq!(c.running_session_max_idle, None);
+    assert_eq!(c.fs_prune_dirs, vec![".git", "node_modules"]);
+    assert_eq!(c.session_lock_wait, Duration::from_millis(500));
+    assert_eq!(c.log_level.directive(), "warn");
+    assert_eq!(c.api_v1_str, "/v2");
+    Ok(())
+}
+
+#[test]
+fn secrets_dir_is_read_and_env_wins() -> std::io::Result<()> {
+    let dir = std::env::temp_dir().join(format!("daiv-secrets-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join("daiv_sandbox_run_uid"), "4242\n")?;
+    let src = ProcessEnv::with_secrets_dir(&dir);
+    assert_eq!(src.get("RUN_UID").as_deref(), Some("4242"));
+    assert_eq!(src.get("RUN_GID"), None);
+    std::fs::remove_dir_all(&dir)?;
+    Ok(())
+}

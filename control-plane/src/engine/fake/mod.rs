@@ -1,0 +1,205 @@
+//! In-memory [`ContainerEngine`](super::ContainerEngine) for in-process tests of handlers and
+//! session logic.
+//!
+//! Commands are "run" by a scriptable responder; every call is recorded so tests can assert what
+//! the control plane asked of the engine. Nothing here claims to test Docker.
+//!
+//! This file holds the fake's state and what tests turn and read: the responder, scripted
+//! faults, clocks and image ids, and the recorded calls. How it answers each engine call is in
+//! `emulation`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use super::{ContainerSpec, ContainerStatus, EngineError, NetworkSpec};
+
+mod emulation;
+
+pub use emulation::host_helper;
+
+/// What a fake exec produces: output chunks, then an exit code; `hang` keeps the stream open
+/// (a command that never ends) until a kill exec arrives.
+#[derive(Clone, Debug, Default)]
+pub struct FakeExec {
+    pub chunks: Vec<Vec<u8>>,
+    pub exit_code: i64,
+    pub hang: bool,
+}
+
+type Responder = dyn Fn(&str) -> FakeExec + Send + Sync;
+
+/// A regular file's content (`None` for a directory) and its (mode, uid, gid).
+type FakeFile = (Option<Vec<u8>>, (u32, u64, u64));
+
+#[derive(Default)]
+struct State {
+    containers: HashMap<String, (ContainerSpec, ContainerStatus)>,
+    networks: HashMap<String, NetworkSpec>,
+    /// (network, container, ip) attachments beyond the create-time network.
+    attachments: Vec<(String, String, Option<std::net::IpAddr>)>,
+    execs: HashMap<String, i64>,
+    calls: Vec<String>,
+    next_id: u64,
+    engine_down: bool,
+    /// Calls whose description starts with one of these fail (scripted faults).
+    failing: Vec<String>,
+    /// Per-container (created unix secs, FinishedAt) overrides, for the reaper's tests.
+    times: HashMap<String, (Option<i64>, Option<String>)>,
+    /// Per-network created unix secs overrides.
+    network_created: HashMap<String, i64>,
+    missing_images: Vec<String>,
+    /// Cancelled when the container stops or goes: its helpers die with it, as in Docker.
+    alive: HashMap<String, tokio_util::sync::CancellationToken>,
+    /// Container filesystems as far as the archive calls saw them: (container, absolute path) →
+    /// regular-file content (`None` for a directory) and (mode, uid, gid).
+    files: HashMap<(String, String), FakeFile>,
+    /// Container id → its current name.
+    names: HashMap<String, String>,
+    /// Container id → the id of the image it was created from.
+    container_images: HashMap<String, String>,
+    /// Image reference → the id it resolves to (default `sha256:<reference>`).
+    image_ids: HashMap<String, String>,
+}
+
+#[derive(Clone)]
+pub struct FakeEngine {
+    state: Arc<Mutex<State>>,
+    responder: Arc<Responder>,
+    /// Wakes hanging execs when a kill exec arrives, as a real process group kill would.
+    killed: Arc<tokio::sync::Notify>,
+}
+
+impl Default for FakeEngine {
+    fn default() -> Self {
+        Self::new(|cmd| FakeExec {
+            chunks: vec![format!("ran: {cmd}\n").into_bytes()],
+            exit_code: 0,
+            hang: false,
+        })
+    }
+}
+
+impl FakeEngine {
+    /// `responder` receives the user command (the wrapper's `$1`) and says what it "prints".
+    pub fn new(responder: impl Fn(&str) -> FakeExec + Send + Sync + 'static) -> Self {
+        Self {
+            state: Arc::default(),
+            responder: Arc::new(responder),
+            killed: Arc::default(),
+        }
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
+        // A poisoned lock means an earlier test panicked; keep going with its state.
+        let mut guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        f(&mut guard)
+    }
+
+    pub fn calls(&self) -> Vec<String> {
+        self.with(|s| s.calls.clone())
+    }
+
+    pub fn spec(&self, id: &str) -> Option<ContainerSpec> {
+        self.with(|s| s.containers.get(id).map(|(spec, _)| spec.clone()))
+    }
+
+    pub fn status(&self, id: &str) -> Option<ContainerStatus> {
+        self.with(|s| s.containers.get(id).map(|(_, st)| st.clone()))
+    }
+
+    pub fn network_specs(&self) -> Vec<NetworkSpec> {
+        self.with(|s| s.networks.values().cloned().collect())
+    }
+
+    pub fn networks(&self) -> Vec<String> {
+        self.with(|s| s.networks.keys().cloned().collect())
+    }
+
+    pub fn attachments(&self) -> Vec<(String, String, Option<std::net::IpAddr>)> {
+        self.with(|s| s.attachments.clone())
+    }
+
+    pub fn container_ids(&self) -> Vec<String> {
+        self.with(|s| s.containers.keys().cloned().collect())
+    }
+
+    /// Sets a container's creation time (Unix seconds) and `FinishedAt` (RFC 3339).
+    pub fn set_times(&self, id: &str, created: Option<i64>, finished_at: Option<&str>) {
+        self.with(|s| {
+            s.times
+                .insert(id.to_string(), (created, finished_at.map(str::to_string)))
+        });
+    }
+
+    /// Sets a network's creation time (Unix seconds).
+    pub fn set_network_created(&self, name: &str, created: i64) {
+        self.with(|s| s.network_created.insert(name.to_string(), created));
+    }
+
+    /// Makes every later call whose description starts with `prefix` (for example
+    /// `"start "` or `"create_network"`) fail as if the engine had.
+    pub fn fail_on(&self, prefix: &str) {
+        self.with(|s| s.failing.push(prefix.to_string()));
+    }
+
+    /// The host directory standing in for a container's filesystem root for the helper
+    /// (`serve --root`): `/workspace/x` in the container is `<dir>/x`.
+    pub fn workspace_dir(&self, id: &str) -> std::path::PathBuf {
+        std::env::temp_dir().join(format!(
+            "daiv-fake-{}-{}",
+            std::process::id(),
+            &id[..12.min(id.len())]
+        ))
+    }
+
+    pub fn set_down(&self, down: bool) {
+        self.with(|s| s.engine_down = down);
+    }
+
+    /// A regular file's content as the archive calls left it, if any.
+    pub fn file(&self, id: &str, path: &str) -> Option<Vec<u8>> {
+        self.with(|s| {
+            s.files
+                .get(&(id.to_string(), path.to_string()))
+                .and_then(|(content, _)| content.clone())
+        })
+    }
+
+    /// Makes `image` resolve to another id from now on (a re-tagged image).
+    pub fn set_image_id(&self, image: &str, id: &str) {
+        self.with(|s| s.image_ids.insert(image.to_string(), id.to_string()));
+    }
+
+    /// The container's current name.
+    pub fn name(&self, id: &str) -> Option<String> {
+        self.with(|s| s.names.get(id).cloned())
+    }
+
+    /// Marks a container exited, as if its process had died.
+    pub fn kill(&self, id: &str) {
+        self.with(|s| {
+            if let Some(t) = s.alive.remove(id) {
+                t.cancel();
+            }
+            if let Some((_, st)) = s.containers.get_mut(id) {
+                *st = ContainerStatus::Exited;
+            }
+        });
+    }
+
+    pub fn set_missing_image(&self, image: &str) {
+        self.with(|s| s.missing_images.push(image.to_string()));
+    }
+
+    fn check_up(&self, call: String) -> Result<(), EngineError> {
+        self.with(|s| {
+            let scripted = s.failing.iter().any(|p| call.starts_with(p.as_str()));
+            s.calls.push(call);
+            if s.engine_down || scripted {
+                Err(EngineError::Unavailable("fake engine is down".into()))
+            } else {
+                Ok(())
+            }
+        })
+    }
+}

@@ -1,0 +1,50 @@
+use super::*;
+
+fn at(secs: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_secs(secs)
+}
+
+#[test]
+fn idle_counts_from_the_last_touch_then_creation_but_never_before_tracking() {
+    let since = at(1000);
+    // Touched at 1500: idle 500 s at 2000.
+    assert_eq!(
+        idle_for(Some(at(1500)), Some(10), since, at(2000)),
+        Some(Duration::from_secs(500))
+    );
+    // Never touched, created at 1200.
+    assert_eq!(
+        idle_for(None, Some(1200), since, at(2000)),
+        Some(Duration::from_secs(800))
+    );
+    // Created before the tracker started: counts from the start.
+    assert_eq!(
+        idle_for(None, Some(10), since, at(2000)),
+        Some(Duration::from_secs(1000))
+    );
+    // Touched after "now" (a request between listing and re-check): not idle.
+    assert_eq!(idle_for(Some(at(2500)), Some(10), since, at(2000)), None);
+    // Nothing known: not idle.
+    assert_eq!(idle_for(None, None, since, at(2000)), None);
+}
+
+#[test]
+fn stop_time_is_finished_at_or_creation_of_a_never_started_container() {
+    let mut info = ContainerInfo {
+        id: "x".into(),
+        name: "x".into(),
+        image_id: None,
+        status: ContainerStatus::Exited,
+        created: Some(100),
+        labels: Default::default(),
+        finished_at: Some("2026-06-01T12:34:56.123456789Z".into()),
+        memory_bytes: None,
+        nano_cpus: None,
+    };
+    assert_eq!(stopped_at(&info), Some(1_780_317_296_123_456_789));
+    info.finished_at = Some("garbage".into());
+    assert_eq!(stopped_at(&info), None);
+    info.status = ContainerStatus::Created;
+    info.finished_at = None;
+    assert_eq!(stopped_at(&info), Some(100 * NANOS));
+}

@@ -5,6 +5,8 @@
 //! - [`api`]: wire types, shaped like the reference's.
 //! - [`routes`]: thin axum handlers; [`auth`] guards them with `X-API-Key`.
 //! - [`session`]: session lifecycle over the engine seam; commands through the runtime.
+//! - [`egress`]: the egress triad (network, gateway, sandbox wiring): the only code that creates,
+//!   restarts, refreshes and tears one down.
 //! - [`processes`]: background processes and streaming runs (over the same runtime).
 //! - [`runtime`]: the [`runtime::SessionRuntime`] seam (commands, fs ops, seed extraction) and its
 //!   implementation over the in-container helper's channel.

@@ -16,7 +16,7 @@ use bytes::Bytes;
 
 use crate::api::{RunRequest, RunResponse, StartSessionRequest, WORKDIR};
 use crate::config::Config;
-use crate::egress::{self, Created, Egress, SandboxPlan, Triad};
+use crate::egress::{self, Egress, SandboxPlan, Triad};
 use crate::engine::{
     ContainerEngine, ContainerInfo, ContainerSpec, DEPLOYMENT_LABEL, EngineError, IMAGE_LABEL,
     MANAGED_LABEL, NetworkAttach, ROLE_LABEL, ROLE_SANDBOX,
@@ -161,36 +161,13 @@ impl Sessions {
         };
         let egress = self.egress_or_400()?;
         self.engine.ensure_image(&req.base_image).await?;
-        let mut created = Created::default();
-        let mut sandbox = None;
-        let result = async {
-            // A pool member's gateway gets the helper: its claim installs the policy with it.
-            let helper = tag.and(self.helper.as_ref());
-            let plan = egress
-                .prepare(egress_token, policy, &mut created, helper)
-                .await?;
-            let triad = plan.triad.clone();
-            let spec = tagged(self.sandbox_spec(req, Some(&plan)));
-            let sandbox_up = async {
-                let id = self.engine.create(&spec).await?;
-                sandbox = Some(id.clone());
-                self.engine.start(&id).await?;
-                Ok::<_, ApiError>(id)
-            };
-            let (gateway_up, sandbox_up) = tokio::join!(egress.start_gateway(&triad), sandbox_up);
-            gateway_up?;
-            let id = sandbox_up?;
-            egress.finish(&id, &triad).await?;
-            Ok::<_, ApiError>(id)
-        }
-        .await;
-        if result.is_err() {
-            if let Some(id) = &sandbox {
-                let _ = self.engine.remove(id).await;
-            }
-            egress.teardown(&created).await;
-        }
-        result
+        // A pool member's gateway gets the helper: its claim installs the policy with it.
+        let helper = tag.and(self.helper.as_ref());
+        egress
+            .create(egress_token, policy, helper, |plan| {
+                tagged(self.sandbox_spec(req, Some(plan)))
+            })
+            .await
     }
 
     pub(crate) fn egress_or_400(&self) -> Result<&Egress, ApiError> {
@@ -359,17 +336,13 @@ impl Sessions {
             Ok(()) | Err(EngineError::NotFound) => {}
             Err(e) => return Err(e.into()),
         }
-        if let (Some(triad), Some(egress)) = (triad, &self.egress) {
-            if force {
-                egress
-                    .teardown(&Created {
-                        network: Some(triad.network.clone()),
-                        gateway: Some(triad.gateway.clone()),
-                    })
-                    .await;
-            } else {
-                egress.stop(&triad).await;
+        // Removal needs only the engine, so it happens even where egress is not configured.
+        match (triad, &self.egress) {
+            (Some(triad), _) if force => {
+                egress::teardown(&*self.engine, &triad.parts()).await;
             }
+            (Some(triad), Some(egress)) => egress.stop(&triad).await,
+            _ => {}
         }
         Ok(())
     }

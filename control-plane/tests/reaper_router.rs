@@ -9,13 +9,14 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use control_plane::activity::{LocalActivity, SessionActivity};
 use control_plane::config::{self, Config};
+use control_plane::egress;
 use control_plane::engine::fake::FakeEngine;
 use control_plane::engine::{
     ContainerEngine, ContainerSpec, ContainerStatus, DEPLOYMENT_LABEL, EGRESS_LABEL, MANAGED_LABEL,
     NetworkAttach, NetworkSpec, ROLE_EGRESS_GATEWAY, ROLE_EGRESS_NETWORK, ROLE_LABEL, ROLE_SANDBOX,
 };
 use control_plane::lock::LocalLocks;
-use control_plane::reaper::{Reaper, egress_lock_key};
+use control_plane::reaper::Reaper;
 use control_plane::{AppState, app};
 use tower::ServiceExt;
 
@@ -323,7 +324,7 @@ async fn an_orphan_being_built_under_its_egress_lock_is_kept() -> TestResult {
     let held = w
         .state
         .locks
-        .acquire(&egress_lock_key("building"), Duration::ZERO)
+        .acquire(&egress::lock_key("building"), Duration::ZERO)
         .await?;
     let sweep = w.reaper.sweep(at(NOW)).await?;
     assert!(sweep.orphans.is_empty());

@@ -1,11 +1,20 @@
 //! The policy file as the API takes it and the gateway reads it: parsing and validation (never
-//! echoing the body's strings), and the tar archives of the gateway's config files.
+//! echoing the body's strings), and installing a policy into a live gateway, acknowledged.
+//!
+//! Every install ends the same way, in [`Egress::acknowledge`]: the gateway's own
+//! `health --expect-version` runs inside the gateway until it enforces the new version, so a
+//! 204 (or a 201 from a claim) means the policy is in effect.
+
+use std::time::Duration;
 
 use bytes::Bytes;
+use futures::StreamExt;
 use shared_policy::PolicyFile;
 use shared_policy::sidecar;
 
-use super::GATEWAY_UID;
+use super::gateway::config_tar;
+use super::{Egress, GATEWAY_UID, POLICY_ACK_TIMEOUT, Triad};
+use crate::engine::ExecSpec;
 use crate::error::ApiError;
 
 /// Parses an `egress` body as the policy file and applies the API's validation. Parse errors
@@ -47,66 +56,147 @@ pub(super) fn policy_json(policy: &PolicyFile) -> Result<Bytes, ApiError> {
         .map_err(|e| ApiError::Internal(e.into()))
 }
 
-/// The gateway's config files, owned by the gateway's user; `with_dir` adds the directory
-/// entry itself (first creation).
-pub(super) fn config_tar(files: &[(&str, Bytes, u32)], with_dir: bool) -> Bytes {
-    config_tar_with(files, with_dir, None)
-}
-
-/// [`config_tar`], plus the session helper at its usual path (root-owned, as in a sandbox): a
-/// warm-pool member's gateway gets it so a claim installs its policy with one exec instead of
-/// an archive upload.
-pub(super) fn config_tar_with(
-    files: &[(&str, Bytes, u32)],
-    with_dir: bool,
-    helper: Option<&Bytes>,
-) -> Bytes {
-    let mut builder = tar::Builder::new(Vec::new());
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    let header = |kind: tar::EntryType, mode: u32, size: u64| {
-        let mut h = tar::Header::new_gnu();
-        h.set_entry_type(kind);
-        h.set_mode(mode);
-        h.set_uid(u64::from(GATEWAY_UID));
-        h.set_gid(u64::from(GATEWAY_UID));
-        h.set_size(size);
-        h.set_mtime(now);
-        h
-    };
-    let prefix = if with_dir {
-        format!("{}/", sidecar::CONFIG_DIR.trim_start_matches('/'))
-    } else {
-        String::new()
-    };
-    if with_dir {
-        let mut h = header(tar::EntryType::Directory, 0o700, 0);
-        let _ = builder.append_data(&mut h, &prefix, std::io::empty());
-    }
-    for (name, data, mode) in files {
-        let mut h = header(tar::EntryType::Regular, *mode, data.len() as u64);
-        let _ = builder.append_data(&mut h, format!("{prefix}{name}"), &data[..]);
-    }
-    if let Some(bin) = helper {
-        let root = |kind: tar::EntryType, mode: u32, size: u64| {
-            let mut h = header(kind, mode, size);
-            h.set_uid(0);
-            h.set_gid(0);
-            h
+impl Egress {
+    /// Runs the gateway's `health --expect-version` inside the gateway (the image has only that
+    /// binary; the exec shares the gateway's network namespace, so its listen address answers)
+    /// until the gateway enforces `version`, for at most [`POLICY_ACK_TIMEOUT`]: 503 otherwise.
+    pub(super) async fn acknowledge(&self, gateway: &str, version: &str) -> Result<(), ApiError> {
+        let not_acked = |detail: &str| {
+            ApiError::Unavailable(format!(
+                "the egress gateway did not enforce the new policy within {} s{detail}",
+                POLICY_ACK_TIMEOUT.as_secs()
+            ))
         };
-        let dir = crate::runtime::SANDBOX_DIR.trim_start_matches('/');
-        let mut h = root(tar::EntryType::Directory, 0o755, 0);
-        let _ = builder.append_data(&mut h, format!("{dir}/"), std::io::empty());
-        let mut h = root(tar::EntryType::Regular, 0o755, bin.len() as u64);
-        let _ = builder.append_data(
-            &mut h,
-            crate::runtime::HELPER_PATH.trim_start_matches('/'),
-            &bin[..],
-        );
+        let spec = ExecSpec {
+            cmd: vec![
+                sidecar::BINARY.into(),
+                sidecar::HEALTH_SUBCOMMAND.into(),
+                "--timeout-ms".into(),
+                POLICY_ACK_TIMEOUT.as_millis().to_string(),
+                "--expect-version".into(),
+                version.into(),
+            ],
+            user: format!("{}:{}", sidecar::UID, sidecar::UID),
+            workdir: None,
+            env: Vec::new(),
+        };
+        let run = async {
+            let mut exec =
+                self.engine.exec(gateway, &spec).await.map_err(|e| {
+                    crate::error::unavailable("could not ask the egress gateway", &e)
+                })?;
+            let mut output = Vec::new();
+            while let Some(chunk) = exec.output.next().await {
+                let chunk = chunk.map_err(|e| {
+                    crate::error::unavailable("could not ask the egress gateway", &e)
+                })?;
+                if output.len() < 4096 {
+                    output.extend_from_slice(&chunk);
+                }
+            }
+            // The exit code can lag the end of the output by a moment.
+            for _ in 0..50 {
+                match self.engine.exec_exit_code(&exec.exec_id).await {
+                    Ok(Some(0)) => return Ok(()),
+                    Ok(Some(_)) => {
+                        let text = String::from_utf8_lossy(&output);
+                        let last = text.lines().last().unwrap_or_default().trim().to_owned();
+                        tracing::warn!(gateway, version, answer = %last, "egress policy not acknowledged");
+                        return Err(not_acked(""));
+                    }
+                    Ok(None) => tokio::time::sleep(Duration::from_millis(20)).await,
+                    Err(e) => {
+                        return Err(crate::error::unavailable(
+                            "could not ask the egress gateway",
+                            &e,
+                        ));
+                    }
+                }
+            }
+            Err(not_acked(" (no exit code)"))
+        };
+        tokio::time::timeout(POLICY_ACK_TIMEOUT + Duration::from_secs(5), run)
+            .await
+            .unwrap_or_else(|_| Err(not_acked("")))
     }
-    Bytes::from(builder.into_inner().unwrap_or_default())
+
+    /// Replaces the gateway's policy without a restart: extracts it as the staging file, which
+    /// the gateway renames over its policy once complete, then waits until the gateway enforces
+    /// its version.
+    pub async fn refresh(&self, triad: &Triad, policy: &PolicyFile) -> Result<(), ApiError> {
+        self.ensure_gateway(triad).await?;
+        let policy = policy.clone().with_content_version();
+        let version = policy.version.clone().unwrap_or_default();
+        let tar = config_tar(
+            &[(sidecar::POLICY_STAGING_FILE, policy_json(&policy)?, 0o600)],
+            false,
+        );
+        let body = futures::stream::once(async move { Ok(tar) }).boxed();
+        self.engine
+            .put_archive(&triad.gateway, sidecar::CONFIG_DIR, body)
+            .await
+            .map_err(|e| crate::error::unavailable("could not update the egress policy", &e))?;
+        self.acknowledge(&triad.gateway, &version).await
+    }
+
+    /// A warm-pool claim's policy, in one exec: the session helper in the gateway writes it over
+    /// the gateway's policy file (a complete file renamed into place, which the gateway reloads)
+    /// and then runs the gateway's `health --expect-version`, the same acknowledgement as a
+    /// refresh. Without the helper there (the write never said `ok`), the staged-file path of
+    /// [`Egress::refresh`].
+    pub async fn install(&self, triad: &Triad, policy: &PolicyFile) -> Result<(), ApiError> {
+        let policy = policy.clone().with_content_version();
+        let version = policy.version.clone().unwrap_or_default();
+        let health = vec![
+            sidecar::BINARY.to_string(),
+            sidecar::HEALTH_SUBCOMMAND.to_string(),
+            "--timeout-ms".to_string(),
+            POLICY_ACK_TIMEOUT.as_millis().to_string(),
+            "--expect-version".to_string(),
+            version.clone(),
+        ];
+        let (user, path) = (
+            format!("{GATEWAY_UID}:{GATEWAY_UID}"),
+            sidecar::config_path(sidecar::POLICY_FILE),
+        );
+        let run = crate::pool::write_then(
+            &*self.engine,
+            &triad.gateway,
+            &user,
+            &path,
+            0o600,
+            policy_json(&policy)?,
+            &health,
+        );
+        let said = tokio::time::timeout(POLICY_ACK_TIMEOUT + Duration::from_secs(5), run).await;
+        let said = match said {
+            Ok(Ok(said)) => said,
+            Ok(Err(e)) => {
+                tracing::debug!(gateway = %triad.gateway, error = %e, "policy not written by the helper; staging it");
+                return self.refresh(triad, &policy).await;
+            }
+            Err(_) => String::new(),
+        };
+        if !said.starts_with("ok\n") {
+            tracing::debug!(gateway = %triad.gateway, "no helper in the gateway; staging the policy");
+            return self.refresh(triad, &policy).await;
+        }
+        if said.trim_end().ends_with("\nexit 0") {
+            return Ok(());
+        }
+        let last = said
+            .lines()
+            .rev()
+            .nth(1)
+            .unwrap_or_default()
+            .trim()
+            .to_owned();
+        tracing::warn!(gateway = %triad.gateway, version, answer = %last, "egress policy not acknowledged");
+        Err(ApiError::Unavailable(format!(
+            "the egress gateway did not enforce the new policy within {} s",
+            POLICY_ACK_TIMEOUT.as_secs()
+        )))
+    }
 }
 
 #[cfg(test)]
@@ -139,16 +229,5 @@ mod tests {
             json!({"policy": {"rules": [{"host": "*.a.test", "methods": ["get"]}]}, "extra": 1});
         let file = parse_policy(&ok).expect("valid");
         assert_eq!(file.policy.rules[0].methods, vec!["GET"]);
-    }
-
-    #[test]
-    fn config_tar_is_owned_by_the_gateway_user() -> std::io::Result<()> {
-        let tar_bytes = config_tar(&[("config.json", Bytes::from_static(b"{}"), 0o600)], true);
-        let mut archive = tar::Archive::new(&tar_bytes[..]);
-        for entry in archive.entries()? {
-            let entry = entry?;
-            assert_eq!(entry.header().uid()?, u64::from(GATEWAY_UID));
-        }
-        Ok(())
     }
 }

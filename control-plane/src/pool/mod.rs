@@ -56,7 +56,7 @@ use shared_policy::PolicyFile;
 
 use crate::api::StartSessionRequest;
 use crate::config::Config;
-use crate::egress::{self, Created, Egress, Triad};
+use crate::egress::{self, Egress, Triad};
 use crate::engine::{
     ContainerInfo, DEPLOYMENT_LABEL, EngineError, IMAGE_LABEL, POOL_LABEL, POOL_SPEC_LABEL,
     ROLE_LABEL, ROLE_SANDBOX,
@@ -422,13 +422,8 @@ impl Sessions {
             Ok(()) | Err(EngineError::NotFound) => {}
             Err(e) => tracing::warn!(container = %id, error = %e, "could not remove a pool member"),
         }
-        if let (Some(triad), Some(egress)) = (triad, &self.egress) {
-            egress
-                .teardown(&Created {
-                    network: Some(triad.network.clone()),
-                    gateway: Some(triad.gateway.clone()),
-                })
-                .await;
+        if let Some(triad) = triad {
+            egress::teardown(&*self.engine, &triad.parts()).await;
         }
     }
 

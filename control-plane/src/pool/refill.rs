@@ -273,10 +273,7 @@ impl Refill {
         let _building = match key.kind {
             Kind::Egress => Some(
                 self.locks
-                    .acquire(
-                        &crate::reaper::egress_lock_key(token),
-                        Duration::from_secs(5),
-                    )
+                    .acquire(&crate::egress::lock_key(token), Duration::from_secs(5))
                     .await
                     .map_err(|e| ApiError::Unavailable(e.to_string()))?,
             ),

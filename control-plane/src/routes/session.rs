@@ -25,7 +25,7 @@ pub async fn create(
     // they are built keeps the reaper from taking them for orphans.
     let token = crate::egress::random_token();
     let _building = match req.egress {
-        Some(_) => Some(state.lock(&crate::reaper::egress_lock_key(&token)).await?),
+        Some(_) => Some(state.lock(&crate::egress::lock_key(&token)).await?),
         None => None,
     };
     let session_id = state.sessions.create(&req, &token).await?;

@@ -1,0 +1,226 @@
+//! The gateway sidecar: its container spec and config archive, readiness, and its restart.
+//!
+//! The CA key, the upstream bundle and the policy (with its secrets) go into the gateway's own
+//! config directory, owned by the gateway's non-root user: nothing of them is ever in the
+//! sandbox.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use shared_policy::PolicyFile;
+use shared_policy::sidecar;
+
+use super::policy::policy_json;
+use super::{Egress, GATEWAY_UID, Triad};
+use crate::engine::{
+    ContainerSpec, DEPLOYMENT_LABEL, EGRESS_LABEL, MANAGED_LABEL, NetworkAttach,
+    ROLE_EGRESS_GATEWAY, ROLE_LABEL,
+};
+use crate::error::ApiError;
+
+/// What the gateway logs once it accepts connections.
+const GATEWAY_READY_LINE: &str = sidecar::READY_LINE;
+const GATEWAY_READY_TIMEOUT: Duration = Duration::from_secs(20);
+const GATEWAY_PIDS_LIMIT: i64 = 256;
+
+impl Egress {
+    pub(super) async fn wait_ready(&self, gateway: &str) -> Result<(), ApiError> {
+        self.engine
+            .wait_for_log(gateway, GATEWAY_READY_LINE, GATEWAY_READY_TIMEOUT)
+            .await
+            .map_err(|e| crate::error::unavailable("egress gateway did not become ready", &e))
+    }
+
+    /// Whether the triad's gateway runs (503 when it is gone).
+    pub async fn gateway_running(&self, triad: &Triad) -> Result<bool, ApiError> {
+        self.engine
+            .inspect(&triad.gateway)
+            .await
+            .map(|info| info.is_running())
+            .map_err(|e| crate::error::unavailable("egress gateway unavailable", &e))
+    }
+
+    /// Starts a stopped gateway and waits until it listens (warm restart, or one killed behind
+    /// the service's back). Its policy file, the latest one, is kept in its container.
+    pub async fn ensure_gateway(&self, triad: &Triad) -> Result<(), ApiError> {
+        if self.gateway_running(triad).await? {
+            return Ok(());
+        }
+        self.engine
+            .start(&triad.gateway)
+            .await
+            .map_err(|e| crate::error::unavailable("egress gateway could not start", &e))?;
+        self.wait_ready(&triad.gateway).await
+    }
+
+    pub(super) fn gateway_spec(
+        &self,
+        token: &str,
+        ip: IpAddr,
+        policy: &PolicyFile,
+        helper: Option<&Bytes>,
+    ) -> Result<ContainerSpec, ApiError> {
+        let c = &self.config;
+        let path = sidecar::config_path;
+        let mut env = vec![
+            (
+                sidecar::env::LISTEN.to_string(),
+                format!("{ip}:{}", c.egress_proxy_port),
+            ),
+            (sidecar::env::SESSION_ID.to_string(), token.to_string()),
+            (
+                sidecar::env::POLICY_FILE.to_string(),
+                path(sidecar::POLICY_FILE),
+            ),
+            (
+                sidecar::env::CA_CERT_FILE.to_string(),
+                path(sidecar::CA_CERT_FILE),
+            ),
+            (
+                sidecar::env::CA_KEY_FILE.to_string(),
+                path(sidecar::CA_KEY_FILE),
+            ),
+        ];
+        if !c.egress_allowed_cidrs.is_empty() {
+            let cidrs: Vec<String> = c
+                .egress_allowed_cidrs
+                .iter()
+                .map(|n| n.to_string())
+                .collect();
+            env.push((sidecar::env::ALLOWED_CIDRS.to_string(), cidrs.join(",")));
+        }
+        let mut files = vec![
+            (sidecar::POLICY_FILE, policy_json(policy)?, 0o600),
+            (sidecar::CA_CERT_FILE, self.ca_cert.clone(), 0o644),
+            (sidecar::CA_KEY_FILE, self.ca_key.clone(), 0o600),
+        ];
+        if let Some(bundle) = &self.upstream_ca {
+            files.push((sidecar::UPSTREAM_CA_FILE, bundle.clone(), 0o644));
+            env.push((
+                sidecar::env::UPSTREAM_CA_FILE.to_string(),
+                path(sidecar::UPSTREAM_CA_FILE),
+            ));
+        }
+        if let Some(proxy) = &c.egress_upstream_proxy {
+            env.push((
+                sidecar::env::UPSTREAM_PROXY.to_string(),
+                proxy.expose().to_string(),
+            ));
+        }
+        let egress_network = c
+            .egress_proxy_network
+            .clone()
+            .or_else(|| c.network.clone())
+            .unwrap_or_else(|| "bridge".to_string());
+        Ok(ContainerSpec {
+            name: None,
+            image: c.egress_proxy_image.clone(),
+            entrypoint: None,
+            cmd: None,
+            env,
+            labels: HashMap::from([
+                (MANAGED_LABEL.to_string(), "true".to_string()),
+                (ROLE_LABEL.to_string(), ROLE_EGRESS_GATEWAY.to_string()),
+                (EGRESS_LABEL.to_string(), token.to_string()),
+                (DEPLOYMENT_LABEL.to_string(), c.deployment.clone()),
+            ]),
+            user: None,
+            init: false,
+            runtime: c.egress_proxy_runtime.as_str().to_string(),
+            memory_bytes: c.egress_proxy_memory_bytes,
+            nano_cpus: c.egress_proxy_cpus.map(|n| (n * 1e9).round() as i64),
+            pids_limit: GATEWAY_PIDS_LIMIT,
+            network: NetworkAttach::Network {
+                name: egress_network,
+                ip: None,
+            },
+            volumes: Vec::new(),
+            // Audit lines are the sandbox's to provoke: bounded on disk.
+            log_options: vec![
+                ("max-size".to_string(), "10m".to_string()),
+                ("max-file".to_string(), "3".to_string()),
+            ],
+            skeleton: Some(config_tar_with(&files, true, helper)),
+        })
+    }
+}
+
+/// The gateway's config files, owned by the gateway's user; `with_dir` adds the directory
+/// entry itself (first creation).
+pub(super) fn config_tar(files: &[(&str, Bytes, u32)], with_dir: bool) -> Bytes {
+    config_tar_with(files, with_dir, None)
+}
+
+/// [`config_tar`], plus the session helper at its usual path (root-owned, as in a sandbox): a
+/// warm-pool member's gateway gets it so a claim installs its policy with one exec instead of
+/// an archive upload.
+pub(super) fn config_tar_with(
+    files: &[(&str, Bytes, u32)],
+    with_dir: bool,
+    helper: Option<&Bytes>,
+) -> Bytes {
+    let mut builder = tar::Builder::new(Vec::new());
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let header = |kind: tar::EntryType, mode: u32, size: u64| {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(kind);
+        h.set_mode(mode);
+        h.set_uid(u64::from(GATEWAY_UID));
+        h.set_gid(u64::from(GATEWAY_UID));
+        h.set_size(size);
+        h.set_mtime(now);
+        h
+    };
+    let prefix = if with_dir {
+        format!("{}/", sidecar::CONFIG_DIR.trim_start_matches('/'))
+    } else {
+        String::new()
+    };
+    if with_dir {
+        let mut h = header(tar::EntryType::Directory, 0o700, 0);
+        let _ = builder.append_data(&mut h, &prefix, std::io::empty());
+    }
+    for (name, data, mode) in files {
+        let mut h = header(tar::EntryType::Regular, *mode, data.len() as u64);
+        let _ = builder.append_data(&mut h, format!("{prefix}{name}"), &data[..]);
+    }
+    if let Some(bin) = helper {
+        let root = |kind: tar::EntryType, mode: u32, size: u64| {
+            let mut h = header(kind, mode, size);
+            h.set_uid(0);
+            h.set_gid(0);
+            h
+        };
+        let dir = crate::runtime::SANDBOX_DIR.trim_start_matches('/');
+        let mut h = root(tar::EntryType::Directory, 0o755, 0);
+        let _ = builder.append_data(&mut h, format!("{dir}/"), std::io::empty());
+        let mut h = root(tar::EntryType::Regular, 0o755, bin.len() as u64);
+        let _ = builder.append_data(
+            &mut h,
+            crate::runtime::HELPER_PATH.trim_start_matches('/'),
+            &bin[..],
+        );
+    }
+    Bytes::from(builder.into_inner().unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_tar_is_owned_by_the_gateway_user() -> std::io::Result<()> {
+        let tar_bytes = config_tar(&[("config.json", Bytes::from_static(b"{}"), 0o600)], true);
+        let mut archive = tar::Archive::new(&tar_bytes[..]);
+        for entry in archive.entries()? {
+            let entry = entry?;
+            assert_eq!(entry.header().uid()?, u64::from(GATEWAY_UID));
+        }
+        Ok(())
+    }
+}

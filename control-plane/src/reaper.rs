@@ -41,8 +41,8 @@ use crate::engine::{
     ContainerInfo, ContainerStatus, DEPLOYMENT_LABEL, EGRESS_LABEL, EngineError,
     ROLE_EGRESS_GATEWAY, ROLE_EGRESS_NETWORK, ROLE_LABEL, ROLE_SANDBOX,
 };
-use crate::error::ApiError;
 use crate::lock::{LockError, SessionLocks};
+use crate::session::SessionError;
 use crate::session::Sessions;
 use crate::telemetry::metrics::Metrics;
 
@@ -377,7 +377,7 @@ impl Reaper {
             }
         }
         match self.sessions.close(id, true).await {
-            Ok(()) | Err(ApiError::NotFound) => {
+            Ok(()) | Err(SessionError::NotFound) => {
                 tracing::info!(session_id = %id, ?why, "reaper: session removed");
                 let list = match why {
                     Why::Expired => &mut out.expired,

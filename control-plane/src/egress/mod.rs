@@ -24,6 +24,8 @@
 //! gateway's own `health --expect-version V` inside the gateway until it reports that version.
 //! Only then is the update answered 204 (503 after [`POLICY_ACK_TIMEOUT`]); session create waits
 //! the same way for the first policy.
+//!
+//! What goes wrong is an [`EgressError`] (in `error`); its status is [`crate::error`]'s.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
@@ -41,9 +43,10 @@ use crate::engine::{
     ExecSpec, MANAGED_LABEL, NetworkAttach, NetworkSpec, ROLE_EGRESS_GATEWAY, ROLE_EGRESS_NETWORK,
     ROLE_LABEL,
 };
-use crate::error::ApiError;
-
+mod error;
 mod policy;
+
+pub use error::EgressError;
 
 pub use policy::parse_policy;
 use policy::{config_tar, config_tar_with, policy_json};
@@ -190,12 +193,14 @@ impl Egress {
         policy: &PolicyFile,
         created: &mut Created,
         helper: Option<&Bytes>,
-    ) -> Result<SandboxPlan, ApiError> {
+    ) -> Result<SandboxPlan, EgressError> {
         let c = &self.config;
         self.engine
             .ensure_image(&c.egress_proxy_image)
             .await
-            .map_err(|e| crate::error::unavailable("egress gateway image is not available", &e))?;
+            .map_err(EgressError::gateway(
+                "egress gateway image is not available",
+            ))?;
         let token = token.to_string();
         let (network, subnet) = self.create_network(&token).await?;
         created.network = Some(network.clone());
@@ -269,13 +274,13 @@ impl Egress {
         )
     }
 
-    pub async fn start_gateway(&self, triad: &Triad) -> Result<(), ApiError> {
+    pub async fn start_gateway(&self, triad: &Triad) -> Result<(), EgressError> {
         self.engine.start(&triad.gateway).await.map_err(Into::into)
     }
 
     /// After the sandbox started: trust the CA inside it, and wait for the gateway to listen and
     /// enforce the session's policy, so the first command already reaches the proxy.
-    pub async fn finish(&self, sandbox: &str, triad: &Triad) -> Result<(), ApiError> {
+    pub async fn finish(&self, sandbox: &str, triad: &Triad) -> Result<(), EgressError> {
         let install = self.install_ca(sandbox);
         let ready = async {
             self.wait_ready(&triad.gateway).await?;
@@ -292,13 +297,8 @@ impl Egress {
     /// Runs the gateway's `health --expect-version` inside the gateway (the image has only that
     /// binary; the exec shares the gateway's network namespace, so its listen address answers)
     /// until the gateway enforces `version`, for at most [`POLICY_ACK_TIMEOUT`]: 503 otherwise.
-    async fn acknowledge(&self, gateway: &str, version: &str) -> Result<(), ApiError> {
-        let not_acked = |detail: &str| {
-            ApiError::Unavailable(format!(
-                "the egress gateway did not enforce the new policy within {} s{detail}",
-                POLICY_ACK_TIMEOUT.as_secs()
-            ))
-        };
+    async fn acknowledge(&self, gateway: &str, version: &str) -> Result<(), EgressError> {
+        let not_acked = |detail| EgressError::NotAcknowledged { detail };
         let spec = ExecSpec {
             cmd: vec![
                 sidecar::BINARY.into(),
@@ -313,15 +313,15 @@ impl Egress {
             env: Vec::new(),
         };
         let run = async {
-            let mut exec =
-                self.engine.exec(gateway, &spec).await.map_err(|e| {
-                    crate::error::unavailable("could not ask the egress gateway", &e)
-                })?;
+            let mut exec = self
+                .engine
+                .exec(gateway, &spec)
+                .await
+                .map_err(EgressError::gateway("could not ask the egress gateway"))?;
             let mut output = Vec::new();
             while let Some(chunk) = exec.output.next().await {
-                let chunk = chunk.map_err(|e| {
-                    crate::error::unavailable("could not ask the egress gateway", &e)
-                })?;
+                let chunk =
+                    chunk.map_err(EgressError::gateway("could not ask the egress gateway"))?;
                 if output.len() < 4096 {
                     output.extend_from_slice(&chunk);
                 }
@@ -338,10 +338,7 @@ impl Egress {
                     }
                     Ok(None) => tokio::time::sleep(Duration::from_millis(20)).await,
                     Err(e) => {
-                        return Err(crate::error::unavailable(
-                            "could not ask the egress gateway",
-                            &e,
-                        ));
+                        return Err(EgressError::gateway("could not ask the egress gateway")(e));
                     }
                 }
             }
@@ -352,7 +349,7 @@ impl Egress {
             .unwrap_or_else(|_| Err(not_acked("")))
     }
 
-    async fn install_ca(&self, sandbox: &str) -> Result<(), ApiError> {
+    async fn install_ca(&self, sandbox: &str) -> Result<(), EgressError> {
         let spec = ExecSpec {
             cmd: vec!["/bin/sh".into(), "-c".into(), INSTALL_CA.into()],
             user: "0:0".into(),
@@ -366,39 +363,39 @@ impl Egress {
         Ok(())
     }
 
-    async fn wait_ready(&self, gateway: &str) -> Result<(), ApiError> {
+    async fn wait_ready(&self, gateway: &str) -> Result<(), EgressError> {
         self.engine
             .wait_for_log(gateway, GATEWAY_READY_LINE, GATEWAY_READY_TIMEOUT)
             .await
-            .map_err(|e| crate::error::unavailable("egress gateway did not become ready", &e))
+            .map_err(EgressError::gateway("egress gateway did not become ready"))
     }
 
     /// Whether the triad's gateway runs (503 when it is gone).
-    pub async fn gateway_running(&self, triad: &Triad) -> Result<bool, ApiError> {
+    pub async fn gateway_running(&self, triad: &Triad) -> Result<bool, EgressError> {
         self.engine
             .inspect(&triad.gateway)
             .await
             .map(|info| info.is_running())
-            .map_err(|e| crate::error::unavailable("egress gateway unavailable", &e))
+            .map_err(EgressError::gateway("egress gateway unavailable"))
     }
 
     /// Starts a stopped gateway and waits until it listens (warm restart, or one killed behind
     /// the service's back).
-    pub async fn ensure_gateway(&self, triad: &Triad) -> Result<(), ApiError> {
+    pub async fn ensure_gateway(&self, triad: &Triad) -> Result<(), EgressError> {
         if self.gateway_running(triad).await? {
             return Ok(());
         }
         self.engine
             .start(&triad.gateway)
             .await
-            .map_err(|e| crate::error::unavailable("egress gateway could not start", &e))?;
+            .map_err(EgressError::gateway("egress gateway could not start"))?;
         self.wait_ready(&triad.gateway).await
     }
 
     /// Replaces the gateway's policy without a restart: extracts it as the staging file, which
     /// the gateway renames over its policy once complete, then waits until the gateway enforces
     /// its version.
-    pub async fn refresh(&self, triad: &Triad, policy: &PolicyFile) -> Result<(), ApiError> {
+    pub async fn refresh(&self, triad: &Triad, policy: &PolicyFile) -> Result<(), EgressError> {
         self.ensure_gateway(triad).await?;
         let policy = policy.clone().with_content_version();
         let version = policy.version.clone().unwrap_or_default();
@@ -410,7 +407,7 @@ impl Egress {
         self.engine
             .put_archive(&triad.gateway, sidecar::CONFIG_DIR, body)
             .await
-            .map_err(|e| crate::error::unavailable("could not update the egress policy", &e))?;
+            .map_err(EgressError::gateway("could not update the egress policy"))?;
         self.acknowledge(&triad.gateway, &version).await
     }
 
@@ -419,7 +416,7 @@ impl Egress {
     /// and then runs the gateway's `health --expect-version`, the same acknowledgement as a
     /// refresh. Without the helper there (the write never said `ok`), the staged-file path of
     /// [`Egress::refresh`].
-    pub async fn install(&self, triad: &Triad, policy: &PolicyFile) -> Result<(), ApiError> {
+    pub async fn install(&self, triad: &Triad, policy: &PolicyFile) -> Result<(), EgressError> {
         let policy = policy.clone().with_content_version();
         let version = policy.version.clone().unwrap_or_default();
         let health = vec![
@@ -467,10 +464,7 @@ impl Egress {
             .trim()
             .to_owned();
         tracing::warn!(gateway = %triad.gateway, version, answer = %last, "egress policy not acknowledged");
-        Err(ApiError::Unavailable(format!(
-            "the egress gateway did not enforce the new policy within {} s",
-            POLICY_ACK_TIMEOUT.as_secs()
-        )))
+        Err(EgressError::NotAcknowledged { detail: "" })
     }
 
     pub async fn stop(&self, triad: &Triad) {
@@ -509,7 +503,7 @@ impl Egress {
 
     /// An internal network on a random /29 of the pool; a collision with an existing network
     /// is retried on another subnet.
-    async fn create_network(&self, token: &str) -> Result<(String, ipnet::Ipv4Net), ApiError> {
+    async fn create_network(&self, token: &str) -> Result<(String, ipnet::Ipv4Net), EgressError> {
         let pool = self.config.egress_subnet_pool;
         let name = format!("daiv-egress-{token}");
         let labels = HashMap::from([
@@ -547,9 +541,7 @@ impl Egress {
         if let Some(m) = last {
             tracing::warn!(error = %m, "egress subnets overlap");
         }
-        Err(ApiError::Unavailable(format!(
-            "no free subnet for the egress network in {pool}"
-        )))
+        Err(EgressError::NoFreeSubnet(pool))
     }
 
     fn gateway_spec(
@@ -558,7 +550,7 @@ impl Egress {
         ip: IpAddr,
         policy: &PolicyFile,
         helper: Option<&Bytes>,
-    ) -> Result<ContainerSpec, ApiError> {
+    ) -> Result<ContainerSpec, EgressError> {
         let c = &self.config;
         let path = sidecar::config_path;
         let mut env = vec![

@@ -5,46 +5,22 @@ use bytes::Bytes;
 use shared_policy::PolicyFile;
 use shared_policy::sidecar;
 
+use super::EgressError;
 use super::GATEWAY_UID;
-use crate::error::ApiError;
 
 /// Parses an `egress` body as the policy file and applies the API's validation. Parse errors
-/// never echo the body's strings: a misplaced secret must not come back in a 422.
-pub fn parse_policy(value: &serde_json::Value) -> Result<PolicyFile, ApiError> {
-    let file: PolicyFile = serde_json::from_value(value.clone()).map_err(|e| {
-        ApiError::Unprocessable(format!("invalid egress policy: {}", redact(&e.to_string())))
-    })?;
-    shared_policy::validate_for_api(&file)
-        .map_err(|e| ApiError::Unprocessable(format!("invalid egress policy: {e}")))?;
+/// never echo the body's strings (see [`EgressError::MalformedPolicy`]).
+pub fn parse_policy(value: &serde_json::Value) -> Result<PolicyFile, EgressError> {
+    let file: PolicyFile =
+        serde_json::from_value(value.clone()).map_err(EgressError::MalformedPolicy)?;
+    shared_policy::validate_for_api(&file)?;
     Ok(file)
 }
 
-/// Blanks quoted and back-ticked spans of a serde message.
-fn redact(message: &str) -> String {
-    let mut out = String::with_capacity(message.len());
-    let mut inside: Option<char> = None;
-    for ch in message.chars() {
-        match inside {
-            Some(close) if ch == close => {
-                out.push('…');
-                out.push(ch);
-                inside = None;
-            }
-            Some(_) => {}
-            None if ch == '`' || ch == '"' => {
-                out.push(ch);
-                inside = Some(ch);
-            }
-            None => out.push(ch),
-        }
-    }
-    out
-}
-
-pub(super) fn policy_json(policy: &PolicyFile) -> Result<Bytes, ApiError> {
+pub(super) fn policy_json(policy: &PolicyFile) -> Result<Bytes, EgressError> {
     serde_json::to_vec(policy)
         .map(Bytes::from)
-        .map_err(|e| ApiError::Internal(e.into()))
+        .map_err(EgressError::Encode)
 }
 
 /// The gateway's config files, owned by the gateway's user; `with_dir` adds the directory
@@ -117,9 +93,11 @@ mod tests {
     #[test]
     fn parse_errors_never_echo_body_strings() {
         let body = json!({"policy": {"default": "ghp_supersecret"}});
-        let Err(ApiError::Unprocessable(msg)) = parse_policy(&body) else {
-            panic!("expected 422");
+        let Err(e @ EgressError::MalformedPolicy(_)) = parse_policy(&body) else {
+            panic!("expected a malformed policy");
         };
+        let msg = e.to_string();
+        assert!(msg.starts_with("invalid egress policy: "), "{msg}");
         assert!(!msg.contains("ghp_supersecret"), "{msg}");
     }
 
@@ -128,12 +106,12 @@ mod tests {
         let deny_nothing = json!({"policy": {"default": "deny", "rules": []}});
         assert!(matches!(
             parse_policy(&deny_nothing),
-            Err(ApiError::Unprocessable(_))
+            Err(EgressError::InvalidPolicy(_))
         ));
         let unknown_secret = json!({"policy": {"rules": [{"host": "a.test", "inject": "nope"}]}});
         assert!(matches!(
             parse_policy(&unknown_secret),
-            Err(ApiError::Unprocessable(_))
+            Err(EgressError::InvalidPolicy(_))
         ));
         let ok =
             json!({"policy": {"rules": [{"host": "*.a.test", "methods": ["get"]}]}, "extra": 1});

@@ -4,7 +4,8 @@
 //! - [`config`]: `DAIV_SANDBOX_*` settings, validated all at once at start-up.
 //! - [`api`]: wire types, shaped like the reference's.
 //! - [`routes`]: thin axum handlers; [`auth`] guards them with `X-API-Key`.
-//! - [`session`]: session lifecycle over the engine seam; commands through the runtime.
+//! - [`session`]: session lifecycle over the engine seam; commands through the runtime; its
+//!   errors in `session/error.rs`.
 //! - [`egress`]: the egress triad (network, gateway, sandbox wiring): the only code that creates,
 //!   restarts, refreshes and tears one down.
 //! - [`processes`]: background processes and streaming runs (over the same runtime).
@@ -15,7 +16,9 @@
 //! - [`activity`]: when each session was last used (for idle reaping).
 //! - [`pool`]: the warm pool: sessions created ahead of requests, claimed atomically.
 //! - [`reaper`]: the background sweep that removes expired, surplus, idle and orphaned resources.
-//! - [`error`]: the one place errors become HTTP statuses.
+//! - [`error`]: the one place the domain's errors (named by cause: [`session::SessionError`],
+//!   [`egress::EgressError`], [`runtime::HelperError`], ...) become HTTP statuses and
+//!   `{"detail": ...}` bodies; the JSON and query extractors that answer in that shape.
 //! - [`telemetry`]: logs, Prometheus metrics and Sentry reports.
 
 use std::sync::Arc;
@@ -46,10 +49,9 @@ pub mod workspace;
 use activity::{LocalActivity, SessionActivity};
 use config::Config;
 use engine::ContainerEngine;
-use error::ApiError;
 use lock::{LockError, LockGuard, SessionLocks};
 use openapi::SessionLinks;
-use session::Sessions;
+use session::{SessionError, Sessions};
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
@@ -110,7 +112,7 @@ impl AppState {
     /// For operations that may overlap a running command (read-only fs ops, background
     /// processes): no lock while the session runs; a stopped session is restarted under its
     /// lock, as every other operation does.
-    pub async fn running_unlocked(&self, session_id: &str) -> Result<(), ApiError> {
+    pub async fn running_unlocked(&self, session_id: &str) -> Result<(), SessionError> {
         let info = self.sessions.find(session_id).await?;
         if info.is_running() && self.sessions.gateway_up(&info).await? {
             self.activity.touch(session_id).await;
@@ -123,7 +125,7 @@ impl AppState {
 
     /// The session's lock for a request that removes it: released with its activity record
     /// deleted rather than refreshed.
-    pub async fn lock_to_remove(&self, session_id: &str) -> Result<LockGuard, ApiError> {
+    pub async fn lock_to_remove(&self, session_id: &str) -> Result<LockGuard, SessionError> {
         let held = self.acquire(session_id).await?;
         Ok(activity::forget_on_release(
             self.activity.clone(),
@@ -135,7 +137,7 @@ impl AppState {
     /// The session's lock, or 409 once `SESSION_LOCK_WAIT_SECONDS` have passed (503 when the
     /// lock backend is down). Touches the session's activity now and again when the guard drops,
     /// before the lock is released.
-    pub async fn lock(&self, session_id: &str) -> Result<LockGuard, ApiError> {
+    pub async fn lock(&self, session_id: &str) -> Result<LockGuard, SessionError> {
         let held = self.acquire(session_id).await?;
         if session::is_container_id(session_id) {
             self.activity.touch(session_id).await;
@@ -147,21 +149,17 @@ impl AppState {
         ))
     }
 
-    async fn acquire(&self, session_id: &str) -> Result<LockGuard, ApiError> {
+    async fn acquire(&self, session_id: &str) -> Result<LockGuard, SessionError> {
         let waiting = std::time::Instant::now();
         let held = self
             .locks
             .acquire(session_id, self.config.session_lock_wait)
             .await;
         self.metrics.lock_waits.observe(waiting.elapsed());
-        let held = held.map_err(|e| match e {
-            LockError::Timeout => {
-                self.metrics.lock_busy.inc();
-                ApiError::Busy
-            }
-            LockError::Unavailable(m) => ApiError::Unavailable(m),
-        })?;
-        Ok(held)
+        if let Err(LockError::Timeout) = &held {
+            self.metrics.lock_busy.inc();
+        }
+        Ok(held?)
     }
 }
 

@@ -43,8 +43,8 @@ use crate::engine::{
     ContainerInfo, ContainerStatus, DEPLOYMENT_LABEL, EGRESS_LABEL, EngineError, ROLE_LABEL,
     ROLE_SANDBOX,
 };
-use crate::error::ApiError;
 use crate::lock::{LockError, SessionLocks};
+use crate::session::SessionError;
 use crate::session::Sessions;
 use crate::telemetry::metrics::Metrics;
 
@@ -373,7 +373,7 @@ impl Reaper {
             }
         }
         match self.sessions.close(id, true).await {
-            Ok(()) | Err(ApiError::NotFound) => {
+            Ok(()) | Err(SessionError::NotFound) => {
                 tracing::info!(session_id = %id, ?why, "reaper: session removed");
                 let list = match why {
                     Why::Expired => &mut out.expired,

@@ -21,11 +21,14 @@ use crate::engine::{
     ContainerEngine, ContainerInfo, ContainerSpec, DEPLOYMENT_LABEL, EngineError, IMAGE_LABEL,
     MANAGED_LABEL, NetworkAttach, ROLE_LABEL, ROLE_SANDBOX,
 };
-use crate::error::ApiError;
 use crate::pool::{MemberTag, Pool};
 use crate::runtime::{HELPER_PATH, HelperRuntime, RunSpec, SessionRuntime};
 use crate::telemetry::metrics::Metrics;
 use shared_policy::PolicyFile;
+
+mod error;
+
+pub use error::SessionError;
 
 /// Home of the sandbox user: writable, outside the workspace so seeds and `git status` stay clean.
 pub const HOME: &str = "/home/sandbox";
@@ -51,7 +54,7 @@ pub struct Sessions {
 }
 
 /// Docker's own lower bound for a memory limit.
-const MIN_MEMORY_BYTES: i64 = 6 * 1024 * 1024;
+pub(crate) const MIN_MEMORY_BYTES: i64 = 6 * 1024 * 1024;
 
 impl Sessions {
     pub fn new(
@@ -113,7 +116,7 @@ impl Sessions {
         &self,
         req: &StartSessionRequest,
         egress_token: &str,
-    ) -> Result<String, ApiError> {
+    ) -> Result<String, SessionError> {
         validate_start(req)?;
         let policy = match &req.egress {
             Some(body) => {
@@ -141,7 +144,7 @@ impl Sessions {
         policy: Option<&PolicyFile>,
         egress_token: &str,
         tag: Option<&MemberTag>,
-    ) -> Result<String, ApiError> {
+    ) -> Result<String, SessionError> {
         let tagged = |mut spec: ContainerSpec| {
             if let Some(tag) = tag {
                 spec.name = Some(tag.name.clone());
@@ -168,30 +171,30 @@ impl Sessions {
                 tagged(self.sandbox_spec(req, Some(plan)))
             })
             .await
+            .map_err(Into::into)
     }
 
-    pub(crate) fn egress_or_400(&self) -> Result<&Egress, ApiError> {
-        self.egress.as_ref().ok_or_else(|| {
-            ApiError::BadRequest(
-                "egress not configured: set DAIV_SANDBOX_EGRESS_CA_CERT_FILE and DAIV_SANDBOX_EGRESS_CA_KEY_FILE"
-                    .to_string(),
-            )
-        })
+    pub(crate) fn egress_or_400(&self) -> Result<&Egress, SessionError> {
+        self.egress
+            .as_ref()
+            .ok_or(SessionError::EgressNotConfigured)
     }
 
     /// `PUT /session/{id}/egress/`: a new policy for a live session, without restarting anything.
-    pub async fn refresh_egress(&self, id: &str, body: &serde_json::Value) -> Result<(), ApiError> {
+    pub async fn refresh_egress(
+        &self,
+        id: &str,
+        body: &serde_json::Value,
+    ) -> Result<(), SessionError> {
         let info = self.find(id).await?;
         let Some(triad) = Triad::of(&info) else {
-            return Err(ApiError::Conflict(
-                "session has no egress proxy: a network-isolated session has nothing to refresh"
-                    .to_string(),
-            ));
+            return Err(SessionError::NoEgressProxy);
         };
         let policy = egress::parse_policy(body)?;
-        let egress = self.egress.as_ref().ok_or_else(|| {
-            ApiError::Unavailable("egress is not configured on this instance".to_string())
-        })?;
+        let egress = self
+            .egress
+            .as_ref()
+            .ok_or(SessionError::EgressUnavailableHere)?;
         egress.refresh(&triad, &policy).await?;
         tracing::info!(session_id = %id, "egress policy refreshed");
         Ok(())
@@ -259,9 +262,9 @@ impl Sessions {
 
     /// The managed sandbox container behind `id`, or 404. Ids are full container ids only: a name
     /// or a prefix could reach a container that is not a session.
-    pub async fn find(&self, id: &str) -> Result<ContainerInfo, ApiError> {
+    pub async fn find(&self, id: &str) -> Result<ContainerInfo, SessionError> {
         if !is_container_id(id) {
-            return Err(ApiError::NotFound);
+            return Err(SessionError::NotFound);
         }
         let info = self.engine.inspect(id).await?;
         // Another deployment's session is not ours to run, read or delete, even on a shared
@@ -272,7 +275,7 @@ impl Sessions {
             || info.labels.get(DEPLOYMENT_LABEL) != Some(&self.config.deployment)
             || crate::pool::is_unclaimed(&info)
         {
-            return Err(ApiError::NotFound);
+            return Err(SessionError::NotFound);
         }
         Ok(info)
     }
@@ -281,7 +284,7 @@ impl Sessions {
     /// gateway is checked even when the sandbox runs: one killed behind the service's back is
     /// started again (its policy file, the latest one, is kept in its container), so the sandbox
     /// never stays cut off.
-    pub async fn ensure_running(&self, id: &str) -> Result<ContainerInfo, ApiError> {
+    pub async fn ensure_running(&self, id: &str) -> Result<ContainerInfo, SessionError> {
         let info = self.find(id).await?;
         let triad = Triad::of(&info);
         if info.is_running() && triad.is_none() {
@@ -291,9 +294,7 @@ impl Sessions {
         if let Some(triad) = triad {
             self.egress
                 .as_ref()
-                .ok_or_else(|| {
-                    ApiError::Unavailable("egress is not configured on this instance".to_string())
-                })?
+                .ok_or(SessionError::EgressUnavailableHere)?
                 .ensure_gateway(&triad)
                 .await?;
         }
@@ -305,25 +306,22 @@ impl Sessions {
                 self.warm(id);
                 Ok(info)
             }
-            Err(EngineError::NotFound) => Err(ApiError::NotFound),
-            Err(e) => Err(crate::error::unavailable(
-                "session could not be restarted",
-                &e,
-            )),
+            Err(EngineError::NotFound) => Err(SessionError::NotFound),
+            Err(e) => Err(SessionError::RestartFailed(e)),
         }
     }
 
     /// Whether everything the running session `info` needs runs: its gateway, if it has one.
-    pub async fn gateway_up(&self, info: &ContainerInfo) -> Result<bool, ApiError> {
+    pub async fn gateway_up(&self, info: &ContainerInfo) -> Result<bool, SessionError> {
         match (Triad::of(info), self.egress.as_ref()) {
             (None, _) => Ok(true),
-            (Some(triad), Some(egress)) => egress.gateway_running(&triad).await,
+            (Some(triad), Some(egress)) => Ok(egress.gateway_running(&triad).await?),
             (Some(_), None) => Ok(false),
         }
     }
 
     /// Stops the session (kept warm for reuse), or removes it with `force`.
-    pub async fn close(&self, id: &str, force: bool) -> Result<(), ApiError> {
+    pub async fn close(&self, id: &str, force: bool) -> Result<(), SessionError> {
         let info = self.find(id).await?;
         let triad = Triad::of(&info);
         self.runtime.forget(id);
@@ -349,7 +347,7 @@ impl Sessions {
 
     /// Runs the commands in order through the session's helper. A timed-out command ends the
     /// request: it and everything it started are killed, the rest are skipped.
-    pub async fn run(&self, id: &str, req: &RunRequest) -> Result<RunResponse, ApiError> {
+    pub async fn run(&self, id: &str, req: &RunRequest) -> Result<RunResponse, SessionError> {
         let Some(spec) = self.run_spec(id, req).await? else {
             return Ok(RunResponse {
                 results: Vec::new(),
@@ -360,19 +358,20 @@ impl Sessions {
     }
 
     /// Checks a run request and makes sure the session runs; `None` when there is nothing to run.
-    pub async fn run_spec(&self, id: &str, req: &RunRequest) -> Result<Option<RunSpec>, ApiError> {
+    pub async fn run_spec(
+        &self,
+        id: &str,
+        req: &RunRequest,
+    ) -> Result<Option<RunSpec>, SessionError> {
         if let Some(bad) = req.commands.iter().find(|c| c.contains('\0')) {
-            return Err(ApiError::Unprocessable(format!(
-                "command contains a NUL byte: {:?}",
-                crate::workspace::shown(&bad.replace('\0', "\\0"))
+            return Err(SessionError::NulInCommand(crate::workspace::shown(
+                &bad.replace('\0', "\\0"),
             )));
         }
         let timeout = match req.timeout {
             Some(0) => None,
             Some(secs) if secs > MAX_TIMEOUT_SECS => {
-                return Err(ApiError::Unprocessable(format!(
-                    "timeout must be at most {MAX_TIMEOUT_SECS} seconds (0 = none)"
-                )));
+                return Err(SessionError::TimeoutTooLong);
             }
             Some(secs) => Some(Duration::from_secs(secs)),
             None => self.config.command_timeout,
@@ -478,38 +477,29 @@ pub fn is_container_id(id: &str) -> bool {
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
-fn validate_start(req: &StartSessionRequest) -> Result<(), ApiError> {
+fn validate_start(req: &StartSessionRequest) -> Result<(), SessionError> {
     let image = req.base_image.trim();
     if image.is_empty()
         || image.len() > 512
         || image.chars().any(|c| c.is_whitespace() || c.is_control())
     {
-        return Err(ApiError::Unprocessable(format!(
-            "base_image is not a valid image reference: {:?}",
-            req.base_image
-        )));
+        return Err(SessionError::InvalidImage(req.base_image.clone()));
     }
     if let Some(m) = req.memory_bytes
         && m < MIN_MEMORY_BYTES
     {
-        return Err(ApiError::Unprocessable(format!(
-            "memory_bytes must be at least {MIN_MEMORY_BYTES} (6 MiB)"
-        )));
+        return Err(SessionError::MemoryTooSmall);
     }
     // Docker takes nano-CPUs: anything that rounds to 0 would mean "unlimited".
     if let Some(c) = req.cpus
         && !(c.is_finite() && (0.01..=1024.0).contains(&c))
     {
-        return Err(ApiError::Unprocessable(
-            "cpus must be a number between 0.01 and 1024".to_string(),
-        ));
+        return Err(SessionError::InvalidCpus);
     }
     if let Some(env) = &req.environment {
         for (k, v) in env {
             if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
-                return Err(ApiError::Unprocessable(format!(
-                    "environment variable {k:?}: names must be non-empty without '=' or NUL, values without NUL"
-                )));
+                return Err(SessionError::InvalidEnvironment(k.clone()));
             }
         }
     }

@@ -12,13 +12,13 @@ use bytes::Bytes;
 use shared_policy::PolicyFile;
 use shared_policy::sidecar;
 
+use super::EgressError;
 use super::policy::policy_json;
 use super::{Egress, GATEWAY_UID, Triad};
 use crate::engine::{
     ContainerSpec, DEPLOYMENT_LABEL, EGRESS_LABEL, MANAGED_LABEL, NetworkAttach,
     ROLE_EGRESS_GATEWAY, ROLE_LABEL,
 };
-use crate::error::ApiError;
 
 /// What the gateway logs once it accepts connections.
 const GATEWAY_READY_LINE: &str = sidecar::READY_LINE;
@@ -26,32 +26,32 @@ const GATEWAY_READY_TIMEOUT: Duration = Duration::from_secs(20);
 const GATEWAY_PIDS_LIMIT: i64 = 256;
 
 impl Egress {
-    pub(super) async fn wait_ready(&self, gateway: &str) -> Result<(), ApiError> {
+    pub(super) async fn wait_ready(&self, gateway: &str) -> Result<(), EgressError> {
         self.engine
             .wait_for_log(gateway, GATEWAY_READY_LINE, GATEWAY_READY_TIMEOUT)
             .await
-            .map_err(|e| crate::error::unavailable("egress gateway did not become ready", &e))
+            .map_err(EgressError::gateway("egress gateway did not become ready"))
     }
 
     /// Whether the triad's gateway runs (503 when it is gone).
-    pub async fn gateway_running(&self, triad: &Triad) -> Result<bool, ApiError> {
+    pub async fn gateway_running(&self, triad: &Triad) -> Result<bool, EgressError> {
         self.engine
             .inspect(&triad.gateway)
             .await
             .map(|info| info.is_running())
-            .map_err(|e| crate::error::unavailable("egress gateway unavailable", &e))
+            .map_err(EgressError::gateway("egress gateway unavailable"))
     }
 
     /// Starts a stopped gateway and waits until it listens (warm restart, or one killed behind
     /// the service's back). Its policy file, the latest one, is kept in its container.
-    pub async fn ensure_gateway(&self, triad: &Triad) -> Result<(), ApiError> {
+    pub async fn ensure_gateway(&self, triad: &Triad) -> Result<(), EgressError> {
         if self.gateway_running(triad).await? {
             return Ok(());
         }
         self.engine
             .start(&triad.gateway)
             .await
-            .map_err(|e| crate::error::unavailable("egress gateway could not start", &e))?;
+            .map_err(EgressError::gateway("egress gateway could not start"))?;
         self.wait_ready(&triad.gateway).await
     }
 
@@ -61,7 +61,7 @@ impl Egress {
         ip: IpAddr,
         policy: &PolicyFile,
         helper: Option<&Bytes>,
-    ) -> Result<ContainerSpec, ApiError> {
+    ) -> Result<ContainerSpec, EgressError> {
         let c = &self.config;
         let path = sidecar::config_path;
         let mut env = vec![

@@ -70,9 +70,12 @@ use shared_policy::sidecar;
 use crate::config::Config;
 use crate::engine::ContainerEngine;
 
+mod error;
 mod gateway;
 mod policy;
 pub mod triad;
+
+pub use error::EgressError;
 
 pub use policy::parse_policy;
 pub use triad::{Leftover, Parts, SandboxPlan, Triad, leftovers, sets_env, teardown};

@@ -12,61 +12,36 @@ use futures::StreamExt;
 use shared_policy::PolicyFile;
 use shared_policy::sidecar;
 
+use super::EgressError;
 use super::gateway::config_tar;
 use super::{Egress, GATEWAY_UID, POLICY_ACK_TIMEOUT, Triad};
 use crate::engine::ExecSpec;
-use crate::error::ApiError;
 
 /// Parses an `egress` body as the policy file and applies the API's validation. Parse errors
-/// never echo the body's strings: a misplaced secret must not come back in a 422.
-pub fn parse_policy(value: &serde_json::Value) -> Result<PolicyFile, ApiError> {
-    let file: PolicyFile = serde_json::from_value(value.clone()).map_err(|e| {
-        ApiError::Unprocessable(format!("invalid egress policy: {}", redact(&e.to_string())))
-    })?;
-    shared_policy::validate_for_api(&file)
-        .map_err(|e| ApiError::Unprocessable(format!("invalid egress policy: {e}")))?;
+/// never echo the body's strings (see [`EgressError::MalformedPolicy`]).
+pub fn parse_policy(value: &serde_json::Value) -> Result<PolicyFile, EgressError> {
+    let file: PolicyFile =
+        serde_json::from_value(value.clone()).map_err(EgressError::MalformedPolicy)?;
+    shared_policy::validate_for_api(&file)?;
     Ok(file)
 }
 
-/// Blanks quoted and back-ticked spans of a serde message.
-fn redact(message: &str) -> String {
-    let mut out = String::with_capacity(message.len());
-    let mut inside: Option<char> = None;
-    for ch in message.chars() {
-        match inside {
-            Some(close) if ch == close => {
-                out.push('…');
-                out.push(ch);
-                inside = None;
-            }
-            Some(_) => {}
-            None if ch == '`' || ch == '"' => {
-                out.push(ch);
-                inside = Some(ch);
-            }
-            None => out.push(ch),
-        }
-    }
-    out
-}
-
-pub(super) fn policy_json(policy: &PolicyFile) -> Result<Bytes, ApiError> {
+pub(super) fn policy_json(policy: &PolicyFile) -> Result<Bytes, EgressError> {
     serde_json::to_vec(policy)
         .map(Bytes::from)
-        .map_err(|e| ApiError::Internal(e.into()))
+        .map_err(EgressError::Encode)
 }
 
 impl Egress {
     /// Runs the gateway's `health --expect-version` inside the gateway (the image has only that
     /// binary; the exec shares the gateway's network namespace, so its listen address answers)
     /// until the gateway enforces `version`, for at most [`POLICY_ACK_TIMEOUT`]: 503 otherwise.
-    pub(super) async fn acknowledge(&self, gateway: &str, version: &str) -> Result<(), ApiError> {
-        let not_acked = |detail: &str| {
-            ApiError::Unavailable(format!(
-                "the egress gateway did not enforce the new policy within {} s{detail}",
-                POLICY_ACK_TIMEOUT.as_secs()
-            ))
-        };
+    pub(super) async fn acknowledge(
+        &self,
+        gateway: &str,
+        version: &str,
+    ) -> Result<(), EgressError> {
+        let not_acked = |detail| EgressError::NotAcknowledged { detail };
         let spec = ExecSpec {
             cmd: vec![
                 sidecar::BINARY.into(),
@@ -81,15 +56,15 @@ impl Egress {
             env: Vec::new(),
         };
         let run = async {
-            let mut exec =
-                self.engine.exec(gateway, &spec).await.map_err(|e| {
-                    crate::error::unavailable("could not ask the egress gateway", &e)
-                })?;
+            let mut exec = self
+                .engine
+                .exec(gateway, &spec)
+                .await
+                .map_err(EgressError::gateway("could not ask the egress gateway"))?;
             let mut output = Vec::new();
             while let Some(chunk) = exec.output.next().await {
-                let chunk = chunk.map_err(|e| {
-                    crate::error::unavailable("could not ask the egress gateway", &e)
-                })?;
+                let chunk =
+                    chunk.map_err(EgressError::gateway("could not ask the egress gateway"))?;
                 if output.len() < 4096 {
                     output.extend_from_slice(&chunk);
                 }
@@ -106,10 +81,7 @@ impl Egress {
                     }
                     Ok(None) => tokio::time::sleep(Duration::from_millis(20)).await,
                     Err(e) => {
-                        return Err(crate::error::unavailable(
-                            "could not ask the egress gateway",
-                            &e,
-                        ));
+                        return Err(EgressError::gateway("could not ask the egress gateway")(e));
                     }
                 }
             }
@@ -123,7 +95,7 @@ impl Egress {
     /// Replaces the gateway's policy without a restart: extracts it as the staging file, which
     /// the gateway renames over its policy once complete, then waits until the gateway enforces
     /// its version.
-    pub async fn refresh(&self, triad: &Triad, policy: &PolicyFile) -> Result<(), ApiError> {
+    pub async fn refresh(&self, triad: &Triad, policy: &PolicyFile) -> Result<(), EgressError> {
         self.ensure_gateway(triad).await?;
         let policy = policy.clone().with_content_version();
         let version = policy.version.clone().unwrap_or_default();
@@ -135,7 +107,7 @@ impl Egress {
         self.engine
             .put_archive(&triad.gateway, sidecar::CONFIG_DIR, body)
             .await
-            .map_err(|e| crate::error::unavailable("could not update the egress policy", &e))?;
+            .map_err(EgressError::gateway("could not update the egress policy"))?;
         self.acknowledge(&triad.gateway, &version).await
     }
 
@@ -144,7 +116,7 @@ impl Egress {
     /// and then runs the gateway's `health --expect-version`, the same acknowledgement as a
     /// refresh. Without the helper there (the write never said `ok`), the staged-file path of
     /// [`Egress::refresh`].
-    pub async fn install(&self, triad: &Triad, policy: &PolicyFile) -> Result<(), ApiError> {
+    pub async fn install(&self, triad: &Triad, policy: &PolicyFile) -> Result<(), EgressError> {
         let policy = policy.clone().with_content_version();
         let version = policy.version.clone().unwrap_or_default();
         let health = vec![
@@ -192,10 +164,7 @@ impl Egress {
             .trim()
             .to_owned();
         tracing::warn!(gateway = %triad.gateway, version, answer = %last, "egress policy not acknowledged");
-        Err(ApiError::Unavailable(format!(
-            "the egress gateway did not enforce the new policy within {} s",
-            POLICY_ACK_TIMEOUT.as_secs()
-        )))
+        Err(EgressError::NotAcknowledged { detail: "" })
     }
 }
 
@@ -207,9 +176,11 @@ mod tests {
     #[test]
     fn parse_errors_never_echo_body_strings() {
         let body = json!({"policy": {"default": "ghp_supersecret"}});
-        let Err(ApiError::Unprocessable(msg)) = parse_policy(&body) else {
-            panic!("expected 422");
+        let Err(e @ EgressError::MalformedPolicy(_)) = parse_policy(&body) else {
+            panic!("expected a malformed policy");
         };
+        let msg = e.to_string();
+        assert!(msg.starts_with("invalid egress policy: "), "{msg}");
         assert!(!msg.contains("ghp_supersecret"), "{msg}");
     }
 
@@ -218,12 +189,12 @@ mod tests {
         let deny_nothing = json!({"policy": {"default": "deny", "rules": []}});
         assert!(matches!(
             parse_policy(&deny_nothing),
-            Err(ApiError::Unprocessable(_))
+            Err(EgressError::InvalidPolicy(_))
         ));
         let unknown_secret = json!({"policy": {"rules": [{"host": "a.test", "inject": "nope"}]}});
         assert!(matches!(
             parse_policy(&unknown_secret),
-            Err(ApiError::Unprocessable(_))
+            Err(EgressError::InvalidPolicy(_))
         ));
         let ok =
             json!({"policy": {"rules": [{"host": "*.a.test", "methods": ["get"]}]}, "extra": 1});

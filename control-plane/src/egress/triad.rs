@@ -15,13 +15,13 @@ use bytes::Bytes;
 use futures::StreamExt;
 use shared_policy::PolicyFile;
 
+use super::EgressError;
 use super::{Egress, GATEWAY_LABEL, NETWORK_LABEL, SANDBOX_CA_BUNDLE};
 use crate::engine::{
     ContainerEngine, ContainerInfo, ContainerSpec, DEPLOYMENT_LABEL, EGRESS_LABEL, EngineError,
     ExecSpec, MANAGED_LABEL, NetworkAttach, NetworkSpec, ROLE_EGRESS_GATEWAY, ROLE_EGRESS_NETWORK,
     ROLE_LABEL,
 };
-use crate::error::ApiError;
 
 /// Where the sandbox finds the egress CA (root-owned, in its skeleton).
 const SANDBOX_CA_DIR: &str = "usr/local/share/daiv-sandbox";
@@ -202,7 +202,7 @@ impl Egress {
         policy: &PolicyFile,
         helper: Option<&Bytes>,
         sandbox: impl FnOnce(&SandboxPlan) -> ContainerSpec,
-    ) -> Result<String, ApiError> {
+    ) -> Result<String, EgressError> {
         let mut created = Parts::default();
         let mut sandbox_id = None;
         let result = async {
@@ -213,14 +213,14 @@ impl Egress {
                 let id = self.engine.create(&spec).await?;
                 sandbox_id = Some(id.clone());
                 self.engine.start(&id).await?;
-                Ok::<_, ApiError>(id)
+                Ok::<_, EgressError>(id)
             };
             let gateway_up = async { self.engine.start(&triad.gateway).await };
             let (gateway_up, sandbox_up) = tokio::join!(gateway_up, sandbox_up);
             gateway_up?;
             let id = sandbox_up?;
             self.finish(&id, &triad).await?;
-            Ok::<_, ApiError>(id)
+            Ok::<_, EgressError>(id)
         }
         .await;
         if result.is_err() {
@@ -241,12 +241,14 @@ impl Egress {
         policy: &PolicyFile,
         created: &mut Parts,
         helper: Option<&Bytes>,
-    ) -> Result<SandboxPlan, ApiError> {
+    ) -> Result<SandboxPlan, EgressError> {
         let c = &self.config;
         self.engine
             .ensure_image(&c.egress_proxy_image)
             .await
-            .map_err(|e| crate::error::unavailable("egress gateway image is not available", &e))?;
+            .map_err(EgressError::gateway(
+                "egress gateway image is not available",
+            ))?;
         let token = token.to_string();
         let (network, subnet) = self.create_network(&token).await?;
         created.networks.push(network.clone());
@@ -299,7 +301,7 @@ impl Egress {
 
     /// After the sandbox started: trust the CA inside it, and wait for the gateway to listen and
     /// enforce the session's policy, so the first command already reaches the proxy.
-    async fn finish(&self, sandbox: &str, triad: &Triad) -> Result<(), ApiError> {
+    async fn finish(&self, sandbox: &str, triad: &Triad) -> Result<(), EgressError> {
         let install = self.install_ca(sandbox);
         let ready = async {
             self.wait_ready(&triad.gateway).await?;
@@ -313,7 +315,7 @@ impl Egress {
         ready
     }
 
-    async fn install_ca(&self, sandbox: &str) -> Result<(), ApiError> {
+    async fn install_ca(&self, sandbox: &str) -> Result<(), EgressError> {
         let spec = ExecSpec {
             cmd: vec!["/bin/sh".into(), "-c".into(), INSTALL_CA.into()],
             user: "0:0".into(),
@@ -344,7 +346,7 @@ impl Egress {
 
     /// An internal network on a random /29 of the pool; a collision with an existing network
     /// is retried on another subnet.
-    async fn create_network(&self, token: &str) -> Result<(String, ipnet::Ipv4Net), ApiError> {
+    async fn create_network(&self, token: &str) -> Result<(String, ipnet::Ipv4Net), EgressError> {
         let pool = self.config.egress_subnet_pool;
         let name = format!("daiv-egress-{token}");
         let labels = HashMap::from([
@@ -382,9 +384,7 @@ impl Egress {
         if let Some(m) = last {
             tracing::warn!(error = %m, "egress subnets overlap");
         }
-        Err(ApiError::Unavailable(format!(
-            "no free subnet for the egress network in {pool}"
-        )))
+        Err(EgressError::NoFreeSubnet(pool))
     }
 }
 

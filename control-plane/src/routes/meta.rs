@@ -8,17 +8,18 @@ use utoipa::OpenApi;
 use crate::AppState;
 use crate::api::{HealthResponse, VersionResponse};
 use crate::error::ApiError;
+use crate::session::SessionError;
 
 /// Healthcheck: 200 while Docker answers, 503 otherwise.
 #[utoipa::path(get, path = "/-/health/", tag = "meta",
-    responses((status = 200, body = HealthResponse), (status = 503, body = crate::api::ErrorBody)))]
+    responses((status = 200, body = HealthResponse), (status = 503, body = crate::error::ErrorBody)))]
 pub async fn health(State(state): State<AppState>) -> Result<Json<HealthResponse>, ApiError> {
     state
         .sessions
         .engine()
         .ping()
         .await
-        .map_err(|_| ApiError::Unavailable("Docker client is not responding".to_string()))?;
+        .map_err(SessionError::EngineNotResponding)?;
     Ok(Json(HealthResponse {
         status: "ok".to_string(),
     }))

@@ -7,10 +7,9 @@ use axum::response::{IntoResponse, Response};
 
 use crate::AppState;
 use crate::api::{
-    ApiJson, ApiQuery, CloseQuery, ErrorBody, RunRequest, RunResponse, RunStreamLine,
-    StartSessionRequest, StartSessionResponse,
+    CloseQuery, RunRequest, RunResponse, RunStreamLine, StartSessionRequest, StartSessionResponse,
 };
-use crate::error::ApiError;
+use crate::error::{ApiError, ApiJson, ApiQuery, ErrorBody};
 
 /// Start a sandbox session and return its id.
 #[utoipa::path(post, path = "/session/", tag = "session", request_body = StartSessionRequest,

@@ -161,12 +161,12 @@ impl Egress {
         engine: Arc<dyn ContainerEngine>,
         config: Arc<Config>,
     ) -> Result<Option<Self>, std::io::Error> {
-        let Some(ca) = &config.egress_ca else {
+        let Some(ca) = &config.egress.ca else {
             return Ok(None);
         };
         let ca_cert = Bytes::from(std::fs::read(&ca.cert_file)?);
         let ca_key = Bytes::from(std::fs::read(&ca.key_file)?);
-        let upstream_ca = match &config.egress_upstream_ca_file {
+        let upstream_ca = match &config.egress.upstream_ca_file {
             Some(p) => Some(Bytes::from(std::fs::read(p)?)),
             None => None,
         };
@@ -193,7 +193,7 @@ impl Egress {
     ) -> Result<SandboxPlan, ApiError> {
         let c = &self.config;
         self.engine
-            .ensure_image(&c.egress_proxy_image)
+            .ensure_image(&c.egress.proxy_image)
             .await
             .map_err(|e| crate::error::unavailable("egress gateway image is not available", &e))?;
         let token = token.to_string();
@@ -211,7 +211,7 @@ impl Egress {
             .connect_network(&network, &gateway, Some(gateway_ip))
             .await?;
 
-        let proxy = format!("http://{gateway_ip}:{}", c.egress_proxy_port);
+        let proxy = format!("http://{gateway_ip}:{}", c.egress.proxy_port);
         let mut env: Vec<(String, String)> = PROXY_ENV
             .iter()
             .map(|k| (k.to_string(), proxy.clone()))
@@ -251,21 +251,22 @@ impl Egress {
         let c = &self.config;
         format!(
             "{}|{}|{}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{}|{}|{}|{}",
-            c.egress_proxy_image,
-            c.egress_proxy_port,
-            c.egress_proxy_runtime.as_str(),
-            c.egress_proxy_network,
-            c.network,
-            c.egress_proxy_memory_bytes,
-            c.egress_proxy_cpus,
-            c.egress_allowed_cidrs,
-            c.egress_upstream_proxy
+            c.egress.proxy_image,
+            c.egress.proxy_port,
+            c.egress.proxy_runtime.as_str(),
+            c.egress.proxy_network,
+            c.sessions.network,
+            c.egress.proxy_memory_bytes,
+            c.egress.proxy_cpus,
+            c.egress.allowed_cidrs,
+            c.egress
+                .upstream_proxy
                 .as_ref()
                 .map(|p| fnv(p.expose().as_bytes())),
             fnv(&self.ca_cert),
             fnv(&self.ca_key),
             self.upstream_ca.as_deref().map_or(0, fnv),
-            c.egress_subnet_pool,
+            c.egress.subnet_pool,
         )
     }
 
@@ -476,7 +477,7 @@ impl Egress {
     pub async fn stop(&self, triad: &Triad) {
         match self
             .engine
-            .stop(&triad.gateway, self.config.stop_timeout)
+            .stop(&triad.gateway, self.config.sessions.stop_timeout)
             .await
         {
             Ok(()) | Err(EngineError::NotFound) => {}
@@ -510,7 +511,7 @@ impl Egress {
     /// An internal network on a random /29 of the pool; a collision with an existing network
     /// is retried on another subnet.
     async fn create_network(&self, token: &str) -> Result<(String, ipnet::Ipv4Net), ApiError> {
-        let pool = self.config.egress_subnet_pool;
+        let pool = self.config.egress.subnet_pool;
         let name = format!("daiv-egress-{token}");
         let labels = HashMap::from([
             (MANAGED_LABEL.to_string(), "true".to_string()),
@@ -564,7 +565,7 @@ impl Egress {
         let mut env = vec![
             (
                 sidecar::env::LISTEN.to_string(),
-                format!("{ip}:{}", c.egress_proxy_port),
+                format!("{ip}:{}", c.egress.proxy_port),
             ),
             (sidecar::env::SESSION_ID.to_string(), token.to_string()),
             (
@@ -580,9 +581,10 @@ impl Egress {
                 path(sidecar::CA_KEY_FILE),
             ),
         ];
-        if !c.egress_allowed_cidrs.is_empty() {
+        if !c.egress.allowed_cidrs.is_empty() {
             let cidrs: Vec<String> = c
-                .egress_allowed_cidrs
+                .egress
+                .allowed_cidrs
                 .iter()
                 .map(|n| n.to_string())
                 .collect();
@@ -600,20 +602,21 @@ impl Egress {
                 path(sidecar::UPSTREAM_CA_FILE),
             ));
         }
-        if let Some(proxy) = &c.egress_upstream_proxy {
+        if let Some(proxy) = &c.egress.upstream_proxy {
             env.push((
                 sidecar::env::UPSTREAM_PROXY.to_string(),
                 proxy.expose().to_string(),
             ));
         }
         let egress_network = c
-            .egress_proxy_network
+            .egress
+            .proxy_network
             .clone()
-            .or_else(|| c.network.clone())
+            .or_else(|| c.sessions.network.clone())
             .unwrap_or_else(|| "bridge".to_string());
         Ok(ContainerSpec {
             name: None,
-            image: c.egress_proxy_image.clone(),
+            image: c.egress.proxy_image.clone(),
             entrypoint: None,
             cmd: None,
             env,
@@ -625,9 +628,9 @@ impl Egress {
             ]),
             user: None,
             init: false,
-            runtime: c.egress_proxy_runtime.as_str().to_string(),
-            memory_bytes: c.egress_proxy_memory_bytes,
-            nano_cpus: c.egress_proxy_cpus.map(|n| (n * 1e9).round() as i64),
+            runtime: c.egress.proxy_runtime.as_str().to_string(),
+            memory_bytes: c.egress.proxy_memory_bytes,
+            nano_cpus: c.egress.proxy_cpus.map(|n| (n * 1e9).round() as i64),
             pids_limit: GATEWAY_PIDS_LIMIT,
             network: NetworkAttach::Network {
                 name: egress_network,

@@ -22,9 +22,9 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use crate::coordination::lock::LockError;
 use crate::egress::EgressError;
 use crate::engine::EngineError;
-use crate::lock::LockError;
 use crate::processes::ProcessError;
 use crate::runtime::HelperError;
 use crate::session::SessionError;

@@ -12,8 +12,8 @@
 //! - [`runtime`]: the [`runtime::SessionRuntime`] seam (commands, fs ops, seed extraction) and its
 //!   implementation over the in-container helper's channel.
 //! - [`engine`]: the [`engine::ContainerEngine`] trait, its Docker implementation and a fake.
-//! - [`lock`]: per-session locks, in-process or shared by replicas through Redis.
-//! - [`activity`]: when each session was last used (for idle reaping).
+//! - [`coordination`]: what replicas agree on: per-session locks and when each session was last
+//!   used (for idle reaping), in-process or shared through one Redis connection.
 //! - [`pool`]: the warm pool: sessions created ahead of requests, claimed atomically.
 //! - [`reaper`]: the background sweep that removes expired, surplus, idle and orphaned resources.
 //! - [`error`]: the one place the domain's errors (named by cause: [`session::SessionError`],
@@ -28,14 +28,13 @@ use axum::middleware;
 use axum::routing::{get, post, put};
 use utoipa::OpenApi;
 
-pub mod activity;
 pub mod api;
 pub mod auth;
 pub mod config;
+pub mod coordination;
 pub mod egress;
 pub mod engine;
 pub mod error;
-pub mod lock;
 pub mod openapi;
 pub mod pool;
 pub mod processes;
@@ -46,10 +45,10 @@ pub mod session;
 pub mod telemetry;
 pub mod workspace;
 
-use activity::{LocalActivity, SessionActivity};
 use config::Config;
+use coordination::activity::{self, LocalActivity, SessionActivity};
+use coordination::lock::{LockError, LockGuard, SessionLocks};
 use engine::ContainerEngine;
-use lock::{LockError, LockGuard, SessionLocks};
 use openapi::SessionLinks;
 use session::{SessionError, Sessions};
 
@@ -87,7 +86,7 @@ impl AppState {
             }
         };
         // main checks for the helper before serving; in-process tests run without one.
-        let helper = runtime::helper_binary(config.helper_bin.as_deref()).ok();
+        let helper = runtime::helper_binary(config.sessions.helper_bin.as_deref()).ok();
         Self {
             sessions: Arc::new(Sessions::new(
                 engine,
@@ -96,7 +95,7 @@ impl AppState {
                 helper,
                 metrics.clone(),
             )),
-            activity: Arc::new(LocalActivity::new(config.running_session_max_idle)),
+            activity: Arc::new(LocalActivity::new(config.reaper.running_session_max_idle)),
             config,
             locks,
             metrics,
@@ -153,7 +152,7 @@ impl AppState {
         let waiting = std::time::Instant::now();
         let held = self
             .locks
-            .acquire(session_id, self.config.session_lock_wait)
+            .acquire(session_id, self.config.coordination.lock_wait)
             .await;
         self.metrics.lock_waits.observe(waiting.elapsed());
         if let Err(LockError::Timeout) = &held {
@@ -279,7 +278,7 @@ pub fn app(state: AppState) -> Router {
     // Relative to the document: the page fetches `openapi.json` next to it (so no trailing slash).
     open = open.route("/docs", get(routes::docs::page));
 
-    let prefix = state.config.api_v1_str.clone();
+    let prefix = state.config.server.api_v1_str.clone();
     let versioned = api.merge(open.clone());
     let router = if prefix.is_empty() {
         versioned
@@ -288,7 +287,7 @@ pub fn app(state: AppState) -> Router {
         Router::new().nest(&prefix, versioned).merge(open)
     };
     let mut metrics = Router::new().route("/metrics", get(routes::metrics::metrics));
-    if !state.config.metrics_public {
+    if !state.config.server.metrics_public {
         metrics = metrics.route_layer(middleware::from_fn_with_state(
             state.clone(),
             auth::require_api_key,

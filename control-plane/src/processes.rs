@@ -179,8 +179,8 @@ pub async fn start(
         "command": req.command,
         "workdir": workdir(req.workdir.as_deref())?,
         "env": environment(&req.environment)?,
-        "max_live": state.config.max_processes,
-        "buffer_bytes": state.config.process_output_bytes,
+        "max_live": state.config.sessions.max_processes,
+        "buffer_bytes": state.config.sessions.process_output_bytes,
     });
     let answer = call(state, id, request, None).await?;
     let pid = answer
@@ -222,13 +222,14 @@ pub async fn poll(
     if !wait.is_finite() || wait < 0.0 {
         return Err(ProcessError::InvalidWait);
     }
-    let wait = Duration::from_secs_f64(wait.min(3600.0)).min(state.config.process_wait_max);
+    let wait =
+        Duration::from_secs_f64(wait.min(3600.0)).min(state.config.sessions.process_wait_max);
     let request = json!({
         "action": "poll",
         "process_id": pid,
         "offset": offset,
         "wait_ms": wait.as_millis() as u64,
-        "max_bytes": state.config.process_output_bytes,
+        "max_bytes": state.config.sessions.process_output_bytes,
     });
     let answer = call(state, id, request, None).await?;
     let v = &answer.value;
@@ -237,7 +238,7 @@ pub async fn poll(
     let mut bytes: &[u8] = &answer.output;
     // A character cut at the end comes whole with the next poll; once the process ended and
     // this answer holds the rest of the buffer, the bytes are what they are.
-    let more_to_come = running || bytes.len() as u64 >= state.config.process_output_bytes;
+    let more_to_come = running || bytes.len() as u64 >= state.config.sessions.process_output_bytes;
     let cut = incomplete_tail(bytes);
     if cut > 0 && more_to_come {
         bytes = &bytes[..bytes.len() - cut];
@@ -283,14 +284,14 @@ pub fn stream_run(
     state: AppState,
     id: String,
     spec: crate::runtime::RunSpec,
-    held: crate::lock::LockGuard,
+    held: crate::coordination::lock::LockGuard,
 ) -> axum::body::Body {
     use crate::api::RunStreamLine as Line;
     use crate::runtime::RunEvent;
     use tokio::sync::mpsc;
 
     let (out_tx, out_rx) = mpsc::channel::<Bytes>(32);
-    let heartbeat = state.config.stream_heartbeat;
+    let heartbeat = state.config.sessions.stream_heartbeat;
     state.metrics.streamed_runs.inc();
     tokio::spawn(async move {
         let _held = held;

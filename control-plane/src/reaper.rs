@@ -27,7 +27,7 @@
 //! (the list API has no stop time), 1 list of gateways, 1 list of networks; per removal 1 inspect
 //! (re-check) + the close (inspect + remove, plus the egress teardown).
 //!
-//! [`activity`]: crate::activity
+//! [`activity`]: crate::coordination::activity
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -36,14 +36,14 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::task::JoinHandle;
 
 use crate::AppState;
-use crate::activity::SessionActivity;
 use crate::config::Config;
+use crate::coordination::activity::SessionActivity;
+use crate::coordination::lock::{LockError, SessionLocks};
 use crate::egress;
 use crate::engine::{
     ContainerInfo, ContainerStatus, DEPLOYMENT_LABEL, EGRESS_LABEL, EngineError, ROLE_LABEL,
     ROLE_SANDBOX,
 };
-use crate::lock::{LockError, SessionLocks};
 use crate::session::SessionError;
 use crate::session::Sessions;
 use crate::telemetry::metrics::Metrics;
@@ -67,10 +67,10 @@ pub struct Policy {
 impl Policy {
     pub fn from_config(c: &Config) -> Self {
         Self {
-            interval: c.reaper_interval,
-            grace: c.session_grace,
-            max_stopped: usize::try_from(c.max_stopped_sessions).unwrap_or(usize::MAX),
-            max_idle: c.running_session_max_idle,
+            interval: c.reaper.interval,
+            grace: c.reaper.session_grace,
+            max_stopped: usize::try_from(c.reaper.max_stopped_sessions).unwrap_or(usize::MAX),
+            max_idle: c.reaper.running_session_max_idle,
             deployment: c.deployment.clone(),
         }
     }

@@ -66,8 +66,8 @@ impl Sessions {
     ) -> Self {
         let runtime = Arc::new(HelperRuntime::new(
             engine.clone(),
-            config.run_uid,
-            config.run_gid,
+            config.sessions.run_uid,
+            config.sessions.run_gid,
         ));
         let pool = Pool::new(&config, helper.as_ref(), egress.as_ref(), metrics);
         Self {
@@ -106,7 +106,10 @@ impl Sessions {
     }
 
     fn user(&self) -> String {
-        format!("{}:{}", self.config.run_uid, self.config.run_gid)
+        format!(
+            "{}:{}",
+            self.config.sessions.run_uid, self.config.sessions.run_gid
+        )
     }
 
     /// Creates and starts a session: a ready warm-pool member when one matches the request
@@ -242,18 +245,18 @@ impl Sessions {
             user: Some(self.user()),
             // tini as PID 1: forwards SIGTERM (prompt stops) and reaps orphaned zombies.
             init: true,
-            runtime: c.runtime.as_str().to_string(),
+            runtime: c.sessions.runtime.as_str().to_string(),
             memory_bytes: req.memory_bytes,
             nano_cpus: req.cpus.map(|c| (c * 1e9).round() as i64),
-            pids_limit: c.pids_limit,
+            pids_limit: c.sessions.pids_limit,
             network,
             // The workspace on a volume: no copy-up, no overlay lookups (on fuse-overlayfs, grep
             // and extraction are 5-20x faster there). Anonymous: removed with the container.
             volumes: vec![crate::workspace::WORKSPACE.to_string()],
             log_options: Vec::new(),
             skeleton: Some(skeleton_tar(
-                c.run_uid,
-                c.run_gid,
+                c.sessions.run_uid,
+                c.sessions.run_gid,
                 extra_files,
                 self.helper.as_ref(),
             )),
@@ -328,7 +331,9 @@ impl Sessions {
         let result = if force {
             self.engine.remove(id).await
         } else {
-            self.engine.stop(id, self.config.stop_timeout).await
+            self.engine
+                .stop(id, self.config.sessions.stop_timeout)
+                .await
         };
         match result {
             Ok(()) | Err(EngineError::NotFound) => {}
@@ -374,7 +379,7 @@ impl Sessions {
                 return Err(SessionError::TimeoutTooLong);
             }
             Some(secs) => Some(Duration::from_secs(secs)),
-            None => self.config.command_timeout,
+            None => self.config.sessions.command_timeout,
         };
         self.ensure_running(id).await?;
         if req.commands.is_empty() {
@@ -384,7 +389,7 @@ impl Sessions {
             commands: req.commands.clone(),
             fail_fast: req.fail_fast,
             timeout,
-            output_cap: self.config.output_max_bytes,
+            output_cap: self.config.sessions.output_max_bytes,
             workdir: WORKDIR.to_string(),
             env: Vec::new(),
         }))

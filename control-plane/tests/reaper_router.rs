@@ -7,15 +7,15 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use control_plane::activity::{LocalActivity, SessionActivity};
 use control_plane::config::{self, Config};
+use control_plane::coordination::activity::{LocalActivity, SessionActivity};
+use control_plane::coordination::lock::LocalLocks;
 use control_plane::egress;
 use control_plane::engine::fake::FakeEngine;
 use control_plane::engine::{
     ContainerEngine, ContainerSpec, ContainerStatus, DEPLOYMENT_LABEL, EGRESS_LABEL, MANAGED_LABEL,
     NetworkAttach, NetworkSpec, ROLE_EGRESS_GATEWAY, ROLE_EGRESS_NETWORK, ROLE_LABEL, ROLE_SANDBOX,
 };
-use control_plane::lock::LocalLocks;
 use control_plane::reaper::Reaper;
 use control_plane::{AppState, app};
 use tower::ServiceExt;
@@ -60,7 +60,7 @@ impl World {
         // The tracker has been recording "forever" unless a test says otherwise.
         let activity = Arc::new(LocalActivity::starting_at(
             UNIX_EPOCH,
-            config.running_session_max_idle,
+            config.reaper.running_session_max_idle,
         ));
         let state = AppState::new(
             config,
@@ -227,7 +227,7 @@ async fn sessions_created_before_tracking_began_get_a_full_window() -> TestResul
     // A freshly restarted process: it has been recording for 10 s only.
     let activity = Arc::new(LocalActivity::starting_at(
         at(NOW - 10),
-        config.running_session_max_idle,
+        config.reaper.running_session_max_idle,
     ));
     let state = AppState::new(
         config,

@@ -67,7 +67,7 @@ impl Egress {
         let mut env = vec![
             (
                 sidecar::env::LISTEN.to_string(),
-                format!("{ip}:{}", c.egress_proxy_port),
+                format!("{ip}:{}", c.egress.proxy_port),
             ),
             (sidecar::env::SESSION_ID.to_string(), token.to_string()),
             (
@@ -83,9 +83,10 @@ impl Egress {
                 path(sidecar::CA_KEY_FILE),
             ),
         ];
-        if !c.egress_allowed_cidrs.is_empty() {
+        if !c.egress.allowed_cidrs.is_empty() {
             let cidrs: Vec<String> = c
-                .egress_allowed_cidrs
+                .egress
+                .allowed_cidrs
                 .iter()
                 .map(|n| n.to_string())
                 .collect();
@@ -103,20 +104,21 @@ impl Egress {
                 path(sidecar::UPSTREAM_CA_FILE),
             ));
         }
-        if let Some(proxy) = &c.egress_upstream_proxy {
+        if let Some(proxy) = &c.egress.upstream_proxy {
             env.push((
                 sidecar::env::UPSTREAM_PROXY.to_string(),
                 proxy.expose().to_string(),
             ));
         }
         let egress_network = c
-            .egress_proxy_network
+            .egress
+            .proxy_network
             .clone()
-            .or_else(|| c.network.clone())
+            .or_else(|| c.sessions.network.clone())
             .unwrap_or_else(|| "bridge".to_string());
         Ok(ContainerSpec {
             name: None,
-            image: c.egress_proxy_image.clone(),
+            image: c.egress.proxy_image.clone(),
             entrypoint: None,
             cmd: None,
             env,
@@ -128,9 +130,9 @@ impl Egress {
             ]),
             user: None,
             init: false,
-            runtime: c.egress_proxy_runtime.as_str().to_string(),
-            memory_bytes: c.egress_proxy_memory_bytes,
-            nano_cpus: c.egress_proxy_cpus.map(|n| (n * 1e9).round() as i64),
+            runtime: c.egress.proxy_runtime.as_str().to_string(),
+            memory_bytes: c.egress.proxy_memory_bytes,
+            nano_cpus: c.egress.proxy_cpus.map(|n| (n * 1e9).round() as i64),
             pids_limit: GATEWAY_PIDS_LIMIT,
             network: NetworkAttach::Network {
                 name: egress_network,

@@ -109,12 +109,12 @@ impl Egress {
         engine: Arc<dyn ContainerEngine>,
         config: Arc<Config>,
     ) -> Result<Option<Self>, std::io::Error> {
-        let Some(ca) = &config.egress_ca else {
+        let Some(ca) = &config.egress.ca else {
             return Ok(None);
         };
         let ca_cert = Bytes::from(std::fs::read(&ca.cert_file)?);
         let ca_key = Bytes::from(std::fs::read(&ca.key_file)?);
-        let upstream_ca = match &config.egress_upstream_ca_file {
+        let upstream_ca = match &config.egress.upstream_ca_file {
             Some(p) => Some(Bytes::from(std::fs::read(p)?)),
             None => None,
         };
@@ -132,21 +132,22 @@ impl Egress {
         let c = &self.config;
         format!(
             "{}|{}|{}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{}|{}|{}|{}",
-            c.egress_proxy_image,
-            c.egress_proxy_port,
-            c.egress_proxy_runtime.as_str(),
-            c.egress_proxy_network,
-            c.network,
-            c.egress_proxy_memory_bytes,
-            c.egress_proxy_cpus,
-            c.egress_allowed_cidrs,
-            c.egress_upstream_proxy
+            c.egress.proxy_image,
+            c.egress.proxy_port,
+            c.egress.proxy_runtime.as_str(),
+            c.egress.proxy_network,
+            c.sessions.network,
+            c.egress.proxy_memory_bytes,
+            c.egress.proxy_cpus,
+            c.egress.allowed_cidrs,
+            c.egress
+                .upstream_proxy
                 .as_ref()
                 .map(|p| fnv(p.expose().as_bytes())),
             fnv(&self.ca_cert),
             fnv(&self.ca_key),
             self.upstream_ca.as_deref().map_or(0, fnv),
-            c.egress_subnet_pool,
+            c.egress.subnet_pool,
         )
     }
 }

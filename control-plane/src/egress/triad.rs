@@ -244,7 +244,7 @@ impl Egress {
     ) -> Result<SandboxPlan, EgressError> {
         let c = &self.config;
         self.engine
-            .ensure_image(&c.egress_proxy_image)
+            .ensure_image(&c.egress.proxy_image)
             .await
             .map_err(EgressError::gateway(
                 "egress gateway image is not available",
@@ -264,7 +264,7 @@ impl Egress {
             .connect_network(&network, &gateway, Some(gateway_ip))
             .await?;
 
-        let proxy = format!("http://{gateway_ip}:{}", c.egress_proxy_port);
+        let proxy = format!("http://{gateway_ip}:{}", c.egress.proxy_port);
         let mut env: Vec<(String, String)> = PROXY_ENV
             .iter()
             .map(|k| (k.to_string(), proxy.clone()))
@@ -334,7 +334,7 @@ impl Egress {
     pub async fn stop(&self, triad: &Triad) {
         match self
             .engine
-            .stop(&triad.gateway, self.config.stop_timeout)
+            .stop(&triad.gateway, self.config.sessions.stop_timeout)
             .await
         {
             Ok(()) | Err(EngineError::NotFound) => {}
@@ -347,7 +347,7 @@ impl Egress {
     /// An internal network on a random /29 of the pool; a collision with an existing network
     /// is retried on another subnet.
     async fn create_network(&self, token: &str) -> Result<(String, ipnet::Ipv4Net), EgressError> {
-        let pool = self.config.egress_subnet_pool;
+        let pool = self.config.egress.subnet_pool;
         let name = format!("daiv-egress-{token}");
         let labels = HashMap::from([
             (MANAGED_LABEL.to_string(), "true".to_string()),

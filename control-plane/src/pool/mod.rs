@@ -191,8 +191,8 @@ impl Pool {
     ) -> Self {
         let mut targets = Vec::new();
         for (kind, list) in [
-            (Kind::Isolated, &config.warm_pool),
-            (Kind::Egress, &config.warm_pool_egress),
+            (Kind::Isolated, &config.pool.isolated),
+            (Kind::Egress, &config.pool.egress),
         ] {
             for (image, count) in list {
                 let key = Key {
@@ -208,10 +208,10 @@ impl Pool {
         }
         let sandbox = format!(
             "{}|{}:{}|{}|{}|{}",
-            config.runtime.as_str(),
-            config.run_uid,
-            config.run_gid,
-            config.pids_limit,
+            config.sessions.runtime.as_str(),
+            config.sessions.run_uid,
+            config.sessions.run_gid,
+            config.sessions.pids_limit,
             helper.map_or(0, |h| egress::fnv(h)),
             crate::VERSION,
         );
@@ -230,7 +230,7 @@ impl Pool {
             limits_refused: AtomicBool::new(false),
             spec_base,
             metrics,
-            remove_on_shutdown: config.warm_pool_remove_on_shutdown,
+            remove_on_shutdown: config.pool.remove_on_shutdown,
             building: Mutex::default(),
         }
     }
@@ -468,8 +468,8 @@ mod tests {
         };
         let c =
             crate::config::load(&env(&[("API_KEY", "k"), ("WARM_POOL", "a:1=3")])).expect("valid");
-        assert_eq!(c.warm_pool, vec![("a:1".to_string(), 3)]);
-        assert!(c.warm_pool_egress.is_empty() && !c.warm_pool_remove_on_shutdown);
+        assert_eq!(c.pool.isolated, vec![("a:1".to_string(), 3)]);
+        assert!(c.pool.egress.is_empty() && !c.pool.remove_on_shutdown);
         let Err(e) = crate::config::load(&env(&[
             ("API_KEY", "k"),
             ("WARM_POOL", "a:1=x"),

@@ -22,8 +22,8 @@ use tokio::task::JoinHandle;
 
 use super::{BUILDING, CLAIMED, Key, Kind, Member, READY, RETIRED};
 use crate::api::StartSessionRequest;
+use crate::coordination::lock::{LockError, SessionLocks};
 use crate::engine::{ContainerInfo, EngineError, POOL_SPEC_LABEL};
-use crate::lock::{LockError, SessionLocks};
 use crate::session::{SessionError, Sessions};
 
 /// Members built at once, over every pool.

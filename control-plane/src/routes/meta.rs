@@ -36,7 +36,7 @@ pub async fn version() -> Json<VersionResponse> {
 pub async fn openapi(State(state): State<AppState>) -> impl IntoResponse {
     let mut doc = crate::ApiDoc::openapi();
     doc.servers = Some(vec![utoipa::openapi::Server::new(
-        state.config.api_v1_str.clone(),
+        state.config.server.api_v1_str.clone(),
     )]);
     Json(doc)
 }

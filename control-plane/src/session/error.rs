@@ -2,9 +2,9 @@
 //! told; the HTTP status of each is decided in [`crate::error`], not here.
 
 use super::{MAX_TIMEOUT_SECS, MIN_MEMORY_BYTES};
+use crate::coordination::lock::LockError;
 use crate::egress::EgressError;
 use crate::engine::EngineError;
-use crate::lock::LockError;
 use crate::runtime::HelperError;
 
 #[derive(Debug, thiserror::Error)]

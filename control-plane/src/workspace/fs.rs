@@ -99,7 +99,7 @@ impl Fs<'_> {
     }
 
     fn prunes(&self, exclude: Option<&[String]>) -> Vec<String> {
-        let mut v = self.config.fs_prune_dirs.clone();
+        let mut v = self.config.sessions.fs_prune_dirs.clone();
         v.extend(
             exclude
                 .unwrap_or_default()

@@ -113,7 +113,10 @@ pub async fn seed(
         Err(EngineError::NotFound) => {}
         Err(e) => return Err(e.into()),
     }
-    let mut budget = Budget::new(config.seed_max_bytes, config.seed_max_members);
+    let mut budget = Budget::new(
+        config.sessions.seed_max_bytes,
+        config.sessions.seed_max_members,
+    );
     let mut outcome = SeedOutcome::default();
     let mut written: Vec<&'static str> = Vec::new();
     loop {
@@ -176,12 +179,12 @@ async fn seed_one(
     let (in_tx, in_rx) = mpsc::channel::<Bytes>(CHANNEL_DEPTH);
     let (out_tx, out_rx) = mpsc::channel::<io::Result<Bytes>>(CHANNEL_DEPTH);
     let opts = Options {
-        uid: u64::from(config.run_uid),
-        gid: u64::from(config.run_gid),
+        uid: u64::from(config.sessions.run_uid),
+        gid: u64::from(config.sessions.run_gid),
         prefix: dest.to_string(),
     };
     let mut worker_budget = *budget;
-    let raw_limit = config.seed_max_bytes;
+    let raw_limit = config.sessions.seed_max_bytes;
     let worker = tokio::task::spawn_blocking(move || {
         let mut writer = ChannelWriter::new(out_tx);
         let result = sanitize::sanitize(

@@ -44,10 +44,12 @@ import schemathesis
 API = os.environ["DAIV_FUZZ_API"].rstrip("/")
 KEY = os.environ["DAIV_FUZZ_KEY"]
 IMAGE = os.environ.get("DAIV_FUZZ_IMAGE", "daiv-sandbox-busybox:local")
-# At most this many sessions created by the fuzzer are kept; older ones are removed once they
-# are AGE seconds old (a stateful scenario is done with its session by then).
+# At most this many sessions created by the fuzzer are kept; beyond that, the least recently
+# used are removed once no request has named them for AGE seconds (a stateful scenario's steps
+# follow one another within seconds; removing a session a scenario still uses would be reported
+# as "created resource not found").
 KEEP = int(os.environ.get("DAIV_FUZZ_KEEP_SESSIONS", "8"))
-AGE = float(os.environ.get("DAIV_FUZZ_SESSION_AGE", "15"))
+AGE = float(os.environ.get("DAIV_FUZZ_SESSION_IDLE", "60"))
 # Share of `egress` objects kept (as the `.test` policy) rather than dropped: egress sessions
 # start a gateway and a network each.
 EGRESS_SHARE = float(os.environ.get("DAIV_FUZZ_EGRESS_SHARE", "0.15"))
@@ -82,7 +84,7 @@ _http = requests.Session()
 _http.headers["X-API-Key"] = KEY
 _lock = threading.Lock()
 _seen: list[str] = []  # every session id handed out, oldest first
-_born: dict[str, float] = {}
+_used: dict[str, float] = {}  # when a request last named each session
 _removed: set[str] = set()
 _live: dict[str, str | None] = {"session": None, "process": None}
 
@@ -101,9 +103,10 @@ def _record(session_id: str) -> None:
         if session_id in _seen:
             return
         _seen.append(session_id)
-        _born[session_id] = now = time.monotonic()
+        _used[session_id] = now = time.monotonic()
         alive = [s for s in _seen if s not in _removed and s != _live["session"]]
-        old = [s for s in alive[: max(0, len(alive) - KEEP)] if now - _born[s] > AGE]
+        alive.sort(key=lambda s: _used[s])
+        old = [s for s in alive[: max(0, len(alive) - KEEP)] if now - _used[s] > AGE]
     for s in old:
         _forget(s)
 
@@ -221,6 +224,11 @@ def before_call(context, case, kwargs):
                     pid = _live_process(sid)
                     if pid is not None:
                         params["process_id"] = pid
+    sid = params.get("session_id")
+    if isinstance(sid, str):
+        with _lock:
+            if sid in _used:
+                _used[sid] = time.monotonic()
     body = case.body if isinstance(case.body, dict) else None
     if body is not None and method == "POST" and path.rstrip("/") == "/session":
         _start_body(body)

@@ -10,9 +10,6 @@ use utoipa::ToSchema;
 
 use crate::error::ApiError;
 
-/// The working directory of every command (and the repo seed's destination).
-pub const WORKDIR: &str = "/workspace/repo";
-
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct ErrorBody {
     pub detail: String,

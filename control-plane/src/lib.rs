@@ -15,6 +15,12 @@
 //! - [`reaper`]: the background sweep that removes expired, surplus, idle and orphaned resources.
 //! - [`error`]: the one place errors become HTTP statuses.
 //! - [`telemetry`]: logs, Prometheus metrics and Sentry reports.
+//!
+//! Plumbing, one place each:
+//! - [`layout`]: the paths inside a sandbox (re-exported from the helper crate, which confines
+//!   and serves them).
+//! - [`archive`]: the tar archives the service builds itself for `put_archive`.
+//! - [`backoff`]: the one retry pacing every polling loop uses.
 
 use std::sync::Arc;
 
@@ -25,7 +31,9 @@ use utoipa::OpenApi;
 
 pub mod activity;
 pub mod api;
+pub mod archive;
 pub mod auth;
+pub mod backoff;
 pub mod config;
 pub mod egress;
 pub mod engine;
@@ -40,6 +48,8 @@ pub mod runtime;
 pub mod session;
 pub mod telemetry;
 pub mod workspace;
+
+pub use sandbox_helper::layout;
 
 use activity::{LocalActivity, SessionActivity};
 use config::Config;

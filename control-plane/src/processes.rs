@@ -13,8 +13,9 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 
 use crate::AppState;
-use crate::api::{ProcessList, ProcessOutput, StartProcessRequest, WORKDIR};
+use crate::api::{ProcessList, ProcessOutput, StartProcessRequest};
 use crate::error::ApiError;
+use crate::layout::{self, WORKSPACE};
 
 /// Most bytes one stdin request may carry (the helper enforces the same bound).
 pub const MAX_STDIN_BYTES: usize = 1024 * 1024;
@@ -75,17 +76,20 @@ fn valid_name(name: &str) -> bool {
 /// A process's working directory: `/workspace` or below it, absolute, no `..`.
 fn workdir(raw: Option<&str>) -> Result<String, ApiError> {
     let Some(raw) = raw else {
-        return Ok(WORKDIR.to_string());
+        return Ok(layout::REPO.to_string());
     };
-    let ok = (raw == "/workspace" || raw.starts_with("/workspace/"))
+    let ok = (raw == WORKSPACE
+        || raw
+            .strip_prefix(WORKSPACE)
+            .is_some_and(|r| r.starts_with('/')))
         && !raw.split('/').any(|c| c == "..")
         && !raw.contains('\0');
     if ok {
         Ok(raw.to_string())
     } else {
-        Err(ApiError::Unprocessable(
-            "workdir must be /workspace or a directory below it, without '..'".to_string(),
-        ))
+        Err(ApiError::Unprocessable(format!(
+            "workdir must be {WORKSPACE} or a directory below it, without '..'"
+        )))
     }
 }
 

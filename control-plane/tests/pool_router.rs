@@ -135,7 +135,7 @@ async fn claims_apply_environment_and_limits_and_members_are_not_sessions() {
     assert_eq!(spec.nano_cpus, Some(1_500_000_000));
     // The environment is a root-owned file the helper reads; commands see it.
     let file = engine
-        .file(&id, control_plane::pool::ENV_FILE)
+        .file(&id, control_plane::layout::ENV_FILE)
         .expect("env file");
     assert_eq!(
         String::from_utf8_lossy(&file),
@@ -362,7 +362,7 @@ async fn egress_members_are_whole_triads_and_a_claim_installs_the_policy() {
     assert!(installed.contains("api.upstream.test") && installed.contains("s3cret"));
 
     let env = engine
-        .file(&id, control_plane::pool::ENV_FILE)
+        .file(&id, control_plane::layout::ENV_FILE)
         .expect("env file");
     assert_eq!(String::from_utf8_lossy(&env), r#"[["A","1"]]"#);
     assert!(

@@ -35,6 +35,7 @@ use futures::StreamExt;
 use shared_policy::PolicyFile;
 use shared_policy::sidecar;
 
+use crate::backoff::Backoff;
 use crate::config::Config;
 use crate::engine::{
     ContainerEngine, ContainerInfo, ContainerSpec, DEPLOYMENT_LABEL, EGRESS_LABEL, EngineError,
@@ -42,6 +43,7 @@ use crate::engine::{
     ROLE_LABEL,
 };
 use crate::error::ApiError;
+use crate::layout;
 
 mod policy;
 
@@ -62,20 +64,17 @@ const GATEWAY_READY_TIMEOUT: Duration = Duration::from_secs(20);
 pub const POLICY_ACK_TIMEOUT: Duration = Duration::from_secs(5);
 const GATEWAY_PIDS_LIMIT: i64 = 256;
 
-/// Where the sandbox finds the egress CA and the combined trust bundle.
-const SANDBOX_CA_DIR: &str = "usr/local/share/daiv-sandbox";
-pub const SANDBOX_CA_BUNDLE: &str = "/usr/local/share/daiv-sandbox/ca-bundle.pem";
-
-/// Builds the combined bundle (the image's system roots + the egress CA) and adds the CA to the
-/// system bundle for tools that ignore the environment. Runs as root: no capability is needed to
-/// write root-owned files, which matters under gVisor.
-const INSTALL_CA: &str = r#"d=/usr/local/share/daiv-sandbox
-: > "$d/ca-bundle.pem"
+/// Builds the combined bundle (the image's system roots + the egress CA) at `$2` from the CA at
+/// `$1` ([`layout::CA_BUNDLE`] and [`layout::CA_CERT`]) and adds the CA to the system bundle for
+/// tools that ignore the environment. Runs as root: no capability is needed to write root-owned
+/// files, which matters under gVisor.
+const INSTALL_CA: &str = r#"c="$1" b="$2"
+: > "$b"
 for f in /etc/ssl/certs/ca-certificates.crt /etc/pki/tls/certs/ca-bundle.crt /etc/ssl/cert.pem /etc/ssl/ca-bundle.pem; do
-  if [ -f "$f" ]; then cat "$f" >> "$d/ca-bundle.pem"; printf '\n' >> "$d/ca-bundle.pem"; cat "$d/egress-ca.crt" >> "$f" 2>/dev/null; break; fi
+  if [ -f "$f" ]; then cat "$f" >> "$b"; printf '\n' >> "$b"; cat "$c" >> "$f" 2>/dev/null; break; fi
 done
-cat "$d/egress-ca.crt" >> "$d/ca-bundle.pem"
-if [ -d /usr/local/share/ca-certificates ]; then cp "$d/egress-ca.crt" /usr/local/share/ca-certificates/daiv-egress-ca.crt 2>/dev/null; fi
+cat "$c" >> "$b"
+if [ -d /usr/local/share/ca-certificates ]; then cp "$c" /usr/local/share/ca-certificates/daiv-egress-ca.crt 2>/dev/null; fi
 exit 0"#;
 
 const PROXY_ENV: [&str; 6] = [
@@ -220,7 +219,7 @@ impl Egress {
             env.push((k.to_string(), "localhost,127.0.0.1,::1".to_string()));
         }
         for k in CA_BUNDLE_ENV {
-            env.push((k.to_string(), SANDBOX_CA_BUNDLE.to_string()));
+            env.push((k.to_string(), layout::CA_BUNDLE.to_string()));
         }
         Ok(SandboxPlan {
             triad: Triad {
@@ -240,7 +239,7 @@ impl Egress {
                 (NETWORK_LABEL.to_string(), network),
             ],
             files: vec![(
-                format!("{SANDBOX_CA_DIR}/egress-ca.crt"),
+                crate::archive::entry_name(layout::CA_CERT).to_string(),
                 self.ca_cert.clone(),
             )],
         })
@@ -327,7 +326,8 @@ impl Egress {
                 }
             }
             // The exit code can lag the end of the output by a moment.
-            for _ in 0..50 {
+            let mut backoff = Backoff::fixed(Duration::from_millis(20), Duration::from_secs(1));
+            loop {
                 match self.engine.exec_exit_code(&exec.exec_id).await {
                     Ok(Some(0)) => return Ok(()),
                     Ok(Some(_)) => {
@@ -336,13 +336,16 @@ impl Egress {
                         tracing::warn!(gateway, version, answer = %last, "egress policy not acknowledged");
                         return Err(not_acked(""));
                     }
-                    Ok(None) => tokio::time::sleep(Duration::from_millis(20)).await,
+                    Ok(None) => {}
                     Err(e) => {
                         return Err(crate::error::unavailable(
                             "could not ask the egress gateway",
                             &e,
                         ));
                     }
+                }
+                if !backoff.wait().await {
+                    break;
                 }
             }
             Err(not_acked(" (no exit code)"))
@@ -354,7 +357,16 @@ impl Egress {
 
     async fn install_ca(&self, sandbox: &str) -> Result<(), ApiError> {
         let spec = ExecSpec {
-            cmd: vec!["/bin/sh".into(), "-c".into(), INSTALL_CA.into()],
+            cmd: [
+                "/bin/sh",
+                "-c",
+                INSTALL_CA,
+                "sh",
+                layout::CA_CERT,
+                layout::CA_BUNDLE,
+            ]
+            .map(String::from)
+            .to_vec(),
             user: "0:0".into(),
             workdir: None,
             env: Vec::new(),

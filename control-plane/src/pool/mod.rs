@@ -70,9 +70,6 @@ mod refill;
 pub use apply::{write_by_helper, write_then};
 pub use refill::Refill;
 
-/// Where a claim's environment lives in the sandbox (the helper's `procs::ENV_FILE`).
-pub const ENV_FILE: &str = "/.daiv-sandbox/environment";
-
 pub(crate) const BUILDING: &str = "daiv-building-";
 pub(crate) const READY: &str = "daiv-pool-";
 pub(crate) const CLAIMED: &str = "daiv-claimed-";

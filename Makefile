@@ -14,7 +14,7 @@ SOAK_SECONDS ?= 600
 SOAK_SMOKE_SESSIONS ?= 8
 SOAK_SMOKE_SECONDS ?= 60
 
-.PHONY: help fmt lint build helper images compose-smoke docker gvisor redis run test test-unit test-e2e check-leaks clean-docker cargo-fuzz fuzz fuzz-smoke chaos deny
+.PHONY: help fmt lint build helper images compose-smoke docker gvisor redis run test test-unit test-e2e check-leaks clean-docker cargo-fuzz fuzz fuzz-smoke chaos deny api-fuzz api-fuzz-smoke soak soak-smoke
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -73,6 +73,7 @@ test-unit: ## Unit and in-process tests only (no Docker)
 test: lint images gvisor redis build ## Everything: lint, unit, in-process and end-to-end tests on real Docker
 	@mkdir -p $(DEV_DIR) && scripts/check-leaks.sh --record $(LEAK_BASELINE)
 	$(CARGO) nextest run --workspace --profile ci
+	@SERVICE_PROFILE=debug $(MAKE) --no-print-directory soak-smoke api-fuzz-smoke
 	@scripts/check-leaks.sh --since $(LEAK_BASELINE)
 
 cargo-fuzz: ## Install cargo-fuzz (runs the fuzz targets); a no-op when it is installed

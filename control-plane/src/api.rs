@@ -1,19 +1,11 @@
 //! Wire types, shaped exactly like the reference's (DAIV validates our responses against its
 //! schemas). Unknown request fields are ignored, never rejected: DAIV sends extra ones.
+//! The error body and the extractors that answer with it are [`crate::error`]'s.
 
 use std::collections::BTreeMap;
 
-use axum::extract::rejection::JsonRejection;
-use axum::extract::{FromRequest, Request};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
-
-use crate::error::ApiError;
-
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct ErrorBody {
-    pub detail: String,
-}
 
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct StartSessionRequest {
@@ -186,45 +178,4 @@ pub struct VersionResponse {
 pub struct CloseQuery {
     #[serde(default)]
     pub force: bool,
-}
-
-/// `axum::extract::Query` whose rejections (a value of the wrong type) answer 422 with the
-/// `{"detail": ...}` shape, like [`ApiJson`]'s, instead of axum's plain-text 400.
-pub struct ApiQuery<T>(pub T);
-
-impl<S, T> axum::extract::FromRequestParts<S> for ApiQuery<T>
-where
-    T: serde::de::DeserializeOwned,
-    S: Send + Sync,
-{
-    type Rejection = ApiError;
-
-    async fn from_request_parts(
-        parts: &mut axum::http::request::Parts,
-        state: &S,
-    ) -> Result<Self, Self::Rejection> {
-        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
-            Ok(axum::extract::Query(v)) => Ok(ApiQuery(v)),
-            Err(rejection) => Err(ApiError::Unprocessable(rejection.body_text())),
-        }
-    }
-}
-
-/// `axum::Json` whose rejections (bad JSON, wrong types, wrong content type) answer 422 with the
-/// same `{"detail": ...}` shape as every other error.
-pub struct ApiJson<T>(pub T);
-
-impl<S, T> FromRequest<S> for ApiJson<T>
-where
-    axum::Json<T>: FromRequest<S, Rejection = JsonRejection>,
-    S: Send + Sync,
-{
-    type Rejection = ApiError;
-
-    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        match axum::Json::<T>::from_request(req, state).await {
-            Ok(axum::Json(v)) => Ok(ApiJson(v)),
-            Err(rejection) => Err(ApiError::Unprocessable(rejection.body_text())),
-        }
-    }
 }

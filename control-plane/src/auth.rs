@@ -19,7 +19,7 @@ pub async fn require_api_key(
         return Err(ApiError::MissingApiKey);
     };
     // Constant-time over the bytes; a length mismatch is not secret.
-    let expected = state.config.api_key.expose().as_bytes();
+    let expected = state.config.server.api_key.expose().as_bytes();
     if !bool::from(given.as_bytes().ct_eq(expected)) {
         return Err(ApiError::InvalidApiKey);
     }

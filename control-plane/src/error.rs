@@ -1,12 +1,44 @@
-//! The API's error type and its one mapping to HTTP: status plus FastAPI's `{"detail": ...}`.
+//! The one place a cause becomes an HTTP status and FastAPI's `{"detail": ...}` body.
+//!
+//! Domain modules return errors named by what happened ([`SessionError`], [`EgressError`],
+//! [`HelperError`], [`ProcessError`], [`SeedError`], [`FsOpError`], and the engine's and locks'
+//! own); each `From<Cause> for ApiError` below picks the status class, and [`ApiError`]'s
+//! `IntoResponse` writes the body. The extractors whose rejections must have the same shape
+//! ([`ApiJson`], [`ApiQuery`]) live here too. Two rules hold for every body: the daemon's
+//! messages never reach it (they name host paths and registries: logged here instead), and
+//! neither does anything secret (policy parse errors are redacted by `shared_policy::redact`).
+//!
+//! # Layout
+//! - [`ErrorBody`], [`ApiError`] and its status and response.
+//! - `From<Cause> for ApiError`, one per cause enum, each one `match`.
+//! - [`ApiJson`], [`ApiQuery`]: `Json`/`Query` answering bad input with 422 and this shape.
 
 use axum::Json;
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::StatusCode;
+use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
-use crate::api::ErrorBody;
+use crate::coordination::lock::LockError;
+use crate::egress::EgressError;
 use crate::engine::EngineError;
+use crate::processes::ProcessError;
+use crate::runtime::HelperError;
+use crate::session::SessionError;
+use crate::workspace::fs::FsOpError;
+use crate::workspace::seed::SeedError;
 
+/// Every error response's body, as FastAPI writes it.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ErrorBody {
+    pub detail: String,
+}
+
+/// The HTTP classes of error responses, each with its client-facing text. Built from a cause
+/// (below) or by the API key check; nothing else decides a status.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
     #[error("API Key header is missing")]
@@ -54,9 +86,27 @@ impl ApiError {
     }
 }
 
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        if status.is_server_error() {
+            tracing::error!(error = ?self, "request failed");
+        }
+        (
+            status,
+            Json(ErrorBody {
+                detail: self.to_string(),
+            }),
+        )
+            .into_response()
+    }
+}
+
+// === impl From<Cause> for ApiError ===
+
 /// Engine errors reaching a handler unqualified: a missing container is a missing session, a
 /// refused request is the caller's, anything else is the engine's trouble and retryable.
-/// The daemon's message is logged here and never sent: it can name host paths and registries.
+/// The daemon's message is logged here and never sent.
 impl From<EngineError> for ApiError {
     fn from(e: EngineError) -> Self {
         if !matches!(e, EngineError::NotFound) {
@@ -74,24 +124,173 @@ impl From<EngineError> for ApiError {
 }
 
 /// An engine failure in the words of `context`, for a 503: logged in full, public in short.
-pub fn unavailable(context: &str, e: &EngineError) -> ApiError {
+fn unavailable(context: impl std::fmt::Display, e: &EngineError) -> ApiError {
     tracing::warn!(error = %e, "{context}");
     ApiError::Unavailable(format!("{context}: {}", e.public()))
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let status = self.status();
-        if status.is_server_error() {
-            tracing::error!(error = ?self, "request failed");
+/// A lock held past the wait is a busy session (409, retry later); a lock backend that is down
+/// means the request cannot be serialised (503).
+impl From<LockError> for ApiError {
+    fn from(e: LockError) -> Self {
+        match e {
+            LockError::Timeout => ApiError::Busy,
+            LockError::Unavailable(m) => ApiError::Unavailable(m),
         }
-        (
-            status,
-            Json(ErrorBody {
-                detail: self.to_string(),
-            }),
-        )
-            .into_response()
+    }
+}
+
+impl From<SessionError> for ApiError {
+    fn from(e: SessionError) -> Self {
+        use SessionError as E;
+        match e {
+            E::NotFound => ApiError::NotFound,
+            E::Lock(e) => e.into(),
+            E::EgressNotConfigured => ApiError::BadRequest(e.to_string()),
+            E::NoEgressProxy => ApiError::Conflict(e.to_string()),
+            E::InvalidImage(_)
+            | E::MemoryTooSmall
+            | E::InvalidCpus
+            | E::InvalidEnvironment(_)
+            | E::NulInCommand(_)
+            | E::TimeoutTooLong => ApiError::Unprocessable(e.to_string()),
+            E::EgressUnavailableHere | E::MemberWithoutGateway | E::MemberRenamed => {
+                ApiError::Unavailable(e.to_string())
+            }
+            E::RestartFailed(e) => unavailable("session could not be restarted", &e),
+            E::EngineNotResponding(_) => ApiError::Unavailable(e.to_string()),
+            E::Engine(e) => e.into(),
+            E::Egress(e) => e.into(),
+            E::Helper(e) => e.into(),
+        }
+    }
+}
+
+impl From<EgressError> for ApiError {
+    fn from(e: EgressError) -> Self {
+        use EgressError as E;
+        match e {
+            E::MalformedPolicy(_) | E::InvalidPolicy(_) => ApiError::Unprocessable(e.to_string()),
+            E::GatewayUnavailable { context, source } => unavailable(context, &source),
+            E::NotAcknowledged { .. } | E::NoFreeSubnet(_) => ApiError::Unavailable(e.to_string()),
+            E::Encode(e) => ApiError::Internal(e.into()),
+            E::Engine(e) => e.into(),
+        }
+    }
+}
+
+/// The helper's refusals keep their meaning; everything else about it is retryable (503),
+/// never a wrong answer.
+impl From<HelperError> for ApiError {
+    fn from(e: HelperError) -> Self {
+        use HelperError as E;
+        match e {
+            E::Engine(e) => e.into(),
+            E::NoSuchProcess => ApiError::NotFound,
+            E::ProcessConflict(m) => ApiError::Conflict(m),
+            E::ProcessLimit(m) => ApiError::TooManyRequests(m),
+            E::Rejected(m) | E::ProcessIo(m) => ApiError::Unprocessable(m),
+            E::ArchiveRefused => ApiError::Unprocessable(e.to_string()),
+            E::Unstartable(_)
+            | E::Lost
+            | E::Channel(_)
+            | E::DeadlineExceeded
+            | E::Failed
+            | E::NoAnswer
+            | E::UnexpectedAnswer => ApiError::Unavailable(e.to_string()),
+        }
+    }
+}
+
+impl From<ProcessError> for ApiError {
+    fn from(e: ProcessError) -> Self {
+        use ProcessError as E;
+        match e {
+            E::InvalidWorkdir
+            | E::InvalidVariableName(_)
+            | E::NulInVariable(_)
+            | E::EmptyCommand
+            | E::NulInCommand
+            | E::InvalidWait => ApiError::Unprocessable(e.to_string()),
+            // An id that cannot exist answers like a missing session, as the reference does.
+            E::NoSuchProcess => ApiError::NotFound,
+            E::StdinTooLarge => ApiError::PayloadTooLarge(e.to_string()),
+            E::NoProcessId => ApiError::Unavailable(e.to_string()),
+            E::BadList(_) => ApiError::Internal(e.into()),
+            E::Session(e) => e.into(),
+            E::Helper(e) => e.into(),
+        }
+    }
+}
+
+impl From<SeedError> for ApiError {
+    fn from(e: SeedError) -> Self {
+        use SeedError as E;
+        match e {
+            E::AlreadySeeded => ApiError::Conflict(e.to_string()),
+            E::NotMultipart(_)
+            | E::BodyBound(_)
+            | E::MalformedMultipart(_)
+            | E::NoArchive
+            | E::UploadUnreadable(_)
+            | E::BadArchive { .. } => ApiError::Unprocessable(e.to_string()),
+            E::UploadTooLarge(_) | E::OverBudget { .. } => ApiError::PayloadTooLarge(e.to_string()),
+            E::HelperStoppedReading => ApiError::Unavailable(e.to_string()),
+            E::Sanitiser(_) | E::Marker(_) => ApiError::Internal(e.into()),
+            E::Engine(e) => e.into(),
+            E::Helper(e) => e.into(),
+        }
+    }
+}
+
+impl From<FsOpError> for ApiError {
+    fn from(e: FsOpError) -> Self {
+        match e {
+            FsOpError::ModeOutOfRange(_) | FsOpError::InvalidBase64(_) => {
+                ApiError::Unprocessable(e.to_string())
+            }
+            FsOpError::Helper(e) => e.into(),
+        }
+    }
+}
+
+// === impl ApiJson / ApiQuery ===
+
+/// `axum::Json` whose rejections (bad JSON, wrong types, wrong content type) answer 422 with the
+/// same `{"detail": ...}` shape as every other error.
+pub struct ApiJson<T>(pub T);
+
+impl<S, T> FromRequest<S> for ApiJson<T>
+where
+    axum::Json<T>: FromRequest<S, Rejection = JsonRejection>,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::Json::<T>::from_request(req, state).await {
+            Ok(axum::Json(v)) => Ok(ApiJson(v)),
+            Err(rejection) => Err(ApiError::Unprocessable(rejection.body_text())),
+        }
+    }
+}
+
+/// `axum::extract::Query` whose rejections (a value of the wrong type) answer 422 with the
+/// `{"detail": ...}` shape, like [`ApiJson`]'s, instead of axum's plain-text 400.
+pub struct ApiQuery<T>(pub T);
+
+impl<S, T> FromRequestParts<S> for ApiQuery<T>
+where
+    T: serde::de::DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Query(v)) => Ok(ApiQuery(v)),
+            Err(rejection) => Err(ApiError::Unprocessable(rejection.body_text())),
+        }
     }
 }
 
@@ -145,10 +344,147 @@ mod tests {
             assert!(!body.contains("/var/lib/docker"), "{body}");
             assert!(!body.contains("corp"), "{body}");
         }
-        let e = unavailable(
-            "egress gateway could not start",
-            &EngineError::Unavailable(leaky.into()),
+        let gateway = EgressError::GatewayUnavailable {
+            context: "egress gateway could not start",
+            source: EngineError::Unavailable(leaky.into()),
+        };
+        let restart = SessionError::RestartFailed(EngineError::Unavailable(leaky.into()));
+        for e in [ApiError::from(gateway), ApiError::from(restart)] {
+            assert_eq!(e.status(), StatusCode::SERVICE_UNAVAILABLE);
+            assert!(!e.to_string().contains("/var/lib"), "{e}");
+        }
+    }
+
+    /// The statuses and bodies clients (and DAIV's schemas) rely on, pinned per cause.
+    #[test]
+    fn causes_map_to_their_statuses_and_texts() {
+        let cases: Vec<(ApiError, StatusCode, &str)> = vec![
+            (
+                SessionError::NotFound.into(),
+                StatusCode::NOT_FOUND,
+                "Session not found or already closed",
+            ),
+            (
+                SessionError::Lock(LockError::Timeout).into(),
+                StatusCode::CONFLICT,
+                "Session is busy: another request holds its lock; retry later",
+            ),
+            (
+                SessionError::Lock(LockError::Unavailable("redis down".into())).into(),
+                StatusCode::SERVICE_UNAVAILABLE,
+                "redis down",
+            ),
+            (
+                SessionError::EgressNotConfigured.into(),
+                StatusCode::BAD_REQUEST,
+                "egress not configured: set DAIV_SANDBOX_EGRESS_CA_CERT_FILE and DAIV_SANDBOX_EGRESS_CA_KEY_FILE",
+            ),
+            (
+                SessionError::NoEgressProxy.into(),
+                StatusCode::CONFLICT,
+                "session has no egress proxy: a network-isolated session has nothing to refresh",
+            ),
+            (
+                SessionError::TimeoutTooLong.into(),
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "timeout must be at most 604800 seconds (0 = none)",
+            ),
+            (
+                SessionError::InvalidImage("a b".into()).into(),
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "base_image is not a valid image reference: \"a b\"",
+            ),
+            (
+                SessionError::EgressUnavailableHere.into(),
+                StatusCode::SERVICE_UNAVAILABLE,
+                "egress is not configured on this instance",
+            ),
+            (
+                SessionError::EngineNotResponding(EngineError::Unavailable("x".into())).into(),
+                StatusCode::SERVICE_UNAVAILABLE,
+                "Docker client is not responding",
+            ),
+            (
+                EgressError::NotAcknowledged {
+                    detail: " (no exit code)",
+                }
+                .into(),
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the egress gateway did not enforce the new policy within 5 s (no exit code)",
+            ),
+            (
+                EgressError::InvalidPolicy(shared_policy::PolicyError::NothingReachable).into(),
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid egress policy: policy.default is \"deny\" and policy.rules is empty, so no \
+                 host would be reachable; add rules, or omit egress for a network-isolated session",
+            ),
+            (
+                HelperError::Lost.into(),
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the session's helper went away during the operation; retry",
+            ),
+            (
+                HelperError::DeadlineExceeded.into(),
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the operation took longer than 30s and was stopped",
+            ),
+            (
+                HelperError::Rejected("bad glob".into()).into(),
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "bad glob",
+            ),
+            (
+                HelperError::NoSuchProcess.into(),
+                StatusCode::NOT_FOUND,
+                "Session not found or already closed",
+            ),
+            (
+                HelperError::ProcessLimit("too many".into()).into(),
+                StatusCode::TOO_MANY_REQUESTS,
+                "too many",
+            ),
+            (
+                ProcessError::StdinTooLarge.into(),
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "stdin writes are limited to 1048576 bytes per request",
+            ),
+            (
+                ProcessError::NoSuchProcess.into(),
+                StatusCode::NOT_FOUND,
+                "Session not found or already closed",
+            ),
+            (
+                SeedError::AlreadySeeded.into(),
+                StatusCode::CONFLICT,
+                "Session already seeded: seeding is one-shot per session",
+            ),
+            (
+                SeedError::UploadTooLarge(10).into(),
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "archive exceeds the limit of 10 bytes (DAIV_SANDBOX_SEED_MAX_BYTES)",
+            ),
+            (
+                FsOpError::ModeOutOfRange(70000).into(),
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "mode must be between 0 and 4095, got 70000",
+            ),
+        ];
+        for (e, status, text) in cases {
+            assert_eq!((e.status(), e.to_string().as_str()), (status, text));
+        }
+    }
+
+    #[test]
+    fn policy_parse_errors_are_redacted_in_the_body() {
+        let parsed = serde_json::from_value::<shared_policy::PolicyFile>(
+            serde_json::json!({"policy": {"default": "ghp_supersecret"}}),
         );
-        assert!(!e.to_string().contains("/var/lib"), "{e}");
+        let Err(e) = parsed else {
+            panic!("expected a parse error");
+        };
+        let e = ApiError::from(EgressError::MalformedPolicy(e));
+        assert_eq!(e.status(), StatusCode::UNPROCESSABLE_ENTITY);
+        assert!(!e.to_string().contains("ghp_supersecret"), "{e}");
+        assert!(e.to_string().starts_with("invalid egress policy: "), "{e}");
     }
 }

@@ -4,16 +4,21 @@
 //! - [`config`]: `DAIV_SANDBOX_*` settings, validated all at once at start-up.
 //! - [`api`]: wire types, shaped like the reference's.
 //! - [`routes`]: thin axum handlers; [`auth`] guards them with `X-API-Key`.
-//! - [`session`]: session lifecycle over the engine seam; commands through the runtime.
+//! - [`session`]: session lifecycle over the engine seam; commands through the runtime; its
+//!   errors in `session/error.rs`.
+//! - [`egress`]: the egress triad (network, gateway, sandbox wiring): the only code that creates,
+//!   restarts, refreshes and tears one down.
 //! - [`processes`]: background processes and streaming runs (over the same runtime).
 //! - [`runtime`]: the [`runtime::SessionRuntime`] seam (commands, fs ops, seed extraction) and its
 //!   implementation over the in-container helper's channel.
 //! - [`engine`]: the [`engine::ContainerEngine`] trait, its Docker implementation and a fake.
-//! - [`lock`]: per-session locks, in-process or shared by replicas through Redis.
-//! - [`activity`]: when each session was last used (for idle reaping).
+//! - [`coordination`]: what replicas agree on: per-session locks and when each session was last
+//!   used (for idle reaping), in-process or shared through one Redis connection.
 //! - [`pool`]: the warm pool: sessions created ahead of requests, claimed atomically.
 //! - [`reaper`]: the background sweep that removes expired, surplus, idle and orphaned resources.
-//! - [`error`]: the one place errors become HTTP statuses.
+//! - [`error`]: the one place the domain's errors (named by cause: [`session::SessionError`],
+//!   [`egress::EgressError`], [`runtime::HelperError`], ...) become HTTP statuses and
+//!   `{"detail": ...}` bodies; the JSON and query extractors that answer in that shape.
 //! - [`telemetry`]: logs, Prometheus metrics and Sentry reports.
 //!
 //! Plumbing, one place each:
@@ -29,16 +34,15 @@ use axum::middleware;
 use axum::routing::{get, post, put};
 use utoipa::OpenApi;
 
-pub mod activity;
 pub mod api;
 pub mod archive;
 pub mod auth;
 pub mod backoff;
 pub mod config;
+pub mod coordination;
 pub mod egress;
 pub mod engine;
 pub mod error;
-pub mod lock;
 pub mod openapi;
 pub mod pool;
 pub mod processes;
@@ -51,13 +55,12 @@ pub mod workspace;
 
 pub use sandbox_helper::layout;
 
-use activity::{LocalActivity, SessionActivity};
 use config::Config;
+use coordination::activity::{self, LocalActivity, SessionActivity};
+use coordination::lock::{LockError, LockGuard, SessionLocks};
 use engine::ContainerEngine;
-use error::ApiError;
-use lock::{LockError, LockGuard, SessionLocks};
 use openapi::SessionLinks;
-use session::Sessions;
+use session::{SessionError, Sessions};
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
@@ -93,7 +96,7 @@ impl AppState {
             }
         };
         // main checks for the helper before serving; in-process tests run without one.
-        let helper = runtime::helper_binary(config.helper_bin.as_deref()).ok();
+        let helper = runtime::helper_binary(config.sessions.helper_bin.as_deref()).ok();
         Self {
             sessions: Arc::new(Sessions::new(
                 engine,
@@ -102,7 +105,7 @@ impl AppState {
                 helper,
                 metrics.clone(),
             )),
-            activity: Arc::new(LocalActivity::new(config.running_session_max_idle)),
+            activity: Arc::new(LocalActivity::new(config.reaper.running_session_max_idle)),
             config,
             locks,
             metrics,
@@ -118,7 +121,7 @@ impl AppState {
     /// For operations that may overlap a running command (read-only fs ops, background
     /// processes): no lock while the session runs; a stopped session is restarted under its
     /// lock, as every other operation does.
-    pub async fn running_unlocked(&self, session_id: &str) -> Result<(), ApiError> {
+    pub async fn running_unlocked(&self, session_id: &str) -> Result<(), SessionError> {
         let info = self.sessions.find(session_id).await?;
         if info.is_running() && self.sessions.gateway_up(&info).await? {
             self.activity.touch(session_id).await;
@@ -131,7 +134,7 @@ impl AppState {
 
     /// The session's lock for a request that removes it: released with its activity record
     /// deleted rather than refreshed.
-    pub async fn lock_to_remove(&self, session_id: &str) -> Result<LockGuard, ApiError> {
+    pub async fn lock_to_remove(&self, session_id: &str) -> Result<LockGuard, SessionError> {
         let held = self.acquire(session_id).await?;
         Ok(activity::forget_on_release(
             self.activity.clone(),
@@ -143,7 +146,7 @@ impl AppState {
     /// The session's lock, or 409 once `SESSION_LOCK_WAIT_SECONDS` have passed (503 when the
     /// lock backend is down). Touches the session's activity now and again when the guard drops,
     /// before the lock is released.
-    pub async fn lock(&self, session_id: &str) -> Result<LockGuard, ApiError> {
+    pub async fn lock(&self, session_id: &str) -> Result<LockGuard, SessionError> {
         let held = self.acquire(session_id).await?;
         if session::is_container_id(session_id) {
             self.activity.touch(session_id).await;
@@ -155,21 +158,17 @@ impl AppState {
         ))
     }
 
-    async fn acquire(&self, session_id: &str) -> Result<LockGuard, ApiError> {
+    async fn acquire(&self, session_id: &str) -> Result<LockGuard, SessionError> {
         let waiting = std::time::Instant::now();
         let held = self
             .locks
-            .acquire(session_id, self.config.session_lock_wait)
+            .acquire(session_id, self.config.coordination.lock_wait)
             .await;
         self.metrics.lock_waits.observe(waiting.elapsed());
-        let held = held.map_err(|e| match e {
-            LockError::Timeout => {
-                self.metrics.lock_busy.inc();
-                ApiError::Busy
-            }
-            LockError::Unavailable(m) => ApiError::Unavailable(m),
-        })?;
-        Ok(held)
+        if let Err(LockError::Timeout) = &held {
+            self.metrics.lock_busy.inc();
+        }
+        Ok(held?)
     }
 }
 
@@ -289,7 +288,7 @@ pub fn app(state: AppState) -> Router {
     // Relative to the document: the page fetches `openapi.json` next to it (so no trailing slash).
     open = open.route("/docs", get(routes::docs::page));
 
-    let prefix = state.config.api_v1_str.clone();
+    let prefix = state.config.server.api_v1_str.clone();
     let versioned = api.merge(open.clone());
     let router = if prefix.is_empty() {
         versioned
@@ -298,7 +297,7 @@ pub fn app(state: AppState) -> Router {
         Router::new().nest(&prefix, versioned).merge(open)
     };
     let mut metrics = Router::new().route("/metrics", get(routes::metrics::metrics));
-    if !state.config.metrics_public {
+    if !state.config.server.metrics_public {
         metrics = metrics.route_layer(middleware::from_fn_with_state(
             state.clone(),
             auth::require_api_key,

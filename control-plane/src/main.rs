@@ -5,10 +5,9 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use axum::serve::ListenerExt;
-use control_plane::activity::RedisActivity;
 use control_plane::config::{self, ProcessEnv};
+use control_plane::coordination::Coordination;
 use control_plane::engine::docker::DockerEngine;
-use control_plane::lock::{self, LocalLocks, RedisLocks};
 use control_plane::pool::Refill;
 use control_plane::reaper::Reaper;
 use control_plane::{AppState, app};
@@ -31,42 +30,29 @@ async fn main() -> anyhow::Result<()> {
     let engine = DockerEngine::connect()
         .await
         .context("cannot reach the Docker engine (is dockerd running? DOCKER_HOST?)")?;
-    let state = match &config.redis_url {
-        // Lazy: the service starts while Redis is down and answers 503 until it is back.
-        Some(url) => {
-            let conn = lock::redis::connect(url).context("DAIV_SANDBOX_REDIS_URL")?;
-            let locks = RedisLocks::new(
-                conn.clone(),
-                config.session_lock_ttl,
-                config.session_lock_refresh,
-            );
-            let activity = RedisActivity::new(conn, config.running_session_max_idle);
-            AppState::new(config.clone(), Arc::new(engine), Arc::new(locks))
-                .with_activity(Arc::new(activity))
-        }
-        None => AppState::new(
-            config.clone(),
-            Arc::new(engine),
-            Arc::new(LocalLocks::default()),
-        ),
-    };
+    // With REDIS_URL, locks and activity share one lazy connection: the service starts while
+    // Redis is down and answers 503 until it is back.
+    let coordination = Coordination::from_config(&config).context("DAIV_SANDBOX_REDIS_URL")?;
+    let state = AppState::new(config.clone(), Arc::new(engine), coordination.locks)
+        .with_activity(coordination.activity);
     // Every sandbox gets the helper; without it no session could run a command. The state read
     // it once; only a failure reads again, to say why.
     if !state.sessions.has_helper() {
-        let why = control_plane::runtime::helper_binary(config.helper_bin.as_deref())
+        let why = control_plane::runtime::helper_binary(config.sessions.helper_bin.as_deref())
             .err()
             .unwrap_or_else(|| "the session helper could not be read".to_string());
         eprintln!("daiv-sandbox: {why}");
         std::process::exit(2);
     }
     let reaper = config
-        .reaper_enabled
+        .reaper
+        .enabled
         .then(|| Arc::new(Reaper::new(&state)).spawn());
     // The warm pool (if configured) fills in the background; requests go cold meanwhile.
     let refill = Refill::new(state.sessions.clone(), state.locks.clone());
     let refilling = refill.spawn();
 
-    let addr = std::net::SocketAddr::new(config.host, config.port);
+    let addr = std::net::SocketAddr::new(config.server.host, config.server.port);
     // Small request/response exchanges: no Nagle delay on any accepted socket.
     let listener = tokio::net::TcpListener::bind(addr)
         .await

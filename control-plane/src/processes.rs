@@ -14,11 +14,47 @@ use serde_json::{Value, json};
 
 use crate::AppState;
 use crate::api::{ProcessList, ProcessOutput, StartProcessRequest};
-use crate::error::ApiError;
 use crate::layout::{self, WORKSPACE};
+use crate::runtime::HelperError;
+use crate::session::SessionError;
 
 /// Most bytes one stdin request may carry (the helper enforces the same bound).
 pub const MAX_STDIN_BYTES: usize = 1024 * 1024;
+
+/// Why a process request was not done. The texts are what a client is told; the HTTP status
+/// of each is decided in [`crate::error`].
+#[derive(Debug, thiserror::Error)]
+pub enum ProcessError {
+    #[error("workdir must be {} or a directory below it, without '..'", WORKSPACE)]
+    InvalidWorkdir,
+    /// The offending name.
+    #[error(
+        "environment: {0:?} is not a variable name (letters, digits, '_'; not starting with a digit)"
+    )]
+    InvalidVariableName(String),
+    /// The variable whose value has a NUL.
+    #[error("environment: the value of {0} contains a NUL byte")]
+    NulInVariable(String),
+    #[error("command must not be empty")]
+    EmptyCommand,
+    #[error("command contains a NUL byte")]
+    NulInCommand,
+    #[error("wait must be a number of seconds, at least 0")]
+    InvalidWait,
+    /// A process id the supervisor could never have given.
+    #[error("no such process")]
+    NoSuchProcess,
+    #[error("stdin writes are limited to {MAX_STDIN_BYTES} bytes per request")]
+    StdinTooLarge,
+    #[error("the session's helper gave no process id")]
+    NoProcessId,
+    #[error("bad process list from the helper: {0}")]
+    BadList(#[source] serde_json::Error),
+    #[error(transparent)]
+    Session(#[from] SessionError),
+    #[error(transparent)]
+    Helper(#[from] HelperError),
+}
 
 /// Text of `bytes`, keeping back an incomplete UTF-8 sequence at the end for the next chunk.
 #[derive(Debug, Default)]
@@ -74,7 +110,7 @@ fn valid_name(name: &str) -> bool {
 }
 
 /// A process's working directory: `/workspace` or below it, absolute, no `..`.
-fn workdir(raw: Option<&str>) -> Result<String, ApiError> {
+fn workdir(raw: Option<&str>) -> Result<String, ProcessError> {
     let Some(raw) = raw else {
         return Ok(layout::REPO.to_string());
     };
@@ -87,40 +123,36 @@ fn workdir(raw: Option<&str>) -> Result<String, ApiError> {
     if ok {
         Ok(raw.to_string())
     } else {
-        Err(ApiError::Unprocessable(format!(
-            "workdir must be {WORKSPACE} or a directory below it, without '..'"
-        )))
+        Err(ProcessError::InvalidWorkdir)
     }
 }
 
-fn environment(env: &Option<BTreeMap<String, String>>) -> Result<Vec<(String, String)>, ApiError> {
+fn environment(
+    env: &Option<BTreeMap<String, String>>,
+) -> Result<Vec<(String, String)>, ProcessError> {
     let Some(env) = env else {
         return Ok(Vec::new());
     };
     env.iter()
         .map(|(k, v)| {
             if !valid_name(k) {
-                return Err(ApiError::Unprocessable(format!(
-                    "environment: {k:?} is not a variable name (letters, digits, '_'; not starting with a digit)"
-                )));
+                return Err(ProcessError::InvalidVariableName(k.clone()));
             }
             if v.contains('\0') {
-                return Err(ApiError::Unprocessable(format!(
-                    "environment: the value of {k} contains a NUL byte"
-                )));
+                return Err(ProcessError::NulInVariable(k.clone()));
             }
             Ok((k.clone(), v.clone()))
         })
         .collect()
 }
 
-fn process_id(raw: &str) -> Result<(), ApiError> {
+fn process_id(raw: &str) -> Result<(), ProcessError> {
     // Ids are the supervisor's (`p<n>-<hex>`); anything else cannot exist.
     if raw.is_empty()
         || raw.len() > 64
         || !raw.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
     {
-        return Err(ApiError::NotFound);
+        return Err(ProcessError::NoSuchProcess);
     }
     Ok(())
 }
@@ -130,66 +162,56 @@ async fn call(
     id: &str,
     request: Value,
     input: Option<Bytes>,
-) -> Result<crate::runtime::ProcessAnswer, ApiError> {
+) -> Result<crate::runtime::ProcessAnswer, ProcessError> {
     state.running_unlocked(id).await?;
-    state.sessions.runtime().process(id, request, input).await
+    Ok(state.sessions.runtime().process(id, request, input).await?)
 }
 
 pub async fn start(
     state: &AppState,
     id: &str,
     req: &StartProcessRequest,
-) -> Result<String, ApiError> {
+) -> Result<String, ProcessError> {
     if req.command.trim().is_empty() {
-        return Err(ApiError::Unprocessable(
-            "command must not be empty".to_string(),
-        ));
+        return Err(ProcessError::EmptyCommand);
     }
     if req.command.contains('\0') {
-        return Err(ApiError::Unprocessable(
-            "command contains a NUL byte".to_string(),
-        ));
+        return Err(ProcessError::NulInCommand);
     }
     let request = json!({
         "action": "start",
         "command": req.command,
         "workdir": workdir(req.workdir.as_deref())?,
         "env": environment(&req.environment)?,
-        "max_live": state.config.max_processes,
-        "buffer_bytes": state.config.process_output_bytes,
+        "max_live": state.config.sessions.max_processes,
+        "buffer_bytes": state.config.sessions.process_output_bytes,
     });
     let answer = call(state, id, request, None).await?;
     let pid = answer
         .value
         .get("process_id")
         .and_then(Value::as_str)
-        .ok_or_else(|| {
-            ApiError::Unavailable("the session's helper gave no process id".to_string())
-        })?
+        .ok_or(ProcessError::NoProcessId)?
         .to_string();
     state.metrics.processes_started.inc();
     Ok(pid)
 }
 
-pub async fn list(state: &AppState, id: &str) -> Result<ProcessList, ApiError> {
+pub async fn list(state: &AppState, id: &str) -> Result<ProcessList, ProcessError> {
     let answer = call(state, id, json!({"action": "list"}), None).await?;
-    let list: ProcessList = serde_json::from_value(answer.value).map_err(|e| {
-        ApiError::Internal(anyhow::anyhow!("bad process list from the helper: {e}"))
-    })?;
+    let list: ProcessList = serde_json::from_value(answer.value).map_err(ProcessError::BadList)?;
     let running = list.processes.iter().filter(|p| p.running).count();
     state.metrics.observe_processes(id, Some(running as u64));
     Ok(list)
 }
 
 /// Running processes of a session, for the reaper (which must not take a busy job for idle).
-pub async fn live(sessions: &crate::session::Sessions, id: &str) -> Result<usize, ApiError> {
+pub async fn live(sessions: &crate::session::Sessions, id: &str) -> Result<usize, ProcessError> {
     let answer = sessions
         .runtime()
         .process(id, json!({"action": "list"}), None)
         .await?;
-    let list: ProcessList = serde_json::from_value(answer.value).map_err(|e| {
-        ApiError::Internal(anyhow::anyhow!("bad process list from the helper: {e}"))
-    })?;
+    let list: ProcessList = serde_json::from_value(answer.value).map_err(ProcessError::BadList)?;
     Ok(list.processes.iter().filter(|p| p.running).count())
 }
 
@@ -199,20 +221,19 @@ pub async fn poll(
     pid: &str,
     offset: u64,
     wait: f64,
-) -> Result<ProcessOutput, ApiError> {
+) -> Result<ProcessOutput, ProcessError> {
     process_id(pid)?;
     if !wait.is_finite() || wait < 0.0 {
-        return Err(ApiError::Unprocessable(
-            "wait must be a number of seconds, at least 0".to_string(),
-        ));
+        return Err(ProcessError::InvalidWait);
     }
-    let wait = Duration::from_secs_f64(wait.min(3600.0)).min(state.config.process_wait_max);
+    let wait =
+        Duration::from_secs_f64(wait.min(3600.0)).min(state.config.sessions.process_wait_max);
     let request = json!({
         "action": "poll",
         "process_id": pid,
         "offset": offset,
         "wait_ms": wait.as_millis() as u64,
-        "max_bytes": state.config.process_output_bytes,
+        "max_bytes": state.config.sessions.process_output_bytes,
     });
     let answer = call(state, id, request, None).await?;
     let v = &answer.value;
@@ -221,7 +242,7 @@ pub async fn poll(
     let mut bytes: &[u8] = &answer.output;
     // A character cut at the end comes whole with the next poll; once the process ended and
     // this answer holds the rest of the buffer, the bytes are what they are.
-    let more_to_come = running || bytes.len() as u64 >= state.config.process_output_bytes;
+    let more_to_come = running || bytes.len() as u64 >= state.config.sessions.process_output_bytes;
     let cut = incomplete_tail(bytes);
     if cut > 0 && more_to_come {
         bytes = &bytes[..bytes.len() - cut];
@@ -243,18 +264,16 @@ pub async fn stdin(
     pid: &str,
     body: Bytes,
     eof: bool,
-) -> Result<(), ApiError> {
+) -> Result<(), ProcessError> {
     process_id(pid)?;
     if body.len() > MAX_STDIN_BYTES {
-        return Err(ApiError::PayloadTooLarge(format!(
-            "stdin writes are limited to {MAX_STDIN_BYTES} bytes per request"
-        )));
+        return Err(ProcessError::StdinTooLarge);
     }
     let request = json!({"action": "stdin", "process_id": pid, "eof": eof});
     call(state, id, request, Some(body)).await.map(|_| ())
 }
 
-pub async fn kill(state: &AppState, id: &str, pid: &str) -> Result<(), ApiError> {
+pub async fn kill(state: &AppState, id: &str, pid: &str) -> Result<(), ProcessError> {
     process_id(pid)?;
     let request = json!({"action": "kill", "process_id": pid});
     call(state, id, request, None).await?;
@@ -269,14 +288,14 @@ pub fn stream_run(
     state: AppState,
     id: String,
     spec: crate::runtime::RunSpec,
-    held: crate::lock::LockGuard,
+    held: crate::coordination::lock::LockGuard,
 ) -> axum::body::Body {
     use crate::api::RunStreamLine as Line;
     use crate::runtime::RunEvent;
     use tokio::sync::mpsc;
 
     let (out_tx, out_rx) = mpsc::channel::<Bytes>(32);
-    let heartbeat = state.config.stream_heartbeat;
+    let heartbeat = state.config.sessions.stream_heartbeat;
     state.metrics.streamed_runs.inc();
     tokio::spawn(async move {
         let _held = held;
@@ -336,7 +355,8 @@ pub fn stream_run(
                                 state.metrics.commands.add(results.len() as u64);
                                 Line::Done { results }
                             }
-                            Err(e) => Line::Error { detail: e.to_string() },
+                            // The detail a plain request would have had in its error body.
+                            Err(e) => Line::Error { detail: crate::error::ApiError::from(e).to_string() },
                         };
                         let _ = out_tx.send(line(&last)).await;
                         return;

@@ -19,41 +19,37 @@
 //! sweep) and re-checks its condition under the lock, because a request may have restarted or used
 //! the session since the listing. A request in flight holds the lock, so it never loses its session.
 //! Sessions are removed through [`Sessions::close`] with `force`, which also tears down an egress
-//! session's gateway and network. Orphans are removed under the lock [`egress_lock_key`].
+//! session's gateway and network; orphans go through the same [`egress::teardown`], under the lock
+//! [`egress::lock_key`].
 //!
 //! Failures are logged and counted, never fatal: a sweep that fails (or panics) is retried at the
 //! next tick. Docker round trips per sweep: 1 list of sandboxes, 1 inspect per stopped sandbox
 //! (the list API has no stop time), 1 list of gateways, 1 list of networks; per removal 1 inspect
 //! (re-check) + the close (inspect + remove, plus the egress teardown).
 //!
-//! [`activity`]: crate::activity
+//! [`activity`]: crate::coordination::activity
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::task::JoinHandle;
 
 use crate::AppState;
-use crate::activity::SessionActivity;
 use crate::config::Config;
+use crate::coordination::activity::SessionActivity;
+use crate::coordination::lock::{LockError, SessionLocks};
+use crate::egress;
 use crate::engine::{
-    ContainerInfo, ContainerStatus, DEPLOYMENT_LABEL, EGRESS_LABEL, EngineError,
-    ROLE_EGRESS_GATEWAY, ROLE_EGRESS_NETWORK, ROLE_LABEL, ROLE_SANDBOX,
+    ContainerInfo, ContainerStatus, DEPLOYMENT_LABEL, EGRESS_LABEL, EngineError, ROLE_LABEL,
+    ROLE_SANDBOX,
 };
-use crate::error::ApiError;
-use crate::lock::{LockError, SessionLocks};
+use crate::session::SessionError;
 use crate::session::Sessions;
 use crate::telemetry::metrics::Metrics;
 
 /// Concurrent inspects while reading stop times.
 const INSPECT_CONCURRENCY: usize = 8;
-
-/// The lock a session creation may hold on its egress token while it builds the triad, and that
-/// the reaper takes before removing an orphaned gateway or network of that token.
-pub fn egress_lock_key(token: &str) -> String {
-    format!("egress-{token}")
-}
 
 /// The sweep's settings, from the `DAIV_SANDBOX_*` ones.
 #[derive(Debug, Clone)]
@@ -71,10 +67,10 @@ pub struct Policy {
 impl Policy {
     pub fn from_config(c: &Config) -> Self {
         Self {
-            interval: c.reaper_interval,
-            grace: c.session_grace,
-            max_stopped: usize::try_from(c.max_stopped_sessions).unwrap_or(usize::MAX),
-            max_idle: c.running_session_max_idle,
+            interval: c.reaper.interval,
+            grace: c.reaper.session_grace,
+            max_stopped: usize::try_from(c.reaper.max_stopped_sessions).unwrap_or(usize::MAX),
+            max_idle: c.reaper.running_session_max_idle,
             deployment: c.deployment.clone(),
         }
     }
@@ -377,7 +373,7 @@ impl Reaper {
             }
         }
         match self.sessions.close(id, true).await {
-            Ok(()) | Err(ApiError::NotFound) => {
+            Ok(()) | Err(SessionError::NotFound) => {
                 tracing::info!(session_id = %id, ?why, "reaper: session removed");
                 let list = match why {
                     Why::Expired => &mut out.expired,
@@ -395,6 +391,9 @@ impl Reaper {
         drop(held);
     }
 
+    /// Removes the triads' parts ([`egress::leftovers`]) whose token no sandbox carries, once
+    /// the newest of them is past the grace period, through the same [`egress::teardown`] as a
+    /// session close.
     async fn sweep_orphans(
         &self,
         sandboxes: &[ContainerInfo],
@@ -402,46 +401,28 @@ impl Reaper {
         out: &mut Sweep,
     ) -> Result<(), ReaperError> {
         let engine = self.sessions.engine();
-        let gateways = engine.list(&self.mine(ROLE_EGRESS_GATEWAY, None)).await?;
-        let networks = engine
-            .list_networks(&self.mine(ROLE_EGRESS_NETWORK, None))
-            .await?;
+        let leftovers = egress::leftovers(engine, &self.policy.deployment).await?;
         let live: HashSet<&str> = sandboxes
             .iter()
             .filter_map(|c| c.labels.get(EGRESS_LABEL).map(String::as_str))
             .collect();
         let now_secs = unix_secs(now);
-        // Token -> creation of its newest resource; an unknown creation time counts as now.
-        let mut newest: BTreeMap<&str, i64> = BTreeMap::new();
-        let resources = gateways
-            .iter()
-            .map(|g| (g.labels.get(EGRESS_LABEL), g.created))
-            .chain(
-                networks
-                    .iter()
-                    .map(|n| (n.labels.get(EGRESS_LABEL), n.created)),
-            );
-        for (token, created) in resources {
-            let Some(token) = token.map(String::as_str).filter(|t| !t.is_empty()) else {
-                continue;
-            };
-            let created = created.unwrap_or(now_secs);
-            let entry = newest.entry(token).or_insert(created);
-            *entry = (*entry).max(created);
-        }
         let grace = secs_i64(self.policy.grace);
-        for (token, created) in newest {
+        for (token, found) in &leftovers {
+            let token = token.as_str();
+            // An unknown creation time counts as now.
+            let created = found.newest(now_secs);
             if live.contains(token) || created.saturating_add(grace) > now_secs {
                 continue;
             }
             let held = match self
                 .locks
-                .acquire(&egress_lock_key(token), Duration::ZERO)
+                .acquire(&egress::lock_key(token), Duration::ZERO)
                 .await
             {
                 Ok(h) => h,
                 Err(LockError::Timeout) => {
-                    out.busy.push(egress_lock_key(token));
+                    out.busy.push(egress::lock_key(token));
                     continue;
                 }
                 Err(e) => {
@@ -460,37 +441,16 @@ impl Reaper {
                     continue;
                 }
             }
-            let mut ok = true;
-            // Containers first: a network with members cannot be removed.
-            for g in gateways
-                .iter()
-                .filter(|g| g.labels.get(EGRESS_LABEL).map(String::as_str) == Some(token))
-            {
-                match engine.remove(&g.id).await {
-                    Ok(()) | Err(EngineError::NotFound) => {}
-                    Err(e) => {
-                        tracing::warn!(token, container = %g.id, error = %e, "reaper: orphan gateway removal failed");
-                        ok = false;
-                    }
-                }
-            }
-            for n in networks
-                .iter()
-                .filter(|n| n.labels.get(EGRESS_LABEL).map(String::as_str) == Some(token))
-            {
-                match engine.remove_network(&n.id).await {
-                    Ok(()) | Err(EngineError::NotFound) => {}
-                    Err(e) => {
-                        tracing::warn!(token, network = %n.name, error = %e, "reaper: orphan network removal failed");
-                        ok = false;
-                    }
-                }
-            }
+            let ok = egress::teardown(engine, &found.parts).await;
             drop(held);
             if ok {
                 tracing::info!(token, "reaper: orphaned egress gateway/network removed");
                 out.orphans.push(token.to_string());
             } else {
+                tracing::warn!(
+                    token,
+                    "reaper: orphaned egress gateway/network not all removed"
+                );
                 out.failed += 1;
             }
         }

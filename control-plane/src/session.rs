@@ -17,17 +17,20 @@ use bytes::Bytes;
 use crate::api::{RunRequest, RunResponse, StartSessionRequest};
 use crate::archive::{Archive, ROOT, entry_name};
 use crate::config::Config;
-use crate::egress::{self, Created, Egress, SandboxPlan, Triad};
+use crate::egress::{self, Egress, SandboxPlan, Triad};
 use crate::engine::{
     ContainerEngine, ContainerInfo, ContainerSpec, DEPLOYMENT_LABEL, EngineError, IMAGE_LABEL,
     MANAGED_LABEL, NetworkAttach, ROLE_LABEL, ROLE_SANDBOX,
 };
-use crate::error::ApiError;
 use crate::layout;
 use crate::pool::{MemberTag, Pool};
 use crate::runtime::{HelperRuntime, RunSpec, SessionRuntime};
 use crate::telemetry::metrics::Metrics;
 use shared_policy::PolicyFile;
+
+mod error;
+
+pub use error::SessionError;
 
 /// Home of the sandbox user: writable, outside the workspace so seeds and `git status` stay clean.
 pub const HOME: &str = "/home/sandbox";
@@ -53,7 +56,7 @@ pub struct Sessions {
 }
 
 /// Docker's own lower bound for a memory limit.
-const MIN_MEMORY_BYTES: i64 = 6 * 1024 * 1024;
+pub(crate) const MIN_MEMORY_BYTES: i64 = 6 * 1024 * 1024;
 
 impl Sessions {
     pub fn new(
@@ -65,8 +68,8 @@ impl Sessions {
     ) -> Self {
         let runtime = Arc::new(HelperRuntime::new(
             engine.clone(),
-            config.run_uid,
-            config.run_gid,
+            config.sessions.run_uid,
+            config.sessions.run_gid,
         ));
         let pool = Pool::new(&config, helper.as_ref(), egress.as_ref(), metrics);
         Self {
@@ -105,7 +108,10 @@ impl Sessions {
     }
 
     fn user(&self) -> String {
-        format!("{}:{}", self.config.run_uid, self.config.run_gid)
+        format!(
+            "{}:{}",
+            self.config.sessions.run_uid, self.config.sessions.run_gid
+        )
     }
 
     /// Creates and starts a session: a ready warm-pool member when one matches the request
@@ -115,7 +121,7 @@ impl Sessions {
         &self,
         req: &StartSessionRequest,
         egress_token: &str,
-    ) -> Result<String, ApiError> {
+    ) -> Result<String, SessionError> {
         validate_start(req)?;
         let policy = match &req.egress {
             Some(body) => {
@@ -143,7 +149,7 @@ impl Sessions {
         policy: Option<&PolicyFile>,
         egress_token: &str,
         tag: Option<&MemberTag>,
-    ) -> Result<String, ApiError> {
+    ) -> Result<String, SessionError> {
         let tagged = |mut spec: ContainerSpec| {
             if let Some(tag) = tag {
                 spec.name = Some(tag.name.clone());
@@ -163,60 +169,37 @@ impl Sessions {
         };
         let egress = self.egress_or_400()?;
         self.engine.ensure_image(&req.base_image).await?;
-        let mut created = Created::default();
-        let mut sandbox = None;
-        let result = async {
-            // A pool member's gateway gets the helper: its claim installs the policy with it.
-            let helper = tag.and(self.helper.as_ref());
-            let plan = egress
-                .prepare(egress_token, policy, &mut created, helper)
-                .await?;
-            let triad = plan.triad.clone();
-            let spec = tagged(self.sandbox_spec(req, Some(&plan)));
-            let sandbox_up = async {
-                let id = self.engine.create(&spec).await?;
-                sandbox = Some(id.clone());
-                self.engine.start(&id).await?;
-                Ok::<_, ApiError>(id)
-            };
-            let (gateway_up, sandbox_up) = tokio::join!(egress.start_gateway(&triad), sandbox_up);
-            gateway_up?;
-            let id = sandbox_up?;
-            egress.finish(&id, &triad).await?;
-            Ok::<_, ApiError>(id)
-        }
-        .await;
-        if result.is_err() {
-            if let Some(id) = &sandbox {
-                let _ = self.engine.remove(id).await;
-            }
-            egress.teardown(&created).await;
-        }
-        result
+        // A pool member's gateway gets the helper: its claim installs the policy with it.
+        let helper = tag.and(self.helper.as_ref());
+        egress
+            .create(egress_token, policy, helper, |plan| {
+                tagged(self.sandbox_spec(req, Some(plan)))
+            })
+            .await
+            .map_err(Into::into)
     }
 
-    pub(crate) fn egress_or_400(&self) -> Result<&Egress, ApiError> {
-        self.egress.as_ref().ok_or_else(|| {
-            ApiError::BadRequest(
-                "egress not configured: set DAIV_SANDBOX_EGRESS_CA_CERT_FILE and DAIV_SANDBOX_EGRESS_CA_KEY_FILE"
-                    .to_string(),
-            )
-        })
+    pub(crate) fn egress_or_400(&self) -> Result<&Egress, SessionError> {
+        self.egress
+            .as_ref()
+            .ok_or(SessionError::EgressNotConfigured)
     }
 
     /// `PUT /session/{id}/egress/`: a new policy for a live session, without restarting anything.
-    pub async fn refresh_egress(&self, id: &str, body: &serde_json::Value) -> Result<(), ApiError> {
+    pub async fn refresh_egress(
+        &self,
+        id: &str,
+        body: &serde_json::Value,
+    ) -> Result<(), SessionError> {
         let info = self.find(id).await?;
         let Some(triad) = Triad::of(&info) else {
-            return Err(ApiError::Conflict(
-                "session has no egress proxy: a network-isolated session has nothing to refresh"
-                    .to_string(),
-            ));
+            return Err(SessionError::NoEgressProxy);
         };
         let policy = egress::parse_policy(body)?;
-        let egress = self.egress.as_ref().ok_or_else(|| {
-            ApiError::Unavailable("egress is not configured on this instance".to_string())
-        })?;
+        let egress = self
+            .egress
+            .as_ref()
+            .ok_or(SessionError::EgressUnavailableHere)?;
         egress.refresh(&triad, &policy).await?;
         tracing::info!(session_id = %id, "egress policy refreshed");
         Ok(())
@@ -264,18 +247,18 @@ impl Sessions {
             user: Some(self.user()),
             // tini as PID 1: forwards SIGTERM (prompt stops) and reaps orphaned zombies.
             init: true,
-            runtime: c.runtime.as_str().to_string(),
+            runtime: c.sessions.runtime.as_str().to_string(),
             memory_bytes: req.memory_bytes,
             nano_cpus: req.cpus.map(|c| (c * 1e9).round() as i64),
-            pids_limit: c.pids_limit,
+            pids_limit: c.sessions.pids_limit,
             network,
             // The workspace on a volume: no copy-up, no overlay lookups (on fuse-overlayfs, grep
             // and extraction are 5-20x faster there). Anonymous: removed with the container.
             volumes: vec![layout::WORKSPACE.to_string()],
             log_options: Vec::new(),
             skeleton: Some(skeleton_tar(
-                c.run_uid,
-                c.run_gid,
+                c.sessions.run_uid,
+                c.sessions.run_gid,
                 extra_files,
                 self.helper.as_ref(),
             )),
@@ -284,9 +267,9 @@ impl Sessions {
 
     /// The managed sandbox container behind `id`, or 404. Ids are full container ids only: a name
     /// or a prefix could reach a container that is not a session.
-    pub async fn find(&self, id: &str) -> Result<ContainerInfo, ApiError> {
+    pub async fn find(&self, id: &str) -> Result<ContainerInfo, SessionError> {
         if !is_container_id(id) {
-            return Err(ApiError::NotFound);
+            return Err(SessionError::NotFound);
         }
         let info = self.engine.inspect(id).await?;
         // Another deployment's session is not ours to run, read or delete, even on a shared
@@ -297,7 +280,7 @@ impl Sessions {
             || info.labels.get(DEPLOYMENT_LABEL) != Some(&self.config.deployment)
             || crate::pool::is_unclaimed(&info)
         {
-            return Err(ApiError::NotFound);
+            return Err(SessionError::NotFound);
         }
         Ok(info)
     }
@@ -306,7 +289,7 @@ impl Sessions {
     /// gateway is checked even when the sandbox runs: one killed behind the service's back is
     /// started again (its policy file, the latest one, is kept in its container), so the sandbox
     /// never stays cut off.
-    pub async fn ensure_running(&self, id: &str) -> Result<ContainerInfo, ApiError> {
+    pub async fn ensure_running(&self, id: &str) -> Result<ContainerInfo, SessionError> {
         let info = self.find(id).await?;
         let triad = Triad::of(&info);
         if info.is_running() && triad.is_none() {
@@ -316,9 +299,7 @@ impl Sessions {
         if let Some(triad) = triad {
             self.egress
                 .as_ref()
-                .ok_or_else(|| {
-                    ApiError::Unavailable("egress is not configured on this instance".to_string())
-                })?
+                .ok_or(SessionError::EgressUnavailableHere)?
                 .ensure_gateway(&triad)
                 .await?;
         }
@@ -330,55 +311,50 @@ impl Sessions {
                 self.warm(id);
                 Ok(info)
             }
-            Err(EngineError::NotFound) => Err(ApiError::NotFound),
-            Err(e) => Err(crate::error::unavailable(
-                "session could not be restarted",
-                &e,
-            )),
+            Err(EngineError::NotFound) => Err(SessionError::NotFound),
+            Err(e) => Err(SessionError::RestartFailed(e)),
         }
     }
 
     /// Whether everything the running session `info` needs runs: its gateway, if it has one.
-    pub async fn gateway_up(&self, info: &ContainerInfo) -> Result<bool, ApiError> {
+    pub async fn gateway_up(&self, info: &ContainerInfo) -> Result<bool, SessionError> {
         match (Triad::of(info), self.egress.as_ref()) {
             (None, _) => Ok(true),
-            (Some(triad), Some(egress)) => egress.gateway_running(&triad).await,
+            (Some(triad), Some(egress)) => Ok(egress.gateway_running(&triad).await?),
             (Some(_), None) => Ok(false),
         }
     }
 
     /// Stops the session (kept warm for reuse), or removes it with `force`.
-    pub async fn close(&self, id: &str, force: bool) -> Result<(), ApiError> {
+    pub async fn close(&self, id: &str, force: bool) -> Result<(), SessionError> {
         let info = self.find(id).await?;
         let triad = Triad::of(&info);
         self.runtime.forget(id);
         let result = if force {
             self.engine.remove(id).await
         } else {
-            self.engine.stop(id, self.config.stop_timeout).await
+            self.engine
+                .stop(id, self.config.sessions.stop_timeout)
+                .await
         };
         match result {
             Ok(()) | Err(EngineError::NotFound) => {}
             Err(e) => return Err(e.into()),
         }
-        if let (Some(triad), Some(egress)) = (triad, &self.egress) {
-            if force {
-                egress
-                    .teardown(&Created {
-                        network: Some(triad.network.clone()),
-                        gateway: Some(triad.gateway.clone()),
-                    })
-                    .await;
-            } else {
-                egress.stop(&triad).await;
+        // Removal needs only the engine, so it happens even where egress is not configured.
+        match (triad, &self.egress) {
+            (Some(triad), _) if force => {
+                egress::teardown(&*self.engine, &triad.parts()).await;
             }
+            (Some(triad), Some(egress)) => egress.stop(&triad).await,
+            _ => {}
         }
         Ok(())
     }
 
     /// Runs the commands in order through the session's helper. A timed-out command ends the
     /// request: it and everything it started are killed, the rest are skipped.
-    pub async fn run(&self, id: &str, req: &RunRequest) -> Result<RunResponse, ApiError> {
+    pub async fn run(&self, id: &str, req: &RunRequest) -> Result<RunResponse, SessionError> {
         let Some(spec) = self.run_spec(id, req).await? else {
             return Ok(RunResponse {
                 results: Vec::new(),
@@ -389,22 +365,23 @@ impl Sessions {
     }
 
     /// Checks a run request and makes sure the session runs; `None` when there is nothing to run.
-    pub async fn run_spec(&self, id: &str, req: &RunRequest) -> Result<Option<RunSpec>, ApiError> {
+    pub async fn run_spec(
+        &self,
+        id: &str,
+        req: &RunRequest,
+    ) -> Result<Option<RunSpec>, SessionError> {
         if let Some(bad) = req.commands.iter().find(|c| c.contains('\0')) {
-            return Err(ApiError::Unprocessable(format!(
-                "command contains a NUL byte: {:?}",
-                crate::workspace::shown(&bad.replace('\0', "\\0"))
+            return Err(SessionError::NulInCommand(crate::workspace::shown(
+                &bad.replace('\0', "\\0"),
             )));
         }
         let timeout = match req.timeout {
             Some(0) => None,
             Some(secs) if secs > MAX_TIMEOUT_SECS => {
-                return Err(ApiError::Unprocessable(format!(
-                    "timeout must be at most {MAX_TIMEOUT_SECS} seconds (0 = none)"
-                )));
+                return Err(SessionError::TimeoutTooLong);
             }
             Some(secs) => Some(Duration::from_secs(secs)),
-            None => self.config.command_timeout,
+            None => self.config.sessions.command_timeout,
         };
         self.ensure_running(id).await?;
         if req.commands.is_empty() {
@@ -414,7 +391,7 @@ impl Sessions {
             commands: req.commands.clone(),
             fail_fast: req.fail_fast,
             timeout,
-            output_cap: self.config.output_max_bytes,
+            output_cap: self.config.sessions.output_max_bytes,
             workdir: layout::REPO.to_string(),
             env: Vec::new(),
         }))
@@ -481,38 +458,29 @@ pub fn is_container_id(id: &str) -> bool {
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
-fn validate_start(req: &StartSessionRequest) -> Result<(), ApiError> {
+fn validate_start(req: &StartSessionRequest) -> Result<(), SessionError> {
     let image = req.base_image.trim();
     if image.is_empty()
         || image.len() > 512
         || image.chars().any(|c| c.is_whitespace() || c.is_control())
     {
-        return Err(ApiError::Unprocessable(format!(
-            "base_image is not a valid image reference: {:?}",
-            req.base_image
-        )));
+        return Err(SessionError::InvalidImage(req.base_image.clone()));
     }
     if let Some(m) = req.memory_bytes
         && m < MIN_MEMORY_BYTES
     {
-        return Err(ApiError::Unprocessable(format!(
-            "memory_bytes must be at least {MIN_MEMORY_BYTES} (6 MiB)"
-        )));
+        return Err(SessionError::MemoryTooSmall);
     }
     // Docker takes nano-CPUs: anything that rounds to 0 would mean "unlimited".
     if let Some(c) = req.cpus
         && !(c.is_finite() && (0.01..=1024.0).contains(&c))
     {
-        return Err(ApiError::Unprocessable(
-            "cpus must be a number between 0.01 and 1024".to_string(),
-        ));
+        return Err(SessionError::InvalidCpus);
     }
     if let Some(env) = &req.environment {
         for (k, v) in env {
             if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
-                return Err(ApiError::Unprocessable(format!(
-                    "environment variable {k:?}: names must be non-empty without '=' or NUL, values without NUL"
-                )));
+                return Err(SessionError::InvalidEnvironment(k.clone()));
             }
         }
     }

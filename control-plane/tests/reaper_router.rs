@@ -9,14 +9,15 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use control_plane::activity::{LocalActivity, SessionActivity};
 use control_plane::config::Config;
+use control_plane::coordination::activity::{LocalActivity, SessionActivity};
+use control_plane::egress;
 use control_plane::engine::fake::FakeEngine;
 use control_plane::engine::{
     ContainerEngine, ContainerSpec, ContainerStatus, DEPLOYMENT_LABEL, EGRESS_LABEL, MANAGED_LABEL,
     NetworkAttach, NetworkSpec, ROLE_EGRESS_GATEWAY, ROLE_EGRESS_NETWORK, ROLE_LABEL, ROLE_SANDBOX,
 };
-use control_plane::reaper::{Reaper, egress_lock_key};
+use control_plane::reaper::Reaper;
 
 use harness::{Harness, KEY};
 
@@ -67,7 +68,7 @@ impl World {
         // The tracker has been recording "forever" unless a test says otherwise.
         let activity = Arc::new(LocalActivity::starting_at(
             UNIX_EPOCH,
-            config.running_session_max_idle,
+            config.reaper.running_session_max_idle,
         ));
         let state = harness::state(&engine, config).with_activity(activity.clone());
         let reaper = Reaper::new(&state);
@@ -228,7 +229,7 @@ async fn sessions_created_before_tracking_began_get_a_full_window() -> TestResul
     // A freshly restarted process: it has been recording for 10 s only.
     let activity = Arc::new(LocalActivity::starting_at(
         at(NOW - 10),
-        config.running_session_max_idle,
+        config.reaper.running_session_max_idle,
     ));
     let state = harness::state(&engine, config).with_activity(activity);
     let w = World {
@@ -319,7 +320,7 @@ async fn an_orphan_being_built_under_its_egress_lock_is_kept() -> TestResult {
     let held = w
         .state
         .locks
-        .acquire(&egress_lock_key("building"), Duration::ZERO)
+        .acquire(&egress::lock_key("building"), Duration::ZERO)
         .await?;
     let sweep = w.reaper.sweep(at(NOW)).await?;
     assert!(sweep.orphans.is_empty());

@@ -61,12 +61,17 @@ start_service "$deployment" "$out/service.log" \
     DAIV_SANDBOX_REAPER_ENABLED=false
 echo "api-fuzz: service pid $SERVICE_PID on $SERVICE_URL (deployment $deployment)"
 
+# The smoke form (in `make test`) is reproducible: a fixed seed unless API_FUZZ_SEED says
+# otherwise. The long form draws a new one each run (printed as "Seed:"; pass it back to replay).
+seed=()
 if $smoke; then
     examples=${API_FUZZ_SMOKE_EXAMPLES:-15}
     stateful=${API_FUZZ_SMOKE_STATEFUL_SECONDS:-30}
+    seed=(--seed "${API_FUZZ_SEED:-20261201}")
 else
     examples=${API_FUZZ_EXAMPLES:-300}
     stateful=${API_FUZZ_STATEFUL_SECONDS:-600}
+    [ -z "${API_FUZZ_SEED:-}" ] || seed=(--seed "$API_FUZZ_SEED")
 fi
 
 export DAIV_FUZZ_API="$SERVICE_URL/api/v1" DAIV_FUZZ_KEY
@@ -74,7 +79,7 @@ DAIV_FUZZ_KEY=$(dev_key)
 export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" SCHEMATHESIS_HOOKS=hooks
 
 st=("$venv/bin/st" --config-file "$here/schemathesis.toml" run "$SERVICE_URL/api/v1/openapi.json"
-    --max-examples "$examples" --report junit,ndjson --report-dir "$out" --no-color --output-truncate true)
+    --max-examples "$examples" "${seed[@]}" --report junit,ndjson --report-dir "$out" --no-color --output-truncate true)
 rc=0
 echo "api-fuzz: examples, coverage and fuzzing phases, $examples cases per operation"
 "${st[@]}" --phases examples,coverage,fuzzing || rc=$?

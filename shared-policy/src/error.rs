@@ -7,8 +7,8 @@ use thiserror::Error;
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[non_exhaustive]
 pub enum PolicyError {
-    /// Not JSON, or JSON of the wrong shape. The text has quoted strings blanked, since a
-    /// misplaced secret value could otherwise be echoed into a log.
+    /// Not JSON, or JSON of the wrong shape. The text has quoted and back-ticked spans blanked
+    /// ([`redact`]), since a misplaced secret value could otherwise be echoed into a log.
     #[error("policy is not valid: {0}")]
     Parse(String),
     /// `policy.rules[i].host` is empty, has whitespace or characters no host has, or is not a glob.
@@ -75,24 +75,29 @@ pub enum PolicyError {
 impl PolicyError {
     /// Wraps a serde error with its string literals blanked out.
     pub(crate) fn parse(err: &serde_json::Error) -> Self {
-        Self::Parse(blank_quoted(&err.to_string()))
+        Self::Parse(redact(&err.to_string()))
     }
 }
 
-/// Replaces the contents of every `"..."` with `…`: serde quotes the offending string value in
-/// messages such as `invalid type: string "…", expected a sequence`.
-fn blank_quoted(msg: &str) -> String {
-    let mut out = String::with_capacity(msg.len());
-    let mut inside = false;
-    for c in msg.chars() {
-        if c == '"' {
-            if inside {
+/// Blanks the quoted and back-ticked spans of a serde message to `…`: serde quotes the offending
+/// value (`invalid type: string "…"`, `unknown variant `…``), and a misplaced secret must reach
+/// neither an API's 422 nor the gateway's log. The one redactor of both.
+pub fn redact(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut inside: Option<char> = None;
+    for ch in message.chars() {
+        match inside {
+            Some(close) if ch == close => {
                 out.push('…');
+                out.push(ch);
+                inside = None;
             }
-            inside = !inside;
-            out.push(c);
-        } else if !inside {
-            out.push(c);
+            Some(_) => {}
+            None if ch == '`' || ch == '"' => {
+                out.push(ch);
+                inside = Some(ch);
+            }
+            None => out.push(ch),
         }
     }
     out
@@ -105,9 +110,12 @@ mod tests {
     #[test]
     fn blanks_quoted_strings() {
         assert_eq!(
-            blank_quoted(r#"invalid type: string "ghp_secret", expected a map at line 1"#),
+            redact(r#"invalid type: string "ghp_secret", expected a map at line 1"#),
             r#"invalid type: string "…", expected a map at line 1"#
         );
-        assert_eq!(blank_quoted("unknown variant `x`"), "unknown variant `x`");
+        assert_eq!(
+            redact("unknown variant `ghp_secret`, expected `allow`"),
+            "unknown variant `…`, expected `…`"
+        );
     }
 }

@@ -5,7 +5,8 @@
 //! - [`model`]: the serde types of the policy file (`{"policy": {...}, "secrets": {...}}`).
 //! - [`host`]: host normalisation (case, trailing dot, IDNA, port, IP literals).
 //! - [`eval`]: validation, and the [`Evaluator`] that answers CONNECT and per-request decisions.
-//! - [`error`]: [`PolicyError`], whose text is suitable for an API's 422 `detail`.
+//! - [`error`]: [`PolicyError`], whose text is suitable for an API's 422 `detail`, and the one
+//!   redactor of serde messages, [`redact`] (the control plane uses it too).
 //!
 //! # Reason codes
 //! Stable, sent to the agent in `X-Egress-Denied` and to the audit log (see [`Reason::code`]):
@@ -20,7 +21,7 @@ pub mod host;
 pub mod model;
 pub mod sidecar;
 
-pub use error::PolicyError;
+pub use error::{PolicyError, redact};
 pub use eval::{
     ConnectDecision, Evaluator, Injection, Reason, RequestDecision, path_is_ambiguous, validate,
     validate_for_api, warnings,

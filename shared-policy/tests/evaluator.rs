@@ -407,7 +407,7 @@ fn errors_name_the_field() {
         ("broken/crlf_value.json", "secrets.s.value"),
         ("broken/empty_host.json", "policy.rules[0].host"),
         ("broken/alternation_glob.json", "policy.rules[0].host"),
-        ("broken/unknown_default.json", "unknown variant `denyy`"),
+        ("broken/unknown_default.json", "unknown variant `…`"),
         (
             "broken/port_in_host.json",
             "policy.rules[1].host: must not include a port",

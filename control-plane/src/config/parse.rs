@@ -1,6 +1,7 @@
 //! Where raw values come from ([`Source`]: the environment, then `/run/secrets`) and how they
 //! become typed settings ([`Parser`]): the readers for strings, numbers, booleans, choices,
-//! seconds and rates, each recording a bad value instead of stopping at it.
+//! seconds and rates, each recording a bad value instead of stopping at it. Every group of
+//! settings reads through the same [`Parser`], so one run collects the problems of all of them.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -68,7 +69,8 @@ impl Source for HashMap<String, String> {
 /// Collects problems instead of stopping at the first.
 pub(super) struct Parser<'a> {
     src: &'a dyn Source,
-    /// One line per problem, naming its variable; `load` also pushes lines of its own.
+    /// One line per problem, naming its variable; the groups' `load`s also push lines of their
+    /// own.
     pub(super) errors: Vec<String>,
 }
 
@@ -78,6 +80,11 @@ impl<'a> Parser<'a> {
             src,
             errors: Vec::new(),
         }
+    }
+
+    /// The raw value, for settings no typed reader fits (optional strings, pairs, lists).
+    pub(super) fn get(&self, key: &str) -> Option<String> {
+        self.src.get(key)
     }
 
     pub(super) fn fail(&mut self, key: &str, raw: &str, why: impl fmt::Display) {

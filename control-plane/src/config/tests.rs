@@ -1,5 +1,7 @@
 use std::collections::HashMap;
 
+use std::time::Duration;
+
 use super::*;
 
 #[test]
@@ -10,7 +12,7 @@ fn upstream_proxy_is_validated_and_never_echoed() {
     ]));
     let c = ok.expect("valid proxy");
     assert_eq!(
-        c.egress_upstream_proxy.as_ref().map(Secret::expose),
+        c.egress.upstream_proxy.as_ref().map(Secret::expose),
         Some("http://u:pw@proxy.test:3128")
     );
     assert!(!format!("{c:?}").contains("pw@"));
@@ -42,31 +44,31 @@ fn errors(pairs: &[(&str, &str)]) -> Vec<String> {
 #[test]
 fn defaults_match_the_reference_table() -> Result<(), ConfigError> {
     let c = load(&env(&[("API_KEY", "k")]))?;
-    assert_eq!(c.api_v1_str, "/api/v1");
-    assert_eq!(c.environment, Environment::Production);
-    assert_eq!(c.runtime, Runtime::Runc);
-    assert_eq!((c.run_uid, c.run_gid), (1000, 1000));
-    assert_eq!(c.egress_proxy_port, 8080);
-    assert_eq!(c.egress_proxy_runtime, Runtime::Runc);
-    assert!(c.egress_ca.is_none());
-    assert_eq!(c.command_timeout, None);
-    assert_eq!(c.session_lock_ttl, Duration::from_secs(900));
-    assert_eq!(c.session_lock_wait, Duration::from_secs(30));
-    assert_eq!(c.session_lock_refresh, Duration::from_secs(30));
-    assert!(c.reaper_enabled);
-    assert_eq!(c.reaper_interval, Duration::from_secs(600));
-    assert_eq!(c.session_grace, Duration::from_secs(43_200));
-    assert_eq!(c.max_stopped_sessions, 50);
+    assert_eq!(c.server.api_v1_str, "/api/v1");
+    assert_eq!(c.telemetry.environment, Environment::Production);
+    assert_eq!(c.sessions.runtime, Runtime::Runc);
+    assert_eq!((c.sessions.run_uid, c.sessions.run_gid), (1000, 1000));
+    assert_eq!(c.egress.proxy_port, 8080);
+    assert_eq!(c.egress.proxy_runtime, Runtime::Runc);
+    assert!(c.egress.ca.is_none());
+    assert_eq!(c.sessions.command_timeout, None);
+    assert_eq!(c.coordination.lock_ttl, Duration::from_secs(900));
+    assert_eq!(c.coordination.lock_wait, Duration::from_secs(30));
+    assert_eq!(c.coordination.lock_refresh, Duration::from_secs(30));
+    assert!(c.reaper.enabled);
+    assert_eq!(c.reaper.interval, Duration::from_secs(600));
+    assert_eq!(c.reaper.session_grace, Duration::from_secs(43_200));
+    assert_eq!(c.reaper.max_stopped_sessions, 50);
     assert_eq!(
-        c.running_session_max_idle,
+        c.reaper.running_session_max_idle,
         Some(Duration::from_secs(14_400))
     );
-    assert_eq!(c.stop_timeout, Duration::from_secs(2));
-    assert_eq!(c.port, 8000);
-    assert_eq!(c.host.to_string(), "0.0.0.0");
-    assert_eq!(c.log_level, LogLevel::Info);
-    assert!(c.fs_prune_dirs.iter().any(|d| d == ".git"));
-    assert!(!c.fs_prune_dirs.iter().any(|d| d == "node_modules"));
+    assert_eq!(c.sessions.stop_timeout, Duration::from_secs(2));
+    assert_eq!(c.server.port, 8000);
+    assert_eq!(c.server.host.to_string(), "0.0.0.0");
+    assert_eq!(c.telemetry.log_level, LogLevel::Info);
+    assert!(c.sessions.fs_prune_dirs.iter().any(|d| d == ".git"));
+    assert!(!c.sessions.fs_prune_dirs.iter().any(|d| d == "node_modules"));
     Ok(())
 }
 
@@ -136,12 +138,12 @@ fn zero_disables_timeouts_and_comma_lists_replace_defaults() -> Result<(), Confi
         ("LOG_LEVEL", "WARNING"),
         ("API_V1_STR", "/v2/"),
     ]))?;
-    assert_eq!(c.command_timeout, Some(Duration::from_secs(30)));
-    assert_eq!(c.running_session_max_idle, None);
-    assert_eq!(c.fs_prune_dirs, vec![".git", "node_modules"]);
-    assert_eq!(c.session_lock_wait, Duration::from_millis(500));
-    assert_eq!(c.log_level.directive(), "warn");
-    assert_eq!(c.api_v1_str, "/v2");
+    assert_eq!(c.sessions.command_timeout, Some(Duration::from_secs(30)));
+    assert_eq!(c.reaper.running_session_max_idle, None);
+    assert_eq!(c.sessions.fs_prune_dirs, vec![".git", "node_modules"]);
+    assert_eq!(c.coordination.lock_wait, Duration::from_millis(500));
+    assert_eq!(c.telemetry.log_level.directive(), "warn");
+    assert_eq!(c.server.api_v1_str, "/v2");
     Ok(())
 }
 

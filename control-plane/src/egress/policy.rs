@@ -1,91 +1,176 @@
 //! The policy file as the API takes it and the gateway reads it: parsing and validation (never
-//! echoing the body's strings), and the tar archives of the gateway's config files.
+//! echoing the body's strings), and installing a policy into a live gateway, acknowledged.
+//!
+//! Every install ends the same way, in [`Egress::acknowledge`]: the gateway's own
+//! `health --expect-version` runs inside the gateway until it enforces the new version, so a
+//! 204 (or a 201 from a claim) means the policy is in effect.
+
+use std::time::Duration;
 
 use bytes::Bytes;
+use futures::StreamExt;
 use shared_policy::PolicyFile;
 use shared_policy::sidecar;
 
-use super::GATEWAY_UID;
-use crate::archive::{Archive, ROOT, entry_name};
-use crate::error::ApiError;
-use crate::layout;
+use super::EgressError;
+use super::gateway::config_tar;
+use super::{Egress, GATEWAY_UID, POLICY_ACK_TIMEOUT, Triad};
+use crate::backoff::Backoff;
+use crate::engine::ExecSpec;
 
 /// Parses an `egress` body as the policy file and applies the API's validation. Parse errors
-/// never echo the body's strings: a misplaced secret must not come back in a 422.
-pub fn parse_policy(value: &serde_json::Value) -> Result<PolicyFile, ApiError> {
-    let file: PolicyFile = serde_json::from_value(value.clone()).map_err(|e| {
-        ApiError::Unprocessable(format!("invalid egress policy: {}", redact(&e.to_string())))
-    })?;
-    shared_policy::validate_for_api(&file)
-        .map_err(|e| ApiError::Unprocessable(format!("invalid egress policy: {e}")))?;
+/// never echo the body's strings (see [`EgressError::MalformedPolicy`]).
+pub fn parse_policy(value: &serde_json::Value) -> Result<PolicyFile, EgressError> {
+    let file: PolicyFile =
+        serde_json::from_value(value.clone()).map_err(EgressError::MalformedPolicy)?;
+    shared_policy::validate_for_api(&file)?;
     Ok(file)
 }
 
-/// Blanks quoted and back-ticked spans of a serde message.
-fn redact(message: &str) -> String {
-    let mut out = String::with_capacity(message.len());
-    let mut inside: Option<char> = None;
-    for ch in message.chars() {
-        match inside {
-            Some(close) if ch == close => {
-                out.push('…');
-                out.push(ch);
-                inside = None;
-            }
-            Some(_) => {}
-            None if ch == '`' || ch == '"' => {
-                out.push(ch);
-                inside = Some(ch);
-            }
-            None => out.push(ch),
-        }
-    }
-    out
-}
-
-pub(super) fn policy_json(policy: &PolicyFile) -> Result<Bytes, ApiError> {
+pub(super) fn policy_json(policy: &PolicyFile) -> Result<Bytes, EgressError> {
     serde_json::to_vec(policy)
         .map(Bytes::from)
-        .map_err(|e| ApiError::Internal(e.into()))
+        .map_err(EgressError::Encode)
 }
 
-/// The gateway's config files, owned by the gateway's user; `with_dir` adds the directory
-/// entry itself (first creation).
-pub(super) fn config_tar(files: &[(&str, Bytes, u32)], with_dir: bool) -> Bytes {
-    config_tar_with(files, with_dir, None)
-}
+impl Egress {
+    /// Runs the gateway's `health --expect-version` inside the gateway (the image has only that
+    /// binary; the exec shares the gateway's network namespace, so its listen address answers)
+    /// until the gateway enforces `version`, for at most [`POLICY_ACK_TIMEOUT`]: 503 otherwise.
+    pub(super) async fn acknowledge(
+        &self,
+        gateway: &str,
+        version: &str,
+    ) -> Result<(), EgressError> {
+        let not_acked = |detail| EgressError::NotAcknowledged { detail };
+        let spec = ExecSpec {
+            cmd: vec![
+                sidecar::BINARY.into(),
+                sidecar::HEALTH_SUBCOMMAND.into(),
+                "--timeout-ms".into(),
+                POLICY_ACK_TIMEOUT.as_millis().to_string(),
+                "--expect-version".into(),
+                version.into(),
+            ],
+            user: format!("{}:{}", sidecar::UID, sidecar::UID),
+            workdir: None,
+            env: Vec::new(),
+        };
+        let run = async {
+            let mut exec = self
+                .engine
+                .exec(gateway, &spec)
+                .await
+                .map_err(EgressError::gateway("could not ask the egress gateway"))?;
+            let mut output = Vec::new();
+            while let Some(chunk) = exec.output.next().await {
+                let chunk =
+                    chunk.map_err(EgressError::gateway("could not ask the egress gateway"))?;
+                if output.len() < 4096 {
+                    output.extend_from_slice(&chunk);
+                }
+            }
+            // The exit code can lag the end of the output by a moment.
+            let mut backoff = Backoff::fixed(Duration::from_millis(20), Duration::from_secs(1));
+            loop {
+                match self.engine.exec_exit_code(&exec.exec_id).await {
+                    Ok(Some(0)) => return Ok(()),
+                    Ok(Some(_)) => {
+                        let text = String::from_utf8_lossy(&output);
+                        let last = text.lines().last().unwrap_or_default().trim().to_owned();
+                        tracing::warn!(gateway, version, answer = %last, "egress policy not acknowledged");
+                        return Err(not_acked(""));
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        return Err(EgressError::gateway("could not ask the egress gateway")(e));
+                    }
+                }
+                if !backoff.wait().await {
+                    break;
+                }
+            }
+            Err(not_acked(" (no exit code)"))
+        };
+        tokio::time::timeout(POLICY_ACK_TIMEOUT + Duration::from_secs(5), run)
+            .await
+            .unwrap_or_else(|_| Err(not_acked("")))
+    }
 
-/// [`config_tar`], plus the session helper at its usual path (root-owned, as in a sandbox): a
-/// warm-pool member's gateway gets it so a claim installs its policy with one exec instead of
-/// an archive upload.
-pub(super) fn config_tar_with(
-    files: &[(&str, Bytes, u32)],
-    with_dir: bool,
-    helper: Option<&Bytes>,
-) -> Bytes {
-    let gateway = (GATEWAY_UID, GATEWAY_UID);
-    let mut tar = Archive::new();
-    let prefix = if with_dir {
-        format!("{}/", entry_name(sidecar::CONFIG_DIR))
-    } else {
-        String::new()
-    };
-    if with_dir {
-        tar.dir(&prefix, 0o700, gateway);
-    }
-    for (name, data, mode) in files {
-        tar.file(&format!("{prefix}{name}"), *mode, gateway, data);
-    }
-    if let Some(bin) = helper {
-        tar.dir(entry_name(layout::SERVICE_DIR), 0o755, ROOT).file(
-            entry_name(layout::HELPER),
-            0o755,
-            ROOT,
-            bin,
+    /// Replaces the gateway's policy without a restart: extracts it as the staging file, which
+    /// the gateway renames over its policy once complete, then waits until the gateway enforces
+    /// its version.
+    pub async fn refresh(&self, triad: &Triad, policy: &PolicyFile) -> Result<(), EgressError> {
+        self.ensure_gateway(triad).await?;
+        let policy = policy.clone().with_content_version();
+        let version = policy.version.clone().unwrap_or_default();
+        let tar = config_tar(
+            &[(sidecar::POLICY_STAGING_FILE, policy_json(&policy)?, 0o600)],
+            false,
         );
+        let body = futures::stream::once(async move { Ok(tar) }).boxed();
+        self.engine
+            .put_archive(&triad.gateway, sidecar::CONFIG_DIR, body)
+            .await
+            .map_err(EgressError::gateway("could not update the egress policy"))?;
+        self.acknowledge(&triad.gateway, &version).await
     }
-    // The names are constants and the policy files' fixed names: nothing `tar` refuses.
-    tar.finish().unwrap_or_default()
+
+    /// A warm-pool claim's policy, in one exec: the session helper in the gateway writes it over
+    /// the gateway's policy file (a complete file renamed into place, which the gateway reloads)
+    /// and then runs the gateway's `health --expect-version`, the same acknowledgement as a
+    /// refresh. Without the helper there (the write never said `ok`), the staged-file path of
+    /// [`Egress::refresh`].
+    pub async fn install(&self, triad: &Triad, policy: &PolicyFile) -> Result<(), EgressError> {
+        let policy = policy.clone().with_content_version();
+        let version = policy.version.clone().unwrap_or_default();
+        let health = vec![
+            sidecar::BINARY.to_string(),
+            sidecar::HEALTH_SUBCOMMAND.to_string(),
+            "--timeout-ms".to_string(),
+            POLICY_ACK_TIMEOUT.as_millis().to_string(),
+            "--expect-version".to_string(),
+            version.clone(),
+        ];
+        let (user, path) = (
+            format!("{GATEWAY_UID}:{GATEWAY_UID}"),
+            sidecar::config_path(sidecar::POLICY_FILE),
+        );
+        let run = crate::pool::write_then(
+            &*self.engine,
+            &triad.gateway,
+            &user,
+            &path,
+            0o600,
+            policy_json(&policy)?,
+            &health,
+        );
+        let said = tokio::time::timeout(POLICY_ACK_TIMEOUT + Duration::from_secs(5), run).await;
+        let said = match said {
+            Ok(Ok(said)) => said,
+            Ok(Err(e)) => {
+                tracing::debug!(gateway = %triad.gateway, error = %e, "policy not written by the helper; staging it");
+                return self.refresh(triad, &policy).await;
+            }
+            Err(_) => String::new(),
+        };
+        if !said.starts_with("ok\n") {
+            tracing::debug!(gateway = %triad.gateway, "no helper in the gateway; staging the policy");
+            return self.refresh(triad, &policy).await;
+        }
+        if said.trim_end().ends_with("\nexit 0") {
+            return Ok(());
+        }
+        let last = said
+            .lines()
+            .rev()
+            .nth(1)
+            .unwrap_or_default()
+            .trim()
+            .to_owned();
+        tracing::warn!(gateway = %triad.gateway, version, answer = %last, "egress policy not acknowledged");
+        Err(EgressError::NotAcknowledged { detail: "" })
+    }
 }
 
 #[cfg(test)]
@@ -96,9 +181,11 @@ mod tests {
     #[test]
     fn parse_errors_never_echo_body_strings() {
         let body = json!({"policy": {"default": "ghp_supersecret"}});
-        let Err(ApiError::Unprocessable(msg)) = parse_policy(&body) else {
-            panic!("expected 422");
+        let Err(e @ EgressError::MalformedPolicy(_)) = parse_policy(&body) else {
+            panic!("expected a malformed policy");
         };
+        let msg = e.to_string();
+        assert!(msg.starts_with("invalid egress policy: "), "{msg}");
         assert!(!msg.contains("ghp_supersecret"), "{msg}");
     }
 
@@ -107,27 +194,16 @@ mod tests {
         let deny_nothing = json!({"policy": {"default": "deny", "rules": []}});
         assert!(matches!(
             parse_policy(&deny_nothing),
-            Err(ApiError::Unprocessable(_))
+            Err(EgressError::InvalidPolicy(_))
         ));
         let unknown_secret = json!({"policy": {"rules": [{"host": "a.test", "inject": "nope"}]}});
         assert!(matches!(
             parse_policy(&unknown_secret),
-            Err(ApiError::Unprocessable(_))
+            Err(EgressError::InvalidPolicy(_))
         ));
         let ok =
             json!({"policy": {"rules": [{"host": "*.a.test", "methods": ["get"]}]}, "extra": 1});
         let file = parse_policy(&ok).expect("valid");
         assert_eq!(file.policy.rules[0].methods, vec!["GET"]);
-    }
-
-    #[test]
-    fn config_tar_is_owned_by_the_gateway_user() -> std::io::Result<()> {
-        let tar_bytes = config_tar(&[("config.json", Bytes::from_static(b"{}"), 0o600)], true);
-        let mut archive = tar::Archive::new(&tar_bytes[..]);
-        for entry in archive.entries()? {
-            let entry = entry?;
-            assert_eq!(entry.header().uid()?, u64::from(GATEWAY_UID));
-        }
-        Ok(())
     }
 }

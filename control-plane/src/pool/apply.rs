@@ -11,9 +11,8 @@ use super::{Kind, Member};
 use crate::api::StartSessionRequest;
 use crate::archive::{Archive, ROOT};
 use crate::engine::{ContainerEngine, EngineError, ExecSpec};
-use crate::error::ApiError;
 use crate::layout::{ENV_FILE, HELPER, SERVICE_DIR};
-use crate::session::Sessions;
+use crate::session::{SessionError, Sessions};
 
 /// The claim's environment as the helper reads it (a JSON list of pairs): the caller's
 /// variables, minus those the egress settings set (they win, as at a cold create).
@@ -110,7 +109,7 @@ impl Sessions {
         req: &StartSessionRequest,
         policy: Option<&PolicyFile>,
         kind: Kind,
-    ) -> Result<(), ApiError> {
+    ) -> Result<(), SessionError> {
         let id = member.id.as_str();
         let env = async {
             let Some(json) = env_json(req, kind) else {
@@ -124,7 +123,7 @@ impl Sessions {
                 let body = futures::stream::once(async move { Ok(tar) }).boxed();
                 self.engine.put_archive(id, SERVICE_DIR, body).await?;
             }
-            Ok::<_, ApiError>(())
+            Ok::<_, SessionError>(())
         };
         let limits = async {
             if req.memory_bytes.is_none() && req.cpus.is_none() {
@@ -141,17 +140,17 @@ impl Sessions {
                     if !matches!(e, EngineError::NotFound) {
                         self.pool.limits_refused.store(true, Ordering::Relaxed);
                     }
-                    Err(ApiError::from(e))
+                    Err(SessionError::from(e))
                 }
             }
         };
         let policy = async {
             match (policy, &member.triad, &self.egress) {
                 (None, _, _) => Ok(()),
-                (Some(policy), Some(triad), Some(egress)) => egress.install(triad, policy).await,
-                _ => Err(ApiError::Unavailable(
-                    "the pool member has no egress gateway".to_string(),
-                )),
+                (Some(policy), Some(triad), Some(egress)) => {
+                    Ok(egress.install(triad, policy).await?)
+                }
+                _ => Err(SessionError::MemberWithoutGateway),
             }
         };
         let (env, limits, policy) = tokio::join!(env, limits, policy);

@@ -56,7 +56,7 @@ use shared_policy::PolicyFile;
 
 use crate::api::StartSessionRequest;
 use crate::config::Config;
-use crate::egress::{self, Created, Egress, Triad};
+use crate::egress::{self, Egress, Triad};
 use crate::engine::{
     ContainerInfo, DEPLOYMENT_LABEL, EngineError, IMAGE_LABEL, POOL_LABEL, POOL_SPEC_LABEL,
     ROLE_LABEL, ROLE_SANDBOX,
@@ -188,8 +188,8 @@ impl Pool {
     ) -> Self {
         let mut targets = Vec::new();
         for (kind, list) in [
-            (Kind::Isolated, &config.warm_pool),
-            (Kind::Egress, &config.warm_pool_egress),
+            (Kind::Isolated, &config.pool.isolated),
+            (Kind::Egress, &config.pool.egress),
         ] {
             for (image, count) in list {
                 let key = Key {
@@ -205,10 +205,10 @@ impl Pool {
         }
         let sandbox = format!(
             "{}|{}:{}|{}|{}|{}",
-            config.runtime.as_str(),
-            config.run_uid,
-            config.run_gid,
-            config.pids_limit,
+            config.sessions.runtime.as_str(),
+            config.sessions.run_uid,
+            config.sessions.run_gid,
+            config.sessions.pids_limit,
             helper.map_or(0, |h| egress::fnv(h)),
             crate::VERSION,
         );
@@ -227,7 +227,7 @@ impl Pool {
             limits_refused: AtomicBool::new(false),
             spec_base,
             metrics,
-            remove_on_shutdown: config.warm_pool_remove_on_shutdown,
+            remove_on_shutdown: config.pool.remove_on_shutdown,
             building: Mutex::default(),
         }
     }
@@ -419,13 +419,8 @@ impl Sessions {
             Ok(()) | Err(EngineError::NotFound) => {}
             Err(e) => tracing::warn!(container = %id, error = %e, "could not remove a pool member"),
         }
-        if let (Some(triad), Some(egress)) = (triad, &self.egress) {
-            egress
-                .teardown(&Created {
-                    network: Some(triad.network.clone()),
-                    gateway: Some(triad.gateway.clone()),
-                })
-                .await;
+        if let Some(triad) = triad {
+            egress::teardown(&*self.engine, &triad.parts()).await;
         }
     }
 
@@ -470,8 +465,8 @@ mod tests {
         };
         let c =
             crate::config::load(&env(&[("API_KEY", "k"), ("WARM_POOL", "a:1=3")])).expect("valid");
-        assert_eq!(c.warm_pool, vec![("a:1".to_string(), 3)]);
-        assert!(c.warm_pool_egress.is_empty() && !c.warm_pool_remove_on_shutdown);
+        assert_eq!(c.pool.isolated, vec![("a:1".to_string(), 3)]);
+        assert!(c.pool.egress.is_empty() && !c.pool.remove_on_shutdown);
         let Err(e) = crate::config::load(&env(&[
             ("API_KEY", "k"),
             ("WARM_POOL", "a:1=x"),

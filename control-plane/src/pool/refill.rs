@@ -22,10 +22,9 @@ use tokio::task::JoinHandle;
 
 use super::{BUILDING, CLAIMED, Key, Kind, Member, READY, RETIRED};
 use crate::api::StartSessionRequest;
+use crate::coordination::lock::{LockError, SessionLocks};
 use crate::engine::{ContainerInfo, EngineError, POOL_SPEC_LABEL};
-use crate::error::ApiError;
-use crate::lock::{LockError, SessionLocks};
-use crate::session::Sessions;
+use crate::session::{SessionError, Sessions};
 
 /// Members built at once, over every pool.
 pub const PARALLELISM: usize = 2;
@@ -258,7 +257,7 @@ impl Refill {
         }
     }
 
-    async fn build_member(&self, key: &Key, token: &str) -> Result<Member, ApiError> {
+    async fn build_member(&self, key: &Key, token: &str) -> Result<Member, SessionError> {
         let s = &self.sessions;
         let req = StartSessionRequest {
             base_image: key.image.clone(),
@@ -273,12 +272,9 @@ impl Refill {
         let _building = match key.kind {
             Kind::Egress => Some(
                 self.locks
-                    .acquire(
-                        &crate::reaper::egress_lock_key(token),
-                        Duration::from_secs(5),
-                    )
+                    .acquire(&crate::egress::lock_key(token), Duration::from_secs(5))
                     .await
-                    .map_err(|e| ApiError::Unavailable(e.to_string()))?,
+                    .map_err(SessionError::Lock)?,
             ),
             Kind::Isolated => None,
         };
@@ -294,7 +290,7 @@ impl Refill {
         .await;
         match ready.map(|info| Member::of(&info)) {
             Ok(Some(member)) => Ok(member),
-            Ok(None) => Err(ApiError::Unavailable("member renamed under us".into())),
+            Ok(None) => Err(SessionError::MemberRenamed),
             Err(e) => {
                 let triad = s.engine.inspect(&id).await.ok();
                 let triad = triad.as_ref().and_then(crate::egress::Triad::of);

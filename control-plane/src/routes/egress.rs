@@ -4,8 +4,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 
 use crate::AppState;
-use crate::api::{ApiJson, ErrorBody};
-use crate::error::ApiError;
+use crate::error::{ApiError, ApiJson, ErrorBody};
 
 /// Replace the session's egress policy (same body as `egress` on create); takes effect without
 /// restarting anything.

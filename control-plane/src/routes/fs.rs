@@ -10,8 +10,7 @@ use axum::Json;
 use axum::extract::{Path, State};
 
 use crate::AppState;
-use crate::api::{ApiJson, ErrorBody};
-use crate::error::ApiError;
+use crate::error::{ApiError, ApiJson, ErrorBody};
 use crate::workspace::fs::{Fs, OpError, respond};
 use crate::workspace::wire::*;
 
@@ -47,7 +46,7 @@ macro_rules! fs_handler {
             let code = match &r {
                 Ok(_) => "ok".to_string(),
                 Err(OpError::Fs(e)) => e.code.label(),
-                Err(OpError::Api(_)) => "api_error".to_string(),
+                Err(OpError::Failed(_)) => "api_error".to_string(),
             };
             state
                 .metrics

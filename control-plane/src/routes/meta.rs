@@ -8,17 +8,18 @@ use utoipa::OpenApi;
 use crate::AppState;
 use crate::api::{HealthResponse, VersionResponse};
 use crate::error::ApiError;
+use crate::session::SessionError;
 
 /// Healthcheck: 200 while Docker answers, 503 otherwise.
 #[utoipa::path(get, path = "/-/health/", tag = "meta",
-    responses((status = 200, body = HealthResponse), (status = 503, body = crate::api::ErrorBody)))]
+    responses((status = 200, body = HealthResponse), (status = 503, body = crate::error::ErrorBody)))]
 pub async fn health(State(state): State<AppState>) -> Result<Json<HealthResponse>, ApiError> {
     state
         .sessions
         .engine()
         .ping()
         .await
-        .map_err(|_| ApiError::Unavailable("Docker client is not responding".to_string()))?;
+        .map_err(SessionError::EngineNotResponding)?;
     Ok(Json(HealthResponse {
         status: "ok".to_string(),
     }))
@@ -35,7 +36,7 @@ pub async fn version() -> Json<VersionResponse> {
 pub async fn openapi(State(state): State<AppState>) -> impl IntoResponse {
     let mut doc = crate::ApiDoc::openapi();
     doc.servers = Some(vec![utoipa::openapi::Server::new(
-        state.config.api_v1_str.clone(),
+        state.config.server.api_v1_str.clone(),
     )]);
     Json(doc)
 }

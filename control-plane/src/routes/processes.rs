@@ -8,10 +8,9 @@ use axum::http::StatusCode;
 
 use crate::AppState;
 use crate::api::{
-    ApiJson, ApiQuery, ErrorBody, PollQuery, ProcessList, ProcessOutput, StartProcessRequest,
-    StartProcessResponse, StdinQuery,
+    PollQuery, ProcessList, ProcessOutput, StartProcessRequest, StartProcessResponse, StdinQuery,
 };
-use crate::error::ApiError;
+use crate::error::{ApiError, ApiJson, ApiQuery, ErrorBody};
 use crate::processes;
 
 /// Start a background process; it outlives the request and dies with the session.

@@ -5,10 +5,9 @@ use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 use crate::AppState;
-use crate::api::ErrorBody;
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorBody};
 use crate::workspace::multipart;
-use crate::workspace::seed::{self, SKIPPED_HEADER};
+use crate::workspace::seed::{self, SKIPPED_HEADER, SeedError};
 
 /// Seed the workspace from `repo_archive` and/or `skills_archive` (tar, optionally gz/bz2/xz/zst).
 ///
@@ -33,7 +32,7 @@ pub async fn seed(
     let (request, tripwire) = multipart::guard_request(request);
     let multipart = Multipart::from_request(request, &state)
         .await
-        .map_err(|r| ApiError::Unprocessable(r.body_text()))?;
+        .map_err(SeedError::NotMultipart)?;
     let started = std::time::Instant::now();
     let outcome = seed::seed(
         state.sessions.engine(),
@@ -45,8 +44,8 @@ pub async fn seed(
     .await
     // The parser only saw a failed stream (and the pipeline, a cut archive): say what it was.
     .map_err(|e| match tripwire.get() {
-        Some(v) => ApiError::Unprocessable(v.to_string()),
-        None => e,
+        Some(v) => ApiError::from(SeedError::BodyBound(v)),
+        None => e.into(),
     });
     let label = match &outcome {
         Ok(_) => "ok".to_string(),

@@ -7,10 +7,9 @@ use axum::response::{IntoResponse, Response};
 
 use crate::AppState;
 use crate::api::{
-    ApiJson, ApiQuery, CloseQuery, ErrorBody, RunRequest, RunResponse, RunStreamLine,
-    StartSessionRequest, StartSessionResponse,
+    CloseQuery, RunRequest, RunResponse, RunStreamLine, StartSessionRequest, StartSessionResponse,
 };
-use crate::error::ApiError;
+use crate::error::{ApiError, ApiJson, ApiQuery, ErrorBody};
 
 /// Start a sandbox session and return its id.
 #[utoipa::path(post, path = "/session/", tag = "session", request_body = StartSessionRequest,
@@ -25,7 +24,7 @@ pub async fn create(
     // they are built keeps the reaper from taking them for orphans.
     let token = crate::egress::random_token();
     let _building = match req.egress {
-        Some(_) => Some(state.lock(&crate::reaper::egress_lock_key(&token)).await?),
+        Some(_) => Some(state.lock(&crate::egress::lock_key(&token)).await?),
         None => None,
     };
     let session_id = state.sessions.create(&req, &token).await?;

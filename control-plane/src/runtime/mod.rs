@@ -12,7 +12,8 @@
 //! one also when the helper died under it. Anything else answers 503 (retryable): never a
 //! wrong answer.
 //!
-//! [`helper_binary`] (in `helper_bin`) finds the static helper binary the sandboxes are given.
+//! [`helper_binary`] (in `helper_bin`) finds the static helper binary the sandboxes are given;
+//! [`HelperError`] (in `error`) says why an operation through the helper did not complete.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -24,12 +25,12 @@ use tokio::sync::mpsc;
 
 use crate::api::RunResult;
 use crate::engine::{ContainerEngine, ExecSpec};
-use crate::error::ApiError;
-
 pub mod channel;
+mod error;
 mod helper_bin;
 
 use channel::{Channel, ChannelError, Incoming, RequestHandle};
+pub use error::HelperError;
 pub use helper_bin::helper_binary;
 
 /// Exit code of a command killed at its timeout (as coreutils' `timeout`).
@@ -70,7 +71,7 @@ pub struct ProcessAnswer {
 #[async_trait::async_trait]
 pub trait SessionRuntime: Send + Sync + 'static {
     /// Runs the commands in order; a timed-out command ends the batch (exit code 124).
-    async fn run(&self, id: &str, spec: &RunSpec) -> Result<Vec<RunResult>, ApiError> {
+    async fn run(&self, id: &str, spec: &RunSpec) -> Result<Vec<RunResult>, HelperError> {
         self.run_streaming(id, spec, None).await
     }
     /// [`Self::run`], also reporting output and each command's end on `events` as they happen.
@@ -80,7 +81,7 @@ pub trait SessionRuntime: Send + Sync + 'static {
         id: &str,
         spec: &RunSpec,
         events: Option<mpsc::Sender<RunEvent>>,
-    ) -> Result<Vec<RunResult>, ApiError>;
+    ) -> Result<Vec<RunResult>, HelperError>;
     /// One background-process request (`sandbox_helper::ops::procs::ProcRequest` as JSON);
     /// `input` is stdin for a `stdin` request.
     async fn process(
@@ -88,10 +89,15 @@ pub trait SessionRuntime: Send + Sync + 'static {
         id: &str,
         request: Value,
         input: Option<Bytes>,
-    ) -> Result<ProcessAnswer, ApiError>;
+    ) -> Result<ProcessAnswer, HelperError>;
     /// One fs op: `request` is the helper's request object, `input` its content (write).
     /// Returns the op's complete wire response (with its own `error` field).
-    async fn fs(&self, id: &str, request: Value, input: Option<Bytes>) -> Result<Value, ApiError>;
+    async fn fs(
+        &self,
+        id: &str,
+        request: Value,
+        input: Option<Bytes>,
+    ) -> Result<Value, HelperError>;
     /// Extracts a (sanitised) tar stream under `dest`, as the sandbox user.
     /// A producer that fails sends `Err` (and its own error is what the caller reports).
     async fn extract(
@@ -99,9 +105,9 @@ pub trait SessionRuntime: Send + Sync + 'static {
         id: &str,
         dest: &str,
         tar: mpsc::Receiver<std::io::Result<Bytes>>,
-    ) -> Result<Value, ApiError>;
+    ) -> Result<Value, HelperError>;
     /// Empties `dest` (a failed seed leaves nothing behind).
-    async fn clear(&self, id: &str, dest: &str) -> Result<(), ApiError>;
+    async fn clear(&self, id: &str, dest: &str) -> Result<(), HelperError>;
     /// Opens the session's channel ahead of its first use (best effort).
     async fn warm(&self, id: &str);
     /// Drops the session's channel (the session is being removed or stopped).
@@ -125,12 +131,12 @@ enum CallError {
     Lost {
         reached: bool,
     },
-    Api(ApiError),
+    Helper(HelperError),
 }
 
-impl From<ApiError> for CallError {
-    fn from(e: ApiError) -> Self {
-        CallError::Api(e)
+impl From<HelperError> for CallError {
+    fn from(e: HelperError) -> Self {
+        CallError::Helper(e)
     }
 }
 
@@ -155,7 +161,7 @@ impl HelperRuntime {
         map.entry(id.to_string()).or_default().clone()
     }
 
-    async fn channel(&self, id: &str) -> Result<Arc<Channel>, ApiError> {
+    async fn channel(&self, id: &str) -> Result<Arc<Channel>, HelperError> {
         let slot = self.slot(id);
         let mut held = slot.lock().await;
         if let Some(c) = held.as_ref()
@@ -172,10 +178,7 @@ impl HelperRuntime {
         let exec = self.engine.exec_attached(id, &spec).await?;
         let chan = Channel::open(exec).await.map_err(|e| {
             tracing::warn!(session_id = %id, error = %e, "session helper unavailable");
-            ApiError::Unavailable(
-                "the session's helper could not be started; retry, or recreate the session"
-                    .to_string(),
-            )
+            HelperError::Unstartable(e)
         })?;
         *held = Some(chan.clone());
         Ok(chan)
@@ -183,7 +186,7 @@ impl HelperRuntime {
 
     /// Runs `call` on the session's channel, once more on a fresh one when the first never
     /// reached a helper (or, with `idempotent`, when the helper died under it).
-    async fn with_retry<T, F>(&self, id: &str, idempotent: bool, call: F) -> Result<T, ApiError>
+    async fn with_retry<T, F>(&self, id: &str, idempotent: bool, call: F) -> Result<T, HelperError>
     where
         F: for<'a> Fn(&'a Arc<Channel>) -> futures::future::BoxFuture<'a, Result<T, CallError>>,
     {
@@ -191,7 +194,7 @@ impl HelperRuntime {
             let chan = self.channel(id).await?;
             match call(&chan).await {
                 Ok(v) => return Ok(v),
-                Err(CallError::Api(e)) => return Err(e),
+                Err(CallError::Helper(e)) => return Err(e),
                 Err(CallError::Lost { reached }) => {
                     if attempt == 0 && (!reached || idempotent) {
                         tracing::info!(session_id = %id, "session helper channel lost; reopening");
@@ -201,14 +204,12 @@ impl HelperRuntime {
                 }
             }
         }
-        Err(ApiError::Unavailable(
-            "the session's helper went away during the operation; retry".to_string(),
-        ))
+        Err(HelperError::Lost)
     }
 }
 
-/// The `ok` value of a final response, or its error as an API error.
-fn ok_of(response: Value) -> Result<Value, ApiError> {
+/// The `ok` value of a final response, or the helper's error.
+fn ok_of(response: Value) -> Result<Value, HelperError> {
     if let Some(v) = response.get("ok") {
         return Ok(v.clone());
     }
@@ -223,14 +224,11 @@ fn ok_of(response: Value) -> Result<Value, ApiError> {
         .unwrap_or("the session helper failed")
         .to_string();
     Err(match kind {
-        "bad_request" => ApiError::Unprocessable(message),
-        "deadline" => ApiError::Unavailable(format!(
-            "the operation took longer than {}s and was stopped",
-            FS_DEADLINE.as_secs()
-        )),
+        "bad_request" => HelperError::Rejected(message),
+        "deadline" => HelperError::DeadlineExceeded,
         _ => {
             tracing::warn!(kind, message = %message, "session helper error");
-            ApiError::Unavailable("the session's helper failed; retry".to_string())
+            HelperError::Failed
         }
     })
 }
@@ -250,7 +248,7 @@ async fn start(
 }
 
 /// A process answer's `ok` value; the supervisor's own refusals keep their meaning.
-fn process_ok(response: Value) -> Result<Value, ApiError> {
+fn process_ok(response: Value) -> Result<Value, HelperError> {
     let err = response.get("error");
     let kind = err.and_then(|e| e.get("kind")).and_then(Value::as_str);
     let message = || {
@@ -260,10 +258,10 @@ fn process_ok(response: Value) -> Result<Value, ApiError> {
             .to_string()
     };
     match kind {
-        Some("not_found") => Err(ApiError::NotFound),
-        Some("conflict") => Err(ApiError::Conflict(message())),
-        Some("limit") => Err(ApiError::TooManyRequests(message())),
-        Some("io") => Err(ApiError::Unprocessable(message())),
+        Some("not_found") => Err(HelperError::NoSuchProcess),
+        Some("conflict") => Err(HelperError::ProcessConflict(message())),
+        Some("limit") => Err(HelperError::ProcessLimit(message())),
+        Some("io") => Err(HelperError::ProcessIo(message())),
         _ => ok_of(response),
     }
 }
@@ -271,7 +269,7 @@ fn process_ok(response: Value) -> Result<Value, ApiError> {
 fn lost(e: ChannelError, reached: bool) -> CallError {
     match e {
         ChannelError::Closed => CallError::Lost { reached },
-        other => CallError::Api(ApiError::Unavailable(other.to_string())),
+        other => CallError::Helper(HelperError::Channel(other)),
     }
 }
 
@@ -305,7 +303,7 @@ impl SessionRuntime for HelperRuntime {
         id: &str,
         spec: &RunSpec,
         events: Option<mpsc::Sender<RunEvent>>,
-    ) -> Result<Vec<RunResult>, ApiError> {
+    ) -> Result<Vec<RunResult>, HelperError> {
         let request = json!({
             "op": "run",
             "commands": spec.commands,
@@ -399,7 +397,12 @@ impl SessionRuntime for HelperRuntime {
         .await
     }
 
-    async fn fs(&self, id: &str, request: Value, input: Option<Bytes>) -> Result<Value, ApiError> {
+    async fn fs(
+        &self,
+        id: &str,
+        request: Value,
+        input: Option<Bytes>,
+    ) -> Result<Value, HelperError> {
         let op = request.get("op").and_then(Value::as_str).unwrap_or("");
         let idempotent = matches!(op, "ls" | "read" | "grep" | "glob");
         let mut request = request;
@@ -419,9 +422,7 @@ impl SessionRuntime for HelperRuntime {
                     .await
                 {
                     Ok(r) => r,
-                    Err(_) => Err(CallError::Api(ApiError::Unavailable(
-                        "the session's helper did not answer in time; retry".to_string(),
-                    ))),
+                    Err(_) => Err(CallError::Helper(HelperError::NoAnswer)),
                 }
             })
         })
@@ -433,27 +434,25 @@ impl SessionRuntime for HelperRuntime {
         id: &str,
         dest: &str,
         mut tar: mpsc::Receiver<std::io::Result<Bytes>>,
-    ) -> Result<Value, ApiError> {
+    ) -> Result<Value, HelperError> {
         // A stream cannot be replayed: one attempt, on a channel known to be open.
         let chan = self.channel(id).await?;
         let mut h = chan
             .request(&json!({"op": "extract", "dest": dest}))
             .await
-            .map_err(|_| lost_api())?;
+            .map_err(|_| HelperError::Lost)?;
         while let Some(chunk) = tar.recv().await {
             let Ok(chunk) = chunk else {
                 // Dropping the handle cancels the extraction in the helper.
-                return Err(ApiError::Unprocessable(
-                    "the archive was refused".to_string(),
-                ));
+                return Err(HelperError::ArchiveRefused);
             };
-            h.send_data(&chunk).await.map_err(|_| lost_api())?;
+            h.send_data(&chunk).await.map_err(|_| HelperError::Lost)?;
         }
-        h.send_eof().await.map_err(|_| lost_api())?;
+        h.send_eof().await.map_err(|_| HelperError::Lost)?;
         match response(&mut h).await {
             Ok(v) => Ok(v),
-            Err(CallError::Api(e)) => Err(e),
-            Err(CallError::Lost { .. }) => Err(lost_api()),
+            Err(CallError::Helper(e)) => Err(e),
+            Err(CallError::Lost { .. }) => Err(HelperError::Lost),
         }
     }
 
@@ -462,7 +461,7 @@ impl SessionRuntime for HelperRuntime {
         id: &str,
         request: Value,
         input: Option<Bytes>,
-    ) -> Result<ProcessAnswer, ApiError> {
+    ) -> Result<ProcessAnswer, HelperError> {
         let action = request.get("action").and_then(Value::as_str).unwrap_or("");
         // Starting twice or writing stdin twice is not harmless; the rest may be retried.
         let idempotent = matches!(action, "list" | "poll" | "kill");
@@ -488,7 +487,7 @@ impl SessionRuntime for HelperRuntime {
         .await
     }
 
-    async fn clear(&self, id: &str, dest: &str) -> Result<(), ApiError> {
+    async fn clear(&self, id: &str, dest: &str) -> Result<(), HelperError> {
         let request = json!({"op": "clear", "dest": dest});
         self.with_retry(id, true, |chan| {
             let request = request.clone();
@@ -510,10 +509,6 @@ impl SessionRuntime for HelperRuntime {
         let mut map = self.channels.lock().unwrap_or_else(|e| e.into_inner());
         map.remove(id);
     }
-}
-
-fn lost_api() -> ApiError {
-    ApiError::Unavailable("the session's helper went away during the operation; retry".to_string())
 }
 
 #[cfg(test)]

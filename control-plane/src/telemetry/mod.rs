@@ -33,10 +33,10 @@ pub fn init(config: &Config) -> Option<sentry::ClientInitGuard> {
         // debug: never, whatever LOG_LEVEL says.
         EnvFilter::new(format!(
             "{},bollard=warn,hyper=warn,hyper_util=warn,h2=warn,ureq=warn,rustls=warn",
-            config.log_level.directive()
+            config.telemetry.log_level.directive()
         ))
     });
-    let fmt = if config.environment == Environment::Production {
+    let fmt = if config.telemetry.environment == Environment::Production {
         tracing_subscriber::fmt::layer()
             .json()
             .flatten_event(true)
@@ -47,7 +47,7 @@ pub fn init(config: &Config) -> Option<sentry::ClientInitGuard> {
     let reported = guard.as_ref().map(|_| reporting::error_layer());
     let traced = guard
         .as_ref()
-        .filter(|_| config.sentry.traces_sample_rate > 0.0)
+        .filter(|_| config.telemetry.sentry.traces_sample_rate > 0.0)
         .map(|_| {
             sentry::integrations::tracing::SpanLayer::new()
                 .with_filter(tracing_subscriber::filter::LevelFilter::INFO)
@@ -56,7 +56,7 @@ pub fn init(config: &Config) -> Option<sentry::ClientInitGuard> {
     // stdout, so the same rule holds: no keys, secrets or file contents in any field).
     let forwarded = guard
         .as_ref()
-        .filter(|_| config.sentry.enable_logs)
+        .filter(|_| config.telemetry.sentry.enable_logs)
         .map(|_| {
             sentry::integrations::tracing::LogLayer::new()
                 .with_filter(tracing_subscriber::filter::LevelFilter::INFO)

@@ -17,10 +17,10 @@ use crate::config::{Config, Environment};
 /// The Sentry client options, or `None` when nothing may be sent: no DSN, or the `local`
 /// environment (a developer's machine never reports to the team's project).
 pub fn client_options(config: &Config) -> Option<sentry::ClientOptions> {
-    if config.environment == Environment::Local {
+    if config.telemetry.environment == Environment::Local {
         return None;
     }
-    let dsn = config.sentry.dsn.as_deref()?;
+    let dsn = config.telemetry.sentry.dsn.as_deref()?;
     let dsn = match dsn.parse::<sentry::types::Dsn>() {
         Ok(d) => d,
         Err(e) => {
@@ -30,9 +30,9 @@ pub fn client_options(config: &Config) -> Option<sentry::ClientOptions> {
             return None;
         }
     };
-    let pii = config.sentry.send_default_pii;
+    let pii = config.telemetry.sentry.send_default_pii;
     let mut options = sentry::ClientOptions::new()
-        .traces_sample_rate(config.sentry.traces_sample_rate as f32)
+        .traces_sample_rate(config.telemetry.sentry.traces_sample_rate as f32)
         .send_default_pii(pii)
         .attach_stacktrace(false);
     options.dsn = Some(dsn);

@@ -13,7 +13,7 @@ use sentry::SentryFutureExt;
 use tracing::Instrument;
 
 use crate::AppState;
-use crate::api::ErrorBody;
+use crate::error::ErrorBody;
 
 /// Target of the log line written when a handler panics. The panic itself is reported to Sentry
 /// by the panic hook; the error layer skips this target so one panic is one event.

@@ -1,5 +1,5 @@
 //! The `fs/*` operations. Each returns its response with `error` set for anything about the
-//! request's path or content (HTTP 200), or an [`ApiError`] for session/transport trouble.
+//! request's path or content (HTTP 200), or an [`FsOpError`] when the op could not be answered.
 //!
 //! Every op is one request to the session's helper over its channel (no Docker round trip): the
 //! helper runs as the sandbox user, so the kernel enforces permissions, and it resolves paths
@@ -15,22 +15,39 @@ use serde_json::{Value, json};
 use super::validate_path;
 use super::wire::*;
 use crate::config::Config;
-use crate::error::ApiError;
-use crate::runtime::SessionRuntime;
+use crate::runtime::{HelperError, SessionRuntime};
 
 pub use super::wire::{
     EDIT_MAX_BYTES, EMPTY_FILE_SENTINEL, GREP_MAX_MATCHES, READ_MAX_BYTES, TRUNCATION_MARKER,
 };
 
-/// An fs-level failure: becomes `error` in a 200 response; session trouble stays an ApiError.
+/// How an op failed: about the path or content ([`OpError::Fs`], `error` in a 200 response
+/// with its wire `code`), or not answerable at all ([`OpError::Failed`], an HTTP error).
 pub enum OpError {
     Fs(FsError),
-    Api(ApiError),
+    Failed(FsOpError),
 }
 
-impl From<ApiError> for OpError {
-    fn from(e: ApiError) -> Self {
-        OpError::Api(e)
+/// Why an fs op got no answer: a request of the wrong shape, or the session's helper.
+#[derive(Debug, thiserror::Error)]
+pub enum FsOpError {
+    #[error("mode must be between 0 and 4095, got {0}")]
+    ModeOutOfRange(u32),
+    #[error("content is not valid base64: {0}")]
+    InvalidBase64(#[source] base64::DecodeError),
+    #[error(transparent)]
+    Helper(#[from] HelperError),
+}
+
+impl From<FsOpError> for OpError {
+    fn from(e: FsOpError) -> Self {
+        OpError::Failed(e)
+    }
+}
+
+impl From<HelperError> for OpError {
+    fn from(e: HelperError) -> Self {
+        OpError::Failed(e.into())
     }
 }
 
@@ -42,7 +59,7 @@ fn fail(code: FsErrorCode, message: impl Into<String>) -> OpError {
 pub fn respond<T: Default>(
     r: Result<T, OpError>,
     with_error: impl FnOnce(&mut T, FsError),
-) -> Result<T, ApiError> {
+) -> Result<T, FsOpError> {
     match r {
         Ok(v) => Ok(v),
         Err(OpError::Fs(e)) => {
@@ -50,7 +67,7 @@ pub fn respond<T: Default>(
             with_error(&mut v, e);
             Ok(v)
         }
-        Err(OpError::Api(e)) => Err(e),
+        Err(OpError::Failed(e)) => Err(e),
     }
 }
 
@@ -78,11 +95,11 @@ impl Fs<'_> {
             let e: FsError = serde_json::from_value(e.clone()).map_err(|_| bad_answer())?;
             return Err(OpError::Fs(e));
         }
-        serde_json::from_value(v).map_err(|_| OpError::Api(bad_answer()))
+        serde_json::from_value(v).map_err(|_| bad_answer().into())
     }
 
     fn prunes(&self, exclude: Option<&[String]>) -> Vec<String> {
-        let mut v = self.config.fs_prune_dirs.clone();
+        let mut v = self.config.sessions.fs_prune_dirs.clone();
         v.extend(
             exclude
                 .unwrap_or_default()
@@ -136,19 +153,12 @@ impl Fs<'_> {
     pub async fn write(&self, req: &FsWriteRequest) -> Result<FsWriteResponse, OpError> {
         // A mode out of range is the request's shape (422), whatever the path: checked first.
         if req.mode > 0o7777 {
-            return Err(OpError::Api(ApiError::Unprocessable(format!(
-                "mode must be between 0 and 4095, got {}",
-                req.mode
-            ))));
+            return Err(FsOpError::ModeOutOfRange(req.mode).into());
         }
         let path = path_arg(&req.path, false)?;
         let content = base64::engine::general_purpose::STANDARD
             .decode(req.content.as_bytes())
-            .map_err(|e| {
-                OpError::Api(ApiError::Unprocessable(format!(
-                    "content is not valid base64: {e}"
-                )))
-            })?;
+            .map_err(FsOpError::InvalidBase64)?;
         self.call(
             json!({"op": "write", "path": path, "mode": req.mode & 0o777}),
             Some(Bytes::from(content)),
@@ -179,7 +189,7 @@ impl Fs<'_> {
     }
 }
 
-fn bad_answer() -> ApiError {
+fn bad_answer() -> HelperError {
     tracing::warn!("session helper answered an fs op with an unexpected shape");
-    ApiError::Unavailable("the session's helper gave an unexpected answer; retry".to_string())
+    HelperError::UnexpectedAnswer
 }

@@ -26,9 +26,8 @@ use super::{ChannelReader, ChannelWriter};
 use crate::archive::{Archive, ROOT, entry_name};
 use crate::config::Config;
 use crate::engine::{ContainerEngine, EngineError};
-use crate::error::ApiError;
 use crate::layout::{self, SEED_MARKER, SERVICE_DIR, WORKSPACE};
-use crate::runtime::SessionRuntime;
+use crate::runtime::{HelperError, SessionRuntime};
 
 /// Header carrying how many archive members the sanitiser dropped.
 pub const SKIPPED_HEADER: &str = "x-seed-skipped-members";
@@ -41,6 +40,55 @@ const FIELDS: &[(&str, &str)] = &[
     ("repo_archive", layout::REPO),
     ("skills_archive", layout::SKILLS),
 ];
+
+/// Why a seed was refused or failed. The texts are what a client is told; the HTTP status of
+/// each is decided in [`crate::error`].
+#[derive(Debug, thiserror::Error)]
+pub enum SeedError {
+    #[error("Session already seeded: seeding is one-shot per session")]
+    AlreadySeeded,
+    /// The request is not a multipart body axum can parse (content type, boundary).
+    #[error("{}", .0.body_text())]
+    NotMultipart(#[source] axum::extract::multipart::MultipartRejection),
+    /// The body went over a bound of [`super::multipart::guard_request`].
+    #[error(transparent)]
+    BodyBound(#[from] super::multipart::Violation),
+    #[error("malformed multipart body: {0}")]
+    MalformedMultipart(#[source] axum::extract::multipart::MultipartError),
+    #[error("at least one of repo_archive or skills_archive is required")]
+    NoArchive,
+    /// The compressed upload alone is over the seed size limit.
+    #[error("archive exceeds the limit of {0} bytes (DAIV_SANDBOX_SEED_MAX_BYTES)")]
+    UploadTooLarge(u64),
+    #[error("the upload could not be read: {0}")]
+    UploadUnreadable(#[source] axum::extract::multipart::MultipartError),
+    /// The archive (landing in `dest`) is over the size or member budget.
+    #[error("{dest}: {source}")]
+    OverBudget {
+        dest: String,
+        #[source]
+        source: SanitizeError,
+    },
+    /// The archive (landing in `dest`) is corrupt or hostile.
+    #[error("{dest}: {source}")]
+    BadArchive {
+        dest: String,
+        #[source]
+        source: SanitizeError,
+    },
+    #[error("the session's helper stopped reading the archive")]
+    HelperStoppedReading,
+    /// The sanitiser's thread panicked or was cancelled.
+    #[error("the archive sanitiser did not finish")]
+    Sanitiser(#[source] tokio::task::JoinError),
+    /// The marker archive could not be built.
+    #[error("the seed marker could not be built")]
+    Marker(#[source] io::Error),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error(transparent)]
+    Helper(#[from] HelperError),
+}
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct SeedOutcome {
@@ -58,17 +106,18 @@ pub async fn seed(
     config: &Config,
     id: &str,
     mut multipart: Multipart,
-) -> Result<SeedOutcome, ApiError> {
+) -> Result<SeedOutcome, SeedError> {
     match engine.get_archive(id, SEED_MARKER).await {
         Ok(_) => {
-            return Err(ApiError::Conflict(
-                "Session already seeded: seeding is one-shot per session".to_string(),
-            ));
+            return Err(SeedError::AlreadySeeded);
         }
         Err(EngineError::NotFound) => {}
         Err(e) => return Err(e.into()),
     }
-    let mut budget = Budget::new(config.seed_max_bytes, config.seed_max_members);
+    let mut budget = Budget::new(
+        config.sessions.seed_max_bytes,
+        config.sessions.seed_max_members,
+    );
     let mut outcome = SeedOutcome::default();
     let mut written: Vec<&'static str> = Vec::new();
     loop {
@@ -77,9 +126,7 @@ pub async fn seed(
             Ok(None) => break,
             Err(e) => {
                 cleanup(runtime, id, &written).await;
-                return Err(ApiError::Unprocessable(format!(
-                    "malformed multipart body: {e}"
-                )));
+                return Err(SeedError::MalformedMultipart(e));
             }
         };
         let name = field.name().unwrap_or_default().to_string();
@@ -103,9 +150,7 @@ pub async fn seed(
         }
     }
     if written.is_empty() {
-        return Err(ApiError::Unprocessable(
-            "at least one of repo_archive or skills_archive is required".to_string(),
-        ));
+        return Err(SeedError::NoArchive);
     }
     outcome.bytes = budget.bytes_used;
     if let Err(e) = write_marker(engine, id).await {
@@ -131,21 +176,22 @@ async fn seed_one(
     dest: &str,
     mut field: axum::extract::multipart::Field<'_>,
     budget: &mut Budget,
-) -> Result<sanitize::Stats, ApiError> {
+) -> Result<sanitize::Stats, SeedError> {
     let (in_tx, in_rx) = mpsc::channel::<Bytes>(CHANNEL_DEPTH);
     let (out_tx, out_rx) = mpsc::channel::<io::Result<Bytes>>(CHANNEL_DEPTH);
+    // Archives are extracted at the workspace: entry names (and the client's messages) are
+    // relative to it.
+    let name = dest
+        .strip_prefix(WORKSPACE)
+        .unwrap_or(dest)
+        .trim_start_matches('/');
     let opts = Options {
-        uid: u64::from(config.run_uid),
-        gid: u64::from(config.run_gid),
-        // Archives are extracted at the workspace: entry names are relative to it.
-        prefix: dest
-            .strip_prefix(WORKSPACE)
-            .unwrap_or(dest)
-            .trim_start_matches('/')
-            .to_string(),
+        uid: u64::from(config.sessions.run_uid),
+        gid: u64::from(config.sessions.run_gid),
+        prefix: name.to_string(),
     };
     let mut worker_budget = *budget;
-    let raw_limit = config.seed_max_bytes;
+    let raw_limit = config.sessions.seed_max_bytes;
     let worker = tokio::task::spawn_blocking(move || {
         let mut writer = ChannelWriter::new(out_tx);
         let result = sanitize::sanitize(
@@ -173,9 +219,7 @@ async fn seed_one(
                 Ok(Some(chunk)) => {
                     raw += chunk.len() as u64;
                     if raw > raw_limit {
-                        return Err(ApiError::PayloadTooLarge(format!(
-                            "archive exceeds the limit of {raw_limit} bytes (DAIV_SANDBOX_SEED_MAX_BYTES)"
-                        )));
+                        return Err(SeedError::UploadTooLarge(raw_limit));
                     }
                     if in_tx.send(chunk).await.is_err() {
                         return Ok(()); // the sanitiser stopped; its result says why
@@ -183,9 +227,7 @@ async fn seed_one(
                 }
                 Ok(None) => return Ok(()),
                 Err(e) => {
-                    return Err(ApiError::Unprocessable(format!(
-                        "the upload could not be read: {e}"
-                    )));
+                    return Err(SeedError::UploadUnreadable(e));
                 }
             }
         }
@@ -216,22 +258,26 @@ async fn seed_one(
         r
     };
     let (fed, put, worked) = tokio::join!(feed, put, worker);
-    let (sanitized, used) = worked.map_err(|e| ApiError::Internal(e.into()))?;
+    let (sanitized, used) = worked.map_err(SeedError::Sanitiser)?;
     *budget = used;
     match sanitized {
         Err(SanitizeError::OutputClosed) => {
             fed?;
             put?;
-            Err(ApiError::Unavailable(
-                "the session's helper stopped reading the archive".to_string(),
-            ))
+            Err(SeedError::HelperStoppedReading)
         }
-        Err(e @ (SanitizeError::TooLarge { .. } | SanitizeError::TooManyMembers { .. })) => {
-            Err(ApiError::PayloadTooLarge(format!("{dest}: {e}")))
+        Err(source @ (SanitizeError::TooLarge { .. } | SanitizeError::TooManyMembers { .. })) => {
+            Err(SeedError::OverBudget {
+                dest: name.to_string(),
+                source,
+            })
         }
-        Err(e) => {
+        Err(source) => {
             fed?;
-            Err(ApiError::Unprocessable(format!("{dest}: {e}")))
+            Err(SeedError::BadArchive {
+                dest: name.to_string(),
+                source,
+            })
         }
         Ok(stats) => {
             fed?;
@@ -242,11 +288,11 @@ async fn seed_one(
 }
 
 /// The marker, root-owned, in a root-owned directory.
-async fn write_marker(engine: &dyn ContainerEngine, id: &str) -> Result<(), ApiError> {
+async fn write_marker(engine: &dyn ContainerEngine, id: &str) -> Result<(), SeedError> {
     let mut tar = Archive::new();
     tar.dir(entry_name(SERVICE_DIR), 0o755, ROOT)
         .file(entry_name(SEED_MARKER), 0o644, ROOT, &[]);
-    let tar = tar.finish().map_err(|e| ApiError::Internal(e.into()))?;
+    let tar = tar.finish().map_err(SeedError::Marker)?;
     let body = futures::stream::once(async move { Ok(tar) }).boxed();
     engine.put_archive(id, "/", body).await?;
     Ok(())

@@ -12,10 +12,9 @@
 //!   because a stalled Redis executes the buffered `SET` when it resumes. A holder that dies
 //!   without releasing (process killed) stops refreshing, and the lock frees itself after its TTL.
 //!
-//! Redis trouble fails fast: every call is bounded ([`CALL_TIMEOUT`], plus the connection's own
-//! connect and response timeouts), and any error is [`LockError::Unavailable`] (503), never a
-//! hang. The connection is lazy and reconnects by itself, so the service starts while Redis is
-//! down and recovers when it returns.
+//! Redis trouble fails fast: every call goes through the shared connection's bounded calls
+//! ([`crate::coordination::redis`]), and any error is [`LockError::Unavailable`] (503), never a
+//! hang.
 //!
 //! Round trips: acquire 1 per attempt; refresh 1 per interval; release 1 (in the background).
 
@@ -28,13 +27,7 @@ use tokio::task::JoinHandle;
 
 use super::{LockError, LockGuard, SessionLocks};
 use crate::backoff::Backoff;
-use crate::config::Secret;
-
-/// Upper bound on one Redis call from a request path, whatever the connection does.
-pub const CALL_TIMEOUT: Duration = Duration::from_secs(2);
-/// A connection attempt that takes longer means Redis is not there.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
-const RESPONSE_TIMEOUT: Duration = Duration::from_millis(1500);
+use crate::coordination::redis::bounded;
 const POLL_MIN: Duration = Duration::from_millis(10);
 const POLL_MAX: Duration = Duration::from_millis(100);
 const YEAR_MS: u64 = 365 * 24 * 3600 * 1000;
@@ -60,35 +53,6 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 "#;
-
-/// A lazily connecting, self-reconnecting Redis connection with bounded timeouts; shared by the
-/// locks and the activity tracker. Creating it never touches the network.
-pub fn connect(url: &Secret) -> Result<ConnectionManager, LockError> {
-    let client = redis::Client::open(url.expose())
-        // The URL may carry a password: name the setting, not the value.
-        .map_err(|e| LockError::Unavailable(format!("DAIV_SANDBOX_REDIS_URL: {:?}", e.kind())))?;
-    let config = redis::aio::ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(CONNECT_TIMEOUT))
-        .set_response_timeout(Some(RESPONSE_TIMEOUT))
-        // One quick retry: a request must get its 503 in about a second, not after a backoff
-        // schedule; the manager reconnects again on the next call.
-        .set_number_of_retries(1)
-        .set_min_delay(Duration::from_millis(50))
-        .set_max_delay(Duration::from_millis(200));
-    ConnectionManager::new_lazy_with_config(client, config)
-        .map_err(|e| LockError::Unavailable(e.to_string()))
-}
-
-/// Runs one Redis call with [`CALL_TIMEOUT`]; any failure is [`LockError::Unavailable`].
-pub async fn bounded<T>(call: impl Future<Output = redis::RedisResult<T>>) -> Result<T, LockError> {
-    match tokio::time::timeout(CALL_TIMEOUT, call).await {
-        Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(LockError::Unavailable(format!("Redis: {e}"))),
-        Err(_) => Err(LockError::Unavailable(format!(
-            "Redis did not answer within {CALL_TIMEOUT:?}"
-        ))),
-    }
-}
 
 pub struct RedisLocks {
     conn: ConnectionManager,
@@ -205,7 +169,7 @@ impl Held {
         if let Some(v) = extra {
             invocation.arg(v);
         }
-        bounded(invocation.invoke_async(&mut conn)).await
+        Ok(bounded(invocation.invoke_async(&mut conn)).await?)
     }
 }
 

@@ -26,8 +26,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redis::aio::ConnectionManager;
 
-use crate::lock::redis::bounded;
-use crate::lock::{LockError, LockGuard};
+use super::lock::LockGuard;
+use super::redis::{RedisUnavailable, bounded};
 use crate::session::is_container_id;
 
 const ACTIVITY_PREFIX: &str = "daiv-sandbox:session-activity:";
@@ -42,9 +42,9 @@ const LOCAL_PRUNE_ABOVE: usize = 4096;
 #[error("activity records unavailable: {0}")]
 pub struct ActivityError(String);
 
-impl From<LockError> for ActivityError {
-    fn from(e: LockError) -> Self {
-        ActivityError(e.to_string())
+impl From<RedisUnavailable> for ActivityError {
+    fn from(e: RedisUnavailable) -> Self {
+        ActivityError(e.0)
     }
 }
 
@@ -327,7 +327,7 @@ impl Drop for TouchThenRelease {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lock::{LocalLocks, SessionLocks};
+    use crate::coordination::lock::{LocalLocks, LockError, SessionLocks};
 
     const ID: &str = "0000000000000000000000000000000000000000000000000000000000000001";
 

@@ -9,6 +9,8 @@
 
 use std::time::Duration;
 
+use super::redis::RedisUnavailable;
+
 mod local;
 pub mod redis;
 
@@ -24,6 +26,12 @@ pub enum LockError {
     /// it must not run (503, retryable).
     #[error("session lock backend unavailable: {0}")]
     Unavailable(String),
+}
+
+impl From<RedisUnavailable> for LockError {
+    fn from(e: RedisUnavailable) -> Self {
+        LockError::Unavailable(e.0)
+    }
 }
 
 /// Held for the duration of one operation; dropping it releases the lock.

@@ -1,0 +1,64 @@
+//! What can go wrong with a session operation, named by cause. The texts are what a client is
+//! told; the HTTP status of each is decided in [`crate::error`], not here.
+
+use super::{MAX_TIMEOUT_SECS, MIN_MEMORY_BYTES};
+use crate::coordination::lock::LockError;
+use crate::egress::EgressError;
+use crate::engine::EngineError;
+use crate::runtime::HelperError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// No managed sandbox of this deployment has this id (or it is an unclaimed pool member).
+    #[error("Session not found or already closed")]
+    NotFound,
+    /// The session's lock could not be had: held past the wait, or its backend is down.
+    #[error(transparent)]
+    Lock(#[from] LockError),
+    /// Egress was asked for, but this instance has no egress CA.
+    #[error(
+        "egress not configured: set DAIV_SANDBOX_EGRESS_CA_CERT_FILE and DAIV_SANDBOX_EGRESS_CA_KEY_FILE"
+    )]
+    EgressNotConfigured,
+    /// The session has egress parts, but this instance (a replica without the CA) cannot
+    /// manage them.
+    #[error("egress is not configured on this instance")]
+    EgressUnavailableHere,
+    /// A policy refresh for a network-isolated session.
+    #[error("session has no egress proxy: a network-isolated session has nothing to refresh")]
+    NoEgressProxy,
+    /// A claimed warm-pool member was expected to have a gateway and has none.
+    #[error("the pool member has no egress gateway")]
+    MemberWithoutGateway,
+    /// A warm-pool member changed name while it was being made ready.
+    #[error("member renamed under us")]
+    MemberRenamed,
+    #[error("base_image is not a valid image reference: {0:?}")]
+    InvalidImage(String),
+    #[error("memory_bytes must be at least {MIN_MEMORY_BYTES} (6 MiB)")]
+    MemoryTooSmall,
+    #[error("cpus must be a number between 0.01 and 1024")]
+    InvalidCpus,
+    /// The offending variable name.
+    #[error(
+        "environment variable {0:?}: names must be non-empty without '=' or NUL, values without NUL"
+    )]
+    InvalidEnvironment(String),
+    /// The command, shortened and with its NULs shown as `\0`.
+    #[error("command contains a NUL byte: {0:?}")]
+    NulInCommand(String),
+    #[error("timeout must be at most {MAX_TIMEOUT_SECS} seconds (0 = none)")]
+    TimeoutTooLong,
+    /// A stopped session's container would not start again.
+    #[error("session could not be restarted: {}", .0.public())]
+    RestartFailed(#[source] EngineError),
+    /// The engine does not answer its ping (the health check).
+    #[error("Docker client is not responding")]
+    EngineNotResponding(#[source] EngineError),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error(transparent)]
+    Egress(#[from] EgressError),
+    #[error(transparent)]
+    Helper(#[from] HelperError),
+}

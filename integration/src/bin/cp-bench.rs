@@ -14,56 +14,50 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::Result;
 use integration::cp::{Client as Api, blob_tar, plain_tree, rss_kib, source_tree};
 use serde_json::{Value, json};
 
+#[derive(clap::Parser, Debug)]
+#[command(about = "Latency per operation of a running control plane, beside the raw Docker floors")]
 struct Args {
+    /// The service's origin.
+    #[arg(
+        long,
+        env = "CP_BENCH_BASE_URL",
+        default_value = "http://127.0.0.1:8000"
+    )]
     base: String,
+    /// The API key.
+    #[arg(long, env = "DAIV_SANDBOX_API_KEY", hide_env_values = true)]
     key: String,
+    #[arg(long, default_value = "daiv-sandbox-busybox:local")]
     image: String,
+    /// Samples per operation.
+    #[arg(long, default_value_t = 20)]
     n: usize,
+    /// The service's pid, for its RSS.
+    #[arg(long)]
     pid: Option<u32>,
+    /// Size of the large-output and large-seed cases, in MB.
+    #[arg(long, default_value_t = 200)]
     big_mb: usize,
-    /// The Docker socket, for the floors (raw exec, raw put_archive); `None` skips them.
-    docker: Option<String>,
+    /// The Docker socket, for the floors (raw exec, raw put_archive); `none` skips them.
+    #[arg(long, default_value = "/var/run/docker.sock")]
+    docker: String,
 }
 
 fn args() -> Result<Args> {
-    let mut a = Args {
-        base: std::env::var("CP_BENCH_BASE_URL").unwrap_or_else(|_| "http://127.0.0.1:8000".into()),
-        key: std::env::var("DAIV_SANDBOX_API_KEY").unwrap_or_default(),
-        image: "daiv-sandbox-busybox:local".into(),
-        n: 20,
-        pid: None,
-        big_mb: 200,
-        docker: Some("/var/run/docker.sock".into()).filter(|p| std::path::Path::new(p).exists()),
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut val = || it.next().with_context(|| format!("{flag} needs a value"));
-        match flag.as_str() {
-            "--base" => a.base = val()?,
-            "--key" => a.key = val()?,
-            "--image" => a.image = val()?,
-            "--n" => a.n = val()?.parse()?,
-            "--pid" => a.pid = Some(val()?.parse()?),
-            "--big-mb" => a.big_mb = val()?.parse()?,
-            "--docker" => a.docker = Some(val()?).filter(|v| v != "none"),
-            "-h" | "--help" => {
-                println!(
-                    "cp-bench --base URL --key KEY [--image IMG] [--n N] [--pid PID] [--big-mb MB] [--docker SOCKET|none]"
-                );
-                std::process::exit(0);
-            }
-            other => bail!("unknown argument {other}"),
-        }
-    }
-    if a.key.is_empty() {
-        bail!("an API key is required: --key or DAIV_SANDBOX_API_KEY");
-    }
+    let mut a = <Args as clap::Parser>::parse();
     a.base = a.base.trim_end_matches('/').to_string();
     Ok(a)
+}
+
+impl Args {
+    /// The Docker socket, when it is there and not turned off.
+    fn docker(&self) -> Option<&str> {
+        Some(self.docker.as_str()).filter(|p| *p != "none" && std::path::Path::new(p).exists())
+    }
 }
 
 /// The shared API client, plus the sessions this run created (force-removed at the end).
@@ -161,7 +155,7 @@ async fn bench(a: &Args, c: &mut Client, s: &mut Samples) -> Result<Value> {
             c.post(&format!("/session/{id}/"), cmd(10)),
         )
         .await?;
-        if let Some(sock) = &a.docker {
+        if let Some(sock) = a.docker() {
             timed(s, "floor: docker exec true", docker::exec_true(sock, &id)).await?;
         }
     }
@@ -185,7 +179,7 @@ async fn bench(a: &Args, c: &mut Client, s: &mut Samples) -> Result<Value> {
         }
     }
     // The seeding floor: the same 5,000 files (uncompressed) through a raw put_archive.
-    if let Some(sock) = &a.docker {
+    if let Some(sock) = a.docker() {
         let plain = plain_tree(5000)?;
         for _ in 0..n.min(5) {
             let id = c.session(&a.image).await?;

@@ -36,13 +36,23 @@ const MINT_HOSTS: usize = 40;
 /// Rounds of the download comparison, by default.
 const DOWNLOAD_ROUNDS: usize = 5;
 
+#[derive(clap::Parser, Debug)]
+#[command(about = "The egress gateway alone, against loopback fixture upstreams")]
 struct Args {
-    gateway_bin: PathBuf,
+    /// The gateway binary (default: `daiv-egress-gateway` beside this one).
+    #[arg(long)]
+    gateway_bin: Option<PathBuf>,
+    /// Length of each load section, in seconds.
+    #[arg(long, default_value_t = 3.0)]
     seconds: f64,
+    /// Also write the JSON report here.
+    #[arg(long)]
     json_out: Option<PathBuf>,
-    /// Sections to run; empty = all.
+    /// Sections to run (comma-separated); none = all.
+    #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Rounds of the download comparison.
+    #[arg(long, default_value_t = DOWNLOAD_ROUNDS)]
     rounds: usize,
 }
 
@@ -50,37 +60,21 @@ impl Args {
     fn runs(&self, section: &str) -> bool {
         self.only.is_empty() || self.only.iter().any(|s| s == section)
     }
+
+    /// Set by [`args`].
+    fn gateway_bin(&self) -> &Path {
+        self.gateway_bin
+            .as_deref()
+            .unwrap_or(Path::new("daiv-egress-gateway"))
+    }
 }
 
 fn args() -> anyhow::Result<Args> {
-    let mut gateway_bin = std::env::current_exe()?.with_file_name("daiv-egress-gateway");
-    let (mut seconds, mut json_out, mut only, mut rounds) =
-        (3.0, None, Vec::new(), DOWNLOAD_ROUNDS);
-    let mut it = std::env::args().skip(1);
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--gateway-bin" => gateway_bin = it.next().context("--gateway-bin PATH")?.into(),
-            "--seconds" => seconds = it.next().context("--seconds N")?.parse()?,
-            "--json-out" => json_out = Some(it.next().context("--json-out FILE")?.into()),
-            "--rounds" => rounds = it.next().context("--rounds N")?.parse()?,
-            "--only" => {
-                only = it
-                    .next()
-                    .context("--only SECTION[,SECTION...]")?
-                    .split(',')
-                    .map(str::to_owned)
-                    .collect()
-            }
-            other => bail!("unknown argument {other:?}"),
-        }
+    let mut a = <Args as clap::Parser>::parse();
+    if a.gateway_bin.is_none() {
+        a.gateway_bin = Some(std::env::current_exe()?.with_file_name("daiv-egress-gateway"));
     }
-    Ok(Args {
-        gateway_bin,
-        seconds,
-        json_out,
-        only,
-        rounds,
-    })
+    Ok(a)
 }
 
 /// The gateway process; killed on drop.
@@ -219,7 +213,7 @@ async fn setup(args: &Args) -> anyhow::Result<Env> {
         .map(|n| format!("{n}=127.0.0.1"))
         .collect();
     statics.extend((0..MINT_HOSTS).map(|i| format!("h{i}.mint.test=127.0.0.1")));
-    let child = Command::new(&args.gateway_bin)
+    let child = Command::new(args.gateway_bin())
         .arg("--listen")
         .arg(addr.to_string())
         .arg("--policy-file")
@@ -240,7 +234,7 @@ async fn setup(args: &Args) -> anyhow::Result<Env> {
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()
-        .with_context(|| format!("spawn {}", args.gateway_bin.display()))?;
+        .with_context(|| format!("spawn {}", args.gateway_bin().display()))?;
     let gw = GatewayProc { child, addr };
     let deadline = Instant::now() + Duration::from_secs(10);
     while TcpStream::connect(addr).await.is_err() {

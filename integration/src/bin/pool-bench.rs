@@ -22,53 +22,35 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
+#[derive(clap::Parser, Debug)]
+#[command(about = "POST /session/ from a warm pool against cold creates")]
 struct Args {
+    /// Origin of the service with the warm pool.
+    #[arg(long)]
     pool_base: String,
+    /// Origin of the service without one.
+    #[arg(long)]
     cold_base: String,
+    /// The API key (of both, unless --cold-key).
+    #[arg(long, env = "DAIV_SANDBOX_API_KEY", hide_env_values = true)]
     key: String,
+    #[arg(long)]
     cold_key: Option<String>,
+    #[arg(long, default_value = "daiv-sandbox-busybox:local")]
     image: String,
+    /// Sessions created on each side.
+    #[arg(long, default_value_t = 50)]
     n: usize,
+    /// The pool's configured size (to wait for it to refill).
+    #[arg(long, default_value_t = 4)]
     pool_size: u64,
+    /// Egress sessions (the pool's egress kind).
+    #[arg(long)]
     egress: bool,
 }
 
 fn args() -> Result<Args> {
-    let mut a = Args {
-        pool_base: String::new(),
-        cold_base: String::new(),
-        key: std::env::var("DAIV_SANDBOX_API_KEY").unwrap_or_default(),
-        cold_key: None,
-        image: "daiv-sandbox-busybox:local".into(),
-        n: 50,
-        pool_size: 4,
-        egress: false,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut val = || it.next().with_context(|| format!("{flag} needs a value"));
-        match flag.as_str() {
-            "--pool-base" => a.pool_base = val()?,
-            "--cold-base" => a.cold_base = val()?,
-            "--key" => a.key = val()?,
-            "--cold-key" => a.cold_key = Some(val()?),
-            "--image" => a.image = val()?,
-            "--n" => a.n = val()?.parse()?,
-            "--pool-size" => a.pool_size = val()?.parse()?,
-            "--egress" => a.egress = true,
-            "-h" | "--help" => {
-                println!(
-                    "pool-bench --pool-base URL --cold-base URL --key KEY [--cold-key KEY] [--image IMG] [--n N] [--pool-size N] [--egress]"
-                );
-                std::process::exit(0);
-            }
-            other => bail!("unknown argument {other}"),
-        }
-    }
-    if a.pool_base.is_empty() || a.cold_base.is_empty() || a.key.is_empty() {
-        bail!("--pool-base, --cold-base and --key are required");
-    }
-    Ok(a)
+    Ok(<Args as clap::Parser>::parse())
 }
 
 struct Target {

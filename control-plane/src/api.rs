@@ -7,9 +7,6 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-/// The working directory of every command (and the repo seed's destination).
-pub const WORKDIR: &str = "/workspace/repo";
-
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct StartSessionRequest {
     /// Docker image to be used as the base image for the sandbox.

@@ -20,6 +20,12 @@
 //!   [`egress::EgressError`], [`runtime::HelperError`], ...) become HTTP statuses and
 //!   `{"detail": ...}` bodies; the JSON and query extractors that answer in that shape.
 //! - [`telemetry`]: logs, Prometheus metrics and Sentry reports.
+//!
+//! Plumbing, one place each:
+//! - [`layout`]: the paths inside a sandbox (re-exported from the helper crate, which confines
+//!   and serves them).
+//! - [`archive`]: the tar archives the service builds itself for `put_archive`.
+//! - [`backoff`]: the one retry pacing every polling loop uses.
 
 use std::sync::Arc;
 
@@ -29,7 +35,9 @@ use axum::routing::{get, post, put};
 use utoipa::OpenApi;
 
 pub mod api;
+pub mod archive;
 pub mod auth;
+pub mod backoff;
 pub mod config;
 pub mod coordination;
 pub mod egress;
@@ -44,6 +52,8 @@ pub mod runtime;
 pub mod session;
 pub mod telemetry;
 pub mod workspace;
+
+pub use sandbox_helper::layout;
 
 use config::Config;
 use coordination::activity::{self, LocalActivity, SessionActivity};

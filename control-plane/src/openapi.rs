@@ -457,8 +457,8 @@ fn seed_form() -> Schema {
     let required = |field: &str| Schema::Object(ObjectBuilder::new().required(field).build());
     Schema::Object(
         ObjectBuilder::new()
-            .property("repo_archive", archive("/workspace/repo"))
-            .property("skills_archive", archive("/workspace/skills"))
+            .property("repo_archive", archive(crate::layout::REPO))
+            .property("skills_archive", archive(crate::layout::SKILLS))
             .min_properties(Some(1))
             .extensions(Some(Extensions::from_iter([(
                 "anyOf",

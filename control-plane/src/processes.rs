@@ -13,7 +13,8 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 
 use crate::AppState;
-use crate::api::{ProcessList, ProcessOutput, StartProcessRequest, WORKDIR};
+use crate::api::{ProcessList, ProcessOutput, StartProcessRequest};
+use crate::layout::{self, WORKSPACE};
 use crate::runtime::HelperError;
 use crate::session::SessionError;
 
@@ -24,7 +25,7 @@ pub const MAX_STDIN_BYTES: usize = 1024 * 1024;
 /// of each is decided in [`crate::error`].
 #[derive(Debug, thiserror::Error)]
 pub enum ProcessError {
-    #[error("workdir must be /workspace or a directory below it, without '..'")]
+    #[error("workdir must be {} or a directory below it, without '..'", WORKSPACE)]
     InvalidWorkdir,
     /// The offending name.
     #[error(
@@ -111,9 +112,12 @@ fn valid_name(name: &str) -> bool {
 /// A process's working directory: `/workspace` or below it, absolute, no `..`.
 fn workdir(raw: Option<&str>) -> Result<String, ProcessError> {
     let Some(raw) = raw else {
-        return Ok(WORKDIR.to_string());
+        return Ok(layout::REPO.to_string());
     };
-    let ok = (raw == "/workspace" || raw.starts_with("/workspace/"))
+    let ok = (raw == WORKSPACE
+        || raw
+            .strip_prefix(WORKSPACE)
+            .is_some_and(|r| r.starts_with('/')))
         && !raw.split('/').any(|c| c == "..")
         && !raw.contains('\0');
     if ok {

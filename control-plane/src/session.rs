@@ -14,15 +14,17 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::api::{RunRequest, RunResponse, StartSessionRequest, WORKDIR};
+use crate::api::{RunRequest, RunResponse, StartSessionRequest};
+use crate::archive::{Archive, ROOT, entry_name};
 use crate::config::Config;
 use crate::egress::{self, Egress, SandboxPlan, Triad};
 use crate::engine::{
     ContainerEngine, ContainerInfo, ContainerSpec, DEPLOYMENT_LABEL, EngineError, IMAGE_LABEL,
     MANAGED_LABEL, NetworkAttach, ROLE_LABEL, ROLE_SANDBOX,
 };
+use crate::layout;
 use crate::pool::{MemberTag, Pool};
-use crate::runtime::{HELPER_PATH, HelperRuntime, RunSpec, SessionRuntime};
+use crate::runtime::{HelperRuntime, RunSpec, SessionRuntime};
 use crate::telemetry::metrics::Metrics;
 use shared_policy::PolicyFile;
 
@@ -239,7 +241,7 @@ impl Sessions {
             // The image's entrypoint would wrap the keep-alive in something unknown. The helper
             // keeps the container alive: no shell needed, so shell-less images work.
             entrypoint: Some(Vec::new()),
-            cmd: Some(vec![HELPER_PATH.into(), "init".into()]),
+            cmd: Some(vec![layout::HELPER.into(), "init".into()]),
             env,
             labels,
             user: Some(self.user()),
@@ -252,7 +254,7 @@ impl Sessions {
             network,
             // The workspace on a volume: no copy-up, no overlay lookups (on fuse-overlayfs, grep
             // and extraction are 5-20x faster there). Anonymous: removed with the container.
-            volumes: vec![crate::workspace::WORKSPACE.to_string()],
+            volumes: vec![layout::WORKSPACE.to_string()],
             log_options: Vec::new(),
             skeleton: Some(skeleton_tar(
                 c.sessions.run_uid,
@@ -390,7 +392,7 @@ impl Sessions {
             fail_fast: req.fail_fast,
             timeout,
             output_cap: self.config.sessions.output_max_bytes,
-            workdir: WORKDIR.to_string(),
+            workdir: layout::REPO.to_string(),
             env: Vec::new(),
         }))
     }
@@ -420,59 +422,33 @@ pub fn skeleton_tar(
     helper: Option<&Bytes>,
 ) -> Bytes {
     let dirs = [
-        "workspace/",
-        "workspace/repo/",
-        "workspace/skills/",
-        "workspace/tmp/",
-        "home/sandbox/",
-        "home/sandbox/.config/",
-        "home/sandbox/.cache/",
-        "home/sandbox/.local/",
-        "home/sandbox/.local/share/",
-        "home/sandbox/.local/state/",
+        layout::WORKSPACE,
+        layout::REPO,
+        layout::SKILLS,
+        layout::TMP,
+        "/home/sandbox",
+        "/home/sandbox/.config",
+        "/home/sandbox/.cache",
+        "/home/sandbox/.local",
+        "/home/sandbox/.local/share",
+        "/home/sandbox/.local/state",
     ];
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    let mut builder = tar::Builder::new(Vec::new());
-    // Writing to a Vec cannot fail; the names are short constants or the egress plan's paths.
-    let mut append = |kind, mode, owner: (u32, u32), name: &str, data: &[u8]| {
-        let mut header = tar::Header::new_gnu();
-        header.set_entry_type(kind);
-        header.set_mode(mode);
-        header.set_uid(u64::from(owner.0));
-        header.set_gid(u64::from(owner.1));
-        header.set_size(data.len() as u64);
-        header.set_mtime(now);
-        let _ = builder.append_data(&mut header, name, data);
-    };
+    let mut tar = Archive::new();
     for dir in dirs {
-        append(tar::EntryType::Directory, 0o755, (uid, gid), dir, &[]);
+        tar.dir(entry_name(dir), 0o755, (uid, gid));
     }
     // The service's own directory and the helper: root-owned, so the sandbox user can run the
     // helper but never replace it (it serves every fs op).
-    append(
-        tar::EntryType::Directory,
-        0o755,
-        (0, 0),
-        ".daiv-sandbox/",
-        &[],
-    );
+    tar.dir(entry_name(layout::SERVICE_DIR), 0o755, ROOT);
     if let Some(bin) = helper {
-        append(
-            tar::EntryType::Regular,
-            0o755,
-            (0, 0),
-            &HELPER_PATH[1..],
-            bin,
-        );
+        tar.file(entry_name(layout::HELPER), 0o755, ROOT, bin);
     }
     // Root-owned, world-readable: the sandbox user can read but not replace them.
     for (path, data) in root_files {
-        append(tar::EntryType::Regular, 0o644, (0, 0), path, data);
+        tar.file(path, 0o644, ROOT, data);
     }
-    Bytes::from(builder.into_inner().unwrap_or_default())
+    // The names are constants or the egress plan's paths: nothing `tar` refuses.
+    tar.finish().unwrap_or_default()
 }
 
 pub fn is_container_id(id: &str) -> bool {
@@ -531,7 +507,7 @@ mod tests {
         for entry in archive.entries()? {
             let entry = entry?;
             let name = entry.path()?.display().to_string();
-            if name.starts_with(".daiv-sandbox") {
+            if name.starts_with(entry_name(layout::SERVICE_DIR)) {
                 // The helper and its directory stay root's: the sandbox cannot swap them.
                 assert_eq!(entry.header().uid()?, 0, "{name}");
             } else {
@@ -540,7 +516,10 @@ mod tests {
             }
             names.push(name);
         }
-        assert!(names.iter().any(|n| n == &HELPER_PATH[1..]), "{names:?}");
+        assert!(
+            names.iter().any(|n| n == entry_name(layout::HELPER)),
+            "{names:?}"
+        );
         for expected in [
             "workspace/repo",
             "workspace/skills",

@@ -2,81 +2,40 @@
 //! cold fallback, racing replicas, replacement of dead and stale members, adoption after a
 //! restart and removal on shutdown. The same behaviours on real Docker: `tests/tests/pool.rs`.
 
+mod harness;
+
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use axum::body::Body;
-use axum::http::{Request, StatusCode};
-use control_plane::config;
-use control_plane::coordination::lock::LocalLocks;
+use axum::http::StatusCode;
 use control_plane::engine::fake::FakeEngine;
 use control_plane::engine::{ContainerEngine, POOL_LABEL, ROLE_EGRESS_GATEWAY, ROLE_LABEL};
 use control_plane::pool::Refill;
 use control_plane::reaper::Reaper;
-use control_plane::{AppState, app};
-use http_body_util::BodyExt;
-use serde_json::{Value, json};
-use tower::ServiceExt;
+use serde_json::json;
 
-const KEY: &str = "test-key";
-const IMAGE: &str = "img:1";
+use harness::{Harness, IMAGE};
 
+/// One replica of the service: the harness plus its pool refill.
 struct Replica {
-    state: AppState,
-    router: axum::Router,
+    h: Harness,
     refill: Arc<Refill>,
+}
+
+impl std::ops::Deref for Replica {
+    type Target = Harness;
+    fn deref(&self) -> &Harness {
+        &self.h
+    }
 }
 
 fn replica(engine: &FakeEngine, extra: &[(&str, &str)]) -> Replica {
     let mut settings = vec![("WARM_POOL", "img:1=2"), ("DEPLOYMENT", "pool-test")];
     settings.extend_from_slice(extra);
-    let state = AppState::new(
-        config::for_tests(KEY, &settings),
-        Arc::new(engine.clone()),
-        Arc::new(LocalLocks::default()),
-    );
-    let refill = Refill::new(state.sessions.clone(), state.locks.clone());
-    Replica {
-        router: app(state.clone()),
-        state,
-        refill,
-    }
-}
-
-impl Replica {
-    async fn call(&self, method: &str, uri: &str, body: Option<Value>) -> (StatusCode, Value) {
-        let mut req = Request::builder()
-            .method(method)
-            .uri(format!("/api/v1{uri}"))
-            .header("x-api-key", KEY);
-        let body = match body {
-            Some(v) => {
-                req = req.header("content-type", "application/json");
-                Body::from(v.to_string())
-            }
-            None => Body::empty(),
-        };
-        let resp = match self
-            .router
-            .clone()
-            .oneshot(req.body(body).expect("request"))
-            .await
-        {
-            Ok(r) => r,
-            Err(e) => match e {},
-        };
-        let status = resp.status();
-        let bytes = resp.into_body().collect().await.expect("body").to_bytes();
-        let value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-        (status, value)
-    }
-
-    async fn create(&self, body: Value) -> String {
-        let (status, v) = self.call("POST", "/session/", Some(body)).await;
-        assert_eq!(status, StatusCode::OK, "{v}");
-        v["session_id"].as_str().expect("id").to_string()
-    }
+    let h = Harness::new(engine.clone(), &settings);
+    let refill = Refill::new(h.state.sessions.clone(), h.state.locks.clone());
+    Replica { h, refill }
 }
 
 /// Ready members (named `daiv-pool-*`) as the engine has them.
@@ -107,7 +66,7 @@ async fn claims_apply_environment_and_limits_and_members_are_not_sessions() {
     let members = ready(&engine).await;
     assert_eq!(members.len(), 2);
     for id in &members {
-        let (status, _) = r.call("GET", &format!("/session/{id}/"), None).await;
+        let (status, _) = r.api("GET", &format!("/session/{id}/"), None).await;
         assert_eq!(
             status,
             StatusCode::NOT_FOUND,
@@ -135,14 +94,14 @@ async fn claims_apply_environment_and_limits_and_members_are_not_sessions() {
     assert_eq!(spec.nano_cpus, Some(1_500_000_000));
     // The environment is a root-owned file the helper reads; commands see it.
     let file = engine
-        .file(&id, control_plane::pool::ENV_FILE)
+        .file(&id, control_plane::layout::ENV_FILE)
         .expect("env file");
     assert_eq!(
         String::from_utf8_lossy(&file),
         r#"[["POOL_X","from the claim"]]"#
     );
     let (status, ran) = r
-        .call(
+        .api(
             "POST",
             &format!("/session/{id}/"),
             Some(json!({"commands": ["printf %s \"$POOL_X\""]})),
@@ -150,7 +109,7 @@ async fn claims_apply_environment_and_limits_and_members_are_not_sessions() {
         .await;
     assert_eq!(status, StatusCode::OK, "{ran}");
     assert_eq!(ran["results"][0]["output"], json!("from the claim"));
-    let (status, _) = r.call("GET", &format!("/session/{id}/"), None).await;
+    let (status, _) = r.api("GET", &format!("/session/{id}/"), None).await;
     assert_eq!(status, StatusCode::NO_CONTENT);
 
     // The pool refills with a new container; the claimed one never goes back.
@@ -362,7 +321,7 @@ async fn egress_members_are_whole_triads_and_a_claim_installs_the_policy() {
     assert!(installed.contains("api.upstream.test") && installed.contains("s3cret"));
 
     let env = engine
-        .file(&id, control_plane::pool::ENV_FILE)
+        .file(&id, control_plane::layout::ENV_FILE)
         .expect("env file");
     assert_eq!(String::from_utf8_lossy(&env), r#"[["A","1"]]"#);
     assert!(
@@ -375,7 +334,7 @@ async fn egress_members_are_whole_triads_and_a_claim_installs_the_policy() {
     );
     // Force delete tears the triad down; the refill builds a whole new one.
     let (status, _) = r
-        .call("DELETE", &format!("/session/{id}/?force=true"), None)
+        .api("DELETE", &format!("/session/{id}/?force=true"), None)
         .await;
     assert_eq!(status, StatusCode::NO_CONTENT);
     r.refill.reconcile_all().await;

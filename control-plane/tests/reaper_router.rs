@@ -1,15 +1,16 @@
 //! In-process tests of the reaper's decisions and of activity tracking through the API, against
 //! the fake engine and a clock of the test's own. Real Docker and Redis: `tests/tests/reaper.rs`.
 
+mod harness;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use control_plane::config::{self, Config};
+use control_plane::config::Config;
 use control_plane::coordination::activity::{LocalActivity, SessionActivity};
-use control_plane::coordination::lock::LocalLocks;
 use control_plane::egress;
 use control_plane::engine::fake::FakeEngine;
 use control_plane::engine::{
@@ -17,8 +18,8 @@ use control_plane::engine::{
     NetworkAttach, NetworkSpec, ROLE_EGRESS_GATEWAY, ROLE_EGRESS_NETWORK, ROLE_LABEL, ROLE_SANDBOX,
 };
 use control_plane::reaper::Reaper;
-use control_plane::{AppState, app};
-use tower::ServiceExt;
+
+use harness::{Harness, KEY};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -43,14 +44,21 @@ fn config(extra: &[(&str, &str)]) -> Arc<Config> {
         ("RUNNING_SESSION_MAX_IDLE_SECONDS", "300"),
     ];
     settings.extend_from_slice(extra);
-    config::for_tests("k", &settings)
+    harness::config(&settings)
 }
 
+/// The harness with an activity tracker the test controls, and the reaper over it.
 struct World {
-    engine: FakeEngine,
+    h: Harness,
     activity: Arc<LocalActivity>,
-    state: AppState,
     reaper: Reaper,
+}
+
+impl std::ops::Deref for World {
+    type Target = Harness;
+    fn deref(&self) -> &Harness {
+        &self.h
+    }
 }
 
 impl World {
@@ -62,17 +70,11 @@ impl World {
             UNIX_EPOCH,
             config.reaper.running_session_max_idle,
         ));
-        let state = AppState::new(
-            config,
-            Arc::new(engine.clone()),
-            Arc::new(LocalLocks::default()),
-        )
-        .with_activity(activity.clone());
+        let state = harness::state(&engine, config).with_activity(activity.clone());
         let reaper = Reaper::new(&state);
         Self {
-            engine,
+            h: Harness::with_state(engine, state),
             activity,
-            state,
             reaper,
         }
     }
@@ -229,17 +231,11 @@ async fn sessions_created_before_tracking_began_get_a_full_window() -> TestResul
         at(NOW - 10),
         config.reaper.running_session_max_idle,
     ));
-    let state = AppState::new(
-        config,
-        Arc::new(engine.clone()),
-        Arc::new(LocalLocks::default()),
-    )
-    .with_activity(activity);
+    let state = harness::state(&engine, config).with_activity(activity);
     let w = World {
         reaper: Reaper::new(&state),
-        engine,
+        h: Harness::with_state(engine, state),
         activity: Arc::new(LocalActivity::new(None)),
-        state,
     };
     let ancient = w.running(10).await?;
     let sweep = w.reaper.sweep(at(NOW)).await?;
@@ -357,9 +353,9 @@ async fn every_operation_touches_its_session_at_start_and_end() -> TestResult {
     let req = Request::builder()
         .method("GET")
         .uri(format!("/api/v1/session/{id}/"))
-        .header("x-api-key", "k")
+        .header("x-api-key", KEY)
         .body(Body::empty())?;
-    let resp = app(w.state.clone()).oneshot(req).await?;
+    let resp = w.send(req).await;
     assert_eq!(resp.status(), StatusCode::NO_CONTENT);
     // The closing touch runs as the guard drops; the next lock holder sees it.
     let _next = w.state.lock(&id).await?;

@@ -1,99 +1,17 @@
 //! In-process tests of the HTTP surface against the fake engine: routing, auth, status codes,
 //! JSON shapes and the session logic's decisions. Real Docker is exercised by the `e2e` crate.
 
+mod harness;
+
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Body;
-use axum::http::{Request, StatusCode};
-use control_plane::config::{self, Config};
-use control_plane::coordination::lock::LocalLocks;
+use axum::http::StatusCode;
 use control_plane::engine::fake::FakeEngine;
 use control_plane::engine::{ContainerStatus, NetworkAttach};
-use control_plane::{AppState, app};
-use http_body_util::BodyExt;
 use serde_json::{Value, json};
-use tower::ServiceExt;
 
-const KEY: &str = "test-key";
-
-fn config(extra: &[(&str, &str)]) -> Arc<Config> {
-    config::for_tests(KEY, extra)
-}
-
-struct Harness {
-    engine: FakeEngine,
-    router: axum::Router,
-}
-
-impl Harness {
-    fn new(engine: FakeEngine, extra: &[(&str, &str)]) -> Self {
-        let state = AppState::new(
-            config(extra),
-            Arc::new(engine.clone()),
-            Arc::new(LocalLocks::default()),
-        );
-        Self {
-            engine,
-            router: app(state),
-        }
-    }
-
-    fn default() -> Self {
-        Self::new(FakeEngine::default(), &[])
-    }
-
-    async fn call(
-        &self,
-        method: &str,
-        uri: &str,
-        body: Option<Value>,
-        key: Option<&str>,
-    ) -> (StatusCode, Value) {
-        let mut req = Request::builder().method(method).uri(uri);
-        if let Some(k) = key {
-            req = req.header("x-api-key", k);
-        }
-        let body = match body {
-            Some(v) => {
-                req = req.header("content-type", "application/json");
-                Body::from(v.to_string())
-            }
-            None => Body::empty(),
-        };
-        let resp = match self
-            .router
-            .clone()
-            .oneshot(req.body(body).expect("request"))
-            .await
-        {
-            Ok(r) => r,
-            Err(e) => match e {},
-        };
-        let status = resp.status();
-        let bytes = resp.into_body().collect().await.expect("body").to_bytes();
-        let value = if bytes.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_slice(&bytes)
-                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()))
-        };
-        (status, value)
-    }
-
-    async fn api(&self, method: &str, path: &str, body: Option<Value>) -> (StatusCode, Value) {
-        self.call(method, &format!("/api/v1{path}"), body, Some(KEY))
-            .await
-    }
-
-    async fn session(&self) -> String {
-        let (status, body) = self
-            .api("POST", "/session/", Some(json!({"base_image": "img:1"})))
-            .await;
-        assert_eq!(status, StatusCode::OK, "{body}");
-        body["session_id"].as_str().expect("session_id").to_string()
-    }
-}
+use harness::Harness;
 
 #[tokio::test]
 async fn api_key_is_required_on_api_routes_only() {

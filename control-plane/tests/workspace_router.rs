@@ -2,76 +2,35 @@
 //! codes, the one-shot marker, the skipped-members header, lexical path validation and the lock.
 //! What the scripts do in a real container is tested end to end in the `e2e` crate.
 
+mod harness;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use control_plane::config::{self, Config};
-use control_plane::coordination::lock::{LocalLocks, SessionLocks};
 use control_plane::engine::fake::FakeEngine;
-use control_plane::{AppState, app};
 use futures::StreamExt;
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
-use tower::ServiceExt;
 
-const KEY: &str = "test-key";
+use harness::{Harness, KEY};
+
 const BOUNDARY: &str = "XyZboundary";
 
-fn config(extra: &[(&str, &str)]) -> Arc<Config> {
-    config::for_tests(KEY, extra)
-}
-
-struct Harness {
-    engine: FakeEngine,
-    locks: Arc<LocalLocks>,
-    router: axum::Router,
+/// What the seed and fs routes answer with: status, the skipped-members header, JSON body.
+async fn parts(resp: axum::http::Response<Body>) -> (StatusCode, Option<String>, Value) {
+    let status = resp.status();
+    let skipped = resp
+        .headers()
+        .get("x-seed-skipped-members")
+        .and_then(|v| v.to_str().ok())
+        .map(String::from);
+    (status, skipped, harness::json_body(resp).await)
 }
 
 impl Harness {
-    fn new(extra: &[(&str, &str)]) -> Self {
-        let engine = FakeEngine::default();
-        let locks = Arc::new(LocalLocks::default());
-        let state = AppState::new(config(extra), Arc::new(engine.clone()), locks.clone());
-        Self {
-            engine,
-            locks,
-            router: app(state),
-        }
-    }
-
-    async fn send(&self, req: Request<Body>) -> (StatusCode, Option<String>, Value) {
-        let resp = match self.router.clone().oneshot(req).await {
-            Ok(r) => r,
-            Err(e) => panic!("router error: {e}"),
-        };
-        let status = resp.status();
-        let skipped = resp
-            .headers()
-            .get("x-seed-skipped-members")
-            .and_then(|v| v.to_str().ok())
-            .map(String::from);
-        let bytes = match resp.into_body().collect().await {
-            Ok(b) => b.to_bytes(),
-            Err(e) => panic!("body error: {e}"),
-        };
-        let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-        (status, skipped, body)
-    }
-
-    async fn session(&self) -> String {
-        let req = Request::post("/api/v1/session/")
-            .header("x-api-key", KEY)
-            .header("content-type", "application/json")
-            .body(Body::from(json!({"base_image": "img"}).to_string()))
-            .unwrap_or_default();
-        let (s, _, b) = self.send(req).await;
-        assert_eq!(s, StatusCode::OK, "{b}");
-        b["session_id"].as_str().unwrap_or_default().to_string()
-    }
-
     async fn seed(
         &self,
         id: &str,
@@ -97,7 +56,7 @@ impl Harness {
             )
             .body(Body::from(body))
             .unwrap_or_default();
-        self.send(req).await
+        parts(self.send(req).await).await
     }
 
     /// A seed request with `body` as it is, and the response's status and raw body.
@@ -110,10 +69,7 @@ impl Harness {
             )
             .body(body)
             .unwrap_or_default();
-        let resp = match self.router.clone().oneshot(req).await {
-            Ok(r) => r,
-            Err(e) => panic!("router error: {e}"),
-        };
+        let resp = self.send(req).await;
         let status = resp.status();
         match resp.into_body().collect().await {
             Ok(b) => (status, b.to_bytes().to_vec()),
@@ -122,13 +78,8 @@ impl Harness {
     }
 
     async fn fs(&self, id: &str, op: &str, body: Value) -> (StatusCode, Value) {
-        let req = Request::post(format!("/api/v1/session/{id}/fs/{op}"))
-            .header("x-api-key", KEY)
-            .header("content-type", "application/json")
-            .body(Body::from(body.to_string()))
-            .unwrap_or_default();
-        let (s, _, b) = self.send(req).await;
-        (s, b)
+        self.api("POST", &format!("/session/{id}/fs/{op}"), Some(body))
+            .await
     }
 }
 
@@ -151,7 +102,7 @@ fn tar_with(names: &[(&str, tar::EntryType, &str)]) -> Vec<u8> {
 
 #[tokio::test]
 async fn seed_is_one_shot_and_reports_skipped_members() {
-    let h = Harness::new(&[]);
+    let h = Harness::new(FakeEngine::default(), &[]);
     let id = h.session().await;
     let archive = tar_with(&[
         ("a.txt", tar::EntryType::Regular, ""),
@@ -173,7 +124,7 @@ async fn seed_is_one_shot_and_reports_skipped_members() {
 
 #[tokio::test]
 async fn seed_decisions() {
-    let h = Harness::new(&[("SEED_MAX_MEMBERS", "1")]);
+    let h = Harness::new(FakeEngine::default(), &[("SEED_MAX_MEMBERS", "1")]);
     let id = h.session().await;
     // Neither field.
     let (s, _, b) = h.seed(&id, &[("other", vec![1, 2, 3])]).await;
@@ -196,7 +147,7 @@ async fn seed_decisions() {
         .header("content-type", "application/json")
         .body(Body::from("{}"))
         .unwrap_or_default();
-    let (s, _, _) = h.send(req).await;
+    let (s, _, _) = parts(h.send(req).await).await;
     assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY);
     // Unknown session.
     let (s, _, _) = h.seed(&"f".repeat(64), &[("repo_archive", vec![])]).await;
@@ -205,7 +156,7 @@ async fn seed_decisions() {
 
 #[tokio::test]
 async fn fs_paths_are_validated_before_touching_the_container() {
-    let h = Harness::new(&[]);
+    let h = Harness::new(FakeEngine::default(), &[]);
     let id = h.session().await;
     let before = h.engine.calls().len();
     for op in ["ls", "read", "grep", "glob", "write", "edit", "delete"] {
@@ -233,7 +184,7 @@ async fn fs_paths_are_validated_before_touching_the_container() {
 
 #[tokio::test]
 async fn fs_read_and_edit_go_through_the_helper() {
-    let h = Harness::new(&[]);
+    let h = Harness::new(FakeEngine::default(), &[]);
     let id = h.session().await;
     let mut b = tar::Builder::new(Vec::new());
     let mut hd = tar::Header::new_gnu();
@@ -289,9 +240,12 @@ async fn fs_read_and_edit_go_through_the_helper() {
 
 #[tokio::test]
 async fn fs_writes_wait_for_the_session_lock_then_409_and_reads_do_not() {
-    let h = Harness::new(&[("SESSION_LOCK_WAIT_SECONDS", "0.1")]);
+    let h = Harness::new(
+        FakeEngine::default(),
+        &[("SESSION_LOCK_WAIT_SECONDS", "0.1")],
+    );
     let id = h.session().await;
-    let held = h.locks.acquire(&id, Duration::from_secs(1)).await;
+    let held = h.state.locks.acquire(&id, Duration::from_secs(1)).await;
     assert!(held.is_ok());
     for op in ["ls", "glob", "grep", "read"] {
         let body = json!({"path": "/workspace", "pattern": "x"});
@@ -360,7 +314,7 @@ fn tar_with_long_name(name: &[u8]) -> Vec<u8> {
 
 #[tokio::test]
 async fn hostile_names_give_short_422_bodies() {
-    let h = Harness::new(&[]);
+    let h = Harness::new(FakeEngine::default(), &[]);
     let id = h.session().await;
     // 32 KB names: over PATH_MAX (refused before the tar reader takes the record in), and
     // just under it (refused for its `..`, the name cut in the message).
@@ -381,7 +335,7 @@ async fn hostile_names_give_short_422_bodies() {
 
 #[tokio::test]
 async fn endless_part_headers_give_422() {
-    let h = Harness::new(&[]);
+    let h = Harness::new(FakeEngine::default(), &[]);
     let id = h.session().await;
     // A part whose headers never end: 64 MiB offered, lazily, in 64 KiB chunks.
     let pulled = Arc::new(AtomicUsize::new(0));

@@ -6,6 +6,9 @@
 //! command plants. It needs no shell (only `run` does) and no libc at run time.
 //!
 //! # Layout
+//! - [`layout`]: the paths inside a sandbox (`/workspace/...`, the service directory, the
+//!   egress CA) and the processes socket, shared with the control plane. Built without the
+//!   `server` feature.
 //! - [`wire`]: the `fs/*` request/response types the HTTP API and the helper share, their
 //!   constants and [`wire::validate_path`]. Built without the `server` feature.
 //! - [`protocol`]: frames ([`protocol::encode`], [`protocol::FrameDecoder`],
@@ -131,6 +134,7 @@
 //! links"). Final opens use `O_NOFOLLOW` and `O_NONBLOCK`, then `fstat`: only regular files
 //! are read. Writes create with `O_CREAT | O_EXCL | O_NOFOLLOW` from the parent's fd.
 
+pub mod layout;
 pub mod protocol;
 pub mod wire;
 

@@ -34,7 +34,7 @@ fn main() -> ExitCode {
         ["serve", rest @ ..] => {
             let (root, rest) = match rest {
                 ["--root", dir, rest @ ..] => (PathBuf::from(dir), rest),
-                _ => (PathBuf::from(sandbox_helper::wire::WORKSPACE), rest),
+                _ => (PathBuf::from(sandbox_helper::layout::WORKSPACE), rest),
             };
             let rest = match rest {
                 ["--env-file", path, rest @ ..] => {
@@ -131,7 +131,7 @@ fn usage() -> ExitCode {
 /// `[--processes NAME]`: the supervisor's abstract socket (default one per sandbox).
 fn processes_flag<'a>(rest: &[&'a str]) -> Option<&'a str> {
     match rest {
-        [] => Some(sandbox_helper::ops::procs::DEFAULT_SOCKET),
+        [] => Some(sandbox_helper::layout::PROCESSES_SOCKET),
         ["--processes", name] => Some(name),
         _ => None,
     }

@@ -203,7 +203,7 @@ fn default_output_cap() -> u64 {
 }
 
 fn default_workdir() -> String {
-    "/workspace/repo".to_string()
+    crate::layout::REPO.to_string()
 }
 
 /// A REQUEST frame's payload. Paths are wire paths (`/workspace/...`), validated again by the

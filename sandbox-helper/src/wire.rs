@@ -7,6 +7,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::layout::WORKSPACE;
+
 /// Stable, machine-branchable error codes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -226,9 +228,6 @@ pub const TRUNCATION_MARKER: &str = "\n\n[... output truncated: this page exceed
 pub const GREP_MAX_MATCHES: usize = 200;
 /// Largest file `edit` rewrites: edits are read-modify-write in memory.
 pub const EDIT_MAX_BYTES: u64 = 16 * 1024 * 1024;
-
-/// Root of everything the fs ops may touch.
-pub const WORKSPACE: &str = "/workspace";
 
 /// A lexically validated absolute path under [`WORKSPACE`]: no `..`, NUL, CR or LF; repeated
 /// slashes, `.` components and a trailing slash removed. Symlinks are not resolved here: the

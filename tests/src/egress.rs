@@ -2,10 +2,11 @@
 //! container on a network the test creates, reachable under made-up `.test` names only.
 
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
+
+use crate::docker;
 
 /// A throwaway CA (shared with the gateway's in-process fixtures).
 pub use integration::fixtures::TestCa;
@@ -173,23 +174,6 @@ impl Drop for Upstream {
         let _ = docker(&["network", "rm", &self.network]);
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-/// Runs the docker CLI; stdout trimmed, or an error with stderr.
-pub fn docker(args: &[&str]) -> Result<String> {
-    let out = Command::new("docker")
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .context("docker CLI")?;
-    if !out.status.success() {
-        bail!(
-            "docker {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
 fn rand_u64() -> u64 {

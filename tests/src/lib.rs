@@ -1,6 +1,10 @@
 //! Harness for the end-to-end tests: starts the real `daiv-sandbox` binary against the real
 //! Docker engine and talks to it over HTTP, like a client would.
 //!
+//! One harness for every test binary: the service ([`ControlPlane`]), sessions and their clean-up,
+//! the docker CLI ([`docker`], [`docker_quietly`], [`inspect`]) and polling ([`eventually`]); the
+//! modules add fixtures (workspace archives, egress upstreams and CAs, Redis, a fake Sentry).
+//!
 //! Nothing here skips: a missing Docker engine or local image fails the test with the command
 //! that fixes it. Every session a test creates is force-removed when its guard drops, pass or
 //! fail, so `scripts/check-leaks.sh` can prove nothing is left behind.
@@ -28,20 +32,11 @@ pub const DEBIAN: &str = "daiv-sandbox-debian:local";
 
 /// Panics with instructions unless Docker answers and `image` exists locally.
 pub fn require_image(image: &str) {
-    let docker = Command::new("docker")
-        .args(["info", "--format", "{{.ServerVersion}}"])
-        .output();
-    match docker {
-        Ok(o) if o.status.success() => {}
-        _ => panic!("Docker engine not answering: run `scripts/ensure-docker.sh` (or `make test`)"),
-    }
-    let found = Command::new("docker")
-        .args(["image", "inspect", image])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
+    assert!(
+        docker(&["info", "--format", "{{.ServerVersion}}"]).is_ok(),
+        "Docker engine not answering: run `scripts/ensure-docker.sh` (or `make test`)"
+    );
+    let found = docker(&["image", "inspect", image]).is_ok();
     assert!(found, "image {image} missing: run `make images`");
 }
 
@@ -59,7 +54,8 @@ fn binary() -> PathBuf {
     dir.join("daiv-sandbox")
 }
 
-fn free_port() -> u16 {
+/// A loopback port free a moment ago.
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -314,29 +310,16 @@ impl Drop for Session {
                 .as_str()
                 .map(String::from)
         });
-        let quiet = |args: &[&str]| {
-            let _ = Command::new("docker")
-                .args(args)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status();
-        };
-        quiet(&["rm", "-fv", &self.id]);
+        docker_quietly(&["rm", "-fv", &self.id]);
         if let Some(token) = token {
             let filter = format!("label=daiv.sandbox.egress={token}");
             for kind in [&["ps", "-aq"][..], &["network", "ls", "-q"][..]] {
-                let out = Command::new("docker")
-                    .args(kind)
-                    .args(["--filter", &filter])
-                    .output();
-                let ids = out
-                    .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-                    .unwrap_or_default();
+                let ids = docker(&[kind, &["--filter", &filter]].concat()).unwrap_or_default();
                 for id in ids.split_whitespace() {
                     if kind[0] == "ps" {
-                        quiet(&["rm", "-fv", id]);
+                        docker_quietly(&["rm", "-fv", id]);
                     } else {
-                        quiet(&["network", "rm", id]);
+                        docker_quietly(&["network", "rm", id]);
                     }
                 }
             }
@@ -356,37 +339,22 @@ impl Drop for DeploymentGuard {
 
 /// Ids of the containers (`docker ps -a`) matching every `label=...` filter given.
 pub fn containers_with(labels: &[&str]) -> Vec<String> {
-    let mut args = vec![
-        "ps".to_string(),
-        "-aq".to_string(),
-        "--no-trunc".to_string(),
-    ];
-    for l in labels {
-        args.push("--filter".into());
-        args.push(format!("label={l}"));
-    }
-    let out = Command::new("docker").args(&args).output();
-    out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default()
-        .split_whitespace()
-        .map(String::from)
-        .collect()
+    listed(&["ps", "-aq", "--no-trunc"], labels)
 }
 
 /// Names of the networks matching every `label=...` filter given.
 pub fn networks_with(labels: &[&str]) -> Vec<String> {
-    let mut args = vec![
-        "network".to_string(),
-        "ls".to_string(),
-        "--format".to_string(),
-        "{{.Name}}".to_string(),
-    ];
-    for l in labels {
-        args.push("--filter".into());
-        args.push(format!("label={l}"));
+    listed(&["network", "ls", "--format", "{{.Name}}"], labels)
+}
+
+/// The words `docker <list>` prints with a `label=...` filter per label; none on failure.
+fn listed(list: &[&str], labels: &[&str]) -> Vec<String> {
+    let filters: Vec<String> = labels.iter().map(|l| format!("label={l}")).collect();
+    let mut args = list.to_vec();
+    for f in &filters {
+        args.extend(["--filter", f.as_str()]);
     }
-    let out = Command::new("docker").args(&args).output();
-    out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+    docker(&args)
         .unwrap_or_default()
         .split_whitespace()
         .map(String::from)
@@ -396,28 +364,44 @@ pub fn networks_with(labels: &[&str]) -> Vec<String> {
 /// Force-removes every container (with volumes) and network of `deployment`.
 pub fn remove_deployment(deployment: &str) {
     let label = format!("daiv.sandbox.deployment={deployment}");
-    let quiet = |args: &[&str]| {
-        let _ = Command::new("docker")
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
-    };
     for id in containers_with(&[&label]) {
-        quiet(&["rm", "-fv", &id]);
+        docker_quietly(&["rm", "-fv", &id]);
     }
     for net in networks_with(&[&label]) {
-        quiet(&["network", "rm", &net]);
+        docker_quietly(&["network", "rm", &net]);
     }
+}
+
+/// Runs the docker CLI; stdout trimmed, or an error with stderr.
+pub fn docker(args: &[&str]) -> Result<String> {
+    let out = Command::new("docker")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .context("docker CLI")?;
+    if !out.status.success() {
+        bail!(
+            "docker {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// Runs the docker CLI for a clean-up, ignoring output and failure (the thing may be gone).
+pub fn docker_quietly(args: &[&str]) {
+    let _ = Command::new("docker")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
 }
 
 /// `docker inspect` of a container, `None` when it does not exist.
 pub fn inspect(id: &str) -> Option<Value> {
-    let out = Command::new("docker").args(["inspect", id]).output().ok()?;
-    if !out.status.success() {
-        return None;
-    }
-    let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+    let v: Value = serde_json::from_str(&docker(&["inspect", id]).ok()?).ok()?;
     v.as_array()?.first().cloned()
 }
 

@@ -4,8 +4,8 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use e2e::egress::{Upstream, docker, egress_ca_files, gateway_of};
-use e2e::{ControlPlane, DEBIAN, Session, inspect, require_image};
+use e2e::egress::{Upstream, egress_ca_files, gateway_of};
+use e2e::{ControlPlane, DEBIAN, Session, docker, inspect, require_image};
 use reqwest::Method;
 use serde_json::{Value, json};
 

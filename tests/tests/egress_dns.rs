@@ -22,8 +22,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use e2e::egress::{Upstream, docker, egress_ca_files};
-use e2e::{ControlPlane, DEBIAN, inspect, require_image};
+use e2e::egress::{Upstream, egress_ca_files};
+use e2e::{ControlPlane, DEBIAN, docker, inspect, require_image};
 use serde_json::{Value, json};
 
 const GATEWAY_IMAGE: &str = "daiv-sandbox-egress:local";

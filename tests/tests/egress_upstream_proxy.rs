@@ -6,8 +6,8 @@
 //! that the gateway's SSRF guard still refuses a loopback destination the proxy would reach.
 
 use anyhow::{Context, Result, bail};
-use e2e::egress::{Upstream, docker, egress_ca_files, gateway_of};
-use e2e::{ControlPlane, DEBIAN, Session, require_image};
+use e2e::egress::{Upstream, egress_ca_files, gateway_of};
+use e2e::{ControlPlane, DEBIAN, Session, docker, require_image};
 use serde_json::{Value, json};
 
 const GATEWAY_IMAGE: &str = "daiv-sandbox-egress:local";

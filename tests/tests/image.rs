@@ -1,11 +1,11 @@
 //! The control-plane image, started the way the README says (`docker run` with the Docker
 //! socket mounted), creates, drives and closes a session.
 
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
-use e2e::{BUSYBOX, require_image};
+use anyhow::{Context, Result};
+use e2e::{BUSYBOX, docker, docker_quietly, eventually, free_port, require_image};
 use serde_json::{Value, json};
 
 const IMAGE: &str = "daiv-sandbox:local";
@@ -28,26 +28,8 @@ impl Drop for Service {
                 String::from_utf8_lossy(&o.stderr)
             );
         }
-        let _ = Command::new("docker")
-            .args(["rm", "-fv", &self.name])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
+        docker_quietly(&["rm", "-fv", &self.name]);
     }
-}
-
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
-fn docker(args: &[&str]) -> Result<String> {
-    let out = Command::new("docker").args(args).output()?;
-    if !out.status.success() {
-        bail!("docker {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
 #[tokio::test]
@@ -57,7 +39,7 @@ async fn the_image_serves_a_session_end_to_end() -> Result<()> {
         docker(&["image", "inspect", IMAGE]).is_ok(),
         "image {IMAGE} missing: run `images/control-plane/build-local.sh` (make images)"
     );
-    let port = free_port()?;
+    let port = free_port();
     let name = format!("daiv-sandbox-e2e-image-{}-{port}", std::process::id());
     let key = format!("image-key-{port}");
     let publish = format!("127.0.0.1:{port}:8000");
@@ -101,23 +83,14 @@ async fn the_image_serves_a_session_end_to_end() -> Result<()> {
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(120))
         .build()?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(r) = http.get(format!("{base}/-/health/")).send().await
-            && r.status().is_success()
-        {
-            break;
-        }
-        if Instant::now() > deadline {
-            bail!("the image never became healthy");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually("the image healthy", Duration::from_secs(30), || async {
+        let r = http.get(format!("{base}/-/health/")).send().await;
+        Ok(r.is_ok_and(|r| r.status().is_success()).then_some(()))
+    })
+    .await?;
     // The HEALTHCHECK command itself, as Docker runs it.
-    let probe = Command::new("docker")
-        .args(["exec", &name, "/daiv-sandbox", "healthcheck"])
-        .status()?;
-    assert!(probe.success(), "healthcheck subcommand failed");
+    let probe = docker(&["exec", &name, "/daiv-sandbox", "healthcheck"]);
+    assert!(probe.is_ok(), "healthcheck subcommand failed: {probe:?}");
 
     let api = format!("{base}/api/v1");
     let created: Value = http

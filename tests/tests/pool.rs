@@ -7,10 +7,10 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use e2e::egress::{TestCa, Upstream, docker};
+use e2e::egress::{TestCa, Upstream};
 use e2e::{
-    BUSYBOX, ControlPlane, DEBIAN, DeploymentGuard, Session, containers_with, eventually, inspect,
-    networks_with, require_image,
+    BUSYBOX, ControlPlane, DEBIAN, DeploymentGuard, Session, containers_with, docker, eventually,
+    inspect, networks_with, require_image,
 };
 use reqwest::Method;
 use serde_json::json;

@@ -6,12 +6,11 @@
 //! Each test is a deployment of its own (`DAIV_SANDBOX_DEPLOYMENT`, shared by its two replicas):
 //! the reaper sweeps only its deployment, so these tests run beside any other.
 
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 use e2e::redis::Redis;
-use e2e::{BUSYBOX, ControlPlane, eventually, inspect, require_image};
+use e2e::{BUSYBOX, ControlPlane, docker, docker_quietly, eventually, inspect, require_image};
 use reqwest::Method;
 
 /// This test's deployment name.
@@ -176,25 +175,8 @@ impl Drop for Made {
         } else {
             &["rm", "-fv"]
         };
-        let _ = Command::new("docker")
-            .args(args)
-            .arg(&self.name)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
+        docker_quietly(&[args, &[self.name.as_str()]].concat());
     }
-}
-
-fn docker(args: &[&str]) -> Result<String> {
-    let out = Command::new("docker").args(args).output()?;
-    if !out.status.success() {
-        bail!(
-            "docker {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
 fn labels(role: &str, token: &str) -> Vec<String> {

@@ -56,14 +56,11 @@ async fn unknown_sessions_are_404_on_every_route() -> Result<()> {
     require_image(BUSYBOX);
     let cp = ControlPlane::start().await?;
     // A real container that is not a session must not be reachable through the API either.
-    let out = std::process::Command::new("docker")
-        .args(["create", "--pull", "never", BUSYBOX, "true"])
-        .output()?;
-    let foreign = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let foreign = e2e::docker(&["create", "--pull", "never", BUSYBOX, "true"])?;
     let _foreign_guard = e2e::Session {
         id: foreign.clone(),
     };
-    assert_eq!(foreign.len(), 64, "docker create failed: {out:?}");
+    assert_eq!(foreign.len(), 64, "docker create printed {foreign:?}");
     for id in ["0".repeat(64), foreign.clone(), foreign[..12].to_string()] {
         let path = format!("/session/{id}/");
         for (method, body) in [

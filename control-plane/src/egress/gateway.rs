@@ -15,10 +15,12 @@ use shared_policy::sidecar;
 use super::EgressError;
 use super::policy::policy_json;
 use super::{Egress, GATEWAY_UID, Triad};
+use crate::archive::{Archive, ROOT, entry_name};
 use crate::engine::{
     ContainerSpec, DEPLOYMENT_LABEL, EGRESS_LABEL, MANAGED_LABEL, NetworkAttach,
     ROLE_EGRESS_GATEWAY, ROLE_LABEL,
 };
+use crate::layout;
 
 /// What the gateway logs once it accepts connections.
 const GATEWAY_READY_LINE: &str = sidecar::READY_LINE;
@@ -163,52 +165,29 @@ pub(super) fn config_tar_with(
     with_dir: bool,
     helper: Option<&Bytes>,
 ) -> Bytes {
-    let mut builder = tar::Builder::new(Vec::new());
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    let header = |kind: tar::EntryType, mode: u32, size: u64| {
-        let mut h = tar::Header::new_gnu();
-        h.set_entry_type(kind);
-        h.set_mode(mode);
-        h.set_uid(u64::from(GATEWAY_UID));
-        h.set_gid(u64::from(GATEWAY_UID));
-        h.set_size(size);
-        h.set_mtime(now);
-        h
-    };
+    let gateway = (GATEWAY_UID, GATEWAY_UID);
+    let mut tar = Archive::new();
     let prefix = if with_dir {
-        format!("{}/", sidecar::CONFIG_DIR.trim_start_matches('/'))
+        format!("{}/", entry_name(sidecar::CONFIG_DIR))
     } else {
         String::new()
     };
     if with_dir {
-        let mut h = header(tar::EntryType::Directory, 0o700, 0);
-        let _ = builder.append_data(&mut h, &prefix, std::io::empty());
+        tar.dir(&prefix, 0o700, gateway);
     }
     for (name, data, mode) in files {
-        let mut h = header(tar::EntryType::Regular, *mode, data.len() as u64);
-        let _ = builder.append_data(&mut h, format!("{prefix}{name}"), &data[..]);
+        tar.file(&format!("{prefix}{name}"), *mode, gateway, data);
     }
     if let Some(bin) = helper {
-        let root = |kind: tar::EntryType, mode: u32, size: u64| {
-            let mut h = header(kind, mode, size);
-            h.set_uid(0);
-            h.set_gid(0);
-            h
-        };
-        let dir = crate::runtime::SANDBOX_DIR.trim_start_matches('/');
-        let mut h = root(tar::EntryType::Directory, 0o755, 0);
-        let _ = builder.append_data(&mut h, format!("{dir}/"), std::io::empty());
-        let mut h = root(tar::EntryType::Regular, 0o755, bin.len() as u64);
-        let _ = builder.append_data(
-            &mut h,
-            crate::runtime::HELPER_PATH.trim_start_matches('/'),
-            &bin[..],
+        tar.dir(entry_name(layout::SERVICE_DIR), 0o755, ROOT).file(
+            entry_name(layout::HELPER),
+            0o755,
+            ROOT,
+            bin,
         );
     }
-    Bytes::from(builder.into_inner().unwrap_or_default())
+    // The names are constants and the policy files' fixed names: nothing `tar` refuses.
+    tar.finish().unwrap_or_default()
 }
 
 #[cfg(test)]

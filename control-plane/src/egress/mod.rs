@@ -90,9 +90,6 @@ pub const GATEWAY_UID: u32 = sidecar::UID;
 /// report the new version within this.
 pub const POLICY_ACK_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Where the sandbox finds the combined trust bundle (the image's roots + the egress CA).
-pub const SANDBOX_CA_BUNDLE: &str = "/usr/local/share/daiv-sandbox/ca-bundle.pem";
-
 /// Everything egress needs that does not change per session, read once at start-up.
 pub struct Egress {
     engine: Arc<dyn ContainerEngine>,

@@ -15,6 +15,7 @@ use shared_policy::sidecar;
 use super::EgressError;
 use super::gateway::config_tar;
 use super::{Egress, GATEWAY_UID, POLICY_ACK_TIMEOUT, Triad};
+use crate::backoff::Backoff;
 use crate::engine::ExecSpec;
 
 /// Parses an `egress` body as the policy file and applies the API's validation. Parse errors
@@ -70,7 +71,8 @@ impl Egress {
                 }
             }
             // The exit code can lag the end of the output by a moment.
-            for _ in 0..50 {
+            let mut backoff = Backoff::fixed(Duration::from_millis(20), Duration::from_secs(1));
+            loop {
                 match self.engine.exec_exit_code(&exec.exec_id).await {
                     Ok(Some(0)) => return Ok(()),
                     Ok(Some(_)) => {
@@ -79,10 +81,13 @@ impl Egress {
                         tracing::warn!(gateway, version, answer = %last, "egress policy not acknowledged");
                         return Err(not_acked(""));
                     }
-                    Ok(None) => tokio::time::sleep(Duration::from_millis(20)).await,
+                    Ok(None) => {}
                     Err(e) => {
                         return Err(EgressError::gateway("could not ask the egress gateway")(e));
                     }
+                }
+                if !backoff.wait().await {
+                    break;
                 }
             }
             Err(not_acked(" (no exit code)"))

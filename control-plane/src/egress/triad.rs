@@ -16,26 +16,25 @@ use futures::StreamExt;
 use shared_policy::PolicyFile;
 
 use super::EgressError;
-use super::{Egress, GATEWAY_LABEL, NETWORK_LABEL, SANDBOX_CA_BUNDLE};
+use super::{Egress, GATEWAY_LABEL, NETWORK_LABEL};
 use crate::engine::{
     ContainerEngine, ContainerInfo, ContainerSpec, DEPLOYMENT_LABEL, EGRESS_LABEL, EngineError,
     ExecSpec, MANAGED_LABEL, NetworkAttach, NetworkSpec, ROLE_EGRESS_GATEWAY, ROLE_EGRESS_NETWORK,
     ROLE_LABEL,
 };
+use crate::layout;
 
-/// Where the sandbox finds the egress CA (root-owned, in its skeleton).
-const SANDBOX_CA_DIR: &str = "usr/local/share/daiv-sandbox";
-
-/// Builds the combined bundle (the image's system roots + the egress CA) and adds the CA to the
-/// system bundle for tools that ignore the environment. Runs as root: no capability is needed to
-/// write root-owned files, which matters under gVisor.
-const INSTALL_CA: &str = r#"d=/usr/local/share/daiv-sandbox
-: > "$d/ca-bundle.pem"
+/// Builds the combined bundle (the image's system roots + the egress CA) at `$2` from the CA at
+/// `$1` ([`layout::CA_BUNDLE`] and [`layout::CA_CERT`]) and adds the CA to the system bundle for
+/// tools that ignore the environment. Runs as root: no capability is needed to write root-owned
+/// files, which matters under gVisor.
+const INSTALL_CA: &str = r#"c="$1" b="$2"
+: > "$b"
 for f in /etc/ssl/certs/ca-certificates.crt /etc/pki/tls/certs/ca-bundle.crt /etc/ssl/cert.pem /etc/ssl/ca-bundle.pem; do
-  if [ -f "$f" ]; then cat "$f" >> "$d/ca-bundle.pem"; printf '\n' >> "$d/ca-bundle.pem"; cat "$d/egress-ca.crt" >> "$f" 2>/dev/null; break; fi
+  if [ -f "$f" ]; then cat "$f" >> "$b"; printf '\n' >> "$b"; cat "$c" >> "$f" 2>/dev/null; break; fi
 done
-cat "$d/egress-ca.crt" >> "$d/ca-bundle.pem"
-if [ -d /usr/local/share/ca-certificates ]; then cp "$d/egress-ca.crt" /usr/local/share/ca-certificates/daiv-egress-ca.crt 2>/dev/null; fi
+cat "$c" >> "$b"
+if [ -d /usr/local/share/ca-certificates ]; then cp "$c" /usr/local/share/ca-certificates/daiv-egress-ca.crt 2>/dev/null; fi
 exit 0"#;
 
 const PROXY_ENV: [&str; 6] = [
@@ -273,7 +272,7 @@ impl Egress {
             env.push((k.to_string(), "localhost,127.0.0.1,::1".to_string()));
         }
         for k in CA_BUNDLE_ENV {
-            env.push((k.to_string(), SANDBOX_CA_BUNDLE.to_string()));
+            env.push((k.to_string(), layout::CA_BUNDLE.to_string()));
         }
         Ok(SandboxPlan {
             triad: Triad {
@@ -293,7 +292,7 @@ impl Egress {
                 (NETWORK_LABEL.to_string(), network),
             ],
             files: vec![(
-                format!("{SANDBOX_CA_DIR}/egress-ca.crt"),
+                crate::archive::entry_name(layout::CA_CERT).to_string(),
                 self.ca_cert.clone(),
             )],
         })
@@ -317,7 +316,16 @@ impl Egress {
 
     async fn install_ca(&self, sandbox: &str) -> Result<(), EgressError> {
         let spec = ExecSpec {
-            cmd: vec!["/bin/sh".into(), "-c".into(), INSTALL_CA.into()],
+            cmd: [
+                "/bin/sh",
+                "-c",
+                INSTALL_CA,
+                "sh",
+                layout::CA_CERT,
+                layout::CA_BUNDLE,
+            ]
+            .map(String::from)
+            .to_vec(),
             user: "0:0".into(),
             workdir: None,
             env: Vec::new(),

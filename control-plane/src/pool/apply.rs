@@ -7,10 +7,11 @@ use futures::StreamExt;
 use shared_policy::PolicyFile;
 use tokio::io::AsyncWriteExt;
 
-use super::{ENV_FILE, Kind, Member};
+use super::{Kind, Member};
 use crate::api::StartSessionRequest;
+use crate::archive::{Archive, ROOT};
 use crate::engine::{ContainerEngine, EngineError, ExecSpec};
-use crate::runtime::{HELPER_PATH, SANDBOX_DIR};
+use crate::layout::{ENV_FILE, HELPER, SERVICE_DIR};
 use crate::session::{SessionError, Sessions};
 
 /// The claim's environment as the helper reads it (a JSON list of pairs): the caller's
@@ -31,16 +32,10 @@ pub(crate) fn env_json(req: &StartSessionRequest, kind: Kind) -> Option<Bytes> {
 /// The environment file as an archive for the service directory: root's, world-readable (the
 /// sandbox user reads it, never replaces it).
 pub(crate) fn env_tar(json: Bytes) -> Bytes {
-    let mut header = tar::Header::new_gnu();
-    header.set_entry_type(tar::EntryType::Regular);
-    header.set_mode(0o644);
-    header.set_uid(0);
-    header.set_gid(0);
-    header.set_size(json.len() as u64);
-    let mut builder = tar::Builder::new(Vec::new());
     let name = ENV_FILE.rsplit('/').next().unwrap_or("environment");
-    let _ = builder.append_data(&mut header, name, &json[..]);
-    Bytes::from(builder.into_inner().unwrap_or_default())
+    let mut tar = Archive::new();
+    tar.file(name, 0o644, ROOT, &json);
+    tar.finish().unwrap_or_default()
 }
 
 /// Replaces `path` in container `id` with `content`, written as `user` by the session helper's
@@ -77,7 +72,7 @@ pub async fn write_then(
     then: &[String],
 ) -> Result<String, EngineError> {
     let mut cmd = vec![
-        HELPER_PATH.to_string(),
+        HELPER.to_string(),
         "write-file".to_string(),
         path.to_string(),
         format!("{mode:o}"),
@@ -126,7 +121,7 @@ impl Sessions {
                 tracing::debug!(session_id = %id, error = %e, "environment not written by the helper; uploading it");
                 let tar = env_tar(json);
                 let body = futures::stream::once(async move { Ok(tar) }).boxed();
-                self.engine.put_archive(id, SANDBOX_DIR, body).await?;
+                self.engine.put_archive(id, SERVICE_DIR, body).await?;
             }
             Ok::<_, SessionError>(())
         };

@@ -35,9 +35,10 @@
 //! # What a claim applies
 //!
 //! - `environment`: written as root into the sandbox's root-owned service directory
-//!   ([`ENV_FILE`], a JSON list of pairs, readable but not writable by the sandbox user); the
-//!   helper applies it on top of the container's environment to every command (`serve`) and
-//!   background process (`init`). Egress proxy settings still win, as on the cold path.
+//!   ([`ENV_FILE`](crate::layout::ENV_FILE), a JSON list of pairs, readable but not writable
+//!   by the sandbox user); the helper applies it on top of the container's environment to every
+//!   command (`serve`) and background process (`init`). Egress proxy settings still win, as on
+//!   the cold path.
 //! - `memory_bytes` / `cpus`: a live update of the container (swap twice the memory, as at
 //!   create). A runtime that refuses updates (gVisor) makes the claim fall back to a cold create,
 //!   and requests with limits skip the pool from then on.
@@ -69,9 +70,6 @@ mod refill;
 
 pub use apply::{write_by_helper, write_then};
 pub use refill::Refill;
-
-/// Where a claim's environment lives in the sandbox (the helper's `procs::ENV_FILE`).
-pub const ENV_FILE: &str = "/.daiv-sandbox/environment";
 
 pub(crate) const BUILDING: &str = "daiv-building-";
 pub(crate) const READY: &str = "daiv-pool-";

@@ -33,11 +33,6 @@ use channel::{Channel, ChannelError, Incoming, RequestHandle};
 pub use error::HelperError;
 pub use helper_bin::helper_binary;
 
-/// Root-owned directory of the service's own files in every sandbox (outside `/workspace`, not
-/// writable by the sandbox user): the helper binary and the seed marker.
-pub const SANDBOX_DIR: &str = "/.daiv-sandbox";
-/// Where the helper binary lives in every sandbox.
-pub const HELPER_PATH: &str = "/.daiv-sandbox/daiv-sandbox-helper";
 /// Exit code of a command killed at its timeout (as coreutils' `timeout`).
 pub const TIMEOUT_EXIT_CODE: i64 = 124;
 /// Exit code reported for a command whose helper vanished under it (it was killed, or the
@@ -175,7 +170,7 @@ impl HelperRuntime {
             return Ok(c.clone());
         }
         let spec = ExecSpec {
-            cmd: vec![HELPER_PATH.to_string(), "serve".to_string()],
+            cmd: vec![crate::layout::HELPER.to_string(), "serve".to_string()],
             user: self.user.clone(),
             workdir: Some("/".to_string()),
             env: Vec::new(),

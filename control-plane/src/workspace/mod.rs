@@ -20,9 +20,6 @@ pub mod sanitize;
 pub mod seed;
 pub mod wire;
 
-/// Root of everything the fs ops may touch.
-pub const WORKSPACE: &str = "/workspace";
-
 /// At most 200 characters of a client-supplied string, for an error message or a log field:
 /// a hostile name must not make either grow with it.
 pub fn shown(s: &str) -> String {

@@ -22,14 +22,12 @@ use futures::StreamExt;
 use tokio::sync::mpsc;
 
 use super::sanitize::{self, Budget, Options, SanitizeError};
-use super::{ChannelReader, ChannelWriter, WORKSPACE};
+use super::{ChannelReader, ChannelWriter};
+use crate::archive::{Archive, ROOT, entry_name};
 use crate::config::Config;
 use crate::engine::{ContainerEngine, EngineError};
+use crate::layout::{self, SEED_MARKER, SERVICE_DIR, WORKSPACE};
 use crate::runtime::{HelperError, SessionRuntime};
-
-/// Directory of the one-shot marker; root-owned, outside the workspace.
-pub const MARKER_DIR: &str = "/.daiv-sandbox";
-pub const MARKER: &str = "/.daiv-sandbox/seeded";
 
 /// Header carrying how many archive members the sanitiser dropped.
 pub const SKIPPED_HEADER: &str = "x-seed-skipped-members";
@@ -37,8 +35,11 @@ pub const SKIPPED_HEADER: &str = "x-seed-skipped-members";
 /// Chunks in flight between the upload, the sanitiser and Docker, per direction.
 const CHANNEL_DEPTH: usize = 8;
 
-/// The multipart fields we take and where each lands (relative to [`WORKSPACE`]).
-const FIELDS: &[(&str, &str)] = &[("repo_archive", "repo"), ("skills_archive", "skills")];
+/// The multipart fields we take and where each lands.
+const FIELDS: &[(&str, &str)] = &[
+    ("repo_archive", layout::REPO),
+    ("skills_archive", layout::SKILLS),
+];
 
 /// Why a seed was refused or failed. The texts are what a client is told; the HTTP status of
 /// each is decided in [`crate::error`].
@@ -106,7 +107,7 @@ pub async fn seed(
     id: &str,
     mut multipart: Multipart,
 ) -> Result<SeedOutcome, SeedError> {
-    match engine.get_archive(id, MARKER).await {
+    match engine.get_archive(id, SEED_MARKER).await {
         Ok(_) => {
             return Err(SeedError::AlreadySeeded);
         }
@@ -178,10 +179,16 @@ async fn seed_one(
 ) -> Result<sanitize::Stats, SeedError> {
     let (in_tx, in_rx) = mpsc::channel::<Bytes>(CHANNEL_DEPTH);
     let (out_tx, out_rx) = mpsc::channel::<io::Result<Bytes>>(CHANNEL_DEPTH);
+    // Archives are extracted at the workspace: entry names (and the client's messages) are
+    // relative to it.
+    let name = dest
+        .strip_prefix(WORKSPACE)
+        .unwrap_or(dest)
+        .trim_start_matches('/');
     let opts = Options {
         uid: u64::from(config.sessions.run_uid),
         gid: u64::from(config.sessions.run_gid),
-        prefix: dest.to_string(),
+        prefix: name.to_string(),
     };
     let mut worker_budget = *budget;
     let raw_limit = config.sessions.seed_max_bytes;
@@ -261,14 +268,14 @@ async fn seed_one(
         }
         Err(source @ (SanitizeError::TooLarge { .. } | SanitizeError::TooManyMembers { .. })) => {
             Err(SeedError::OverBudget {
-                dest: dest.to_string(),
+                dest: name.to_string(),
                 source,
             })
         }
         Err(source) => {
             fed?;
             Err(SeedError::BadArchive {
-                dest: dest.to_string(),
+                dest: name.to_string(),
                 source,
             })
         }
@@ -282,31 +289,11 @@ async fn seed_one(
 
 /// The marker, root-owned, in a root-owned directory.
 async fn write_marker(engine: &dyn ContainerEngine, id: &str) -> Result<(), SeedError> {
-    let mut builder = tar::Builder::new(Vec::new());
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    let dir = MARKER_DIR.trim_start_matches('/');
-    let file = MARKER.trim_start_matches('/');
-    for (name, is_dir) in [(dir, true), (file, false)] {
-        let mut h = tar::Header::new_gnu();
-        h.set_entry_type(if is_dir {
-            tar::EntryType::Directory
-        } else {
-            tar::EntryType::Regular
-        });
-        h.set_mode(if is_dir { 0o755 } else { 0o644 });
-        h.set_uid(0);
-        h.set_gid(0);
-        h.set_mtime(now);
-        h.set_size(0);
-        builder
-            .append_data(&mut h, name, io::empty())
-            .map_err(SeedError::Marker)?;
-    }
-    let tar = builder.into_inner().map_err(SeedError::Marker)?;
-    let body = futures::stream::once(async move { Ok(Bytes::from(tar)) }).boxed();
+    let mut tar = Archive::new();
+    tar.dir(entry_name(SERVICE_DIR), 0o755, ROOT)
+        .file(entry_name(SEED_MARKER), 0o644, ROOT, &[]);
+    let tar = tar.finish().map_err(SeedError::Marker)?;
+    let body = futures::stream::once(async move { Ok(tar) }).boxed();
     engine.put_archive(id, "/", body).await?;
     Ok(())
 }
@@ -316,7 +303,7 @@ async fn write_marker(engine: &dyn ContainerEngine, id: &str) -> Result<(), Seed
 /// what the client sees.
 async fn cleanup(runtime: &dyn SessionRuntime, id: &str, dests: &[&str]) {
     for d in dests {
-        if let Err(e) = runtime.clear(id, &format!("{WORKSPACE}/{d}")).await {
+        if let Err(e) = runtime.clear(id, d).await {
             tracing::warn!(session_id = %id, error = %e, "could not clean up a failed seed");
         }
     }

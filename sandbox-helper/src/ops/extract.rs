@@ -18,6 +18,7 @@ use rustix::io::Errno;
 
 use super::resolve::{Opts, ResolveError, Root, components, make_dir};
 use super::{Input, OpError, Stop};
+use crate::layout::WORKSPACE;
 use crate::protocol::{ErrorKind, ExtractStats};
 use crate::wire::validate_path;
 
@@ -39,7 +40,7 @@ fn open_dest(root: &Root, dest: &str, create: bool) -> Result<Option<OwnedFd>, O
     };
     let res = root.resolve(dest, opts).map_err(|e| match e {
         ResolveError::Outside => io_err(format!(
-            "{dest}: a symbolic link on the way leads outside /workspace"
+            "{dest}: a symbolic link on the way leads outside {WORKSPACE}"
         )),
         ResolveError::Loop => io_err(format!("{dest}: too many levels of symbolic links")),
         ResolveError::Errno(e) => io_err(format!("{dest}: {}", describe(e))),

@@ -19,6 +19,7 @@ use super::ere;
 use super::resolve::{Opts, ResolveError, Root};
 use super::text::{Page, page_checked, replace};
 use super::{OpError, Stop, fail};
+use crate::layout::WORKSPACE;
 use crate::wire::*;
 
 /// Longest line grep matches against; the rest of a longer line is not searched (memory stays
@@ -70,7 +71,7 @@ fn denied(path: &str) -> OpError {
 fn outside(path: &str) -> OpError {
     fail(
         FsErrorCode::PermissionDenied,
-        format!("permission denied: {path}: a symbolic link on the way leads outside /workspace"),
+        format!("permission denied: {path}: a symbolic link on the way leads outside {WORKSPACE}"),
     )
 }
 

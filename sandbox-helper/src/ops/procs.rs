@@ -23,18 +23,11 @@ use std::time::{Duration, Instant};
 use rustix::process::{Pid, Signal};
 
 use super::run::shell;
+use crate::layout::{ENV_FILE, PROCESSES_SOCKET};
 use crate::protocol::{
     ErrorKind, PollInfo, ProcInfo, ProcRequest, Response, encode, encode_json, kind, read_frame,
 };
 
-/// The environment a warm-pool claim gave the session (a JSON list of `[name, value]` pairs),
-/// written by the control plane as root into the root-owned service directory after the
-/// container started: commands and processes get it on top of the container's environment.
-/// Absent in every other session.
-pub const ENV_FILE: &str = "/.daiv-sandbox/environment";
-
-/// The abstract socket `init` listens on (per network namespace: one per sandbox).
-pub const DEFAULT_SOCKET: &str = "daiv-sandbox-processes";
 /// Finished processes kept for their exit code and output; older ones are forgotten first.
 const KEEP_FINISHED: usize = 32;
 /// How long a `stdin` write may wait for a process that does not read.
@@ -77,7 +70,7 @@ pub fn set_socket(name: &str) {
 
 /// The supervisor's socket name.
 pub fn socket() -> &'static str {
-    SOCKET.get().map_or(DEFAULT_SOCKET, String::as_str)
+    SOCKET.get().map_or(PROCESSES_SOCKET, String::as_str)
 }
 
 /// The claim's environment from `path`; none when the file is absent (a session that was not

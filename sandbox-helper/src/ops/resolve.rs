@@ -20,7 +20,7 @@ use rustix::fd::OwnedFd;
 use rustix::fs::{FileType, Mode, OFlags, Stat};
 use rustix::io::Errno;
 
-use crate::wire::WORKSPACE;
+use crate::layout::WORKSPACE;
 
 /// Symlinks followed in one resolution (the kernel's own limit).
 pub const MAX_HOPS: usize = 40;

@@ -20,12 +20,13 @@ use super::procs;
 use super::resolve::Root;
 use super::run::{self, Emit, RunError, RunSpec};
 use super::{Halt, Input, InputMsg, OpError, Stop};
+use crate::layout::{self, WORKSPACE};
 use crate::protocol::ProcRequest;
 use crate::protocol::{
     ErrorKind, Event, MAX_PAYLOAD, Request, Response, VERSION, encode, encode_json, kind,
     read_frame,
 };
-use crate::wire::{FsError, WORKSPACE};
+use crate::wire::FsError;
 
 /// Frames queued for stdout; a full queue makes producers wait (a slow client slows commands
 /// instead of growing memory).
@@ -89,7 +90,7 @@ impl Out {
 }
 
 static ENV_FILE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-/// The claim's environment ([`procs::ENV_FILE`]), read once when serving starts: the control
+/// The claim's environment ([`layout::ENV_FILE`]), read once when serving starts: the control
 /// plane writes it before it opens any channel to a claimed session.
 static CLAIMED_ENV: std::sync::OnceLock<Vec<(String, String)>> = std::sync::OnceLock::new();
 
@@ -103,7 +104,7 @@ fn claimed_env() -> &'static [(String, String)] {
         let path = ENV_FILE
             .get()
             .cloned()
-            .unwrap_or_else(|| PathBuf::from(procs::ENV_FILE));
+            .unwrap_or_else(|| PathBuf::from(layout::ENV_FILE));
         procs::claimed_env(&path)
     })
 }

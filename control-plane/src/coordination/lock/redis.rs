@@ -24,9 +24,9 @@ use std::time::Duration;
 use redis::Script;
 use redis::aio::ConnectionManager;
 use tokio::task::JoinHandle;
-use tokio::time::Instant;
 
 use super::{LockError, LockGuard, SessionLocks};
+use crate::backoff::Backoff;
 use crate::coordination::redis::bounded;
 const POLL_MIN: Duration = Duration::from_millis(10);
 const POLL_MAX: Duration = Duration::from_millis(100);
@@ -111,8 +111,7 @@ impl SessionLocks for RedisLocks {
     async fn acquire(&self, session_id: &str, wait: Duration) -> Result<LockGuard, LockError> {
         let key = format!("{LOCK_PREFIX}{session_id}");
         let token = new_token();
-        let deadline = Instant::now() + wait;
-        let mut pause = POLL_MIN;
+        let mut backoff = Backoff::exponential(POLL_MIN, POLL_MAX, wait);
         loop {
             match self.try_set(&key, &token, self.ttl_ms()).await {
                 Ok(true) => break,
@@ -129,12 +128,9 @@ impl SessionLocks for RedisLocks {
                     return Err(e);
                 }
             }
-            let now = Instant::now();
-            if now >= deadline {
+            if !backoff.wait().await {
                 return Err(LockError::Timeout);
             }
-            tokio::time::sleep(pause.min(deadline - now)).await;
-            pause = (pause * 2).min(POLL_MAX);
         }
         let held = Arc::new(Held {
             conn: self.conn.clone(),
@@ -198,10 +194,10 @@ async fn refresh_loop(held: Arc<Held>, every: Duration, ttl_ms: u64) {
 /// has twice answered that it is not ours, a second apart (by then anything sent before on another
 /// connection has been executed too). Gives up after [`RELEASE_PATIENCE`]; the TTL then applies.
 async fn release_until_answered(held: Arc<Held>) {
-    let started = Instant::now();
+    let mut backoff = Backoff::fixed(Duration::from_secs(1), RELEASE_PATIENCE);
     let mut answered = 0;
     let mut warned = false;
-    while started.elapsed() < RELEASE_PATIENCE {
+    loop {
         match held.run(RELEASE, None).await {
             Ok(1) => return,
             Ok(_) => {
@@ -216,7 +212,9 @@ async fn release_until_answered(held: Arc<Held>) {
             }
             Err(_) => {}
         }
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        if !backoff.wait().await {
+            break;
+        }
     }
     tracing::warn!(key = %held.key, "session lock not released; it expires after its TTL");
 }

@@ -14,6 +14,8 @@ use crate::engine::{
 };
 
 use super::{FakeEngine, FakeExec, State};
+use crate::archive::Archive;
+use crate::layout;
 
 #[async_trait::async_trait]
 impl ContainerEngine for FakeEngine {
@@ -215,15 +217,16 @@ impl ContainerEngine for FakeEngine {
             Some(true) => {}
         }
         let root = self.workspace_dir(id);
-        for sub in ["repo", "skills", "tmp"] {
-            std::fs::create_dir_all(root.join(sub))
+        for dir in [layout::REPO, layout::SKILLS, layout::TMP] {
+            let sub = dir.strip_prefix(layout::WORKSPACE).unwrap_or(dir);
+            std::fs::create_dir_all(root.join(sub.trim_start_matches('/')))
                 .map_err(|e| EngineError::Unavailable(e.to_string()))?;
         }
         // The claim's environment file, where the host helper finds it (a sandbox's helper reads
         // it from its own root-owned directory).
         let env_file = root.with_extension("env");
         let claimed = self.with(|s| {
-            let key = (id.to_string(), crate::pool::ENV_FILE.to_string());
+            let key = (id.to_string(), layout::ENV_FILE.to_string());
             s.files.get(&key).and_then(|(content, _)| content.clone())
         });
         match claimed {
@@ -328,26 +331,20 @@ impl ContainerEngine for FakeEngine {
         let Some((content, (mode, uid, gid))) = found else {
             return Err(EngineError::NotFound);
         };
-        let base = path.rsplit('/').next().unwrap_or_default().to_string();
-        let mut header = tar::Header::new_gnu();
-        header.set_mode(mode);
-        header.set_uid(uid);
-        header.set_gid(gid);
-        let mut builder = tar::Builder::new(Vec::new());
-        let data = content.clone().unwrap_or_default();
-        header.set_entry_type(if content.is_some() {
-            tar::EntryType::Regular
-        } else {
-            tar::EntryType::Directory
-        });
-        header.set_size(data.len() as u64);
-        builder
-            .append_data(&mut header, &base, &data[..])
+        let base = path.rsplit('/').next().unwrap_or_default();
+        let owner = (
+            u32::try_from(uid).unwrap_or(u32::MAX),
+            u32::try_from(gid).unwrap_or(u32::MAX),
+        );
+        let mut tar = Archive::new();
+        match &content {
+            Some(data) => tar.file(base, mode, owner, data),
+            None => tar.dir(base, mode, owner),
+        };
+        let bytes = tar
+            .finish()
             .map_err(|e| EngineError::Unavailable(e.to_string()))?;
-        let bytes = builder
-            .into_inner()
-            .map_err(|e| EngineError::Unavailable(e.to_string()))?;
-        Ok(futures::stream::once(async move { Ok(Bytes::from(bytes)) }).boxed())
+        Ok(futures::stream::once(async move { Ok(bytes) }).boxed())
     }
 
     async fn wait_for_log(

@@ -1,0 +1,151 @@
+//! The tar archives the control plane builds itself for [`ContainerEngine::put_archive`]: a new
+//! sandbox's skeleton, the gateway's config and policy, a claim's environment file, the seed
+//! marker. (Seed archives come from clients and go through `workspace::sanitize` instead.)
+//!
+//! One builder so that every such archive says the same things the same way: GNU headers, an
+//! explicit owner and mode on every entry (a container's `exec -u root` may have no capabilities
+//! under gVisor, so ownership comes from the archive, never from a `chown` afterwards), the
+//! current time as mtime, and directory names ending in `/`.
+//!
+//! [`ContainerEngine::put_archive`]: crate::engine::ContainerEngine::put_archive
+
+use std::io;
+
+use bytes::Bytes;
+
+/// The owner of an entry: `(uid, gid)`.
+pub type Owner = (u32, u32);
+
+/// Root, for the service's own files: the sandbox user can read or run them, never replace them.
+pub const ROOT: Owner = (0, 0);
+
+/// The name of the entry for absolute `path` in an archive uploaded at `/`.
+pub fn entry_name(path: &str) -> &str {
+    path.trim_start_matches('/')
+}
+
+/// An archive being built in memory. Entry names are relative (the archive is extracted at the
+/// path given to `put_archive`, usually `/`).
+pub struct Archive {
+    builder: tar::Builder<Vec<u8>>,
+    mtime: u64,
+    /// The first entry that could not be added (a name `tar` refuses: absolute or with `..`);
+    /// [`Archive::finish`] reports it. Writing to a `Vec` cannot fail otherwise.
+    error: Option<io::Error>,
+}
+
+impl Default for Archive {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Archive {
+    pub fn new() -> Self {
+        let mtime = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        Self {
+            builder: tar::Builder::new(Vec::new()),
+            mtime,
+            error: None,
+        }
+    }
+
+    /// Adds directory `name` (a trailing `/` is added when missing).
+    pub fn dir(&mut self, name: &str, mode: u32, owner: Owner) -> &mut Self {
+        let name = if name.ends_with('/') {
+            name.to_string()
+        } else {
+            format!("{name}/")
+        };
+        self.append(tar::EntryType::Directory, &name, mode, owner, &[])
+    }
+
+    /// Adds regular file `name` holding `data`.
+    pub fn file(&mut self, name: &str, mode: u32, owner: Owner, data: &[u8]) -> &mut Self {
+        self.append(tar::EntryType::Regular, name, mode, owner, data)
+    }
+
+    /// The archive's bytes, or the first entry that could not be added.
+    pub fn finish(mut self) -> io::Result<Bytes> {
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
+        self.builder.into_inner().map(Bytes::from)
+    }
+
+    fn append(
+        &mut self,
+        kind: tar::EntryType,
+        name: &str,
+        mode: u32,
+        (uid, gid): Owner,
+        data: &[u8],
+    ) -> &mut Self {
+        let mut header = tar::Header::new_gnu();
+        header.set_entry_type(kind);
+        header.set_mode(mode);
+        header.set_uid(u64::from(uid));
+        header.set_gid(u64::from(gid));
+        header.set_size(data.len() as u64);
+        header.set_mtime(self.mtime);
+        if let Err(e) = self.builder.append_data(&mut header, name, data)
+            && self.error.is_none()
+        {
+            self.error = Some(e);
+        }
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_carry_their_owner_mode_and_kind() -> io::Result<()> {
+        let mut a = Archive::new();
+        a.dir("d", 0o700, (7, 8))
+            .file("d/f", 0o644, ROOT, b"hi")
+            .dir("e/", 0o755, ROOT);
+        let bytes = a.finish()?;
+        let mut seen = Vec::new();
+        for entry in tar::Archive::new(&bytes[..]).entries()? {
+            let entry = entry?;
+            let h = entry.header();
+            seen.push((
+                entry
+                    .path()?
+                    .display()
+                    .to_string()
+                    .trim_end_matches('/')
+                    .to_string(),
+                h.entry_type().is_dir(),
+                h.mode()?,
+                h.uid()?,
+                h.gid()?,
+                h.size()?,
+            ));
+            assert!(h.mtime()? > 0);
+        }
+        assert_eq!(
+            seen,
+            [
+                ("d".to_string(), true, 0o700, 7, 8, 0),
+                ("d/f".to_string(), false, 0o644, 0, 0, 2),
+                ("e".to_string(), true, 0o755, 0, 0, 0),
+            ]
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn a_refused_name_is_reported_by_finish() {
+        let mut a = Archive::new();
+        a.file("../escape", 0o644, ROOT, b"x")
+            .file("ok", 0o644, ROOT, b"y");
+        assert!(a.finish().is_err());
+    }
+}

@@ -1,0 +1,60 @@
+//! Where things live inside a sandbox container. The control plane builds the skeleton, seeds
+//! the workspace, installs the helper, the claim's environment and the egress CA at these paths;
+//! the helper confines, serves and reads them. Both sides take them from here, so they cannot
+//! drift apart. Built without the `server` feature (the control plane uses it).
+//!
+//! Two trees: `/workspace`, the sandbox user's (a volume; every fs op is confined to it), and
+//! `/.daiv-sandbox`, root's (the sandbox user can run the helper and read the files there, but
+//! never replace them: the helper serves every fs op).
+
+// === the workspace: the sandbox user's ===
+
+/// The workspace volume: root of everything the fs ops may touch.
+pub const WORKSPACE: &str = "/workspace";
+/// Where the `repo_archive` seed lands; also the default working directory of commands and
+/// background processes.
+pub const REPO: &str = "/workspace/repo";
+/// Where the `skills_archive` seed lands.
+pub const SKILLS: &str = "/workspace/skills";
+/// Scratch space inside the workspace.
+pub const TMP: &str = "/workspace/tmp";
+
+// === the service directory: root's ===
+
+/// The service's own directory.
+pub const SERVICE_DIR: &str = "/.daiv-sandbox";
+/// The helper binary (`init` keeps the container alive, `serve` runs the protocol).
+pub const HELPER: &str = "/.daiv-sandbox/daiv-sandbox-helper";
+/// The environment a warm-pool claim gave the session (a JSON list of `[name, value]` pairs):
+/// commands and processes get it on top of the container's environment. Absent in every other
+/// session.
+pub const ENV_FILE: &str = "/.daiv-sandbox/environment";
+/// Present once the workspace has been seeded: a second seed is refused.
+pub const SEED_MARKER: &str = "/.daiv-sandbox/seeded";
+
+/// The abstract socket the helper's `init` serves background processes on (per network
+/// namespace, so one per sandbox).
+pub const PROCESSES_SOCKET: &str = "daiv-sandbox-processes";
+
+// === egress: the gateway's CA, root's ===
+
+/// The egress CA certificate, installed with the sandbox.
+pub const CA_CERT: &str = "/usr/local/share/daiv-sandbox/egress-ca.crt";
+/// The image's system roots plus the egress CA, built at start-up; the sandbox's
+/// `SSL_CERT_FILE` and friends point at it.
+pub const CA_BUNDLE: &str = "/usr/local/share/daiv-sandbox/ca-bundle.pem";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_nest_as_documented() {
+        for p in [REPO, SKILLS, TMP] {
+            assert_eq!(p.rsplit_once('/').map(|(d, _)| d), Some(WORKSPACE), "{p}");
+        }
+        for p in [HELPER, ENV_FILE, SEED_MARKER] {
+            assert_eq!(p.rsplit_once('/').map(|(d, _)| d), Some(SERVICE_DIR), "{p}");
+        }
+    }
+}

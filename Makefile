@@ -59,6 +59,7 @@ run: docker images helper ## Build and start the service on 127.0.0.1:$(PORT) wi
 	$(CARGO) build --release -p control-plane
 	@echo "daiv-sandbox dev API key: $$(cat $(DEV_DIR)/api-key)  (stored in $(DEV_DIR)/api-key)"
 	@echo "try: curl -H \"X-API-Key: \$$(cat $(DEV_DIR)/api-key)\" http://127.0.0.1:$(PORT)/api/v1/-/health/"
+	MALLOC_ARENA_MAX=$${MALLOC_ARENA_MAX:-2} \
 	DAIV_SANDBOX_API_KEY="$$(cat $(DEV_DIR)/api-key)" \
 	DAIV_SANDBOX_ENVIRONMENT=local \
 	DAIV_SANDBOX_HOST="$${DAIV_SANDBOX_HOST:-127.0.0.1}" \

@@ -12,14 +12,6 @@ use control_plane::pool::Refill;
 use control_plane::reaper::Reaper;
 use control_plane::{AppState, app};
 
-/// mimalloc rather than glibc's malloc: glibc gives each thread that contends an arena of its
-/// own and keeps what they free, so RSS ratchets up under load and stays there. Measured with
-/// cp-soak on one service, three 20-session rounds of 90 s: glibc ended them at 39, 58 and
-/// 62 MB; mimalloc at 54, 56 and 49 MB. A 50-session, 10-minute soak held 133 MB once every
-/// session was gone with glibc.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     if std::env::args().nth(1).as_deref() == Some("healthcheck") {

@@ -44,7 +44,9 @@ start_service() {
     local port key
     port=$(free_port)
     key=$(dev_key)
-    env DAIV_SANDBOX_API_KEY="$key" \
+    # As the image runs it (see images/control-plane/Dockerfile): two malloc arenas.
+    env MALLOC_ARENA_MAX="${MALLOC_ARENA_MAX:-2}" \
+        DAIV_SANDBOX_API_KEY="$key" \
         DAIV_SANDBOX_ENVIRONMENT=local \
         DAIV_SANDBOX_HOST=127.0.0.1 \
         DAIV_SANDBOX_PORT="$port" \

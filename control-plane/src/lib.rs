@@ -2,7 +2,8 @@
 //!
 //! # Layout
 //! - [`config`]: `DAIV_SANDBOX_*` settings, validated all at once at start-up.
-//! - [`api`]: wire types, shaped like the reference's.
+//! - [`api`]: wire types, shaped like the reference's; [`openapi`] adds the document's links
+//!   (create → every session route) and the bounds the types cannot say.
 //! - [`routes`]: thin axum handlers; [`auth`] guards them with `X-API-Key`.
 //! - [`session`]: session lifecycle over the engine seam; commands through the runtime; its
 //!   errors in `session/error.rs`.

@@ -1,4 +1,7 @@
-//! HTTP handlers: thin, one file per resource; the logic lives in [`crate::session`].
+//! HTTP handlers: thin, one file per resource. Each parses its request, takes the session's lock
+//! where the operation needs one, calls the domain ([`crate::session`], [`crate::processes`],
+//! [`crate::workspace`], [`crate::egress`]) and answers; a failure's status and body come from
+//! [`crate::error`], never from here.
 
 pub mod docs;
 pub mod egress;

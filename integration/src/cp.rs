@@ -6,6 +6,24 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
+/// The service a driver talks to: its origin, its key, and the image its sessions use.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Target {
+    /// The service's origin.
+    #[arg(
+        long,
+        env = "CP_BENCH_BASE_URL",
+        default_value = "http://127.0.0.1:8000"
+    )]
+    pub base: String,
+    /// The API key.
+    #[arg(long, env = "DAIV_SANDBOX_API_KEY", hide_env_values = true)]
+    pub key: String,
+    /// The sessions' base image.
+    #[arg(long, default_value = "daiv-sandbox-busybox:local")]
+    pub image: String,
+}
+
 /// The API under `{base}/api/v1` with one key; cheap to clone (one connection pool).
 #[derive(Clone)]
 pub struct Client {

@@ -21,18 +21,8 @@ use serde_json::{Value, json};
 #[derive(clap::Parser, Debug)]
 #[command(about = "Latency per operation of a running control plane, beside the raw Docker floors")]
 struct Args {
-    /// The service's origin.
-    #[arg(
-        long,
-        env = "CP_BENCH_BASE_URL",
-        default_value = "http://127.0.0.1:8000"
-    )]
-    base: String,
-    /// The API key.
-    #[arg(long, env = "DAIV_SANDBOX_API_KEY", hide_env_values = true)]
-    key: String,
-    #[arg(long, default_value = "daiv-sandbox-busybox:local")]
-    image: String,
+    #[command(flatten)]
+    target: integration::cp::Target,
     /// Samples per operation.
     #[arg(long, default_value_t = 20)]
     n: usize,
@@ -49,7 +39,7 @@ struct Args {
 
 fn args() -> Result<Args> {
     let mut a = <Args as clap::Parser>::parse();
-    a.base = a.base.trim_end_matches('/').to_string();
+    a.target.base = a.target.base.trim_end_matches('/').to_string();
     Ok(a)
 }
 
@@ -133,7 +123,7 @@ async fn bench(a: &Args, c: &mut Client, s: &mut Samples) -> Result<Value> {
     // Sessions, a first command, close.
     for _ in 0..n {
         let t = Instant::now();
-        let id = c.session(&a.image).await?;
+        let id = c.session(&a.target.image).await?;
         s.add("create session", t.elapsed());
         timed(
             s,
@@ -145,7 +135,7 @@ async fn bench(a: &Args, c: &mut Client, s: &mut Samples) -> Result<Value> {
     }
     // Commands on a live session, beside the floor: one raw `docker exec true` through the
     // Docker API (create + start + inspect), which the ratios are measured against.
-    let id = c.session(&a.image).await?;
+    let id = c.session(&a.target.image).await?;
     c.post(&format!("/session/{id}/"), cmd(1)).await?;
     for _ in 0..n {
         timed(s, "run true", c.post(&format!("/session/{id}/"), cmd(1))).await?;
@@ -173,7 +163,7 @@ async fn bench(a: &Args, c: &mut Client, s: &mut Samples) -> Result<Value> {
         ("seed 5000 files (gz)", &tree, n.min(5)),
     ] {
         for _ in 0..reps {
-            let id = c.session(&a.image).await?;
+            let id = c.session(&a.target.image).await?;
             timed(s, label, c.seed(&id, archive.clone())).await?;
             c.delete(&id, true).await?;
         }
@@ -182,7 +172,7 @@ async fn bench(a: &Args, c: &mut Client, s: &mut Samples) -> Result<Value> {
     if let Some(sock) = a.docker() {
         let plain = plain_tree(5000)?;
         for _ in 0..n.min(5) {
-            let id = c.session(&a.image).await?;
+            let id = c.session(&a.target.image).await?;
             timed(
                 s,
                 "floor: put_archive 5000 files",
@@ -193,7 +183,7 @@ async fn bench(a: &Args, c: &mut Client, s: &mut Samples) -> Result<Value> {
         }
     }
     // fs ops on a seeded tree of 5,000 files.
-    let id = c.session(&a.image).await?;
+    let id = c.session(&a.target.image).await?;
     c.seed(&id, tree.clone()).await?;
     let r = "/workspace/repo";
     for i in 0..n {
@@ -244,11 +234,11 @@ async fn bench(a: &Args, c: &mut Client, s: &mut Samples) -> Result<Value> {
         .await?;
         timed(s, "fs delete", c.fs(&id, "delete", json!({"path": p}))).await?;
     }
-    let mut extra = json!({"seed_5000_files_gz_bytes": tree_len, "image": a.image});
+    let mut extra = json!({"seed_5000_files_gz_bytes": tree_len, "image": a.target.image});
     // Peak RSS of the service while it seeds a big archive.
     if let Some(pid) = a.pid {
         let big = blob_tar(a.big_mb, 1024 * 1024)?;
-        let id = c.session(&a.image).await?;
+        let id = c.session(&a.target.image).await?;
         let before = rss_kib(pid, "VmRSS:");
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let stop2 = stop.clone();
@@ -280,7 +270,7 @@ async fn bench(a: &Args, c: &mut Client, s: &mut Samples) -> Result<Value> {
 async fn main() -> Result<()> {
     let a = args()?;
     let mut c = Client {
-        api: Api::new(&a.base, &a.key, Duration::from_secs(600))?,
+        api: Api::new(&a.target.base, &a.target.key, Duration::from_secs(600))?,
         created: Vec::new(),
     };
     let mut s = Samples::default();

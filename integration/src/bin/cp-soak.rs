@@ -28,18 +28,8 @@ use tokio::sync::Mutex;
 #[derive(Parser, Debug, Clone)]
 #[command(about = "Soak the control plane: N busy sessions for a set time")]
 struct Args {
-    /// The service's origin.
-    #[arg(
-        long,
-        env = "CP_BENCH_BASE_URL",
-        default_value = "http://127.0.0.1:8000"
-    )]
-    base: String,
-    /// The API key.
-    #[arg(long, env = "DAIV_SANDBOX_API_KEY", hide_env_values = true)]
-    key: String,
-    #[arg(long, default_value = "daiv-sandbox-busybox:local")]
-    image: String,
+    #[command(flatten)]
+    target: integration::cp::Target,
     /// Sessions kept busy at once.
     #[arg(long, default_value_t = 50)]
     sessions: usize,
@@ -395,11 +385,11 @@ fn round1(x: f64) -> f64 {
 #[tokio::main]
 async fn main() -> Result<()> {
     let a = Args::parse();
-    let c = Client::new(&a.base, &a.key, Duration::from_secs(120))?;
+    let c = Client::new(&a.target.base, &a.target.key, Duration::from_secs(120))?;
     let archive = Arc::new(source_tree(a.seed_files)?);
     let sh = Arc::new(Shared {
         c,
-        image: a.image.clone(),
+        image: a.target.image.clone(),
         stats: Mutex::default(),
         requests: AtomicU64::new(0),
         errors: AtomicU64::new(0),
@@ -482,7 +472,7 @@ async fn main() -> Result<()> {
         "rss_kib": {"start": rss_start, "peak": peak.load(Ordering::Relaxed), "end": rss_end,
             "vm_hwm": rss("VmHWM:"), "series": rss_series},
         "docker_objects_left": left,
-        "image": a.image,
+        "image": a.target.image,
     });
     println!(
         "requests {requests} ({:.1}/s), errors {errors}, rss start/peak/end {} / {} / {} KiB, docker objects left {}",

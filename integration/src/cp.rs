@@ -61,6 +61,72 @@ impl Client {
         Ok(v)
     }
 
+    /// GET a JSON answer; a non-2xx status is an error carrying the status and body.
+    pub async fn get(&self, path: &str) -> Result<Value> {
+        let r = self
+            .http
+            .get(format!("{}{path}", self.api))
+            .header("X-API-Key", &self.key)
+            .send()
+            .await?;
+        let status = r.status();
+        let v: Value = r.json().await.unwrap_or(Value::Null);
+        if !status.is_success() {
+            bail!("GET {path}: {status} {v}");
+        }
+        Ok(v)
+    }
+
+    /// DELETE `path` (any route); a non-2xx status is an error.
+    pub async fn delete_path(&self, path: &str) -> Result<()> {
+        let r = self
+            .http
+            .delete(format!("{}{path}", self.api))
+            .header("X-API-Key", &self.key)
+            .send()
+            .await?;
+        if !r.status().is_success() {
+            bail!("DELETE {path}: {}", r.status());
+        }
+        Ok(())
+    }
+
+    /// Starts a streaming run (`Accept: application/x-ndjson`) of `commands` and reads its
+    /// NDJSON lines as they arrive until the first `output` line, which it returns; the stream
+    /// is dropped then (the service kills the batch when the client goes away). A stream that
+    /// ends, or reports `error`/`done`, before any output is an error.
+    pub async fn stream_first_output(&self, id: &str, commands: &[&str]) -> Result<Value> {
+        use futures::StreamExt as _;
+        let r = self
+            .http
+            .post(format!("{}/session/{id}/", self.api))
+            .header("X-API-Key", &self.key)
+            .header("Accept", "application/x-ndjson")
+            .json(&json!({"commands": commands}))
+            .send()
+            .await?;
+        let status = r.status();
+        if !status.is_success() {
+            bail!("stream: {status} {}", r.text().await.unwrap_or_default());
+        }
+        let mut body = r.bytes_stream();
+        let mut buf: Vec<u8> = Vec::new();
+        while let Some(chunk) = body.next().await {
+            buf.extend_from_slice(&chunk?);
+            while let Some(nl) = buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = buf.drain(..=nl).collect();
+                let v: Value = serde_json::from_slice(&line)
+                    .with_context(|| format!("stream line {}", String::from_utf8_lossy(&line)))?;
+                match v["type"].as_str() {
+                    Some("output") => return Ok(v),
+                    Some("done" | "error") => bail!("stream ended before any output: {v}"),
+                    _ => {}
+                }
+            }
+        }
+        bail!("stream closed before any output")
+    }
+
     /// `POST /session/` with `base_image` only.
     pub async fn create(&self, image: &str) -> Result<String> {
         let v = self.post("/session/", json!({"base_image": image})).await?;

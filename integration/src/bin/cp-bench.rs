@@ -14,7 +14,8 @@
 //! process poll that returns new output, and fs reads while a 30 s command holds the session.
 //! `--sections a,b,...` runs only some of them (create, commands, seed, floors, fs, stream,
 //! process, concurrent, busy, bigseed; default all). Archives are generated in memory,
-//! deterministically; nothing touches the network beyond the given base URL. Every session created is force-removed at the end.
+//! deterministically; nothing touches the network beyond the given base URL. Every session
+//! created is force-removed at the end.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -47,6 +47,12 @@ pub type UpstreamClient = Client<HttpsConnector<GuardedConnector>, UpBody>;
 pub const H2_STREAM_WINDOW: u32 = 1024 * 1024;
 /// The HTTP/2 connection window towards an upstream: a few concurrent streams' worth.
 pub const H2_CONNECTION_WINDOW: u32 = 4 * 1024 * 1024;
+/// Largest HTTP/2 frame the gateway accepts from an upstream (`SETTINGS_MAX_FRAME_SIZE`), above
+/// the 16 KiB default: with 16 KiB frames every DATA frame (9-byte header + 16 KiB) spans two TLS
+/// records, one of them 9 bytes, so the gateway decrypts and parses twice as many records as the
+/// data needs. 64 KiB frames carry four full records each; a frame is buffered whole before it
+/// is forwarded, so this is also the per-connection read buffer bound.
+pub const H2_MAX_FRAME_SIZE: u32 = 64 * 1024;
 
 /// The upstream proxy's CONNECT answer must arrive within this.
 pub const PROXY_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -298,6 +304,7 @@ impl Upstreams {
             Client::builder(TokioExecutor::new())
                 .http2_initial_stream_window_size(H2_STREAM_WINDOW)
                 .http2_initial_connection_window_size(H2_CONNECTION_WINDOW)
+                .http2_max_frame_size(H2_MAX_FRAME_SIZE)
                 .timer(TokioTimer::new())
                 .pool_timer(TokioTimer::new())
                 .pool_idle_timeout(POOL_IDLE_TIMEOUT)

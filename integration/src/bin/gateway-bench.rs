@@ -626,17 +626,21 @@ async fn main() -> anyhow::Result<()> {
             for (i, mode) in modes.iter().enumerate() {
                 let (m, pct) = (median(runs[i].clone()), median(ratios[i].clone()));
                 let (cpu, own) = (cpu[i] / mibs_total, own[i] / mibs_total);
+                let rounded = |v: &[f64]| v.iter().map(|x| x.round()).collect::<Vec<_>>();
                 println!(
-                    "  {proto:<5} {:<7} {:>8.1} MiB/s  {:>5.1} % of direct  CPU ms/MiB: gateway {:>5.3}, client + upstream {:>5.3}",
+                    "  {proto:<5} {:<7} {:>8.1} MiB/s  {:>5.1} % of direct  CPU ms/MiB: gateway {:>5.3}, client + upstream {:>5.3}  rounds MiB/s {:?} %: {:?}",
                     mode.name(),
                     m,
                     pct,
                     cpu,
-                    own
+                    own,
+                    rounded(&runs[i]),
+                    rounded(&ratios[i])
                 );
                 tp.insert(
                     format!("{proto}_{}", mode.name()),
-                    json!({"mib_per_s": m, "pct_of_direct": pct, "gateway_cpu_ms_per_mib": cpu, "client_upstream_cpu_ms_per_mib": own}),
+                    json!({"mib_per_s": m, "pct_of_direct": pct, "gateway_cpu_ms_per_mib": cpu, "client_upstream_cpu_ms_per_mib": own,
+                           "rounds_mib_per_s": runs[i], "rounds_pct_of_direct": ratios[i]}),
                 );
             }
         }

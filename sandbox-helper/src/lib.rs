@@ -71,6 +71,9 @@
 //! validates them again with [`wire::validate_path`] and trusts nothing.
 //!
 //! - `{"op":"ping"}` → ok `{}`.
+//! - `{"op":"seeded"}` → ok `{"seeded":bool}`: whether the root-owned seed marker exists (the one
+//!   path outside `/workspace` the helper looks at; the sandbox user can neither create nor
+//!   remove it).
 //! - `{"op":"run","commands":[str],"fail_fast":bool,"timeout_ms":u64|null,"output_cap":u64,
 //!   "workdir":str,"env":[[str,str]]}` (defaults: `fail_fast` false, `timeout_ms` null = none,
 //!   0 also none, `output_cap` 16 MiB, `workdir` `/workspace/repo`, `env` empty). Events per
@@ -121,7 +124,8 @@
 //! its start) SIGKILLs the whole process group: exit code 124, `timed_out` true, output so far
 //! kept, remaining commands skipped. `fail_fast` stops after the first nonzero exit. Once the
 //! shell has exited, what is already in the pipe is taken and the command is done, even if a
-//! background child still holds the pipe open. CANCEL kills the running group. Exit code: the
+//! background child still holds the pipe open. CANCEL kills the running group. One `run` runs
+//! at a time per helper: a cancelled batch's group is dead before the next batch starts. Exit code: the
 //! code, or 128 + signal. A shell that cannot be started (e.g. `workdir` missing) ends the run
 //! with an `io` error.
 //!

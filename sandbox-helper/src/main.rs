@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-const USAGE: &str = "usage: daiv-sandbox-helper serve [--root DIR] [--env-file PATH] [--processes NAME] | init [--processes NAME] | write-file PATH MODE [-- CMD...] | --version";
+const USAGE: &str = "usage: daiv-sandbox-helper serve [--root DIR] [--service-dir DIR] [--processes NAME] | init [--processes NAME] | write-file PATH MODE [-- CMD...] | --version";
 
 /// Largest content `write-file` takes.
 const WRITE_MAX: u64 = 16 * 1024 * 1024;
@@ -37,8 +37,8 @@ fn main() -> ExitCode {
                 _ => (PathBuf::from(sandbox_helper::layout::WORKSPACE), rest),
             };
             let rest = match rest {
-                ["--env-file", path, rest @ ..] => {
-                    sandbox_helper::ops::serve::set_env_file(std::path::Path::new(path));
+                ["--service-dir", path, rest @ ..] => {
+                    sandbox_helper::ops::serve::set_service_dir(std::path::Path::new(path));
                     rest
                 }
                 _ => rest,
@@ -64,14 +64,16 @@ fn main() -> ExitCode {
     }
 }
 
-/// `write-file PATH MODE [-- CMD...]`: replaces PATH with stdin (at most [`WRITE_MAX`] bytes) by
-/// renaming a complete temporary file beside it over it, so a reader sees the old content or the
-/// new, never part. Prints `ok` once done; then runs CMD, if given, and prints `exit N` with its
+/// `write-file PATH MODE [-- CMD...]`: replaces PATH with the content on stdin (a
+/// [`WriteHeader`](sandbox_helper::protocol::WriteHeader) line, then exactly its `len` bytes, at
+/// most [`WRITE_MAX`]) by renaming a complete temporary file beside it over it, so a reader sees
+/// the old content or the new, never part; input cut short writes nothing. Prints `ok` once
+/// done; then runs CMD, with the header's `args` appended, if given, and prints `exit N` with its
 /// exit code (and exits with it). The control plane runs it (as the owner of PATH's directory) to
 /// install a claimed session's environment, or a policy and its acknowledgement in one exec,
-/// without an archive upload.
+/// without an archive upload; for a warm-pool member it opens the exec ahead of the claim.
 fn write_file(path: &std::path::Path, mode: u32, then: Option<&[&str]>) -> ExitCode {
-    use std::io::{Read, Write};
+    use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let Some(name) = path.file_name() else {
         return usage();
@@ -81,15 +83,8 @@ fn write_file(path: &std::path::Path, mode: u32, then: Option<&[&str]>) -> ExitC
         name.to_string_lossy(),
         std::process::id()
     ));
-    let result = (|| -> std::io::Result<()> {
-        let mut content = Vec::new();
-        std::io::stdin()
-            .lock()
-            .take(WRITE_MAX + 1)
-            .read_to_end(&mut content)?;
-        if content.len() as u64 > WRITE_MAX {
-            return Err(std::io::Error::other("content too large"));
-        }
+    let result = (|| -> std::io::Result<Vec<String>> {
+        let (content, args) = read_write_input(&mut std::io::stdin().lock())?;
         let mut f = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -97,10 +92,11 @@ fn write_file(path: &std::path::Path, mode: u32, then: Option<&[&str]>) -> ExitC
             .open(&tmp)?;
         f.write_all(&content)?;
         f.sync_all()?;
-        std::fs::rename(&tmp, path)
+        std::fs::rename(&tmp, path)?;
+        Ok(args)
     })();
     match result {
-        Ok(()) => {
+        Ok(extra) => {
             println!("ok");
             let Some([cmd, args @ ..]) = then else {
                 return ExitCode::SUCCESS;
@@ -108,6 +104,7 @@ fn write_file(path: &std::path::Path, mode: u32, then: Option<&[&str]>) -> ExitC
             let _ = std::io::Write::flush(&mut std::io::stdout());
             let code = std::process::Command::new(cmd)
                 .args(args)
+                .args(extra)
                 .stdin(std::process::Stdio::null())
                 .status()
                 .map(|s| s.code().unwrap_or(128))
@@ -121,6 +118,28 @@ fn write_file(path: &std::path::Path, mode: u32, then: Option<&[&str]>) -> ExitC
             ExitCode::FAILURE
         }
     }
+}
+
+/// `write-file`'s input: the header line, then exactly its `len` bytes.
+fn read_write_input(input: &mut impl std::io::BufRead) -> std::io::Result<(Vec<u8>, Vec<String>)> {
+    use std::io::{BufRead, Read};
+    let bad = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string());
+    let mut line = Vec::new();
+    input
+        .by_ref()
+        .take(sandbox_helper::protocol::WRITE_HEADER_MAX as u64)
+        .read_until(b'\n', &mut line)?;
+    if line.pop() != Some(b'\n') {
+        return Err(bad("no complete header line"));
+    }
+    let header: sandbox_helper::protocol::WriteHeader =
+        serde_json::from_slice(&line).map_err(|_| bad("malformed header line"))?;
+    if header.len > WRITE_MAX {
+        return Err(bad("content too large"));
+    }
+    let mut content = vec![0; header.len as usize];
+    input.read_exact(&mut content)?;
+    Ok((content, header.args))
 }
 
 fn usage() -> ExitCode {
@@ -141,4 +160,31 @@ fn serve(root: PathBuf) -> ExitCode {
     let code = sandbox_helper::ops::serve::serve(&root);
     // Exit at once: request threads may still be blocked on what EOF just cancelled.
     std::process::exit(code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::read_write_input;
+    use sandbox_helper::protocol::WriteHeader;
+
+    #[test]
+    fn write_input_is_the_header_then_exactly_its_content() {
+        let framed = WriteHeader::frame(b"[]", vec!["v1".into()]);
+        let mut more = framed.clone();
+        more.extend_from_slice(b"ignored");
+        let (content, args) = read_write_input(&mut more.as_slice()).expect("complete input");
+        assert_eq!(
+            (content.as_slice(), args),
+            (&b"[]"[..], vec!["v1".to_string()])
+        );
+        // Cut anywhere short of the content's end (a writer dropped unused): nothing to write.
+        for cut in 0..framed.len() {
+            assert!(
+                read_write_input(&mut &framed[..cut]).is_err(),
+                "cut at {cut}"
+            );
+        }
+        let huge = format!("{{\"len\": {}}}\n", super::WRITE_MAX + 1);
+        assert!(read_write_input(&mut huge.as_bytes()).is_err());
+    }
 }

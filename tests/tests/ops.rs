@@ -122,6 +122,11 @@ async fn metrics_count_sessions_commands_fs_ops_seeds_locks_and_engine_errors() 
     )
     .await?;
     assert_eq!(missing["error"]["code"], "not_found", "{missing}");
+    // A session that does not exist: the engine's 404 on inspect.
+    let (status, _) = cp
+        .call(Method::GET, &format!("/session/{}/", "0".repeat(64)), None)
+        .await?;
+    assert_eq!(status, 404);
     cp.run(&s, json!({"commands": ["true", "echo two"]}))
         .await?;
 
@@ -192,11 +197,11 @@ async fn metrics_count_sessions_commands_fs_ops_seeds_locks_and_engine_errors() 
         sample(&text, "daiv_sandbox_session_lock_wait_seconds_count").is_some_and(|n| n >= 6.0),
         "{text}"
     );
-    // The missing file was a Docker 404 on the archive call.
+    // The unknown session was a Docker 404 on the inspect.
     assert!(
         sample(
             &text,
-            "daiv_sandbox_engine_errors_total{op=\"get_archive\",kind=\"not_found\"}"
+            "daiv_sandbox_engine_errors_total{op=\"inspect\",kind=\"not_found\"}"
         )
         .is_some_and(|n| n >= 1.0),
         "{text}"

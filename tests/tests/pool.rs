@@ -211,10 +211,16 @@ async fn claims_race(redis: Option<String>) -> Result<()> {
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(ready_members(&dep).len(), 4);
 
+    // Each claim carries its own environment; A opened the environment writers of the members
+    // it built, so B's claims of those must not be overwritten by A's unused writers.
     let (ra, rb) = tokio::join!(
-        futures::future::join_all((0..4).map(|_| create_busybox(&a))),
-        futures::future::join_all((0..4).map(|_| create_busybox(&b))),
+        futures::future::join_all((0..4).map(|i| create_busybox(&a, format!("a{i}")))),
+        futures::future::join_all((0..4).map(|i| create_busybox(&b, format!("b{i}")))),
     );
+    let tags: Vec<String> = (0..4)
+        .map(|i| format!("a{i}"))
+        .chain((0..4).map(|i| format!("b{i}")))
+        .collect();
     let sessions: Vec<Session> = ra.into_iter().chain(rb).collect::<Result<_>>()?;
     let ids: HashSet<&str> = sessions.iter().map(|s| s.id.as_str()).collect();
     assert_eq!(ids.len(), sessions.len(), "two clients got one container");
@@ -242,15 +248,22 @@ async fn claims_race(redis: Option<String>) -> Result<()> {
         total_claims as usize, claimed,
         "claims counted by both replicas"
     );
+    // A goes away: what it opened ahead of claims closes unused and writes nothing.
+    drop(a);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for (s, tag) in sessions.iter().zip(&tags) {
+        let (code, out) = b.sh(s, "printf %s \"$CLAIM_TAG\"").await?;
+        assert_eq!((code, out.as_str()), (0, tag.as_str()), "session {}", s.id);
+    }
     Ok(())
 }
 
-async fn create_busybox(cp: &ControlPlane) -> Result<Session> {
+async fn create_busybox(cp: &ControlPlane, tag: String) -> Result<Session> {
     let (status, v) = cp
         .call(
             Method::POST,
             "/session/",
-            Some(json!({"base_image": BUSYBOX})),
+            Some(json!({"base_image": BUSYBOX, "environment": {"CLAIM_TAG": tag}})),
         )
         .await?;
     if status != 200 {

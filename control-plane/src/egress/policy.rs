@@ -16,7 +16,8 @@ use super::EgressError;
 use super::gateway::config_tar;
 use super::{Egress, GATEWAY_UID, POLICY_ACK_TIMEOUT, Triad};
 use crate::backoff::Backoff;
-use crate::engine::ExecSpec;
+use crate::engine::{EngineError, ExecSpec};
+use crate::pool::Writer;
 
 /// Parses an `egress` body as the policy file and applies the API's validation. Parse errors
 /// never echo the body's strings (see [`EgressError::MalformedPolicy`]).
@@ -119,32 +120,30 @@ impl Egress {
     /// A warm-pool claim's policy, in one exec: the session helper in the gateway writes it over
     /// the gateway's policy file (a complete file renamed into place, which the gateway reloads)
     /// and then runs the gateway's `health --expect-version`, the same acknowledgement as a
-    /// refresh. Without the helper there (the write never said `ok`), the staged-file path of
-    /// [`Egress::refresh`].
-    pub async fn install(&self, triad: &Triad, policy: &PolicyFile) -> Result<(), EgressError> {
+    /// refresh. `ready` is that exec opened ahead of the claim ([`Egress::installer`]); when it
+    /// is gone, a fresh one. Without the helper there (the write never said `ok`), the
+    /// staged-file path of [`Egress::refresh`].
+    pub async fn install(
+        &self,
+        triad: &Triad,
+        policy: &PolicyFile,
+        ready: Option<Writer>,
+    ) -> Result<(), EgressError> {
         let policy = policy.clone().with_content_version();
         let version = policy.version.clone().unwrap_or_default();
-        let health = vec![
-            sidecar::BINARY.to_string(),
-            sidecar::HEALTH_SUBCOMMAND.to_string(),
-            "--timeout-ms".to_string(),
-            POLICY_ACK_TIMEOUT.as_millis().to_string(),
-            "--expect-version".to_string(),
-            version.clone(),
-        ];
-        let (user, path) = (
-            format!("{GATEWAY_UID}:{GATEWAY_UID}"),
-            sidecar::config_path(sidecar::POLICY_FILE),
-        );
-        let run = crate::pool::write_then(
-            &*self.engine,
-            &triad.gateway,
-            &user,
-            &path,
-            0o600,
-            policy_json(&policy)?,
-            &health,
-        );
+        let content = policy_json(&policy)?;
+        let run = async {
+            if let Some(writer) = ready {
+                match writer.finish_then(&content, vec![version.clone()]).await {
+                    Ok(said) => return Ok(said),
+                    Err(e) => {
+                        tracing::debug!(gateway = %triad.gateway, error = %e, "the installer opened ahead was lost; opening another")
+                    }
+                }
+            }
+            let writer = self.installer(triad).await?;
+            writer.finish_then(&content, vec![version.clone()]).await
+        };
         let said = tokio::time::timeout(POLICY_ACK_TIMEOUT + Duration::from_secs(5), run).await;
         let said = match said {
             Ok(Ok(said)) => said,
@@ -170,6 +169,28 @@ impl Egress {
             .to_owned();
         tracing::warn!(gateway = %triad.gateway, version, answer = %last, "egress policy not acknowledged");
         Err(EgressError::NotAcknowledged { detail: "" })
+    }
+
+    /// The exec [`Egress::install`] writes a policy through, waiting for it: the helper's
+    /// `write-file` over the gateway's policy file, then `health --expect-version` with the
+    /// version given at the write.
+    pub async fn installer(&self, triad: &Triad) -> Result<Writer, EngineError> {
+        let health = [
+            sidecar::BINARY.to_string(),
+            sidecar::HEALTH_SUBCOMMAND.to_string(),
+            "--timeout-ms".to_string(),
+            POLICY_ACK_TIMEOUT.as_millis().to_string(),
+            "--expect-version".to_string(),
+        ];
+        Writer::open(
+            &*self.engine,
+            &triad.gateway,
+            &format!("{GATEWAY_UID}:{GATEWAY_UID}"),
+            &sidecar::config_path(sidecar::POLICY_FILE),
+            0o600,
+            &health,
+        )
+        .await
     }
 }
 

@@ -7,12 +7,13 @@ use futures::StreamExt;
 use shared_policy::PolicyFile;
 use tokio::io::AsyncWriteExt;
 
-use super::{Kind, Member};
+use super::{Kind, Member, Prepared};
 use crate::api::StartSessionRequest;
 use crate::archive::{Archive, ROOT};
-use crate::engine::{ContainerEngine, EngineError, ExecSpec};
+use crate::engine::{AttachedExec, ContainerEngine, EngineError, ExecSpec};
 use crate::layout::{ENV_FILE, HELPER, SERVICE_DIR};
 use crate::session::{SessionError, Sessions};
+use sandbox_helper::protocol::WriteHeader;
 
 /// The claim's environment as the helper reads it (a JSON list of pairs): the caller's
 /// variables, minus those the egress settings set (they win, as at a cold create).
@@ -49,59 +50,106 @@ pub async fn write_by_helper(
     mode: u32,
     content: Bytes,
 ) -> Result<(), EngineError> {
-    let said = write_then(engine, id, user, path, mode, content, &[]).await?;
-    if said == "ok\n" {
-        Ok(())
-    } else {
-        Err(EngineError::Unavailable(format!(
-            "write-file answered {said:?}"
-        )))
+    let writer = Writer::open(engine, id, user, path, mode, &[]).await?;
+    writer.finish(&content, Vec::new()).await.map(|_| ())
+}
+
+/// A `write-file` exec waiting for its content: opened ahead of a warm-pool claim so that the
+/// claim costs a write on an open stream instead of an exec's create and start. Dropped unused,
+/// it writes nothing (its input ends before a complete header and content).
+pub struct Writer {
+    exec: AttachedExec,
+}
+
+impl std::fmt::Debug for Writer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Writer")
     }
 }
 
-/// [`write_by_helper`], then `then` (a command in the container) in the same exec: returns what
-/// the exec printed (at most 4 KiB): `ok` after the write, then `then`'s output, then
-/// `exit N`.
-pub async fn write_then(
-    engine: &dyn ContainerEngine,
-    id: &str,
-    user: &str,
-    path: &str,
-    mode: u32,
-    content: Bytes,
-    then: &[String],
-) -> Result<String, EngineError> {
-    let mut cmd = vec![
-        HELPER.to_string(),
-        "write-file".to_string(),
-        path.to_string(),
-        format!("{mode:o}"),
-    ];
-    if !then.is_empty() {
-        cmd.push("--".to_string());
-        cmd.extend(then.iter().cloned());
+impl Writer {
+    pub async fn open(
+        engine: &dyn ContainerEngine,
+        id: &str,
+        user: &str,
+        path: &str,
+        mode: u32,
+        then: &[String],
+    ) -> Result<Self, EngineError> {
+        let mut cmd = vec![
+            HELPER.to_string(),
+            "write-file".to_string(),
+            path.to_string(),
+            format!("{mode:o}"),
+        ];
+        if !then.is_empty() {
+            cmd.push("--".to_string());
+            cmd.extend(then.iter().cloned());
+        }
+        let spec = ExecSpec {
+            cmd,
+            user: user.to_string(),
+            workdir: None,
+            env: Vec::new(),
+        };
+        let exec = engine.exec_attached(id, &spec).await?;
+        Ok(Self { exec })
     }
-    let spec = ExecSpec {
-        cmd,
-        user: user.to_string(),
-        workdir: None,
-        env: Vec::new(),
-    };
-    let mut exec = engine.exec_attached(id, &spec).await?;
-    let broken = |e: std::io::Error| EngineError::Unavailable(format!("write-file: {e}"));
-    exec.input.write_all(&content).await.map_err(broken)?;
-    exec.input.shutdown().await.map_err(broken)?;
-    let mut said = Vec::new();
-    while let Some(chunk) = exec.output.next().await {
-        let chunk = chunk?;
-        if said.len() < 4096 {
-            said.extend_from_slice(&chunk);
+
+    /// Writes `content`; `ok` or an error.
+    pub async fn finish(self, content: &[u8], args: Vec<String>) -> Result<(), EngineError> {
+        let said = self.finish_then(content, args).await?;
+        if said == "ok\n" {
+            Ok(())
+        } else {
+            Err(EngineError::Unavailable(format!(
+                "write-file answered {said:?}"
+            )))
         }
     }
-    Ok(String::from_utf8_lossy(&said).into_owned())
+
+    /// Writes `content` (the command after it gets `args`); what the exec printed.
+    pub async fn finish_then(
+        mut self,
+        content: &[u8],
+        args: Vec<String>,
+    ) -> Result<String, EngineError> {
+        let broken = |e: std::io::Error| EngineError::Unavailable(format!("write-file: {e}"));
+        let framed = WriteHeader::frame(content, args);
+        self.exec.input.write_all(&framed).await.map_err(broken)?;
+        self.exec.input.flush().await.map_err(broken)?;
+        let mut said = Vec::new();
+        while let Some(chunk) = self.exec.output.next().await {
+            let chunk = chunk?;
+            if said.len() < 4096 {
+                said.extend_from_slice(&chunk);
+            }
+        }
+        Ok(String::from_utf8_lossy(&said).into_owned())
+    }
 }
 
+/// Who writes the environment file: root, the owner of the service directory.
+pub const ROOT_USER: &str = "0:0";
+
 impl Sessions {
+    /// Opens what a claim of `member` writes through (see [`Prepared`]); what cannot be opened
+    /// is opened at the claim instead.
+    pub(crate) async fn prepare(&self, member: &Member) -> Prepared {
+        let env = Writer::open(&*self.engine, &member.id, ROOT_USER, ENV_FILE, 0o644, &[]);
+        let policy = async {
+            match (&member.triad, &self.egress) {
+                (Some(triad), Some(egress)) => egress.installer(triad).await.ok(),
+                _ => None,
+            }
+        };
+        let (env, policy) = tokio::join!(env, policy);
+        Prepared {
+            env: env.ok(),
+            policy,
+        }
+    }
+
     /// Applies the request to a claimed member: environment, limits and policy, side by side.
     pub(super) async fn apply(
         &self,
@@ -109,14 +157,26 @@ impl Sessions {
         req: &StartSessionRequest,
         policy: Option<&PolicyFile>,
         kind: Kind,
+        prepared: Prepared,
     ) -> Result<(), SessionError> {
         let id = member.id.as_str();
+        let Prepared {
+            env: env_writer,
+            policy: installer,
+        } = prepared;
         let env = async {
             let Some(json) = env_json(req, kind) else {
                 return Ok(());
             };
-            let by_helper =
-                write_by_helper(&*self.engine, id, "0:0", ENV_FILE, 0o644, json.clone()).await;
+            let mut by_helper = Err(EngineError::NotFound);
+            if let Some(writer) = env_writer {
+                by_helper = writer.finish(&json, Vec::new()).await;
+            }
+            if by_helper.is_err() {
+                by_helper =
+                    write_by_helper(&*self.engine, id, ROOT_USER, ENV_FILE, 0o644, json.clone())
+                        .await;
+            }
             if let Err(e) = by_helper {
                 tracing::debug!(session_id = %id, error = %e, "environment not written by the helper; uploading it");
                 let tar = env_tar(json);
@@ -148,7 +208,7 @@ impl Sessions {
             match (policy, &member.triad, &self.egress) {
                 (None, _, _) => Ok(()),
                 (Some(policy), Some(triad), Some(egress)) => {
-                    Ok(egress.install(triad, policy).await?)
+                    Ok(egress.install(triad, policy, installer).await?)
                 }
                 _ => Err(SessionError::MemberWithoutGateway),
             }

@@ -68,7 +68,7 @@ use crate::telemetry::metrics::Metrics;
 mod apply;
 mod refill;
 
-pub use apply::{write_by_helper, write_then};
+pub use apply::{ROOT_USER, Writer, write_by_helper};
 pub use refill::Refill;
 
 pub(crate) const BUILDING: &str = "daiv-building-";
@@ -178,6 +178,17 @@ pub struct Pool {
     pub(crate) remove_on_shutdown: bool,
     /// Tokens of members this replica is building (removed on shutdown if unfinished).
     pub(crate) building: Mutex<HashSet<String>>,
+    /// The writers this replica opened ahead of its members' claims, by container id.
+    prepared: Mutex<HashMap<String, Prepared>>,
+}
+
+/// What a claim writes through, opened when the member became ready: the environment file's
+/// writer in the sandbox and the policy installer in the gateway. A claim by another replica
+/// (or a restarted one) opens its own; these are then dropped, writing nothing.
+#[derive(Debug, Default)]
+pub(crate) struct Prepared {
+    pub env: Option<Writer>,
+    pub policy: Option<Writer>,
 }
 
 impl Pool {
@@ -230,6 +241,7 @@ impl Pool {
             metrics,
             remove_on_shutdown: config.pool.remove_on_shutdown,
             building: Mutex::default(),
+            prepared: Mutex::default(),
         }
     }
 
@@ -267,9 +279,28 @@ impl Pool {
         self.ready().get_mut(key).and_then(VecDeque::pop_front)
     }
 
-    /// Replaces what this replica believes is ready for `key`.
+    /// Replaces what this replica believes is ready for `key`; writers opened for members no
+    /// longer ready (claimed elsewhere, retired) are dropped.
     pub(crate) fn set_ready(&self, key: &Key, members: Vec<Member>) {
-        self.ready().insert(key.clone(), members.into());
+        let mut ready = self.ready();
+        ready.insert(key.clone(), members.into());
+        let live: HashSet<&str> = ready.values().flatten().map(|m| m.id.as_str()).collect();
+        self.prepared_map()
+            .retain(|id, _| live.contains(id.as_str()));
+    }
+
+    fn prepared_map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Prepared>> {
+        self.prepared.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Keeps what was opened ahead of `id`'s claim.
+    pub(crate) fn prepare(&self, id: &str, prepared: Prepared) {
+        self.prepared_map().insert(id.to_string(), prepared);
+    }
+
+    /// What was opened ahead of `id`'s claim, if this replica did.
+    fn take_prepared(&self, id: &str) -> Prepared {
+        self.prepared_map().remove(id).unwrap_or_default()
     }
 
     pub(crate) fn push_ready(&self, key: &Key, member: Member) {
@@ -348,7 +379,8 @@ impl Sessions {
         };
         pool.claimed(&key);
         pool.wake();
-        match self.apply(&member, req, policy, kind).await {
+        let prepared = pool.take_prepared(&member.id);
+        match self.apply(&member, req, policy, kind, prepared).await {
             Ok(()) => {
                 tracing::debug!(session_id = %member.id, elapsed_ms = started.elapsed().as_millis() as u64, "warm pool claim");
                 Some(member.id)
@@ -416,6 +448,8 @@ impl Sessions {
 
     /// Removes a member (and its triad) that will not be handed out.
     pub(crate) async fn discard(&self, id: &str, triad: Option<&Triad>) {
+        drop(self.pool.take_prepared(id));
+        self.runtime().forget(id);
         match self.engine.remove(id).await {
             Ok(()) | Err(EngineError::NotFound) => {}
             Err(e) => tracing::warn!(container = %id, error = %e, "could not remove a pool member"),

@@ -251,6 +251,11 @@ impl Refill {
                     .with(&[key.image.as_str(), key.kind.as_str()]);
                 size.set(size.get() + 1);
                 tracing::debug!(container = %member.id, image = %key.image, kind = key.kind.as_str(), "warm pool: member ready");
+                // The claim then costs writes on open streams, and its first command finds the
+                // helper's channel open.
+                let prepared = s.prepare(&member).await;
+                s.pool.prepare(&member.id, prepared);
+                s.warm(&member.id);
                 s.pool.push_ready(key, member);
             }
             Err(e) => self.failed(key, "building a member failed", &e),

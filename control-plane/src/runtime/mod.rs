@@ -108,6 +108,8 @@ pub trait SessionRuntime: Send + Sync + 'static {
     ) -> Result<Value, HelperError>;
     /// Empties `dest` (a failed seed leaves nothing behind).
     async fn clear(&self, id: &str, dest: &str) -> Result<(), HelperError>;
+    /// Whether the session was seeded (its root-owned marker exists).
+    async fn seeded(&self, id: &str) -> Result<bool, HelperError>;
     /// Opens the session's channel ahead of its first use (best effort).
     async fn warm(&self, id: &str);
     /// Drops the session's channel (the session is being removed or stopped).
@@ -494,6 +496,21 @@ impl SessionRuntime for HelperRuntime {
             Box::pin(async move {
                 let mut h = chan.request(&request).await.map_err(|e| lost(e, false))?;
                 response(&mut h).await.map(|_| ())
+            })
+        })
+        .await
+    }
+
+    async fn seeded(&self, id: &str) -> Result<bool, HelperError> {
+        let request = json!({"op": "seeded"});
+        self.with_retry(id, true, |chan| {
+            let request = request.clone();
+            Box::pin(async move {
+                let mut h = chan.request(&request).await.map_err(|e| lost(e, false))?;
+                let v = response(&mut h).await?;
+                serde_json::from_value::<sandbox_helper::protocol::SeededInfo>(v)
+                    .map(|i| i.seeded)
+                    .map_err(|_| CallError::Helper(HelperError::NoAnswer))
             })
         })
         .await

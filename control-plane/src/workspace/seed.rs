@@ -1,8 +1,9 @@
 //! Seeding: multipart field → decompress → sanitise → re-tar → `put_archive`, streamed end to
 //! end through bounded channels, so the service holds a few 64 KiB chunks whatever the size.
 //!
-//! One-shot: a root-owned marker `/.daiv-sandbox/seeded` is written by `put_archive` after every
-//! archive landed. It sits outside `/workspace` (the fs ops cannot reach it) in a directory only
+//! One-shot: a root-owned marker `/.daiv-sandbox/seeded` is written after every archive landed,
+//! by the helper's `write-file` run as root (opened while the archives stream, given its
+//! content only at the end). It sits outside `/workspace` (the fs ops cannot reach it) in a directory only
 //! root can write (`/` is root-owned and the sandbox runs as `RUN_UID` with no capabilities), so
 //! neither the fs ops nor commands can forge or remove it.
 //!
@@ -11,8 +12,8 @@
 //! user, who owns everything extracted) and no marker is written: the session stays unseeded and
 //! a corrected retry can succeed.
 //!
-//! Docker round trips: inspect (session) + get_archive (marker) + one put_archive per archive +
-//! put_archive (marker): 4 for one archive, 5 for both; +3 (one exec) to clean up on failure.
+//! Docker round trips: inspect (session) + one exec (the marker's writer, beside the archives);
+//! the marker check and the archives go over the session's helper channel.
 
 use std::io;
 
@@ -27,6 +28,7 @@ use crate::archive::{Archive, ROOT, entry_name};
 use crate::config::Config;
 use crate::engine::{ContainerEngine, EngineError};
 use crate::layout::{self, SEED_MARKER, SERVICE_DIR, WORKSPACE};
+use crate::pool::{ROOT_USER, Writer};
 use crate::runtime::{HelperError, SessionRuntime};
 
 /// Header carrying how many archive members the sanitiser dropped.
@@ -105,15 +107,49 @@ pub async fn seed(
     runtime: &dyn SessionRuntime,
     config: &Config,
     id: &str,
-    mut multipart: Multipart,
+    multipart: Multipart,
 ) -> Result<SeedOutcome, SeedError> {
-    match engine.get_archive(id, SEED_MARKER).await {
-        Ok(_) => {
-            return Err(SeedError::AlreadySeeded);
-        }
-        Err(EngineError::NotFound) => {}
-        Err(e) => return Err(e.into()),
+    if runtime.seeded(id).await? {
+        return Err(SeedError::AlreadySeeded);
     }
+    // The marker's writer opens while the archives stream (its exec costs as much as a small
+    // seed); it writes only when given its content, so a failed seed leaves no marker.
+    let (marker, seeded) = tokio::join!(
+        Writer::open(engine, id, ROOT_USER, SEED_MARKER, 0o644, &[]),
+        seed_fields(runtime, config, id, multipart),
+    );
+    let (outcome, written) = seeded?;
+    let marked = match marker {
+        Ok(writer) => match writer.finish(&[], Vec::new()).await {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                tracing::debug!(session_id = %id, error = %e, "seed marker not written by the helper; uploading it");
+                write_marker(engine, id).await
+            }
+        },
+        Err(_) => write_marker(engine, id).await,
+    };
+    if let Err(e) = marked {
+        cleanup(runtime, id, &written).await;
+        return Err(e);
+    }
+    tracing::info!(
+        session_id = %id,
+        members = outcome.members,
+        skipped = outcome.skipped,
+        "session seeded"
+    );
+    Ok(outcome)
+}
+
+/// Every archive field of the request, in order; on failure what was extracted is emptied.
+/// Returns the destinations written.
+async fn seed_fields(
+    runtime: &dyn SessionRuntime,
+    config: &Config,
+    id: &str,
+    mut multipart: Multipart,
+) -> Result<(SeedOutcome, Vec<&'static str>), SeedError> {
     let mut budget = Budget::new(
         config.sessions.seed_max_bytes,
         config.sessions.seed_max_members,
@@ -153,17 +189,7 @@ pub async fn seed(
         return Err(SeedError::NoArchive);
     }
     outcome.bytes = budget.bytes_used;
-    if let Err(e) = write_marker(engine, id).await {
-        cleanup(runtime, id, &written).await;
-        return Err(e);
-    }
-    tracing::info!(
-        session_id = %id,
-        members = outcome.members,
-        skipped = outcome.skipped,
-        "session seeded"
-    );
-    Ok(outcome)
+    Ok((outcome, written))
 }
 
 /// One archive through the pipeline. The upload feeds a bounded channel; a blocking thread
@@ -287,7 +313,8 @@ async fn seed_one(
     }
 }
 
-/// The marker, root-owned, in a root-owned directory.
+/// The marker, root-owned, in a root-owned directory, by an archive upload (when the helper's
+/// `write-file` could not do it).
 async fn write_marker(engine: &dyn ContainerEngine, id: &str) -> Result<(), SeedError> {
     let mut tar = Archive::new();
     tar.dir(entry_name(SERVICE_DIR), 0o755, ROOT)

@@ -3,7 +3,7 @@
 //! ```text
 //! pool-bench --pool-base http://127.0.0.1:8001 --cold-base http://127.0.0.1:8002 --key KEY \
 //!            [--cold-key KEY] [--image daiv-sandbox-busybox:local] [--n 50] [--pool-size 4] \
-//!            [--egress]
+//!            [--egress] [--env]
 //! ```
 //! The instance at `--pool-base` has `DAIV_SANDBOX_WARM_POOL` (or `..._EGRESS` with `--egress`)
 //! set to `IMAGE=<pool-size>`; the one at `--cold-base` has no pool (same engine). Phases, each
@@ -47,6 +47,9 @@ struct Args {
     /// Egress sessions (the pool's egress kind).
     #[arg(long)]
     egress: bool,
+    /// Each create also carries an `environment` (applied at claim time).
+    #[arg(long)]
+    env: bool,
 }
 
 fn args() -> Result<Args> {
@@ -138,6 +141,9 @@ async fn main() -> Result<()> {
     };
     let kind = if a.egress { "egress" } else { "isolated" };
     let mut body = json!({"base_image": a.image});
+    if a.env {
+        body["environment"] = json!({"POOL_BENCH": "claimed"});
+    }
     if a.egress {
         body["egress"] = json!({"policy": {"default": "deny", "rules": [{"host": "api.upstream.test", "methods": ["GET"]}]}});
     }

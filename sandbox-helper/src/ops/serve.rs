@@ -89,29 +89,35 @@ impl Out {
     }
 }
 
-static ENV_FILE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-/// The claim's environment ([`layout::ENV_FILE`]), read once when serving starts: the control
-/// plane writes it before it opens any channel to a claimed session.
-static CLAIMED_ENV: std::sync::OnceLock<Vec<(String, String)>> = std::sync::OnceLock::new();
+/// Held by the batch that runs (see [`handle`]).
+static RUNS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// Where [`serve`] reads the claim's environment (`--env-file`; tests use their own).
-pub fn set_env_file(path: &Path) {
-    let _ = ENV_FILE.set(path.to_path_buf());
+static SERVICE_DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// Where [`serve`] finds the service's root-owned files ([`layout::SERVICE_DIR`] unless
+/// `--service-dir`; the fake engine's tests use their own).
+pub fn set_service_dir(path: &Path) {
+    let _ = SERVICE_DIR.set(path.to_path_buf());
 }
 
-fn claimed_env() -> &'static [(String, String)] {
-    CLAIMED_ENV.get_or_init(|| {
-        let path = ENV_FILE
-            .get()
-            .cloned()
-            .unwrap_or_else(|| PathBuf::from(layout::ENV_FILE));
-        procs::claimed_env(&path)
-    })
+/// `layout_path` (a file of [`layout::SERVICE_DIR`]) where this helper finds it.
+fn service_file(layout_path: &str) -> PathBuf {
+    match SERVICE_DIR.get() {
+        Some(dir) => dir.join(Path::new(layout_path).file_name().unwrap_or_default()),
+        None => PathBuf::from(layout_path),
+    }
+}
+
+/// The claim's environment ([`layout::ENV_FILE`]), read for every run: a warm-pool member's
+/// channel is opened before the member is claimed, so the file may appear after serving
+/// started (the control plane writes it before the claim's 201). A few microseconds a run.
+fn claimed_env() -> Vec<(String, String)> {
+    procs::claimed_env(&service_file(layout::ENV_FILE))
 }
 
 /// A run's environment: the claim's, then the request's (which wins).
 fn run_env(request: Vec<(String, String)>) -> Vec<(String, String)> {
-    let mut env = claimed_env().to_vec();
+    let mut env = claimed_env();
     env.extend(request);
     env
 }
@@ -119,7 +125,6 @@ fn run_env(request: Vec<(String, String)>) -> Vec<(String, String)> {
 /// Serves the protocol on stdin/stdout with `root` as `/workspace`; returns the exit code
 /// (0 at end of input, 2 on a framing error, 1 if the root cannot be opened).
 pub fn serve(root_dir: &Path) -> i32 {
-    claimed_env();
     // Commands run as this process's uid: without this, one could ptrace the helper (or write
     // its memory through /proc) and alter what it answers. Children are dumpable again after
     // their exec, so commands are unaffected.
@@ -354,7 +359,7 @@ fn handle(
         | Request::Edit { deadline_ms, .. }
         | Request::Delete { deadline_ms, .. } => Some(*deadline_ms),
         Request::Extract { deadline_ms, .. } | Request::Clear { deadline_ms, .. } => *deadline_ms,
-        Request::Ping | Request::Run { .. } | Request::Proc { .. } => None,
+        Request::Ping | Request::Seeded | Request::Run { .. } | Request::Proc { .. } => None,
     };
     let stop = Stop {
         cancelled: &live.cancelled,
@@ -364,6 +369,10 @@ fn handle(
     let dl = fs_deadline;
     match req {
         Request::Ping => Response::empty(),
+        // The root-owned marker: the sandbox user can neither create nor remove it.
+        Request::Seeded => Response::ok(&crate::protocol::SeededInfo {
+            seeded: service_file(layout::SEED_MARKER).exists(),
+        }),
         Request::Run {
             commands,
             fail_fast,
@@ -386,6 +395,10 @@ fn handle(
                 Emit::Event(ev) => out.event(id, &ev),
                 Emit::Data(d) => out.frame(id, kind::DATA, d),
             };
+            // One batch at a time: the control plane's session lock orders runs, but it is
+            // released as soon as a client leaves, while the cancelled batch's process group
+            // may take a tick to be killed. The next batch starts only once it is gone.
+            let _one = RUNS.lock().unwrap_or_else(|p| p.into_inner());
             match run::run(&spec, &stop, &live.pgid, &mut emit) {
                 Ok(()) => Response::empty(),
                 Err(RunError::Halt(h)) => halted(h, live, None),
@@ -536,7 +549,7 @@ mod tests {
             br#"[["A","claimed"],["B","claimed"],["bad=name","x"]]"#,
         )
         .expect("write");
-        set_env_file(&file);
+        set_service_dir(&dir);
         let env = run_env(vec![("B".into(), "request".into())]);
         assert_eq!(
             env,
@@ -545,6 +558,12 @@ mod tests {
                 ("B".to_string(), "claimed".to_string()),
                 ("B".to_string(), "request".to_string()),
             ]
+        );
+        // Written after serving started (a pool member claimed with its channel open).
+        std::fs::write(&file, br#"[["A","later"]]"#).expect("write");
+        assert_eq!(
+            run_env(Vec::new()),
+            vec![("A".to_string(), "later".to_string())]
         );
         assert!(procs::claimed_env(&dir.join("absent")).is_empty());
         std::fs::write(&file, b"not json").expect("write");

@@ -105,7 +105,7 @@ impl ContainerEngine for FakeEngine {
     async fn remove(&self, id: &str) -> Result<(), EngineError> {
         self.check_up(format!("remove {id}"))?;
         let _ = std::fs::remove_dir_all(self.workspace_dir(id));
-        let _ = std::fs::remove_file(self.workspace_dir(id).with_extension("env"));
+        let _ = std::fs::remove_dir_all(self.workspace_dir(id).with_extension("service"));
         self.with(|s| {
             if let Some(t) = s.alive.remove(id) {
                 t.cancel();
@@ -222,24 +222,27 @@ impl ContainerEngine for FakeEngine {
             std::fs::create_dir_all(root.join(sub.trim_start_matches('/')))
                 .map_err(|e| EngineError::Unavailable(e.to_string()))?;
         }
-        // The claim's environment file, where the host helper finds it (a sandbox's helper reads
-        // it from its own root-owned directory).
-        let env_file = root.with_extension("env");
-        let claimed = self.with(|s| {
-            let key = (id.to_string(), layout::ENV_FILE.to_string());
-            s.files.get(&key).and_then(|(content, _)| content.clone())
-        });
-        match claimed {
-            Some(content) => std::fs::write(&env_file, content),
-            None => std::fs::remove_file(&env_file).or(Ok(())),
+        // The service directory's files (the claim's environment, the seed marker) where the
+        // host helper finds them (a sandbox's helper reads them from its root-owned directory).
+        let service_dir = self.service_dir(id)?;
+        for file in [layout::ENV_FILE, layout::SEED_MARKER] {
+            let claimed = self.with(|s| {
+                let key = (id.to_string(), file.to_string());
+                s.files.get(&key).and_then(|(content, _)| content.clone())
+            });
+            let host = service_dir.join(file.rsplit('/').next().unwrap_or(file));
+            match claimed {
+                Some(content) => std::fs::write(&host, content),
+                None => std::fs::remove_file(&host).or(Ok(())),
+            }
+            .map_err(|e| EngineError::Unavailable(e.to_string()))?;
         }
-        .map_err(|e| EngineError::Unavailable(e.to_string()))?;
         let mut child = tokio::process::Command::new(host_helper())
             .arg("serve")
             .arg("--root")
             .arg(&root)
-            .arg("--env-file")
-            .arg(&env_file)
+            .arg("--service-dir")
+            .arg(&service_dir)
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::null())
@@ -452,8 +455,15 @@ impl ContainerEngine for FakeEngine {
 }
 
 impl FakeEngine {
-    /// The helper's `write-file PATH MODE`: stdin becomes the file (as the exec's user), and
-    /// the answer is `ok`.
+    /// The host directory standing in for container `id`'s service directory.
+    fn service_dir(&self, id: &str) -> Result<std::path::PathBuf, EngineError> {
+        let dir = self.workspace_dir(id).with_extension("service");
+        std::fs::create_dir_all(&dir).map_err(|e| EngineError::Unavailable(e.to_string()))?;
+        Ok(dir)
+    }
+
+    /// The helper's `write-file PATH MODE`: the content after stdin's header line becomes the
+    /// file (as the exec's user), and the answer is `ok`; input cut short writes nothing.
     async fn write_file(&self, id: &str, spec: &ExecSpec) -> Result<AttachedExec, EngineError> {
         let path = spec.cmd.get(2).cloned().unwrap_or_default();
         self.check_up(format!("exec_attached {id} write-file {path}"))?;
@@ -471,16 +481,37 @@ impl FakeEngine {
             .map(|(u, g)| (u.parse().unwrap_or(0), g.parse().unwrap_or(0)))
             .unwrap_or((0, 0));
         let then = spec.cmd.iter().any(|a| a == "--");
-        let (input, mut reader) = tokio::io::duplex(64 * 1024);
+        let (input, reader) = tokio::io::duplex(64 * 1024);
         let (tx, rx) = tokio::sync::oneshot::channel::<Bytes>();
         let me = self.clone();
         let id = id.to_string();
         tokio::spawn(async move {
-            let mut content = Vec::new();
-            if tokio::io::AsyncReadExt::read_to_end(&mut reader, &mut content)
-                .await
-                .is_ok()
-            {
+            use tokio::io::{AsyncBufReadExt, AsyncReadExt};
+            let mut reader = tokio::io::BufReader::new(reader);
+            let mut line = Vec::new();
+            let header = match reader.read_until(b'\n', &mut line).await {
+                Ok(_) => serde_json::from_slice::<sandbox_helper::protocol::WriteHeader>(
+                    line.strip_suffix(b"\n").unwrap_or(b"not a line"),
+                )
+                .ok(),
+                Err(_) => None,
+            };
+            let Some(header) = header else { return };
+            let mut content = vec![
+                0;
+                usize::try_from(header.len)
+                    .unwrap_or(usize::MAX)
+                    .min(1 << 24)
+            ];
+            if reader.read_exact(&mut content).await.is_ok() {
+                // An open channel reads these as they are now (the environment per run, the
+                // seed marker per seed), from the host directory the serving helper was given.
+                if let Some(name) = path.strip_prefix(&format!("{}/", layout::SERVICE_DIR)) {
+                    let Ok(dir) = me.service_dir(&id) else { return };
+                    if std::fs::write(dir.join(name), &content).is_err() {
+                        return;
+                    }
+                }
                 me.with(|s| {
                     s.files
                         .insert((id, path), (Some(content), (mode, uid, gid)))

@@ -148,7 +148,8 @@ impl FakeEngine {
         std::env::temp_dir().join(format!(
             "daiv-fake-{}-{}",
             std::process::id(),
-            &id[..12.min(id.len())]
+            // The fake's ids are counters padded with zeros: their tail tells them apart.
+            &id[id.len().saturating_sub(12)..]
         ))
     }
 

@@ -118,6 +118,9 @@ impl Writer {
         let framed = WriteHeader::frame(content, args);
         self.exec.input.write_all(&framed).await.map_err(broken)?;
         self.exec.input.flush().await.map_err(broken)?;
+        // This helper needs no end of input; one from before the framed input (a session
+        // created by an older version) reads to the end, so end it where the engine can.
+        let _ = self.exec.input.shutdown().await;
         let mut said = Vec::new();
         while let Some(chunk) = self.exec.output.next().await {
             let chunk = chunk?;

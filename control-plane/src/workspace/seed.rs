@@ -109,7 +109,20 @@ pub async fn seed(
     id: &str,
     multipart: Multipart,
 ) -> Result<SeedOutcome, SeedError> {
-    if runtime.seeded(id).await? {
+    let seeded = match runtime.seeded(id).await {
+        Ok(seeded) => seeded,
+        // A helper from before the `seeded` op (a session created by an older version): ask
+        // the engine for the marker.
+        Err(e) => {
+            tracing::debug!(session_id = %id, error = %e, "seed marker not checked by the helper; asking the engine");
+            match engine.get_archive(id, SEED_MARKER).await {
+                Ok(_) => true,
+                Err(EngineError::NotFound) => false,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    };
+    if seeded {
         return Err(SeedError::AlreadySeeded);
     }
     // The marker's writer opens while the archives stream (its exec costs as much as a small

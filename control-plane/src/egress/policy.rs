@@ -17,7 +17,7 @@ use super::gateway::config_tar;
 use super::{Egress, GATEWAY_UID, POLICY_ACK_TIMEOUT, Triad};
 use crate::backoff::Backoff;
 use crate::engine::{EngineError, ExecSpec};
-use crate::pool::Writer;
+use crate::runtime::Writer;
 
 /// Parses an `egress` body as the policy file and applies the API's validation. Parse errors
 /// never echo the body's strings (see [`EgressError::MalformedPolicy`]).

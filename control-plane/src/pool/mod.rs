@@ -68,7 +68,6 @@ use crate::telemetry::metrics::Metrics;
 mod apply;
 mod refill;
 
-pub use apply::{ROOT_USER, Writer, write_by_helper};
 pub use refill::Refill;
 
 pub(crate) const BUILDING: &str = "daiv-building-";
@@ -187,8 +186,8 @@ pub struct Pool {
 /// (or a restarted one) opens its own; these are then dropped, writing nothing.
 #[derive(Debug, Default)]
 pub(crate) struct Prepared {
-    pub env: Option<Writer>,
-    pub policy: Option<Writer>,
+    pub env: Option<crate::runtime::Writer>,
+    pub policy: Option<crate::runtime::Writer>,
 }
 
 impl Pool {

@@ -28,10 +28,12 @@ use crate::engine::{ContainerEngine, ExecSpec};
 pub mod channel;
 mod error;
 mod helper_bin;
+mod writer;
 
 use channel::{Channel, ChannelError, Incoming, RequestHandle};
 pub use error::HelperError;
 pub use helper_bin::helper_binary;
+pub use writer::{ROOT_USER, Writer, write_by_helper};
 
 /// Exit code of a command killed at its timeout (as coreutils' `timeout`).
 pub const TIMEOUT_EXIT_CODE: i64 = 124;

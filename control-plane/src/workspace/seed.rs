@@ -28,8 +28,8 @@ use crate::archive::{Archive, ROOT, entry_name};
 use crate::config::Config;
 use crate::engine::{ContainerEngine, EngineError};
 use crate::layout::{self, SEED_MARKER, SERVICE_DIR, WORKSPACE};
-use crate::pool::{ROOT_USER, Writer};
 use crate::runtime::{HelperError, SessionRuntime};
+use crate::runtime::{ROOT_USER, Writer};
 
 /// Header carrying how many archive members the sanitiser dropped.
 pub const SKIPPED_HEADER: &str = "x-seed-skipped-members";

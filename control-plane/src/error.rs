@@ -146,7 +146,14 @@ impl From<SessionError> for ApiError {
         match e {
             E::NotFound => ApiError::NotFound,
             E::Lock(e) => e.into(),
-            E::EgressNotConfigured => ApiError::BadRequest(e.to_string()),
+            E::EgressNotConfigured => {
+                // The client reads the reference's sentence; the operator reads what to set.
+                tracing::warn!(
+                    "a session asked for egress: set DAIV_SANDBOX_EGRESS_CA_CERT_FILE and \
+                     DAIV_SANDBOX_EGRESS_CA_KEY_FILE to enable the egress proxy"
+                );
+                ApiError::BadRequest(e.to_string())
+            }
             E::NoEgressProxy => ApiError::Conflict(e.to_string()),
             E::InvalidImage(_)
             | E::MemoryTooSmall
@@ -377,7 +384,7 @@ mod tests {
             (
                 SessionError::EgressNotConfigured.into(),
                 StatusCode::BAD_REQUEST,
-                "egress not configured: set DAIV_SANDBOX_EGRESS_CA_CERT_FILE and DAIV_SANDBOX_EGRESS_CA_KEY_FILE",
+                "egress requires the egress proxy, which is not configured on this deployment",
             ),
             (
                 SessionError::NoEgressProxy.into(),

@@ -289,13 +289,15 @@ pub fn app(state: AppState) -> Router {
     // Relative to the document: the page fetches `openapi.json` next to it (so no trailing slash).
     open = open.route("/docs", get(routes::docs::page));
 
+    // Every route answers at the root and under the prefix, as the reference's FastAPI
+    // `root_path` does (Starlette strips the root path only from paths that start with it):
+    // DAIV's documented URL (`http://sandbox:8000`) has no prefix, other clients use it.
+    let surface = api.merge(open);
     let prefix = state.config.server.api_v1_str.clone();
-    let versioned = api.merge(open.clone());
     let router = if prefix.is_empty() {
-        versioned
+        surface
     } else {
-        // Health and version also answer at the root, where orchestrators probe them.
-        Router::new().nest(&prefix, versioned).merge(open)
+        Router::new().nest(&prefix, surface.clone()).merge(surface)
     };
     let mut metrics = Router::new().route("/metrics", get(routes::metrics::metrics));
     if !state.config.server.metrics_public {

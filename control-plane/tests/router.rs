@@ -135,13 +135,14 @@ async fn egress_without_a_ca_is_400() {
         )
         .await;
     assert_eq!(s, StatusCode::BAD_REQUEST);
-    assert!(
-        b["detail"]
-            .as_str()
-            .unwrap_or("")
-            .contains("egress not configured"),
-        "{b}"
+    // The reference's sentence: DAIV matches "egress proxy" in the lower-cased body to tell its
+    // operator to configure the CA, and fails the run closed.
+    assert_eq!(
+        b["detail"],
+        "egress requires the egress proxy, which is not configured on this deployment"
     );
+    assert!(b.to_string().to_lowercase().contains("egress proxy"));
+    assert!(!h.engine.calls().iter().any(|c| c.starts_with("create")));
 }
 
 #[tokio::test]
@@ -185,6 +186,143 @@ async fn unknown_sessions_are_404_on_every_route() {
         let (s, _) = h.api(method, &path, body).await;
         assert_eq!(s, StatusCode::NOT_FOUND, "{method} {path}");
     }
+}
+
+/// Every documented operation (plus the document and its page) at `path`, each path parameter
+/// filled in: `{session_id}` with `session`, `{process_id}` with an id no process has.
+fn every_operation(session: &str) -> Vec<(&'static str, String)> {
+    use utoipa::OpenApi;
+    let doc = control_plane::ApiDoc::openapi();
+    let mut ops = vec![
+        ("GET", "/openapi.json".to_string()),
+        ("GET", "/docs".to_string()),
+    ];
+    for (path, item) in &doc.paths.paths {
+        let path = path
+            .replace("{session_id}", session)
+            .replace("{process_id}", "p1-0000");
+        for (method, present) in [
+            ("GET", item.get.is_some()),
+            ("POST", item.post.is_some()),
+            ("PUT", item.put.is_some()),
+            ("DELETE", item.delete.is_some()),
+        ] {
+            if present {
+                ops.push((method, path.clone()));
+            }
+        }
+    }
+    ops
+}
+
+#[tokio::test]
+async fn every_route_answers_with_and_without_the_prefix_and_its_trailing_slash() {
+    // DAIV's documented URL (`http://sandbox:8000`) has no prefix; the reference serves both
+    // (FastAPI's `root_path`). A route missing in one form answers the router's empty 404.
+    let h = Harness::default();
+    let ghost = "e".repeat(64);
+    let ops = every_operation(&ghost);
+    assert!(ops.len() >= 22, "{ops:?}");
+    for (method, path) in ops {
+        let bare = path.trim_end_matches('/').to_string();
+        let slashed = format!("{bare}/");
+        let forms = [
+            bare.clone(),
+            slashed.clone(),
+            format!("/api/v1{bare}"),
+            format!("/api/v1{slashed}"),
+        ];
+        // `/docs` and `/openapi.json` are files: no trailing slash.
+        let forms = if path.ends_with("docs") || path.ends_with(".json") {
+            vec![forms[0].clone(), forms[2].clone()]
+        } else {
+            forms.to_vec()
+        };
+        let mut answers = Vec::new();
+        for uri in &forms {
+            let resp = h
+                .send(
+                    axum::http::Request::builder()
+                        .method(method)
+                        .uri(uri)
+                        .header("x-api-key", harness::KEY)
+                        .body(axum::body::Body::empty())
+                        .expect("request"),
+                )
+                .await;
+            let status = resp.status();
+            let bytes = http_body_util::BodyExt::collect(resp.into_body())
+                .await
+                .expect("body")
+                .to_bytes();
+            assert!(
+                !bytes.is_empty() && status != StatusCode::METHOD_NOT_ALLOWED,
+                "{method} {uri}: {status}, no handler answered"
+            );
+            answers.push(status);
+        }
+        assert!(
+            answers.iter().all(|s| *s == answers[0]),
+            "{method} {path}: {answers:?} across {forms:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_whole_turn_works_on_the_bare_routes_with_the_key_still_required() {
+    let h = Harness::default();
+    let (s, _) = h
+        .call(
+            "POST",
+            "/session/",
+            Some(json!({"base_image": harness::IMAGE})),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::FORBIDDEN);
+    let (s, b) = h
+        .call(
+            "POST",
+            "/session",
+            Some(json!({"base_image": harness::IMAGE})),
+            Some(harness::KEY),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    let id = b["session_id"].as_str().expect("id").to_string();
+    let call = |method: &'static str, path: String, body: Option<Value>| {
+        let h = &h;
+        async move { h.call(method, &path, body, Some(harness::KEY)).await }
+    };
+    let (s, b) = call(
+        "POST",
+        format!("/session/{id}/"),
+        Some(json!({"commands": ["echo bare"]})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    assert_eq!(b["results"][0]["output"], "bare\n");
+    let (s, b) = call(
+        "POST",
+        format!("/session/{id}/fs/write"),
+        Some(json!({"path": "/workspace/repo/a.txt", "content": "aGk="})),
+    )
+    .await;
+    assert_eq!((s, &b["ok"]), (StatusCode::OK, &json!(true)), "{b}");
+    let (s, b) = call(
+        "POST",
+        format!("/session/{id}/fs/read"),
+        Some(json!({"path": "/workspace/repo/a.txt"})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    assert!(b["content"].as_str().unwrap_or("").contains("hi"), "{b}");
+    let (s, _) = call("GET", format!("/session/{id}"), None).await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    let (s, _) = call("DELETE", format!("/session/{id}/?force=true"), None).await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    let (s, _) = call("GET", format!("/session/{id}/"), None).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
 }
 
 // Commands run through the real helper (a host build, in a per-container temp directory):

@@ -61,9 +61,7 @@ async fn request_logs_are_json_lines_without_keys_secrets_or_contents() -> Resul
         .collect::<Result<_>>()?;
     let write = lines
         .iter()
-        .find(|l| {
-            l["message"] == "request" && l["route"] == "/api/v1/session/{session_id}/fs/write"
-        })
+        .find(|l| l["message"] == "request" && l["route"] == "/session/{session_id}/fs/write")
         .with_context(|| format!("no request line for fs/write in:\n{logs}"))?;
     assert_eq!(write["method"], "POST");
     assert_eq!(write["status"], 200);
@@ -215,7 +213,7 @@ async fn metrics_count_sessions_commands_fs_ops_seeds_locks_and_engine_errors() 
         "{text}"
     );
     assert!(
-        text.contains("route=\"/api/v1/session/{session_id}/fs/write\",status=\"200\""),
+        text.contains("route=\"/session/{session_id}/fs/write\",status=\"200\""),
         "{text}"
     );
     assert!(!text.contains(&s.id), "session ids are not label values");
@@ -283,7 +281,7 @@ async fn a_server_error_is_reported_to_sentry_once_without_secrets() -> Result<(
         "error",
         "{event}"
     );
-    assert_eq!(event["tags"]["route"], "/api/v1/session/");
+    assert_eq!(event["tags"]["route"], "/session/");
     assert_eq!(event["tags"]["http.method"], "POST");
     assert!(
         event.get("request").is_none(),

@@ -5,6 +5,9 @@ use std::net::IpAddr;
 use super::parse::Parser;
 use super::{PREFIX, Secret};
 
+/// First path segments of the routes served at the root.
+const ROOT_SEGMENTS: [&str; 5] = ["session", "-", "docs", "openapi.json", "metrics"];
+
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     pub host: IpAddr,
@@ -36,6 +39,17 @@ impl ServerConfig {
         {
             let raw = api_v1_str.clone();
             p.fail("API_V1_STR", &raw, "expected a path such as /api/v1");
+        } else if let Some(first) = api_v1_str.split('/').nth(1)
+            && ROOT_SEGMENTS.contains(&first)
+        {
+            // Routes answer at the root too: a prefix that starts like one of them would make
+            // `{prefix}/...` and a route at the root the same path.
+            let raw = api_v1_str.clone();
+            p.fail(
+                "API_V1_STR",
+                &raw,
+                "must not start with a route's first segment (session, -, docs, openapi.json, metrics)",
+            );
         }
 
         let host = p.parse_or::<IpAddr>("HOST", IpAddr::from([0, 0, 0, 0]));

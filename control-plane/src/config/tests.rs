@@ -158,3 +158,32 @@ fn secrets_dir_is_read_and_env_wins() -> std::io::Result<()> {
     std::fs::remove_dir_all(&dir)?;
     Ok(())
 }
+
+#[test]
+fn unknown_settings_are_harmless() -> Result<(), ConfigError> {
+    // DAIV's swarm guide still sets the reference's retired `KEEP_TEMPLATE`; settings this
+    // version does not know must neither stop the service nor change a known default.
+    let c = load(&env(&[
+        ("API_KEY", "k"),
+        ("KEEP_TEMPLATE", "true"),
+        ("NO_SUCH_SETTING", "not even a boolean"),
+    ]))?;
+    let defaults = load(&env(&[("API_KEY", "k")]))?;
+    assert_eq!(format!("{c:?}"), format!("{defaults:?}"));
+    Ok(())
+}
+
+#[test]
+fn a_prefix_cannot_shadow_a_route_at_the_root() {
+    for prefix in ["/session", "/-/x", "/docs", "/metrics/v1", "/openapi.json"] {
+        let e = errors(&[("API_KEY", "k"), ("API_V1_STR", prefix)]);
+        assert!(
+            e.iter().any(|e| e.contains("API_V1_STR")),
+            "{prefix}: {e:?}"
+        );
+    }
+    for prefix in ["/api/v1", "/sessions", "/v2", ""] {
+        let e = errors(&[("API_KEY", "k"), ("API_V1_STR", prefix)]);
+        assert!(e.is_empty(), "{prefix}: {e:?}");
+    }
+}

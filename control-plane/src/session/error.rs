@@ -15,10 +15,9 @@ pub enum SessionError {
     /// The session's lock could not be had: held past the wait, or its backend is down.
     #[error(transparent)]
     Lock(#[from] LockError),
-    /// Egress was asked for, but this instance has no egress CA.
-    #[error(
-        "egress not configured: set DAIV_SANDBOX_EGRESS_CA_CERT_FILE and DAIV_SANDBOX_EGRESS_CA_KEY_FILE"
-    )]
+    /// Egress was asked for, but this instance has no egress CA. The text is the reference's:
+    /// DAIV looks for "egress proxy" in it to tell its operator what to configure.
+    #[error("egress requires the egress proxy, which is not configured on this deployment")]
     EgressNotConfigured,
     /// The session has egress parts, but this instance (a replica without the CA) cannot
     /// manage them.

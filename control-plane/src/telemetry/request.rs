@@ -51,7 +51,7 @@ pub async fn observe(
     let method = method_label(req.method());
     let route = matched
         .as_ref()
-        .map(|m| m.as_str().to_string())
+        .map(|m| route_label(m.as_str(), &state.config.server.api_v1_str).to_string())
         .unwrap_or_else(|| "unmatched".to_string());
     let session_id = params.ok().and_then(|p| {
         p.iter()
@@ -98,6 +98,15 @@ pub async fn observe(
     response
 }
 
+/// The route template without the API prefix: a route reached with and without it is one
+/// route in the logs and one series in the metrics.
+fn route_label<'a>(template: &'a str, prefix: &str) -> &'a str {
+    match template.strip_prefix(prefix) {
+        Some(rest) if !prefix.is_empty() && rest.starts_with('/') => rest,
+        _ => template,
+    }
+}
+
 /// Turns a panic in a handler into a 500 `{"detail": ...}` instead of a dropped connection.
 pub fn panic_response(_panic: Box<dyn Any + Send + 'static>) -> Response {
     // The payload is not logged: it may quote whatever the handler was holding.
@@ -109,4 +118,23 @@ pub fn panic_response(_panic: Box<dyn Any + Send + 'static>) -> Response {
         }),
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::route_label;
+
+    #[test]
+    fn the_prefix_is_not_part_of_the_route_label() {
+        let routes = [
+            ("/api/v1/session/{session_id}/", "/session/{session_id}/"),
+            ("/session/{session_id}/", "/session/{session_id}/"),
+            ("/api/v1", "/api/v1"),
+            ("/api/v1x/session/", "/api/v1x/session/"),
+        ];
+        for (template, label) in routes {
+            assert_eq!(route_label(template, "/api/v1"), label, "{template}");
+        }
+        assert_eq!(route_label("/session/", ""), "/session/");
+    }
 }

@@ -19,8 +19,9 @@ use crate::archive::{Archive, ROOT, entry_name};
 use crate::config::Config;
 use crate::egress::{self, Egress, SandboxPlan, Triad};
 use crate::engine::{
-    ContainerEngine, ContainerInfo, ContainerSpec, DEPLOYMENT_LABEL, EngineError, IMAGE_LABEL,
-    MANAGED_LABEL, NetworkAttach, ROLE_LABEL, ROLE_SANDBOX,
+    ContainerEngine, ContainerInfo, ContainerSpec, DEPLOYMENT_LABEL, EngineError,
+    HELPER_USER_LABEL, IMAGE_LABEL, MANAGED_LABEL, NetworkAttach, ROLE_LABEL, ROLE_SANDBOX,
+    SANDBOX_USER_LABEL,
 };
 use crate::layout;
 use crate::pool::{MemberTag, Pool};
@@ -107,11 +108,18 @@ impl Sessions {
         tokio::spawn(async move { runtime.warm(&id).await });
     }
 
+    /// `uid:gid` commands run as.
     fn user(&self) -> String {
         format!(
             "{}:{}",
             self.config.sessions.run_uid, self.config.sessions.run_gid
         )
+    }
+
+    /// `uid:gid` the helper takes for itself.
+    fn helper_user(&self) -> String {
+        let h = self.config.sessions.helper_uid;
+        format!("{h}:{h}")
     }
 
     /// Creates and starts a session: a ready warm-pool member when one matches the request
@@ -233,6 +241,8 @@ impl Sessions {
             (ROLE_LABEL.to_string(), ROLE_SANDBOX.to_string()),
             (IMAGE_LABEL.to_string(), req.base_image.clone()),
             (DEPLOYMENT_LABEL.to_string(), c.deployment.clone()),
+            (HELPER_USER_LABEL.to_string(), self.helper_user()),
+            (SANDBOX_USER_LABEL.to_string(), self.user()),
         ]);
         labels.extend(extra_labels.iter().cloned());
         ContainerSpec {
@@ -241,10 +251,28 @@ impl Sessions {
             // The image's entrypoint would wrap the keep-alive in something unknown. The helper
             // keeps the container alive: no shell needed, so shell-less images work.
             entrypoint: Some(Vec::new()),
-            cmd: Some(vec![layout::HELPER.into(), "init".into()]),
+            cmd: Some(vec![
+                layout::HELPER.into(),
+                "init".into(),
+                "--user".into(),
+                self.user(),
+                "--helper-user".into(),
+                self.helper_user(),
+            ]),
             env,
             labels,
-            user: Some(self.user()),
+            // Root only until the helper takes its own uid, first thing (see
+            // `sandbox_helper::identity`); commands and processes run as `RUN_UID:RUN_GID`.
+            user: Some("0:0".to_string()),
+            // What the helper keeps: starting commands as the sandbox user, killing their
+            // process groups. A command has none of them after its `execve`.
+            cap_add: ["SETUID", "SETGID", "KILL"].map(String::from).to_vec(),
+            // Without an IPv6 address, the host's link-local address on the session's bridge is
+            // unreachable whatever the engine's version does by default.
+            sysctls: vec![(
+                "net.ipv6.conf.all.disable_ipv6".to_string(),
+                "1".to_string(),
+            )],
             // tini as PID 1: forwards SIGTERM (prompt stops) and reaps orphaned zombies.
             init: true,
             runtime: c.sessions.runtime.as_str().to_string(),

@@ -98,6 +98,8 @@ impl World {
             env: Vec::new(),
             labels: all,
             user: None,
+            cap_add: Vec::new(),
+            sysctls: Vec::new(),
             init: true,
             runtime: "runc".into(),
             memory_bytes: None,

@@ -75,7 +75,33 @@ async fn create_applies_isolation_defaults_and_ignores_unknown_fields() {
     let id = b["session_id"].as_str().expect("id");
     assert_eq!(id.len(), 64);
     let spec = h.engine.spec(id).expect("created");
-    assert_eq!(spec.user.as_deref(), Some("1000:1000"));
+    // Root only until the helper takes its own uid; commands run as RUN_UID:RUN_GID, and the
+    // container keeps exactly what the helper needs to start and stop them.
+    assert_eq!(spec.user.as_deref(), Some("0:0"));
+    assert_eq!(
+        spec.cmd.as_deref().map(|c| c[1..].join(" ")),
+        Some("init --user 1000:1000 --helper-user 65533:65533".to_string())
+    );
+    assert_eq!(spec.cap_add, ["SETUID", "SETGID", "KILL"]);
+    assert_eq!(
+        spec.sysctls,
+        [(
+            "net.ipv6.conf.all.disable_ipv6".to_string(),
+            "1".to_string()
+        )]
+    );
+    assert_eq!(
+        spec.labels
+            .get("daiv.sandbox.helper-user")
+            .map(String::as_str),
+        Some("65533:65533")
+    );
+    assert_eq!(
+        spec.labels
+            .get("daiv.sandbox.sandbox-user")
+            .map(String::as_str),
+        Some("1000:1000")
+    );
     assert!(spec.init);
     assert_eq!(spec.network, NetworkAttach::None);
     assert_eq!(spec.memory_bytes, Some(268_435_456));
@@ -102,7 +128,10 @@ async fn runtime_setting_reaches_the_container() {
     let id = h.session().await;
     let spec = h.engine.spec(&id).expect("created");
     assert_eq!(spec.runtime, "runsc");
-    assert_eq!(spec.user.as_deref(), Some("2000:3000"));
+    assert_eq!(
+        spec.cmd.as_deref().map(|c| c[2..].join(" ")),
+        Some("--user 2000:3000 --helper-user 65533:65533".to_string())
+    );
 }
 
 #[tokio::test]
@@ -604,7 +633,7 @@ async fn egress_create_builds_the_triad_and_keeps_secrets_in_the_gateway() {
     // The workspace is a volume and the helper keeps the container alive.
     assert_eq!(sandbox.volumes, vec!["/workspace".to_string()]);
     assert_eq!(
-        sandbox.cmd.as_deref(),
+        sandbox.cmd.as_deref().map(|c| &c[..2]),
         Some(
             &[
                 "/.daiv-sandbox/daiv-sandbox-helper".to_string(),

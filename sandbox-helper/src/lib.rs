@@ -143,4 +143,6 @@ pub mod protocol;
 pub mod wire;
 
 #[cfg(feature = "server")]
+pub mod identity;
+#[cfg(feature = "server")]
 pub mod ops;

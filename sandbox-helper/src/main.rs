@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-const USAGE: &str = "usage: daiv-sandbox-helper serve [--root DIR] [--service-dir DIR] [--processes NAME] | init [--processes NAME] | write-file PATH MODE [-- CMD...] | --version";
+const USAGE: &str = "usage: daiv-sandbox-helper serve [--root DIR] [--service-dir DIR] [--processes NAME] [--user U:G --helper-user H:G] | init [--processes NAME] [--user U:G --helper-user H:G] | write-file PATH MODE [-- CMD...] | --version";
 
 /// Largest content `write-file` takes.
 const WRITE_MAX: u64 = 16 * 1024 * 1024;
@@ -19,12 +19,16 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         ["init", rest @ ..] => {
-            let Some(name) = processes_flag(rest) else {
+            let Some(flags) = Flags::parse(rest, &["--processes", "--user", "--helper-user"])
+            else {
                 return usage();
             };
+            if let Err(code) = flags.assume_identity() {
+                return code;
+            }
             // The keep-alive (tini, not this, is PID 1; SIGTERM's default action ends it) and
             // the supervisor of background processes. Without the socket, commands still work.
-            if let Err(e) = sandbox_helper::ops::procs::supervise(name) {
+            if let Err(e) = sandbox_helper::ops::procs::supervise(flags.processes()) {
                 eprintln!("daiv-sandbox-helper: no background processes: {e}");
             }
             loop {
@@ -32,22 +36,29 @@ fn main() -> ExitCode {
             }
         }
         ["serve", rest @ ..] => {
-            let (root, rest) = match rest {
-                ["--root", dir, rest @ ..] => (PathBuf::from(dir), rest),
-                _ => (PathBuf::from(sandbox_helper::layout::WORKSPACE), rest),
-            };
-            let rest = match rest {
-                ["--service-dir", path, rest @ ..] => {
-                    sandbox_helper::ops::serve::set_service_dir(std::path::Path::new(path));
-                    rest
-                }
-                _ => rest,
-            };
-            let Some(name) = processes_flag(rest) else {
+            let Some(flags) = Flags::parse(
+                rest,
+                &[
+                    "--root",
+                    "--service-dir",
+                    "--processes",
+                    "--user",
+                    "--helper-user",
+                ],
+            ) else {
                 return usage();
             };
-            sandbox_helper::ops::procs::set_socket(name);
-            serve(root)
+            if let Err(code) = flags.assume_identity() {
+                return code;
+            }
+            if let Some(dir) = flags.get("--service-dir") {
+                sandbox_helper::ops::serve::set_service_dir(std::path::Path::new(dir));
+            }
+            sandbox_helper::ops::procs::set_socket(flags.processes());
+            let root = flags
+                .get("--root")
+                .unwrap_or(sandbox_helper::layout::WORKSPACE);
+            serve(PathBuf::from(root))
         }
         ["write-file", path, mode, then @ ..] => {
             let then = match then {
@@ -147,12 +158,46 @@ fn usage() -> ExitCode {
     ExitCode::from(2)
 }
 
-/// `[--processes NAME]`: the supervisor's abstract socket (default one per sandbox).
-fn processes_flag<'a>(rest: &[&'a str]) -> Option<&'a str> {
-    match rest {
-        [] => Some(sandbox_helper::layout::PROCESSES_SOCKET),
-        ["--processes", name] => Some(name),
-        _ => None,
+/// `--flag VALUE` pairs, each flag at most once and among those allowed.
+struct Flags<'a>(Vec<(&'a str, &'a str)>);
+
+impl<'a> Flags<'a> {
+    fn parse(args: &[&'a str], allowed: &[&str]) -> Option<Self> {
+        let mut pairs = Vec::new();
+        for pair in args.chunks(2) {
+            let [flag, value] = pair else { return None };
+            if !allowed.contains(flag) || pairs.iter().any(|(f, _)| f == flag) {
+                return None;
+            }
+            pairs.push((*flag, *value));
+        }
+        Some(Self(pairs))
+    }
+
+    fn get(&self, flag: &str) -> Option<&'a str> {
+        self.0.iter().find(|(f, _)| *f == flag).map(|(_, v)| *v)
+    }
+
+    /// `--processes NAME`: the supervisor's abstract socket (default one per sandbox).
+    fn processes(&self) -> &'a str {
+        self.get("--processes")
+            .unwrap_or(sandbox_helper::layout::PROCESSES_SOCKET)
+    }
+
+    /// `--user U:G --helper-user H:G` (both or neither): leave root for the helper's own uid
+    /// before anything else runs (see `sandbox_helper::identity`). Refusing to go on is the only
+    /// safe answer when that fails: serving as root would act on the sandbox's paths as root.
+    fn assume_identity(&self) -> Result<(), ExitCode> {
+        use sandbox_helper::identity::{Ids, assume};
+        let parse = |flag| self.get(flag).map(|v| Ids::parse(v).ok_or(v));
+        match (parse("--user"), parse("--helper-user")) {
+            (None, None) => Ok(()),
+            (Some(Ok(sandbox)), Some(Ok(helper))) => assume(helper, sandbox).map_err(|e| {
+                eprintln!("daiv-sandbox-helper: cannot take the helper's uid {helper}: {e}");
+                ExitCode::from(3)
+            }),
+            _ => Err(usage()),
+        }
     }
 }
 

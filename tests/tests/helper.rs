@@ -15,7 +15,8 @@ fn b64(s: &str) -> String {
 }
 
 /// Runs `cmd` as root inside the container, outside the API (the test's view of the truth). The
-/// container's capabilities are dropped, so this root can only act on what root owns.
+/// container keeps only the helper's capabilities (SETUID, SETGID, KILL), so this root can only
+/// act on what root owns, and signal anything.
 fn root_sh(s: &Session, cmd: &str) -> Result<String> {
     let out = std::process::Command::new("docker")
         .args(["exec", "-u", "0", &s.id, "sh", "-c", cmd])
@@ -208,22 +209,141 @@ async fn grep_skips_fifos_and_devices() -> Result<()> {
     Ok(())
 }
 
-/// A command can kill the helper (same uid); the next request gets a fresh one.
-#[tokio::test]
-async fn a_helper_killed_by_a_command_is_replaced() -> Result<()> {
+/// What a command can do to process `$1`: each word names one thing that worked.
+const PROBE: &str = r#"
+probe() {
+  kill -0 "$1" 2>/dev/null && echo signal
+  kill -STOP "$1" 2>/dev/null && { echo stop; kill -CONT "$1"; }
+  ls "/proc/$1/fd" >/dev/null 2>&1 && echo fds
+  (: >> "/proc/$1/fd/1") 2>/dev/null && echo open-fd
+  cat "/proc/$1/environ" >/dev/null 2>&1 && echo environ
+  if command -v python3 >/dev/null; then
+    python3 -c 'import ctypes,sys; l=ctypes.CDLL(None); sys.exit(l.ptrace(16,int(sys.argv[1]),0,0)!=0)' "$1" && echo ptrace
+  fi
+}
+helpers=""
+for p in /proc/[0-9]*; do
+  case "$(tr '\0' ' ' < "$p/cmdline" 2>/dev/null)" in
+    *daiv-sandbox-helper\ serve*|*daiv-sandbox-helper\ init*) helpers="$helpers ${p#/proc/}";;
+  esac
+done
+echo "helpers:$helpers"
+for pid in $helpers; do echo "pid $pid: $(probe "$pid" | tr '\n' ' ')"; done
+sleep 30 > /workspace/tmp/probe.out & mine=$!
+echo "own child: $(probe "$mine" | tr '\n' ' ')"
+kill "$mine"
+if command -v python3 >/dev/null; then
+  python3 -c '
+import ctypes, os, sys, time
+l = ctypes.CDLL(None)
+child = os.fork()
+if child == 0:
+    time.sleep(30)
+    os._exit(0)
+print("own ptrace:", "ptrace" if l.ptrace(16, child, 0, 0) == 0 else "denied")
+os.kill(child, 9)
+'
+fi
+"#;
+
+/// Issue 25 #3: the helper (`serve`, and `init`, the process supervisor) runs under a uid of its
+/// own: a command can neither signal, stop, trace nor open the pipes of either, so nothing it
+/// does can answer the control plane in the helper's place. The same probes succeed on the
+/// command's own child, so they do detect access.
+async fn the_helper_is_out_of_reach_of_commands(runtime: &str) -> Result<()> {
     for image in [BUSYBOX, DEBIAN] {
-        let (cp, s) = cp_and_session(image, &[]).await?;
-        let (c, _) = cp.sh(&s, "echo warm").await?;
-        assert_eq!(c, 0);
-        // The command's parent is the helper serving the channel.
-        let _ = cp
-            .run(&s, json!({"commands": ["kill -9 $PPID; sleep 1"]}))
-            .await;
-        let (c, out) = cp.sh(&s, "echo again").await?;
-        assert_eq!((c, out.as_str()), (0, "again\n"), "{image}");
+        let (cp, s) = cp_and_session(image, &[("RUNTIME", runtime)]).await?;
+        let (_, before) = cp.sh(&s, "echo warm").await?;
+        assert_eq!(before, "warm\n");
+        let (code, out) = cp.sh(&s, PROBE).await?;
+        assert_eq!(code, 0, "{image} {runtime}: {out}");
+        let helpers: Vec<&str> = out
+            .lines()
+            .find_map(|l| l.strip_prefix("helpers:"))
+            .unwrap_or_default()
+            .split_whitespace()
+            .collect();
+        assert!(
+            helpers.len() >= 2,
+            "{image} {runtime}: serve and init not found: {out}"
+        );
+        // gVisor's procfs lists the fd names and shows the environment of other users'
+        // processes (the container's environment: nothing secret); it opens none of the fds.
+        let shown: &[&str] = if runtime == "runsc" {
+            &["fds", "environ"]
+        } else {
+            &[]
+        };
+        for line in out.lines().filter(|l| l.starts_with("pid ")) {
+            let (_, got) = line.split_once(':').unwrap_or_default();
+            let reached: Vec<&str> = got
+                .split_whitespace()
+                .filter(|a| !shown.contains(a))
+                .collect();
+            assert!(
+                reached.is_empty(),
+                "{image} {runtime}: a command reached the helper ({reached:?}): {out}"
+            );
+        }
+        let own = out
+            .lines()
+            .find_map(|l| l.strip_prefix("own child:"))
+            .unwrap_or_default();
+        for access in ["signal", "stop", "open-fd"] {
+            assert!(
+                own.contains(access),
+                "{image} {runtime}: probe {access} is blind: {out}"
+            );
+        }
+        if image == DEBIAN {
+            assert!(
+                out.contains("own ptrace: ptrace"),
+                "{runtime}: the ptrace probe is blind: {out}"
+            );
+        }
+        // The helper processes are the same ones, and they still answer.
+        let (_, after) = cp.sh(&s, PROBE).await?;
+        let helpers_after = after.lines().find_map(|l| l.strip_prefix("helpers:"));
+        assert_eq!(
+            helpers_after.map(|h| h.split_whitespace().collect::<Vec<_>>()),
+            Some(helpers.clone()),
+            "{image} {runtime}"
+        );
+        let (c, out) = cp.sh(&s, "kill -9 $PPID; echo still").await?;
+        assert!(
+            c == 0 && out.contains("not permitted") && out.ends_with("still\n"),
+            "{image} {runtime}: {out}"
+        );
         let r = fs_ok(&cp, &s, "ls", json!({"path": R})).await?;
-        assert_eq!(r["error"], Value::Null, "{image}: {r}");
+        assert_eq!(r["error"], Value::Null, "{image} {runtime}: {r}");
     }
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_helper_is_out_of_reach_of_commands_on_runc() -> Result<()> {
+    the_helper_is_out_of_reach_of_commands("runc").await
+}
+
+#[tokio::test]
+async fn the_helper_is_out_of_reach_of_commands_on_gvisor() -> Result<()> {
+    the_helper_is_out_of_reach_of_commands("runsc").await
+}
+
+/// A helper that dies anyway (here killed by root from outside) is replaced on the next request.
+#[tokio::test]
+async fn a_helper_that_died_is_replaced() -> Result<()> {
+    let (cp, s) = cp_and_session(BUSYBOX, &[]).await?;
+    let (c, _) = cp.sh(&s, "echo warm").await?;
+    assert_eq!(c, 0);
+    root_sh(
+        &s,
+        "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline | grep -q 'helper serve' && kill -9 ${p#/proc/}; done",
+    )?;
+    let (c, out) = cp.sh(&s, "echo again").await?;
+    assert_eq!((c, out.as_str()), (0, "again\n"));
+    let r = fs_ok(&cp, &s, "ls", json!({"path": R})).await?;
+    assert_eq!(r["error"], Value::Null, "{r}");
     Ok(())
 }
 

@@ -559,3 +559,40 @@ async fn the_reaper_keeps_a_session_with_a_live_process_and_removes_it_once_idle
     })
     .await
 }
+
+/// Issue 25 #6: the supervisor takes requests from the helper's uid only. A command that speaks
+/// its protocol on its socket (to keep the session from ever being reaped with a process the
+/// control plane did not start, past `MAX_PROCESSES`) is hung up on, and nothing starts.
+#[tokio::test]
+async fn a_command_cannot_register_processes_with_the_supervisor() -> Result<()> {
+    require_image(DEBIAN);
+    let cp = ControlPlane::start().await?;
+    let s = cp.session_of(DEBIAN).await?;
+    let speak = r#"python3 - <<'PY'
+import json, socket, struct
+req = json.dumps({"action": "start", "command": "sleep 100000", "workdir": "/workspace",
+                  "env": [], "max_live": 1000, "buffer_bytes": 64}).encode()
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect("\0daiv-sandbox-processes")
+got = b""
+try:
+    s.sendall(struct.pack(">IIB", len(req) + 5, 0, 1) + req)
+    s.settimeout(10)
+    got = s.recv(65536)
+except OSError:
+    pass
+print("answer:", got[9:].decode(errors="replace") or "none")
+PY"#;
+    let (code, out) = cp.sh(&s, speak).await?;
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("answer: none"),
+        "the supervisor answered a command: {out}"
+    );
+    assert!(list(&cp, &s).await?.is_empty());
+    let (_, ps) = cp
+        .sh(&s, "ps -eo args | grep -c '[s]leep 100000' || true")
+        .await?;
+    assert_eq!(ps.trim(), "0", "a process started: {ps}");
+    Ok(())
+}

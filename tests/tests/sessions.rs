@@ -240,16 +240,26 @@ async fn commands_run_unprivileged_without_network() -> Result<()> {
     let (_, id) = cp.sh(&s, "id -u; id -g").await?;
     assert_eq!(id, "1000\n1000\n");
     let (_, caps) = cp
-        .sh(&s, "grep -E '^Cap(Eff|Prm|Bnd):' /proc/self/status")
+        .sh(&s, "grep -E '^Cap(Inh|Eff|Prm|Amb):' /proc/self/status")
         .await?;
+    assert_eq!(caps.lines().count(), 4, "{caps}");
     for line in caps.lines() {
         assert!(
             line.ends_with("0000000000000000"),
             "capabilities left: {caps}"
         );
     }
+    // The bounding set holds only what the helper keeps (KILL, SETGID, SETUID), and with
+    // no-new-privileges nothing a command executes can gain them.
+    let (_, bnd) = cp.sh(&s, "grep -E '^CapBnd:' /proc/self/status").await?;
+    assert!(bnd.trim().ends_with("00000000000000e0"), "{bnd}");
     let (_, nnp) = cp.sh(&s, "grep NoNewPrivs /proc/self/status").await?;
     assert!(nnp.contains('1'), "{nnp}");
+    // IPv6 is off in the session's network namespace.
+    let (_, v6) = cp
+        .sh(&s, "cat /proc/sys/net/ipv6/conf/all/disable_ipv6")
+        .await?;
+    assert_eq!(v6, "1\n");
     let (_, ifaces) = cp.sh(&s, "ls /sys/class/net").await?;
     assert_eq!(ifaces.split_whitespace().collect::<Vec<_>>(), vec!["lo"]);
     // No route anywhere (checked without sending a packet).
@@ -258,6 +268,10 @@ async fn commands_run_unprivileged_without_network() -> Result<()> {
     let info = inspect(&s.id).expect("container");
     assert_eq!(info["HostConfig"]["NetworkMode"], "none");
     assert_eq!(info["HostConfig"]["CapDrop"], json!(["ALL"]));
+    assert_eq!(
+        info["HostConfig"]["CapAdd"],
+        json!(["SETUID", "SETGID", "KILL"])
+    );
     assert!(info["HostConfig"]["PidsLimit"].as_i64().unwrap_or(0) > 0);
     Ok(())
 }

@@ -54,11 +54,18 @@ impl Runtime {
 pub(super) const RUNTIMES: &[(&str, Runtime)] =
     &[("runc", Runtime::Runc), ("runsc", Runtime::Runsc)];
 
+/// The helper's own uid unless `HELPER_UID` says otherwise: free in the images we know of,
+/// and any other uid than the sandbox user's works (nothing in the sandbox can become it).
+pub const DEFAULT_HELPER_UID: u32 = 65533;
+
 #[derive(Debug, Clone)]
 pub struct SessionsConfig {
     pub runtime: Runtime,
     pub run_uid: u32,
     pub run_gid: u32,
+    /// The uid (and gid) the in-sandbox helper takes for itself (`HELPER_UID`): one commands do
+    /// not share, so they cannot signal, trace or impersonate it.
+    pub helper_uid: u32,
     pub network: Option<String>,
     /// The static `daiv-sandbox-helper` binary given to every sandbox (`HELPER_BIN`); unset =
     /// found beside the service's executable (see `runtime::helper_binary`).
@@ -91,6 +98,18 @@ impl SessionsConfig {
         let runtime = p.choice("RUNTIME", Runtime::Runc, RUNTIMES);
         let run_uid = p.parse_or::<u32>("RUN_UID", 1000);
         let run_gid = p.parse_or::<u32>("RUN_GID", 1000);
+        if run_uid == 0 {
+            p.fail("RUN_UID", "0", "commands never run as root");
+        }
+        let helper_uid = p.parse_or::<u32>("HELPER_UID", DEFAULT_HELPER_UID);
+        if helper_uid == 0 || helper_uid == run_uid {
+            let raw = helper_uid.to_string();
+            p.fail(
+                "HELPER_UID",
+                &raw,
+                "must be neither 0 nor RUN_UID: commands must not share the helper's uid",
+            );
+        }
         let network = p.get("NETWORK");
 
         let fs_prune_dirs: Vec<String> = match p.get("FS_PRUNE_DIRS") {
@@ -156,6 +175,7 @@ impl SessionsConfig {
             runtime,
             run_uid,
             run_gid,
+            helper_uid,
             network,
             helper_bin,
             command_timeout,

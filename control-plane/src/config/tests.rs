@@ -187,3 +187,26 @@ fn a_prefix_cannot_shadow_a_route_at_the_root() {
         assert!(e.is_empty(), "{prefix}: {e:?}");
     }
 }
+
+#[test]
+fn commands_never_share_the_helpers_uid_or_root() {
+    let c = load(&env(&[("API_KEY", "k")])).expect("defaults");
+    assert_eq!(c.sessions.helper_uid, sessions::DEFAULT_HELPER_UID);
+    for bad in [
+        &[("HELPER_UID", "0")][..],
+        &[("HELPER_UID", "1000")][..],
+        &[("RUN_UID", "4242"), ("HELPER_UID", "4242")][..],
+        &[("RUN_UID", "0")][..],
+    ] {
+        let mut pairs = vec![("API_KEY", "k")];
+        pairs.extend_from_slice(bad);
+        let e = errors(&pairs);
+        assert!(
+            e.iter()
+                .any(|e| e.contains("HELPER_UID") || e.contains("RUN_UID")),
+            "{bad:?}: {e:?}"
+        );
+    }
+    let c = load(&env(&[("API_KEY", "k"), ("HELPER_UID", "5000")])).expect("valid");
+    assert_eq!(c.sessions.helper_uid, 5000);
+}

@@ -131,6 +131,8 @@ impl Egress {
                 (DEPLOYMENT_LABEL.to_string(), c.deployment.clone()),
             ]),
             user: None,
+            cap_add: Vec::new(),
+            sysctls: Vec::new(),
             init: false,
             runtime: c.egress.proxy_runtime.as_str().to_string(),
             memory_bytes: c.egress.proxy_memory_bytes,

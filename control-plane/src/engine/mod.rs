@@ -30,6 +30,13 @@ pub const IMAGE_LABEL: &str = "daiv.sandbox.image";
 /// Token shared by the three parts of an egress session (sandbox, gateway, internal network), so
 /// each can be found from the others and orphans can be swept.
 pub const EGRESS_LABEL: &str = "daiv.sandbox.egress";
+/// `uid:gid` of the sandbox's helper, on sandboxes whose helper has a uid of its own (see
+/// `sandbox_helper::identity`); its channel is opened as root with this and
+/// [`SANDBOX_USER_LABEL`]. Sandboxes without it (created by earlier versions) run their helper as
+/// the sandbox user.
+pub const HELPER_USER_LABEL: &str = "daiv.sandbox.helper-user";
+/// `uid:gid` commands run as in the sandbox.
+pub const SANDBOX_USER_LABEL: &str = "daiv.sandbox.sandbox-user";
 /// On a warm-pool member: which pool (`isolated` or `egress`) it was made for. Labels cannot
 /// change after create, so whether a member was claimed is told by its name (see
 /// [`crate::pool`]).
@@ -132,6 +139,10 @@ pub struct ContainerSpec {
     pub labels: HashMap<String, String>,
     /// `uid:gid` the container's processes start as; `None` keeps the image's user.
     pub user: Option<String>,
+    /// Capabilities kept (`CAP_` names without the prefix); every other one is dropped.
+    pub cap_add: Vec<String>,
+    /// Kernel parameters of the container's own namespaces (`net.*`).
+    pub sysctls: Vec<(String, String)>,
     /// Docker's init (tini) as PID 1.
     pub init: bool,
     pub runtime: String,

@@ -215,10 +215,11 @@ impl Pool {
             }
         }
         let sandbox = format!(
-            "{}|{}:{}|{}|{}|{}",
+            "{}|{}:{}|{}|{}|{}|{}",
             config.sessions.runtime.as_str(),
             config.sessions.run_uid,
             config.sessions.run_gid,
+            config.sessions.helper_uid,
             config.sessions.pids_limit,
             helper.map_or(0, |h| egress::fnv(h)),
             crate::VERSION,

@@ -24,7 +24,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use crate::api::RunResult;
-use crate::engine::{ContainerEngine, ExecSpec};
+use crate::engine::{ContainerEngine, ExecSpec, HELPER_USER_LABEL, SANDBOX_USER_LABEL};
 pub mod channel;
 mod error;
 mod helper_bin;
@@ -173,12 +173,7 @@ impl HelperRuntime {
         {
             return Ok(c.clone());
         }
-        let spec = ExecSpec {
-            cmd: vec![crate::layout::HELPER.to_string(), "serve".to_string()],
-            user: self.user.clone(),
-            workdir: Some("/".to_string()),
-            env: Vec::new(),
-        };
+        let spec = self.serve_spec(id).await?;
         let exec = self.engine.exec_attached(id, &spec).await?;
         let chan = Channel::open(exec).await.map_err(|e| {
             tracing::warn!(session_id = %id, error = %e, "session helper unavailable");
@@ -186,6 +181,35 @@ impl HelperRuntime {
         })?;
         *held = Some(chan.clone());
         Ok(chan)
+    }
+
+    /// How to start `serve` in the session: as root, told to take the helper's own uid, where
+    /// the sandbox says its helper has one (its labels); else as the sandbox user, as sandboxes
+    /// created before that did. (One inspect per channel opened.)
+    async fn serve_spec(&self, id: &str) -> Result<ExecSpec, HelperError> {
+        let info = self.engine.inspect(id).await?;
+        let mut cmd = vec![crate::layout::HELPER.to_string(), "serve".to_string()];
+        let user = match (
+            info.labels.get(HELPER_USER_LABEL),
+            info.labels.get(SANDBOX_USER_LABEL),
+        ) {
+            (Some(helper), Some(sandbox)) => {
+                cmd.extend([
+                    "--user".to_string(),
+                    sandbox.clone(),
+                    "--helper-user".to_string(),
+                    helper.clone(),
+                ]);
+                "0:0".to_string()
+            }
+            _ => self.user.clone(),
+        };
+        Ok(ExecSpec {
+            cmd,
+            user,
+            workdir: Some("/".to_string()),
+            env: Vec::new(),
+        })
     }
 
     /// Runs `call` on the session's channel, once more on a fresh one when the first never

@@ -8,21 +8,23 @@
 //!
 //! On the socket, one request per connection, in the frames of [`crate::protocol`]: a REQUEST
 //! (a [`ProcRequest`]), for `stdin` one DATA frame; the answer is an optional DATA frame (output
-//! of a `poll`) and a RESPONSE. Everything on the socket runs as the sandbox user, as the
-//! processes do: a command that talks to it can do nothing its own shell could not.
+//! of a `poll`) and a RESPONSE. The supervisor and `serve` run under the helper's own uid (see
+//! [`crate::identity`]) and speak only to each other: each checks the other's uid on the socket.
+//! The processes run as the sandbox user.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::process::{ChildStdin, Command, Stdio};
+use std::process::{ChildStdin, Stdio};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal};
 
 use super::run::shell;
+use crate::identity::{self, sandbox_command};
 use crate::layout::{ENV_FILE, PROCESSES_SOCKET};
 use crate::protocol::{
     ErrorKind, PollInfo, ProcInfo, ProcRequest, Response, encode, encode_json, kind, read_frame,
@@ -111,6 +113,12 @@ pub fn supervise(name: &str) -> io::Result<()> {
     let table = Arc::new(Mutex::new(Table::default()));
     for conn in listener.incoming() {
         let Ok(conn) = conn else { continue };
+        // Only `serve` (the helper's own uid) may start, list or kill processes: a command that
+        // could would make work the reaper counts as use, past the per-session limit.
+        match rustix::net::sockopt::socket_peercred(&conn) {
+            Ok(peer) if identity::trusted_peer(peer.uid.as_raw()) => {}
+            _ => continue,
+        }
         let table = table.clone();
         let _ = std::thread::Builder::new()
             .name("proc-conn".into())
@@ -123,6 +131,7 @@ pub fn supervise(name: &str) -> io::Result<()> {
 
 fn serve_conn(mut conn: UnixStream, table: &Mutex<Table>) -> io::Result<()> {
     conn.set_read_timeout(Some(Duration::from_secs(30)))?;
+    conn.set_write_timeout(Some(Duration::from_secs(30)))?;
     let Some(frame) = read_frame(&mut conn).map_err(io::Error::other)? else {
         return Ok(());
     };
@@ -262,7 +271,7 @@ fn start(
     };
     let (mut reader, writer) = io::pipe().map_err(spawn_err)?;
     let mut child = {
-        let mut cmd = Command::new(program);
+        let mut cmd = sandbox_command(program);
         cmd.args(flags)
             .arg(&command)
             .stdin(Stdio::piped())
@@ -472,6 +481,35 @@ fn write_within(pipe: &mut ChildStdin, data: &[u8], limit: Duration) -> io::Resu
     Ok(())
 }
 
+/// How long the supervisor may take to answer beyond what the request itself may wait: a
+/// stopped or wedged supervisor costs a request this much, never a thread for good.
+const ANSWER_GRACE: Duration = Duration::from_secs(10);
+
+/// A connection to the supervisor, with deadlines for the request, and only to a supervisor of
+/// the helper's own uid: a command that bound the name first (one can, where the supervisor did
+/// not start) must not answer for it.
+fn connect(name: &str, req: &ProcRequest) -> io::Result<UnixStream> {
+    let conn = UnixStream::connect_addr(&abstract_addr(name)?)?;
+    let peer = rustix::net::sockopt::socket_peercred(&conn)?;
+    if !identity::trusted_peer(peer.uid.as_raw()) {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "the socket is held by uid {}, not the helper",
+                peer.uid.as_raw()
+            ),
+        ));
+    }
+    let waits = match req {
+        ProcRequest::Poll { wait_ms, .. } => Duration::from_millis(*wait_ms).min(MAX_WAIT),
+        ProcRequest::Stdin { .. } => STDIN_WAIT,
+        _ => Duration::ZERO,
+    };
+    conn.set_read_timeout(Some(waits + ANSWER_GRACE))?;
+    conn.set_write_timeout(Some(ANSWER_GRACE))?;
+    Ok(conn)
+}
+
 /// The client side, used by `serve`: one request to the supervisor; returns the DATA frame's
 /// bytes (poll output, may be empty) and the response.
 pub fn call(name: &str, req: &ProcRequest, data: Option<&[u8]>) -> (Vec<u8>, Response) {
@@ -481,7 +519,7 @@ pub fn call(name: &str, req: &ProcRequest, data: Option<&[u8]>) -> (Vec<u8>, Res
             format!("the session's process supervisor does not answer: {e}"),
         )
     };
-    let mut conn = match abstract_addr(name).and_then(|a| UnixStream::connect_addr(&a)) {
+    let mut conn = match connect(name, req) {
         Ok(c) => c,
         Err(e) => return (Vec::new(), unavailable(e)),
     };

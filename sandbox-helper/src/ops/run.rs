@@ -9,7 +9,7 @@
 use std::io::{self, Read};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
@@ -18,6 +18,7 @@ use rustix::event::{PollFd, PollFlags, Timespec};
 use rustix::process::{Pid, PidfdFlags, Signal};
 
 use super::{Halt, Stop, TICK};
+use crate::identity::sandbox_command;
 use crate::protocol::{Event, MAX_DATA_CHUNK};
 
 /// Printed as a command's output when the image has no shell at all.
@@ -108,7 +109,8 @@ pub fn shell() -> &'static Shell {
         let Some(sh) = find_on_path("sh") else {
             return Shell::None;
         };
-        let pipefail = Command::new(&sh)
+        // As the sandbox user, as every shell the helper starts.
+        let pipefail = sandbox_command(&sh)
             .args(["-o", "pipefail", "-c", "true"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -225,7 +227,7 @@ fn run_one(
     };
     let (mut reader, writer) = io::pipe().map_err(spawn_err)?;
     let child = {
-        let mut cmd = Command::new(program);
+        let mut cmd = sandbox_command(program);
         cmd.args(flags)
             .arg(command)
             .stdin(Stdio::null())

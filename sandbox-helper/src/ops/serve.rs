@@ -125,9 +125,9 @@ fn run_env(request: Vec<(String, String)>) -> Vec<(String, String)> {
 /// Serves the protocol on stdin/stdout with `root` as `/workspace`; returns the exit code
 /// (0 at end of input, 2 on a framing error, 1 if the root cannot be opened).
 pub fn serve(root_dir: &Path) -> i32 {
-    // Commands run as this process's uid: without this, one could ptrace the helper (or write
-    // its memory through /proc) and alter what it answers. Children are dumpable again after
-    // their exec, so commands are unaffected.
+    // Where the helper has no uid of its own (see `crate::identity`), commands share its uid:
+    // without this, one could ptrace it (or write its memory through /proc) and alter what it
+    // answers. Children are dumpable again after their exec, so commands are unaffected.
     if let Err(e) =
         rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
     {
@@ -249,6 +249,16 @@ fn dispatch(
                 .name(format!("req-{id}"))
                 .spawn(move || {
                     let response = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                        // Workspace operations act with the sandbox user's rights: this thread
+                        // becomes that user (commands and processes are started as it instead).
+                        if touches_workspace(&req)
+                            && let Err(e) = crate::identity::act_as_sandbox_user()
+                        {
+                            return Response::error(
+                                ErrorKind::Internal,
+                                format!("cannot act as the sandbox user: {e}"),
+                            );
+                        }
                         handle(id, req, input, &t_root, &root_dir, &live, &t_out)
                     }))
                     .unwrap_or_else(|_| {
@@ -292,6 +302,22 @@ fn dispatch(
                 None => out.response(id, &Response::error(ErrorKind::BadRequest, why)),
             }
         }
+    }
+}
+
+/// Requests that read or write the workspace itself (on their own thread, as the sandbox user).
+fn touches_workspace(req: &Request) -> bool {
+    match req {
+        Request::Ls { .. }
+        | Request::Read { .. }
+        | Request::Grep { .. }
+        | Request::Glob { .. }
+        | Request::Write { .. }
+        | Request::Edit { .. }
+        | Request::Delete { .. }
+        | Request::Extract { .. }
+        | Request::Clear { .. } => true,
+        Request::Ping | Request::Seeded | Request::Run { .. } | Request::Proc { .. } => false,
     }
 }
 

@@ -65,7 +65,8 @@ pub(super) fn parse_rfc3339(t: &str) -> Option<time::OffsetDateTime> {
 }
 
 /// The container a [`ContainerSpec`] asks for: its image, limits, network, mounts and logging.
-/// Every container drops all capabilities and runs with `no-new-privileges`.
+/// Every container drops all capabilities but those its spec keeps, and runs with
+/// `no-new-privileges`.
 pub(super) fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
     let (network_mode, endpoints) = match &spec.network {
         NetworkAttach::None => ("none".to_string(), None),
@@ -89,6 +90,8 @@ pub(super) fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
         pids_limit: Some(spec.pids_limit),
         network_mode: Some(network_mode),
         cap_drop: Some(vec!["ALL".to_string()]),
+        cap_add: (!spec.cap_add.is_empty()).then(|| spec.cap_add.clone()),
+        sysctls: (!spec.sysctls.is_empty()).then(|| spec.sysctls.iter().cloned().collect()),
         security_opt: Some(vec!["no-new-privileges:true".to_string()]),
         runtime: Some(spec.runtime.clone()),
         init: Some(spec.init),

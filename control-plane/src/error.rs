@@ -204,6 +204,7 @@ impl From<HelperError> for ApiError {
             | E::DeadlineExceeded
             | E::Failed
             | E::NoAnswer
+            | E::Untrusted
             | E::UnexpectedAnswer => ApiError::Unavailable(e.to_string()),
         }
     }
@@ -222,8 +223,6 @@ impl From<ProcessError> for ApiError {
             // An id that cannot exist answers like a missing session, as the reference does.
             E::NoSuchProcess => ApiError::NotFound,
             E::StdinTooLarge => ApiError::PayloadTooLarge(e.to_string()),
-            E::NoProcessId => ApiError::Unavailable(e.to_string()),
-            E::BadList(_) => ApiError::Internal(e.into()),
             E::Session(e) => e.into(),
             E::Helper(e) => e.into(),
         }

@@ -10,7 +10,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use bytes::Bytes;
-use serde_json::{Value, json};
+use sandbox_helper::protocol::{PollInfo, ProcRequest};
+use serde::Deserialize;
 
 use crate::AppState;
 use crate::api::{ProcessList, ProcessOutput, StartProcessRequest};
@@ -46,10 +47,6 @@ pub enum ProcessError {
     NoSuchProcess,
     #[error("stdin writes are limited to {MAX_STDIN_BYTES} bytes per request")]
     StdinTooLarge,
-    #[error("the session's helper gave no process id")]
-    NoProcessId,
-    #[error("bad process list from the helper: {0}")]
-    BadList(#[source] serde_json::Error),
     #[error(transparent)]
     Session(#[from] SessionError),
     #[error(transparent)]
@@ -160,9 +157,9 @@ fn process_id(raw: &str) -> Result<(), ProcessError> {
 async fn call(
     state: &AppState,
     id: &str,
-    request: Value,
+    request: ProcRequest,
     input: Option<Bytes>,
-) -> Result<crate::runtime::ProcessAnswer, ProcessError> {
+) -> Result<crate::runtime::Answer, ProcessError> {
     state.running_unlocked(id).await?;
     Ok(state.sessions.runtime().process(id, request, input).await?)
 }
@@ -178,28 +175,24 @@ pub async fn start(
     if req.command.contains('\0') {
         return Err(ProcessError::NulInCommand);
     }
-    let request = json!({
-        "action": "start",
-        "command": req.command,
-        "workdir": workdir(req.workdir.as_deref())?,
-        "env": environment(&req.environment)?,
-        "max_live": state.config.sessions.max_processes,
-        "buffer_bytes": state.config.sessions.process_output_bytes,
-    });
-    let answer = call(state, id, request, None).await?;
-    let pid = answer
-        .value
-        .get("process_id")
-        .and_then(Value::as_str)
-        .ok_or(ProcessError::NoProcessId)?
-        .to_string();
+    let request = ProcRequest::Start {
+        command: req.command.clone(),
+        workdir: workdir(req.workdir.as_deref())?,
+        env: environment(&req.environment)?,
+        max_live: state.config.sessions.max_processes,
+        buffer_bytes: state.config.sessions.process_output_bytes,
+    };
+    #[derive(Deserialize)]
+    struct Started {
+        process_id: String,
+    }
+    let started: Started = call(state, id, request, None).await?.parse()?;
     state.metrics.processes_started.inc();
-    Ok(pid)
+    Ok(started.process_id)
 }
 
 pub async fn list(state: &AppState, id: &str) -> Result<ProcessList, ProcessError> {
-    let answer = call(state, id, json!({"action": "list"}), None).await?;
-    let list: ProcessList = serde_json::from_value(answer.value).map_err(ProcessError::BadList)?;
+    let list: ProcessList = call(state, id, ProcRequest::List, None).await?.parse()?;
     let running = list.processes.iter().filter(|p| p.running).count();
     state.metrics.observe_processes(id, Some(running as u64));
     Ok(list)
@@ -207,11 +200,11 @@ pub async fn list(state: &AppState, id: &str) -> Result<ProcessList, ProcessErro
 
 /// Running processes of a session, for the reaper (which must not take a busy job for idle).
 pub async fn live(sessions: &crate::session::Sessions, id: &str) -> Result<usize, ProcessError> {
-    let answer = sessions
+    let list: ProcessList = sessions
         .runtime()
-        .process(id, json!({"action": "list"}), None)
-        .await?;
-    let list: ProcessList = serde_json::from_value(answer.value).map_err(ProcessError::BadList)?;
+        .process(id, ProcRequest::List, None)
+        .await?
+        .parse()?;
     Ok(list.processes.iter().filter(|p| p.running).count())
 }
 
@@ -228,17 +221,16 @@ pub async fn poll(
     }
     let wait =
         Duration::from_secs_f64(wait.min(3600.0)).min(state.config.sessions.process_wait_max);
-    let request = json!({
-        "action": "poll",
-        "process_id": pid,
-        "offset": offset,
-        "wait_ms": wait.as_millis() as u64,
-        "max_bytes": state.config.sessions.process_output_bytes,
-    });
+    let request = ProcRequest::Poll {
+        process_id: pid.to_string(),
+        offset,
+        wait_ms: wait.as_millis() as u64,
+        max_bytes: state.config.sessions.process_output_bytes,
+    };
     let answer = call(state, id, request, None).await?;
-    let v = &answer.value;
-    let running = v.get("running").and_then(Value::as_bool).unwrap_or(false);
-    let from = v.get("offset").and_then(Value::as_u64).unwrap_or(offset);
+    let info: PollInfo = answer.parse()?;
+    let running = info.running;
+    let from = info.offset;
     let mut bytes: &[u8] = &answer.output;
     // A character cut at the end comes whole with the next poll; once the process ended and
     // this answer holds the rest of the buffer, the bytes are what they are.
@@ -250,11 +242,11 @@ pub async fn poll(
     Ok(ProcessOutput {
         process_id: pid.to_string(),
         running,
-        exit_code: v.get("exit_code").and_then(Value::as_i64),
+        exit_code: info.exit_code,
         output: String::from_utf8_lossy(bytes).into_owned(),
         offset: from,
         next_offset: from + bytes.len() as u64,
-        truncated: v.get("truncated").and_then(Value::as_bool).unwrap_or(false),
+        truncated: info.truncated,
     })
 }
 
@@ -269,13 +261,18 @@ pub async fn stdin(
     if body.len() > MAX_STDIN_BYTES {
         return Err(ProcessError::StdinTooLarge);
     }
-    let request = json!({"action": "stdin", "process_id": pid, "eof": eof});
+    let request = ProcRequest::Stdin {
+        process_id: pid.to_string(),
+        eof,
+    };
     call(state, id, request, Some(body)).await.map(|_| ())
 }
 
 pub async fn kill(state: &AppState, id: &str, pid: &str) -> Result<(), ProcessError> {
     process_id(pid)?;
-    let request = json!({"action": "kill", "process_id": pid});
+    let request = ProcRequest::Kill {
+        process_id: pid.to_string(),
+    };
     call(state, id, request, None).await?;
     state.metrics.processes_killed.inc();
     Ok(())

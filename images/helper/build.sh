@@ -10,8 +10,10 @@ root="$(cd "$here/../.." && pwd)"
 triple="x86_64-unknown-linux-gnu"
 target_dir="${CARGO_TARGET_DIR:-$root/target}"
 
+# With the e2e tests' hostile helper (a fixture, never shipped): the same static build.
 (cd "$root" && RUSTFLAGS='-C target-feature=+crt-static' \
-    cargo build --quiet --release --target "$triple" -p sandbox-helper --bin daiv-sandbox-helper)
+    cargo build --quiet --release --target "$triple" -p sandbox-helper --bin daiv-sandbox-helper \
+    -p hostile-helper --bin daiv-e2e-hostile-helper)
 
 bin="$target_dir/$triple/release/daiv-sandbox-helper"
 if ldd "$bin" 2>/dev/null | grep -q '=>'; then
@@ -23,3 +25,4 @@ mkdir -p "$out"
 install -m 0755 "$bin" "$out/daiv-sandbox-helper.tmp"
 if command -v strip >/dev/null 2>&1; then strip "$out/daiv-sandbox-helper.tmp"; fi
 mv -f "$out/daiv-sandbox-helper.tmp" "$out/daiv-sandbox-helper"
+install -m 0755 "$target_dir/$triple/release/daiv-e2e-hostile-helper" "$out/daiv-e2e-hostile-helper"

@@ -76,6 +76,9 @@ pub struct FsLsRequest {
 pub struct FsLsResponse {
     pub entries: Vec<FsEntry>,
     pub error: Option<FsError>,
+    /// More than [`LIST_MAX_ENTRIES`] entries: these are the first by the listing's order.
+    #[serde(default)]
+    pub truncated: bool,
 }
 
 fn default_limit() -> u64 {
@@ -158,6 +161,9 @@ pub struct FsGlobRequest {
 pub struct FsGlobResponse {
     pub matches: Vec<FsEntry>,
     pub error: Option<FsError>,
+    /// More than [`LIST_MAX_ENTRIES`] matched: the walk stopped there.
+    #[serde(default)]
+    pub truncated: bool,
 }
 
 fn default_mode() -> u32 {
@@ -226,6 +232,11 @@ pub const EMPTY_FILE_SENTINEL: &str = "System reminder: File exists but has empt
 pub const TRUNCATION_MARKER: &str = "\n\n[... output truncated: this page exceeded the 512000-byte read limit. Continue reading from `end_line` (offset=end_line) or use a smaller limit.]";
 /// Most matches one grep returns; more sets `truncated`.
 pub const GREP_MAX_MATCHES: usize = 200;
+/// Most entries an `ls` answers and matches a `glob` does, with `truncated: true` past it: far
+/// more than an agent reads in one answer (a thousand names are about 60 KB of JSON; narrow the
+/// path or the pattern past that), and a bound on the answer whatever a sandbox prepared (a
+/// directory of 110,000 files was a 16.7 MB answer): even at 4,096-byte paths, 4 MB.
+pub const LIST_MAX_ENTRIES: usize = 1000;
 /// Largest file `edit` rewrites: edits are read-modify-write in memory.
 pub const EDIT_MAX_BYTES: u64 = 16 * 1024 * 1024;
 

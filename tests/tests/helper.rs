@@ -577,3 +577,95 @@ async fn a_disconnected_client_cancels_its_command() -> Result<()> {
     assert_eq!((c, out.as_str()), (0, "next\n"));
     Ok(())
 }
+
+/// `target/helper/`, where `make build` puts the static helpers.
+fn helper_dir() -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap_or_default();
+    // target/<profile>/deps/<test> -> target/helper
+    exe.ancestors()
+        .nth(3)
+        .map(|t| t.join("helper"))
+        .unwrap_or_default()
+}
+
+/// An image with the real helper at `/opt/daiv-sandbox-helper`, where the hostile one finds it.
+struct HostileImage(String);
+
+impl HostileImage {
+    fn build() -> Result<Self> {
+        let real = helper_dir().join("daiv-sandbox-helper");
+        anyhow::ensure!(real.is_file(), "{} missing: run `make build`", real.display());
+        let dir = std::env::temp_dir().join(format!("daiv-e2e-hostile-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        std::fs::copy(&real, dir.join("daiv-sandbox-helper"))?;
+        std::fs::write(
+            dir.join("Dockerfile"),
+            format!("FROM {DEBIAN}\nCOPY daiv-sandbox-helper /opt/daiv-sandbox-helper\n"),
+        )?;
+        let tag = format!("daiv-e2e-hostile:{}", std::process::id());
+        let built = std::process::Command::new("docker")
+            .args(["build", "-q", "-t", &tag])
+            .arg(&dir)
+            .output()?;
+        let _ = std::fs::remove_dir_all(&dir);
+        anyhow::ensure!(
+            built.status.success(),
+            "docker build: {}",
+            String::from_utf8_lossy(&built.stderr)
+        );
+        Ok(Self(tag))
+    }
+}
+
+impl Drop for HostileImage {
+    fn drop(&mut self) {
+        e2e::docker_quietly(&["rmi", "-f", &self.0]);
+    }
+}
+
+/// Issue 25 #1: a helper that floods its channel (as a sandbox that took over its pipes did:
+/// frames for ids nobody waits on, tiny and 16 MiB ones, without end) loses its channel at its
+/// first bad frame, its session answers 503 at once and opens no new channel for a while, the
+/// control plane's memory stays bounded, and another session of the same service keeps
+/// answering throughout.
+#[tokio::test]
+async fn a_helper_that_floods_its_channel_is_cut_off_and_costs_nothing_else() -> Result<()> {
+    require_image(DEBIAN);
+    let image = HostileImage::build()?;
+    let hostile = helper_dir().join("daiv-e2e-hostile-helper");
+    anyhow::ensure!(hostile.is_file(), "{} missing: run `make build`", hostile.display());
+    let hostile = hostile.display().to_string();
+    let cp = ControlPlane::start_with(&[("HELPER_BIN", hostile.as_str())]).await?;
+    let quiet = cp.session(json!({"base_image": image.0})).await?;
+    let loud = cp
+        .session(json!({"base_image": image.0, "environment": {"DAIV_E2E_FLOOD": "1"}}))
+        .await?;
+    let run = format!("/session/{}/", loud.id);
+    // Past the 30 s during which a misbehaving helper gets no new channel: it floods twice.
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(40);
+    let mut rounds = 0;
+    while std::time::Instant::now() < until {
+        let (status, body) = cp
+            .call(
+                reqwest::Method::POST,
+                &run,
+                Some(json!({"commands": ["true"]})),
+            )
+            .await?;
+        assert_eq!(status, 503, "{body}");
+        let (code, out) = cp.sh(&quiet, "echo fine").await?;
+        assert_eq!((code, out.as_str()), (0, "fine\n"));
+        rounds += 1;
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    let logs = cp.logs();
+    let violations = logs.matches("broke the protocol; channel closed").count();
+    assert!(violations >= 2, "{violations} channels cut off in {rounds} rounds");
+    let peak_mib = cp.peak_rss_kib().unwrap_or(u64::MAX) / 1024;
+    assert!(
+        peak_mib < 150,
+        "the control plane's memory peaked at {peak_mib} MiB under the flood"
+    );
+    eprintln!("flood: {rounds} rounds, {violations} channels cut off, peak RSS {peak_mib} MiB");
+    Ok(())
+}

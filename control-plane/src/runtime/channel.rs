@@ -5,6 +5,15 @@
 //! bounded inbox; the reader routes each frame to its request's inbox by id. When the stream
 //! ends (the helper died, the container stopped, the engine went away), every open request sees
 //! its inbox close and the channel reports itself closed, so the next call opens a fresh one.
+//!
+//! Everything the helper sends is hostile input: the helper runs inside the sandbox. The reader
+//! looks at each frame's header before its payload and keeps a payload only when the frame is
+//! one its request can take: of a kind the helper may send, no larger than that kind allows for
+//! that request ([`Caps`]). A frame for a request that has ended (its client left, it was
+//! cancelled) is skipped as it streams by, never buffered. Anything else — a kind the helper
+//! never sends, an id never issued, an oversized frame, an event that is not one, or too much
+//! traffic for ended requests — is a [`Violation`]: the channel is closed at once, every open
+//! request fails, and the runtime waits before it opens another one.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -13,7 +22,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::StreamExt;
-use sandbox_helper::protocol::{self, FrameDecoder, kind};
+use sandbox_helper::protocol::{self, Event, HEADER_LEN, MAX_PAYLOAD, kind};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 
@@ -25,13 +34,62 @@ const OUTBOX: usize = 64;
 const INBOX: usize = 64;
 /// How long a fresh helper may take to say it is ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(15);
+/// Largest event: `ready`, `started` and `finished` are a few dozen bytes.
+const EVENT_MAX: usize = 1024;
+/// Bytes of frames for ended requests the channel skips before it calls the traffic a
+/// violation: a cancelled command is killed within milliseconds, so its last output is far less.
+/// The count restarts with every frame for a live request.
+const SKIP_BUDGET: u64 = 64 * 1024 * 1024;
+
+/// The largest frames one request takes from the helper, by kind.
+#[derive(Debug, Clone, Copy)]
+pub struct Caps {
+    /// A DATA frame (command output, a poll's output).
+    pub data: usize,
+    /// The RESPONSE frame.
+    pub response: usize,
+}
+
+impl Caps {
+    /// A request whose answer is a few fields and that streams no data.
+    pub const SMALL: Caps = Caps {
+        data: 0,
+        response: 64 * 1024,
+    };
+}
 
 /// What the helper sent for one request.
 #[derive(Debug)]
 pub enum Incoming {
-    Event(serde_json::Value),
+    Event(Event),
     Data(Bytes),
-    Response(serde_json::Value),
+    /// The RESPONSE payload, still JSON: the caller parses it into the op's own type.
+    Response(Bytes),
+}
+
+/// Why the channel stopped trusting the helper.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Violation {
+    #[error("frame length {0} is below the header's 5 bytes")]
+    ShortFrame(u32),
+    #[error("frame kind {0} is not one the helper sends")]
+    Kind(u8),
+    #[error("frame for request {0}, which was never issued")]
+    UnknownId(u32),
+    #[error("{what} of {len} bytes over the {cap}-byte limit for its request")]
+    Oversize {
+        what: &'static str,
+        len: usize,
+        cap: usize,
+    },
+    #[error("an event that is not one of the protocol's")]
+    BadEvent,
+    #[error("the helper was not ready first")]
+    NotReady,
+    #[error("over {SKIP_BUDGET} bytes of frames for requests that ended")]
+    Flood,
+    #[error("an answer that is not the protocol's")]
+    BadAnswer,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -45,13 +103,44 @@ pub enum ChannelError {
     Protocol(String),
 }
 
-type Inboxes = Arc<Mutex<HashMap<u32, mpsc::Sender<Incoming>>>>;
+struct Inbox {
+    tx: mpsc::Sender<Incoming>,
+    caps: Caps,
+}
+
+#[derive(Default)]
+struct Book {
+    live: HashMap<u32, Inbox>,
+    /// Ids below this were issued.
+    next: u32,
+}
+
+type Shared = Arc<Mutex<Book>>;
 
 pub struct Channel {
     outbox: mpsc::Sender<Vec<u8>>,
-    inboxes: Inboxes,
+    book: Shared,
     next_id: AtomicU32,
     closed: Arc<AtomicBool>,
+    /// Set once the helper broke the protocol: the runtime does not reopen at once.
+    violated: Arc<Mutex<Option<Violation>>>,
+}
+
+/// Where a frame's payload goes.
+enum Route {
+    /// To this request's inbox (`None`: the ready event, taken by the reader itself).
+    Keep(Option<mpsc::Sender<Incoming>>),
+    /// Nowhere: its request ended. Counted down as it streams by, never stored.
+    Skip,
+}
+
+/// A frame whose payload is still arriving.
+struct Pending {
+    id: u32,
+    kind: u8,
+    remaining: usize,
+    route: Route,
+    payload: Vec<u8>,
 }
 
 impl Channel {
@@ -60,8 +149,12 @@ impl Channel {
     pub async fn open(exec: AttachedExec) -> Result<Arc<Self>, ChannelError> {
         let AttachedExec { output, mut input } = exec;
         let (outbox, mut rx) = mpsc::channel::<Vec<u8>>(OUTBOX);
-        let inboxes: Inboxes = Arc::default();
+        let book: Shared = Arc::new(Mutex::new(Book {
+            live: HashMap::new(),
+            next: 1,
+        }));
         let closed = Arc::new(AtomicBool::new(false));
+        let violated = Arc::new(Mutex::new(None));
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<Result<(), String>>();
 
         let writer_closed = closed.clone();
@@ -85,74 +178,35 @@ impl Channel {
             let _ = input.shutdown().await;
         });
 
-        let reader_inboxes = inboxes.clone();
+        let reader = Reader {
+            book: book.clone(),
+            ready: Some(ready_tx),
+            skipped: 0,
+        };
         let reader_closed = closed.clone();
+        let reader_violated = violated.clone();
         tokio::spawn(async move {
-            let mut output = output;
-            let mut decoder = FrameDecoder::new();
-            let mut ready = Some(ready_tx);
-            'read: while let Some(chunk) = output.next().await {
-                let Ok(chunk) = chunk else { break };
-                decoder.push(&chunk);
-                loop {
-                    let frame = match decoder.next_frame() {
-                        Ok(Some(f)) => f,
-                        Ok(None) => break,
-                        Err(e) => {
-                            tracing::warn!(error = %e, "session helper sent a malformed frame");
-                            break 'read;
-                        }
-                    };
-                    if frame.id == 0 {
-                        if let Some(tx) = ready.take() {
-                            let _ = tx.send(Ok(()));
-                        }
-                        continue;
-                    }
-                    let msg = match frame.kind {
-                        kind::DATA => Incoming::Data(Bytes::from(frame.payload)),
-                        kind::EVENT | kind::RESPONSE => {
-                            let Ok(v) = serde_json::from_slice(&frame.payload) else {
-                                tracing::warn!("session helper sent invalid JSON");
-                                break 'read;
-                            };
-                            if frame.kind == kind::EVENT {
-                                Incoming::Event(v)
-                            } else {
-                                Incoming::Response(v)
-                            }
-                        }
-                        _ => continue,
-                    };
-                    let last = matches!(msg, Incoming::Response(_));
-                    let inbox = {
-                        let mut map = lock(&reader_inboxes);
-                        if last {
-                            map.remove(&frame.id)
-                        } else {
-                            map.get(&frame.id).cloned()
-                        }
-                    };
-                    if let Some(inbox) = inbox {
-                        // A consumer that went away has cancelled; its frames are dropped.
-                        let _ = inbox.send(msg).await;
-                    }
-                }
-            }
+            let mut reader = reader;
+            let ended = reader.run(output).await;
             reader_closed.store(true, Ordering::SeqCst);
-            if let Some(tx) = ready.take() {
+            if let Err(v) = ended {
+                tracing::warn!(violation = %v, "session helper broke the protocol; channel closed");
+                *lock(&reader_violated) = Some(v);
+            }
+            if let Some(tx) = reader.ready.take() {
                 let _ = tx.send(Err("it exited before saying it was ready".to_string()));
             }
             // Dropping the senders closes every open request's inbox.
-            lock(&reader_inboxes).clear();
+            lock(&reader.book).live.clear();
         });
 
         match tokio::time::timeout(READY_TIMEOUT, ready_rx).await {
             Ok(Ok(Ok(()))) => Ok(Arc::new(Self {
                 outbox,
-                inboxes,
+                book,
                 next_id: AtomicU32::new(1),
                 closed,
+                violated,
             })),
             Ok(Ok(Err(why))) => Err(ChannelError::Start(why)),
             Ok(Err(_)) => Err(ChannelError::Start("no answer".to_string())),
@@ -166,24 +220,45 @@ impl Channel {
         self.closed.load(Ordering::SeqCst) || self.outbox.is_closed()
     }
 
-    /// Starts a request. The returned handle cancels it in the helper if dropped unfinished.
+    /// Why the helper lost the channel's trust, if it did.
+    pub fn violation(&self) -> Option<Violation> {
+        lock(&self.violated).clone()
+    }
+
+    /// Closes the channel because an answer broke the protocol (the reader cannot see that:
+    /// answers are parsed by their requests).
+    pub fn condemn(&self, v: Violation) {
+        tracing::warn!(violation = %v, "session helper broke the protocol; channel closed");
+        *lock(&self.violated) = Some(v);
+        self.closed.store(true, Ordering::SeqCst);
+        lock(&self.book).live.clear();
+    }
+
+    /// Starts a request taking at most `caps` from the helper. The returned handle cancels it in
+    /// the helper if dropped unfinished.
     pub async fn request(
         self: &Arc<Self>,
-        body: &serde_json::Value,
+        body: &protocol::Request,
+        caps: Caps,
     ) -> Result<RequestHandle, ChannelError> {
         if self.is_closed() {
             return Err(ChannelError::Closed);
         }
-        let id = loop {
-            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-            if id != 0 {
-                break id;
-            }
-        };
-        let (tx, rx) = mpsc::channel(INBOX);
-        lock(&self.inboxes).insert(id, tx);
         let payload = serde_json::to_vec(body)
             .map_err(|e| ChannelError::Protocol(format!("unencodable request: {e}")))?;
+        let (tx, rx) = mpsc::channel(INBOX);
+        let id = {
+            let mut book = lock(&self.book);
+            let id = loop {
+                let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+                if id != 0 {
+                    break id;
+                }
+            };
+            book.next = book.next.max(id.wrapping_add(1));
+            book.live.insert(id, Inbox { tx, caps });
+            id
+        };
         let mut handle = RequestHandle {
             channel: self.clone(),
             id,
@@ -192,6 +267,180 @@ impl Channel {
         };
         handle.send(kind::REQUEST, &payload).await?;
         Ok(handle)
+    }
+}
+
+/// The reader's side: the frame currently streaming in, and what it decided about it.
+struct Reader {
+    book: Shared,
+    ready: Option<tokio::sync::oneshot::Sender<Result<(), String>>>,
+    /// Bytes skipped for ended requests since the last frame for a live one.
+    skipped: u64,
+}
+
+impl Reader {
+    /// Reads frames until the stream ends (`Ok`) or the helper breaks the protocol.
+    async fn run(
+        &mut self,
+        mut output: futures::stream::BoxStream<'static, Result<Bytes, EngineError>>,
+    ) -> Result<(), Violation> {
+        let mut header = [0u8; HEADER_LEN];
+        let mut have = 0usize;
+        let mut current: Option<Pending> = None;
+        while let Some(chunk) = output.next().await {
+            let Ok(chunk) = chunk else { return Ok(()) };
+            let mut rest: &[u8] = &chunk;
+            while !rest.is_empty() {
+                match current.as_mut() {
+                    None => {
+                        let take = (HEADER_LEN - have).min(rest.len());
+                        header[have..have + take].copy_from_slice(&rest[..take]);
+                        have += take;
+                        rest = &rest[take..];
+                        if have == HEADER_LEN {
+                            have = 0;
+                            let frame = self.admit(&header)?;
+                            if frame.remaining == 0 {
+                                self.deliver(frame).await?;
+                            } else {
+                                current = Some(frame);
+                            }
+                        }
+                    }
+                    Some(frame) => {
+                        let take = frame.remaining.min(rest.len());
+                        if let Route::Keep(_) = frame.route {
+                            frame.payload.extend_from_slice(&rest[..take]);
+                        }
+                        frame.remaining -= take;
+                        rest = &rest[take..];
+                        if frame.remaining == 0
+                            && let Some(frame) = current.take()
+                        {
+                            self.deliver(frame).await?;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Decides about a frame from its header alone, before any of its payload is read.
+    fn admit(&mut self, h: &[u8; HEADER_LEN]) -> Result<Pending, Violation> {
+        let len = u32::from_be_bytes([h[0], h[1], h[2], h[3]]);
+        if len < 5 {
+            return Err(Violation::ShortFrame(len));
+        }
+        let n = len as usize - 5;
+        let id = u32::from_be_bytes([h[4], h[5], h[6], h[7]]);
+        let k = h[8];
+        if !matches!(k, kind::DATA | kind::EVENT | kind::RESPONSE) {
+            return Err(Violation::Kind(k));
+        }
+        let within = |what, cap: usize| {
+            if n > cap {
+                Err(Violation::Oversize { what, len: n, cap })
+            } else {
+                Ok(())
+            }
+        };
+        if k == kind::EVENT {
+            within("an event", EVENT_MAX)?;
+        }
+        let pending = |route| Pending {
+            id,
+            kind: k,
+            remaining: n,
+            route,
+            payload: Vec::new(),
+        };
+        if id == 0 {
+            // Only the ready event, once, before anything else.
+            if self.ready.is_none() || k != kind::EVENT {
+                return Err(Violation::UnknownId(0));
+            }
+            return Ok(pending(Route::Keep(None)));
+        }
+        if self.ready.is_some() {
+            return Err(Violation::NotReady);
+        }
+        let book = lock(&self.book);
+        if id >= book.next {
+            return Err(Violation::UnknownId(id));
+        }
+        let Some(inbox) = book.live.get(&id) else {
+            drop(book);
+            self.skipped += (n + HEADER_LEN) as u64;
+            if self.skipped > SKIP_BUDGET {
+                return Err(Violation::Flood);
+            }
+            return Ok(pending(Route::Skip));
+        };
+        match k {
+            kind::DATA => within("a data frame", inbox.caps.data)?,
+            kind::RESPONSE => within("a response", inbox.caps.response.min(MAX_PAYLOAD))?,
+            _ => {}
+        }
+        let to = inbox.tx.clone();
+        drop(book);
+        self.skipped = 0;
+        let mut frame = pending(Route::Keep(Some(to)));
+        frame.payload.reserve_exact(n);
+        Ok(frame)
+    }
+
+    /// Hands a complete frame to its request (or takes the ready event).
+    async fn deliver(&mut self, frame: Pending) -> Result<(), Violation> {
+        let Pending {
+            id,
+            kind: k,
+            route,
+            payload,
+            ..
+        } = frame;
+        let Route::Keep(to) = route else {
+            return Ok(());
+        };
+        let msg = match k {
+            kind::DATA => Incoming::Data(Bytes::from(payload)),
+            kind::RESPONSE => Incoming::Response(Bytes::from(payload)),
+            _ => Incoming::Event(
+                serde_json::from_slice::<Event>(&payload).map_err(|_| Violation::BadEvent)?,
+            ),
+        };
+        if id == 0 {
+            let Incoming::Event(Event::Ready {
+                protocol: spoken,
+                version,
+                ..
+            }) = msg
+            else {
+                return Err(Violation::BadEvent);
+            };
+            // A helper of another protocol (an older session's) is not spoken to at all.
+            let ready = if spoken == protocol::VERSION {
+                Ok(())
+            } else {
+                Err(format!(
+                    "it speaks protocol {spoken} (helper {version:.32}), this control plane {}",
+                    protocol::VERSION
+                ))
+            };
+            if let Some(tx) = self.ready.take() {
+                let _ = tx.send(ready);
+            }
+            return Ok(());
+        }
+        if k == kind::RESPONSE {
+            // The request's last frame: it is no longer live.
+            lock(&self.book).live.remove(&id);
+        }
+        if let Some(to) = to {
+            // A consumer that went away has cancelled; its frames are dropped.
+            let _ = to.send(msg).await;
+        }
+        Ok(())
     }
 }
 
@@ -205,7 +454,7 @@ pub struct RequestHandle {
 
 impl RequestHandle {
     async fn send(&mut self, kind: u8, payload: &[u8]) -> Result<(), ChannelError> {
-        let mut frame = Vec::with_capacity(payload.len() + 9);
+        let mut frame = Vec::with_capacity(payload.len() + HEADER_LEN);
         protocol::encode(self.id, kind, payload, &mut frame);
         self.channel
             .outbox
@@ -242,6 +491,11 @@ impl RequestHandle {
             }
         }
     }
+
+    /// The channel this request runs on.
+    pub fn channel(&self) -> &Arc<Channel> {
+        &self.channel
+    }
 }
 
 impl Drop for RequestHandle {
@@ -250,8 +504,8 @@ impl Drop for RequestHandle {
             return;
         }
         // The client went away or the caller gave up: the helper kills what the request runs.
-        lock(&self.channel.inboxes).remove(&self.id);
-        let mut frame = Vec::with_capacity(9);
+        lock(&self.channel.book).live.remove(&self.id);
+        let mut frame = Vec::with_capacity(HEADER_LEN);
         protocol::encode(self.id, kind::CANCEL, &[], &mut frame);
         if self.channel.outbox.try_send(frame.clone()).is_err() {
             let outbox = self.channel.outbox.clone();
@@ -271,5 +525,184 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl From<EngineError> for ChannelError {
     fn from(e: EngineError) -> Self {
         ChannelError::Start(e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sandbox_helper::protocol::{Request, encode, encode_json};
+
+    /// A helper whose stdout the test writes: what it sends, frame by frame.
+    struct FakeHelper {
+        out: mpsc::Sender<Result<Bytes, EngineError>>,
+    }
+
+    impl FakeHelper {
+        async fn send(&self, bytes: Vec<u8>) {
+            let _ = self.out.send(Ok(Bytes::from(bytes))).await;
+        }
+
+        async fn frame(&self, id: u32, kind: u8, payload: &[u8]) {
+            let mut b = Vec::new();
+            encode(id, kind, payload, &mut b);
+            self.send(b).await;
+        }
+
+        /// A frame of `len` payload bytes, streamed in 64 KiB pieces.
+        async fn big(&self, id: u32, kind: u8, len: usize) {
+            let mut header = Vec::new();
+            header.extend_from_slice(&u32::try_from(len + 5).unwrap_or(u32::MAX).to_be_bytes());
+            header.extend_from_slice(&id.to_be_bytes());
+            header.push(kind);
+            self.send(header).await;
+            let mut left = len;
+            while left > 0 {
+                let n = left.min(64 * 1024);
+                self.send(vec![b'x'; n]).await;
+                left -= n;
+            }
+        }
+    }
+
+    async fn open_with(protocol: u32) -> (Result<Arc<Channel>, ChannelError>, FakeHelper) {
+        let (tx, rx) = mpsc::channel(4);
+        let output = futures::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|item| (item, rx))
+        })
+        .boxed();
+        let exec = AttachedExec {
+            output,
+            input: Box::pin(tokio::io::sink()),
+        };
+        let helper = FakeHelper { out: tx };
+        let mut ready = Vec::new();
+        encode_json(
+            0,
+            kind::EVENT,
+            &Event::Ready {
+                protocol,
+                version: "test".into(),
+                pid: 1,
+            },
+            &mut ready,
+        );
+        helper.send(ready).await;
+        (Channel::open(exec).await, helper)
+    }
+
+    async fn open() -> (Arc<Channel>, FakeHelper) {
+        let (chan, helper) = open_with(protocol::VERSION).await;
+        (chan.expect("ready"), helper)
+    }
+
+    async fn closed_with(chan: &Channel) -> Option<Violation> {
+        for _ in 0..200 {
+            if chan.is_closed() {
+                return chan.violation();
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        None
+    }
+
+    #[tokio::test]
+    async fn a_helper_of_another_protocol_is_not_spoken_to() {
+        let (chan, _helper) = open_with(protocol::VERSION + 1).await;
+        let Err(ChannelError::Start(why)) = chan else {
+            panic!("opened a channel to a helper of another protocol");
+        };
+        assert!(why.contains("protocol"), "{why}");
+    }
+
+    #[tokio::test]
+    async fn frames_for_ids_never_issued_close_the_channel() {
+        let (chan, helper) = open().await;
+        helper.frame(7, kind::RESPONSE, br#"{"ok":{}}"#).await;
+        assert_eq!(closed_with(&chan).await, Some(Violation::UnknownId(7)));
+        assert!(matches!(
+            chan.request(&Request::Ping, Caps::SMALL).await,
+            Err(ChannelError::Closed)
+        ));
+    }
+
+    #[tokio::test]
+    async fn kinds_the_helper_never_sends_and_oversized_events_close_the_channel() {
+        let (chan, helper) = open().await;
+        let _h = chan.request(&Request::Ping, Caps::SMALL).await.expect("sent");
+        helper.frame(1, kind::REQUEST, b"{}").await;
+        assert_eq!(closed_with(&chan).await, Some(Violation::Kind(kind::REQUEST)));
+
+        let (chan, helper) = open().await;
+        let _h = chan.request(&Request::Ping, Caps::SMALL).await.expect("sent");
+        helper.frame(1, kind::EVENT, &[b' '; 2048]).await;
+        assert!(matches!(
+            closed_with(&chan).await,
+            Some(Violation::Oversize { .. })
+        ));
+
+        let (chan, helper) = open().await;
+        let _h = chan.request(&Request::Ping, Caps::SMALL).await.expect("sent");
+        helper.frame(1, kind::EVENT, br#"{"a":1}"#).await;
+        assert_eq!(closed_with(&chan).await, Some(Violation::BadEvent));
+    }
+
+    #[tokio::test]
+    async fn a_frame_over_its_requests_cap_closes_the_channel_before_it_is_read() {
+        let (chan, helper) = open().await;
+        let mut h = chan.request(&Request::Ping, Caps::SMALL).await.expect("sent");
+        // Only the header is sent: the decision needs nothing more.
+        let mut header = Vec::new();
+        header.extend_from_slice(&((16u32 << 20) + 5).to_be_bytes());
+        header.extend_from_slice(&1u32.to_be_bytes());
+        header.push(kind::RESPONSE);
+        helper.send(header).await;
+        assert!(matches!(
+            closed_with(&chan).await,
+            Some(Violation::Oversize { what: "a response", .. })
+        ));
+        assert!(matches!(h.recv().await, Err(ChannelError::Closed)));
+    }
+
+    #[tokio::test]
+    async fn frames_of_ended_requests_are_skipped_and_a_flood_of_them_closes_the_channel() {
+        let (chan, helper) = open().await;
+        let ended = chan.request(&Request::Ping, Caps::SMALL).await.expect("sent");
+        drop(ended); // cancelled: its late frames are skipped, not buffered, not delivered
+        helper.big(1, kind::DATA, 16 << 20).await;
+        let mut live = chan.request(&Request::Ping, Caps::SMALL).await.expect("sent");
+        helper.frame(2, kind::RESPONSE, br#"{"ok":{}}"#).await;
+        match live.recv().await {
+            Ok(Incoming::Response(b)) => assert_eq!(&b[..], br#"{"ok":{}}"#),
+            other => panic!("{other:?}"),
+        }
+        assert!(!chan.is_closed());
+        // Past the budget with no live request answered in between: a flood.
+        for _ in 0..5 {
+            helper.big(1, kind::DATA, 16 << 20).await;
+        }
+        assert_eq!(closed_with(&chan).await, Some(Violation::Flood));
+    }
+
+    #[tokio::test]
+    async fn output_and_answers_reach_their_request() {
+        let (chan, helper) = open().await;
+        let caps = Caps {
+            data: 1024,
+            response: 1024,
+        };
+        let mut h = chan.request(&Request::Ping, caps).await.expect("sent");
+        let mut ev = Vec::new();
+        encode_json(1, kind::EVENT, &Event::Started { index: 0 }, &mut ev);
+        helper.send(ev).await;
+        helper.frame(1, kind::DATA, b"hello").await;
+        helper.frame(1, kind::RESPONSE, br#"{"ok":{}}"#).await;
+        assert!(matches!(
+            h.recv().await,
+            Ok(Incoming::Event(Event::Started { index: 0 }))
+        ));
+        assert!(matches!(h.recv().await, Ok(Incoming::Data(d)) if &d[..] == b"hello"));
+        assert!(matches!(h.recv().await, Ok(Incoming::Response(_))));
+        assert!(!chan.is_closed());
     }
 }

@@ -17,10 +17,16 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use serde_json::{Value, json};
+use sandbox_helper::protocol::{
+    Event, ExtractStats, MAX_DATA_CHUNK, MAX_PAYLOAD, ProcRequest, Request, ResponseError,
+    SeededInfo,
+};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::value::RawValue;
 use tokio::sync::mpsc;
 
 use crate::api::RunResult;
@@ -30,7 +36,7 @@ mod error;
 mod helper_bin;
 mod writer;
 
-use channel::{Channel, ChannelError, Incoming, RequestHandle};
+use channel::{Caps, Channel, ChannelError, Incoming, RequestHandle, Violation};
 pub use error::HelperError;
 pub use helper_bin::helper_binary;
 pub use writer::{ROOT_USER, Writer, write_by_helper};
@@ -42,6 +48,20 @@ pub const TIMEOUT_EXIT_CODE: i64 = 124;
 pub const LOST_EXIT_CODE: i64 = -1;
 /// Server-side deadline of one fs op; the helper stops the op (and its walk) past it.
 pub const FS_DEADLINE: Duration = Duration::from_secs(30);
+/// How long past its own deadline (or its wait) an answer may take before the call gives up:
+/// a helper that does not answer costs a request this much, never more.
+const ANSWER_GRACE: Duration = Duration::from_secs(10);
+/// Longest a process request (but a poll's wait) or a `seeded` check may take.
+const SHORT_CALL: Duration = Duration::from_secs(20);
+/// Longest an emptying of a failed seed's destination may take.
+const CLEAR_DEADLINE: Duration = Duration::from_secs(120);
+/// Longest a seed's extraction may go without taking a chunk or, at the end, answering.
+const EXTRACT_STALL: Duration = Duration::from_secs(60);
+/// After a helper broke the protocol, how long its session gets 503s before a channel is
+/// opened again (a flooding helper costs one open per period).
+const QUIET_AFTER_VIOLATION: Duration = Duration::from_secs(30);
+/// Largest `read` answer: 512,000 bytes of content, even escaped character by character.
+const READ_ANSWER_MAX: usize = 4 * 1024 * 1024;
 
 /// A request's commands, as the run route received them.
 #[derive(Debug, Clone)]
@@ -63,11 +83,30 @@ pub enum RunEvent {
     Result { index: usize, result: RunResult },
 }
 
-/// A background-process answer: the supervisor's `ok` value and, for a poll, the output bytes.
+/// A helper's answer: its `ok` value, still JSON until the caller parses it into the op's own
+/// type ([`Answer::parse`], no intermediate `Value`), and a poll's output bytes.
 #[derive(Debug)]
-pub struct ProcessAnswer {
-    pub value: Value,
+pub struct Answer {
+    ok: Box<RawValue>,
     pub output: Bytes,
+}
+
+impl Answer {
+    /// The `ok` value as `T`; another shape is a helper that does not speak the protocol.
+    pub fn parse<T: DeserializeOwned>(&self) -> Result<T, HelperError> {
+        serde_json::from_str(self.ok.get()).map_err(|e| {
+            tracing::warn!(error = %e, "session helper answered with an unexpected shape");
+            HelperError::UnexpectedAnswer
+        })
+    }
+}
+
+/// A RESPONSE frame's payload.
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Reply {
+    Ok(Box<RawValue>),
+    Error(ResponseError),
 }
 
 #[async_trait::async_trait]
@@ -84,22 +123,22 @@ pub trait SessionRuntime: Send + Sync + 'static {
         spec: &RunSpec,
         events: Option<mpsc::Sender<RunEvent>>,
     ) -> Result<Vec<RunResult>, HelperError>;
-    /// One background-process request (`sandbox_helper::ops::procs::ProcRequest` as JSON);
-    /// `input` is stdin for a `stdin` request.
+    /// One background-process request; `input` is stdin for a `stdin` request. A poll's
+    /// output is the answer's `output`.
     async fn process(
         &self,
         id: &str,
-        request: Value,
+        request: ProcRequest,
         input: Option<Bytes>,
-    ) -> Result<ProcessAnswer, HelperError>;
-    /// One fs op: `request` is the helper's request object, `input` its content (write).
-    /// Returns the op's complete wire response (with its own `error` field).
+    ) -> Result<Answer, HelperError>;
+    /// One fs op (`ls`, `read`, `grep`, `glob`, `write`, `edit`, `delete`), `input` its content
+    /// (write). The answer is the op's complete wire response (with its own `error` field).
     async fn fs(
         &self,
         id: &str,
-        request: Value,
+        request: Request,
         input: Option<Bytes>,
-    ) -> Result<Value, HelperError>;
+    ) -> Result<Answer, HelperError>;
     /// Extracts a (sanitised) tar stream under `dest`, as the sandbox user.
     /// A producer that fails sends `Err` (and its own error is what the caller reports).
     async fn extract(
@@ -107,7 +146,7 @@ pub trait SessionRuntime: Send + Sync + 'static {
         id: &str,
         dest: &str,
         tar: mpsc::Receiver<std::io::Result<Bytes>>,
-    ) -> Result<Value, HelperError>;
+    ) -> Result<ExtractStats, HelperError>;
     /// Empties `dest` (a failed seed leaves nothing behind).
     async fn clear(&self, id: &str, dest: &str) -> Result<(), HelperError>;
     /// Whether the session was seeded (its root-owned marker exists).
@@ -119,7 +158,14 @@ pub trait SessionRuntime: Send + Sync + 'static {
 }
 
 /// A session's channel, opened once under its own async lock.
-type Slot = Arc<tokio::sync::Mutex<Option<Arc<Channel>>>>;
+#[derive(Default)]
+struct SlotState {
+    channel: Option<Arc<Channel>>,
+    /// After a protocol violation: no channel is opened before this.
+    quiet_until: Option<Instant>,
+}
+
+type Slot = Arc<tokio::sync::Mutex<SlotState>>;
 
 /// [`SessionRuntime`] over the in-container helper.
 pub struct HelperRuntime {
@@ -156,10 +202,14 @@ impl HelperRuntime {
     fn slot(&self, id: &str) -> Slot {
         let mut map = self.channels.lock().unwrap_or_else(|e| e.into_inner());
         // Slots of closed channels are dropped here, so the map holds live sessions only.
+        let now = Instant::now();
         map.retain(|k, v| {
             k == id
                 || v.try_lock()
-                    .map(|c| c.as_ref().is_some_and(|c| !c.is_closed()))
+                    .map(|s| {
+                        s.channel.as_ref().is_some_and(|c| !c.is_closed())
+                            || s.quiet_until.is_some_and(|t| t > now)
+                    })
                     .unwrap_or(true)
         });
         map.entry(id.to_string()).or_default().clone()
@@ -168,10 +218,19 @@ impl HelperRuntime {
     async fn channel(&self, id: &str) -> Result<Arc<Channel>, HelperError> {
         let slot = self.slot(id);
         let mut held = slot.lock().await;
-        if let Some(c) = held.as_ref()
-            && !c.is_closed()
-        {
-            return Ok(c.clone());
+        if let Some(c) = held.channel.as_ref() {
+            if !c.is_closed() {
+                return Ok(c.clone());
+            }
+            if let Some(v) = c.violation() {
+                held.channel = None;
+                held.quiet_until = Some(Instant::now() + QUIET_AFTER_VIOLATION);
+                tracing::warn!(session_id = %id, violation = %v, quiet = ?QUIET_AFTER_VIOLATION,
+                    "session helper broke the protocol; its session gets no channel for a while");
+            }
+        }
+        if held.quiet_until.is_some_and(|t| t > Instant::now()) {
+            return Err(HelperError::Untrusted);
         }
         let spec = self.serve_spec(id).await?;
         let exec = self.engine.exec_attached(id, &spec).await?;
@@ -179,7 +238,8 @@ impl HelperRuntime {
             tracing::warn!(session_id = %id, error = %e, "session helper unavailable");
             HelperError::Unstartable(e)
         })?;
-        *held = Some(chan.clone());
+        held.channel = Some(chan.clone());
+        held.quiet_until = None;
         Ok(chan)
     }
 
@@ -236,62 +296,64 @@ impl HelperRuntime {
     }
 }
 
-/// The `ok` value of a final response, or the helper's error.
-fn ok_of(response: Value) -> Result<Value, HelperError> {
-    if let Some(v) = response.get("ok") {
-        return Ok(v.clone());
+/// A RESPONSE payload as the op's `ok` value, or the helper's error in `map`'s words. A payload
+/// that is no reply at all condemns the channel.
+fn answer(
+    h: &RequestHandle,
+    payload: &[u8],
+    map: fn(ResponseError) -> HelperError,
+) -> Result<Box<RawValue>, CallError> {
+    match serde_json::from_slice::<Reply>(payload) {
+        Ok(Reply::Ok(ok)) => Ok(ok),
+        Ok(Reply::Error(e)) => Err(CallError::Helper(map(e))),
+        Err(_) => {
+            h.channel().condemn(Violation::BadAnswer);
+            Err(CallError::Helper(HelperError::UnexpectedAnswer))
+        }
     }
-    let err = response.get("error").cloned().unwrap_or(Value::Null);
-    let kind = err
-        .get("kind")
-        .and_then(Value::as_str)
-        .unwrap_or("internal");
-    let message = err
-        .get("message")
-        .and_then(Value::as_str)
-        .unwrap_or("the session helper failed")
-        .to_string();
-    Err(match kind {
-        "bad_request" => HelperError::Rejected(message),
-        "deadline" => HelperError::DeadlineExceeded,
-        _ => {
-            tracing::warn!(kind, message = %message, "session helper error");
+}
+
+/// The helper's refusal of an fs op, a run, a seed.
+fn op_error(e: ResponseError) -> HelperError {
+    use sandbox_helper::protocol::ErrorKind as K;
+    match e.kind {
+        K::BadRequest => HelperError::Rejected(e.message),
+        K::Deadline => HelperError::DeadlineExceeded,
+        kind => {
+            tracing::warn!(?kind, message = %e.message, "session helper error");
             HelperError::Failed
         }
-    })
+    }
+}
+
+/// The supervisor's refusals keep their meaning.
+fn process_error(e: ResponseError) -> HelperError {
+    use sandbox_helper::protocol::ErrorKind as K;
+    match e.kind {
+        K::NotFound => HelperError::NoSuchProcess,
+        K::Conflict => HelperError::ProcessConflict(e.message),
+        K::Limit => HelperError::ProcessLimit(e.message),
+        K::Io => HelperError::ProcessIo(e.message),
+        _ => op_error(e),
+    }
 }
 
 /// Sends a request and its input (then EOF), if any.
 async fn start(
     chan: &Arc<Channel>,
-    request: &Value,
+    request: &Request,
+    caps: Caps,
     input: Option<Bytes>,
 ) -> Result<RequestHandle, CallError> {
-    let mut h = chan.request(request).await.map_err(|e| lost(e, false))?;
+    let mut h = chan
+        .request(request, caps)
+        .await
+        .map_err(|e| lost(e, false))?;
     if let Some(data) = input {
         h.send_data(&data).await.map_err(|e| lost(e, true))?;
         h.send_eof().await.map_err(|e| lost(e, true))?;
     }
     Ok(h)
-}
-
-/// A process answer's `ok` value; the supervisor's own refusals keep their meaning.
-fn process_ok(response: Value) -> Result<Value, HelperError> {
-    let err = response.get("error");
-    let kind = err.and_then(|e| e.get("kind")).and_then(Value::as_str);
-    let message = || {
-        err.and_then(|e| e.get("message"))
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string()
-    };
-    match kind {
-        Some("not_found") => Err(HelperError::NoSuchProcess),
-        Some("conflict") => Err(HelperError::ProcessConflict(message())),
-        Some("limit") => Err(HelperError::ProcessLimit(message())),
-        Some("io") => Err(HelperError::ProcessIo(message())),
-        _ => ok_of(response),
-    }
 }
 
 fn lost(e: ChannelError, reached: bool) -> CallError {
@@ -301,15 +363,42 @@ fn lost(e: ChannelError, reached: bool) -> CallError {
     }
 }
 
-/// Waits for the request's final response, ignoring progress frames.
-async fn response(h: &mut RequestHandle) -> Result<Value, CallError> {
-    loop {
-        match h.recv().await {
-            Ok(Incoming::Response(v)) => return Ok(ok_of(v)?),
-            Ok(_) => {}
-            Err(e) => return Err(lost(e, false)),
+/// Waits, at most `within`, for the request's final response (progress frames are ignored;
+/// a poll's output is kept), answered in `map`'s words.
+async fn response(
+    h: &mut RequestHandle,
+    within: Duration,
+    map: fn(ResponseError) -> HelperError,
+) -> Result<Answer, CallError> {
+    let wait = async {
+        let mut output = Bytes::new();
+        loop {
+            match h.recv().await {
+                Ok(Incoming::Response(payload)) => {
+                    let ok = answer(h, &payload, map)?;
+                    return Ok(Answer { ok, output });
+                }
+                Ok(Incoming::Data(d)) => output = d,
+                Ok(Incoming::Event(_)) => {}
+                Err(e) => return Err(lost(e, false)),
+            }
         }
+    };
+    match tokio::time::timeout(within, wait).await {
+        Ok(r) => r,
+        Err(_) => Err(CallError::Helper(HelperError::NoAnswer)),
     }
+}
+
+/// What one fs op may take from the helper: listings and matches are capped by count in the
+/// helper, a read by bytes; the rest answer a few fields.
+fn fs_caps(request: &Request) -> Caps {
+    let response = match request {
+        Request::Ls { .. } | Request::Glob { .. } | Request::Grep { .. } => MAX_PAYLOAD,
+        Request::Read { .. } => READ_ANSWER_MAX,
+        _ => Caps::SMALL.response,
+    };
+    Caps { data: 0, response }
 }
 
 /// Output of one command as the run result shows it: lossy UTF-8, plus the truncation line
@@ -332,22 +421,28 @@ impl SessionRuntime for HelperRuntime {
         spec: &RunSpec,
         events: Option<mpsc::Sender<RunEvent>>,
     ) -> Result<Vec<RunResult>, HelperError> {
-        let request = json!({
-            "op": "run",
-            "commands": spec.commands,
-            "fail_fast": spec.fail_fast,
-            "timeout_ms": spec.timeout.map(|t| t.as_millis() as u64),
-            "output_cap": spec.output_cap as u64,
-            "workdir": spec.workdir,
-            "env": spec.env,
+        let request = Arc::new(Request::Run {
+            commands: spec.commands.clone(),
+            fail_fast: spec.fail_fast,
+            timeout_ms: spec.timeout.map(|t| t.as_millis() as u64),
+            output_cap: spec.output_cap as u64,
+            workdir: spec.workdir.clone(),
+            env: spec.env.clone(),
         });
+        let caps = Caps {
+            data: MAX_DATA_CHUNK,
+            response: Caps::SMALL.response,
+        };
         let spec = Arc::new(spec.clone());
         self.with_retry(id, false, |chan| {
             let request = request.clone();
             let spec = spec.clone();
             let events = events.clone();
             Box::pin(async move {
-                let mut h = chan.request(&request).await.map_err(|e| lost(e, false))?;
+                let mut h = chan
+                    .request(&request, caps)
+                    .await
+                    .map_err(|e| lost(e, false))?;
                 let mut results = Vec::with_capacity(spec.commands.len());
                 let mut current: Option<(usize, Vec<u8>)> = None;
                 let mut reached = false;
@@ -389,17 +484,14 @@ impl SessionRuntime for HelperRuntime {
                                 }
                             }
                         }
-                        Incoming::Event(ev) => match ev.get("type").and_then(Value::as_str) {
-                            Some("started") => {
-                                let index = ev.get("index").and_then(Value::as_u64).unwrap_or(0);
+                        Incoming::Event(ev) => match ev {
+                            Event::Started { index } => {
                                 current = Some((index as usize, Vec::new()));
                             }
-                            Some("finished") => {
+                            Event::Finished {
+                                exit_code, omitted, ..
+                            } => {
                                 let (index, out) = current.take().unwrap_or_default();
-                                let exit_code =
-                                    ev.get("exit_code").and_then(Value::as_i64).unwrap_or(-1);
-                                let omitted =
-                                    ev.get("omitted").and_then(Value::as_u64).unwrap_or(0);
                                 let result = RunResult {
                                     command: spec.commands.get(index).cloned().unwrap_or_default(),
                                     output: command_output(&out, omitted, spec.output_cap),
@@ -412,10 +504,10 @@ impl SessionRuntime for HelperRuntime {
                                 }
                                 results.push(result);
                             }
-                            _ => {}
+                            Event::Ready { .. } => {}
                         },
-                        Incoming::Response(v) => {
-                            ok_of(v)?;
+                        Incoming::Response(payload) => {
+                            answer(&h, &payload, op_error)?;
                             return Ok(results);
                         }
                     }
@@ -428,30 +520,22 @@ impl SessionRuntime for HelperRuntime {
     async fn fs(
         &self,
         id: &str,
-        request: Value,
+        request: Request,
         input: Option<Bytes>,
-    ) -> Result<Value, HelperError> {
-        let op = request.get("op").and_then(Value::as_str).unwrap_or("");
-        let idempotent = matches!(op, "ls" | "read" | "grep" | "glob");
-        let mut request = request;
-        if let Some(obj) = request.as_object_mut() {
-            obj.insert(
-                "deadline_ms".to_string(),
-                json!(FS_DEADLINE.as_millis() as u64),
-            );
-        }
+    ) -> Result<Answer, HelperError> {
+        let idempotent = matches!(
+            request,
+            Request::Ls { .. } | Request::Read { .. } | Request::Grep { .. } | Request::Glob { .. }
+        );
+        let caps = fs_caps(&request);
+        let request = Arc::new(request);
         self.with_retry(id, idempotent, |chan| {
             let request = request.clone();
             let input = input.clone();
             Box::pin(async move {
-                let mut h = start(chan, &request, input).await?;
+                let mut h = start(chan, &request, caps, input).await?;
                 // Past the helper's own deadline something is wrong with the channel: give up.
-                match tokio::time::timeout(FS_DEADLINE + Duration::from_secs(10), response(&mut h))
-                    .await
-                {
-                    Ok(r) => r,
-                    Err(_) => Err(CallError::Helper(HelperError::NoAnswer)),
-                }
+                response(&mut h, FS_DEADLINE + ANSWER_GRACE, op_error).await
             })
         })
         .await
@@ -462,11 +546,15 @@ impl SessionRuntime for HelperRuntime {
         id: &str,
         dest: &str,
         mut tar: mpsc::Receiver<std::io::Result<Bytes>>,
-    ) -> Result<Value, HelperError> {
+    ) -> Result<ExtractStats, HelperError> {
         // A stream cannot be replayed: one attempt, on a channel known to be open.
         let chan = self.channel(id).await?;
+        let request = Request::Extract {
+            dest: dest.to_string(),
+            deadline_ms: None,
+        };
         let mut h = chan
-            .request(&json!({"op": "extract", "dest": dest}))
+            .request(&request, Caps::SMALL)
             .await
             .map_err(|_| HelperError::Lost)?;
         while let Some(chunk) = tar.recv().await {
@@ -474,11 +562,16 @@ impl SessionRuntime for HelperRuntime {
                 // Dropping the handle cancels the extraction in the helper.
                 return Err(HelperError::ArchiveRefused);
             };
-            h.send_data(&chunk).await.map_err(|_| HelperError::Lost)?;
+            // A helper that stops taking the stream does not hold the request for good.
+            match tokio::time::timeout(EXTRACT_STALL, h.send_data(&chunk)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => return Err(HelperError::Lost),
+                Err(_) => return Err(HelperError::NoAnswer),
+            }
         }
         h.send_eof().await.map_err(|_| HelperError::Lost)?;
-        match response(&mut h).await {
-            Ok(v) => Ok(v),
+        match response(&mut h, EXTRACT_STALL, op_error).await {
+            Ok(a) => a.parse(),
             Err(CallError::Helper(e)) => Err(e),
             Err(CallError::Lost { .. }) => Err(HelperError::Lost),
         }
@@ -487,56 +580,69 @@ impl SessionRuntime for HelperRuntime {
     async fn process(
         &self,
         id: &str,
-        request: Value,
+        request: ProcRequest,
         input: Option<Bytes>,
-    ) -> Result<ProcessAnswer, HelperError> {
-        let action = request.get("action").and_then(Value::as_str).unwrap_or("");
+    ) -> Result<Answer, HelperError> {
         // Starting twice or writing stdin twice is not harmless; the rest may be retried.
-        let idempotent = matches!(action, "list" | "poll" | "kill");
-        let request = json!({"op": "proc", "request": request});
+        let idempotent = matches!(
+            request,
+            ProcRequest::List | ProcRequest::Poll { .. } | ProcRequest::Kill { .. }
+        );
+        let (caps, within) = match &request {
+            ProcRequest::Poll {
+                wait_ms, max_bytes, ..
+            } => (
+                Caps {
+                    data: usize::try_from(*max_bytes).unwrap_or(usize::MAX),
+                    response: Caps::SMALL.response,
+                },
+                Duration::from_millis(*wait_ms) + SHORT_CALL,
+            ),
+            // Each listed process carries its command.
+            ProcRequest::List => (
+                Caps {
+                    data: 0,
+                    response: MAX_PAYLOAD,
+                },
+                SHORT_CALL,
+            ),
+            _ => (Caps::SMALL, SHORT_CALL),
+        };
+        let request = Arc::new(Request::Proc { request });
         self.with_retry(id, idempotent, |chan| {
             let request = request.clone();
             let input = input.clone();
             Box::pin(async move {
-                let mut h = start(chan, &request, input).await?;
-                let mut output = Bytes::new();
-                loop {
-                    match h.recv().await.map_err(|e| lost(e, true))? {
-                        Incoming::Data(d) => output = d,
-                        Incoming::Event(_) => {}
-                        Incoming::Response(v) => {
-                            let value = process_ok(v)?;
-                            return Ok(ProcessAnswer { value, output });
-                        }
-                    }
-                }
+                let mut h = start(chan, &request, caps, input).await?;
+                response(&mut h, within, process_error).await
             })
         })
         .await
     }
 
     async fn clear(&self, id: &str, dest: &str) -> Result<(), HelperError> {
-        let request = json!({"op": "clear", "dest": dest});
+        let request = Arc::new(Request::Clear {
+            dest: dest.to_string(),
+            deadline_ms: Some(CLEAR_DEADLINE.as_millis() as u64),
+        });
         self.with_retry(id, true, |chan| {
             let request = request.clone();
             Box::pin(async move {
-                let mut h = chan.request(&request).await.map_err(|e| lost(e, false))?;
-                response(&mut h).await.map(|_| ())
+                let mut h = start(chan, &request, Caps::SMALL, None).await?;
+                response(&mut h, CLEAR_DEADLINE + ANSWER_GRACE, op_error)
+                    .await
+                    .map(|_| ())
             })
         })
         .await
     }
 
     async fn seeded(&self, id: &str) -> Result<bool, HelperError> {
-        let request = json!({"op": "seeded"});
         self.with_retry(id, true, |chan| {
-            let request = request.clone();
             Box::pin(async move {
-                let mut h = chan.request(&request).await.map_err(|e| lost(e, false))?;
-                let v = response(&mut h).await?;
-                serde_json::from_value::<sandbox_helper::protocol::SeededInfo>(v)
-                    .map(|i| i.seeded)
-                    .map_err(|_| CallError::Helper(HelperError::NoAnswer))
+                let mut h = start(chan, &Request::Seeded, Caps::SMALL, None).await?;
+                let a = response(&mut h, SHORT_CALL, op_error).await?;
+                Ok(a.parse::<SeededInfo>()?.seeded)
             })
         })
         .await

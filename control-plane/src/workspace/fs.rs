@@ -9,13 +9,13 @@
 
 use base64::Engine as _;
 use bytes::Bytes;
+use sandbox_helper::protocol::Request;
 use serde::de::DeserializeOwned;
-use serde_json::{Value, json};
 
 use super::validate_path;
 use super::wire::*;
 use crate::config::Config;
-use crate::runtime::{HelperError, SessionRuntime};
+use crate::runtime::{FS_DEADLINE, HelperError, SessionRuntime};
 
 pub use super::wire::{
     EDIT_MAX_BYTES, EMPTY_FILE_SENTINEL, GREP_MAX_MATCHES, READ_MAX_BYTES, TRUNCATION_MARKER,
@@ -83,19 +83,18 @@ pub struct Fs<'a> {
 }
 
 impl Fs<'_> {
-    /// One helper request; a response whose `error` is set becomes [`OpError::Fs`] (so metrics
-    /// see its code), anything else is parsed as the op's wire response.
-    async fn call<T: DeserializeOwned>(
+    /// One helper request, its answer parsed straight into the op's wire response; one whose
+    /// `error` is set becomes [`OpError::Fs`] (so metrics see its code).
+    async fn call<T: DeserializeOwned + HasError>(
         &self,
-        request: Value,
+        request: Request,
         input: Option<Bytes>,
     ) -> Result<T, OpError> {
-        let v = self.runtime.fs(self.id, request, input).await?;
-        if let Some(e) = v.get("error").filter(|e| !e.is_null()) {
-            let e: FsError = serde_json::from_value(e.clone()).map_err(|_| bad_answer())?;
-            return Err(OpError::Fs(e));
+        let mut answer: T = self.runtime.fs(self.id, request, input).await?.parse()?;
+        match answer.take_error() {
+            Some(e) => Err(OpError::Fs(e)),
+            None => Ok(answer),
         }
-        serde_json::from_value(v).map_err(|_| bad_answer().into())
     }
 
     fn prunes(&self, exclude: Option<&[String]>) -> Vec<String> {
@@ -113,7 +112,14 @@ impl Fs<'_> {
     /// One directory level, directories first then the rest, each sorted.
     pub async fn ls(&self, req: &FsLsRequest) -> Result<FsLsResponse, OpError> {
         let path = path_arg(&req.path, true)?;
-        self.call(json!({"op": "ls", "path": path}), None).await
+        self.call(
+            Request::Ls {
+                path,
+                deadline_ms: deadline_ms(),
+            },
+            None,
+        )
+        .await
     }
 
     /// Paths under `path` matching the glob; pruned directories are never entered.
@@ -121,7 +127,12 @@ impl Fs<'_> {
         let path = path_arg(&req.path, true)?;
         let prune = self.prunes(req.exclude.as_deref());
         self.call(
-            json!({"op": "glob", "pattern": req.pattern, "path": path, "prune": prune}),
+            Request::Glob {
+                pattern: req.pattern.clone(),
+                path,
+                prune,
+                deadline_ms: deadline_ms(),
+            },
             None,
         )
         .await
@@ -131,9 +142,15 @@ impl Fs<'_> {
     pub async fn grep(&self, req: &FsGrepRequest) -> Result<FsGrepResponse, OpError> {
         let path = path_arg(&req.path, true)?;
         let prune = self.prunes(req.exclude.as_deref());
-        let glob = req.glob.as_deref().filter(|g| !g.is_empty());
+        let glob = req.glob.clone().filter(|g| !g.is_empty());
         self.call(
-            json!({"op": "grep", "pattern": req.pattern, "path": path, "glob": glob, "prune": prune}),
+            Request::Grep {
+                pattern: req.pattern.clone(),
+                path,
+                glob,
+                prune,
+                deadline_ms: deadline_ms(),
+            },
             None,
         )
         .await
@@ -143,7 +160,12 @@ impl Fs<'_> {
     pub async fn read(&self, req: &FsReadRequest) -> Result<FsReadResponse, OpError> {
         let path = path_arg(&req.path, false)?;
         self.call(
-            json!({"op": "read", "path": path, "offset": req.offset, "limit": req.limit.max(1)}),
+            Request::Read {
+                path,
+                offset: req.offset,
+                limit: req.limit.max(1),
+                deadline_ms: deadline_ms(),
+            },
             None,
         )
         .await
@@ -160,7 +182,11 @@ impl Fs<'_> {
             .decode(req.content.as_bytes())
             .map_err(FsOpError::InvalidBase64)?;
         self.call(
-            json!({"op": "write", "path": path, "mode": req.mode & 0o777}),
+            Request::Write {
+                path,
+                mode: req.mode & 0o777,
+                deadline_ms: deadline_ms(),
+            },
             Some(Bytes::from(content)),
         )
         .await
@@ -176,7 +202,13 @@ impl Fs<'_> {
             ));
         }
         self.call(
-            json!({"op": "edit", "path": path, "old": req.old, "new": req.new, "replace_all": req.replace_all}),
+            Request::Edit {
+                path,
+                old: req.old.clone(),
+                new: req.new.clone(),
+                replace_all: req.replace_all,
+                deadline_ms: deadline_ms(),
+            },
             None,
         )
         .await
@@ -185,11 +217,44 @@ impl Fs<'_> {
     /// Removes a file (or a symlink itself); directories are refused; absent = `removed: false`.
     pub async fn delete(&self, req: &FsDeleteRequest) -> Result<FsDeleteResponse, OpError> {
         let path = path_arg(&req.path, false)?;
-        self.call(json!({"op": "delete", "path": path}), None).await
+        self.call(
+            Request::Delete {
+                path,
+                deadline_ms: deadline_ms(),
+            },
+            None,
+        )
+        .await
     }
 }
 
-fn bad_answer() -> HelperError {
-    tracing::warn!("session helper answered an fs op with an unexpected shape");
-    HelperError::UnexpectedAnswer
+/// The helper's own deadline for an op.
+fn deadline_ms() -> u64 {
+    FS_DEADLINE.as_millis() as u64
 }
+
+/// A wire response's `error`, taken out (an answer with one is an fs-level problem).
+trait HasError {
+    fn take_error(&mut self) -> Option<FsError>;
+}
+
+macro_rules! has_error {
+    ($($t:ty),*) => {$(
+        impl HasError for $t {
+            fn take_error(&mut self) -> Option<FsError> {
+                self.error.take()
+            }
+        }
+    )*};
+}
+
+has_error!(
+    FsLsResponse,
+    FsReadResponse,
+    FsGrepResponse,
+    FsGlobResponse,
+    FsWriteResponse,
+    FsEditResponse,
+    FsDeleteResponse
+);
+

@@ -284,9 +284,12 @@ impl Fs<'_> {
         dirs.sort_by(|a, b| a.path.cmp(&b.path));
         others.sort_by(|a, b| a.path.cmp(&b.path));
         dirs.extend(others);
+        let truncated = dirs.len() > LIST_MAX_ENTRIES;
+        dirs.truncate(LIST_MAX_ENTRIES);
         Ok(FsLsResponse {
             entries: dirs,
             error: None,
+            truncated,
         })
     }
 
@@ -315,12 +318,16 @@ impl Fs<'_> {
                     is_dir: ft == FileType::Directory,
                 });
             }
-            Ok(true)
+            // One past the cap says there are more; the walk stops there.
+            Ok(matches.len() <= LIST_MAX_ENTRIES)
         })?;
+        let truncated = matches.len() > LIST_MAX_ENTRIES;
+        matches.truncate(LIST_MAX_ENTRIES);
         matches.sort_by(|a, b| a.path.cmp(&b.path));
         Ok(FsGlobResponse {
             matches,
             error: None,
+            truncated,
         })
     }
 

@@ -320,6 +320,7 @@ mod tests {
             (
                 EngineError::ImageUnavailable {
                     image: "i".into(),
+                    failure: crate::engine::PullFailure::Denied,
                     reason: "r".into(),
                 },
                 StatusCode::BAD_REQUEST,
@@ -343,6 +344,7 @@ mod tests {
             EngineError::Unavailable(leaky.into()),
             EngineError::ImageUnavailable {
                 image: "busybox:nope".into(),
+                failure: crate::engine::PullFailure::Missing,
                 reason: format!("manifest unknown at registry.internal.corp {leaky}"),
             },
         ] {
@@ -358,6 +360,37 @@ mod tests {
         for e in [ApiError::from(gateway), ApiError::from(restart)] {
             assert_eq!(e.status(), StatusCode::SERVICE_UNAVAILABLE);
             assert!(!e.to_string().contains("/var/lib"), "{e}");
+        }
+    }
+
+    /// A pull the registry refused: the base image's is the caller's (400, naming the image and
+    /// the reason); the gateway image's is the deployment's (503, the reference's sentence).
+    /// The daemon's words stay in the log either way.
+    #[test]
+    fn denied_pulls_say_so_in_our_words() {
+        let denied = |image: &str| EngineError::ImageUnavailable {
+            image: image.into(),
+            failure: crate::engine::PullFailure::Denied,
+            reason: "Head \"http://10.0.0.9:5000/v2/x/manifests/1\": no basic auth credentials"
+                .into(),
+        };
+        let base = ApiError::from(denied("127.0.0.1:5000/private/img:1"));
+        assert_eq!(base.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(
+            base.to_string(),
+            "image \"127.0.0.1:5000/private/img:1\" is not available: it is not present \
+             locally, and the registry refused access for lack of valid credentials"
+        );
+        let gateway = ApiError::from(EgressError::GatewayUnavailable {
+            context: crate::egress::GATEWAY_IMAGE_FAILED,
+            source: denied("127.0.0.1:5000/private/egress:1"),
+        });
+        assert_eq!(gateway.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let body = gateway.to_string();
+        assert!(body.starts_with("Egress proxy failed to start: "), "{body}");
+        assert!(body.contains("refused access"), "{body}");
+        for e in [base.to_string(), body] {
+            assert!(!e.contains("10.0.0.9") && !e.contains("basic auth"), "{e}");
         }
     }
 

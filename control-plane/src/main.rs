@@ -7,6 +7,7 @@ use anyhow::Context;
 use axum::serve::ListenerExt;
 use control_plane::config::{self, ProcessEnv};
 use control_plane::coordination::Coordination;
+use control_plane::engine::credentials::CredentialStore;
 use control_plane::engine::docker::DockerEngine;
 use control_plane::pool::Refill;
 use control_plane::reaper::Reaper;
@@ -27,7 +28,18 @@ async fn main() -> anyhow::Result<()> {
     // Held until main returns: dropping it flushes queued error reports.
     let _reports = control_plane::telemetry::init(&config);
 
-    let engine = DockerEngine::connect()
+    // Pulls authenticate as the Docker CLI of this process would (DOCKER_CONFIG, else
+    // $HOME/.docker/config.json), read again at every pull.
+    let credentials = CredentialStore::from_env();
+    match credentials.path() {
+        Some(path) => {
+            tracing::info!(path = %path.display(), present = path.is_file(), "registry credentials: Docker client config")
+        }
+        None => {
+            tracing::info!("registry credentials: none (neither DOCKER_CONFIG nor HOME is set)")
+        }
+    }
+    let engine = DockerEngine::connect(credentials)
         .await
         .context("cannot reach the Docker engine (is dockerd running? DOCKER_HOST?)")?;
     // With REDIS_URL, locks and activity share one lazy connection: the service starts while

@@ -729,6 +729,41 @@ async fn a_failure_part_way_tears_down_everything() {
     }
 }
 
+/// The gateway image is pulled on demand; one that cannot be pulled answers the reference's 503
+/// before any part of the triad exists.
+#[tokio::test]
+async fn an_unpullable_gateway_image_is_503_and_creates_nothing() {
+    let engine = FakeEngine::default();
+    engine.set_missing_image("registry.test/egress:1");
+    let h = egress_harness_with(engine, &[("EGRESS_PROXY_IMAGE", "registry.test/egress:1")]);
+    let (s, b) = h
+        .api(
+            "POST",
+            "/session/",
+            Some(json!({"base_image": "img:1", "egress": egress_body("x")})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{b}");
+    let detail = b["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.starts_with("Egress proxy failed to start: ")
+            && detail.contains("registry.test/egress:1")
+            && detail.contains("refused access for lack of valid credentials"),
+        "{detail}"
+    );
+    let calls = h.engine.calls();
+    assert!(
+        calls
+            .iter()
+            .any(|c| c == "ensure_image registry.test/egress:1"),
+        "{calls:?}"
+    );
+    // Neither a container nor a network (`create_network ...`) was made.
+    assert!(!calls.iter().any(|c| c.starts_with("create")), "{calls:?}");
+    assert!(h.engine.container_ids().is_empty());
+    assert!(h.engine.networks().is_empty());
+}
+
 #[tokio::test]
 async fn invalid_egress_policies_are_422_and_create_nothing() {
     let h = egress_harness(FakeEngine::default());

@@ -15,6 +15,8 @@ pub mod egress;
 
 pub mod redis;
 
+pub mod registry;
+
 pub mod fake_sentry;
 
 use std::io::Read;

@@ -89,6 +89,9 @@ pub const GATEWAY_UID: u32 = sidecar::UID;
 /// A policy install (create or `PUT .../egress/`) fails with 503 when the gateway does not
 /// report the new version within this.
 pub const POLICY_ACK_TIMEOUT: Duration = Duration::from_secs(5);
+/// The 503's words when the gateway image cannot be had (absent and not pullable), as the
+/// reference says them; the pull's reason follows in our words.
+pub const GATEWAY_IMAGE_FAILED: &str = "Egress proxy failed to start";
 
 /// Everything egress needs that does not change per session, read once at start-up.
 pub struct Egress {

@@ -242,12 +242,12 @@ impl Egress {
         helper: Option<&Bytes>,
     ) -> Result<SandboxPlan, EgressError> {
         let c = &self.config;
+        // Pulled on demand (with the registry credentials), before anything of the triad
+        // exists: a failed pull leaves nothing to tear down.
         self.engine
             .ensure_image(&c.egress.proxy_image)
             .await
-            .map_err(EgressError::gateway(
-                "egress gateway image is not available",
-            ))?;
+            .map_err(EgressError::gateway(super::GATEWAY_IMAGE_FAILED))?;
         let token = token.to_string();
         let (network, subnet) = self.create_network(&token).await?;
         created.networks.push(network.clone());

@@ -11,6 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::stream::BoxStream;
 
+pub mod credentials;
 pub mod docker;
 #[cfg(any(test, feature = "test-util"))]
 pub mod fake;
@@ -51,15 +52,49 @@ pub enum EngineError {
     NotFound,
     #[error("conflict: {0}")]
     Conflict(String),
-    /// The image is absent locally and could not be pulled.
-    #[error("image {image:?} is not available: {reason}")]
-    ImageUnavailable { image: String, reason: String },
+    /// The image is absent locally and could not be pulled: `failure` says why in our words,
+    /// `reason` in the engine's (for the log only).
+    #[error("image {image:?} is not available ({failure:?}): {reason}")]
+    ImageUnavailable {
+        image: String,
+        failure: PullFailure,
+        reason: String,
+    },
     /// The request was refused by the engine (bad parameters): the caller's fault.
     #[error("{0}")]
     Rejected(String),
     /// The engine did not answer or failed: retryable infrastructure trouble.
     #[error("container engine error: {0}")]
     Unavailable(String),
+}
+
+/// Why a pull failed, as far as a client may know it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PullFailure {
+    /// The registry refused access (401/403): no credentials, or not valid ones.
+    Denied,
+    /// Docker Hub's answer for both a missing repository and a private one without access.
+    DeniedOrMissing,
+    /// The registry does not have the repository, tag or digest.
+    Missing,
+    InvalidReference,
+    /// The registry did not answer (or not as a registry).
+    Unreachable,
+}
+
+impl PullFailure {
+    /// In our words, after "it is not present locally, and".
+    pub fn describe(self) -> &'static str {
+        match self {
+            PullFailure::Denied => "the registry refused access for lack of valid credentials",
+            PullFailure::DeniedOrMissing => {
+                "the registry does not have it or refused access for lack of valid credentials"
+            }
+            PullFailure::Missing => "the registry does not have it",
+            PullFailure::InvalidReference => "the image reference is not valid",
+            PullFailure::Unreachable => "the registry could not be reached",
+        }
+    }
 }
 
 impl EngineError {
@@ -69,9 +104,15 @@ impl EngineError {
         match self {
             EngineError::NotFound => "not found".to_string(),
             EngineError::Conflict(_) => "the container engine reported a conflict".to_string(),
-            EngineError::ImageUnavailable { image, reason } => {
-                format!("image {image:?} is not available: {}", pull_reason(reason))
-            }
+            EngineError::ImageUnavailable {
+                image,
+                failure: PullFailure::InvalidReference,
+                ..
+            } => format!("image {image:?} is not available: the image reference is not valid"),
+            EngineError::ImageUnavailable { image, failure, .. } => format!(
+                "image {image:?} is not available: it is not present locally, and {}",
+                failure.describe()
+            ),
             EngineError::Rejected(_) => {
                 "the container engine rejected the request's parameters".to_string()
             }
@@ -79,37 +120,6 @@ impl EngineError {
                 "the container engine is unavailable; retry later".to_string()
             }
         }
-    }
-}
-
-/// A pull failure in a few words: enough for a caller to fix the image name or credentials,
-/// nothing of the daemon's text.
-fn pull_reason(reason: &str) -> &'static str {
-    let r = reason.to_ascii_lowercase();
-    if [
-        "not found",
-        "manifest unknown",
-        "does not exist",
-        "repository",
-    ]
-    .iter()
-    .any(|k| r.contains(k))
-        || r.contains("denied")
-        || r.contains("unauthorized")
-    {
-        "it is not present locally, and the registry does not have it or refused access"
-    } else if [
-        "invalid reference",
-        "invalid repository",
-        "invalid tag",
-        "must be lowercase",
-    ]
-    .iter()
-    .any(|k| r.contains(k))
-    {
-        "the image reference is not valid"
-    } else {
-        "it is not present locally and the registry could not be reached"
     }
 }
 
@@ -254,7 +264,9 @@ pub struct AttachedExec {
 pub trait ContainerEngine: Send + Sync + 'static {
     /// Is the engine answering?
     async fn ping(&self) -> Result<(), EngineError>;
-    /// Makes `image` available locally, pulling it only when absent.
+    /// Makes `image` available locally, pulling it only when absent (with the registry
+    /// credentials the engine's client config holds for it, see [`credentials`]). A failed pull
+    /// leaves nothing behind.
     async fn ensure_image(&self, image: &str) -> Result<(), EngineError>;
     /// Creates (and seeds the skeleton of) a container without starting it.
     async fn create(&self, spec: &ContainerSpec) -> Result<String, EngineError>;

@@ -11,9 +11,97 @@ use bollard::models::{
     NetworkingConfig,
 };
 
+use crate::engine::credentials::RegistryCredential;
 use crate::engine::{
     ContainerInfo, ContainerSpec, ContainerStatus, EngineError, MANAGED_LABEL, NetworkAttach,
+    PullFailure,
 };
+
+/// Why a pull failed, from the daemon's status (when it gives one: 20.10 answers most registry
+/// errors with a 500) and its message.
+pub(super) fn pull_failure(status: Option<u16>, message: &str) -> PullFailure {
+    let m = message.to_ascii_lowercase();
+    let says = |words: &[&str]| words.iter().any(|w| m.contains(w));
+    if says(&[
+        "invalid reference",
+        "invalid repository name",
+        "invalid tag",
+        "must be lowercase",
+    ]) {
+        PullFailure::InvalidReference
+    } else if says(&["pull access denied"]) {
+        // Docker Hub: "pull access denied for X, repository does not exist or may require
+        // 'docker login'".
+        PullFailure::DeniedOrMissing
+    } else if matches!(status, Some(401 | 403))
+        || says(&[
+            "unauthorized",
+            "authentication required",
+            "no basic auth credentials",
+            "denied",
+            "forbidden",
+        ])
+    {
+        PullFailure::Denied
+    } else if status == Some(404)
+        || says(&[
+            "manifest unknown",
+            "not found",
+            "name unknown",
+            "does not exist",
+        ])
+    {
+        PullFailure::Missing
+    } else if status == Some(400) {
+        PullFailure::InvalidReference
+    } else {
+        PullFailure::Unreachable
+    }
+}
+
+/// `image` with `:latest` when it has neither a tag nor a digest, as the Docker CLI pulls it
+/// (the daemon would pull every tag).
+pub(super) fn with_default_tag(image: &str) -> String {
+    let last = image.rsplit('/').next().unwrap_or(image);
+    if image.contains('@') || last.contains(':') {
+        image.to_string()
+    } else {
+        format!("{image}:latest")
+    }
+}
+
+/// A credential as bollard sends it (`X-Registry-Auth`).
+pub(super) fn docker_credentials(c: RegistryCredential) -> bollard::auth::DockerCredentials {
+    let expose = |s: Option<crate::config::Secret>| s.map(|s| s.expose().to_string());
+    bollard::auth::DockerCredentials {
+        username: c.username,
+        password: expose(c.password),
+        identitytoken: expose(c.identity_token),
+        registrytoken: expose(c.registry_token),
+        serveraddress: Some(c.server),
+        ..Default::default()
+    }
+}
+
+/// bollard 0.21 encodes `X-Registry-Auth` with the standard base64 alphabet; the daemon decodes
+/// it with the URL-safe one and, when that fails (a `+` or `/` in the encoding: one credential
+/// in five with symbols in it), pulls anonymously without a word. Re-encoded here, on every
+/// request that carries the header.
+pub(super) fn url_safe_registry_auth(headers: &mut http::HeaderMap) {
+    use base64::Engine as _;
+    use base64::engine::general_purpose::{STANDARD, URL_SAFE};
+    let Some(value) = headers.get("x-registry-auth") else {
+        return;
+    };
+    let reencoded = value
+        .to_str()
+        .ok()
+        .and_then(|v| STANDARD.decode(v).ok())
+        .and_then(|json| http::HeaderValue::from_str(&URL_SAFE.encode(json)).ok());
+    if let Some(v) = reencoded {
+        headers.insert("x-registry-auth", v);
+    }
+}
 
 pub(super) fn map_err(e: BollardError) -> EngineError {
     match e {
@@ -176,4 +264,94 @@ pub(super) fn info_from_summary(c: ContainerSummary) -> Option<ContainerInfo> {
         memory_bytes: None,
         nano_cpus: None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use base64::Engine as _;
+    use base64::engine::general_purpose::{STANDARD, URL_SAFE};
+
+    /// The daemon's words (Docker 20.10, a distribution registry with htpasswd, Docker Hub).
+    #[test]
+    fn pull_failures_are_told_apart() {
+        for (status, message, want) in [
+            (
+                Some(500),
+                r#"Head "http://127.0.0.1:5000/v2/private/busybox/manifests/1": no basic auth credentials"#,
+                PullFailure::Denied,
+            ),
+            (
+                Some(500),
+                "unauthorized: authentication required",
+                PullFailure::Denied,
+            ),
+            (
+                Some(403),
+                "denied: requested access to the resource is denied",
+                PullFailure::Denied,
+            ),
+            (Some(401), "", PullFailure::Denied),
+            (
+                Some(404),
+                "pull access denied for nope, repository does not exist or may require 'docker login'",
+                PullFailure::DeniedOrMissing,
+            ),
+            (
+                Some(404),
+                "manifest for 127.0.0.1:5000/private/busybox:nope not found: manifest unknown: manifest unknown",
+                PullFailure::Missing,
+            ),
+            (
+                Some(500),
+                r#"Get "http://127.0.0.1:1/v2/": dial tcp 127.0.0.1:1: connect: connection refused"#,
+                PullFailure::Unreachable,
+            ),
+            (
+                Some(400),
+                "invalid reference format: repository name must be lowercase",
+                PullFailure::InvalidReference,
+            ),
+            (None, "unexpected EOF", PullFailure::Unreachable),
+        ] {
+            assert_eq!(pull_failure(status, message), want, "{message}");
+        }
+    }
+
+    #[test]
+    fn untagged_names_pull_latest_only() {
+        for (image, want) in [
+            ("busybox", "busybox:latest"),
+            ("busybox:1", "busybox:1"),
+            ("127.0.0.1:5000/img", "127.0.0.1:5000/img:latest"),
+            ("127.0.0.1:5000/img:2", "127.0.0.1:5000/img:2"),
+            ("img@sha256:abcd", "img@sha256:abcd"),
+        ] {
+            assert_eq!(with_default_tag(image), want);
+        }
+    }
+
+    /// `???` encodes to `Pz8/`: a header the daemon would fail to decode and ignore.
+    #[test]
+    fn the_registry_auth_header_is_re_encoded_url_safe() {
+        let json = r#"{"username":"a","password":"???>>>"}"#;
+        let standard = STANDARD.encode(json);
+        assert!(standard.contains(['+', '/']), "{standard}");
+        let mut headers = http::HeaderMap::new();
+        headers.insert(
+            "X-Registry-Auth",
+            http::HeaderValue::from_str(&standard).expect("header"),
+        );
+        url_safe_registry_auth(&mut headers);
+        let sent = headers
+            .get("x-registry-auth")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
+        assert!(!sent.contains(['+', '/']), "{sent}");
+        assert_eq!(URL_SAFE.decode(sent).ok().as_deref(), Some(json.as_bytes()));
+        // Other requests are left alone.
+        let mut none = http::HeaderMap::new();
+        url_safe_registry_auth(&mut none);
+        assert!(none.is_empty());
+    }
 }

@@ -21,16 +21,18 @@ use bytes::Bytes;
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 
+use super::credentials::{CredentialStore, Registry};
 use super::{
     AttachedExec, ContainerEngine, ContainerInfo, ContainerSpec, EngineError, ExecSpec, ExecStream,
-    NetworkInfo, NetworkSpec,
+    NetworkInfo, NetworkSpec, PullFailure,
 };
 
 mod convert;
 
 use convert::{
-    create_body, env_list, info_from_inspect, info_from_summary, managed_filter, map_err,
-    parse_rfc3339, unix_seconds,
+    create_body, docker_credentials, env_list, info_from_inspect, info_from_summary,
+    managed_filter, map_err, parse_rfc3339, pull_failure, unix_seconds, url_safe_registry_auth,
+    with_default_tag,
 };
 
 /// Upper bound on one Docker API call that is not a stream; a daemon that hangs longer is
@@ -39,20 +41,51 @@ const API_TIMEOUT_SECS: u64 = 120;
 
 pub struct DockerEngine {
     docker: Docker,
+    /// Registry credentials for pulls, looked up per pull.
+    credentials: CredentialStore,
 }
 
 impl DockerEngine {
     /// Connects through `DOCKER_HOST` or the local socket, and negotiates the API version so an
-    /// older daemon (20.10 speaks 1.41) accepts our requests.
-    pub async fn connect() -> Result<Self, EngineError> {
+    /// older daemon (20.10 speaks 1.41) accepts our requests. Pulls use the credentials of
+    /// `credentials` (the process's Docker client config in production).
+    pub async fn connect(credentials: CredentialStore) -> Result<Self, EngineError> {
         let docker = Docker::connect_with_defaults()
             .map_err(|e| EngineError::Unavailable(e.to_string()))?
-            .with_timeout(Duration::from_secs(API_TIMEOUT_SECS));
+            .with_timeout(Duration::from_secs(API_TIMEOUT_SECS))
+            .with_request_modifier(|mut req| {
+                url_safe_registry_auth(req.headers_mut());
+                req
+            });
         let docker = docker
             .negotiate_version()
             .await
             .map_err(|e| EngineError::Unavailable(e.to_string()))?;
-        Ok(Self { docker })
+        Ok(Self {
+            docker,
+            credentials,
+        })
+    }
+
+    /// The credentials to pull `image` with, in bollard's form, and where they came from (for
+    /// the log). A lookup that fails is logged (never a value) and the pull goes anonymous: a
+    /// public image still pulls, a private one is refused as unauthenticated.
+    async fn pull_credentials(
+        &self,
+        image: &str,
+        registry: &Registry,
+    ) -> (Option<bollard::auth::DockerCredentials>, String) {
+        match self.credentials.lookup(registry).await {
+            Ok(Some(c)) => {
+                let source = c.source.to_string();
+                (Some(docker_credentials(c)), source)
+            }
+            Ok(None) => (None, "none".to_string()),
+            Err(e) => {
+                tracing::warn!(image, registry = registry.server(), error = %e, "registry credentials unavailable; pulling without");
+                (None, "none (lookup failed)".to_string())
+            }
+        }
     }
 }
 
@@ -129,38 +162,52 @@ impl ContainerEngine for DockerEngine {
                 other => return Err(other),
             },
         }
+        let registry = Registry::of_image(image);
+        let (credentials, source) = self.pull_credentials(image, &registry).await;
         let opts = CreateImageOptions {
-            from_image: Some(image.to_string()),
+            // The daemon pulls every tag of an untagged name; the CLI (and the reference's SDK)
+            // mean `latest`.
+            from_image: Some(with_default_tag(image)),
             ..Default::default()
         };
-        let mut progress = self.docker.create_image(Some(opts), None, None);
-        while let Some(item) = progress.next().await {
-            let unavailable = |reason: String| EngineError::ImageUnavailable {
+        let failed = |status: Option<u16>, reason: String| {
+            let failure = pull_failure(status, &reason);
+            tracing::warn!(image, registry = registry.server(), credentials = %source, failure = ?failure, error = %reason, "image pull failed");
+            EngineError::ImageUnavailable {
                 image: image.to_string(),
+                failure,
                 reason,
-            };
+            }
+        };
+        let mut progress = self.docker.create_image(Some(opts), None, credentials);
+        while let Some(item) = progress.next().await {
             match item {
                 Ok(info) => {
                     if let Some(detail) = info.error_detail {
-                        return Err(unavailable(detail.message.unwrap_or_default()));
+                        let status = detail.code.and_then(|c| u16::try_from(c).ok());
+                        return Err(failed(status, detail.message.unwrap_or_default()));
                     }
                 }
-                Err(BollardError::DockerResponseServerError { message, .. }) => {
-                    return Err(unavailable(message));
-                }
-                Err(BollardError::DockerStreamError { error }) => return Err(unavailable(error)),
+                Err(BollardError::DockerResponseServerError {
+                    status_code,
+                    message,
+                }) => return Err(failed(Some(status_code), message)),
+                Err(BollardError::DockerStreamError { error }) => return Err(failed(None, error)),
                 Err(other) => return Err(EngineError::Unavailable(other.to_string())),
             }
         }
         // A pull stream can end "successfully" without the image (daemon quirks): check.
-        self.docker
-            .inspect_image(image)
-            .await
-            .map(|_| ())
-            .map_err(|e| EngineError::ImageUnavailable {
+        match self.docker.inspect_image(image).await {
+            Ok(_) => {
+                tracing::info!(image, credentials = %source, "image pulled");
+                Ok(())
+            }
+            Err(e) => Err(EngineError::ImageUnavailable {
                 image: image.to_string(),
+                failure: PullFailure::Missing,
                 reason: map_err(e).to_string(),
-            })
+            }),
+        }
     }
 
     async fn create(&self, spec: &ContainerSpec) -> Result<String, EngineError> {

@@ -28,6 +28,7 @@ impl ContainerEngine for FakeEngine {
         if self.with(|s| s.missing_images.iter().any(|m| m == image)) {
             return Err(EngineError::ImageUnavailable {
                 image: image.to_string(),
+                failure: crate::engine::PullFailure::Denied,
                 reason: "pull access denied".into(),
             });
         }

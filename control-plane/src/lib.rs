@@ -286,8 +286,8 @@ pub fn app(state: AppState) -> Router {
     open = both(open, "/-/health/", get(meta::health));
     open = both(open, "/-/version/", get(meta::version));
     open = open.route("/openapi.json", get(meta::openapi));
-    // Relative to the document: the page fetches `openapi.json` next to it (so no trailing slash).
-    open = open.route("/docs", get(routes::docs::page));
+    // Swagger UI at `/docs` (no trailing slash: it names `openapi.json` and its files relatively).
+    let open = open.merge(routes::docs::router());
 
     // Every route answers at the root and under the prefix, as the reference's FastAPI
     // `root_path` does (Starlette strips the root path only from paths that start with it):

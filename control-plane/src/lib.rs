@@ -202,6 +202,8 @@ impl AppState {
 )]
 pub struct ApiDoc;
 
+/// `X-API-Key`, which the operations that need it name: the docs page's "Authorize" dialog
+/// asks for it and its description.
 struct ApiKeyScheme;
 
 impl utoipa::Modify for ApiKeyScheme {
@@ -210,7 +212,10 @@ impl utoipa::Modify for ApiKeyScheme {
         let components = openapi.components.get_or_insert_with(Default::default);
         components.add_security_scheme(
             "api_key",
-            SecurityScheme::ApiKey(ApiKey::Header(ApiKeyValue::new("X-API-Key"))),
+            SecurityScheme::ApiKey(ApiKey::Header(ApiKeyValue::with_description(
+                "X-API-Key",
+                "The service's key (`DAIV_SANDBOX_API_KEY`). Health and version need none.",
+            ))),
         );
     }
 }

@@ -514,6 +514,19 @@ async fn openapi_documents_every_route() {
     }
     assert_eq!(b["servers"][0]["url"], "/api/v1");
     assert!(b["components"]["schemas"].get("RunResult").is_some());
+    // What the docs page's "Authorize" applies, and to which operations: all but the open ones.
+    let scheme = &b["components"]["securitySchemes"]["api_key"];
+    assert_eq!(
+        (&scheme["type"], &scheme["in"], &scheme["name"]),
+        (&json!("apiKey"), &json!("header"), &json!("X-API-Key"))
+    );
+    for (path, item) in b["paths"].as_object().expect("paths") {
+        for (method, op) in item.as_object().expect("path item") {
+            let open = path.starts_with("/-/");
+            let keyed = op["security"] == json!([{"api_key": []}]);
+            assert_eq!(keyed, !open, "{method} {path}: security {}", op["security"]);
+        }
+    }
 }
 
 /// `/docs` is Swagger UI whose every file comes from the service itself, under a policy that

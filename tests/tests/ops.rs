@@ -1,5 +1,5 @@
-//! Operations: request logs, Prometheus metrics, Sentry reports and the docs page, against the
-//! real binary (and real Docker, except where a failing engine is the point).
+//! Operations: request logs, Prometheus metrics and Sentry reports, against the real binary (and
+//! real Docker, except where a failing engine is the point). The docs page: `docs_page.rs`.
 
 use std::time::Duration;
 

@@ -35,7 +35,6 @@ fn main() {
         .filter_map(|name| name.ok()?.split('/').next().map(str::to_string))
         .find(|top| top.starts_with("swagger-ui-"))
         .expect("the archive has a swagger-ui-<version> folder");
-    let version = top.trim_start_matches("swagger-ui-").to_string();
 
     for file in FILES {
         let mut entry = archive
@@ -56,5 +55,4 @@ fn main() {
         [notice, b"\n".to_vec(), licence].concat(),
     )
     .expect("write LICENSE");
-    println!("cargo::rustc-env=SWAGGER_UI_VERSION={version}");
 }

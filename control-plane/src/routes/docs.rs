@@ -13,9 +13,6 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 
-/// The Swagger UI release embedded (from the vendored archive's folder name).
-pub const SWAGGER_UI_VERSION: &str = env!("SWAGGER_UI_VERSION");
-
 /// Same origin only, and nothing inline: Swagger UI's stylesheet draws its icons from `data:`
 /// images; "Try it out" calls this service (`connect-src`). No frames, forms or base changes.
 pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; \

@@ -14,7 +14,7 @@ SOAK_SECONDS ?= 600
 SOAK_SMOKE_SESSIONS ?= 8
 SOAK_SMOKE_SECONDS ?= 60
 
-.PHONY: help fmt lint build helper images compose-smoke docker gvisor redis registry run test test-unit test-e2e check-leaks clean-docker cargo-fuzz fuzz fuzz-smoke chaos deny api-fuzz api-fuzz-smoke soak soak-smoke
+.PHONY: help fmt lint build helper images compose-smoke docker gvisor redis registry chromium run test test-unit test-e2e check-leaks clean-docker cargo-fuzz fuzz fuzz-smoke chaos deny api-fuzz api-fuzz-smoke soak soak-smoke
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -43,6 +43,9 @@ redis: ## Install redis-server (tests start their own on free loopback ports)
 
 registry: ## Install docker-registry and htpasswd (the private-registry tests start their own registry)
 	@scripts/ensure-registry.sh >/dev/null
+
+chromium: ## Install Debian's chromium (the /docs browser test drives it headless)
+	@scripts/ensure-chromium.sh >/dev/null
 
 images: docker ## Build the local images (no registry needed): sandboxes, gateway, service, Redis
 	@images/sandbox/build.sh
@@ -74,7 +77,7 @@ run: docker images helper ## Build and start the service on 127.0.0.1:$(PORT) wi
 test-unit: ## Unit and in-process tests only (no Docker)
 	$(CARGO) nextest run --workspace --exclude e2e
 
-test: lint images gvisor redis registry build ## Everything: lint, unit, in-process and end-to-end tests on real Docker
+test: lint images gvisor redis registry chromium build ## Everything: lint, unit, in-process and end-to-end tests on real Docker
 	@mkdir -p $(DEV_DIR) && scripts/check-leaks.sh --record $(LEAK_BASELINE)
 	$(CARGO) nextest run --workspace --profile ci
 	@SERVICE_PROFILE=debug $(MAKE) --no-print-directory soak-smoke api-fuzz-smoke

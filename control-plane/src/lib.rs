@@ -202,6 +202,8 @@ impl AppState {
 )]
 pub struct ApiDoc;
 
+/// `X-API-Key`, which the operations that need it name: the docs page's "Authorize" dialog
+/// asks for it and its description.
 struct ApiKeyScheme;
 
 impl utoipa::Modify for ApiKeyScheme {
@@ -210,7 +212,10 @@ impl utoipa::Modify for ApiKeyScheme {
         let components = openapi.components.get_or_insert_with(Default::default);
         components.add_security_scheme(
             "api_key",
-            SecurityScheme::ApiKey(ApiKey::Header(ApiKeyValue::new("X-API-Key"))),
+            SecurityScheme::ApiKey(ApiKey::Header(ApiKeyValue::with_description(
+                "X-API-Key",
+                "The service's key (`DAIV_SANDBOX_API_KEY`). Health and version need none.",
+            ))),
         );
     }
 }
@@ -286,8 +291,8 @@ pub fn app(state: AppState) -> Router {
     open = both(open, "/-/health/", get(meta::health));
     open = both(open, "/-/version/", get(meta::version));
     open = open.route("/openapi.json", get(meta::openapi));
-    // Relative to the document: the page fetches `openapi.json` next to it (so no trailing slash).
-    open = open.route("/docs", get(routes::docs::page));
+    // Swagger UI at `/docs` (no trailing slash: it names `openapi.json` and its files relatively).
+    let open = open.merge(routes::docs::router());
 
     // Every route answers at the root and under the prefix, as the reference's FastAPI
     // `root_path` does (Starlette strips the root path only from paths that start with it):

@@ -543,6 +543,106 @@ async fn openapi_documents_every_route() {
     }
     assert_eq!(b["servers"][0]["url"], "/api/v1");
     assert!(b["components"]["schemas"].get("RunResult").is_some());
+    // What the docs page's "Authorize" applies, and to which operations: all but the open ones.
+    let scheme = &b["components"]["securitySchemes"]["api_key"];
+    assert_eq!(
+        (&scheme["type"], &scheme["in"], &scheme["name"]),
+        (&json!("apiKey"), &json!("header"), &json!("X-API-Key"))
+    );
+    for (path, item) in b["paths"].as_object().expect("paths") {
+        for (method, op) in item.as_object().expect("path item") {
+            let open = path.starts_with("/-/");
+            let keyed = op["security"] == json!([{"api_key": []}]);
+            assert_eq!(keyed, !open, "{method} {path}: security {}", op["security"]);
+        }
+    }
+}
+
+/// `/docs` is Swagger UI whose every file comes from the service itself, under a policy that
+/// allows nothing else; at the root and under the prefix, with no key.
+#[tokio::test]
+async fn docs_page_and_every_file_it_loads_come_from_the_service() {
+    use control_plane::routes::docs::CONTENT_SECURITY_POLICY;
+    let h = Harness::default();
+    for base in ["", "/api/v1"] {
+        let resp = h.send(get(&format!("{base}/docs"))).await;
+        assert_eq!(resp.status(), StatusCode::OK, "{base}/docs");
+        let csp = header(&resp, "content-security-policy");
+        assert_eq!(csp, CONTENT_SECURITY_POLICY);
+        assert!(csp.contains("script-src 'self';") && csp.contains("default-src 'none'"));
+        assert!(!csp.contains("unsafe") && !csp.contains("http"), "{csp}");
+        assert_eq!(header(&resp, "content-type"), "text/html; charset=utf-8");
+        let page = text(resp).await;
+        let files: Vec<&str> = page
+            .split(['"', '\''])
+            .filter(|s| s.starts_with("docs/"))
+            .collect();
+        assert!(
+            !page.contains("http") && !page.contains("<script>"),
+            "{page}"
+        );
+        for file in [
+            "docs/swagger-ui-bundle.js",
+            "docs/swagger-ui.css",
+            "docs/init.js",
+        ] {
+            assert!(
+                files.contains(&file),
+                "{file} not loaded by the page: {page}"
+            );
+        }
+        for file in files.iter().chain(&["docs/LICENSE"]) {
+            let resp = h.send(get(&format!("{base}/{file}"))).await;
+            assert_eq!(resp.status(), StatusCode::OK, "{base}/{file}");
+            let expected = match file.rsplit('.').next() {
+                Some("js") => "text/javascript; charset=utf-8",
+                Some("css") => "text/css; charset=utf-8",
+                Some("png") => "image/png",
+                _ => "text/plain; charset=utf-8",
+            };
+            assert_eq!(header(&resp, "content-type"), expected, "{file}");
+            assert_eq!(header(&resp, "x-content-type-options"), "nosniff");
+            let body = text(resp).await;
+            match *file {
+                "docs/swagger-ui-bundle.js" => assert!(body.contains("SwaggerUIBundle")),
+                "docs/init.js" => {
+                    assert!(
+                        body.contains("\"openapi.json\"") && body.contains("validatorUrl: null")
+                    )
+                }
+                "docs/LICENSE" => assert!(body.contains("Apache License")),
+                _ => assert!(!body.is_empty(), "{file}"),
+            }
+        }
+        // Relative names resolve from `/docs` only: `/docs/` sends the browser there.
+        let resp = h.send(get(&format!("{base}/docs/"))).await;
+        assert_eq!(resp.status(), StatusCode::PERMANENT_REDIRECT);
+        assert_eq!(header(&resp, "location"), "../docs");
+        let resp = h.send(get(&format!("{base}/docs/swagger-ui.js.map"))).await;
+        assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+    }
+}
+
+fn get(uri: &str) -> axum::http::Request<axum::body::Body> {
+    axum::http::Request::get(uri)
+        .body(axum::body::Body::empty())
+        .expect("request")
+}
+
+fn header(resp: &axum::http::Response<axum::body::Body>, name: &str) -> String {
+    resp.headers()
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string()
+}
+
+async fn text(resp: axum::http::Response<axum::body::Body>) -> String {
+    let bytes = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .expect("body")
+        .to_bytes();
+    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 // === egress sessions (in-process: what the control plane asks of the engine) ===

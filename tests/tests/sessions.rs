@@ -325,7 +325,11 @@ async fn stop_then_status_restarts_with_files_intact_and_force_removes() -> Resu
 async fn a_missing_image_that_cannot_be_pulled_is_a_clear_4xx() -> Result<()> {
     require_image(BUSYBOX);
     let cp = ControlPlane::start().await?;
-    let image = "daiv-sandbox-no-such-image.test/none:latest";
+    // A registry on a loopback port nothing listens on: the engine's pull fails at once, and no
+    // name goes to a resolver (a made-up `.test` registry would be looked up by the host's).
+    let port = e2e::free_port();
+    let image = format!("127.0.0.1:{port}/daiv-sandbox-no-such-image:latest");
+    let image = image.as_str();
     let (status, body) = cp
         .call(
             Method::POST,

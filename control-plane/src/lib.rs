@@ -65,6 +65,9 @@ use session::{SessionError, Sessions};
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
+/// Longest a force delete waits for a busy session's lock before it removes the session anyway.
+pub const FORCE_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 #[derive(Clone)]
 pub struct AppState {
     pub config: Arc<Config>,
@@ -133,15 +136,30 @@ impl AppState {
         Ok(())
     }
 
-    /// The session's lock for a request that removes it: released with its activity record
-    /// deleted rather than refreshed.
-    pub async fn lock_to_remove(&self, session_id: &str) -> Result<LockGuard, SessionError> {
-        let held = self.acquire(session_id).await?;
-        Ok(activity::forget_on_release(
-            self.activity.clone(),
-            session_id,
-            held,
-        ))
+    /// The session's lock for a force delete, which does not wait behind anything: taken if
+    /// it is free within [`FORCE_LOCK_WAIT`], else the removal goes ahead without it (the
+    /// request holding it then fails: its session is gone). Its activity record is deleted.
+    pub async fn lock_to_remove(
+        &self,
+        session_id: &str,
+    ) -> Result<Option<LockGuard>, SessionError> {
+        let wait = self.config.coordination.lock_wait.min(FORCE_LOCK_WAIT);
+        match self.locks.acquire(session_id, wait).await {
+            Ok(held) => Ok(Some(activity::forget_on_release(
+                self.activity.clone(),
+                session_id,
+                held,
+            ))),
+            Err(LockError::Timeout) => {
+                tracing::info!(
+                    session_id,
+                    "force delete of a busy session: removing it anyway"
+                );
+                self.activity.forget(session_id).await;
+                Ok(None)
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// The session's lock, or 409 once `SESSION_LOCK_WAIT_SECONDS` have passed (503 when the

@@ -10,14 +10,19 @@
 //!    for what "idle" means; a session never touched counts from its creation);
 //! 4. orphaned egress gateways and networks: those whose egress token no sandbox carries, once the
 //!    newest of them is older than the grace period (a session being created has its network and
-//!    gateway before its sandbox).
+//!    gateway before its sandbox);
+//! 5. with `SESSION_MAX_LIFETIME_SECONDS`, sessions created longer ago than that, whatever they do
+//!    (a backstop: taken even while a request holds their lock).
 //!
 //! Unclaimed warm-pool members are left alone (each sweep wakes the pool's refill, which
 //! replaces dead and stale ones); claimed ones are sessions like any other.
 //!
 //! Safety: every removal takes the session's lock without waiting (busy: skipped until the next
 //! sweep) and re-checks its condition under the lock, because a request may have restarted or used
-//! the session since the listing. A request in flight holds the lock, so it never loses its session.
+//! the session since the listing. A request in flight holds the lock, so it never loses its session
+//! (but to the lifetime backstop). Whether an idle session's background processes still run is
+//! asked of its helper within [`PROCESS_CHECK`]: a sandbox that does not answer is not in use, and
+//! the idle sessions are checked side by side, so no sandbox holds up the sweep.
 //! Sessions are removed through [`Sessions::close`] with `force`, which also tears down an egress
 //! session's gateway and network; orphans go through the same [`egress::teardown`], under the lock
 //! [`egress::lock_key`].
@@ -33,6 +38,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use futures::StreamExt;
 use tokio::task::JoinHandle;
 
 use crate::AppState;
@@ -50,6 +56,10 @@ use crate::telemetry::metrics::Metrics;
 
 /// Concurrent inspects while reading stop times.
 const INSPECT_CONCURRENCY: usize = 8;
+/// Idle sessions checked (and removed) side by side.
+const IDLE_CONCURRENCY: usize = 8;
+/// Longest an idle session's helper may take to say whether background processes run.
+pub const PROCESS_CHECK: Duration = Duration::from_secs(5);
 
 /// The sweep's settings, from the `DAIV_SANDBOX_*` ones.
 #[derive(Debug, Clone)]
@@ -59,6 +69,8 @@ pub struct Policy {
     pub max_stopped: usize,
     /// `None`: running sessions are never reaped for idleness.
     pub max_idle: Option<Duration>,
+    /// `None`: sessions are never removed for their age alone.
+    pub max_lifetime: Option<Duration>,
     /// Only this deployment's resources are swept (`DAIV_SANDBOX_DEPLOYMENT`): several
     /// deployments may share one engine (and one Redis).
     pub deployment: String,
@@ -71,6 +83,7 @@ impl Policy {
             grace: c.reaper.session_grace,
             max_stopped: usize::try_from(c.reaper.max_stopped_sessions).unwrap_or(usize::MAX),
             max_idle: c.reaper.running_session_max_idle,
+            max_lifetime: c.reaper.session_max_lifetime,
             deployment: c.deployment.clone(),
         }
     }
@@ -82,6 +95,8 @@ pub struct Sweep {
     pub expired: Vec<String>,
     pub over_cap: Vec<String>,
     pub idle: Vec<String>,
+    /// Removed for their age (`SESSION_MAX_LIFETIME_SECONDS`).
+    pub lifetime: Vec<String>,
     pub orphans: Vec<String>,
     /// Candidates skipped because a request held their lock.
     pub busy: Vec<String>,
@@ -91,8 +106,39 @@ pub struct Sweep {
 
 impl Sweep {
     pub fn removed(&self) -> usize {
-        self.expired.len() + self.over_cap.len() + self.idle.len() + self.orphans.len()
+        self.expired.len()
+            + self.over_cap.len()
+            + self.idle.len()
+            + self.lifetime.len()
+            + self.orphans.len()
     }
+
+    /// Records what became of `id`, removed (or not) for `why`.
+    fn record(&mut self, id: &str, why: Why, outcome: Outcome) {
+        let id = id.to_string();
+        match outcome {
+            Outcome::Removed => match why {
+                Why::Expired => self.expired.push(id),
+                Why::OverCap => self.over_cap.push(id),
+                Why::Idle => self.idle.push(id),
+                Why::Lifetime => self.lifetime.push(id),
+            },
+            Outcome::Busy => self.busy.push(id),
+            Outcome::Failed => self.failed += 1,
+            Outcome::Kept => {}
+        }
+    }
+}
+
+/// What one guarded removal came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Removed,
+    /// A request held its lock, or it is in use: kept until the next sweep.
+    Busy,
+    /// Back in use, or gone already.
+    Kept,
+    Failed,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -106,6 +152,7 @@ enum Why {
     Expired,
     OverCap,
     Idle,
+    Lifetime,
 }
 
 pub struct Reaper {
@@ -126,11 +173,6 @@ impl Reaper {
             policy: Policy::from_config(&state.config),
             metrics: state.metrics.clone(),
         }
-    }
-
-    pub fn with_policy(mut self, policy: Policy) -> Self {
-        self.policy = policy;
-        self
     }
 
     /// Sweeps every interval (the first right away) until the task is aborted.
@@ -172,7 +214,7 @@ impl Reaper {
         let swept = self.sweep(SystemTime::now()).await;
         match &swept {
             Ok(s) => {
-                let reaped = s.expired.len() + s.over_cap.len() + s.idle.len();
+                let reaped = s.expired.len() + s.over_cap.len() + s.idle.len() + s.lifetime.len();
                 self.metrics.sessions_reaped.add(reaped as u64);
                 self.metrics.reaper_failures.add(s.failed as u64);
             }
@@ -183,6 +225,7 @@ impl Reaper {
                 expired = ?s.expired,
                 over_cap = ?s.over_cap,
                 idle = ?s.idle,
+                lifetime = ?s.lifetime,
                 orphans = ?s.orphans,
                 busy = s.busy.len(),
                 failed = s.failed,
@@ -218,12 +261,19 @@ impl Reaper {
             .cloned()
             .collect();
 
+        let sandboxes = match self.policy.max_lifetime {
+            Some(max) => self.sweep_lifetime(sandboxes, max, now, &mut out).await,
+            None => sandboxes,
+        };
         self.sweep_stopped(&sandboxes, now, &mut out).await;
         if let Some(max_idle) = self.policy.max_idle {
             self.sweep_idle(&sandboxes, max_idle, now, &mut out).await;
         }
         let live: HashSet<String> = sandboxes.iter().map(|c| c.id.clone()).collect();
         self.activity.retain(&live).await;
+        // Sessions removed by anyone (a force delete racing a process list, by hand) leave the
+        // running-processes gauge here.
+        self.metrics.retain_processes(&live);
         self.sweep_orphans(&all, now, &mut out).await?;
         self.sessions.pool().wake();
         Ok(out)
@@ -245,7 +295,8 @@ impl Reaper {
         let mut survivors = Vec::new();
         for info in stopped {
             if self.expired(&info, now) {
-                self.remove_guarded(&info.id, Why::Expired, now, out).await;
+                let outcome = self.remove_guarded(&info.id, Why::Expired, now).await;
+                out.record(&info.id, Why::Expired, outcome);
             } else {
                 survivors.push(info);
             }
@@ -255,7 +306,8 @@ impl Reaper {
             survivors.sort_by_key(|c| stopped_at(c).unwrap_or(now_nanos));
             let excess = survivors.len() - self.policy.max_stopped;
             for info in &survivors[..excess] {
-                self.remove_guarded(&info.id, Why::OverCap, now, out).await;
+                let outcome = self.remove_guarded(&info.id, Why::OverCap, now).await;
+                out.record(&info.id, Why::OverCap, outcome);
             }
         }
     }
@@ -287,11 +339,54 @@ impl Reaper {
                 return;
             }
         };
-        for (info, seen) in running.into_iter().zip(seen) {
-            if idle_for(seen, info.created, since, now).is_some_and(|d| d >= max_idle) {
-                self.remove_guarded(&info.id, Why::Idle, now, out).await;
+        let idle: Vec<String> = running
+            .into_iter()
+            .zip(seen)
+            .filter(|(info, seen)| {
+                idle_for(*seen, info.created, since, now).is_some_and(|d| d >= max_idle)
+            })
+            .map(|(info, _)| info.id.clone())
+            .collect();
+        // Side by side: each asks its helper about processes, and one that does not answer
+        // costs its own check's deadline, not the others'.
+        let checks = idle.into_iter().map(|id| {
+            Box::pin(async move {
+                let outcome = self.remove_guarded(&id, Why::Idle, now).await;
+                (id, outcome)
+            })
+        });
+        let outcomes: Vec<(String, Outcome)> = futures::stream::iter(checks)
+            .buffer_unordered(IDLE_CONCURRENCY)
+            .collect()
+            .await;
+        for (id, outcome) in outcomes {
+            out.record(&id, Why::Idle, outcome);
+        }
+    }
+
+    /// Removes the sessions past the lifetime backstop; returns the others.
+    async fn sweep_lifetime(
+        &self,
+        sandboxes: Vec<ContainerInfo>,
+        max: Duration,
+        now: SystemTime,
+        out: &mut Sweep,
+    ) -> Vec<ContainerInfo> {
+        let now_secs = unix_secs(now);
+        let max = secs_i64(max);
+        let mut kept = Vec::with_capacity(sandboxes.len());
+        for info in sandboxes {
+            let old = info
+                .created
+                .is_some_and(|c| c.saturating_add(max) <= now_secs);
+            if old {
+                let outcome = self.remove_guarded(&info.id, Why::Lifetime, now).await;
+                out.record(&info.id, Why::Lifetime, outcome);
+            } else {
+                kept.push(info);
             }
         }
+        kept
     }
 
     fn expired(&self, info: &ContainerInfo, now: SystemTime) -> bool {
@@ -320,75 +415,76 @@ impl Reaper {
         }
     }
 
-    /// Removes a session if its lock is free and its condition still holds under the lock.
-    async fn remove_guarded(&self, id: &str, why: Why, now: SystemTime, out: &mut Sweep) {
+    /// Removes a session if its lock is free and its condition still holds under the lock (the
+    /// lifetime backstop takes a busy session too).
+    async fn remove_guarded(&self, id: &str, why: Why, now: SystemTime) -> Outcome {
         let held = match self.locks.acquire(id, Duration::ZERO).await {
-            Ok(h) => h,
+            Ok(h) => Some(h),
+            Err(LockError::Timeout) if matches!(why, Why::Lifetime) => None,
             Err(LockError::Timeout) => {
                 tracing::debug!(session_id = %id, ?why, "reaper: session busy; kept");
-                out.busy.push(id.to_string());
-                return;
+                return Outcome::Busy;
             }
             Err(e) => {
                 tracing::warn!(session_id = %id, error = %e, "reaper: cannot lock session");
-                out.failed += 1;
-                return;
+                return Outcome::Failed;
             }
         };
         let info = match self.sessions.engine().inspect(id).await {
             Ok(i) => i,
-            Err(EngineError::NotFound) => return,
+            Err(EngineError::NotFound) => return Outcome::Kept,
             Err(e) => {
                 tracing::warn!(session_id = %id, error = %e, "reaper: cannot re-check session");
-                out.failed += 1;
-                return;
+                return Outcome::Failed;
             }
         };
         let still = match why {
             Why::Expired => self.expired(&info, now),
             Why::OverCap => !info.is_running(),
             Why::Idle => info.is_running() && self.still_idle(&info, now).await,
+            Why::Lifetime => true,
         };
         if !still {
             tracing::debug!(session_id = %id, ?why, "reaper: session back in use; kept");
-            return;
+            return Outcome::Kept;
         }
-        // A background job still running is use, however long since the last request.
+        // A background job still running is use, however long since the last request; a
+        // sandbox that does not say so in time is not in use.
         if matches!(why, Why::Idle) {
-            let live = crate::processes::live(&self.sessions, id).await;
-            self.metrics
-                .observe_processes(id, live.as_ref().ok().map(|n| *n as u64));
+            let live =
+                tokio::time::timeout(PROCESS_CHECK, crate::processes::live(&self.sessions, id))
+                    .await;
             match live {
-                Ok(0) => {}
-                Ok(n) => {
+                Ok(Ok(0)) => {}
+                Ok(Ok(n)) => {
+                    self.metrics.observe_processes(id, Some(n as u64));
                     tracing::debug!(session_id = %id, processes = n, "reaper: background processes run; kept");
                     self.activity.touch(id).await;
-                    out.busy.push(id.to_string());
-                    return;
+                    return Outcome::Busy;
                 }
-                // No answer from its helper: nothing shows the session is in use.
-                Err(e) => {
+                Ok(Err(e)) => {
                     tracing::debug!(session_id = %id, error = %e, "reaper: cannot list processes")
                 }
+                Err(_) => tracing::info!(
+                    session_id = %id,
+                    "reaper: the session's helper did not say within {PROCESS_CHECK:?} whether processes run; taken as idle"
+                ),
             }
         }
-        match self.sessions.close(id, true).await {
+        let outcome = match self.sessions.close(id, true).await {
             Ok(()) | Err(SessionError::NotFound) => {
                 tracing::info!(session_id = %id, ?why, "reaper: session removed");
-                let list = match why {
-                    Why::Expired => &mut out.expired,
-                    Why::OverCap => &mut out.over_cap,
-                    Why::Idle => &mut out.idle,
-                };
-                list.push(id.to_string());
                 self.activity.forget(id).await;
+                self.metrics.observe_processes(id, None);
+                Outcome::Removed
             }
             Err(e) => {
                 tracing::warn!(session_id = %id, error = %e, "reaper: session removal failed");
-                out.failed += 1;
+                Outcome::Failed
             }
-        }
+        };
         drop(held);
+        outcome
     }
 
     /// Removes the triads' parts ([`egress::leftovers`]) whose token no sandbox carries, once

@@ -225,6 +225,35 @@ async fn running_sessions_are_removed_once_idle_and_kept_while_busy() -> TestRes
 }
 
 #[tokio::test]
+async fn the_lifetime_backstop_removes_old_sessions_whatever_they_do() -> TestResult {
+    let w = World::new(&[("SESSION_MAX_LIFETIME_SECONDS", "1000")]);
+    let old_busy = w.running(NOW - 1001).await?;
+    let old_stopped = w.stopped(NOW - 2000, Some(NOW - 5)).await?;
+    let young = w.running(NOW - 999).await?;
+    for id in [&old_busy, &young] {
+        w.activity.record(id, at(NOW - 1));
+    }
+    // A request holds the old session's lock for good (a command without a timeout).
+    let held = w.state.lock(&old_busy).await?;
+    let sweep = w.reaper.sweep(at(NOW)).await?;
+    let mut removed = sweep.lifetime.clone();
+    removed.sort();
+    let mut expected = vec![old_busy.clone(), old_stopped.clone()];
+    expected.sort();
+    assert_eq!(removed, expected);
+    assert!(!w.exists(&old_busy) && !w.exists(&old_stopped));
+    assert!(w.exists(&young));
+    drop(held);
+    // Off by default.
+    let w = World::new(&[]);
+    let old = w.running(10).await?;
+    w.activity.record(&old, at(NOW - 1));
+    assert_eq!(w.reaper.sweep(at(NOW)).await?.removed(), 0);
+    assert!(w.exists(&old));
+    Ok(())
+}
+
+#[tokio::test]
 async fn sessions_created_before_tracking_began_get_a_full_window() -> TestResult {
     let config = config(&[]);
     let engine = FakeEngine::default();

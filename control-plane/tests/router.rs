@@ -495,6 +495,42 @@ async fn a_busy_session_answers_409_after_the_lock_wait() {
 }
 
 #[tokio::test]
+async fn a_force_delete_does_not_wait_behind_a_busy_session() {
+    let h = Harness::new(
+        FakeEngine::default(),
+        &[("SESSION_LOCK_WAIT_SECONDS", "30")],
+    );
+    let id = h.session().await;
+    let path = format!("/session/{id}/");
+    let runner = {
+        let (h, path) = (h.router.clone(), path.clone());
+        tokio::spawn(async move {
+            let req = axum::http::Request::builder()
+                .method("POST")
+                .uri(format!("/api/v1{path}"))
+                .header("x-api-key", harness::KEY)
+                .header("content-type", "application/json")
+                .body(axum::body::Body::from(
+                    json!({"commands": ["sleep 60"]}).to_string(),
+                ))
+                .expect("request");
+            tower::ServiceExt::oneshot(h, req).await
+        })
+    };
+    // The run holds the session's lock for a minute; a stop would wait 30 s, then 409.
+    for _ in 0..100 {
+        if h.state.locks.acquire(&id, Duration::ZERO).await.is_err() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (s, b) = h.api("DELETE", &format!("{path}?force=true"), None).await;
+    assert_eq!(s, StatusCode::NO_CONTENT, "{b}");
+    assert_eq!(h.engine.status(&id), None);
+    runner.abort();
+}
+
+#[tokio::test]
 async fn close_stops_status_restarts_and_force_removes() {
     let h = Harness::default();
     let id = h.session().await;

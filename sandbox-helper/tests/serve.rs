@@ -866,11 +866,17 @@ fn listings_stop_at_their_cap_and_say_so() {
     let matches = v["matches"].as_array().unwrap();
     assert_eq!(matches.len(), LIST_MAX_ENTRIES);
     assert_eq!(v["truncated"], true);
-    let mut sorted: Vec<&str> = matches.iter().map(|m| m["path"].as_str().unwrap()).collect();
+    let mut sorted: Vec<&str> = matches
+        .iter()
+        .map(|m| m["path"].as_str().unwrap())
+        .collect();
     sorted.sort();
     assert_eq!(
         sorted,
-        matches.iter().map(|m| m["path"].as_str().unwrap()).collect::<Vec<_>>()
+        matches
+            .iter()
+            .map(|m| m["path"].as_str().unwrap())
+            .collect::<Vec<_>>()
     );
     // Under the cap: everything, not truncated.
     let v = h.fs(json!({"op": "glob", "pattern": "f0000*", "path": "/workspace/big", "prune": []}));

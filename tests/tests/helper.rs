@@ -594,7 +594,11 @@ struct HostileImage(String);
 impl HostileImage {
     fn build() -> Result<Self> {
         let real = helper_dir().join("daiv-sandbox-helper");
-        anyhow::ensure!(real.is_file(), "{} missing: run `make build`", real.display());
+        anyhow::ensure!(
+            real.is_file(),
+            "{} missing: run `make build`",
+            real.display()
+        );
         let dir = std::env::temp_dir().join(format!("daiv-e2e-hostile-{}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
         std::fs::copy(&real, dir.join("daiv-sandbox-helper"))?;
@@ -633,7 +637,11 @@ async fn a_helper_that_floods_its_channel_is_cut_off_and_costs_nothing_else() ->
     require_image(DEBIAN);
     let image = HostileImage::build()?;
     let hostile = helper_dir().join("daiv-e2e-hostile-helper");
-    anyhow::ensure!(hostile.is_file(), "{} missing: run `make build`", hostile.display());
+    anyhow::ensure!(
+        hostile.is_file(),
+        "{} missing: run `make build`",
+        hostile.display()
+    );
     let hostile = hostile.display().to_string();
     let cp = ControlPlane::start_with(&[("HELPER_BIN", hostile.as_str())]).await?;
     let quiet = cp.session(json!({"base_image": image.0})).await?;
@@ -660,7 +668,10 @@ async fn a_helper_that_floods_its_channel_is_cut_off_and_costs_nothing_else() ->
     }
     let logs = cp.logs();
     let violations = logs.matches("broke the protocol; channel closed").count();
-    assert!(violations >= 2, "{violations} channels cut off in {rounds} rounds");
+    assert!(
+        violations >= 2,
+        "{violations} channels cut off in {rounds} rounds"
+    );
     let peak_mib = cp.peak_rss_kib().unwrap_or(u64::MAX) / 1024;
     assert!(
         peak_mib < 150,

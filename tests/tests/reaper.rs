@@ -271,3 +271,58 @@ async fn reaper_removes_orphaned_egress_gateways_and_networks() -> Result<()> {
     drop(orphan);
     Ok(())
 }
+
+/// Stops (SIGSTOP) the session helper's processes (`init`, the process supervisor, and `serve`)
+/// from outside, as root: what a wedged or hostile helper looks like to the control plane.
+fn freeze_helper(id: &str) -> Result<()> {
+    docker(&[
+        "exec",
+        "-u",
+        "0",
+        id,
+        "sh",
+        "-c",
+        "for p in /proc/[0-9]*; do case \"$(tr '\\0' ' ' < $p/cmdline)\" in \
+         *daiv-sandbox-helper\\ init*|*daiv-sandbox-helper\\ serve*) kill -STOP ${p#/proc/};; esac; done",
+    ])?;
+    Ok(())
+}
+
+/// Issue 25 #2: a session whose helper does not answer (stopped) holds up neither the reaper of
+/// the deployment (another idle session is still removed, and so is the frozen one: a sandbox
+/// that does not answer is not in use) nor a force delete of its own.
+#[tokio::test]
+async fn a_frozen_helper_holds_up_neither_the_reaper_nor_a_force_delete() -> Result<()> {
+    require_image(BUSYBOX);
+    let deployment = deployment("frozen");
+    let cp = ControlPlane::start_with(&[
+        ("DEPLOYMENT", deployment.as_str()),
+        ("REAPER_ENABLED", "true"),
+        ("REAPER_INTERVAL_SECONDS", "1"),
+        ("RUNNING_SESSION_MAX_IDLE_SECONDS", "3"),
+    ])
+    .await?;
+    let frozen = cp.session_of(BUSYBOX).await?;
+    let doomed = cp.session_of(BUSYBOX).await?;
+    let other = cp.session_of(BUSYBOX).await?;
+    for s in [&frozen, &doomed, &other] {
+        let (code, _) = cp.sh(s, "echo warm").await?;
+        assert_eq!(code, 0);
+    }
+    freeze_helper(&frozen.id)?;
+    freeze_helper(&doomed.id)?;
+    // While the reaper may be asking its frozen helper, a force delete goes through.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (status, body) = cp
+        .call(
+            Method::DELETE,
+            &format!("/session/{}/?force=true", doomed.id),
+            None,
+        )
+        .await?;
+    assert_eq!(status, 204, "{body}");
+    gone(&doomed.id, Duration::from_secs(10)).await?;
+    gone(&other.id, Duration::from_secs(30)).await?;
+    gone(&frozen.id, Duration::from_secs(30)).await?;
+    Ok(())
+}

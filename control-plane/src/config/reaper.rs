@@ -14,6 +14,9 @@ pub struct ReaperConfig {
     pub max_stopped_sessions: u32,
     /// `None` disables idle reaping of running sessions.
     pub running_session_max_idle: Option<Duration>,
+    /// `None` (the default) disables it: age since creation past which a session is removed
+    /// whatever it does (a backstop for sessions kept busy for good).
+    pub session_max_lifetime: Option<Duration>,
 }
 
 impl ReaperConfig {
@@ -27,6 +30,8 @@ impl ReaperConfig {
         let max_stopped_sessions = p.parse_or::<u32>("MAX_STOPPED_SESSIONS", 50);
         let running_session_max_idle =
             Some(p.seconds_or("RUNNING_SESSION_MAX_IDLE_SECONDS", 14_400)).filter(|d| !d.is_zero());
+        let session_max_lifetime =
+            Some(p.seconds_or("SESSION_MAX_LIFETIME_SECONDS", 0)).filter(|d| !d.is_zero());
 
         Self {
             enabled,
@@ -34,6 +39,7 @@ impl ReaperConfig {
             session_grace,
             max_stopped_sessions,
             running_session_max_idle,
+            session_max_lifetime,
         }
     }
 }

@@ -117,7 +117,7 @@ pub async fn close(
     let _held = if q.force {
         state.lock_to_remove(&id).await?
     } else {
-        state.lock(&id).await?
+        Some(state.lock(&id).await?)
     };
     state.sessions.close(&id, q.force).await?;
     // Its processes died with it.

@@ -629,12 +629,21 @@ mod tests {
     #[tokio::test]
     async fn kinds_the_helper_never_sends_and_oversized_events_close_the_channel() {
         let (chan, helper) = open().await;
-        let _h = chan.request(&Request::Ping, Caps::SMALL).await.expect("sent");
+        let _h = chan
+            .request(&Request::Ping, Caps::SMALL)
+            .await
+            .expect("sent");
         helper.frame(1, kind::REQUEST, b"{}").await;
-        assert_eq!(closed_with(&chan).await, Some(Violation::Kind(kind::REQUEST)));
+        assert_eq!(
+            closed_with(&chan).await,
+            Some(Violation::Kind(kind::REQUEST))
+        );
 
         let (chan, helper) = open().await;
-        let _h = chan.request(&Request::Ping, Caps::SMALL).await.expect("sent");
+        let _h = chan
+            .request(&Request::Ping, Caps::SMALL)
+            .await
+            .expect("sent");
         helper.frame(1, kind::EVENT, &[b' '; 2048]).await;
         assert!(matches!(
             closed_with(&chan).await,
@@ -642,7 +651,10 @@ mod tests {
         ));
 
         let (chan, helper) = open().await;
-        let _h = chan.request(&Request::Ping, Caps::SMALL).await.expect("sent");
+        let _h = chan
+            .request(&Request::Ping, Caps::SMALL)
+            .await
+            .expect("sent");
         helper.frame(1, kind::EVENT, br#"{"a":1}"#).await;
         assert_eq!(closed_with(&chan).await, Some(Violation::BadEvent));
     }
@@ -650,7 +662,10 @@ mod tests {
     #[tokio::test]
     async fn a_frame_over_its_requests_cap_closes_the_channel_before_it_is_read() {
         let (chan, helper) = open().await;
-        let mut h = chan.request(&Request::Ping, Caps::SMALL).await.expect("sent");
+        let mut h = chan
+            .request(&Request::Ping, Caps::SMALL)
+            .await
+            .expect("sent");
         // Only the header is sent: the decision needs nothing more.
         let mut header = Vec::new();
         header.extend_from_slice(&((16u32 << 20) + 5).to_be_bytes());
@@ -659,7 +674,10 @@ mod tests {
         helper.send(header).await;
         assert!(matches!(
             closed_with(&chan).await,
-            Some(Violation::Oversize { what: "a response", .. })
+            Some(Violation::Oversize {
+                what: "a response",
+                ..
+            })
         ));
         assert!(matches!(h.recv().await, Err(ChannelError::Closed)));
     }
@@ -667,10 +685,16 @@ mod tests {
     #[tokio::test]
     async fn frames_of_ended_requests_are_skipped_and_a_flood_of_them_closes_the_channel() {
         let (chan, helper) = open().await;
-        let ended = chan.request(&Request::Ping, Caps::SMALL).await.expect("sent");
+        let ended = chan
+            .request(&Request::Ping, Caps::SMALL)
+            .await
+            .expect("sent");
         drop(ended); // cancelled: its late frames are skipped, not buffered, not delivered
         helper.big(1, kind::DATA, 16 << 20).await;
-        let mut live = chan.request(&Request::Ping, Caps::SMALL).await.expect("sent");
+        let mut live = chan
+            .request(&Request::Ping, Caps::SMALL)
+            .await
+            .expect("sent");
         helper.frame(2, kind::RESPONSE, br#"{"ok":{}}"#).await;
         match live.recv().await {
             Ok(Incoming::Response(b)) => assert_eq!(&b[..], br#"{"ok":{}}"#),

@@ -33,7 +33,9 @@ pub enum HelperError {
     #[error("the session's helper did not answer in time; retry")]
     NoAnswer,
     /// The session's helper broke the protocol a moment ago: no new channel for a while.
-    #[error("the session's helper misbehaved and is not trusted for a while; retry later, or recreate the session")]
+    #[error(
+        "the session's helper misbehaved and is not trusted for a while; retry later, or recreate the session"
+    )]
     Untrusted,
     /// An answer that does not have the op's shape.
     #[error("the session's helper gave an unexpected answer; retry")]

@@ -345,6 +345,16 @@ impl Metrics {
         self.processes_live.set(m.values().sum());
     }
 
+    /// Forgets the running processes of sessions not in `live` (removed by anyone).
+    pub fn retain_processes(&self, live: &std::collections::HashSet<String>) {
+        let mut m = self
+            .processes_by_session
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        m.retain(|id, _| live.contains(id));
+        self.processes_live.set(m.values().sum());
+    }
+
     /// The Prometheus text exposition (format 0.0.4, [`CONTENT_TYPE`]). Families without a
     /// series yet are left out.
     pub fn render(&self, sessions: Option<SessionGauge>) -> String {

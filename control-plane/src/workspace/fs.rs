@@ -257,4 +257,3 @@ has_error!(
     FsEditResponse,
     FsDeleteResponse
 );
-

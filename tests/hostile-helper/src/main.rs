@@ -28,7 +28,11 @@ fn flood() -> ExitCode {
         std::process::id()
     );
     frame(&mut ready, 0, 5, event.as_bytes());
-    if stdout.write_all(&ready).and_then(|()| stdout.flush()).is_err() {
+    if stdout
+        .write_all(&ready)
+        .and_then(|()| stdout.flush())
+        .is_err()
+    {
         return ExitCode::FAILURE;
     }
     let mut small = Vec::new();

@@ -683,6 +683,18 @@ async fn text(resp: axum::http::Response<axum::body::Body>) -> String {
 
 // === egress sessions (in-process: what the control plane asks of the engine) ===
 
+/// The egress harness's CA key (not a real key: the control plane only passes it on, and
+/// derives the policy version key from it).
+const TEST_CA_KEY: &str = "-----BEGIN PRIVATE KEY-----\nTEST-CA-KEY\n-----END PRIVATE KEY-----\n";
+
+/// The version the control plane labels `file` with under the harness's CA key.
+fn keyed_version(file: &shared_policy::PolicyFile) -> String {
+    control_plane::egress::version::PolicyVersions::from_ca_key(TEST_CA_KEY.as_bytes())
+        .label(file)
+        .version
+        .expect("labelled")
+}
+
 fn egress_harness(engine: FakeEngine) -> Harness {
     egress_harness_with(engine, &[])
 }
@@ -699,11 +711,7 @@ fn egress_harness_with(engine: FakeEngine, extra: &[(&str, &str)]) -> Harness {
         "-----BEGIN CERTIFICATE-----\nTEST-CA-CERT\n-----END CERTIFICATE-----\n",
     )
     .expect("cert");
-    std::fs::write(
-        &key,
-        "-----BEGIN PRIVATE KEY-----\nTEST-CA-KEY\n-----END PRIVATE KEY-----\n",
-    )
-    .expect("key");
+    std::fs::write(&key, TEST_CA_KEY).expect("key");
     let (cert, key) = (cert.display().to_string(), key.display().to_string());
     let mut settings = vec![
         ("EGRESS_CA_CERT_FILE", cert.as_str()),
@@ -1115,6 +1123,16 @@ async fn egress_create_writes_the_sidecar_contract_and_acknowledges_the_policy()
     );
     assert_eq!(env[sidecar::env::CA_KEY_FILE], sidecar::DEFAULT_CA_KEY_PATH);
     assert!(env.contains_key(sidecar::env::LISTEN) && env.contains_key(sidecar::env::SESSION_ID));
+    // The acknowledgement's listener is the gateway's own loopback, never its proxy address.
+    assert_eq!(
+        env[sidecar::env::HEALTH_LISTEN],
+        sidecar::DEFAULT_HEALTH_LISTEN
+    );
+    assert!(env[sidecar::env::HEALTH_LISTEN].starts_with("127."));
+    assert!(
+        !env.contains_key(sidecar::env::PLAIN_HTTP_HOSTS),
+        "off by default"
+    );
     for name in env.keys() {
         assert!(name.starts_with("DAIV_EGRESS_"), "{name}");
     }
@@ -1133,7 +1151,7 @@ async fn egress_create_writes_the_sidecar_contract_and_acknowledges_the_policy()
     let evaluator = shared_policy::Evaluator::from_json(policy).expect("the gateway reads it");
     let file: shared_policy::PolicyFile = serde_json::from_slice(policy).expect("json");
     let version = evaluator.version().expect("versioned").to_owned();
-    assert_eq!(version, file.content_version());
+    assert_eq!(version, keyed_version(&file));
     let host = shared_policy::Host::parse("api.upstream.test").expect("host");
     assert!(evaluator.decide_request(&host, "GET").inject.is_some());
     // Ready, then acknowledged: the gateway's own health check ran inside the gateway.
@@ -1157,7 +1175,7 @@ async fn put_egress_stages_the_policy_and_answers_204_only_once_acknowledged() {
     let engine = {
         let acks = acks.clone();
         FakeEngine::new(move |cmd| {
-            let ok = !cmd.starts_with("fnv64:")
+            let ok = !cmd.starts_with(control_plane::egress::version::VERSION_PREFIX)
                 || acks.fetch_add(1, std::sync::atomic::Ordering::SeqCst) < 2;
             control_plane::engine::fake::FakeExec {
                 chunks: vec![format!("ack {cmd}\n").into_bytes()],
@@ -1193,7 +1211,7 @@ async fn put_egress_stages_the_policy_and_answers_204_only_once_acknowledged() {
         .expect("staged policy written");
     let file: shared_policy::PolicyFile = serde_json::from_slice(&staged).expect("json");
     let version = file.version.clone().expect("versioned");
-    assert_eq!(version, file.content_version());
+    assert_eq!(version, keyed_version(&file));
     assert_eq!(file.secrets["tok"].value.expose(), "new");
     let calls = h.engine.calls()[before..].to_vec();
     let put = calls
@@ -1257,6 +1275,67 @@ async fn path_rules_pass_the_api() {
         .await;
     assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{b}");
     assert!(b.to_string().contains("paths"), "{b}");
+}
+
+/// `DAIV_SANDBOX_EGRESS_PLAIN_HTTP_HOSTS` reaches the gateway (normalised), and the sandbox
+/// knows nothing of it; the policy body has no say in it.
+#[tokio::test]
+async fn the_plain_http_opt_in_is_a_setting_that_reaches_the_gateway_only() {
+    let h = egress_harness_with(
+        FakeEngine::default(),
+        &[("EGRESS_PLAIN_HTTP_HOSTS", "GitLab:8929")],
+    );
+    let id = h.egress_session("tok").await;
+    let gateway = h.engine.spec(&gateway_of(&h, &id)).expect("gateway spec");
+    assert!(
+        gateway.env.contains(&(
+            "DAIV_EGRESS_PLAIN_HTTP_HOSTS".to_string(),
+            "gitlab:8929".to_string()
+        )),
+        "{:?}",
+        gateway.env
+    );
+    let sandbox = h.engine.spec(&id).expect("sandbox");
+    assert!(sandbox.env.iter().all(|(_, v)| !v.contains("gitlab")));
+}
+
+/// Issue 25 item 9: a secret value that is not a header value would fail every request it is
+/// injected into; it is a 422 at create and at `PUT .../egress/`, and the answer never echoes it.
+#[tokio::test]
+async fn secret_values_that_are_not_header_values_are_422_and_never_echoed() {
+    let h = egress_harness(FakeEngine::default());
+    let bad = egress_body("glpat-s3cr3t\u{7}value");
+    let (s, b) = h
+        .api(
+            "POST",
+            "/session/",
+            Some(json!({"base_image": "img:1", "egress": bad.clone()})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{b}");
+    let text = b.to_string();
+    assert!(text.contains("secrets.tok.value"), "{text}");
+    assert!(!text.contains("s3cr3t"), "{text}");
+    assert!(h.engine.container_ids().is_empty());
+    assert!(h.engine.networks().is_empty());
+
+    let id = h.egress_session("good").await;
+    let gateway_id = gateway_of(&h, &id);
+    let (s, b) = h
+        .api("PUT", &format!("/session/{id}/egress/"), Some(bad))
+        .await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{b}");
+    assert!(!b.to_string().contains("s3cr3t"), "{b}");
+    use shared_policy::sidecar;
+    assert!(
+        h.engine
+            .file(
+                &gateway_id,
+                &sidecar::config_path(sidecar::POLICY_STAGING_FILE)
+            )
+            .is_none(),
+        "nothing was written"
+    );
 }
 
 /// `DAIV_SANDBOX_EGRESS_UPSTREAM_PROXY` reaches the gateway (only): its egress goes through the

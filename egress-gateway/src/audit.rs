@@ -37,6 +37,10 @@ pub struct AuditRecord {
     /// Name (never value) of the injected header, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub injected: Option<String>,
+    /// A plaintext exchange under the operator's plain-HTTP opt-in (`--plain-http-hosts`): sent
+    /// in clear to a private address, its credential (`injected`) included. Absent otherwise.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub plain_http_opt_in: bool,
     /// Status sent to the client (200 for an opened tunnel), if a response was sent.
     pub status: Option<u16>,
     /// Body (or tunnel) bytes sent to the client.
@@ -76,6 +80,7 @@ impl AuditRecord {
             reason: "",
             rule: None,
             injected: None,
+            plain_http_opt_in: false,
             status: None,
             bytes: 0,
             bytes_up: 0,

@@ -191,8 +191,9 @@ impl RulePaths for usize {
     }
 }
 
-/// `health`: asks `GET /-/health/` of the gateway at `listen` until it answers (and reports
-/// `expect` as its policy version, if given) or `timeout` passes. Prints the version.
+/// `health`: asks `GET /-/health/` of the gateway's health listener at `listen` until it answers
+/// (and reports `expect` as its policy version, if given) or `timeout` passes. Prints the
+/// version.
 pub fn health(
     listen: std::net::SocketAddr,
     expect: Option<&str>,

@@ -44,9 +44,14 @@ pub struct Cli {
 /// Proxy settings.
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
-    /// Address to listen on.
+    /// Address to listen on (the proxy).
     #[arg(long, env = env::LISTEN, default_value = "0.0.0.0:8080")]
     pub listen: SocketAddr,
+    /// Address of the health endpoint (`GET /-/health/`, with the enforced policy's version).
+    /// Loopback by default: reachable from inside the gateway's network namespace only (the
+    /// `health` subcommand run in the gateway), never by the clients of the proxy.
+    #[arg(long, env = env::HEALTH_LISTEN, default_value = sidecar::DEFAULT_HEALTH_LISTEN)]
+    pub health_listen: SocketAddr,
     /// Policy file (`{"policy": ..., "secrets": ...}`), hot-reloaded; missing or invalid = deny all.
     #[arg(long, env = env::POLICY_FILE, default_value = DEFAULT_POLICY_FILE)]
     pub policy_file: PathBuf,
@@ -87,6 +92,17 @@ pub struct ServeArgs {
     /// checked (the SSRF guard still applies to the destination).
     #[arg(long, env = env::UPSTREAM_PROXY, value_parser = parse_upstream_proxy)]
     pub upstream_proxy: Option<crate::proxy::upstream::UpstreamProxy>,
+    /// Comma-separated `host` or `host:port` (exact names) that may be reached in plain HTTP
+    /// (absolute-form requests) on private networks (RFC 1918, IPv6 ULA) and get their rule's
+    /// credential there, in clear. For development stacks (a GitLab at `http://gitlab:8929` on
+    /// a compose network); off by default. The policy still decides; a listed host is never
+    /// dialled on a loopback, link-local or public address.
+    #[arg(long, env = env::PLAIN_HTTP_HOSTS, value_delimiter = ',', value_parser = parse_plain_http_host)]
+    pub plain_http_hosts: Vec<sidecar::PlainHttpHost>,
+}
+
+fn parse_plain_http_host(s: &str) -> Result<sidecar::PlainHttpHost, String> {
+    sidecar::PlainHttpHost::parse(s)
 }
 
 fn parse_upstream_proxy(s: &str) -> Result<crate::proxy::upstream::UpstreamProxy, String> {
@@ -105,9 +121,9 @@ pub enum Command {
     /// Ask a running gateway's health endpoint which policy version it enforces (exit 0 when it
     /// answers, and enforces `--expect-version` if given, within `--timeout-ms`; 1 otherwise).
     Health {
-        /// The gateway's listen address (`0.0.0.0` / `::` mean this host).
-        #[arg(long, env = env::LISTEN, default_value = "127.0.0.1:8080")]
-        listen: SocketAddr,
+        /// The gateway's health listener (`0.0.0.0` / `::` mean this host).
+        #[arg(long, env = env::HEALTH_LISTEN, default_value = sidecar::DEFAULT_HEALTH_LISTEN)]
+        health_listen: SocketAddr,
         /// Wait until the gateway enforces this policy version.
         #[arg(long)]
         expect_version: Option<String>,
@@ -212,6 +228,7 @@ impl ServeArgs {
             },
             shadow: self.shadow,
             upstream_proxy: self.upstream_proxy.clone(),
+            plain_http_hosts: self.plain_http_hosts.clone(),
         })
     }
 }
@@ -268,6 +285,19 @@ mod tests {
             })
         ));
         assert!(Cli::try_parse_from(["x", "--static-host", "nope"]).is_err());
+        // The plain-HTTP opt-in: off by default, exact names with an optional port.
+        assert!(cli_serve(&[]).is_some_and(|s| s.plain_http_hosts.is_empty()));
+        let listed = cli_serve(&["--plain-http-hosts", "GitLab.test:8929,registry.test"])
+            .map(|s| s.plain_http_hosts)
+            .unwrap_or_default();
+        let shown: Vec<String> = listed.iter().map(ToString::to_string).collect();
+        assert_eq!(shown, ["gitlab.test:8929", "registry.test"]);
+        assert!(cli_serve(&["--plain-http-hosts", "*.gitlab.test"]).is_none());
+        // The health listener: loopback unless said otherwise.
+        assert_eq!(
+            cli_serve(&[]).map(|s| s.health_listen),
+            Some(SocketAddr::from(([127, 0, 0, 1], 8081)))
+        );
         assert_eq!(
             cli_max_connections(&[]),
             Some(crate::proxy::DEFAULT_MAX_CONNECTIONS)
@@ -277,10 +307,12 @@ mod tests {
     }
 
     fn cli_max_connections(args: &[&str]) -> Option<usize> {
+        cli_serve(args).map(|s| s.max_connections)
+    }
+
+    fn cli_serve(args: &[&str]) -> Option<ServeArgs> {
         let argv = std::iter::once("x").chain(args.iter().copied());
-        Cli::try_parse_from(argv)
-            .ok()
-            .map(|c| c.serve.max_connections)
+        Cli::try_parse_from(argv).ok().map(|c| c.serve)
     }
 
     /// The contract test, gateway side: every environment variable the gateway reads is one of
@@ -308,6 +340,8 @@ mod tests {
             env::SHADOW,
             env::METRICS_LISTEN,
             env::UPSTREAM_PROXY,
+            env::HEALTH_LISTEN,
+            env::PLAIN_HTTP_HOSTS,
         ]
         .into_iter()
         .map(str::to_owned)
@@ -334,10 +368,21 @@ mod tests {
             "--timeout-ms",
             "5000",
             "--expect-version",
-            "fnv64:0123456789abcdef",
+            "hmac:0123456789abcdef0123456789abcdef",
         ])
         .expect("health parses");
-        assert!(matches!(ack.command, Some(Command::Health { .. })));
+        // It asks the health listener the gateway serves, by the same variable.
+        let Some(Command::Health { health_listen, .. }) = ack.command else {
+            panic!("not the health subcommand");
+        };
+        assert_eq!(health_listen, cli.serve.health_listen);
+        let health_env = Cli::command()
+            .find_subcommand(sidecar::HEALTH_SUBCOMMAND)
+            .and_then(|c| {
+                c.get_arguments()
+                    .find_map(|a| a.get_env().map(|e| e.to_string_lossy().into_owned()))
+            });
+        assert_eq!(health_env.as_deref(), Some(env::HEALTH_LISTEN));
     }
 
     #[test]

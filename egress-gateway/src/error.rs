@@ -29,6 +29,9 @@ pub enum DenyCode {
     /// A blind tunnel closed on a policy reload because the host must now be intercepted (it
     /// gained an injection or a method restriction, or `intercept` became `all`). Audit only.
     InterceptRequired,
+    /// A WebSocket closed on a policy reload because the policy no longer grants the credential
+    /// it was opened with (removed, or another one). Audit only.
+    CredentialChanged,
 }
 
 // === impl DenyCode ===
@@ -44,6 +47,7 @@ impl DenyCode {
             Self::TlsRequired => "tls-required",
             Self::CredentialEcho => "credential-echo",
             Self::InterceptRequired => "intercept-required",
+            Self::CredentialChanged => "credential-changed",
         }
     }
 
@@ -64,6 +68,9 @@ impl DenyCode {
             }
             Self::InterceptRequired => {
                 "the policy changed and this host's TLS must now be intercepted; reconnect"
+            }
+            Self::CredentialChanged => {
+                "the policy changed the credential this connection was opened with; reconnect"
             }
         }
     }

@@ -49,6 +49,29 @@ impl AddressGuard {
     /// answer is not allowed: a name that mixes public and private answers is suspect, and
     /// picking the public one would let the resolver choose which we check.
     pub async fn resolve(&self, host: &Host, port: u16) -> Result<Vec<SocketAddr>, ProxyError> {
+        self.resolve_where(host, port, |ip| self.is_allowed(ip))
+            .await
+    }
+
+    /// As [`AddressGuard::resolve`], for a host of the plain-HTTP opt-in: every address must be
+    /// on a private network ([`is_private_network`]), where its credential may travel in clear.
+    /// A public answer is refused too (a credential in clear must not cross the internet), and
+    /// so are loopback, link-local (the metadata service) and the rest, whatever
+    /// `--allowed-cidrs` says: the opt-in reaches a development stack's hosts, nothing else.
+    pub async fn resolve_private(
+        &self,
+        host: &Host,
+        port: u16,
+    ) -> Result<Vec<SocketAddr>, ProxyError> {
+        self.resolve_where(host, port, is_private_network).await
+    }
+
+    async fn resolve_where(
+        &self,
+        host: &Host,
+        port: u16,
+        allowed: impl Fn(IpAddr) -> bool,
+    ) -> Result<Vec<SocketAddr>, ProxyError> {
         let ips: Vec<IpAddr> = if let Some(ip) = host.ip() {
             vec![ip]
         } else if let Some(ips) = self.static_hosts.get(host.as_str()) {
@@ -62,7 +85,7 @@ impl AddressGuard {
                 reason: "no addresses".into(),
             });
         }
-        if ips.iter().any(|ip| !self.is_allowed(*ip)) {
+        if ips.iter().any(|ip| !allowed(*ip)) {
             return Err(ProxyError::Denied(DenyCode::AddressNotAllowed));
         }
         Ok(ips
@@ -101,6 +124,16 @@ fn canonical(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
         v4 => v4,
+    }
+}
+
+/// An address of a private network: RFC 1918 (`10/8`, `172.16/12`, `192.168/16`) or IPv6 ULA
+/// (`fc00::/7`), IPv4-mapped forms included. Not loopback, link-local, CGNAT (the per-session
+/// networks live there), unspecified, multicast, or anything global.
+pub fn is_private_network(ip: IpAddr) -> bool {
+    match canonical(ip) {
+        IpAddr::V4(v4) => v4.is_private(),
+        IpAddr::V6(v6) => (v6.segments()[0] & 0xfe00) == 0xfc00,
     }
 }
 
@@ -216,6 +249,81 @@ mod tests {
         ] {
             assert!(is_global(ip.parse().expect(ip)), "{ip} must be global");
         }
+    }
+
+    #[test]
+    fn private_networks_are_rfc1918_and_ula_only() {
+        for ip in [
+            "10.0.0.1",
+            "172.16.0.1",
+            "172.31.255.254",
+            "192.168.1.1",
+            "fd00::1",
+            "fc00::1",
+            "::ffff:10.1.2.3",
+        ] {
+            assert!(is_private_network(ip.parse().expect(ip)), "{ip}");
+        }
+        for ip in [
+            "127.0.0.1",
+            "::1",
+            "169.254.169.254",
+            "fe80::1",
+            "0.0.0.0",
+            "::",
+            "224.0.0.1",
+            "ff02::1",
+            "255.255.255.255",
+            "100.64.0.1",
+            "172.32.0.1",
+            "1.1.1.1",
+            "2606:4700::1111",
+            "::ffff:127.0.0.1",
+            "::ffff:169.254.169.254",
+        ] {
+            assert!(!is_private_network(ip.parse().expect(ip)), "{ip}");
+        }
+    }
+
+    /// The opt-in's resolution refuses loopback and the metadata address even where the
+    /// operator's `--allowed-cidrs` opens them for ordinary requests, and public answers too.
+    #[tokio::test]
+    async fn plain_http_hosts_reach_private_networks_only() {
+        let statics = HashMap::from([
+            ("gitlab.test".to_owned(), vec![IpAddr::from([10, 1, 2, 3])]),
+            ("local.test".to_owned(), vec![IpAddr::from([127, 0, 0, 1])]),
+            (
+                "metadata.test".to_owned(),
+                vec![IpAddr::from([169, 254, 169, 254])],
+            ),
+            ("public.test".to_owned(), vec![IpAddr::from([1, 1, 1, 1])]),
+            (
+                "mixed.test".to_owned(),
+                vec![IpAddr::from([10, 1, 2, 3]), IpAddr::from([127, 0, 0, 1])],
+            ),
+        ]);
+        let guard = AddressGuard::new(
+            parse_cidrs("127.0.0.0/8,169.254.0.0/16").expect("cidrs"),
+            statics,
+        );
+        let host = |n: &str| Host::parse(n).expect("host");
+        assert_eq!(
+            guard
+                .resolve_private(&host("gitlab.test"), 8929)
+                .await
+                .expect("private"),
+            vec![SocketAddr::from(([10, 1, 2, 3], 8929))]
+        );
+        for name in ["local.test", "metadata.test", "public.test", "mixed.test"] {
+            assert!(
+                matches!(
+                    guard.resolve_private(&host(name), 80).await,
+                    Err(ProxyError::Denied(DenyCode::AddressNotAllowed))
+                ),
+                "{name}"
+            );
+        }
+        assert!(guard.resolve(&host("local.test"), 80).await.is_ok());
     }
 
     #[tokio::test]

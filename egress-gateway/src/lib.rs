@@ -10,6 +10,8 @@
 //! - [`guard`]: own DNS resolution and the non-global address refusal (SSRF guard).
 //! - [`proxy`]: accept, CONNECT, tunnel, MITM, per-request handling, upstream client.
 //! - [`audit`]: one JSON line per decision.
+//! - [`health`]: the health endpoint and the enforced policy's version, on a listener of its
+//!   own (loopback by default; never the proxy port the sandbox reaches).
 //! - [`metrics`]: Prometheus counters, served on a listener of their own (off by default).
 //! - [`cli`]: `policy check`, `policy explain`, `gen-ca`.
 //! - [`error`]: [`ProxyError`] (one `status()` mapping) and [`ConfigError`].
@@ -18,7 +20,8 @@
 //! From the policy: `host-not-listed`, `method-not-allowed`, `path-not-allowed`,
 //! `policy-unavailable`. From the
 //! gateway: `sni-mismatch`, `host-mismatch`, `address-not-allowed`, `tls-required`,
-//! `credential-echo`, and (audit only, a tunnel closed by a reload) `intercept-required`.
+//! `credential-echo`, and (audit only, closed by a reload) `intercept-required` (a tunnel) and
+//! `credential-changed` (a WebSocket).
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod audit;
@@ -27,6 +30,7 @@ pub mod cli;
 pub mod config;
 pub mod error;
 pub mod guard;
+pub mod health;
 pub mod metrics;
 pub mod policy_store;
 pub mod proxy;
@@ -74,6 +78,9 @@ pub struct GatewayConfig {
     pub shadow: bool,
     /// A corporate HTTP proxy all upstream connections go through (`--upstream-proxy`).
     pub upstream_proxy: Option<proxy::upstream::UpstreamProxy>,
+    /// Hosts reachable in plain HTTP on private networks, credential included
+    /// (`--plain-http-hosts`; development stacks). Empty: none, the default.
+    pub plain_http_hosts: Vec<shared_policy::sidecar::PlainHttpHost>,
 }
 
 /// A configured gateway, ready to serve a listener.
@@ -116,6 +123,7 @@ impl Gateway {
             tasks: tokio_util::task::TaskTracker::new(),
             limits: config.limits,
             shadow: config.shadow,
+            plain_http: config.plain_http_hosts,
         });
         Ok(Self {
             ctx,
@@ -142,12 +150,23 @@ impl Gateway {
         })
     }
 
-    /// Serves `listener` until `shutdown` resolves, then drains briefly.
+    /// Serves the proxy on `listener` and the health endpoint on `health` until `shutdown`
+    /// resolves, then drains briefly (health answers until the proxy has drained).
     pub async fn serve(
         self,
         listener: TcpListener,
+        health: TcpListener,
         shutdown: impl Future<Output = ()>,
     ) -> std::io::Result<()> {
-        proxy::serve(listener, self.ctx.clone(), shutdown).await
+        let stop = tokio_util::sync::CancellationToken::new();
+        let health = tokio::spawn(health::serve(
+            health,
+            self.ctx.clone(),
+            stop.clone().cancelled_owned(),
+        ));
+        let served = proxy::serve(listener, self.ctx.clone(), shutdown).await;
+        stop.cancel();
+        let _ = health.await;
+        served
     }
 }

@@ -37,11 +37,11 @@ fn main() -> anyhow::Result<()> {
             &mut stdout,
         )?,
         Some(Command::Health {
-            listen,
+            health_listen,
             expect_version,
             timeout_ms,
         }) => cli::health(
-            listen,
+            health_listen,
             expect_version.as_deref(),
             std::time::Duration::from_millis(timeout_ms),
             &mut stdout,
@@ -87,6 +87,9 @@ async fn run(args: egress_gateway::config::ServeArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("listen on {}", args.listen))?;
+    let health = tokio::net::TcpListener::bind(args.health_listen)
+        .await
+        .with_context(|| format!("health listen on {}", args.health_listen))?;
     let span = tracing::info_span!("gateway", session_id = %session);
     let _entered = span.enter();
     let (stop_metrics, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
@@ -103,8 +106,8 @@ async fn run(args: egress_gateway::config::ServeArgs) -> anyhow::Result<()> {
             },
         ));
     }
-    tracing::info!(listen = %args.listen, policy = %args.policy_file.display(), "egress gateway listening");
-    gateway.serve(listener, shutdown_signal()).await?;
+    tracing::info!(listen = %args.listen, health_listen = %args.health_listen, policy = %args.policy_file.display(), "egress gateway listening");
+    gateway.serve(listener, health, shutdown_signal()).await?;
     let _ = stop_metrics.send(());
     Ok(())
 }

@@ -1,5 +1,6 @@
 //! Operator features, in-process: typed denials, path rules, shadow mode, policy versions on the
-//! health endpoint, and the staged (atomic, acknowledged) install.
+//! health listener (and nowhere the sandbox looks), the staged (atomic, acknowledged) install,
+//! WebSockets across reloads, and the plain-HTTP opt-in.
 
 mod common;
 
@@ -15,13 +16,13 @@ async fn echo(resp: reqwest::Response) -> Value {
     serde_json::from_slice(&resp.bytes().await.expect("echo body")).expect("echo json")
 }
 
-/// Origin-form `GET /-/health/` straight to the gateway (not proxied).
+/// `GET /-/health/` on the gateway's health listener.
 async fn health(h: &common::Harness, json: bool) -> reqwest::Response {
     let mut req = reqwest::Client::builder()
         .no_proxy()
         .build()
         .expect("client")
-        .get(format!("http://{}/-/health/", h.gateway));
+        .get(format!("http://{}/-/health/", h.health));
     if json {
         req = req.header("accept", "application/json");
     }
@@ -54,14 +55,14 @@ async fn denials_are_typed_json_when_the_client_accepts_json() {
     assert_eq!(resp.status(), 403);
     assert_eq!(denied_code(&resp).as_deref(), Some("method-not-allowed"));
     assert_eq!(resp.headers()["content-type"], "application/json");
-    assert_eq!(resp.headers()["x-egress-policy-version"], "v1");
+    assert!(resp.headers().get("x-egress-policy-version").is_none());
     let body: Value = serde_json::from_slice(&resp.bytes().await.expect("body")).expect("json");
     assert_eq!(body["error"], "egress_denied");
     assert_eq!(body["reason"], "method-not-allowed");
     assert_eq!(body["host"], "upstream.test");
     assert_eq!(body["method"], "POST");
     assert_eq!(body["rule"], "upstream.test");
-    assert_eq!(body["policy_version"], "v1");
+    assert!(body.get("policy_version").is_none(), "{body}");
     assert_eq!(body["path"], "/echo");
 
     // Plaintext, unlisted host: no rule key; `*/*` (curl's default) keeps the plain text.
@@ -310,7 +311,7 @@ async fn health_reports_the_version_and_a_staged_policy_is_installed_when_comple
     );
 
     // The `health` subcommand, as the control plane runs it inside the gateway.
-    let addr = h.gateway;
+    let addr = h.health;
     let (code, text) = tokio::task::spawn_blocking(move || {
         let mut out = Vec::new();
         let code = egress_gateway::cli::health(addr, Some("v2"), Duration::from_secs(5), &mut out)
@@ -842,5 +843,355 @@ fn upstream_proxy_urls_are_parsed_and_never_print_credentials() {
             .expect("parse")
             .addr,
         "10.0.0.1:8080"
+    );
+}
+
+/// Everything a client of the proxy port sees of one exchange, minus the `date` header.
+async fn seen(resp: reqwest::Response) -> String {
+    let mut out = format!("{}\n", resp.status());
+    for (k, v) in resp.headers() {
+        if k != "date" {
+            out.push_str(&format!("{k}: {}\n", v.to_str().unwrap_or("?")));
+        }
+    }
+    out + &resp.text().await.unwrap_or_default()
+}
+
+/// What a sandbox can ask the proxy port about its policy: a denial (text and JSON, inside a
+/// MITM'd tunnel and plaintext), a refused CONNECT, and the health path.
+async fn sandbox_view(h: &common::Harness) -> Vec<String> {
+    let client = h.client(Trust::Gateway, true);
+    let direct = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("client");
+    let mut out = Vec::new();
+    for accept in ["*/*", "application/json"] {
+        for url in [
+            h.https_url("upstream.test", "/echo"),
+            h.http_url("upstream.test", "/echo"),
+        ] {
+            let resp = client.delete(url).header("accept", accept).send().await;
+            out.push(seen(resp.expect("denial")).await);
+        }
+    }
+    let (status, head, _) = h.raw_connect("unlisted.test:443").await;
+    let head: Vec<&str> = head.lines().filter(|l| !l.starts_with("date:")).collect();
+    out.push(format!("{status} {}", head.join("\n")));
+    for path in ["/-/health/", "/-/health"] {
+        let resp = direct
+            .get(format!("http://{}{path}", h.gateway))
+            .send()
+            .await;
+        out.push(seen(resp.expect("health on the proxy port")).await);
+    }
+    out
+}
+
+/// Issue 25 item 4: the version labels a policy whose secrets the sandbox must not learn about.
+/// Two policies that differ only in a secret value (and in the version label the control plane
+/// gives each) look exactly the same from the proxy port; only the health listener, which the
+/// sandbox cannot reach, tells them apart.
+#[tokio::test]
+async fn the_proxy_port_shows_nothing_that_tells_two_secrets_apart() {
+    let policy = |secret: &str, version: &str| {
+        json!({
+            "version": version,
+            "policy": {"default": "deny", "rules": [
+                {"host": "upstream.test", "methods": ["GET"], "inject": "tok"}
+            ]},
+            "secrets": {"tok": {"header": "Authorization", "value": secret}}
+        })
+    };
+    let h = start(policy("s3cr3t-one", "hmac:11111111")).await;
+    let first = sandbox_view(&h).await;
+    write_policy(
+        &h.policy_path,
+        &policy("s3cr3t-two", "hmac:22222222").to_string(),
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            enforced_version(&h).await.as_deref() == Some("hmac:22222222")
+        })
+        .await
+    );
+    let second = sandbox_view(&h).await;
+    assert_eq!(first, second);
+    let all = first.join("\n");
+    assert!(all.contains("method-not-allowed") && all.contains("host-not-listed"));
+    assert!(!all.contains("hmac:") && !all.contains("s3cr3t"), "{all}");
+    assert!(!all.to_ascii_lowercase().contains("version"), "{all}");
+    // The health path is no answer of the proxy port's.
+    assert!(
+        first[first.len() - 1].starts_with("400 "),
+        "{}",
+        first[first.len() - 1]
+    );
+    // The operator still has the version, in the audit line of each denial.
+    assert!(
+        h.audit_lines()
+            .iter()
+            .any(|l| l["decision"] == "deny" && l["policy_version"] == "hmac:22222222")
+    );
+}
+
+/// Issue 25 item 7: a sandbox holding every connection slot of the proxy port cannot keep a
+/// policy update from being acknowledged: the health listener has slots of its own.
+#[tokio::test]
+async fn acknowledgements_do_not_wait_for_proxy_slots() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const CAP: usize = 4;
+    let v1 = json!({"version": "v1", "policy": {"default": "deny", "rules": [{"host": "upstream.test"}]}});
+    let h = start_with(
+        v1,
+        Options {
+            limits: egress_gateway::Limits {
+                max_connections: CAP,
+                ..Default::default()
+            },
+            ..Options::default()
+        },
+    )
+    .await;
+    let url = h.http_url("upstream.test", "/");
+    assert_eq!(
+        h.client(Trust::Gateway, true)
+            .get(&url)
+            .send()
+            .await
+            .expect("send")
+            .status(),
+        200
+    );
+    // Hold every slot: each connection is answered once (so it holds a slot), then kept open.
+    let mut held = Vec::new();
+    while held.len() < CAP {
+        let mut tcp = tokio::net::TcpStream::connect(h.gateway)
+            .await
+            .expect("connect");
+        let _ = tcp.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        let mut buf = [0u8; 512];
+        if let Ok(Ok(n)) = tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut buf)).await
+            && n > 0
+        {
+            held.push(tcp);
+        }
+    }
+    let mut extra = tokio::net::TcpStream::connect(h.gateway)
+        .await
+        .expect("connect");
+    let _ = extra.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    let mut buf = [0u8; 64];
+    let n = tokio::time::timeout(Duration::from_secs(10), extra.read(&mut buf))
+        .await
+        .expect("closed at accept")
+        .unwrap_or(0);
+    assert_eq!(n, 0, "the proxy port is full");
+
+    // An update is installed and acknowledged meanwhile, as the control plane asks for it.
+    let ack = |version: &'static str| {
+        let addr = h.health;
+        tokio::task::spawn_blocking(move || {
+            let mut out = Vec::new();
+            let code =
+                egress_gateway::cli::health(addr, Some(version), Duration::from_secs(5), &mut out)
+                    .expect("io");
+            (code, String::from_utf8_lossy(&out).into_owned())
+        })
+    };
+    assert_eq!(ack("v1").await.expect("join").0, 0);
+    write_policy(
+        &h.policy_path,
+        &json!({"version": "v2", "policy": {"default": "deny", "rules": [{"host": "other.test"}]}})
+            .to_string(),
+    );
+    let (code, text) = ack("v2").await.expect("join");
+    assert_eq!((code, text.trim()), (0, "ok policy_version=v2"));
+
+    // Once the slots free up, a fresh request gets the new policy.
+    drop(held);
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            let resp = h.client(Trust::Gateway, true).get(&url).send().await;
+            resp.is_ok_and(|r| denied_code(&r).as_deref() == Some("host-not-listed"))
+        })
+        .await
+    );
+}
+
+/// Opens a WebSocket through the MITM to the fixture at `addr`; returns the client's TLS stream
+/// after the 101 and one echoed frame.
+async fn open_websocket(
+    h: &common::Harness,
+    addr: std::net::SocketAddr,
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let authority = format!("upstream.test:{}", addr.port());
+    let (status, _, tcp) = h.raw_connect(&authority).await;
+    assert_eq!(status, 200);
+    let mut tls = h.tls_over(tcp, "upstream.test").await.expect("tls");
+    let handshake = format!(
+        "GET /ws HTTP/1.1\r\nHost: {authority}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+    );
+    tls.write_all(handshake.as_bytes()).await.expect("write");
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert!(tls.read(&mut byte).await.expect("read") > 0);
+        head.push(byte[0]);
+    }
+    let text = String::from_utf8_lossy(&head).to_ascii_lowercase();
+    assert!(text.starts_with("http/1.1 101"), "{text}");
+    tls.write_all(b"\x81\x05hello").await.expect("write");
+    let mut back = [0u8; 7];
+    tls.read_exact(&mut back).await.expect("echo");
+    assert_eq!(&back, b"\x81\x05hello");
+    tls
+}
+
+/// Whether the gateway closes `tls` within a few seconds (end of stream or an error), rather
+/// than keep echoing.
+async fn websocket_closes(
+    tls: &mut tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let _ = tls.write_all(b"\x81\x01x").await;
+    let mut buf = [0u8; 64];
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        match tokio::time::timeout_at(deadline.into(), tls.read(&mut buf)).await {
+            Err(_) => return false,
+            Ok(Ok(0) | Err(_)) => return true,
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+/// Issue 25 item 8: a WebSocket is re-checked on every reload, as blind tunnels are. A reload
+/// that leaves it allowed (with the same credential) keeps it; one that removes its host, or
+/// changes the credential it was opened with, closes it.
+#[tokio::test]
+async fn a_reload_closes_websockets_the_new_policy_would_not_open() {
+    let policy = |rules: Value, secret: &str| {
+        json!({
+            "policy": {"default": "deny", "rules": rules},
+            "secrets": {"tok": {"header": "X-Token", "value": secret}}
+        })
+    };
+    let ws_rule = json!({"host": "upstream.test", "methods": ["GET"], "inject": "tok"});
+    let h = start(policy(json!([ws_rule.clone()]), "t0k")).await;
+    let reload = |doc: Value| {
+        let before = h.audit.lines().len();
+        write_policy(&h.policy_path, &doc.to_string());
+        before
+    };
+    let settle = || tokio::time::sleep(shared_policy_settle());
+
+    // An unrelated change: the socket stays.
+    let (addr, upstream) = websocket_upstream(&h.upstream_ca).await;
+    let mut tls = open_websocket(&h, addr).await;
+    reload(policy(
+        json!([ws_rule.clone(), {"host": "other.test"}]),
+        "t0k",
+    ));
+    settle().await;
+    assert!(
+        !websocket_closes(&mut tls).await,
+        "an unrelated reload closed it"
+    );
+
+    // The credential it was opened with is no longer the policy's: closed.
+    reload(policy(
+        json!([ws_rule.clone(), {"host": "other.test"}]),
+        "rotated",
+    ));
+    assert!(
+        websocket_closes(&mut tls).await,
+        "still open with the old credential"
+    );
+    upstream.await.expect("upstream");
+
+    // Its host removed: closed, like a blind tunnel.
+    let (addr, upstream) = websocket_upstream(&h.upstream_ca).await;
+    let mut tls = open_websocket(&h, addr).await;
+    reload(policy(json!([{"host": "other.test"}]), "rotated"));
+    assert!(
+        websocket_closes(&mut tls).await,
+        "still open after its host was removed"
+    );
+    upstream.await.expect("upstream");
+
+    let closed: Vec<Value> = h
+        .audit_lines()
+        .into_iter()
+        .filter(|l| l["status"] == 101 && l["decision"] == "deny")
+        .collect();
+    let reasons: Vec<&str> = closed.iter().filter_map(|l| l["reason"].as_str()).collect();
+    assert_eq!(
+        reasons,
+        ["credential-changed", "host-not-listed"],
+        "{closed:?}"
+    );
+}
+
+/// Issue 21 item 5, the part that needs no private network: the opt-in is named hosts only,
+/// and never reaches loopback even where `--allowed-cidrs` opens it for ordinary requests;
+/// unlisted hosts keep credentials TLS-only. (The private-network half is end to end:
+/// `tests/tests/egress_plain_http.rs`.)
+#[tokio::test]
+async fn plain_http_opt_in_is_for_listed_hosts_on_private_networks_only() {
+    let h = start_with(
+        json!({
+            "policy": {"default": "deny", "rules": [
+                {"host": "upstream.test", "inject": "tok"},
+                {"host": "other.test", "inject": "tok"}
+            ]},
+            "secrets": {"tok": {"header": "PRIVATE-TOKEN", "value": "glpat-x"}}
+        }),
+        Options {
+            plain_http_hosts: vec!["upstream.test"],
+            ..Options::default()
+        },
+    )
+    .await;
+    let client = h.client(Trust::Gateway, true);
+    let resp = client
+        .get(h.http_url("upstream.test", "/echo"))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(denied_code(&resp).as_deref(), Some("address-not-allowed"));
+    let resp = client
+        .get(h.http_url("other.test", "/echo"))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(denied_code(&resp).as_deref(), Some("tls-required"));
+    // Over TLS nothing changes for the listed host: MITM'd, credential injected, loopback
+    // allowed by --allowed-cidrs as for any host.
+    let body = echo(
+        client
+            .get(h.https_url("upstream.test", "/echo"))
+            .send()
+            .await
+            .expect("send"),
+    )
+    .await;
+    assert_eq!(body["headers"]["private-token"][0], "glpat-x");
+    let lines = h.audit_lines();
+    let plain: Vec<&Value> = lines.iter().filter(|l| l["mode"] == "forward").collect();
+    assert_eq!(plain.len(), 2, "{lines:?}");
+    assert_eq!(plain[0]["plain_http_opt_in"], true);
+    assert_eq!(plain[0]["reason"], "address-not-allowed");
+    assert!(
+        plain[1].get("plain_http_opt_in").is_none(),
+        "{:?}",
+        plain[1]
+    );
+    assert!(
+        lines
+            .iter()
+            .filter(|l| l["mode"] != "forward")
+            .all(|l| l.get("plain_http_opt_in").is_none())
     );
 }

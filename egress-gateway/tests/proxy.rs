@@ -533,24 +533,28 @@ async fn shuts_down_promptly_with_idle_and_open_connections() {
         limits: Default::default(),
         shadow: false,
         upstream_proxy: None,
+        plain_http_hosts: Vec::new(),
     })
     .expect("gateway");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
+    let health = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let served = tokio::spawn(gw.serve(listener, async move {
+    let served = tokio::spawn(gw.serve(listener, health, async move {
         let _ = stopped.await;
     }));
     // An idle keep-alive connection and a half-sent request.
     let mut idle = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    idle.write_all(b"GET /-/health/ HTTP/1.1\r\nHost: x\r\n\r\n")
+    idle.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         .await
         .expect("write");
     let mut buf = [0u8; 256];
     let n = idle.read(&mut buf).await.expect("read");
-    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 400"));
     let mut slow = tokio::net::TcpStream::connect(addr).await.expect("connect");
     slow.write_all(b"GET http://a.test/ HTTP/1.1\r\n")
         .await
@@ -617,7 +621,9 @@ fn limits(max_connections: usize, header_read: Duration, idle: Duration) -> Opti
     }
 }
 
-const HEALTH: &[u8] = b"GET /-/health/ HTTP/1.1\r\nHost: x\r\n\r\n";
+/// A request the gateway answers itself (an origin-form request is a 400), keeping the
+/// connection open.
+const OWN_ANSWER: &[u8] = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n";
 
 /// A sandbox cannot make the gateway hold unbounded memory with half-sent request heads: past
 /// the cap, connections are closed at accept, and one head never buffers more than the limit.
@@ -632,8 +638,8 @@ async fn caps_connections_and_bounds_half_sent_heads() {
             .await
             .expect("connect");
         // Served (so it holds a slot), then left with a half-sent head.
-        tcp.write_all(HEALTH).await.expect("write");
-        read_until(&mut tcp, "ok\n").await;
+        tcp.write_all(OWN_ANSWER).await.expect("write");
+        read_until(&mut tcp, "expected)\n").await;
         tcp.write_all(b"GET http://upstream.test/ HTTP/1.1\r\nX-Pad: aaaa")
             .await
             .expect("write");
@@ -643,7 +649,7 @@ async fn caps_connections_and_bounds_half_sent_heads() {
         let mut extra = tokio::net::TcpStream::connect(h.gateway)
             .await
             .expect("the kernel still completes the handshake");
-        let _ = extra.write_all(HEALTH).await;
+        let _ = extra.write_all(OWN_ANSWER).await;
         let mut buf = [0u8; 64];
         let n = tokio::time::timeout(Duration::from_secs(10), extra.read(&mut buf))
             .await
@@ -663,10 +669,10 @@ async fn caps_connections_and_bounds_half_sent_heads() {
         let mut tcp = tokio::net::TcpStream::connect(h.gateway)
             .await
             .expect("connect");
-        let _ = tcp.write_all(HEALTH).await;
+        let _ = tcp.write_all(OWN_ANSWER).await;
         let mut buf = [0u8; 256];
         if let Ok(Ok(n)) = tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut buf)).await
-            && String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200")
+            && String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 400")
         {
             fresh = Some(tcp);
             break;

@@ -56,8 +56,11 @@ pub enum PolicyError {
         /// What is wrong with it.
         reason: String,
     },
-    /// `secrets.NAME.value` has CR, LF or NUL (header injection / request splitting).
-    #[error("secrets.{name}.value: must not contain CR, LF or NUL")]
+    /// `secrets.NAME.value` is not a header value: it has a control character (CR, LF and NUL
+    /// would split the request; the rest would fail every request). The value is never named.
+    #[error(
+        "secrets.{name}.value: not a valid HTTP header value: control characters (CR, LF, NUL, DEL and the like) are not allowed; tab is"
+    )]
     InvalidHeaderValue {
         /// Secret name.
         name: String,

@@ -94,7 +94,7 @@ pub struct ConnectDecision {
 pub struct Injection {
     /// Header name (validated token).
     pub header: String,
-    /// Header value (validated: no CR, LF or NUL).
+    /// Header value (validated: [`is_header_value`]).
     pub value: SecretValue,
 }
 
@@ -366,12 +366,7 @@ pub fn validate(file: &PolicyFile) -> Result<(), PolicyError> {
             name: name.clone(),
             reason: reason.to_owned(),
         })?;
-        if secret
-            .value
-            .expose()
-            .bytes()
-            .any(|b| matches!(b, b'\r' | b'\n' | 0))
-        {
+        if !is_header_value(secret.value.expose()) {
             return Err(PolicyError::InvalidHeaderValue { name: name.clone() });
         }
     }
@@ -719,6 +714,16 @@ const RESERVED_HEADERS: &[&str] = &[
     "trailer",
     "upgrade",
 ];
+
+/// Whether `value` can be sent as an HTTP header value as written: no control characters
+/// (CR, LF and NUL would split the request; the others are refused by HTTP stacks, so a
+/// credential holding one would fail every request it is injected into). Tab and any other
+/// character are fine. The gateway's header type accepts exactly these (a test there checks it).
+pub fn is_header_value(value: &str) -> bool {
+    value
+        .bytes()
+        .all(|b| b == b'\t' || (b >= 0x20 && b != 0x7f))
+}
 
 fn check_header_name(name: &str) -> Result<(), &'static str> {
     if !is_token(name) {

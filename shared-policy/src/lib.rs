@@ -23,8 +23,8 @@ pub mod sidecar;
 
 pub use error::{PolicyError, redact};
 pub use eval::{
-    ConnectDecision, Evaluator, Injection, Reason, RequestDecision, path_is_ambiguous, validate,
-    validate_for_api, warnings,
+    ConnectDecision, Evaluator, Injection, Reason, RequestDecision, is_header_value,
+    path_is_ambiguous, validate, validate_for_api, warnings,
 };
 pub use host::{Host, HostError};
 pub use model::{

@@ -19,9 +19,11 @@ pub struct PolicyFile {
     /// Named credentials that rules inject with `inject`. They never enter the sandbox.
     #[serde(default, deserialize_with = "null_as_default")]
     pub secrets: BTreeMap<String, HeaderSecret>,
-    /// An opaque label of this policy's content, written by whoever installs the file (the
-    /// control plane writes [`PolicyFile::content_version`]). The gateway reports the version it
-    /// enforces on its health endpoint and in denials; absent = none reported.
+    /// An opaque label of this policy, written by whoever installs the file. The gateway reports
+    /// the version it enforces on its health listener (never on the proxy port the sandbox
+    /// reaches), in audit lines and in metrics; absent = none reported. The control plane writes
+    /// a keyed hash of [`PolicyFile::content`], so a version tells nothing about the secrets to
+    /// anyone without the deployment's key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
 }
@@ -29,24 +31,18 @@ pub struct PolicyFile {
 // === impl PolicyFile ===
 
 impl PolicyFile {
-    /// A stable label of the content (everything but `version`): `fnv64:` and 16 hex digits of
-    /// the FNV-1a hash of the canonical JSON. Equal policies get equal versions; it is a change
-    /// detector, not a security property.
-    pub fn content_version(&self) -> String {
+    /// The canonical bytes of the content (everything but `version`): what a version labels.
+    /// Secret values are part of it, so a label made from it must be keyed (an unkeyed hash
+    /// of a short secret can be inverted or checked against guesses offline).
+    pub fn content(&self) -> Vec<u8> {
         let mut copy = self.clone();
         copy.version = None;
-        let bytes = serde_json::to_vec(&copy).unwrap_or_default();
-        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-        for b in bytes {
-            hash ^= u64::from(b);
-            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-        format!("fnv64:{hash:016x}")
+        serde_json::to_vec(&copy).unwrap_or_default()
     }
 
-    /// The same policy, labelled with [`PolicyFile::content_version`].
-    pub fn with_content_version(mut self) -> Self {
-        self.version = Some(self.content_version());
+    /// The same policy, labelled `version`.
+    pub fn with_version(mut self, version: impl Into<String>) -> Self {
+        self.version = Some(version.into());
         self
     }
 }

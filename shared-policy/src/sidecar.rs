@@ -9,9 +9,12 @@
 //! writer that cannot rename inside the container (the image is `FROM scratch`; `put_archive`
 //! extracts in place) writes [`POLICY_STAGING_FILE`] beside it instead: the gateway reads the
 //! staged file, and once it is one complete JSON document (a strict prefix of a JSON object never
-//! parses), copies it to a temporary file and renames that over [`POLICY_FILE`] itself. The file's `version` is then reported by
-//! `GET` [`HEALTH_PATH`] (header [`VERSION_HEADER`]), which the control plane polls with
-//! [`HEALTH_SUBCOMMAND`] run inside the gateway until it reports the version it wrote.
+//! parses), copies it to a temporary file and renames that over [`POLICY_FILE`] itself. The
+//! file's `version` is then reported by `GET` [`HEALTH_PATH`] (header [`VERSION_HEADER`]) on the
+//! gateway's health listener ([`DEFAULT_HEALTH_LISTEN`], loopback in the gateway's own network
+//! namespace: never the proxy port, which the sandbox reaches and can fill), which the control
+//! plane polls with [`HEALTH_SUBCOMMAND`] run inside the gateway until it reports the version it
+//! wrote.
 
 /// The directory the image reads its configuration from (created empty, owned by [`UID`]).
 pub const CONFIG_DIR: &str = "/etc/daiv-egress";
@@ -39,9 +42,12 @@ pub const UID: u32 = 65532;
 pub const DEFAULT_PORT: u16 = 8080;
 /// Logged (stderr, JSON) once the gateway accepts connections.
 pub const READY_LINE: &str = "egress gateway listening";
-/// Origin-form path answered with `200` by the gateway itself (not proxied).
+/// Where the gateway answers [`HEALTH_PATH`] by default: loopback, so only processes in the
+/// gateway's own network namespace (an exec inside it) reach it, never the sandbox.
+pub const DEFAULT_HEALTH_LISTEN: &str = "127.0.0.1:8081";
+/// Path answered with `200` on the health listener.
 pub const HEALTH_PATH: &str = "/-/health/";
-/// Response header of [`HEALTH_PATH`] (and of denials): the `version` of the policy enforced.
+/// Response header of [`HEALTH_PATH`]: the `version` of the policy enforced.
 pub const VERSION_HEADER: &str = "x-egress-policy-version";
 /// `daiv-egress-gateway health`: asks the running gateway's health endpoint (exit 0 when it
 /// enforces `--expect-version`).
@@ -73,6 +79,56 @@ pub mod env {
     pub const METRICS_LISTEN: &str = "DAIV_EGRESS_METRICS_LISTEN";
     /// HTTP proxy all upstream connections go through (off when unset).
     pub const UPSTREAM_PROXY: &str = "DAIV_EGRESS_UPSTREAM_PROXY";
+    /// Address of the health listener (`IP:PORT`), read by the server and by `health`.
+    pub const HEALTH_LISTEN: &str = "DAIV_EGRESS_HEALTH_LISTEN";
+    /// Comma-separated `host` / `host:port` reachable in plain HTTP on private addresses, with
+    /// their credential (development stacks; off when unset).
+    pub const PLAIN_HTTP_HOSTS: &str = "DAIV_EGRESS_PLAIN_HTTP_HOSTS";
+}
+
+/// One entry of the plain-HTTP opt-in ([`env::PLAIN_HTTP_HOSTS`]): an exact host (no globs: a
+/// credential is about to travel in clear, so each name is spelled out), on any port or on one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlainHttpHost {
+    /// The normalised host.
+    pub host: crate::Host,
+    /// The only port it applies to, if given.
+    pub port: Option<u16>,
+}
+
+impl PlainHttpHost {
+    /// Parses `host` or `host:port` (IPv6 in brackets when a port follows).
+    pub fn parse(entry: &str) -> Result<Self, String> {
+        let entry = entry.trim();
+        if entry.contains(['*', '?']) {
+            return Err(format!("{entry:?}: exact host names only, no globs"));
+        }
+        let (host, port) =
+            crate::Host::parse_authority(entry).map_err(|e| format!("{entry:?}: {e}"))?;
+        Ok(Self { host, port })
+    }
+
+    /// A comma-separated list; empty items are ignored.
+    pub fn parse_list(text: &str) -> Result<Vec<Self>, String> {
+        text.split(',')
+            .filter(|s| !s.trim().is_empty())
+            .map(Self::parse)
+            .collect()
+    }
+
+    /// Whether a request to `host:port` is covered.
+    pub fn matches(&self, host: &crate::Host, port: u16) -> bool {
+        self.host == *host && self.port.is_none_or(|p| p == port)
+    }
+}
+
+impl std::fmt::Display for PlainHttpHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.port {
+            Some(port) => write!(f, "{}:{port}", self.host),
+            None => write!(f, "{}", self.host),
+        }
+    }
 }
 
 /// `CONFIG_DIR/name`.
@@ -104,6 +160,28 @@ mod tests {
         assert_eq!(DEFAULT_POLICY_PATH, config_path(POLICY_FILE));
         assert_eq!(DEFAULT_CA_CERT_PATH, config_path(CA_CERT_FILE));
         assert_eq!(DEFAULT_CA_KEY_PATH, config_path(CA_KEY_FILE));
+    }
+
+    #[test]
+    fn plain_http_hosts_are_exact_names_with_an_optional_port() {
+        let list = PlainHttpHost::parse_list(" GitLab.test:8929, registry.test,,[fd00::5]:80")
+            .expect("list");
+        let shown: Vec<String> = list.iter().map(ToString::to_string).collect();
+        assert_eq!(shown, ["gitlab.test:8929", "registry.test", "[fd00::5]:80"]);
+        let host = |s| crate::Host::parse(s).expect("host");
+        assert!(list[0].matches(&host("gitlab.test"), 8929));
+        assert!(!list[0].matches(&host("gitlab.test"), 80));
+        assert!(list[1].matches(&host("registry.test"), 5000));
+        assert!(!list[1].matches(&host("a.registry.test"), 5000));
+        for bad in [
+            "*.test",
+            "gitlab?.test",
+            "gitlab.test:0",
+            "git lab",
+            "a.test:x",
+        ] {
+            assert!(PlainHttpHost::parse(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -4,7 +4,9 @@
 use std::path::{Path, PathBuf};
 
 use proptest::prelude::*;
-use shared_policy::{Evaluator, Host, PolicyError, PolicyFile, Reason, validate_for_api, warnings};
+use shared_policy::{
+    Evaluator, Host, PolicyError, PolicyFile, Reason, validate, validate_for_api, warnings,
+};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -824,24 +826,53 @@ fn shadow_mode_is_read_but_refused_by_the_api() {
 }
 
 #[test]
-fn content_versions_label_the_content_only() {
+fn the_content_excludes_the_version_label() {
     let a: PolicyFile =
         serde_json::from_value(serde_json::json!({"policy": {"rules": [{"host": "a.test"}]}}))
             .expect("parse");
     let mut b = a.clone();
     b.policy.rules[0].host = "b.test".into();
-    let va = a.content_version();
-    assert!(va.starts_with("fnv64:") && va.len() == 6 + 16, "{va}");
-    assert_ne!(va, b.content_version());
-    let labelled = a.clone().with_content_version();
-    assert_eq!(
-        labelled.content_version(),
-        va,
-        "the label is not part of the content"
-    );
+    assert_ne!(a.content(), b.content());
+    let labelled = a.clone().with_version("v-1");
+    assert_eq!(labelled.content(), a.content(), "the label is not content");
     let text = serde_json::to_vec(&labelled).expect("json");
     let ev = Evaluator::from_json(&text).expect("valid");
-    assert_eq!(ev.version(), Some(va.as_str()));
+    assert_eq!(ev.version(), Some("v-1"));
     // Without a version field nothing is written, so older readers see the same file.
     assert!(!String::from_utf8_lossy(&serde_json::to_vec(&a).expect("json")).contains("version"));
+}
+
+/// A secret value the gateway could not send as a header is refused when the policy is read
+/// (a 422 at the API), not at every request; the message never echoes the value.
+#[test]
+fn secret_values_must_be_header_values() {
+    let with = |value: &str| -> PolicyFile {
+        serde_json::from_value(serde_json::json!({
+            "policy": {"rules": [{"host": "a.test", "inject": "t"}]},
+            "secrets": {"t": {"header": "Authorization", "value": value}}
+        }))
+        .expect("parse")
+    };
+    for bad in [
+        "tok\u{1}en-s3cr3t",
+        "tok\u{7f}en-s3cr3t",
+        "tok\u{b}en-s3cr3t",
+        "tok\ren-s3cr3t",
+        "tok\nen-s3cr3t",
+        "tok\u{0}en-s3cr3t",
+        "tok\u{1b}[0men-s3cr3t",
+    ] {
+        let err = validate(&with(bad)).expect_err(bad);
+        assert!(
+            matches!(err, PolicyError::InvalidHeaderValue { .. }),
+            "{err}"
+        );
+        let text = err.to_string();
+        assert!(text.starts_with("secrets.t.value: "), "{text}");
+        assert!(!text.contains("s3cr3t") && !text.contains("tok"), "{text}");
+        assert!(Evaluator::from_json(&serde_json::to_vec(&with(bad)).expect("json")).is_err());
+    }
+    for good in ["Bearer ghp_x", "a\tb", "tökén", " spaced ", ""] {
+        assert_eq!(validate(&with(good)), Ok(()), "{good:?}");
+    }
 }

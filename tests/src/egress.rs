@@ -12,7 +12,9 @@ use crate::docker;
 pub use integration::fixtures::TestCa;
 
 /// HTTPS (443) and HTTP (80) echo server: answers every request with a JSON record of it and
-/// appends that record to /tmp/requests.jsonl, which tests read back with `docker exec`.
+/// appends that record to /tmp/requests.jsonl, which tests read back with `docker exec`. A
+/// WebSocket handshake (`Upgrade: websocket`) is answered 101, then every byte is echoed until
+/// the client closes.
 const ECHO_SERVER: &str = r#"
 import http.server, json, ssl, threading
 class H(http.server.BaseHTTPRequestHandler):
@@ -24,6 +26,22 @@ class H(http.server.BaseHTTPRequestHandler):
                "headers": {k.lower(): v for k, v in self.headers.items()}, "body_len": len(body)}
         with open("/tmp/requests.jsonl", "a") as f:
             f.write(json.dumps(rec) + "\n")
+        if (self.headers.get("Upgrade") or "").lower() == "websocket":
+            self.send_response(101)
+            self.send_header("Upgrade", "websocket")
+            self.send_header("Connection", "Upgrade")
+            self.end_headers()
+            self.wfile.flush()
+            while True:
+                try:
+                    data = self.connection.recv(65536)
+                except OSError:
+                    data = b""
+                if not data:
+                    break
+                self.wfile.write(data)
+            self.close_connection = True
+            return
         out = json.dumps(rec).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -46,6 +64,15 @@ threading.Thread(target=serve, args=(80, False), daemon=True).start()
 open("/tmp/ready", "w").close()
 serve(443, True)
 "#;
+
+/// The egress gateway image the tests run: `DAIV_SANDBOX_EGRESS_PROXY_IMAGE` when set (a build
+/// of one's own, e.g. `daiv-sandbox-egress:dev`), else the local image `make images` builds.
+pub fn gateway_image() -> String {
+    std::env::var("DAIV_SANDBOX_EGRESS_PROXY_IMAGE")
+        .ok()
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| "daiv-sandbox-egress:local".to_string())
+}
 
 /// Names the upstream answers to (network aliases on the test network).
 pub const UPSTREAM_NAMES: &[&str] = &[
@@ -221,4 +248,150 @@ pub fn gateway_of(session_id: &str) -> Result<(String, String)> {
         "label=daiv.sandbox.role=egress-gateway",
     ])?;
     Ok((token, gateway))
+}
+
+/// A plain-HTTP echo server (the [`ECHO_SERVER`] records, no TLS) on one port, alone on a
+/// network the test creates with a private (RFC 1918) subnet, reachable under `names`: a
+/// development stack's service, such as DAIV's GitLab at `http://gitlab:8929`. Both removed
+/// on drop.
+pub struct PrivateUpstream {
+    pub network: String,
+    pub subnet: String,
+    pub container: String,
+    dir: PathBuf,
+}
+
+const PLAIN_ECHO_SERVER: &str = r#"
+import http.server, json, sys
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def handle_any(self):
+        n = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(n) if n else b""
+        rec = {"method": self.command, "path": self.path,
+               "headers": {k.lower(): v for k, v in self.headers.items()}, "body_len": len(body)}
+        with open("/tmp/requests.jsonl", "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        out = json.dumps(rec).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(out)
+    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = handle_any
+    def log_message(self, *args):
+        pass
+srv = http.server.ThreadingHTTPServer(("0.0.0.0", int(sys.argv[1])), H)
+open("/tmp/ready", "w").close()
+srv.serve_forever()
+"#;
+
+impl PrivateUpstream {
+    pub fn start(image: &str, names: &[&str], port: u16) -> Result<Self> {
+        let tag = format!("{:x}", rand_u64());
+        let network = format!("daiv-e2e-private-{tag}");
+        // A /24 of 10.0.0.0/8 of our own (the feature under test is about RFC 1918 addresses;
+        // Docker's default pools run out when many tests create networks at once).
+        let mut subnet = String::new();
+        for attempt in 0..16u64 {
+            let n = (rand_u64().wrapping_add(attempt)) % 4096;
+            let candidate = format!("10.{}.{}.0/24", 200 + n / 256, n % 256);
+            match docker(&[
+                "network",
+                "create",
+                "--label",
+                "daiv.e2e=1",
+                "--subnet",
+                &candidate,
+                &network,
+            ]) {
+                Ok(_) => {
+                    subnet = candidate;
+                    break;
+                }
+                Err(e) if e.to_string().contains("overlap") => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        if subnet.is_empty() {
+            bail!("no free test subnet in 10.200.0.0/12");
+        }
+        let dir = std::env::temp_dir().join(format!("daiv-e2e-private-{tag}"));
+        std::fs::create_dir_all(&dir)?;
+        std::fs::write(dir.join("server.py"), PLAIN_ECHO_SERVER)?;
+        let mut args = vec![
+            "run".to_string(),
+            "-d".into(),
+            "--pull".into(),
+            "never".into(),
+            "--label".into(),
+            "daiv.e2e=1".into(),
+            "--network".into(),
+            network.clone(),
+            "-v".into(),
+            format!("{}:/srv:ro", dir.display()),
+        ];
+        for name in names {
+            args.push("--network-alias".into());
+            args.push((*name).into());
+        }
+        args.extend([
+            image.to_string(),
+            "python3".into(),
+            "/srv/server.py".into(),
+            port.to_string(),
+        ]);
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let container = match docker(&refs) {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = docker(&["network", "rm", &network]);
+                return Err(e);
+            }
+        };
+        let up = Self {
+            network,
+            subnet,
+            container,
+            dir,
+        };
+        for _ in 0..100 {
+            if docker(&["exec", &up.container, "test", "-f", "/tmp/ready"]).is_ok() {
+                return Ok(up);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        bail!(
+            "private upstream did not start: {}",
+            docker(&["logs", &up.container]).unwrap_or_default()
+        )
+    }
+
+    /// Every request the upstream has seen, oldest first.
+    pub fn requests(&self) -> Result<Vec<Value>> {
+        let out = docker(&[
+            "exec",
+            &self.container,
+            "sh",
+            "-c",
+            "cat /tmp/requests.jsonl 2>/dev/null || true",
+        ])?;
+        out.lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| serde_json::from_str(l).context("request record"))
+            .collect()
+    }
+
+    pub fn dir(&self) -> &PathBuf {
+        &self.dir
+    }
+}
+
+impl Drop for PrivateUpstream {
+    fn drop(&mut self) {
+        let _ = docker(&["rm", "-fv", &self.container]);
+        let _ = docker(&["network", "rm", &self.network]);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }

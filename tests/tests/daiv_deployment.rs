@@ -6,12 +6,11 @@
 
 use anyhow::{Context, Result, ensure};
 use base64::Engine as _;
-use e2e::egress::{Upstream, egress_ca_files};
+use e2e::egress::{Upstream, egress_ca_files, gateway_image};
 use e2e::workspace::{Member, gzip, tar_of, validate};
 use e2e::{ControlPlane, DEBIAN, containers_with, require_image};
 use serde_json::{Value, json};
 
-const GATEWAY_IMAGE: &str = "daiv-sandbox-egress:local";
 const TOKEN: &str = "glpat-daivDeploymentToken42";
 
 /// DAIV's client: an `httpx.AsyncClient(base_url=SANDBOX_URL)` and relative paths.
@@ -60,7 +59,8 @@ fn b64(data: &[u8]) -> String {
 #[tokio::test]
 async fn a_daiv_turn_with_egress_works_on_the_documented_bare_url() -> Result<()> {
     require_image(DEBIAN);
-    require_image(GATEWAY_IMAGE);
+    let image = gateway_image();
+    require_image(&image);
     let up = Upstream::start(DEBIAN)?;
     let (cert, key, upstream_ca) = egress_ca_files(&up)?;
     let cp = ControlPlane::start_with(&[
@@ -70,7 +70,7 @@ async fn a_daiv_turn_with_egress_works_on_the_documented_bare_url() -> Result<()
         ("EGRESS_UPSTREAM_CA_FILE", upstream_ca.as_str()),
         ("EGRESS_ALLOWED_CIDRS", up.subnet.as_str()),
         ("EGRESS_PROXY_NETWORK", up.network.as_str()),
-        ("EGRESS_PROXY_IMAGE", GATEWAY_IMAGE),
+        ("EGRESS_PROXY_IMAGE", image.as_str()),
     ])
     .await?;
     let daiv = DaivClient {

@@ -4,12 +4,11 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use e2e::egress::{Upstream, egress_ca_files, gateway_of};
+use e2e::egress::{Upstream, egress_ca_files, gateway_image, gateway_of};
 use e2e::{ControlPlane, DEBIAN, Session, docker, inspect, require_image};
 use reqwest::Method;
 use serde_json::{Value, json};
 
-const GATEWAY_IMAGE: &str = "daiv-sandbox-egress:local";
 const SECRET: &str = "ghp_e2eSecretValue0123456789";
 
 struct Stack {
@@ -23,7 +22,8 @@ async fn stack() -> Result<Stack> {
 
 async fn stack_with(extra: &[(&str, &str)]) -> Result<Stack> {
     require_image(DEBIAN);
-    require_image(GATEWAY_IMAGE);
+    let image = gateway_image();
+    require_image(&image);
     let up = Upstream::start(DEBIAN)?;
     let (cert, key, upstream_ca) = egress_ca_files(&up)?;
     let mut settings = vec![
@@ -32,7 +32,7 @@ async fn stack_with(extra: &[(&str, &str)]) -> Result<Stack> {
         ("EGRESS_UPSTREAM_CA_FILE", upstream_ca.as_str()),
         ("EGRESS_ALLOWED_CIDRS", up.subnet.as_str()),
         ("EGRESS_PROXY_NETWORK", up.network.as_str()),
-        ("EGRESS_PROXY_IMAGE", GATEWAY_IMAGE),
+        ("EGRESS_PROXY_IMAGE", image.as_str()),
     ];
     settings.extend_from_slice(extra);
     let cp = ControlPlane::start_with(&settings).await?;

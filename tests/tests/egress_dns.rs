@@ -22,11 +22,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use e2e::egress::{Upstream, egress_ca_files};
+use e2e::egress::{Upstream, egress_ca_files, gateway_image};
 use e2e::{ControlPlane, DEBIAN, docker, inspect, require_image};
 use serde_json::{Value, json};
-
-const GATEWAY_IMAGE: &str = "daiv-sandbox-egress:local";
 
 /// Passive capture: one `AF_PACKET`/`ETH_P_ALL` socket (every interface of the namespace, also
 /// those created after it opened). Prints `ready`, then one JSON line per DNS-port packet (UDP
@@ -235,7 +233,8 @@ fn random_label(prefix: &str) -> String {
 
 async fn dns_is_not_a_side_channel(runtime: &str) -> Result<()> {
     require_image(DEBIAN);
-    require_image(GATEWAY_IMAGE);
+    let image = gateway_image();
+    require_image(&image);
     let up = Upstream::start(DEBIAN)?;
     let (cert, key, upstream_ca) = egress_ca_files(&up)?;
     let cp = ControlPlane::start_with(&[
@@ -245,7 +244,7 @@ async fn dns_is_not_a_side_channel(runtime: &str) -> Result<()> {
         ("EGRESS_UPSTREAM_CA_FILE", upstream_ca.as_str()),
         ("EGRESS_ALLOWED_CIDRS", up.subnet.as_str()),
         ("EGRESS_PROXY_NETWORK", up.network.as_str()),
-        ("EGRESS_PROXY_IMAGE", GATEWAY_IMAGE),
+        ("EGRESS_PROXY_IMAGE", image.as_str()),
     ])
     .await?;
     let s = cp

@@ -6,11 +6,10 @@
 //! that the gateway's SSRF guard still refuses a loopback destination the proxy would reach.
 
 use anyhow::{Context, Result, bail};
-use e2e::egress::{Upstream, egress_ca_files, gateway_of};
+use e2e::egress::{Upstream, egress_ca_files, gateway_image, gateway_of};
 use e2e::{ControlPlane, DEBIAN, Session, docker, require_image};
 use serde_json::{Value, json};
 
-const GATEWAY_IMAGE: &str = "daiv-sandbox-egress:local";
 const SECRET: &str = "ghp_e2eProxiedSecret0123456789";
 /// The proxy's name on the test network, and its credentials (`:` in the password is
 /// percent-encoded in the URL, as an operator would have to).
@@ -196,7 +195,8 @@ fn last_request(up: &Upstream, path: &str) -> Result<Option<Value>> {
 async fn sandbox_egress_chains_through_an_upstream_proxy_with_the_guard_still_applied() -> Result<()>
 {
     require_image(DEBIAN);
-    require_image(GATEWAY_IMAGE);
+    let image = gateway_image();
+    require_image(&image);
     let up = Upstream::start(DEBIAN)?;
     let proxy = Proxy::start(&up)?;
     let upstream_ip = ip_on(&up.container, &up.network)?;
@@ -212,7 +212,7 @@ async fn sandbox_egress_chains_through_an_upstream_proxy_with_the_guard_still_ap
         ("EGRESS_UPSTREAM_CA_FILE", upstream_ca.as_str()),
         ("EGRESS_ALLOWED_CIDRS", up.subnet.as_str()),
         ("EGRESS_PROXY_NETWORK", up.network.as_str()),
-        ("EGRESS_PROXY_IMAGE", GATEWAY_IMAGE),
+        ("EGRESS_PROXY_IMAGE", image.as_str()),
         ("EGRESS_UPSTREAM_PROXY", proxy_url.as_str()),
     ])
     .await?;

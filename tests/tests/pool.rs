@@ -7,15 +7,13 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use e2e::egress::{TestCa, Upstream};
+use e2e::egress::{TestCa, Upstream, gateway_image};
 use e2e::{
     BUSYBOX, ControlPlane, DEBIAN, DeploymentGuard, Session, containers_with, docker, eventually,
     inspect, networks_with, require_image,
 };
 use reqwest::Method;
 use serde_json::json;
-
-const GATEWAY_IMAGE: &str = "daiv-sandbox-egress:local";
 
 fn deployment(tag: &str) -> String {
     format!("e2e-pool-{tag}-{}-{:x}", std::process::id(), rand_u32())
@@ -331,7 +329,8 @@ struct EgressStack {
 
 fn egress_stack() -> Result<EgressStack> {
     require_image(DEBIAN);
-    require_image(GATEWAY_IMAGE);
+    let image = gateway_image();
+    require_image(&image);
     let up = Upstream::start(DEBIAN)?;
     let ca = TestCa::new("daiv e2e pool egress CA")?;
     let cert = up.dir().join("egress-ca.crt");
@@ -345,7 +344,7 @@ fn egress_stack() -> Result<EgressStack> {
         ("EGRESS_UPSTREAM_CA_FILE", upstream_ca.display().to_string()),
         ("EGRESS_ALLOWED_CIDRS", up.subnet.clone()),
         ("EGRESS_PROXY_NETWORK", up.network.clone()),
-        ("EGRESS_PROXY_IMAGE", GATEWAY_IMAGE.to_string()),
+        ("EGRESS_PROXY_IMAGE", image.clone()),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))

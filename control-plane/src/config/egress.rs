@@ -32,6 +32,11 @@ pub struct EgressConfig {
     pub upstream_proxy: Option<Secret>,
     /// Address pool the per-session internal networks are carved from (one /29 each).
     pub subnet_pool: ipnet::Ipv4Net,
+    /// Hosts (`host` or `host:port`, exact names) gateways let the sandbox reach in plain HTTP
+    /// on private addresses, credential included: development stacks only (a GitLab on the
+    /// compose network at `http://gitlab:8929`). Empty = off, the default. An operator setting,
+    /// never a policy field: an agent must not be able to send its credentials in clear.
+    pub plain_http_hosts: Vec<shared_policy::sidecar::PlainHttpHost>,
 }
 
 impl EgressConfig {
@@ -132,6 +137,16 @@ impl EgressConfig {
             );
         }
 
+        let plain_http_hosts = match p.get("EGRESS_PLAIN_HTTP_HOSTS") {
+            Some(raw) => {
+                shared_policy::sidecar::PlainHttpHost::parse_list(&raw).unwrap_or_else(|why| {
+                    p.fail("EGRESS_PLAIN_HTTP_HOSTS", &raw, why);
+                    Vec::new()
+                })
+            }
+            None => Vec::new(),
+        };
+
         Self {
             proxy_image,
             proxy_port,
@@ -144,6 +159,7 @@ impl EgressConfig {
             upstream_ca_file,
             upstream_proxy,
             subnet_pool,
+            plain_http_hosts,
         }
     }
 }

@@ -27,6 +27,31 @@ fn upstream_proxy_is_validated_and_never_echoed() {
     );
 }
 
+#[test]
+fn plain_http_hosts_are_off_by_default_and_exact_names() {
+    let c = load(&env(&[("API_KEY", "k")])).expect("defaults");
+    assert!(c.egress.plain_http_hosts.is_empty());
+    let c = load(&env(&[
+        ("API_KEY", "k"),
+        ("EGRESS_PLAIN_HTTP_HOSTS", "GitLab:8929, registry.test"),
+    ]))
+    .expect("valid list");
+    let shown: Vec<String> = c
+        .egress
+        .plain_http_hosts
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(shown, ["gitlab:8929", "registry.test"]);
+    for bad in ["*.gitlab.test", "gitlab:0", "git lab"] {
+        let e = errors(&[("API_KEY", "k"), ("EGRESS_PLAIN_HTTP_HOSTS", bad)]);
+        assert!(
+            e.len() == 1 && e[0].starts_with("DAIV_SANDBOX_EGRESS_PLAIN_HTTP_HOSTS="),
+            "{bad}: {e:?}"
+        );
+    }
+}
+
 fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
     pairs
         .iter()

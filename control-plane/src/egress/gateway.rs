@@ -84,7 +84,22 @@ impl Egress {
                 sidecar::env::CA_KEY_FILE.to_string(),
                 path(sidecar::CA_KEY_FILE),
             ),
+            // Loopback of the gateway's own network namespace: the acknowledgement (an exec in
+            // the gateway) reaches it, the sandbox does not.
+            (
+                sidecar::env::HEALTH_LISTEN.to_string(),
+                sidecar::DEFAULT_HEALTH_LISTEN.to_string(),
+            ),
         ];
+        if !c.egress.plain_http_hosts.is_empty() {
+            let hosts: Vec<String> = c
+                .egress
+                .plain_http_hosts
+                .iter()
+                .map(ToString::to_string)
+                .collect();
+            env.push((sidecar::env::PLAIN_HTTP_HOSTS.to_string(), hosts.join(",")));
+        }
         if !c.egress.allowed_cidrs.is_empty() {
             let cidrs: Vec<String> = c
                 .egress

@@ -41,10 +41,14 @@
 //! acknowledgement exec + exit code (5).
 //!
 //! Policy installs are atomic and acknowledged (the contract is `shared_policy::sidecar`): the
-//! file carries a `version` (its content hash); a refresh extracts it as the staging file beside
-//! `config.json` (an extraction writes in place, and the image has no shell to rename with), the
+//! file carries a `version` (a keyed hash of its content, see [`version`]); a refresh extracts
+//! it as the staging file beside `config.json` (an extraction writes in place, and the image
+//! has no shell to rename with), the
 //! gateway renames it over `config.json` once it is complete, and the control plane runs the
 //! gateway's own `health --expect-version V` inside the gateway until it reports that version.
+//! The gateway answers that on a loopback listener of its own network namespace: the sandbox
+//! can neither read the version there nor exhaust the listener (its connection slots are the
+//! proxy port's).
 //! Only then is the update answered 204 (503 after [`POLICY_ACK_TIMEOUT`]); session create waits
 //! the same way for the first policy.
 //!
@@ -54,6 +58,7 @@
 //!   the listing the reaper's orphan sweep reads.
 //! - `gateway`: the gateway's container spec and config archive, readiness and restart.
 //! - `policy`: parsing the API's policy body, installing a policy and its acknowledgement.
+//! - [`version`]: the keyed version a policy is labelled with.
 //!
 //! [`Sessions::refresh_egress`]: crate::session::Sessions::refresh_egress
 //! [`Sessions::ensure_running`]: crate::session::Sessions::ensure_running
@@ -74,6 +79,7 @@ mod error;
 mod gateway;
 mod policy;
 pub mod triad;
+pub mod version;
 
 pub use error::EgressError;
 
@@ -100,6 +106,8 @@ pub struct Egress {
     ca_cert: Bytes,
     ca_key: Bytes,
     upstream_ca: Option<Bytes>,
+    /// Labels every policy installed, keyed by the CA key.
+    versions: version::PolicyVersions,
 }
 
 impl Egress {
@@ -118,12 +126,14 @@ impl Egress {
             Some(p) => Some(Bytes::from(std::fs::read(p)?)),
             None => None,
         };
+        let versions = version::PolicyVersions::from_ca_key(&ca_key);
         Ok(Some(Self {
             engine,
             config,
             ca_cert,
             ca_key,
             upstream_ca,
+            versions,
         }))
     }
 
@@ -131,7 +141,7 @@ impl Egress {
     pub fn fingerprint(&self) -> String {
         let c = &self.config;
         format!(
-            "{}|{}|{}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{}|{}|{}|{}",
+            "{}|{}|{}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{}|{}|{}|{}|{:?}",
             c.egress.proxy_image,
             c.egress.proxy_port,
             c.egress.proxy_runtime.as_str(),
@@ -148,6 +158,11 @@ impl Egress {
             fnv(&self.ca_key),
             self.upstream_ca.as_deref().map_or(0, fnv),
             c.egress.subnet_pool,
+            c.egress
+                .plain_http_hosts
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>(),
         )
     }
 }

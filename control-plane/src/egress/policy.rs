@@ -103,7 +103,7 @@ impl Egress {
     /// its version.
     pub async fn refresh(&self, triad: &Triad, policy: &PolicyFile) -> Result<(), EgressError> {
         self.ensure_gateway(triad).await?;
-        let policy = policy.clone().with_content_version();
+        let policy = self.versions.label(policy);
         let version = policy.version.clone().unwrap_or_default();
         let tar = config_tar(
             &[(sidecar::POLICY_STAGING_FILE, policy_json(&policy)?, 0o600)],
@@ -129,7 +129,7 @@ impl Egress {
         policy: &PolicyFile,
         ready: Option<Writer>,
     ) -> Result<(), EgressError> {
-        let policy = policy.clone().with_content_version();
+        let policy = self.versions.label(policy);
         let version = policy.version.clone().unwrap_or_default();
         let content = policy_json(&policy)?;
         let run = async {

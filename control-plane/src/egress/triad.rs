@@ -255,7 +255,7 @@ impl Egress {
         let gateway_ip = IpAddr::V4(Ipv4Addr::from(base + 2));
         let sandbox_ip = IpAddr::V4(Ipv4Addr::from(base + 3));
 
-        let policy = policy.clone().with_content_version();
+        let policy = self.versions.label(policy);
         let spec = self.gateway_spec(&token, gateway_ip, &policy, helper)?;
         let gateway = self.engine.create(&spec).await?;
         created.gateways.push(gateway.clone());

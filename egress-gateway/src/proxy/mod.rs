@@ -55,10 +55,10 @@ pub const MAX_BUF_SIZE: usize = 64 * 1024;
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 /// The reason-code header on a 403.
 pub const DENIED_HEADER: &str = "x-egress-denied";
-/// Origin-form path that answers 200 when the gateway is listening (readiness probes), with the
-/// enforced policy's version in [`VERSION_HEADER`].
+/// The health path, answered on the health listener ([`crate::health`]) only: on the proxy port
+/// it is a 400 like any other origin-form request.
 pub const HEALTH_PATH: &str = shared_policy::sidecar::HEALTH_PATH;
-/// The enforced policy's `version`, on health answers and denials.
+/// The enforced policy's `version`, on health answers (never on the proxy port).
 pub const VERSION_HEADER: &str = shared_policy::sidecar::VERSION_HEADER;
 
 /// Resource bounds of one gateway. The defaults are the constants above; tests shorten the
@@ -121,6 +121,9 @@ pub struct Ctx {
     pub shadow: bool,
     /// Counters (decisions are counted by the audit sink; latency here).
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// Hosts reachable in plain HTTP on private addresses, with their credential
+    /// (`--plain-http-hosts`; development stacks only).
+    pub plain_http: Vec<shared_policy::sidecar::PlainHttpHost>,
 }
 
 impl Ctx {
@@ -128,6 +131,11 @@ impl Ctx {
     /// or broken policy is enforced even in shadow mode (fail closed).
     pub fn shadow_for(&self, policy: &shared_policy::Evaluator) -> bool {
         !policy.is_deny_all() && (self.shadow || policy.is_shadow())
+    }
+
+    /// Whether a plaintext request to `host:port` falls under the operator's plain-HTTP opt-in.
+    pub fn plain_http(&self, host: &Host, port: u16) -> bool {
+        self.plain_http.iter().any(|p| p.matches(host, port))
     }
 }
 
@@ -260,7 +268,8 @@ async fn accept_conn(
     }
 }
 
-/// CONNECT, absolute-form plaintext, or (origin-form) the health probe.
+/// CONNECT or absolute-form plaintext; anything else (origin-form, the health path included:
+/// it has a listener of its own) is a 400.
 async fn route(req: Request<Incoming>, ctx: Arc<Ctx>, client: Arc<ClientConn>) -> Response<Body> {
     if req.method() == Method::CONNECT {
         return connect::connect(req, ctx, client).await;
@@ -281,39 +290,10 @@ async fn route(req: Request<Incoming>, ctx: Arc<Ctx>, client: Arc<ClientConn>) -
         },
         // `GET https://...` to a proxy asks it to originate TLS; clients use CONNECT for that.
         (Some(_), Some(_)) => error_response(&ProxyError::BadRequest("use CONNECT for https")),
-        _ if uri.path() == HEALTH_PATH || uri.path() == HEALTH_PATH.trim_end_matches('/') => {
-            health_response(&ctx, wants_json(req.headers()))
-        }
         _ => error_response(&ProxyError::BadRequest(
             "not a proxy request (absolute-form or CONNECT expected)",
         )),
     }
-}
-
-/// `GET /-/health/`: `200`, the enforced policy's version in [`VERSION_HEADER`], and `ok` (or,
-/// for a client that accepts JSON, `{"status", "policy", "policy_version", "shadow"}`).
-fn health_response(ctx: &Ctx, json: bool) -> Response<Body> {
-    let policy = ctx.policy.current();
-    let mut resp = if json {
-        let doc = serde_json::json!({
-            "status": "ok",
-            "policy": if policy.is_deny_all() { "unavailable" } else { "loaded" },
-            "policy_version": policy.version(),
-            "shadow": ctx.shadow_for(&policy),
-        });
-        let mut resp = Response::new(body::full(format!("{doc}\n")));
-        resp.headers_mut().insert(
-            http::header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        resp
-    } else {
-        Response::new(body::full("ok\n"))
-    };
-    if let Some(v) = policy.version().and_then(|v| HeaderValue::from_str(v).ok()) {
-        resp.headers_mut().insert(VERSION_HEADER, v);
-    }
-    resp
 }
 
 /// Whether the client asked for JSON: an `Accept` media range `application/json` or `*/*+json`
@@ -340,6 +320,10 @@ pub fn wants_json(headers: &http::HeaderMap) -> bool {
 /// The answer to a refused or failed exchange, with its audit record completed (decision,
 /// reason, status, duration); the caller writes the record. A denial is a 403 with the reason
 /// code in [`DENIED_HEADER`], and a JSON body when `json` (see [`deny_response`]).
+///
+/// The policy's version is not in it: the agent has nothing to compare it with (the API never
+/// returns it), the operator has it in the audit line of the same denial, and any label of the
+/// policy tells the sandbox when its policy changed and whether two policies are the same.
 pub fn refuse(
     err: &ProxyError,
     record: &mut crate::audit::AuditRecord,
@@ -350,27 +334,18 @@ pub fn refuse(
     record.decision = if denied { "deny" } else { "error" };
     record.enforced = true;
     record.reason = err.code();
-    let mut resp = match err {
+    let resp = match err {
         ProxyError::Denied(code) if json => deny_json_response(*code, record),
         ProxyError::Denied(code) => deny_response(*code),
         other => error_response(other),
     };
-    // Every denial says which policy decided it, whatever its body.
-    if denied
-        && let Some(v) = record
-            .policy_version
-            .as_deref()
-            .and_then(|v| HeaderValue::from_str(v).ok())
-    {
-        resp.headers_mut().insert(VERSION_HEADER, v);
-    }
     record.status = Some(resp.status().as_u16());
     record.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     resp
 }
 
 /// The typed denial: `{"error": "egress_denied", "reason", "detail", "host", "method", "rule"?,
-/// "path"?, "policy_version"}` (`policy_version` is `null` when the policy has none).
+/// "path"?}`. No policy version (see [`refuse`]).
 pub fn deny_json_response(code: DenyCode, record: &crate::audit::AuditRecord) -> Response<Body> {
     let mut doc = serde_json::json!({
         "error": "egress_denied",
@@ -378,7 +353,6 @@ pub fn deny_json_response(code: DenyCode, record: &crate::audit::AuditRecord) ->
         "detail": code.describe(),
         "host": record.host,
         "method": record.method,
-        "policy_version": record.policy_version,
     });
     if let Some(map) = doc.as_object_mut() {
         if let Some(rule) = &record.rule {

@@ -8,6 +8,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, Uri, Version};
 use hyper::body::Incoming;
 use shared_policy::{Host, Injection};
+use tokio::sync::watch;
 
 use super::body::{AuditedBody, Body, CountingBody, PendingAudit};
 use super::{Ctx, refuse, upstream};
@@ -75,12 +76,20 @@ pub async fn handle(
 async fn forward(
     mut req: Request<Incoming>,
     binding: &Binding,
-    ctx: &Ctx,
+    ctx: &Arc<Ctx>,
     record: &mut AuditRecord,
 ) -> Result<Response<Body>, ProxyError> {
     let started = Instant::now();
+    // The operator's plain-HTTP opt-in (development stacks): said on every audit line of such
+    // an exchange, whatever its outcome.
+    let plain_http = !binding.tls && ctx.plain_http(&binding.host, binding.port);
+    record.plain_http_opt_in = plain_http;
     check_destination(&req, binding)?;
 
+    // A WebSocket handshake (HTTP/1.1 Upgrade) is decided like any request; once upgraded it
+    // is re-checked on every reload, so it listens for them from before the policy is read.
+    let websocket = websocket_protocol(&req);
+    let changes = websocket.as_ref().map(|_| ctx.policy.subscribe());
     // Re-read per request: a tightened policy applies to connections that are already open.
     let policy = ctx.policy.current();
     record.policy_version = policy.version().map(str::to_owned);
@@ -101,8 +110,10 @@ async fn forward(
         record.enforced = false;
     }
     // Credentials only travel inside TLS. Forwarding without the credential would surprise the
-    // agent with a 401 from the upstream; refusing says why.
-    if decision.inject.is_some() && !binding.tls {
+    // agent with a 401 from the upstream; refusing says why. The exception is the operator's
+    // plain-HTTP opt-in: such a host is dialled on private networks only (`private_plain`), so
+    // its credential, in clear, stays on them.
+    if decision.inject.is_some() && !binding.tls && !plain_http {
         record.reason = DenyCode::TlsRequired.code();
         return Err(ProxyError::Denied(DenyCode::TlsRequired));
     }
@@ -114,12 +125,16 @@ async fn forward(
     }
     record.injected = decision.inject.as_ref().map(|i| i.header.clone());
 
-    // A WebSocket handshake (HTTP/1.1 Upgrade), decided like any request: the upgrade headers
-    // are carried upstream, and on a 101 both sides are spliced.
-    let websocket = websocket_protocol(&req);
+    // A WebSocket handshake: the upgrade headers are carried upstream, and on a 101 both sides
+    // are spliced.
     let client_upgrade = websocket.as_ref().map(|_| hyper::upgrade::on(&mut req));
+    let handshake = websocket.as_ref().map(|_| Handshake {
+        method: req.method().as_str().to_owned(),
+        path: req.uri().path().to_owned(),
+        injected: decision.inject.clone(),
+    });
     let up = upstream::counter();
-    let client = ctx.upstreams.for_version(req.version());
+    let client = ctx.upstreams.for_request(req.version(), plain_http);
     let mut upstream_req =
         build_upstream_request(req, binding, decision.inject.as_ref(), up.clone())?;
     if let Some(protocol) = &websocket {
@@ -136,7 +151,8 @@ async fn forward(
         .map_err(upstream::classify)?;
     ctx.metrics.upstream_latency(sent.elapsed());
     let mut resp = resp;
-    if let Some(client_upgrade) = client_upgrade
+    if let (Some(client_upgrade), Some(handshake), Some(changes)) =
+        (client_upgrade, handshake, changes)
         && resp.status() == http::StatusCode::SWITCHING_PROTOCOLS
     {
         let upstream_upgrade = hyper::upgrade::on(&mut resp);
@@ -157,13 +173,12 @@ async fn forward(
             record: record.clone(),
             started,
             client: binding.client.clone(),
+            host: binding.host.clone(),
+            handshake,
+            changes,
         };
-        ctx.tasks.spawn(splice.run(
-            client_upgrade,
-            upstream_upgrade,
-            ctx.audit.clone(),
-            ctx.limits.idle_timeout,
-        ));
+        ctx.tasks
+            .spawn(splice.run(client_upgrade, upstream_upgrade, ctx.clone()));
         return Ok(Response::from_parts(parts, super::body::empty()));
     }
 
@@ -198,12 +213,37 @@ fn websocket_protocol(req: &Request<Incoming>) -> Option<HeaderValue> {
         .then(|| upgrade.clone())
 }
 
-/// An upgraded exchange: both sides' connections, spliced until either closes or the client
-/// connection idles out; its audit line (with the byte counts) is written at the end.
+/// An upgraded exchange: both sides' connections, spliced until either closes, the client
+/// connection idles out, or a policy reload revokes it; its audit line (with the byte counts)
+/// is written at the end.
 struct Splice {
     record: AuditRecord,
     started: Instant,
     client: Option<Arc<super::ClientConn>>,
+    /// The bound host.
+    host: Host,
+    /// What the handshake was decided on, to decide it again on a reload.
+    handshake: Handshake,
+    /// Policy reloads since the handshake was decided.
+    changes: watch::Receiver<u64>,
+}
+
+/// The parts of a WebSocket handshake its decision depends on.
+struct Handshake {
+    method: String,
+    path: String,
+    /// The credential it was opened with.
+    injected: Option<Injection>,
+}
+
+/// Why the splice loop stopped.
+enum Ended {
+    /// Either side closed (or failed).
+    Closed,
+    /// No byte moved for the idle timeout.
+    Idle,
+    /// A reload: the current policy would not allow the exchange as it was opened.
+    Revoked(DenyCode),
 }
 
 impl Splice {
@@ -211,8 +251,7 @@ impl Splice {
         mut self,
         client: hyper::upgrade::OnUpgrade,
         upstream: hyper::upgrade::OnUpgrade,
-        audit: Arc<dyn crate::audit::AuditSink>,
-        idle: Duration,
+        ctx: Arc<Ctx>,
     ) {
         match tokio::try_join!(client, upstream) {
             Ok((c, u)) => {
@@ -220,18 +259,46 @@ impl Splice {
                 // the copy) still leaves the byte counts.
                 let mut c = super::io::Metered::new(hyper_util::rt::TokioIo::new(c), None);
                 let mut u = hyper_util::rt::TokioIo::new(u);
-                let copy = tokio::io::copy_bidirectional(&mut c, &mut u);
-                let idle_out = async {
-                    match &self.client {
-                        Some(conn) => conn.activity.idle_for(idle).await,
-                        None => std::future::pending().await,
+                let ended = {
+                    let copy = tokio::io::copy_bidirectional(&mut c, &mut u);
+                    tokio::pin!(copy);
+                    let idle_out = async {
+                        match &self.client {
+                            Some(conn) => conn.activity.idle_for(ctx.limits.idle_timeout).await,
+                            None => std::future::pending().await,
+                        }
+                    };
+                    tokio::pin!(idle_out);
+                    let mut watching = true;
+                    loop {
+                        tokio::select! {
+                            res = &mut copy => {
+                                if let Err(error) = res {
+                                    tracing::debug!(%error, "websocket closed with an error");
+                                }
+                                break Ended::Closed;
+                            }
+                            () = &mut idle_out => break Ended::Idle,
+                            changed = self.changes.changed(), if watching => match changed {
+                                Ok(()) => if let Some(code) = self.revoked(&ctx) {
+                                    break Ended::Revoked(code);
+                                },
+                                Err(_) => watching = false,
+                            },
+                        }
                     }
                 };
-                tokio::select! {
-                    res = copy => if let Err(error) = res {
-                        tracing::debug!(%error, "websocket closed with an error");
-                    },
-                    () = idle_out => tracing::debug!("websocket idle; closing"),
+                match ended {
+                    Ended::Closed => {}
+                    Ended::Idle => tracing::debug!("websocket idle; closing"),
+                    Ended::Revoked(code) => {
+                        // Dropping both upgraded streams closes them: the sandbox's socket, and
+                        // the upstream session opened with the old policy's credential.
+                        tracing::info!(host = %self.host, reason = code.code(), "policy reload revoked a websocket; closing it");
+                        self.record.decision = "deny";
+                        self.record.enforced = true;
+                        self.record.reason = code.code();
+                    }
                 }
                 self.record.bytes_up = c.read;
                 self.record.bytes = c.written;
@@ -244,7 +311,24 @@ impl Splice {
         }
         self.record.duration_ms =
             u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        audit.record(&self.record);
+        ctx.audit.record(&self.record);
+    }
+
+    /// Why the current policy would not let this exchange continue, if it would not: its
+    /// handshake would be denied now (as tunnels are closed when their host is), or would
+    /// carry another credential than the one it was opened with, or none.
+    fn revoked(&self, ctx: &Ctx) -> Option<DenyCode> {
+        let policy = ctx.policy.current();
+        let h = &self.handshake;
+        let decision = policy.decide_http(&self.host, &h.method, Some(&h.path));
+        if !decision.allowed {
+            let code = DenyCode::Policy(decision.reason);
+            // Report-only: the exchange stays, without a credential (a denial carries none).
+            if !(ctx.shadow_for(&policy) && super::shadowable(code)) {
+                return Some(code);
+            }
+        }
+        (decision.inject != h.injected).then_some(DenyCode::CredentialChanged)
     }
 }
 
@@ -363,6 +447,24 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A secret value the policy accepts is one the gateway can inject (and the other way
+    /// round): the policy check and the header type agree on every character (issue 25 item 9).
+    #[test]
+    fn the_policy_accepts_exactly_the_header_values_the_gateway_can_send() {
+        let chars = (0u32..=0x2ff)
+            .chain([0x2028, 0x3000, 0xfeff, 0x1f600])
+            .filter_map(char::from_u32);
+        for c in chars {
+            let value = format!("Bearer a{c}b");
+            assert_eq!(
+                shared_policy::is_header_value(&value),
+                HeaderValue::from_str(&value).is_ok(),
+                "U+{:04X}",
+                u32::from(c)
+            );
+        }
+    }
 
     #[test]
     fn only_te_trailers_passes_and_only_once() {

@@ -191,6 +191,17 @@ fn percent_decode(s: &str) -> Vec<u8> {
 pub struct GuardedConnector {
     guard: Arc<AddressGuard>,
     proxy: Option<Arc<UpstreamProxy>>,
+    /// Which addresses the guard accepts.
+    reach: Reach,
+}
+
+/// The addresses a connector may dial.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Reach {
+    /// Global ones, and `--allowed-cidrs` ([`AddressGuard::resolve`]).
+    Guarded,
+    /// Private networks only ([`AddressGuard::resolve_private`]): the plain-HTTP opt-in.
+    PrivateNetwork,
 }
 
 impl tower_service::Service<Uri> for GuardedConnector {
@@ -205,6 +216,7 @@ impl tower_service::Service<Uri> for GuardedConnector {
     fn call(&mut self, uri: Uri) -> Self::Future {
         let guard = self.guard.clone();
         let proxy = self.proxy.clone();
+        let reach = self.reach;
         Box::pin(async move {
             let host = uri
                 .host()
@@ -218,7 +230,10 @@ impl tower_service::Service<Uri> for GuardedConnector {
                 } else {
                     80
                 });
-            let addrs = guard.resolve(&host, port).await?;
+            let addrs = match reach {
+                Reach::Guarded => guard.resolve(&host, port).await?,
+                Reach::PrivateNetwork => guard.resolve_private(&host, port).await?,
+            };
             connect_any(&addrs, proxy.as_deref())
                 .await
                 .map(TokioIo::new)
@@ -283,6 +298,9 @@ pub struct Upstreams {
     pub any: UpstreamClient,
     /// http/1.1 only.
     pub http1: UpstreamClient,
+    /// Plaintext requests under the plain-HTTP opt-in: dials private networks only, so a
+    /// credential sent in clear stays on them. A pool of its own, never shared with the others.
+    pub private_plain: UpstreamClient,
     /// Where upstream connections go through, if anywhere (blind tunnels use it too).
     pub proxy: Option<Arc<UpstreamProxy>>,
 }
@@ -311,22 +329,29 @@ impl Upstreams {
                 .pool_max_idle_per_host(POOL_MAX_IDLE_PER_HOST)
                 .build(https)
         };
+        let connector = |reach| GuardedConnector {
+            guard: guard.clone(),
+            proxy: proxy.clone(),
+            reach,
+        };
         Self {
-            any: pooled(builder().enable_http2().wrap_connector(GuardedConnector {
-                guard: guard.clone(),
-                proxy: proxy.clone(),
-            })),
-            http1: pooled(builder().wrap_connector(GuardedConnector {
-                guard,
-                proxy: proxy.clone(),
-            })),
+            any: pooled(
+                builder()
+                    .enable_http2()
+                    .wrap_connector(connector(Reach::Guarded)),
+            ),
+            http1: pooled(builder().wrap_connector(connector(Reach::Guarded))),
+            private_plain: pooled(builder().wrap_connector(connector(Reach::PrivateNetwork))),
             proxy,
         }
     }
 
-    /// The client for a request that arrived with `version`.
-    pub fn for_version(&self, version: http::Version) -> &UpstreamClient {
-        if version == http::Version::HTTP_2 {
+    /// The client for a request that arrived with `version`; `plain_http` for a plaintext
+    /// request under the plain-HTTP opt-in.
+    pub fn for_request(&self, version: http::Version, plain_http: bool) -> &UpstreamClient {
+        if plain_http {
+            &self.private_plain
+        } else if version == http::Version::HTTP_2 {
             &self.any
         } else {
             &self.http1

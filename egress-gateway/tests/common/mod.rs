@@ -28,6 +28,8 @@ pub const UPSTREAM_NAMES: &[&str] = &[
 
 pub struct Harness {
     pub gateway: SocketAddr,
+    /// The health listener (the version, the acknowledgement), apart from the proxy port.
+    pub health: SocketAddr,
     pub gateway_ca: TestCa,
     pub upstream_ca: TestCa,
     pub https: Upstream,
@@ -47,6 +49,8 @@ pub struct Options {
     pub shadow: bool,
     pub metrics: bool,
     pub upstream_proxy: Option<String>,
+    /// `--plain-http-hosts`.
+    pub plain_http_hosts: Vec<&'static str>,
 }
 
 impl Default for Options {
@@ -58,6 +62,7 @@ impl Default for Options {
             shadow: false,
             metrics: false,
             upstream_proxy: None,
+            plain_http_hosts: Vec::new(),
         }
     }
 }
@@ -107,12 +112,21 @@ pub async fn start_with(policy: serde_json::Value, opts: Options) -> Harness {
             .upstream_proxy
             .as_deref()
             .map(|u| egress_gateway::proxy::upstream::UpstreamProxy::parse(u).expect("proxy url")),
+        plain_http_hosts: opts
+            .plain_http_hosts
+            .iter()
+            .map(|h| shared_policy::sidecar::PlainHttpHost::parse(h).expect("plain http host"))
+            .collect(),
     };
     let gw = Gateway::new(config).expect("gateway");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let gateway = listener.local_addr().expect("addr");
+    let health_listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind health");
+    let health = health_listener.local_addr().expect("addr");
     let metrics = if opts.metrics {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -128,11 +142,12 @@ pub async fn start_with(policy: serde_json::Value, opts: Options) -> Harness {
         None
     };
     let (stop, stopped) = oneshot::channel::<()>();
-    tokio::spawn(gw.serve(listener, async move {
+    tokio::spawn(gw.serve(listener, health_listener, async move {
         let _ = stopped.await;
     }));
     Harness {
         gateway,
+        health,
         gateway_ca,
         upstream_ca,
         https,

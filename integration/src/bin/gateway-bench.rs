@@ -81,6 +81,8 @@ fn args() -> anyhow::Result<Args> {
 struct GatewayProc {
     child: Child,
     addr: SocketAddr,
+    /// Its health listener.
+    health: SocketAddr,
 }
 
 impl Drop for GatewayProc {
@@ -208,6 +210,10 @@ async fn setup(args: &Args) -> anyhow::Result<Env> {
         .local_addr()?
         .port();
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let health_port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let health = SocketAddr::from(([127, 0, 0, 1], health_port));
     let mut statics: Vec<String> = ["mitm.bench.test", "tunnel.bench.test", "denied.bench.test"]
         .iter()
         .map(|n| format!("{n}=127.0.0.1"))
@@ -216,6 +222,8 @@ async fn setup(args: &Args) -> anyhow::Result<Env> {
     let child = Command::new(args.gateway_bin())
         .arg("--listen")
         .arg(addr.to_string())
+        .arg("--health-listen")
+        .arg(health.to_string())
         .arg("--policy-file")
         .arg(&policy_path)
         .arg("--ca-cert-file")
@@ -235,7 +243,11 @@ async fn setup(args: &Args) -> anyhow::Result<Env> {
         .stderr(Stdio::inherit())
         .spawn()
         .with_context(|| format!("spawn {}", args.gateway_bin().display()))?;
-    let gw = GatewayProc { child, addr };
+    let gw = GatewayProc {
+        child,
+        addr,
+        health,
+    };
     let deadline = Instant::now() + Duration::from_secs(10);
     while TcpStream::connect(addr).await.is_err() {
         if Instant::now() > deadline {
@@ -499,7 +511,7 @@ async fn reload_latency(env: &Env) -> anyhow::Result<Vec<f64>> {
 /// host both versions allow is counted as spurious.
 async fn staged_install_latency(env: &Env, rounds: usize) -> anyhow::Result<(Vec<f64>, u64)> {
     let health = reqwest::Client::builder().no_proxy().build()?;
-    let health_url = format!("http://{}/-/health/", env.gw.addr);
+    let health_url = format!("http://{}/-/health/", env.gw.health);
     let staged = env.policy_path.with_file_name("config.json.staged");
     let client = env.client(Mode::Mitm, true)?;
     let url = env.url(Mode::Mitm, "/");

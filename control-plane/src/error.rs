@@ -1,8 +1,8 @@
 //! The one place a cause becomes an HTTP status and FastAPI's `{"detail": ...}` body.
 //!
 //! Domain modules return errors named by what happened ([`SessionError`], [`EgressError`],
-//! [`HelperError`], [`ProcessError`], [`SeedError`], [`FsOpError`], and the engine's and locks'
-//! own); each `From<Cause> for ApiError` below picks the status class, and [`ApiError`]'s
+//! [`HelperError`], [`ProcessError`], [`SeedError`], [`FsOpError`], admission's [`Refused`], and
+//! the engine's and locks' own); each `From<Cause> for ApiError` below picks the status class, and [`ApiError`]'s
 //! `IntoResponse` writes the body. The extractors whose rejections must have the same shape
 //! ([`ApiJson`], [`ApiQuery`]) live here too. Two rules hold for every body: the daemon's
 //! messages never reach it (they name host paths and registries: logged here instead), and
@@ -16,12 +16,13 @@
 use axum::Json;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{FromRequest, FromRequestParts, Request};
-use axum::http::StatusCode;
 use axum::http::request::Parts;
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use crate::admission::Refused;
 use crate::coordination::lock::LockError;
 use crate::egress::EgressError;
 use crate::engine::EngineError;
@@ -59,9 +60,13 @@ pub enum ApiError {
     Unprocessable(String),
     #[error("{0}")]
     PayloadTooLarge(String),
-    /// A per-session limit is reached (live background processes).
-    #[error("{0}")]
-    TooManyRequests(String),
+    /// A limit is reached: a session's live background processes, or every slot of an
+    /// admission class. `retry_after` (whole seconds, at least 1) becomes `Retry-After`.
+    #[error("{detail}")]
+    TooManyRequests {
+        detail: String,
+        retry_after: Option<std::time::Duration>,
+    },
     /// Retryable infrastructure trouble: Docker not answering, a restart that failed.
     #[error("{0}")]
     Unavailable(String),
@@ -79,7 +84,7 @@ impl ApiError {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            ApiError::TooManyRequests(_) => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -92,13 +97,24 @@ impl IntoResponse for ApiError {
         if status.is_server_error() {
             tracing::error!(error = ?self, "request failed");
         }
-        (
+        let retry_after = match &self {
+            ApiError::TooManyRequests {
+                retry_after: Some(after),
+                ..
+            } => Some(HeaderValue::from(after.as_secs_f64().ceil().max(1.0) as u64)),
+            _ => None,
+        };
+        let mut response = (
             status,
             Json(ErrorBody {
                 detail: self.to_string(),
             }),
         )
-            .into_response()
+            .into_response();
+        if let Some(after) = retry_after {
+            response.headers_mut().insert(header::RETRY_AFTER, after);
+        }
+        response
     }
 }
 
@@ -195,7 +211,11 @@ impl From<HelperError> for ApiError {
             E::Engine(e) => e.into(),
             E::NoSuchProcess => ApiError::NotFound,
             E::ProcessConflict(m) => ApiError::Conflict(m),
-            E::ProcessLimit(m) => ApiError::TooManyRequests(m),
+            // Retryable once one of the session's processes ends: when is not ours to say.
+            E::ProcessLimit(m) => ApiError::TooManyRequests {
+                detail: m,
+                retry_after: None,
+            },
             E::Rejected(m) | E::ProcessIo(m) => ApiError::Unprocessable(m),
             E::ArchiveRefused => ApiError::Unprocessable(e.to_string()),
             E::Unstartable(_)
@@ -256,6 +276,16 @@ impl From<FsOpError> for ApiError {
                 ApiError::Unprocessable(e.to_string())
             }
             FsOpError::Helper(e) => e.into(),
+        }
+    }
+}
+
+/// No slot of an admission class came free in time: retryable, and the client is told when.
+impl From<Refused> for ApiError {
+    fn from(e: Refused) -> Self {
+        ApiError::TooManyRequests {
+            retry_after: Some(e.retry_after),
+            detail: e.to_string(),
         }
     }
 }

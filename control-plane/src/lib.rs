@@ -4,7 +4,9 @@
 //! - [`config`]: `DAIV_SANDBOX_*` settings, validated all at once at start-up.
 //! - [`api`]: wire types, shaped like the reference's; [`openapi`] adds the document's links
 //!   (create → every session route) and the bounds the types cannot say.
-//! - [`routes`]: thin axum handlers; [`auth`] guards them with `X-API-Key`.
+//! - [`routes`]: thin axum handlers; [`auth`] guards them with `X-API-Key`; [`admission`] bounds
+//!   how many creates, seeds and fs operations are in flight (429 with `Retry-After` past a short
+//!   queue), so the service's memory follows its settings, not the size of a burst.
 //! - [`session`]: session lifecycle over the engine seam; commands through the runtime; its
 //!   errors in `session/error.rs`.
 //! - [`egress`]: the egress triad (network, gateway, sandbox wiring): the only code that creates,
@@ -35,6 +37,7 @@ use axum::middleware;
 use axum::routing::{get, post, put};
 use utoipa::OpenApi;
 
+pub mod admission;
 pub mod api;
 pub mod archive;
 pub mod auth;
@@ -76,6 +79,8 @@ pub struct AppState {
     /// Touched by [`AppState::lock`] at the start and end of every session operation.
     pub activity: Arc<dyn SessionActivity>,
     pub metrics: Arc<telemetry::metrics::Metrics>,
+    /// The slots of the create, seed and fs routes.
+    pub admission: Arc<admission::Admission>,
 }
 
 impl AppState {
@@ -110,6 +115,10 @@ impl AppState {
                 metrics.clone(),
             )),
             activity: Arc::new(LocalActivity::new(config.reaper.running_session_max_idle)),
+            admission: Arc::new(admission::Admission::new(
+                &config.admission,
+                metrics.clone(),
+            )),
             config,
             locks,
             metrics,
@@ -252,10 +261,16 @@ fn both<S: Clone + Send + Sync + 'static>(
 
 /// The whole HTTP surface; tests drive it in-process with a fake engine.
 pub fn app(state: AppState) -> Router {
-    use routes::{meta, session};
+    use routes::{admit, meta, session};
 
+    // Inside the key check (a route layer added below): a request without the key never takes a
+    // slot.
     let mut api = Router::new();
-    api = both(api, "/session/", post(session::create));
+    api = both(
+        api,
+        "/session/",
+        post(session::create).layer(middleware::from_fn_with_state(state.clone(), admit::create)),
+    );
     api = both(
         api,
         "/session/{session_id}/",
@@ -272,7 +287,9 @@ pub fn app(state: AppState) -> Router {
     api = both(
         api,
         "/session/{session_id}/seed/",
-        post(routes::seed::seed).layer(axum::extract::DefaultBodyLimit::disable()),
+        post(routes::seed::seed)
+            .layer(axum::extract::DefaultBodyLimit::disable())
+            .layer(middleware::from_fn_with_state(state.clone(), admit::seed)),
     );
     for (op, handler) in [
         ("ls", post(routes::fs::ls)),
@@ -283,7 +300,11 @@ pub fn app(state: AppState) -> Router {
         ("edit", post(routes::fs::edit)),
         ("delete", post(routes::fs::delete)),
     ] {
-        api = both(api, &format!("/session/{{session_id}}/fs/{op}/"), handler);
+        api = both(
+            api,
+            &format!("/session/{{session_id}}/fs/{op}/"),
+            handler.layer(middleware::from_fn_with_state(state.clone(), admit::fs)),
+        );
     }
     api = both(
         api,

@@ -54,6 +54,11 @@ pub struct Sessions {
     pub(crate) egress: Option<Egress>,
     /// The warm pool (inert when none is configured).
     pub(crate) pool: Pool,
+    /// The skeleton of every sandbox without files of its own (all but egress ones), built on
+    /// first use and shared: the helper binary is most of it (~3 MB, ~6 MB while the archive
+    /// grows), and a burst of creates each building its own copy made the service's peak memory
+    /// grow with the burst. Its entries carry the time it was built, not the session's.
+    shared_skeleton: std::sync::OnceLock<Bytes>,
 }
 
 /// Docker's own lower bound for a memory limit.
@@ -80,6 +85,7 @@ impl Sessions {
             config,
             egress,
             pool,
+            shared_skeleton: std::sync::OnceLock::new(),
         }
     }
 
@@ -284,12 +290,18 @@ impl Sessions {
             // and extraction are 5-20x faster there). Anonymous: removed with the container.
             volumes: vec![layout::WORKSPACE.to_string()],
             log_options: Vec::new(),
-            skeleton: Some(skeleton_tar(
-                c.sessions.run_uid,
-                c.sessions.run_gid,
-                extra_files,
-                self.helper.as_ref(),
-            )),
+            skeleton: Some(self.skeleton(extra_files)),
+        }
+    }
+
+    /// The skeleton archive of a sandbox with `extra_files` (the shared one when there are none).
+    fn skeleton(&self, extra_files: &[(String, Bytes)]) -> Bytes {
+        let (uid, gid) = (self.config.sessions.run_uid, self.config.sessions.run_gid);
+        let build = || skeleton_tar(uid, gid, extra_files, self.helper.as_ref());
+        if extra_files.is_empty() {
+            self.shared_skeleton.get_or_init(build).clone()
+        } else {
+            build()
         }
     }
 

@@ -115,6 +115,21 @@ async fn create_applies_isolation_defaults_and_ignores_unknown_fields() {
     assert_eq!(h.engine.status(id), Some(ContainerStatus::Running));
 }
 
+/// A burst of creates must not build one skeleton archive (most of it the helper binary) each.
+#[tokio::test]
+async fn isolated_sessions_share_one_skeleton_archive() {
+    let h = Harness::default();
+    let (a, b) = (h.session().await, h.session().await);
+    let skeleton = |id: &str| {
+        h.engine
+            .spec(id)
+            .and_then(|s| s.skeleton)
+            .expect("a skeleton")
+    };
+    assert_eq!(skeleton(&a), skeleton(&b));
+    assert_eq!(skeleton(&a).as_ptr(), skeleton(&b).as_ptr(), "one buffer");
+}
+
 #[tokio::test]
 async fn runtime_setting_reaches_the_container() {
     let h = Harness::new(

@@ -17,13 +17,16 @@
 //! - [`EgressConfig`] (`egress`): the gateway sidecar, its CA, reach and networks;
 //! - [`CoordinationConfig`] (`coordination`): Redis for locks and activity, lock durations;
 //! - [`TelemetryConfig`] (`telemetry`): environment, log level, Sentry;
-//! - [`PoolConfig`] (`pool`): the warm pools.
+//! - [`PoolConfig`] (`pool`): the warm pools;
+//! - [`AdmissionConfig`] (`admission`): how many creates, seeds and fs operations run at once,
+//!   and how long a request waits for a slot.
 //!
 //! [`load`] runs every group's `load` on one parser, which records each problem instead of
 //! stopping at it, then checks what spans groups; only then does it fail, listing them all.
 
 use std::fmt;
 
+mod admission;
 mod coordination;
 mod egress;
 mod parse;
@@ -35,6 +38,7 @@ mod telemetry;
 #[cfg(test)]
 mod tests;
 
+pub use admission::AdmissionConfig;
 pub use coordination::CoordinationConfig;
 pub use egress::{EgressCa, EgressConfig};
 pub use parse::{ProcessEnv, Source};
@@ -81,6 +85,7 @@ pub struct Config {
     pub coordination: CoordinationConfig,
     pub telemetry: TelemetryConfig,
     pub pool: PoolConfig,
+    pub admission: AdmissionConfig,
 }
 
 /// Every invalid variable, one per line.
@@ -99,6 +104,7 @@ pub fn load(src: &dyn Source) -> Result<Config, ConfigError> {
     let reaper = ReaperConfig::load(&mut p);
     let deployment = deployment(&mut p);
     let pool = PoolConfig::load(&mut p);
+    let admission = AdmissionConfig::load(&mut p);
 
     // Across groups: a warm egress session is a whole triad, so it needs the CA.
     if !pool.egress.is_empty() && egress.ca.is_none() {
@@ -117,6 +123,7 @@ pub fn load(src: &dyn Source) -> Result<Config, ConfigError> {
         coordination,
         telemetry,
         pool,
+        admission,
     })
 }
 

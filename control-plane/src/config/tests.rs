@@ -235,3 +235,45 @@ fn commands_never_share_the_helpers_uid_or_root() {
     let c = load(&env(&[("API_KEY", "k"), ("HELPER_UID", "5000")])).expect("valid");
     assert_eq!(c.sessions.helper_uid, 5000);
 }
+
+#[test]
+fn admission_defaults_and_bounds() -> Result<(), ConfigError> {
+    let c = load(&env(&[("API_KEY", "k")]))?;
+    let a = &c.admission;
+    assert_eq!(
+        (a.creates, a.seeds, a.fs_ops, a.fs_ops_per_session),
+        (8, 4, 32, 8)
+    );
+    assert_eq!(a.queue_wait, Duration::from_secs(30));
+    assert_eq!(a.queue_length, 64);
+    let c = load(&env(&[
+        ("API_KEY", "k"),
+        ("ADMISSION_QUEUE_SECONDS", "0.25"),
+        ("ADMISSION_QUEUE_LENGTH", "0"),
+    ]))?;
+    assert_eq!(c.admission.queue_wait, Duration::from_millis(250));
+    assert_eq!(c.admission.queue_length, 0);
+    let e = errors(&[
+        ("API_KEY", "k"),
+        ("MAX_CONCURRENT_CREATES", "0"),
+        ("MAX_CONCURRENT_SEEDS", "5000"),
+        ("MAX_CONCURRENT_FS_OPS", "lots"),
+        ("MAX_CONCURRENT_FS_OPS_PER_SESSION", "-1"),
+        ("ADMISSION_QUEUE_SECONDS", "-1"),
+        ("ADMISSION_QUEUE_LENGTH", "100000"),
+    ]);
+    for name in [
+        "MAX_CONCURRENT_CREATES",
+        "MAX_CONCURRENT_SEEDS",
+        "MAX_CONCURRENT_FS_OPS=",
+        "MAX_CONCURRENT_FS_OPS_PER_SESSION",
+        "ADMISSION_QUEUE_SECONDS",
+        "ADMISSION_QUEUE_LENGTH",
+    ] {
+        assert!(
+            e.iter().any(|l| l.starts_with(&format!("{PREFIX}{name}"))),
+            "{name} not reported: {e:?}"
+        );
+    }
+    Ok(())
+}

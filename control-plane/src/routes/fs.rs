@@ -1,6 +1,6 @@
 //! `POST /session/{id}/fs/{op}`: the Python-free file operations. fs-level problems come back
-//! as HTTP 200 with `error`; HTTP statuses are for auth (403), the session (404), its lock (409)
-//! and the engine (503).
+//! as HTTP 200 with `error`; HTTP statuses are for auth (403), the session (404), its lock (409),
+//! admission (429: too many fs operations in flight) and the engine (503).
 //!
 //! `ls`, `read`, `grep` and `glob` change nothing, so they run beside a command of the same
 //! session instead of waiting for its lock; `write`, `edit` and `delete` keep the session's order
@@ -22,7 +22,10 @@ macro_rules! fs_handler {
                     params(("session_id" = String, Path, description = "The session id")),
                     responses((status = 200, body = $resp), (status = 403, body = ErrorBody),
                         (status = 404, body = ErrorBody), (status = 409, body = ErrorBody),
-                        (status = 422, body = ErrorBody), (status = 503, body = ErrorBody)))]
+                        (status = 422, body = ErrorBody),
+                        (status = 429, body = ErrorBody, description = "Too many fs operations in progress (on this session or in total); retry after `Retry-After` seconds",
+                            headers(("Retry-After" = u64, description = "Seconds to wait before retrying"))),
+                        (status = 503, body = ErrorBody)))]
         pub async fn $name(
             State(state): State<AppState>,
             Path(id): Path<String>,

@@ -21,7 +21,10 @@ use crate::workspace::seed::{self, SKIPPED_HEADER, SeedError};
     request_body(content_type = "multipart/form-data", description = "Fields `repo_archive` and/or `skills_archive`"),
     responses((status = 204, headers(("X-Seed-Skipped-Members" = u64, description = "Archive members dropped by the sanitiser"))),
         (status = 403, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody),
-        (status = 413, body = ErrorBody), (status = 422, body = ErrorBody), (status = 503, body = ErrorBody)))]
+        (status = 413, body = ErrorBody), (status = 422, body = ErrorBody),
+        (status = 429, body = ErrorBody, description = "Too many seeds in progress; retry after `Retry-After` seconds",
+            headers(("Retry-After" = u64, description = "Seconds to wait before retrying"))),
+        (status = 503, body = ErrorBody)))]
 pub async fn seed(
     State(state): State<AppState>,
     Path(id): Path<String>,

@@ -15,7 +15,10 @@ use crate::error::{ApiError, ApiJson, ApiQuery, ErrorBody};
 #[utoipa::path(post, path = "/session/", tag = "session", request_body = StartSessionRequest,
     security(("api_key" = [])),
     responses((status = 200, body = StartSessionResponse), (status = 400, body = ErrorBody),
-        (status = 403, body = ErrorBody), (status = 422, body = ErrorBody), (status = 503, body = ErrorBody)))]
+        (status = 403, body = ErrorBody), (status = 422, body = ErrorBody),
+        (status = 429, body = ErrorBody, description = "Too many creates in progress; retry after `Retry-After` seconds",
+            headers(("Retry-After" = u64, description = "Seconds to wait before retrying"))),
+        (status = 503, body = ErrorBody)))]
 pub async fn create(
     State(state): State<AppState>,
     ApiJson(req): ApiJson<StartSessionRequest>,

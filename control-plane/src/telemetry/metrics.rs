@@ -63,6 +63,14 @@ impl Gauge {
     pub fn get(&self) -> u64 {
         self.0.get()
     }
+
+    pub fn inc(&self) {
+        self.0.inc();
+    }
+
+    pub fn dec(&self) {
+        self.0.dec();
+    }
 }
 
 /// Durations over [`BUCKETS`], in seconds. Clones share the cell.
@@ -166,6 +174,12 @@ pub struct Metrics {
     pub pool_refill_failures: Family<Counter, 2>,
     /// Time to build one member, by kind.
     pub pool_refill: Family<Histogram, 1>,
+    /// Requests holding a slot of an admission class (see [`crate::admission`]).
+    pub admission_in_flight: Family<Gauge, 1>,
+    /// Requests queued for a slot of an admission class.
+    pub admission_waiting: Family<Gauge, 1>,
+    /// Requests answered 429 by admission, by class and reason (`queue_full`, `timeout`).
+    pub admission_refused: Family<Counter, 2>,
 }
 
 impl Default for Metrics {
@@ -196,6 +210,9 @@ impl Default for Metrics {
             pool_misses: Family::new(["image", "kind", "reason"]),
             pool_refill_failures: Family::new(["image", "kind"]),
             pool_refill: Family::new(["kind"]),
+            admission_in_flight: Family::new(["class"]),
+            admission_waiting: Family::new(["class"]),
+            admission_refused: Family::new(["class", "reason"]),
         };
         // Names go in without the prefix, and counters without `_total`: the encoder adds both.
         // It also ends each help text with a period.
@@ -314,6 +331,21 @@ impl Default for Metrics {
             "pool_refill_duration_seconds",
             "Time to build one warm-pool member (create, start and, for egress, the triad)",
             m.pool_refill.series.clone(),
+        );
+        r.register(
+            "admission_in_flight",
+            "Requests holding a slot, by admission class (create, seed, fs, fs_session)",
+            m.admission_in_flight.series.clone(),
+        );
+        r.register(
+            "admission_waiting",
+            "Requests queued for a slot, by admission class",
+            m.admission_waiting.series.clone(),
+        );
+        r.register(
+            "admission_refused",
+            "Requests answered 429 for want of a slot, by admission class and reason (queue_full, timeout)",
+            m.admission_refused.series.clone(),
         );
         m
     }
@@ -492,6 +524,9 @@ mod tests {
         m.pool_misses.with(&["img:1", "isolated", "empty"]).inc();
         m.pool_refill_failures.with(&["img:1", "isolated"]).inc();
         m.pool_refill.with(&["isolated"]).observe(d);
+        m.admission_in_flight.with(&["fs"]).inc();
+        m.admission_waiting.with(&["fs"]).inc();
+        m.admission_refused.with(&["fs", "timeout"]).inc();
         let text = m.render(Some(SessionGauge::default()));
         let types: Vec<&str> = text
             .lines()
@@ -523,6 +558,9 @@ mod tests {
                 "pool_misses_total counter",
                 "pool_refill_failures_total counter",
                 "pool_refill_duration_seconds histogram",
+                "admission_in_flight gauge",
+                "admission_waiting gauge",
+                "admission_refused_total counter",
                 "sessions gauge",
             ]
         );

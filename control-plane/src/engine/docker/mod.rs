@@ -233,7 +233,7 @@ impl ContainerEngine for DockerEngine {
                         path: "/".to_string(),
                         ..Default::default()
                     }),
-                    bollard::body_full(skeleton.clone()),
+                    bollard::body_stream(futures::stream::iter(slices(skeleton))),
                 )
                 .await
                 .map_err(map_err);
@@ -577,5 +577,35 @@ impl ContainerEngine for DockerEngine {
                 })
             })
             .collect())
+    }
+}
+
+/// Bytes of an archive handed to the HTTP client at a time. It copies what it is given into its
+/// write buffer: the whole skeleton at once (3 MB, most of it the helper binary, shared by every
+/// create) would be one copy per create in flight.
+const UPLOAD_SLICE: usize = 64 * 1024;
+
+/// `data` as slices of [`UPLOAD_SLICE`] bytes, sharing its buffer.
+fn slices(data: &Bytes) -> Vec<Bytes> {
+    (0..data.len())
+        .step_by(UPLOAD_SLICE)
+        .map(|at| data.slice(at..(at + UPLOAD_SLICE).min(data.len())))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slices_share_the_buffer_and_cover_it() {
+        let data = Bytes::from(vec![7u8; 3 * UPLOAD_SLICE + 5]);
+        let parts = slices(&data);
+        assert_eq!(
+            parts.iter().map(Bytes::len).collect::<Vec<_>>(),
+            [UPLOAD_SLICE, UPLOAD_SLICE, UPLOAD_SLICE, 5]
+        );
+        assert_eq!(parts[1].as_ptr(), data[UPLOAD_SLICE..].as_ptr());
+        assert!(slices(&Bytes::new()).is_empty());
     }
 }

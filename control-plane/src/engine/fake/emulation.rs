@@ -20,11 +20,11 @@ use crate::layout;
 #[async_trait::async_trait]
 impl ContainerEngine for FakeEngine {
     async fn ping(&self) -> Result<(), EngineError> {
-        self.check_up("ping".into())
+        self.check_up("ping".into()).await
     }
 
     async fn ensure_image(&self, image: &str) -> Result<(), EngineError> {
-        self.check_up(format!("ensure_image {image}"))?;
+        self.check_up(format!("ensure_image {image}")).await?;
         if self.with(|s| s.missing_images.iter().any(|m| m == image)) {
             return Err(EngineError::ImageUnavailable {
                 image: image.to_string(),
@@ -36,7 +36,7 @@ impl ContainerEngine for FakeEngine {
     }
 
     async fn create(&self, spec: &ContainerSpec) -> Result<String, EngineError> {
-        self.check_up(format!("create {}", spec.image))?;
+        self.check_up(format!("create {}", spec.image)).await?;
         self.with(|s| {
             if let Some(name) = &spec.name
                 && s.names.values().any(|n| n == name)
@@ -59,7 +59,7 @@ impl ContainerEngine for FakeEngine {
     }
 
     async fn start(&self, id: &str) -> Result<(), EngineError> {
-        self.check_up(format!("start {id}"))?;
+        self.check_up(format!("start {id}")).await?;
         self.with(|s| match s.containers.get_mut(id) {
             Some((_, st)) => {
                 *st = ContainerStatus::Running;
@@ -70,7 +70,7 @@ impl ContainerEngine for FakeEngine {
     }
 
     async fn inspect(&self, id: &str) -> Result<ContainerInfo, EngineError> {
-        self.check_up(format!("inspect {id}"))?;
+        self.check_up(format!("inspect {id}")).await?;
         self.with(|s| match s.containers.get(id) {
             Some((spec, st)) => Ok(ContainerInfo {
                 id: id.to_string(),
@@ -88,7 +88,7 @@ impl ContainerEngine for FakeEngine {
     }
 
     async fn stop(&self, id: &str, _grace: Duration) -> Result<(), EngineError> {
-        self.check_up(format!("stop {id}"))?;
+        self.check_up(format!("stop {id}")).await?;
         self.with(|s| {
             if let Some(t) = s.alive.remove(id) {
                 t.cancel();
@@ -104,7 +104,7 @@ impl ContainerEngine for FakeEngine {
     }
 
     async fn remove(&self, id: &str) -> Result<(), EngineError> {
-        self.check_up(format!("remove {id}"))?;
+        self.check_up(format!("remove {id}")).await?;
         let _ = std::fs::remove_dir_all(self.workspace_dir(id));
         let _ = std::fs::remove_dir_all(self.workspace_dir(id).with_extension("service"));
         self.with(|s| {
@@ -121,7 +121,7 @@ impl ContainerEngine for FakeEngine {
     }
 
     async fn rename(&self, current: &str, new: &str) -> Result<(), EngineError> {
-        self.check_up(format!("rename {current} {new}"))?;
+        self.check_up(format!("rename {current} {new}")).await?;
         self.with(|s| {
             let Some(id) = s
                 .names
@@ -149,7 +149,7 @@ impl ContainerEngine for FakeEngine {
         memory_bytes: Option<i64>,
         nano_cpus: Option<i64>,
     ) -> Result<(), EngineError> {
-        self.check_up(format!("update_limits {id}"))?;
+        self.check_up(format!("update_limits {id}")).await?;
         self.with(|s| match s.containers.get_mut(id) {
             Some((spec, _)) => {
                 spec.memory_bytes = memory_bytes.or(spec.memory_bytes);
@@ -161,7 +161,7 @@ impl ContainerEngine for FakeEngine {
     }
 
     async fn image_id(&self, image: &str) -> Result<String, EngineError> {
-        self.check_up(format!("image_id {image}"))?;
+        self.check_up(format!("image_id {image}")).await?;
         if self.with(|s| s.missing_images.iter().any(|m| m == image)) {
             return Err(EngineError::NotFound);
         }
@@ -170,7 +170,7 @@ impl ContainerEngine for FakeEngine {
 
     async fn exec(&self, id: &str, spec: &ExecSpec) -> Result<ExecStream, EngineError> {
         let user_cmd = spec.cmd.last().cloned().unwrap_or_default();
-        self.check_up(format!("exec {id} {user_cmd}"))?;
+        self.check_up(format!("exec {id} {user_cmd}")).await?;
         let is_kill = spec.cmd.get(3).is_some_and(|a| a == "daiv-kill");
         let result = if is_kill {
             FakeExec::default()
@@ -206,7 +206,7 @@ impl ContainerEngine for FakeEngine {
         if spec.cmd.get(1).map(String::as_str) == Some("write-file") {
             return self.write_file(id, spec).await;
         }
-        self.check_up(format!("exec_attached {id}"))?;
+        self.check_up(format!("exec_attached {id}")).await?;
         let running = self.with(|s| {
             s.containers
                 .get(id)
@@ -278,7 +278,7 @@ impl ContainerEngine for FakeEngine {
     }
 
     async fn exec_exit_code(&self, exec_id: &str) -> Result<Option<i64>, EngineError> {
-        self.check_up(format!("exec_exit_code {exec_id}"))?;
+        self.check_up(format!("exec_exit_code {exec_id}")).await?;
         Ok(self.with(|s| s.execs.get(exec_id).copied()))
     }
 
@@ -288,7 +288,7 @@ impl ContainerEngine for FakeEngine {
         path: &str,
         mut tar: BoxStream<'static, Result<Bytes, std::io::Error>>,
     ) -> Result<(), EngineError> {
-        self.check_up(format!("put_archive {id} {path}"))?;
+        self.check_up(format!("put_archive {id} {path}")).await?;
         let mut whole = Vec::new();
         while let Some(chunk) = tar.next().await {
             whole.extend_from_slice(&chunk.map_err(|e| EngineError::Rejected(e.to_string()))?);
@@ -330,7 +330,7 @@ impl ContainerEngine for FakeEngine {
         id: &str,
         path: &str,
     ) -> Result<BoxStream<'static, Result<Bytes, EngineError>>, EngineError> {
-        self.check_up(format!("get_archive {id} {path}"))?;
+        self.check_up(format!("get_archive {id} {path}")).await?;
         let found = self.with(|s| s.files.get(&(id.to_string(), path.to_string())).cloned());
         let Some((content, (mode, uid, gid))) = found else {
             return Err(EngineError::NotFound);
@@ -357,7 +357,7 @@ impl ContainerEngine for FakeEngine {
         _needle: &str,
         _timeout: Duration,
     ) -> Result<(), EngineError> {
-        self.check_up(format!("wait_for_log {id}"))?;
+        self.check_up(format!("wait_for_log {id}")).await?;
         match self.status(id) {
             Some(ContainerStatus::Running) => Ok(()),
             _ => Err(EngineError::Unavailable(format!("{id} is not running"))),
@@ -365,7 +365,7 @@ impl ContainerEngine for FakeEngine {
     }
 
     async fn list(&self, labels: &[(&str, &str)]) -> Result<Vec<ContainerInfo>, EngineError> {
-        self.check_up("list".into())?;
+        self.check_up("list".into()).await?;
         Ok(self.with(|s| {
             s.containers
                 .iter()
@@ -390,7 +390,8 @@ impl ContainerEngine for FakeEngine {
     }
 
     async fn create_network(&self, spec: &NetworkSpec) -> Result<String, EngineError> {
-        self.check_up(format!("create_network {}", spec.name))?;
+        self.check_up(format!("create_network {}", spec.name))
+            .await?;
         self.with(|s| {
             if s.networks.contains_key(&spec.name) {
                 return Err(EngineError::Conflict(format!(
@@ -404,7 +405,8 @@ impl ContainerEngine for FakeEngine {
     }
 
     async fn remove_network(&self, id_or_name: &str) -> Result<(), EngineError> {
-        self.check_up(format!("remove_network {id_or_name}"))?;
+        self.check_up(format!("remove_network {id_or_name}"))
+            .await?;
         self.with(|s| {
             s.attachments.retain(|(n, _, _)| n != id_or_name);
             s.networks
@@ -420,7 +422,8 @@ impl ContainerEngine for FakeEngine {
         container: &str,
         ip: Option<std::net::IpAddr>,
     ) -> Result<(), EngineError> {
-        self.check_up(format!("connect_network {network} {container}"))?;
+        self.check_up(format!("connect_network {network} {container}"))
+            .await?;
         self.with(|s| {
             if !s.containers.contains_key(container) {
                 return Err(EngineError::NotFound);
@@ -435,7 +438,7 @@ impl ContainerEngine for FakeEngine {
         &self,
         labels: &[(&str, &str)],
     ) -> Result<Vec<NetworkInfo>, EngineError> {
-        self.check_up("list_networks".into())?;
+        self.check_up("list_networks".into()).await?;
         Ok(self.with(|s| {
             s.networks
                 .values()
@@ -467,7 +470,8 @@ impl FakeEngine {
     /// file (as the exec's user), and the answer is `ok`; input cut short writes nothing.
     async fn write_file(&self, id: &str, spec: &ExecSpec) -> Result<AttachedExec, EngineError> {
         let path = spec.cmd.get(2).cloned().unwrap_or_default();
-        self.check_up(format!("exec_attached {id} write-file {path}"))?;
+        self.check_up(format!("exec_attached {id} write-file {path}"))
+            .await?;
         if !self.with(|s| s.containers.contains_key(id)) {
             return Err(EngineError::NotFound);
         }

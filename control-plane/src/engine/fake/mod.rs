@@ -43,6 +43,8 @@ struct State {
     engine_down: bool,
     /// Calls whose description starts with one of these fail (scripted faults).
     failing: Vec<String>,
+    /// Calls whose description starts with one of these wait until their [`Hold`] is released.
+    holds: Vec<(String, Arc<HoldState>)>,
     /// Per-container (created unix secs, FinishedAt) overrides, for the reaper's tests.
     times: HashMap<String, (Option<i64>, Option<String>)>,
     /// Per-network created unix secs overrides.
@@ -153,6 +155,15 @@ impl FakeEngine {
         ))
     }
 
+    /// Makes every later call whose description starts with `prefix` (for example
+    /// `"create "` or `"inspect <id>"`) wait until the returned [`Hold`] is released or dropped,
+    /// as a slow engine would: the request making it stays in flight meanwhile.
+    pub fn hold(&self, prefix: &str) -> Hold {
+        let hold = Hold::default();
+        self.with(|s| s.holds.push((prefix.to_string(), hold.0.clone())));
+        hold
+    }
+
     pub fn set_down(&self, down: bool) {
         self.with(|s| s.engine_down = down);
     }
@@ -192,7 +203,17 @@ impl FakeEngine {
         self.with(|s| s.missing_images.push(image.to_string()));
     }
 
-    fn check_up(&self, call: String) -> Result<(), EngineError> {
+    async fn check_up(&self, call: String) -> Result<(), EngineError> {
+        let held: Vec<Arc<HoldState>> = self.with(|s| {
+            s.holds
+                .iter()
+                .filter(|(p, _)| call.starts_with(p.as_str()))
+                .map(|(_, h)| h.clone())
+                .collect()
+        });
+        for hold in held {
+            hold.pass().await;
+        }
         self.with(|s| {
             let scripted = s.failing.iter().any(|p| call.starts_with(p.as_str()));
             s.calls.push(call);
@@ -202,5 +223,68 @@ impl FakeEngine {
                 Ok(())
             }
         })
+    }
+}
+
+/// Calls held by [`FakeEngine::hold`]: they wait until [`Hold::release`], or until the hold is
+/// dropped (so a failing test never leaves calls hanging).
+#[derive(Debug)]
+pub struct Hold(Arc<HoldState>);
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+#[derive(Debug)]
+struct HoldState {
+    /// Closed on release: every waiter goes on.
+    gate: tokio::sync::Semaphore,
+    waiting: std::sync::atomic::AtomicUsize,
+}
+
+impl Default for Hold {
+    fn default() -> Self {
+        Self(Arc::new(HoldState {
+            gate: tokio::sync::Semaphore::new(0),
+            waiting: std::sync::atomic::AtomicUsize::new(0),
+        }))
+    }
+}
+
+impl Hold {
+    /// Lets every held call, and every later one, through.
+    pub fn release(&self) {
+        self.0.gate.close();
+    }
+
+    /// Calls waiting at the hold now.
+    pub fn waiting(&self) -> usize {
+        self.0.waiting.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Waits until `n` calls wait at the hold (tests: until that many requests are in flight).
+    pub async fn until_waiting(&self, n: usize) {
+        while self.waiting() < n {
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+    }
+}
+
+impl HoldState {
+    async fn pass(&self) {
+        /// Counts a waiter out however its wait ends (released, or its request dropped).
+        struct Waiting<'a>(&'a std::sync::atomic::AtomicUsize);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        self.waiting
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let _counted = Waiting(&self.waiting);
+        // Never granted: only the close on release ends the wait.
+        let _ = self.gate.acquire().await;
     }
 }

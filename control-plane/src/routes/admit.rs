@@ -1,0 +1,82 @@
+//! The admission layers in front of the create, seed and fs routes (see [`crate::admission`]):
+//! each takes its class's slot before the handler reads the body, and hands it to the response
+//! body, so the slot is held until the answer has been sent or the client has gone away.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use axum::body::{Body, Bytes, HttpBody};
+use axum::extract::{RawPathParams, Request, State};
+use axum::middleware::Next;
+use axum::response::Response;
+
+use crate::AppState;
+use crate::admission::Slot;
+use crate::error::ApiError;
+
+/// `POST /session/`.
+pub async fn create(
+    State(state): State<AppState>,
+    req: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
+    let slot = state.admission.create().await?;
+    Ok(holding(next.run(req).await, slot))
+}
+
+/// `POST /session/{id}/seed/`.
+pub async fn seed(
+    State(state): State<AppState>,
+    req: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
+    let slot = state.admission.seed().await?;
+    Ok(holding(next.run(req).await, slot))
+}
+
+/// `POST /session/{id}/fs/{op}`: a slot of the session's and one of the total.
+pub async fn fs(
+    State(state): State<AppState>,
+    params: RawPathParams,
+    req: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
+    let session_id = params
+        .iter()
+        .find(|(k, _)| *k == "session_id")
+        .map(|(_, v)| v)
+        .unwrap_or_default();
+    let slot = state.admission.fs(session_id).await?;
+    Ok(holding(next.run(req).await, slot))
+}
+
+/// `response` whose body keeps `slot` until it is sent in full or dropped.
+fn holding(response: Response, slot: Slot) -> Response {
+    response.map(|inner| Body::new(Holding { inner, _slot: slot }))
+}
+
+/// A response body that releases its request's slot when it is done with.
+struct Holding {
+    inner: Body,
+    _slot: Slot,
+}
+
+impl HttpBody for Holding {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.get_mut().inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}

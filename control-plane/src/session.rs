@@ -432,6 +432,7 @@ impl Sessions {
             fail_fast: req.fail_fast,
             timeout,
             output_cap: self.config.sessions.output_max_bytes,
+            run_output_cap: self.config.sessions.run_output_max_bytes,
             workdir: layout::REPO.to_string(),
             env: Vec::new(),
         }))

@@ -404,6 +404,49 @@ async fn commands_run_in_order_and_fail_fast_stops_at_the_first_failure() {
 }
 
 #[tokio::test]
+async fn a_request_keeps_at_most_its_output_budget_over_all_its_commands() {
+    let h = Harness::new(
+        FakeEngine::default(),
+        &[
+            ("OUTPUT_MAX_BYTES", "800"),
+            ("RUN_OUTPUT_MAX_BYTES", "1000"),
+        ],
+    );
+    let id = h.session().await;
+    let print = "head -c 600 /dev/zero | tr '\\0' x";
+    let (s, b) = h
+        .api(
+            "POST",
+            &format!("/session/{id}/"),
+            Some(json!({"commands": [print, print, print]})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    let kept: Vec<usize> = (0..3)
+        .map(|i| {
+            b["results"][i]["output"]
+                .as_str()
+                .unwrap_or_default()
+                .split("\n[daiv-sandbox")
+                .next()
+                .unwrap_or_default()
+                .matches('x')
+                .count()
+        })
+        .collect();
+    assert_eq!(kept, [600, 400, 0], "{b}");
+    for (i, omitted) in [(1, 200), (2, 600)] {
+        let out = b["results"][i]["output"].as_str().unwrap_or_default();
+        assert!(
+            out.contains(&format!("{omitted} bytes omitted"))
+                && out.contains("800 bytes per command and 1000 per request"),
+            "{out}"
+        );
+    }
+    assert_eq!(b["results"][2]["exit_code"], 0);
+}
+
+#[tokio::test]
 async fn a_timed_out_command_is_killed_reports_124_and_skips_the_rest() {
     let h = Harness::default();
     let id = h.session().await;

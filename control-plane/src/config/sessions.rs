@@ -77,6 +77,8 @@ pub struct SessionsConfig {
     // Beyond the reference: limits that keep the service's memory independent of what sandboxes do.
     /// Bytes of output kept per command; the rest is counted and replaced by a marker.
     pub output_max_bytes: usize,
+    /// Bytes of output kept per run request, all its commands together (the rest counted too).
+    pub run_output_max_bytes: usize,
     /// Process limit per sandbox container (fork bombs stay inside their session).
     pub pids_limit: i64,
     /// Upper bound on the decompressed bytes of one seed archive.
@@ -140,6 +142,10 @@ impl SessionsConfig {
         if output_max_bytes == 0 {
             p.fail("OUTPUT_MAX_BYTES", "0", "must be at least 1");
         }
+        let run_output_max_bytes = p.parse_or::<usize>("RUN_OUTPUT_MAX_BYTES", 32 * 1024 * 1024);
+        if run_output_max_bytes == 0 {
+            p.fail("RUN_OUTPUT_MAX_BYTES", "0", "must be at least 1");
+        }
         let pids_limit = p.parse_or::<i64>("PIDS_LIMIT", 4096);
         if pids_limit < 1 {
             let raw = pids_limit.to_string();
@@ -182,6 +188,7 @@ impl SessionsConfig {
             stop_timeout,
             fs_prune_dirs,
             output_max_bytes,
+            run_output_max_bytes,
             pids_limit,
             seed_max_bytes,
             seed_max_members,

@@ -70,6 +70,8 @@ pub struct RunSpec {
     pub fail_fast: bool,
     pub timeout: Option<Duration>,
     pub output_cap: usize,
+    /// Output bytes kept for the whole request: a batch of many commands costs at most this.
+    pub run_output_cap: usize,
     pub workdir: String,
     pub env: Vec<(String, String)>,
 }
@@ -402,12 +404,13 @@ fn fs_caps(request: &Request) -> Caps {
 }
 
 /// Output of one command as the run result shows it: lossy UTF-8, plus the truncation line
-/// when the helper dropped bytes past the cap.
-fn command_output(bytes: &[u8], omitted: u64, cap: usize) -> String {
+/// when bytes were dropped past the command's cap or the request's budget.
+fn command_output(bytes: &[u8], omitted: u64, spec: &RunSpec) -> String {
     let mut s = String::from_utf8_lossy(bytes).into_owned();
     if omitted > 0 {
         s.push_str(&format!(
-            "\n[daiv-sandbox: output truncated: {omitted} bytes omitted; the limit is {cap} bytes]\n"
+            "\n[daiv-sandbox: output truncated: {omitted} bytes omitted; the limit is {} bytes per command and {} per request]\n",
+            spec.output_cap, spec.run_output_cap
         ));
     }
     s
@@ -425,7 +428,7 @@ impl SessionRuntime for HelperRuntime {
             commands: spec.commands.clone(),
             fail_fast: spec.fail_fast,
             timeout_ms: spec.timeout.map(|t| t.as_millis() as u64),
-            output_cap: spec.output_cap as u64,
+            output_cap: spec.output_cap.min(spec.run_output_cap) as u64,
             workdir: spec.workdir.clone(),
             env: spec.env.clone(),
         });
@@ -444,19 +447,22 @@ impl SessionRuntime for HelperRuntime {
                     .await
                     .map_err(|e| lost(e, false))?;
                 let mut results = Vec::with_capacity(spec.commands.len());
-                let mut current: Option<(usize, Vec<u8>)> = None;
+                // The running command: its index, its output kept, and its bytes dropped here
+                // past the request's budget (the helper counts those past the command's cap).
+                let mut current: Option<(usize, Vec<u8>, u64)> = None;
+                let mut kept = 0usize;
                 let mut reached = false;
                 loop {
                     let msg = match h.recv().await {
                         Ok(m) => m,
                         Err(e) => {
-                            let Some((index, out)) = current.take() else {
+                            let Some((index, out, dropped)) = current.take() else {
                                 return Err(lost(e, reached));
                             };
                             // The helper vanished mid-command: report what it printed.
                             results.push(RunResult {
                                 command: spec.commands.get(index).cloned().unwrap_or_default(),
-                                output: command_output(&out, 0, spec.output_cap),
+                                output: command_output(&out, dropped, &spec),
                                 exit_code: LOST_EXIT_CODE,
                                 workdir: spec.workdir.clone(),
                             });
@@ -466,11 +472,16 @@ impl SessionRuntime for HelperRuntime {
                     reached = true;
                     match msg {
                         Incoming::Data(bytes) => {
-                            if let Some((index, out)) = current.as_mut() {
-                                // The helper caps; this bound only guards against a bad one.
-                                let room = (spec.output_cap + 64 * 1024).saturating_sub(out.len());
+                            if let Some((index, out, dropped)) = current.as_mut() {
+                                // The helper caps each command (this bound only guards against
+                                // a bad one); the request's budget is kept here.
+                                let room = (spec.output_cap + 64 * 1024)
+                                    .saturating_sub(out.len())
+                                    .min(spec.run_output_cap.saturating_sub(kept));
                                 let take = room.min(bytes.len());
                                 out.extend_from_slice(&bytes[..take]);
+                                kept += take;
+                                *dropped += (bytes.len() - take) as u64;
                                 if let Some(tx) = &events
                                     && take > 0
                                 {
@@ -486,15 +497,15 @@ impl SessionRuntime for HelperRuntime {
                         }
                         Incoming::Event(ev) => match ev {
                             Event::Started { index } => {
-                                current = Some((index as usize, Vec::new()));
+                                current = Some((index as usize, Vec::new(), 0));
                             }
                             Event::Finished {
                                 exit_code, omitted, ..
                             } => {
-                                let (index, out) = current.take().unwrap_or_default();
+                                let (index, out, dropped) = current.take().unwrap_or_default();
                                 let result = RunResult {
                                     command: spec.commands.get(index).cloned().unwrap_or_default(),
-                                    output: command_output(&out, omitted, spec.output_cap),
+                                    output: command_output(&out, omitted + dropped, &spec),
                                     exit_code,
                                     workdir: spec.workdir.clone(),
                                 };
@@ -666,8 +677,18 @@ mod tests {
 
     #[test]
     fn truncated_output_says_how_much_was_dropped() {
-        let s = command_output(b"abc", 10, 3);
+        let spec = RunSpec {
+            commands: Vec::new(),
+            fail_fast: false,
+            timeout: None,
+            output_cap: 3,
+            run_output_cap: 5,
+            workdir: String::new(),
+            env: Vec::new(),
+        };
+        let s = command_output(b"abc", 10, &spec);
         assert!(s.starts_with("abc\n[daiv-sandbox: output truncated: 10 bytes omitted"));
-        assert_eq!(command_output(b"abc", 0, 3), "abc");
+        assert!(s.contains("3 bytes per command and 5 per request"), "{s}");
+        assert_eq!(command_output(b"abc", 0, &spec), "abc");
     }
 }

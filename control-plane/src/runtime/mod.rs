@@ -1,12 +1,12 @@
 //! The session runtime: how commands, fs ops and seed extraction reach a session's files.
 //!
 //! Handlers and session logic see [`SessionRuntime`] only. Its implementation, [`HelperRuntime`],
-//! talks to `daiv-sandbox-helper` inside the container (the `sandbox-helper` crate, in the
-//! protocol of the `sandbox-protocol` crate) over one
-//! long-lived attached exec per session and replica ([`channel`]): no Docker round trip per
-//! operation, and every operation runs as the sandbox user, so permissions are the kernel's and
-//! nothing running as root acts on a path the sandbox can change. [`ContainerEngine`] keeps
-//! container and network lifecycle only.
+//! talks to `daiv-sandbox-helper` inside the container (the `sandbox-helper` crate) in the
+//! typed protocol both share (the `sandbox-protocol` crate), over one long-lived attached exec
+//! per session and replica ([`channel`]): no Docker round trip per operation, and every
+//! operation runs as the sandbox user, so permissions are the kernel's and nothing running as
+//! root acts on a path the sandbox can change. [`ContainerEngine`] keeps container and network
+//! lifecycle only.
 //!
 //! Channels open lazily on first use and again after the helper or its container went away;
 //! a request that never reached a helper is retried once on a fresh channel, and a read-only

@@ -1,5 +1,5 @@
 //! Walking a tree below an open directory, never following a symlink, and the globs that pick
-//! and prune what it visits (as `find -name`/`-path` took them).
+//! and prune what it visits.
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -14,6 +14,9 @@ use super::errno::errno_fail;
 use super::file_type;
 use crate::ops::{OpError, Stop, fail};
 
+/// A `glob` pattern (over paths relative to the walk's start) or grep's `glob` (over basenames):
+/// `*` stays within one component, `**` crosses them, `\` escapes; an invalid one is
+/// `invalid_pattern`.
 pub(super) fn glob_matcher(pattern: &str) -> Result<GlobMatcher, OpError> {
     GlobBuilder::new(pattern)
         .literal_separator(true)

@@ -57,7 +57,7 @@ pub mod session;
 pub mod telemetry;
 pub mod workspace;
 
-pub use sandbox_helper::layout;
+pub use sandbox_protocol::layout;
 
 use config::Config;
 use coordination::activity::{self, LocalActivity, SessionActivity};

@@ -1,8 +1,8 @@
 //! Background processes and streaming runs: what the routes under `/processes/` and a run with
 //! `Accept: application/x-ndjson` do, over the session runtime.
 //!
-//! Processes live in the sandbox, supervised by its `init` helper (see
-//! `sandbox_helper::ops::procs`): every replica and every channel sees the same ones, and they
+//! Processes live in the sandbox, supervised by its `init` helper (see the `sandbox-helper`
+//! crate's `procs`): every replica and every channel sees the same ones, and they
 //! die with the container. This module validates requests, speaks the supervisor's requests and
 //! turns its byte output into text without ever splitting a character.
 
@@ -10,11 +10,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use bytes::Bytes;
-use sandbox_helper::protocol::{PollInfo, ProcRequest};
-use serde::Deserialize;
+use sandbox_protocol::message::{PollInfo, ProcInfo, ProcList, ProcRequest, ProcStarted};
 
 use crate::AppState;
-use crate::api::{ProcessList, ProcessOutput, StartProcessRequest};
+use crate::api::{ProcessInfo, ProcessList, ProcessOutput, StartProcessRequest};
 use crate::layout::{self, WORKSPACE};
 use crate::runtime::HelperError;
 use crate::session::SessionError;
@@ -182,25 +181,33 @@ pub async fn start(
         max_live: state.config.sessions.max_processes,
         buffer_bytes: state.config.sessions.process_output_bytes,
     };
-    #[derive(Deserialize)]
-    struct Started {
-        process_id: String,
-    }
-    let started: Started = call(state, id, request, None).await?.parse()?;
+    let started: ProcStarted = call(state, id, request, None).await?.parse()?;
     state.metrics.processes_started.inc();
     Ok(started.process_id)
 }
 
 pub async fn list(state: &AppState, id: &str) -> Result<ProcessList, ProcessError> {
-    let list: ProcessList = call(state, id, ProcRequest::List, None).await?.parse()?;
+    let list: ProcList = call(state, id, ProcRequest::List, None).await?.parse()?;
     let running = list.processes.iter().filter(|p| p.running).count();
     state.metrics.observe_processes(id, Some(running as u64));
-    Ok(list)
+    Ok(ProcessList {
+        processes: list.processes.into_iter().map(process_info).collect(),
+    })
+}
+
+/// A listed process as the API shows it.
+fn process_info(p: ProcInfo) -> ProcessInfo {
+    ProcessInfo {
+        process_id: p.process_id,
+        command: p.command,
+        running: p.running,
+        exit_code: p.exit_code,
+    }
 }
 
 /// Running processes of a session, for the reaper (which must not take a busy job for idle).
 pub async fn live(sessions: &crate::session::Sessions, id: &str) -> Result<usize, ProcessError> {
-    let list: ProcessList = sessions
+    let list: ProcList = sessions
         .runtime()
         .process(id, ProcRequest::List, None)
         .await?

@@ -11,7 +11,7 @@
 use daiv_sandbox_fuzz::split_once;
 use libfuzzer_sys::fuzz_target;
 use sandbox_helper::ops::text::replace;
-use sandbox_helper::wire::FsErrorCode;
+use sandbox_protocol::wire::FsErrorCode;
 
 fuzz_target!(|data: &[u8]| {
     let Some((&flags, rest)) = data.split_first() else {

@@ -12,10 +12,10 @@
 
 use daiv_sandbox_fuzz::{Counting, measure};
 use libfuzzer_sys::fuzz_target;
-use sandbox_helper::protocol::{
-    self, Event, Frame, FrameDecoder, HEADER_LEN, MAX_PAYLOAD, ProtocolError, Request, Response,
-    kind,
+use sandbox_protocol::frame::{
+    self, Frame, FrameDecoder, HEADER_LEN, MAX_PAYLOAD, ProtocolError, kind,
 };
+use sandbox_protocol::message::{Event, ExtractStats, Request, Response};
 
 #[global_allocator]
 static ALLOC: Counting = Counting;
@@ -94,7 +94,7 @@ fuzz_target!(|data: &[u8]| {
         let mut r = stream;
         let mut frames = Vec::new();
         let end = loop {
-            match protocol::read_frame(&mut r) {
+            match frame::read_frame(&mut r) {
                 Ok(Some(f)) => frames.push(f),
                 Ok(None) => break End::Clean,
                 Err(e) => break class(&e),
@@ -115,7 +115,7 @@ fuzz_target!(|data: &[u8]| {
     // Round trip: the frames re-encode to exactly the bytes they came from.
     let mut encoded = Vec::new();
     for f in &pushed {
-        protocol::encode(f.id, f.kind, &f.payload, &mut encoded);
+        frame::encode(f.id, f.kind, &f.payload, &mut encoded);
     }
     assert_eq!(&encoded[..], &stream[..encoded.len()]);
     if pushed_end == End::Clean {
@@ -133,8 +133,8 @@ fn messages(f: &Frame) {
         kind::REQUEST => {
             if let Ok(req) = serde_json::from_slice::<Request>(&f.payload) {
                 let mut out = Vec::new();
-                protocol::encode_json(f.id, kind::REQUEST, &req, &mut out);
-                let back = protocol::read_frame(&mut &out[..])
+                frame::encode_json(f.id, kind::REQUEST, &req, &mut out);
+                let back = frame::read_frame(&mut &out[..])
                     .expect("frame")
                     .expect("one");
                 let again: Request = serde_json::from_slice(&back.payload).expect("reparse");
@@ -152,7 +152,7 @@ fn messages(f: &Frame) {
                 let text = serde_json::to_vec(&resp).expect("serialise");
                 let again: Response = serde_json::from_slice(&text).expect("reparse");
                 assert_eq!(again, resp);
-                let _ = resp.into_result::<protocol::ExtractStats>();
+                let _ = resp.into_result::<ExtractStats>();
             }
         }
         _ => {}

@@ -17,7 +17,7 @@
 use daiv_sandbox_fuzz::{Chunked, Counting, measure};
 use libfuzzer_sys::fuzz_target;
 use sandbox_helper::ops::text::{Page, page};
-use sandbox_helper::wire::{READ_MAX_BYTES, TRUNCATION_MARKER};
+use sandbox_protocol::wire::{READ_MAX_BYTES, TRUNCATION_MARKER};
 
 #[global_allocator]
 static ALLOC: Counting = Counting;

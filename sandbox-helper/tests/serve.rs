@@ -11,8 +11,9 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
 use std::time::{Duration, Instant};
 
-use sandbox_helper::protocol::{Event, Frame, Response, encode, kind, read_frame};
-use sandbox_helper::wire::LIST_MAX_ENTRIES;
+use sandbox_protocol::frame::{Frame, encode, kind, read_frame};
+use sandbox_protocol::message::{Event, Response};
+use sandbox_protocol::wire::LIST_MAX_ENTRIES;
 use serde_json::{Value, json};
 
 struct Helper {
@@ -261,7 +262,7 @@ fn malformed_requests_are_bad_requests_and_oversize_frames_end_the_helper() {
     );
     // Still serving.
     assert_eq!(h.fs(json!({"op": "ping"})), json!({}));
-    let len = ((sandbox_helper::protocol::MAX_PAYLOAD + 6) as u32).to_be_bytes();
+    let len = ((sandbox_protocol::frame::MAX_PAYLOAD + 6) as u32).to_be_bytes();
     let stdin = h.stdin.as_mut().unwrap();
     stdin.write_all(&len).unwrap();
     stdin.flush().unwrap();
@@ -504,7 +505,7 @@ fn read_pages_and_refuses_what_is_not_a_regular_file() {
     let v = h.fs(json!({"op": "read", "path": "/workspace/link"}));
     assert_eq!(v["content"], "a\nb\nc");
     let v = h.fs(json!({"op": "read", "path": "/workspace/empty"}));
-    assert_eq!(v["content"], sandbox_helper::wire::EMPTY_FILE_SENTINEL);
+    assert_eq!(v["content"], sandbox_protocol::wire::EMPTY_FILE_SENTINEL);
     let v = h.fs(json!({"op": "read", "path": "/workspace/bin"}));
     assert_eq!(
         (v["content"].as_str(), v["encoding"].as_str()),

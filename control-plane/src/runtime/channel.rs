@@ -1,5 +1,5 @@
 //! One framed, multiplexed channel to a session's helper: a long-lived attached exec whose stdin
-//! and stdout carry the frames of `sandbox_helper::protocol`.
+//! and stdout carry the frames of `sandbox_protocol`.
 //!
 //! A writer task owns the exec's stdin and a reader task its stdout. Requests get an id and a
 //! bounded inbox; the reader routes each frame to its request's inbox by id. When the stream
@@ -22,7 +22,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::StreamExt;
-use sandbox_helper::protocol::{self, Event, HEADER_LEN, MAX_PAYLOAD, kind};
+use sandbox_protocol::frame::{HEADER_LEN, MAX_PAYLOAD, encode, kind};
+use sandbox_protocol::message::{Event, Request};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 
@@ -238,7 +239,7 @@ impl Channel {
     /// the helper if dropped unfinished.
     pub async fn request(
         self: &Arc<Self>,
-        body: &protocol::Request,
+        body: &Request,
         caps: Caps,
     ) -> Result<RequestHandle, ChannelError> {
         if self.is_closed() {
@@ -419,12 +420,12 @@ impl Reader {
                 return Err(Violation::BadEvent);
             };
             // A helper of another protocol (an older session's) is not spoken to at all.
-            let ready = if spoken == protocol::VERSION {
+            let ready = if spoken == sandbox_protocol::VERSION {
                 Ok(())
             } else {
                 Err(format!(
                     "it speaks protocol {spoken} (helper {version:.32}), this control plane {}",
-                    protocol::VERSION
+                    sandbox_protocol::VERSION
                 ))
             };
             if let Some(tx) = self.ready.take() {
@@ -455,7 +456,7 @@ pub struct RequestHandle {
 impl RequestHandle {
     async fn send(&mut self, kind: u8, payload: &[u8]) -> Result<(), ChannelError> {
         let mut frame = Vec::with_capacity(payload.len() + HEADER_LEN);
-        protocol::encode(self.id, kind, payload, &mut frame);
+        encode(self.id, kind, payload, &mut frame);
         self.channel
             .outbox
             .send(frame)
@@ -466,7 +467,7 @@ impl RequestHandle {
     /// Streams input to the request (write content, a seed's tar), in frames of at most the
     /// protocol's payload limit.
     pub async fn send_data(&mut self, data: &[u8]) -> Result<(), ChannelError> {
-        for piece in data.chunks(protocol::MAX_PAYLOAD.min(256 * 1024)) {
+        for piece in data.chunks(MAX_PAYLOAD.min(256 * 1024)) {
             self.send(kind::DATA, piece).await?;
         }
         Ok(())
@@ -506,7 +507,7 @@ impl Drop for RequestHandle {
         // The client went away or the caller gave up: the helper kills what the request runs.
         lock(&self.channel.book).live.remove(&self.id);
         let mut frame = Vec::with_capacity(HEADER_LEN);
-        protocol::encode(self.id, kind::CANCEL, &[], &mut frame);
+        encode(self.id, kind::CANCEL, &[], &mut frame);
         if self.channel.outbox.try_send(frame.clone()).is_err() {
             let outbox = self.channel.outbox.clone();
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
@@ -531,7 +532,7 @@ impl From<EngineError> for ChannelError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sandbox_helper::protocol::{Request, encode, encode_json};
+    use sandbox_protocol::frame::encode_json;
 
     /// A helper whose stdout the test writes: what it sends, frame by frame.
     struct FakeHelper {
@@ -592,7 +593,7 @@ mod tests {
     }
 
     async fn open() -> (Arc<Channel>, FakeHelper) {
-        let (chan, helper) = open_with(protocol::VERSION).await;
+        let (chan, helper) = open_with(sandbox_protocol::VERSION).await;
         (chan.expect("ready"), helper)
     }
 
@@ -608,7 +609,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_helper_of_another_protocol_is_not_spoken_to() {
-        let (chan, _helper) = open_with(protocol::VERSION + 1).await;
+        let (chan, _helper) = open_with(sandbox_protocol::VERSION + 1).await;
         let Err(ChannelError::Start(why)) = chan else {
             panic!("opened a channel to a helper of another protocol");
         };

@@ -1,11 +1,12 @@
 //! The session runtime: how commands, fs ops and seed extraction reach a session's files.
 //!
 //! Handlers and session logic see [`SessionRuntime`] only. Its implementation, [`HelperRuntime`],
-//! talks to `daiv-sandbox-helper` inside the container (the `sandbox-helper` crate) over one
-//! long-lived attached exec per session and replica ([`channel`]): no Docker round trip per
-//! operation, and every operation runs as the sandbox user, so permissions are the kernel's and
-//! nothing running as root acts on a path the sandbox can change. [`ContainerEngine`] keeps
-//! container and network lifecycle only.
+//! talks to `daiv-sandbox-helper` inside the container (the `sandbox-helper` crate) in the
+//! typed protocol both share (the `sandbox-protocol` crate), over one long-lived attached exec
+//! per session and replica ([`channel`]): no Docker round trip per operation, and every
+//! operation runs as the sandbox user, so permissions are the kernel's and nothing running as
+//! root acts on a path the sandbox can change. [`ContainerEngine`] keeps container and network
+//! lifecycle only.
 //!
 //! Channels open lazily on first use and again after the helper or its container went away;
 //! a request that never reached a helper is retried once on a fresh channel, and a read-only
@@ -20,11 +21,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use sandbox_helper::protocol::{
-    Event, ExtractStats, MAX_DATA_CHUNK, MAX_PAYLOAD, ProcRequest, Request, ResponseError,
-    SeededInfo,
+use sandbox_protocol::frame::{MAX_DATA_CHUNK, MAX_PAYLOAD};
+use sandbox_protocol::message::{
+    ErrorKind, Event, ExtractStats, ProcRequest, Request, Response, ResponseError, SeededInfo,
 };
-use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
 use tokio::sync::mpsc;
@@ -101,14 +101,6 @@ impl Answer {
             HelperError::UnexpectedAnswer
         })
     }
-}
-
-/// A RESPONSE frame's payload.
-#[derive(Deserialize)]
-#[serde(rename_all = "snake_case")]
-enum Reply {
-    Ok(Box<RawValue>),
-    Error(ResponseError),
 }
 
 #[async_trait::async_trait]
@@ -305,9 +297,9 @@ fn answer(
     payload: &[u8],
     map: fn(ResponseError) -> HelperError,
 ) -> Result<Box<RawValue>, CallError> {
-    match serde_json::from_slice::<Reply>(payload) {
-        Ok(Reply::Ok(ok)) => Ok(ok),
-        Ok(Reply::Error(e)) => Err(CallError::Helper(map(e))),
+    match serde_json::from_slice::<Response<Box<RawValue>>>(payload) {
+        Ok(Response::Ok(ok)) => Ok(ok),
+        Ok(Response::Error(e)) => Err(CallError::Helper(map(e))),
         Err(_) => {
             h.channel().condemn(Violation::BadAnswer);
             Err(CallError::Helper(HelperError::UnexpectedAnswer))
@@ -317,7 +309,7 @@ fn answer(
 
 /// The helper's refusal of an fs op, a run, a seed.
 fn op_error(e: ResponseError) -> HelperError {
-    use sandbox_helper::protocol::ErrorKind as K;
+    use ErrorKind as K;
     match e.kind {
         K::BadRequest => HelperError::Rejected(e.message),
         K::Deadline => HelperError::DeadlineExceeded,
@@ -330,7 +322,7 @@ fn op_error(e: ResponseError) -> HelperError {
 
 /// The supervisor's refusals keep their meaning.
 fn process_error(e: ResponseError) -> HelperError {
-    use sandbox_helper::protocol::ErrorKind as K;
+    use ErrorKind as K;
     match e.kind {
         K::NotFound => HelperError::NoSuchProcess,
         K::Conflict => HelperError::ProcessConflict(e.message),

@@ -4,7 +4,7 @@
 
 use bytes::Bytes;
 use futures::StreamExt;
-use sandbox_helper::protocol::WriteHeader;
+use sandbox_protocol::write_file::WriteHeader;
 use tokio::io::AsyncWriteExt;
 
 use crate::engine::{AttachedExec, ContainerEngine, EngineError, ExecSpec};

@@ -9,7 +9,7 @@
 
 use base64::Engine as _;
 use bytes::Bytes;
-use sandbox_helper::protocol::Request;
+use sandbox_protocol::message::Request;
 use serde::de::DeserializeOwned;
 
 use super::validate_path;

@@ -31,7 +31,7 @@ pub fn shown(s: &str) -> String {
     format!("{cut}…({} bytes)", s.len())
 }
 
-pub use sandbox_helper::wire::validate_path;
+pub use sandbox_protocol::wire::validate_path;
 
 // === impl ChannelReader / ChannelWriter ===
 

@@ -15,12 +15,12 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use rustix::fd::OwnedFd;
 use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags, Timespec, Timestamps};
 use rustix::io::Errno;
+use sandbox_protocol::layout::WORKSPACE;
+use sandbox_protocol::message::{ErrorKind, ExtractStats};
+use sandbox_protocol::wire::validate_path;
 
 use super::resolve::{Opts, ResolveError, Root, components, make_dir};
 use super::{Input, OpError, Stop};
-use crate::layout::WORKSPACE;
-use crate::protocol::{ErrorKind, ExtractStats};
-use crate::wire::validate_path;
 
 fn io_err(message: String) -> OpError {
     OpError::Fail(ErrorKind::Io, message)

@@ -1,21 +1,26 @@
-//! The helper's operations (feature `server`): what each request does, given a [`Stop`] to
-//! honour and, for `write`/`extract`, its [`Input`].
+//! The helper's operations: what each request does, given a [`Stop`] to honour and, for
+//! `write`/`extract`, its [`Input`]. The server ([`crate::server`]) decodes requests and turns
+//! what an op returns into its response; the ops know nothing of frames.
+//!
+//! - [`resolve`]: path resolution confined to the workspace root, which every op goes through.
+//! - [`fs`]: `ls`, `read`, `grep`, `glob`, `write`, `edit`, `delete`.
+//! - [`text`]: paging (`read`) and replacement (`edit`); [`ere`]: POSIX ERE for `grep`.
+//! - [`run`]: a `run` request's commands.
+//! - [`extract`]: `extract` (a seed tar) and `clear`.
 
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use crate::protocol::ErrorKind;
-use crate::wire::{FsError, FsErrorCode};
+use sandbox_protocol::message::ErrorKind;
+use sandbox_protocol::wire::{FsError, FsErrorCode};
 
 pub mod ere;
 pub mod extract;
 pub mod fs;
-pub mod procs;
 pub mod resolve;
 pub mod run;
-pub mod serve;
 pub mod text;
 
 /// How often blocked waits look at the cancel flag and the deadline.

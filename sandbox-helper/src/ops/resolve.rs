@@ -19,8 +19,7 @@ use std::path::Path;
 use rustix::fd::OwnedFd;
 use rustix::fs::{FileType, Mode, OFlags, Stat};
 use rustix::io::Errno;
-
-use crate::layout::WORKSPACE;
+use sandbox_protocol::layout::WORKSPACE;
 
 /// Symlinks followed in one resolution (the kernel's own limit).
 pub const MAX_HOPS: usize = 40;

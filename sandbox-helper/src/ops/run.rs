@@ -17,9 +17,11 @@ use std::time::{Duration, Instant};
 use rustix::event::{PollFd, PollFlags, Timespec};
 use rustix::process::{Pid, PidfdFlags, Signal};
 
+use sandbox_protocol::frame::MAX_DATA_CHUNK;
+use sandbox_protocol::message::Event;
+
 use super::{Halt, Stop, TICK};
-use crate::identity::sandbox_command;
-use crate::protocol::{Event, MAX_DATA_CHUNK};
+use crate::identity::Identity;
 
 /// Printed as a command's output when the image has no shell at all.
 pub const NO_SHELL: &[u8] = b"daiv-sandbox: no shell in this image\n";
@@ -63,6 +65,8 @@ pub struct RunSpec<'a> {
     pub output_cap: u64,
     pub workdir: &'a Path,
     pub env: &'a [(String, String)],
+    /// Whom the commands run as.
+    pub identity: &'a Identity,
 }
 
 /// The shell commands run with, picked once per process.
@@ -99,8 +103,9 @@ fn find_on_path(name: &str) -> Option<PathBuf> {
         })
 }
 
-/// The shell, detected on first use: bash if on PATH, else `sh` with pipefail if it accepts it.
-pub fn shell() -> &'static Shell {
+/// The shell, detected on first use: bash if on PATH, else `sh` with pipefail if it accepts it
+/// (tried as whom commands run as: one identity per process).
+pub fn shell(identity: &Identity) -> &'static Shell {
     static SHELL: OnceLock<Shell> = OnceLock::new();
     SHELL.get_or_init(|| {
         if let Some(bash) = find_on_path("bash") {
@@ -110,7 +115,8 @@ pub fn shell() -> &'static Shell {
             return Shell::None;
         };
         // As the sandbox user, as every shell the helper starts.
-        let pipefail = sandbox_command(&sh)
+        let pipefail = identity
+            .sandbox_command(&sh)
             .args(["-o", "pipefail", "-c", "true"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -210,7 +216,7 @@ fn run_one(
         room: spec.output_cap,
         omitted: 0,
     };
-    let Some((program, flags)) = shell().argv() else {
+    let Some((program, flags)) = shell(spec.identity).argv() else {
         out.push(NO_SHELL);
         return Ok(Outcome {
             exit_code: 127,
@@ -227,7 +233,7 @@ fn run_one(
     };
     let (mut reader, writer) = io::pipe().map_err(spawn_err)?;
     let child = {
-        let mut cmd = sandbox_command(program);
+        let mut cmd = spec.identity.sandbox_command(program);
         cmd.args(flags)
             .arg(command)
             .stdin(Stdio::null())

@@ -3,7 +3,7 @@
 
 use std::io::Read;
 
-use crate::wire::{FsError, FsErrorCode, READ_MAX_BYTES, TRUNCATION_MARKER};
+use sandbox_protocol::wire::{FsError, FsErrorCode, READ_MAX_BYTES, TRUNCATION_MARKER};
 
 /// Bytes read past the requested page only to count `total_lines`; beyond this the count is the
 /// lines seen so far, so a page near the start of a huge file stays cheap.

@@ -9,25 +9,23 @@ use std::io::Write;
 use std::os::unix::process::CommandExt;
 use std::process::ExitCode;
 
+use sandbox_protocol::frame::{encode, encode_json, kind};
+use sandbox_protocol::message::Event;
+
 /// Where the test image keeps the real helper.
 const REAL: &str = "/opt/daiv-sandbox-helper";
 
-fn frame(out: &mut Vec<u8>, id: u32, kind: u8, payload: &[u8]) {
-    let len = u32::try_from(payload.len() + 5).unwrap_or(u32::MAX);
-    out.extend_from_slice(&len.to_be_bytes());
-    out.extend_from_slice(&id.to_be_bytes());
-    out.push(kind);
-    out.extend_from_slice(payload);
-}
-
 fn flood() -> ExitCode {
     let mut stdout = std::io::stdout().lock();
+    // Ready in the control plane's own protocol version: the flood, not a version mismatch, is
+    // what the channel must survive.
     let mut ready = Vec::new();
-    let event = format!(
-        r#"{{"type":"ready","protocol":1,"version":"hostile","pid":{}}}"#,
-        std::process::id()
-    );
-    frame(&mut ready, 0, 5, event.as_bytes());
+    let event = Event::Ready {
+        protocol: sandbox_protocol::VERSION,
+        version: "hostile".into(),
+        pid: std::process::id(),
+    };
+    encode_json(0, kind::EVENT, &event, &mut ready);
     if stdout
         .write_all(&ready)
         .and_then(|()| stdout.flush())
@@ -37,7 +35,7 @@ fn flood() -> ExitCode {
     }
     let mut small = Vec::new();
     for i in 0..4096u32 {
-        frame(&mut small, 0x4000_0000 + i, 6, br#"{"a":1}"#);
+        encode(0x4000_0000 + i, kind::RESPONSE, br#"{"a":1}"#, &mut small);
     }
     // Valid JSON, as a parser that reads every frame it is given would want it.
     let mut payload = vec![b'x'; 16 << 20];
@@ -46,7 +44,7 @@ fn flood() -> ExitCode {
         *last = b'"';
     }
     let mut big = Vec::new();
-    frame(&mut big, 0x7fff_fff0, 6, &payload);
+    encode(0x7fff_fff0, kind::RESPONSE, &payload, &mut big);
     // Until the control plane hangs up (then the write fails).
     loop {
         if stdout.write_all(&small).is_err() || stdout.write_all(&big).is_err() {

@@ -495,7 +495,7 @@ impl FakeEngine {
             let mut reader = tokio::io::BufReader::new(reader);
             let mut line = Vec::new();
             let header = match reader.read_until(b'\n', &mut line).await {
-                Ok(_) => serde_json::from_slice::<sandbox_helper::protocol::WriteHeader>(
+                Ok(_) => serde_json::from_slice::<sandbox_protocol::write_file::WriteHeader>(
                     line.strip_suffix(b"\n").unwrap_or(b"not a line"),
                 )
                 .ok(),

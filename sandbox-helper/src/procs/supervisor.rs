@@ -1,41 +1,51 @@
-//! Background processes: started by one request, outliving it, polled and killed by later ones.
-//!
-//! They belong to the container, not to a channel: the `init` helper (the container's
-//! keep-alive, child of tini) supervises them and answers on an abstract unix socket, so every
-//! `serve` instance (each replica's channel, a channel re-opened after the helper died or the
-//! control plane restarted) sees the same processes. They die with the container, so a stopped
-//! session starts again with none.
-//!
-//! On the socket, one request per connection, in the frames of [`crate::protocol`]: a REQUEST
-//! (a [`ProcRequest`]), for `stdin` one DATA frame; the answer is an optional DATA frame (output
-//! of a `poll`) and a RESPONSE. The supervisor and `serve` run under the helper's own uid (see
-//! [`crate::identity`]) and speak only to each other: each checks the other's uid on the socket.
-//! The processes run as the sandbox user.
+//! The supervisor: `init`'s side of background processes. It starts them (as the sandbox user,
+//! each in its own process group), keeps a bounded buffer of each one's output, and answers
+//! `serve`'s requests on its socket, one connection per request.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
-use std::os::linux::net::SocketAddrExt;
-use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::PathBuf;
 use std::process::{ChildStdin, Stdio};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal};
-
-use super::run::shell;
-use crate::identity::{self, sandbox_command};
-use crate::layout::{ENV_FILE, PROCESSES_SOCKET};
-use crate::protocol::{
-    ErrorKind, PollInfo, ProcInfo, ProcRequest, Response, encode, encode_json, kind, read_frame,
+use sandbox_protocol::frame::{encode, encode_json, kind, read_frame};
+use sandbox_protocol::layout;
+use sandbox_protocol::message::{
+    ErrorKind, PollInfo, ProcInfo, ProcList, ProcRequest, ProcStarted, Response,
 };
+
+use super::{MAX_WAIT, STDIN_WAIT, abstract_addr};
+use crate::env_file::claimed_env;
+use crate::identity::Identity;
+use crate::ops::run::shell;
+
+/// What the supervisor is told when `init` starts it.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The abstract socket it answers on (one per sandbox: per network namespace).
+    pub socket: String,
+    /// The claim's environment, read at each start (the claim writes it after `init` started).
+    pub env_file: PathBuf,
+    /// Who the supervisor is; processes run as its sandbox user, and only its own uid is served.
+    pub identity: Identity,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            socket: layout::PROCESSES_SOCKET.to_string(),
+            env_file: PathBuf::from(layout::ENV_FILE),
+            identity: Identity::Inherited,
+        }
+    }
+}
 
 /// Finished processes kept for their exit code and output; older ones are forgotten first.
 const KEEP_FINISHED: usize = 32;
-/// How long a `stdin` write may wait for a process that does not read.
-const STDIN_WAIT: Duration = Duration::from_secs(10);
-/// Longest a poll may wait, whatever it asks.
-const MAX_WAIT: Duration = Duration::from_secs(300);
 
 struct Output {
     buf: VecDeque<u8>,
@@ -63,73 +73,35 @@ struct Table {
     next: u64,
 }
 
-static SOCKET: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-
-/// Names the supervisor's socket for this process (`--processes NAME`; tests run several).
-pub fn set_socket(name: &str) {
-    let _ = SOCKET.set(name.to_string());
-}
-
-/// The supervisor's socket name.
-pub fn socket() -> &'static str {
-    SOCKET.get().map_or(PROCESSES_SOCKET, String::as_str)
-}
-
-/// The claim's environment from `path`; none when the file is absent (a session that was not
-/// claimed from a pool). An unreadable or malformed file is reported and counts as empty.
-pub fn claimed_env(path: &std::path::Path) -> Vec<(String, String)> {
-    let bytes = match std::fs::read(path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Vec::new(),
-        Err(e) => {
-            eprintln!("daiv-sandbox-helper: cannot read {}: {e}", path.display());
-            return Vec::new();
-        }
-    };
-    match serde_json::from_slice::<Vec<(String, String)>>(&bytes) {
-        Ok(env) => env
-            .into_iter()
-            .filter(|(k, v)| !k.is_empty() && !k.contains(['=', '\0']) && !v.contains('\0'))
-            .collect(),
-        Err(e) => {
-            eprintln!("daiv-sandbox-helper: {} is malformed: {e}", path.display());
-            Vec::new()
-        }
-    }
-}
-
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn abstract_addr(name: &str) -> io::Result<SocketAddr> {
-    SocketAddr::from_abstract_name(name.as_bytes())
-}
-
-/// `init`: keeps the container alive and supervises its background processes. Returns only if
-/// the socket cannot be bound (then the caller just parks: commands still work).
-pub fn supervise(name: &str) -> io::Result<()> {
-    let listener = UnixListener::bind_addr(&abstract_addr(name)?)?;
+/// Supervises the container's background processes (`init`, the keep-alive, runs it). Returns
+/// only if the socket cannot be bound (then the caller just parks: commands still work).
+pub fn supervise(config: Config) -> io::Result<()> {
+    let listener = UnixListener::bind_addr(&abstract_addr(&config.socket)?)?;
+    let config = Arc::new(config);
     let table = Arc::new(Mutex::new(Table::default()));
     for conn in listener.incoming() {
         let Ok(conn) = conn else { continue };
         // Only `serve` (the helper's own uid) may start, list or kill processes: a command that
         // could would make work the reaper counts as use, past the per-session limit.
         match rustix::net::sockopt::socket_peercred(&conn) {
-            Ok(peer) if identity::trusted_peer(peer.uid.as_raw()) => {}
+            Ok(peer) if config.identity.trusts_peer(peer.uid.as_raw()) => {}
             _ => continue,
         }
-        let table = table.clone();
+        let (config, table) = (config.clone(), table.clone());
         let _ = std::thread::Builder::new()
             .name("proc-conn".into())
             .spawn(move || {
-                let _ = serve_conn(conn, &table);
+                let _ = serve_conn(conn, &config, &table);
             });
     }
     Ok(())
 }
 
-fn serve_conn(mut conn: UnixStream, table: &Mutex<Table>) -> io::Result<()> {
+fn serve_conn(mut conn: UnixStream, config: &Config, table: &Mutex<Table>) -> io::Result<()> {
     conn.set_read_timeout(Some(Duration::from_secs(30)))?;
     conn.set_write_timeout(Some(Duration::from_secs(30)))?;
     let Some(frame) = read_frame(&mut conn).map_err(io::Error::other)? else {
@@ -157,7 +129,7 @@ fn serve_conn(mut conn: UnixStream, table: &Mutex<Table>) -> io::Result<()> {
             }
             Err(r) => r,
         },
-        Ok(req) => handle(table, req),
+        Ok(req) => handle(config, table, req),
     };
     encode_json(0, kind::RESPONSE, &response, &mut reply);
     conn.write_all(&reply)
@@ -185,7 +157,7 @@ fn info(p: &Proc) -> ProcInfo {
     }
 }
 
-fn handle(table: &Mutex<Table>, req: ProcRequest) -> Response {
+fn handle(config: &Config, table: &Mutex<Table>, req: ProcRequest) -> Response {
     match req {
         ProcRequest::Start {
             command,
@@ -193,15 +165,23 @@ fn handle(table: &Mutex<Table>, req: ProcRequest) -> Response {
             env,
             max_live,
             buffer_bytes,
-        } => match start(table, command, &workdir, &env, max_live, buffer_bytes) {
-            Ok(id) => Response::ok(&serde_json::json!({ "process_id": id })),
+        } => match start(
+            config,
+            table,
+            command,
+            &workdir,
+            &env,
+            max_live,
+            buffer_bytes,
+        ) {
+            Ok(process_id) => Response::ok(&ProcStarted { process_id }),
             Err(r) => r,
         },
         ProcRequest::List => {
             let mut procs: Vec<Arc<Proc>> = lock(table).procs.values().cloned().collect();
             procs.sort_by_key(|p| p.seq);
-            let list: Vec<ProcInfo> = procs.iter().map(|p| info(p)).collect();
-            Response::ok(&serde_json::json!({ "processes": list }))
+            let processes = procs.iter().map(|p| info(p)).collect();
+            Response::ok(&ProcList { processes })
         }
         ProcRequest::Kill { process_id } => match find(table, &process_id) {
             Ok(p) => {
@@ -236,6 +216,7 @@ fn random_hex() -> String {
 }
 
 fn start(
+    config: &Config,
     table: &Mutex<Table>,
     command: String,
     workdir: &str,
@@ -243,7 +224,7 @@ fn start(
     max_live: u32,
     buffer_bytes: u64,
 ) -> Result<String, Response> {
-    let Some((program, flags)) = shell().argv() else {
+    let Some((program, flags)) = shell(&config.identity).argv() else {
         return Err(Response::error(
             ErrorKind::Io,
             "this image has no shell to run a process with",
@@ -271,7 +252,7 @@ fn start(
     };
     let (mut reader, writer) = io::pipe().map_err(spawn_err)?;
     let mut child = {
-        let mut cmd = sandbox_command(program);
+        let mut cmd = config.identity.sandbox_command(program);
         cmd.args(flags)
             .arg(&command)
             .stdin(Stdio::piped())
@@ -279,7 +260,7 @@ fn start(
             .stderr(writer)
             .current_dir(workdir)
             // Read at each start: the claim writes it after this supervisor started.
-            .envs(claimed_env(std::path::Path::new(ENV_FILE)))
+            .envs(claimed_env(&config.env_file))
             .envs(env.iter().map(|(k, v)| (k, v)))
             .process_group(0);
         cmd.spawn().map_err(spawn_err)?
@@ -479,79 +460,4 @@ fn write_within(pipe: &mut ChildStdin, data: &[u8], limit: Duration) -> io::Resu
         }
     }
     Ok(())
-}
-
-/// How long the supervisor may take to answer beyond what the request itself may wait: a
-/// stopped or wedged supervisor costs a request this much, never a thread for good.
-const ANSWER_GRACE: Duration = Duration::from_secs(10);
-
-/// A connection to the supervisor, with deadlines for the request, and only to a supervisor of
-/// the helper's own uid: a command that bound the name first (one can, where the supervisor did
-/// not start) must not answer for it.
-fn connect(name: &str, req: &ProcRequest) -> io::Result<UnixStream> {
-    let conn = UnixStream::connect_addr(&abstract_addr(name)?)?;
-    let peer = rustix::net::sockopt::socket_peercred(&conn)?;
-    if !identity::trusted_peer(peer.uid.as_raw()) {
-        return Err(io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            format!(
-                "the socket is held by uid {}, not the helper",
-                peer.uid.as_raw()
-            ),
-        ));
-    }
-    let waits = match req {
-        ProcRequest::Poll { wait_ms, .. } => Duration::from_millis(*wait_ms).min(MAX_WAIT),
-        ProcRequest::Stdin { .. } => STDIN_WAIT,
-        _ => Duration::ZERO,
-    };
-    conn.set_read_timeout(Some(waits + ANSWER_GRACE))?;
-    conn.set_write_timeout(Some(ANSWER_GRACE))?;
-    Ok(conn)
-}
-
-/// The client side, used by `serve`: one request to the supervisor; returns the DATA frame's
-/// bytes (poll output, may be empty) and the response.
-pub fn call(name: &str, req: &ProcRequest, data: Option<&[u8]>) -> (Vec<u8>, Response) {
-    let unavailable = |e: io::Error| {
-        Response::error(
-            ErrorKind::Io,
-            format!("the session's process supervisor does not answer: {e}"),
-        )
-    };
-    let mut conn = match connect(name, req) {
-        Ok(c) => c,
-        Err(e) => return (Vec::new(), unavailable(e)),
-    };
-    let mut msg = Vec::new();
-    encode_json(0, kind::REQUEST, req, &mut msg);
-    if let Some(d) = data {
-        encode(0, kind::DATA, d, &mut msg);
-    }
-    if let Err(e) = conn.write_all(&msg) {
-        return (Vec::new(), unavailable(e));
-    }
-    let mut output = Vec::new();
-    loop {
-        match read_frame(&mut conn) {
-            Ok(Some(f)) if f.kind == kind::DATA => output = f.payload,
-            Ok(Some(f)) if f.kind == kind::RESPONSE => {
-                return match serde_json::from_slice(&f.payload) {
-                    Ok(r) => (output, r),
-                    Err(e) => (
-                        Vec::new(),
-                        Response::error(ErrorKind::Internal, format!("bad supervisor answer: {e}")),
-                    ),
-                };
-            }
-            Ok(Some(_)) => {}
-            Ok(None) => {
-                return (
-                    Vec::new(),
-                    unavailable(io::Error::other("it closed the connection")),
-                );
-            }
-            Err(e) => return (Vec::new(), unavailable(io::Error::other(e.to_string()))),
-        }
-    }
 }

@@ -1,7 +1,7 @@
 //! Where things live inside a sandbox container. The control plane builds the skeleton, seeds
 //! the workspace, installs the helper, the claim's environment and the egress CA at these paths;
 //! the helper confines, serves and reads them. Both sides take them from here, so they cannot
-//! drift apart. Built without the `server` feature (the control plane uses it).
+//! drift apart.
 //!
 //! Two trees: `/workspace`, the sandbox user's (a volume; every fs op is confined to it), and
 //! `/.daiv-sandbox`, root's (the sandbox user can run the helper and read the files there, but

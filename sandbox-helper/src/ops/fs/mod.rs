@@ -1,6 +1,9 @@
 //! `ls`, `read`, `grep`, `glob`, `write`, `edit`, `delete`: the control plane's former shell
 //! scripts done natively, with the same responses and messages, every path going through
 //! [`Root::resolve`]. Messages name only the wire path the client gave.
+//!
+//! The ops are here; by mechanism: `walk` (trees, never through a symlink, and their globs),
+//! `grep` (matching one file), `errno` (what a failed syscall tells the client).
 
 use std::ffi::OsStr;
 use std::fs::File;
@@ -10,21 +13,24 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use base64::Engine as _;
-use globset::{GlobBuilder, GlobMatcher, GlobSet, GlobSetBuilder};
 use rustix::fd::OwnedFd;
-use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags, Stat};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, Stat};
 use rustix::io::Errno;
+use sandbox_protocol::message::ErrorKind;
+use sandbox_protocol::wire::*;
 
 use super::ere;
-use super::resolve::{Opts, ResolveError, Root};
+use super::resolve::{Opts, ResolveError, Resolved, Root};
 use super::text::{Page, page_checked, replace};
-use super::{OpError, Stop, fail};
-use crate::layout::WORKSPACE;
-use crate::wire::*;
+use super::{Input, OpError, Stop, fail};
 
-/// Longest line grep matches against; the rest of a longer line is not searched (memory stays
-/// bounded on minified or binary-like text without NULs).
-const GREP_MAX_LINE: usize = 16 * 1024 * 1024;
+mod errno;
+mod grep;
+mod walk;
+
+use errno::{denied, errno_fail, io_fail, open_err, resolve_err};
+use grep::search;
+use walk::{glob_matcher, prune_set, read_dir, walk};
 
 const FOLLOW: Opts = Opts {
     follow_final: true,
@@ -42,68 +48,6 @@ fn path_arg(path: &str, allow_root: bool) -> Result<String, OpError> {
     validate_path(path, allow_root).map_err(|m| fail(FsErrorCode::InvalidPath, m))
 }
 
-fn describe(e: Errno) -> String {
-    std::io::Error::from_raw_os_error(e.raw_os_error()).to_string()
-}
-
-/// Any errno without a dedicated code: `exec_failed`, naming only the wire path.
-fn errno_fail(e: Errno, path: &str) -> OpError {
-    match e {
-        Errno::NOSPC => fail(
-            FsErrorCode::ExecFailed,
-            format!("{path}: no space left on device"),
-        ),
-        Errno::LOOP => fail(
-            FsErrorCode::ExecFailed,
-            format!("{path}: too many levels of symbolic links"),
-        ),
-        e => fail(FsErrorCode::ExecFailed, format!("{path}: {}", describe(e))),
-    }
-}
-
-fn denied(path: &str) -> OpError {
-    fail(
-        FsErrorCode::PermissionDenied,
-        format!("permission denied: {path}"),
-    )
-}
-
-fn outside(path: &str) -> OpError {
-    fail(
-        FsErrorCode::PermissionDenied,
-        format!("permission denied: {path}: a symbolic link on the way leads outside {WORKSPACE}"),
-    )
-}
-
-/// Resolution failures of an existing path. A non-directory in the middle of the path reads as
-/// absent, as `[ -e "$p" ]` did.
-fn resolve_err(e: ResolveError, path: &str) -> OpError {
-    match e {
-        ResolveError::Errno(Errno::NOENT | Errno::NOTDIR) => {
-            fail(FsErrorCode::NotFound, format!("{path} does not exist"))
-        }
-        ResolveError::Errno(Errno::ACCESS | Errno::PERM) => denied(path),
-        ResolveError::Outside => outside(path),
-        ResolveError::Loop => errno_fail(Errno::LOOP, path),
-        ResolveError::Errno(e) => errno_fail(e, path),
-    }
-}
-
-/// Opening the final entry after resolution (a racing swap shows up here).
-fn open_err(e: Errno, path: &str) -> OpError {
-    match e {
-        Errno::NOENT => fail(FsErrorCode::NotFound, format!("{path} does not exist")),
-        Errno::ACCESS | Errno::PERM => denied(path),
-        Errno::ISDIR => fail(FsErrorCode::IsADirectory, format!("{path} is a directory")),
-        // O_NOFOLLOW met a symlink swapped in, or O_DIRECTORY a non-directory.
-        Errno::LOOP | Errno::NXIO => fail(
-            FsErrorCode::ExecFailed,
-            format!("{path} is not a regular file"),
-        ),
-        e => errno_fail(e, path),
-    }
-}
-
 fn file_type(st: &Stat) -> FileType {
     FileType::from_raw_mode(st.st_mode)
 }
@@ -115,120 +59,6 @@ fn join(path: &str, rel: &[u8]) -> String {
         path.trim_end_matches('/'),
         String::from_utf8_lossy(rel)
     )
-}
-
-fn glob_matcher(pattern: &str) -> Result<GlobMatcher, OpError> {
-    GlobBuilder::new(pattern)
-        .literal_separator(true)
-        .backslash_escape(true)
-        .build()
-        .map(|g| g.compile_matcher())
-        .map_err(|e| fail(FsErrorCode::InvalidPattern, format!("invalid glob: {e}")))
-}
-
-/// Directory basename globs, as `find -name` took them; an invalid one matches nothing.
-pub fn prune_set(prune: &[String]) -> GlobSet {
-    let mut b = GlobSetBuilder::new();
-    for p in prune.iter().filter(|p| !p.is_empty()) {
-        if let Ok(g) = GlobBuilder::new(p)
-            .literal_separator(true)
-            .backslash_escape(true)
-            .build()
-        {
-            b.add(g);
-        }
-    }
-    b.build().unwrap_or_else(|_| GlobSet::empty())
-}
-
-/// A directory's entries (without `.` and `..`), sorted by name; types not reported by
-/// `readdir` are looked up without following links.
-fn read_dir(fd: &OwnedFd, stop: &Stop<'_>) -> Result<Vec<(Vec<u8>, FileType)>, OpError> {
-    let mut dir = Dir::read_from(fd).map_err(|e| errno_fail(e, "directory"))?;
-    let mut out = Vec::new();
-    while let Some(entry) = dir.read() {
-        let Ok(entry) = entry else { break };
-        let name = entry.file_name().to_bytes();
-        if name == b"." || name == b".." {
-            continue;
-        }
-        let mut ft = entry.file_type();
-        if ft == FileType::Unknown {
-            ft = rustix::fs::statat(fd, entry.file_name(), AtFlags::SYMLINK_NOFOLLOW)
-                .map(|st| file_type(&st))
-                .unwrap_or(FileType::Unknown);
-        }
-        out.push((name.to_vec(), ft));
-        if out.len() % 4096 == 0 {
-            stop.check()?;
-        }
-    }
-    out.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-    Ok(out)
-}
-
-fn open_child_dir(dir: &OwnedFd, name: &[u8]) -> Result<OwnedFd, Errno> {
-    rustix::fs::openat(
-        dir,
-        OsStr::from_bytes(name),
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-}
-
-/// Depth-first, pre-order, sorted walk below `fd` that never follows a symlink; pruned
-/// directories are neither visited nor entered, unreadable ones are skipped (as `find
-/// 2>/dev/null` did). `visit(dir, rel, name, type)` returns `false` to stop the walk.
-pub fn walk(
-    fd: OwnedFd,
-    prune: &GlobSet,
-    stop: &Stop<'_>,
-    mut visit: impl FnMut(&OwnedFd, &[u8], &[u8], FileType) -> Result<bool, OpError>,
-) -> Result<(), OpError> {
-    struct Frame {
-        fd: OwnedFd,
-        rel: Vec<u8>,
-        entries: std::vec::IntoIter<(Vec<u8>, FileType)>,
-    }
-    let entries = read_dir(&fd, stop)?.into_iter();
-    let mut stack = vec![Frame {
-        fd,
-        rel: Vec::new(),
-        entries,
-    }];
-    let mut seen = 0u64;
-    while let Some(top) = stack.last_mut() {
-        let Some((name, ft)) = top.entries.next() else {
-            stack.pop();
-            continue;
-        };
-        seen += 1;
-        if seen.is_multiple_of(256) {
-            stop.check()?;
-        }
-        let mut rel = top.rel.clone();
-        if !rel.is_empty() {
-            rel.push(b'/');
-        }
-        rel.extend_from_slice(&name);
-        if ft == FileType::Directory && prune.is_match(OsStr::from_bytes(&name)) {
-            continue;
-        }
-        if !visit(&top.fd, &rel, &name, ft)? {
-            return Ok(());
-        }
-        if ft == FileType::Directory
-            && let Ok(child) = open_child_dir(&top.fd, &name)
-        {
-            let entries = read_dir(&child, stop)?.into_iter();
-            stack.push(Frame {
-                fd: child,
-                rel,
-                entries,
-            });
-        }
-    }
-    Ok(())
 }
 
 static EDIT_SEQ: AtomicU64 = AtomicU64::new(0);
@@ -410,11 +240,7 @@ impl Fs<'_> {
 
     /// Resolves (following links) and opens a regular file; anything else is refused before a
     /// byte is read.
-    fn open_file(
-        &self,
-        path: &str,
-        flags: OFlags,
-    ) -> Result<(File, Stat, super::resolve::Resolved), OpError> {
+    fn open_file(&self, path: &str, flags: OFlags) -> Result<(File, Stat, Resolved), OpError> {
         let res = self
             .root
             .resolve(path, FOLLOW)
@@ -501,12 +327,12 @@ impl Fs<'_> {
         &self,
         path: &str,
         mode: u32,
-        input: &mut super::Input,
+        input: &mut Input,
     ) -> Result<FsWriteResponse, OpError> {
         let path = path_arg(path, false)?;
         if mode > 0o7777 {
             return Err(OpError::Fail(
-                crate::protocol::ErrorKind::BadRequest,
+                ErrorKind::BadRequest,
                 format!("mode must be between 0 and 4095, got {mode}"),
             ));
         }
@@ -702,76 +528,4 @@ impl Fs<'_> {
             Err(e) => Err(errno_fail(e, &path)),
         }
     }
-}
-
-fn io_fail(e: std::io::Error, path: &str) -> OpError {
-    match e.raw_os_error() {
-        Some(n) => errno_fail(Errno::from_raw_os_error(n), path),
-        None => fail(FsErrorCode::ExecFailed, format!("{path}: {e}")),
-    }
-}
-
-/// Greps one open file line by line into `matches` (at most one past the cap).
-fn search(
-    fd: OwnedFd,
-    re: &regex::bytes::Regex,
-    shown: &str,
-    matches: &mut Vec<FsGrepMatch>,
-    stop: &Stop<'_>,
-) -> Result<(), OpError> {
-    match rustix::fs::fstat(&fd) {
-        Ok(st) if file_type(&st) == FileType::RegularFile => {}
-        _ => return Ok(()),
-    }
-    let mut file = File::from(fd);
-    let mut buf = vec![0u8; 64 * 1024];
-    let mut carry: Vec<u8> = Vec::new();
-    let mut line_no = 0u64;
-    let emit = |line: &[u8], line_no: u64, matches: &mut Vec<FsGrepMatch>| {
-        if re.is_match(line) {
-            let text = String::from_utf8_lossy(line);
-            matches.push(FsGrepMatch {
-                path: shown.to_string(),
-                line: line_no,
-                text: text.strip_suffix('\r').unwrap_or(&text).to_string(),
-            });
-        }
-        matches.len() <= GREP_MAX_MATCHES
-    };
-    loop {
-        stop.check()?;
-        let n = match file.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(_) => return Ok(()),
-        };
-        let chunk = &buf[..n];
-        if memchr::memchr(0, chunk).is_some() {
-            return Ok(());
-        }
-        let mut start = 0;
-        for nl in memchr::memchr_iter(b'\n', chunk) {
-            line_no += 1;
-            let more = if carry.is_empty() {
-                emit(&chunk[start..nl], line_no, matches)
-            } else {
-                let room = GREP_MAX_LINE.saturating_sub(carry.len());
-                carry.extend_from_slice(&chunk[start..nl.min(start + room)]);
-                let more = emit(&carry, line_no, matches);
-                carry.clear();
-                more
-            };
-            if !more {
-                return Ok(());
-            }
-            start = nl + 1;
-        }
-        let room = GREP_MAX_LINE.saturating_sub(carry.len());
-        carry.extend_from_slice(&chunk[start..n.min(start + room)]);
-    }
-    if !carry.is_empty() {
-        emit(&carry, line_no + 1, matches);
-    }
-    Ok(())
 }

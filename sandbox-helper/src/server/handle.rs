@@ -1,0 +1,342 @@
+//! One request: the op it asks for, run with its cancel flag and deadline, and the op's outcome
+//! as its response (fs-level failures inside the fs answer, halts and failures as errors).
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use sandbox_protocol::frame::kind;
+use sandbox_protocol::layout::{self, WORKSPACE};
+use sandbox_protocol::message::{ErrorKind, ProcRequest, Request, Response, SeededInfo};
+use sandbox_protocol::wire::FsError;
+use serde::Serialize;
+
+use super::out::Out;
+use super::{Config, Live, Server, lock};
+use crate::env_file::claimed_env;
+use crate::ops::fs::Fs;
+use crate::ops::run::{self, Emit, RunError, RunSpec};
+use crate::ops::{Halt, Input, OpError, Stop, extract};
+use crate::procs::client;
+
+/// A run's environment: the claim's, then the request's (which wins). The claim's
+/// ([`layout::ENV_FILE`]) is read for every run: a warm-pool member's channel is opened before
+/// the member is claimed, so the file may appear after serving started (the control plane
+/// writes it before the claim's 201). A few microseconds a run.
+fn run_env(config: &Config, request: Vec<(String, String)>) -> Vec<(String, String)> {
+    let mut env = claimed_env(&config.service_file(layout::ENV_FILE));
+    env.extend(request);
+    env
+}
+
+/// Requests that read or write the workspace itself (on their own thread, as the sandbox user).
+pub(super) fn touches_workspace(req: &Request) -> bool {
+    match req {
+        Request::Ls { .. }
+        | Request::Read { .. }
+        | Request::Grep { .. }
+        | Request::Glob { .. }
+        | Request::Write { .. }
+        | Request::Edit { .. }
+        | Request::Delete { .. }
+        | Request::Extract { .. }
+        | Request::Clear { .. } => true,
+        Request::Ping | Request::Seeded | Request::Run { .. } | Request::Proc { .. } => false,
+    }
+}
+
+fn halted(h: Halt, live: &Live, deadline_ms: Option<u64>) -> Response {
+    match h {
+        Halt::Cancelled => match lock(&live.reason).take() {
+            Some((kind, why)) => Response::error(kind, why),
+            None => Response::error(ErrorKind::Cancelled, "cancelled"),
+        },
+        Halt::Deadline => Response::error(
+            ErrorKind::Deadline,
+            format!(
+                "the operation did not finish within its deadline of {} ms",
+                deadline_ms.unwrap_or_default()
+            ),
+        ),
+    }
+}
+
+/// Folds an fs op's outcome into its response: fs errors into the wire type's `error`.
+fn fs_response<T: Serialize + Default>(
+    r: Result<T, OpError>,
+    set: impl FnOnce(&mut T, FsError),
+    live: &Live,
+    deadline_ms: Option<u64>,
+) -> Response {
+    match r {
+        Ok(v) => Response::ok(&v),
+        Err(OpError::Fs(e)) => {
+            let mut v = T::default();
+            set(&mut v, e);
+            Response::ok(&v)
+        }
+        Err(OpError::Halt(h)) => halted(h, live, deadline_ms),
+        Err(OpError::Fail(kind, m)) => Response::error(kind, m),
+    }
+}
+
+/// `/workspace/x` as a path under the served root (tests serve a tempdir); others unchanged.
+fn host_path(root_dir: &Path, wire: &str) -> PathBuf {
+    match wire.strip_prefix(WORKSPACE) {
+        Some(rest) if rest.is_empty() || rest.starts_with('/') => {
+            root_dir.join(rest.trim_start_matches('/'))
+        }
+        _ => PathBuf::from(wire),
+    }
+}
+
+/// Runs request `id` to its response (the caller sends it).
+pub(super) fn handle(
+    id: u32,
+    req: Request,
+    input: Option<Input>,
+    server: &Server,
+    live: &Live,
+) -> Response {
+    let root = &server.root;
+    let out = &server.out;
+    let deadline_of = |ms: Option<u64>| ms.map(|ms| Instant::now() + Duration::from_millis(ms));
+    let fs_deadline = match &req {
+        Request::Ls { deadline_ms, .. }
+        | Request::Read { deadline_ms, .. }
+        | Request::Grep { deadline_ms, .. }
+        | Request::Glob { deadline_ms, .. }
+        | Request::Write { deadline_ms, .. }
+        | Request::Edit { deadline_ms, .. }
+        | Request::Delete { deadline_ms, .. } => Some(*deadline_ms),
+        Request::Extract { deadline_ms, .. } | Request::Clear { deadline_ms, .. } => *deadline_ms,
+        Request::Ping | Request::Seeded | Request::Run { .. } | Request::Proc { .. } => None,
+    };
+    let stop = Stop {
+        cancelled: &live.cancelled,
+        deadline: deadline_of(fs_deadline),
+    };
+    let fs = Fs { root, stop: &stop };
+    let dl = fs_deadline;
+    match req {
+        Request::Ping => Response::empty(),
+        // The root-owned marker: the sandbox user can neither create nor remove it.
+        Request::Seeded => Response::ok(&SeededInfo {
+            seeded: server.config.service_file(layout::SEED_MARKER).exists(),
+        }),
+        Request::Run {
+            commands,
+            fail_fast,
+            timeout_ms,
+            output_cap,
+            workdir,
+            env,
+        } => {
+            let workdir = host_path(&server.config.root, &workdir);
+            let env = run_env(&server.config, env);
+            let spec = RunSpec {
+                commands: &commands,
+                fail_fast,
+                timeout: timeout_ms.filter(|t| *t > 0).map(Duration::from_millis),
+                output_cap,
+                workdir: &workdir,
+                env: &env,
+                identity: &server.config.identity,
+            };
+            let mut emit = |e: Emit<'_>| match e {
+                Emit::Event(ev) => out.event(id, &ev),
+                Emit::Data(d) => out.frame(id, kind::DATA, d),
+            };
+            // One batch at a time: the control plane's session lock orders runs, but it is
+            // released as soon as a client leaves, while the cancelled batch's process group
+            // may take a tick to be killed. The next batch starts only once it is gone.
+            let _one = lock(&server.runs);
+            match run::run(&spec, &stop, &live.pgid, &mut emit) {
+                Ok(()) => Response::empty(),
+                Err(RunError::Halt(h)) => halted(h, live, None),
+                Err(RunError::Spawn(m)) => Response::error(ErrorKind::Io, m),
+            }
+        }
+        Request::Ls { path, .. } => fs_response(fs.ls(&path), |r, e| r.error = Some(e), live, dl),
+        Request::Read {
+            path,
+            offset,
+            limit,
+            ..
+        } => fs_response(
+            fs.read(&path, offset, limit),
+            |r, e| r.error = Some(e),
+            live,
+            dl,
+        ),
+        Request::Grep {
+            pattern,
+            path,
+            glob,
+            prune,
+            ..
+        } => fs_response(
+            fs.grep(&pattern, &path, glob.as_deref(), &prune),
+            |r, e| r.error = Some(e),
+            live,
+            dl,
+        ),
+        Request::Glob {
+            pattern,
+            path,
+            prune,
+            ..
+        } => fs_response(
+            fs.glob(&pattern, &path, &prune),
+            |r, e| r.error = Some(e),
+            live,
+            dl,
+        ),
+        Request::Write { path, mode, .. } => {
+            let Some(mut input) = input else {
+                return Response::error(ErrorKind::Internal, "no input stream");
+            };
+            let r = fs.write(&path, mode, &mut input);
+            // Answer after EOF whatever happened, so no input frame outlives the answer.
+            if let Err(h) = input.drain(&stop) {
+                return halted(h, live, dl);
+            }
+            fs_response(r, |r, e| r.error = Some(e), live, dl)
+        }
+        Request::Edit {
+            path,
+            old,
+            new,
+            replace_all,
+            ..
+        } => fs_response(
+            fs.edit(&path, &old, &new, replace_all),
+            |r, e| r.error = Some(e),
+            live,
+            dl,
+        ),
+        Request::Delete { path, .. } => {
+            fs_response(fs.delete(&path), |r, e| r.error = Some(e), live, dl)
+        }
+        Request::Extract { dest, .. } => {
+            let Some(mut input) = input else {
+                return Response::error(ErrorKind::Internal, "no input stream");
+            };
+            let r = extract::extract(root, &dest, &mut input, &stop);
+            if let Err(h) = input.drain(&stop) {
+                return halted(h, live, dl);
+            }
+            match r {
+                Ok(stats) => Response::ok(&stats),
+                Err(OpError::Halt(h)) => halted(h, live, dl),
+                Err(OpError::Fail(k, m)) => Response::error(k, m),
+                Err(OpError::Fs(e)) => Response::error(ErrorKind::Io, e.message),
+            }
+        }
+        Request::Proc { request } => proc_request(id, request, input, &server.config, &stop, out),
+        Request::Clear { dest, .. } => match extract::clear(root, &dest, &stop) {
+            Ok(()) => Response::empty(),
+            Err(OpError::Halt(h)) => halted(h, live, dl),
+            Err(OpError::Fail(k, m)) => Response::error(k, m),
+            Err(OpError::Fs(e)) => Response::error(ErrorKind::Io, e.message),
+        },
+    }
+}
+
+/// Most stdin bytes one request may carry.
+const MAX_STDIN: usize = 1024 * 1024;
+
+/// Relays a background-process request to the container's supervisor.
+fn proc_request(
+    id: u32,
+    mut request: ProcRequest,
+    input: Option<Input>,
+    config: &Config,
+    stop: &Stop<'_>,
+    out: &Out,
+) -> Response {
+    let mut data = None;
+    if let Some(mut input) = input {
+        let mut buf = Vec::new();
+        loop {
+            match input.next(stop) {
+                Ok(Some(d)) => {
+                    if buf.len() + d.len() > MAX_STDIN {
+                        let _ = input.drain(stop);
+                        return Response::error(
+                            ErrorKind::BadRequest,
+                            format!("stdin writes are limited to {MAX_STDIN} bytes per request"),
+                        );
+                    }
+                    buf.extend_from_slice(&d);
+                }
+                Ok(None) => break,
+                Err(h) => return Response::error(ErrorKind::Cancelled, format!("{h:?}")),
+            }
+        }
+        data = Some(buf);
+    }
+    if let ProcRequest::Start { workdir, .. } = &mut request {
+        *workdir = host_path(&config.root, workdir)
+            .to_string_lossy()
+            .into_owned();
+    }
+    let is_poll = matches!(request, ProcRequest::Poll { .. });
+    let (output, response) = client::call(
+        &config.processes,
+        &config.identity,
+        &request,
+        data.as_deref(),
+    );
+    if is_poll && matches!(response, Response::Ok(_)) {
+        out.frame(id, kind::DATA, &output);
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_claims_environment_comes_first_and_the_request_wins() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = Config {
+            service_dir: dir.path().to_path_buf(),
+            ..Config::default()
+        };
+        let file = dir.path().join("environment");
+        assert!(run_env(&config, Vec::new()).is_empty(), "no claim, no file");
+        std::fs::write(
+            &file,
+            br#"[["A","claimed"],["B","claimed"],["bad=name","x"]]"#,
+        )
+        .expect("write");
+        let env = run_env(&config, vec![("B".into(), "request".into())]);
+        assert_eq!(
+            env,
+            vec![
+                ("A".to_string(), "claimed".to_string()),
+                ("B".to_string(), "claimed".to_string()),
+                ("B".to_string(), "request".to_string()),
+            ]
+        );
+        // Written after serving started (a pool member claimed with its channel open).
+        std::fs::write(&file, br#"[["A","later"]]"#).expect("write");
+        assert_eq!(
+            run_env(&config, Vec::new()),
+            vec![("A".to_string(), "later".to_string())]
+        );
+    }
+
+    #[test]
+    fn workspace_paths_map_under_the_served_root() {
+        let root = Path::new("/tmp/served");
+        assert_eq!(host_path(root, "/workspace"), root);
+        assert_eq!(
+            host_path(root, "/workspace/repo/sub"),
+            root.join("repo/sub")
+        );
+        assert_eq!(host_path(root, "/workspacex/a"), Path::new("/workspacex/a"));
+        assert_eq!(host_path(root, "/usr/bin"), Path::new("/usr/bin"));
+    }
+}

@@ -1,0 +1,127 @@
+//! The contract between daiv-sandbox's control plane and `daiv-sandbox-helper`, the helper
+//! inside each session container: one typed definition both sides build and read, so they
+//! cannot drift apart. Serde types and pure functions only (no I/O runtime, no logging).
+//!
+//! - [`frame`]: the envelope of every message ([`frame::encode`], the incremental
+//!   [`frame::FrameDecoder`], the blocking [`frame::read_frame`]) and the frame kinds.
+//! - [`message`]: what frames carry: [`message::Request`] (and [`message::ProcRequest`]),
+//!   [`message::Event`], [`message::Response`] with its [`message::ErrorKind`], and the `ok`
+//!   values that are not fs wire types.
+//! - [`write_file`]: the input of the helper's `write-file` command ([`write_file::WriteHeader`]).
+//! - [`wire`]: the `fs/*` request and response types the HTTP API serves and the helper answers
+//!   with, their limits and [`wire::validate_path`].
+//! - [`layout`]: the paths inside a sandbox.
+//!
+//! Feature `openapi` adds `utoipa` schemas to [`wire`]. `tests/snapshot.rs` pins the JSON of
+//! every message: a change to the protocol is never silent.
+//!
+//! # Protocol (version 1)
+//!
+//! The control plane (the client) opens one long-lived `docker exec -i` of
+//! `daiv-sandbox-helper serve` per session and replica, and speaks this on its stdin/stdout.
+//!
+//! ## Frames
+//! Every message either way is one frame:
+//!
+//! ```text
+//! len: u32 big-endian | id: u32 big-endian | kind: u8 | payload: len - 5 bytes
+//! ```
+//!
+//! `len = 5 + payload.len()` and `payload.len() <= MAX_PAYLOAD` (16 MiB: the largest answer, a
+//! listing or a page of matches, as the shell-script implementation allowed). A frame with
+//! `len < 5` or a larger payload is a protocol error: the helper writes a diagnostic to stderr
+//! and exits with status 2 (so does a stream that ends inside a frame). The helper never sends a
+//! frame over the limit either (see RESPONSE).
+//!
+//! | kind | name | direction | payload |
+//! | --- | --- | --- | --- |
+//! | 1 | REQUEST | client→helper | JSON [`message::Request`]; starts request `id` |
+//! | 2 | DATA | both | raw bytes: client→helper the request's input (write content, seed tar, a process's stdin); helper→client the output of the command running in that `run` (≤ 64 KiB per frame) or a poll's output |
+//! | 3 | EOF | client→helper | empty: end of the request's input |
+//! | 4 | CANCEL | client→helper | empty: abandon request `id` |
+//! | 5 | EVENT | helper→client | JSON [`message::Event`]: progress |
+//! | 6 | RESPONSE | helper→client | JSON [`message::Response`]: the final answer |
+//!
+//! Ids are picked by the client: nonzero, unique among live requests (a request is live from
+//! its REQUEST until its RESPONSE). Id 0 carries only the `ready` event. Frames of one id are in
+//! order; frames of different ids interleave. No frame for an id follows its RESPONSE.
+//!
+//! ## Lifecycle
+//! - On start the helper sends EVENT id 0
+//!   `{"type":"ready","protocol":1,"version":"<crate version>","pid":N}`. The client speaks
+//!   only to a helper whose `protocol` is its own [`VERSION`].
+//! - EOF on stdin (the client went away): every request is cancelled, running process groups
+//!   are killed, the helper exits 0.
+//! - stderr carries the helper's own diagnostics only.
+//!
+//! ## Errors outside a request
+//! - REQUEST with bad JSON or an unknown `op`, id 0, or an id already live: RESPONSE
+//!   `bad_request` for that id.
+//! - A frame of unknown kind (including EVENT/RESPONSE sent to the helper): RESPONSE
+//!   `bad_request` for that id; if the id is live, the request is stopped and that is its answer.
+//! - DATA, EOF or CANCEL for an id that is not live: ignored (input after an answer).
+//!
+//! ## Requests
+//! `Request` is JSON with an `op` tag. Paths are wire paths under `/workspace`; the helper
+//! validates them again with [`wire::validate_path`] and trusts nothing.
+//!
+//! - `{"op":"ping"}` → ok `{}`.
+//! - `{"op":"seeded"}` → ok `{"seeded":bool}` ([`message::SeededInfo`]): whether the root-owned
+//!   seed marker exists (the one path outside `/workspace` the helper looks at; the sandbox user
+//!   can neither create nor remove it).
+//! - `{"op":"run","commands":[str],"fail_fast":bool,"timeout_ms":u64|null,"output_cap":u64,
+//!   "workdir":str,"env":[[str,str]]}` (defaults: `fail_fast` false, `timeout_ms` null = none,
+//!   0 also none, `output_cap` 16 MiB, `workdir` `/workspace/repo`, `env` empty). For each
+//!   command a `started` event, its output as DATA frames, a `finished` event; then RESPONSE ok
+//!   `{}`. How commands run is the helper's to document.
+//! - `{"op":"ls","path"}` → ok [`wire::FsLsResponse`].
+//! - `{"op":"read","path","offset"?,"limit"?}` (defaults 0, 2000) → ok [`wire::FsReadResponse`].
+//! - `{"op":"grep","pattern","path","glob":str|null,"prune":[str]}` → ok
+//!   [`wire::FsGrepResponse`].
+//! - `{"op":"glob","pattern","path","prune":[str]}` → ok [`wire::FsGlobResponse`].
+//! - `{"op":"write","path","mode"?}` (default 0o644) + DATA* + EOF → ok
+//!   [`wire::FsWriteResponse`]. `mode` over 0o7777 → `bad_request`.
+//! - `{"op":"edit","path","old","new","replace_all"?}` → ok [`wire::FsEditResponse`].
+//! - `{"op":"delete","path"}` → ok [`wire::FsDeleteResponse`].
+//! - `{"op":"extract","dest"}` + DATA* (a tar stream) + EOF → ok
+//!   `{"files":n,"dirs":n,"symlinks":n,"bytes":n,"skipped":n}` ([`message::ExtractStats`]).
+//! - `{"op":"clear","dest"}` → removes everything inside `dest` (not `dest` itself; an absent
+//!   `dest` is already clear) → ok `{}`.
+//! - `{"op":"proc","request":{"action":...}}` ([`message::ProcRequest`]): a background-process
+//!   request, relayed to the container's process supervisor: `start` → ok `{"process_id"}`
+//!   ([`message::ProcStarted`]); `list` → ok `{"processes":[...]}` ([`message::ProcList`]);
+//!   `poll` → one DATA frame of output, then ok [`message::PollInfo`]; `stdin` + DATA* + EOF →
+//!   ok `{}`; `kill` → ok `{}`. Its refusals are `not_found`, `conflict`, `limit` and `io`.
+//!
+//! `prune` is the full list of directory basename globs to prune at any depth (the server's list
+//! plus the request's `exclude`, merged by the client). Every fs request (`ls` … `delete`) may
+//! carry `"deadline_ms": u64` (default 30000): past it the op stops and answers `deadline`.
+//! `extract` and `clear` take an optional `deadline_ms` and have none by default.
+//!
+//! Requests with input (`write`, `extract`, a process's `stdin`) are answered only after their
+//! EOF (or a CANCEL): input after an early failure is read and dropped, so no DATA frame outlives
+//! the answer.
+//!
+//! ## Responses
+//! `{"ok": value}` or `{"error": {"kind": "bad_request"|"cancelled"|"deadline"|"io"|"internal"|
+//! "not_found"|"conflict"|"limit", "message": str}}`. For fs ops `ok` is the complete wire
+//! response including its `error` field: fs-level problems (`not_found`, `permission_denied`,
+//! …) are `ok` with `error` set, exactly as the HTTP API answers them. A CANCEL makes the answer
+//! `cancelled` unless the request had already been answered. A response that would exceed
+//! `MAX_PAYLOAD` is replaced by an `io` error saying so (a listing or glob of a huge tree:
+//! narrow the request).
+//!
+//! ## Events
+//! `{"type":"ready","protocol":1,"version":str,"pid":n}` (id 0) ·
+//! `{"type":"started","index":i}`: command `i` of a `run` began; the DATA frames that follow are
+//! its output · `{"type":"finished","index":i,"exit_code":n,"omitted":n,"timed_out":bool}`.
+
+pub mod frame;
+pub mod layout;
+pub mod message;
+pub mod wire;
+pub mod write_file;
+
+/// Protocol version the helper announces in its `ready` event; bumped on any change a peer of
+/// the other version would misread.
+pub const VERSION: u32 = 1;

@@ -1,0 +1,687 @@
+//! The protocol's JSON, pinned: every request (and process request) variant, every event, the
+//! response envelope with every error kind, every `ok` value the protocol defines, the
+//! `write-file` header, the fs answers and the bytes of a frame. Each literal is what one side
+//! sends and the other parses; a change to any of them (a renamed field, a new default, a new
+//! variant) fails here, so it is never silent. A new variant does not compile until it is named
+//! in the lists below, and a named variant without a pinned literal fails.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeSet;
+use std::fmt::Debug;
+
+use sandbox_protocol::frame::{self, kind};
+use sandbox_protocol::message::{
+    ErrorKind, Event, ExtractStats, PollInfo, ProcInfo, ProcList, ProcRequest, ProcStarted,
+    Request, Response, SeededInfo,
+};
+use sandbox_protocol::wire::{
+    FsDeleteResponse, FsEditResponse, FsEntry, FsError, FsErrorCode, FsGlobResponse, FsGrepMatch,
+    FsGrepResponse, FsLsResponse, FsReadResponse, FsWriteResponse,
+};
+use sandbox_protocol::write_file::WriteHeader;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+/// `value` is sent as exactly `json`, and `json` is read back as exactly `value`.
+fn pinned<T: Serialize + DeserializeOwned + PartialEq + Debug>(value: &T, json: &str) {
+    assert_eq!(
+        serde_json::to_string(value).unwrap(),
+        json,
+        "{value:?} is sent differently"
+    );
+    assert_eq!(
+        &serde_json::from_str::<T>(json).unwrap(),
+        value,
+        "{json} is read differently"
+    );
+}
+
+/// `value` is sent as exactly `json` (answers the control plane only reads).
+fn sent_as<T: Serialize>(value: &T, json: &str) {
+    assert_eq!(serde_json::to_string(value).unwrap(), json);
+}
+
+fn covers(pinned: impl IntoIterator<Item = &'static str>, all: &[&'static str]) {
+    let pinned: BTreeSet<_> = pinned.into_iter().collect();
+    let all: BTreeSet<_> = all.iter().copied().collect();
+    assert_eq!(pinned, all, "every variant has a pinned literal");
+}
+
+fn request_name(r: &Request) -> &'static str {
+    match r {
+        Request::Ping => "ping",
+        Request::Seeded => "seeded",
+        Request::Run { .. } => "run",
+        Request::Ls { .. } => "ls",
+        Request::Read { .. } => "read",
+        Request::Grep { .. } => "grep",
+        Request::Glob { .. } => "glob",
+        Request::Write { .. } => "write",
+        Request::Edit { .. } => "edit",
+        Request::Delete { .. } => "delete",
+        Request::Extract { .. } => "extract",
+        Request::Clear { .. } => "clear",
+        Request::Proc { .. } => "proc",
+    }
+}
+
+const REQUESTS: &[&str] = &[
+    "ping", "seeded", "run", "ls", "read", "grep", "glob", "write", "edit", "delete", "extract",
+    "clear", "proc",
+];
+
+fn path(p: &str) -> String {
+    format!("/workspace/repo/{p}")
+}
+
+#[test]
+fn every_request_has_its_json() {
+    let cases: Vec<(Request, &str)> = vec![
+        (Request::Ping, r#"{"op":"ping"}"#),
+        (Request::Seeded, r#"{"op":"seeded"}"#),
+        (
+            Request::Run {
+                commands: vec!["make test".into(), "echo done".into()],
+                fail_fast: true,
+                timeout_ms: Some(600_000),
+                output_cap: 1024,
+                workdir: "/workspace/repo/sub".into(),
+                env: vec![("CI".into(), "1".into())],
+            },
+            r#"{"op":"run","commands":["make test","echo done"],"fail_fast":true,"timeout_ms":600000,"output_cap":1024,"workdir":"/workspace/repo/sub","env":[["CI","1"]]}"#,
+        ),
+        (
+            Request::Ls {
+                path: path("src"),
+                deadline_ms: 30_000,
+            },
+            r#"{"op":"ls","path":"/workspace/repo/src","deadline_ms":30000}"#,
+        ),
+        (
+            Request::Read {
+                path: path("a.rs"),
+                offset: 10,
+                limit: 20,
+                deadline_ms: 5_000,
+            },
+            r#"{"op":"read","path":"/workspace/repo/a.rs","offset":10,"limit":20,"deadline_ms":5000}"#,
+        ),
+        (
+            Request::Grep {
+                pattern: "fn [a-z]+".into(),
+                path: path(""),
+                glob: Some("*.rs".into()),
+                prune: vec![".git".into(), "node_modules".into()],
+                deadline_ms: 30_000,
+            },
+            r#"{"op":"grep","pattern":"fn [a-z]+","path":"/workspace/repo/","glob":"*.rs","prune":[".git","node_modules"],"deadline_ms":30000}"#,
+        ),
+        (
+            Request::Glob {
+                pattern: "**/*.rs".into(),
+                path: path(""),
+                prune: vec![".git".into()],
+                deadline_ms: 30_000,
+            },
+            r#"{"op":"glob","pattern":"**/*.rs","path":"/workspace/repo/","prune":[".git"],"deadline_ms":30000}"#,
+        ),
+        (
+            Request::Write {
+                path: path("new.sh"),
+                mode: 0o755,
+                deadline_ms: 30_000,
+            },
+            r#"{"op":"write","path":"/workspace/repo/new.sh","mode":493,"deadline_ms":30000}"#,
+        ),
+        (
+            Request::Edit {
+                path: path("a.rs"),
+                old: "foo".into(),
+                new: "bar".into(),
+                replace_all: true,
+                deadline_ms: 30_000,
+            },
+            r#"{"op":"edit","path":"/workspace/repo/a.rs","old":"foo","new":"bar","replace_all":true,"deadline_ms":30000}"#,
+        ),
+        (
+            Request::Delete {
+                path: path("a.rs"),
+                deadline_ms: 30_000,
+            },
+            r#"{"op":"delete","path":"/workspace/repo/a.rs","deadline_ms":30000}"#,
+        ),
+        (
+            Request::Extract {
+                dest: "/workspace/repo".into(),
+                deadline_ms: None,
+            },
+            r#"{"op":"extract","dest":"/workspace/repo","deadline_ms":null}"#,
+        ),
+        (
+            Request::Clear {
+                dest: "/workspace/skills".into(),
+                deadline_ms: Some(120_000),
+            },
+            r#"{"op":"clear","dest":"/workspace/skills","deadline_ms":120000}"#,
+        ),
+        (
+            Request::Proc {
+                request: ProcRequest::List,
+            },
+            r#"{"op":"proc","request":{"action":"list"}}"#,
+        ),
+    ];
+    for (value, json) in &cases {
+        pinned(value, json);
+    }
+    covers(cases.iter().map(|(r, _)| request_name(r)), REQUESTS);
+}
+
+/// What a request leaves out is the protocol's default, on the helper's side.
+#[test]
+fn omitted_request_fields_take_their_defaults() {
+    let read = |json: &str| serde_json::from_str::<Request>(json).unwrap();
+    assert_eq!(
+        read(r#"{"op":"run","commands":["true"]}"#),
+        Request::Run {
+            commands: vec!["true".into()],
+            fail_fast: false,
+            timeout_ms: None,
+            output_cap: 16 * 1024 * 1024,
+            workdir: "/workspace/repo".into(),
+            env: vec![],
+        }
+    );
+    assert_eq!(
+        read(r#"{"op":"read","path":"/workspace/a"}"#),
+        Request::Read {
+            path: "/workspace/a".into(),
+            offset: 0,
+            limit: 2000,
+            deadline_ms: 30_000,
+        }
+    );
+    assert_eq!(
+        read(r#"{"op":"grep","pattern":"x","path":"/workspace"}"#),
+        Request::Grep {
+            pattern: "x".into(),
+            path: "/workspace".into(),
+            glob: None,
+            prune: vec![],
+            deadline_ms: 30_000,
+        }
+    );
+    assert_eq!(
+        read(r#"{"op":"write","path":"/workspace/a"}"#),
+        Request::Write {
+            path: "/workspace/a".into(),
+            mode: 0o644,
+            deadline_ms: 30_000,
+        }
+    );
+    assert_eq!(
+        read(r#"{"op":"edit","path":"/workspace/a","old":"x","new":"y"}"#),
+        Request::Edit {
+            path: "/workspace/a".into(),
+            old: "x".into(),
+            new: "y".into(),
+            replace_all: false,
+            deadline_ms: 30_000,
+        }
+    );
+    assert_eq!(
+        read(r#"{"op":"extract","dest":"/workspace/repo"}"#),
+        Request::Extract {
+            dest: "/workspace/repo".into(),
+            deadline_ms: None,
+        }
+    );
+    for bad in [
+        r#"{"op":"format_disk"}"#,
+        r#"{"op":"ls"}"#,
+        r#"{"path":"/workspace"}"#,
+    ] {
+        assert!(serde_json::from_str::<Request>(bad).is_err(), "{bad}");
+    }
+}
+
+fn proc_name(r: &ProcRequest) -> &'static str {
+    match r {
+        ProcRequest::Start { .. } => "start",
+        ProcRequest::List => "list",
+        ProcRequest::Poll { .. } => "poll",
+        ProcRequest::Stdin { .. } => "stdin",
+        ProcRequest::Kill { .. } => "kill",
+    }
+}
+
+#[test]
+fn every_process_request_has_its_json() {
+    let cases: Vec<(ProcRequest, &str)> = vec![
+        (
+            ProcRequest::Start {
+                command: "npm run dev".into(),
+                workdir: "/workspace/repo".into(),
+                env: vec![("PORT".into(), "3000".into())],
+                max_live: 8,
+                buffer_bytes: 1_048_576,
+            },
+            r#"{"action":"start","command":"npm run dev","workdir":"/workspace/repo","env":[["PORT","3000"]],"max_live":8,"buffer_bytes":1048576}"#,
+        ),
+        (ProcRequest::List, r#"{"action":"list"}"#),
+        (
+            ProcRequest::Poll {
+                process_id: "p1-0a1b2c3d4e5f".into(),
+                offset: 100,
+                wait_ms: 2_000,
+                max_bytes: 65_536,
+            },
+            r#"{"action":"poll","process_id":"p1-0a1b2c3d4e5f","offset":100,"wait_ms":2000,"max_bytes":65536}"#,
+        ),
+        (
+            ProcRequest::Stdin {
+                process_id: "p1-0a1b2c3d4e5f".into(),
+                eof: true,
+            },
+            r#"{"action":"stdin","process_id":"p1-0a1b2c3d4e5f","eof":true}"#,
+        ),
+        (
+            ProcRequest::Kill {
+                process_id: "p1-0a1b2c3d4e5f".into(),
+            },
+            r#"{"action":"kill","process_id":"p1-0a1b2c3d4e5f"}"#,
+        ),
+    ];
+    for (value, json) in &cases {
+        pinned(value, json);
+    }
+    covers(
+        cases.iter().map(|(r, _)| proc_name(r)),
+        &["start", "list", "poll", "stdin", "kill"],
+    );
+    // Wrapped in a REQUEST, and with its defaults left out.
+    pinned(
+        &Request::Proc {
+            request: ProcRequest::Kill {
+                process_id: "p2-ffffffffffff".into(),
+            },
+        },
+        r#"{"op":"proc","request":{"action":"kill","process_id":"p2-ffffffffffff"}}"#,
+    );
+    assert_eq!(
+        serde_json::from_str::<ProcRequest>(r#"{"action":"poll","process_id":"p","max_bytes":1}"#)
+            .unwrap(),
+        ProcRequest::Poll {
+            process_id: "p".into(),
+            offset: 0,
+            wait_ms: 0,
+            max_bytes: 1,
+        }
+    );
+    assert_eq!(
+        serde_json::from_str::<ProcRequest>(
+            r#"{"action":"start","command":"x","workdir":"/w","max_live":1,"buffer_bytes":1}"#
+        )
+        .unwrap(),
+        ProcRequest::Start {
+            command: "x".into(),
+            workdir: "/w".into(),
+            env: vec![],
+            max_live: 1,
+            buffer_bytes: 1,
+        }
+    );
+}
+
+fn event_name(e: &Event) -> &'static str {
+    match e {
+        Event::Ready { .. } => "ready",
+        Event::Started { .. } => "started",
+        Event::Finished { .. } => "finished",
+    }
+}
+
+#[test]
+fn every_event_has_its_json() {
+    let cases: Vec<(Event, &str)> = vec![
+        (
+            Event::Ready {
+                protocol: 1,
+                version: "0.1.0".into(),
+                pid: 42,
+            },
+            r#"{"type":"ready","protocol":1,"version":"0.1.0","pid":42}"#,
+        ),
+        (
+            Event::Started { index: 0 },
+            r#"{"type":"started","index":0}"#,
+        ),
+        (
+            Event::Finished {
+                index: 1,
+                exit_code: 124,
+                omitted: 4096,
+                timed_out: true,
+            },
+            r#"{"type":"finished","index":1,"exit_code":124,"omitted":4096,"timed_out":true}"#,
+        ),
+    ];
+    for (value, json) in &cases {
+        pinned(value, json);
+    }
+    covers(
+        cases.iter().map(|(e, _)| event_name(e)),
+        &["ready", "started", "finished"],
+    );
+}
+
+fn kind_name(k: ErrorKind) -> &'static str {
+    match k {
+        ErrorKind::BadRequest => "bad_request",
+        ErrorKind::Cancelled => "cancelled",
+        ErrorKind::Deadline => "deadline",
+        ErrorKind::Io => "io",
+        ErrorKind::Internal => "internal",
+        ErrorKind::NotFound => "not_found",
+        ErrorKind::Conflict => "conflict",
+        ErrorKind::Limit => "limit",
+    }
+}
+
+#[test]
+fn responses_and_every_error_kind_have_their_json() {
+    pinned(&Response::empty(), r#"{"ok":{}}"#);
+    pinned(
+        &Response::ok(&SeededInfo { seeded: true }),
+        r#"{"ok":{"seeded":true}}"#,
+    );
+    let kinds = [
+        ErrorKind::BadRequest,
+        ErrorKind::Cancelled,
+        ErrorKind::Deadline,
+        ErrorKind::Io,
+        ErrorKind::Internal,
+        ErrorKind::NotFound,
+        ErrorKind::Conflict,
+        ErrorKind::Limit,
+    ];
+    for k in kinds {
+        let name = kind_name(k);
+        pinned(&k, &format!("\"{name}\""));
+        pinned(
+            &Response::error(k, "why"),
+            &format!(r#"{{"error":{{"kind":"{name}","message":"why"}}}}"#),
+        );
+    }
+    covers(
+        kinds.into_iter().map(kind_name),
+        &[
+            "bad_request",
+            "cancelled",
+            "deadline",
+            "io",
+            "internal",
+            "not_found",
+            "conflict",
+            "limit",
+        ],
+    );
+    // The client reads the envelope once and the `ok` value later, as the op's own type.
+    let raw: Response<Box<serde_json::value::RawValue>> =
+        serde_json::from_str(r#"{"ok":{"seeded":false}}"#).unwrap();
+    let Response::Ok(ok) = raw else {
+        panic!("an ok response")
+    };
+    assert_eq!(
+        serde_json::from_str::<SeededInfo>(ok.get()).unwrap(),
+        SeededInfo { seeded: false }
+    );
+    assert_eq!(
+        Response::ok(&ExtractStats {
+            files: 1,
+            ..Default::default()
+        })
+        .into_result::<ExtractStats>()
+        .unwrap()
+        .files,
+        1
+    );
+    assert!(matches!(
+        Response::empty().into_result::<SeededInfo>(),
+        Err(e) if e.kind == ErrorKind::Internal
+    ));
+}
+
+#[test]
+fn every_ok_value_has_its_json() {
+    pinned(
+        &ExtractStats {
+            files: 3,
+            dirs: 2,
+            symlinks: 1,
+            bytes: 1234,
+            skipped: 1,
+        },
+        r#"{"files":3,"dirs":2,"symlinks":1,"bytes":1234,"skipped":1}"#,
+    );
+    // `skipped` came later: a helper that does not send it reads as none skipped.
+    assert_eq!(
+        serde_json::from_str::<ExtractStats>(r#"{"files":3,"dirs":2,"symlinks":1,"bytes":1234}"#)
+            .unwrap()
+            .skipped,
+        0
+    );
+    pinned(&SeededInfo { seeded: false }, r#"{"seeded":false}"#);
+    pinned(
+        &ProcStarted {
+            process_id: "p1-0a1b2c3d4e5f".into(),
+        },
+        r#"{"process_id":"p1-0a1b2c3d4e5f"}"#,
+    );
+    pinned(
+        &ProcList {
+            processes: vec![
+                ProcInfo {
+                    process_id: "p1-0a1b2c3d4e5f".into(),
+                    command: "npm run dev".into(),
+                    running: true,
+                    exit_code: None,
+                },
+                ProcInfo {
+                    process_id: "p2-ffffffffffff".into(),
+                    command: "sleep 1".into(),
+                    running: false,
+                    exit_code: Some(137),
+                },
+            ],
+        },
+        r#"{"processes":[{"process_id":"p1-0a1b2c3d4e5f","command":"npm run dev","running":true,"exit_code":null},{"process_id":"p2-ffffffffffff","command":"sleep 1","running":false,"exit_code":137}]}"#,
+    );
+    pinned(
+        &PollInfo {
+            process_id: "p1-0a1b2c3d4e5f".into(),
+            running: false,
+            exit_code: Some(0),
+            offset: 10,
+            next_offset: 25,
+            truncated: true,
+        },
+        r#"{"process_id":"p1-0a1b2c3d4e5f","running":false,"exit_code":0,"offset":10,"next_offset":25,"truncated":true}"#,
+    );
+}
+
+#[test]
+fn the_write_file_header_has_its_json() {
+    pinned(
+        &WriteHeader {
+            len: 2,
+            args: vec!["v7".into()],
+        },
+        r#"{"len":2,"args":["v7"]}"#,
+    );
+    assert_eq!(
+        serde_json::from_str::<WriteHeader>(r#"{"len":2}"#).unwrap(),
+        WriteHeader {
+            len: 2,
+            args: vec![]
+        }
+    );
+    assert_eq!(
+        WriteHeader::frame(b"[]", vec!["v7".into()]),
+        b"{\"len\":2,\"args\":[\"v7\"]}\n[]".to_vec()
+    );
+}
+
+fn code_name(c: FsErrorCode) -> &'static str {
+    match c {
+        FsErrorCode::InvalidPath => "invalid_path",
+        FsErrorCode::NotFound => "not_found",
+        FsErrorCode::NotADirectory => "not_a_directory",
+        FsErrorCode::IsADirectory => "is_a_directory",
+        FsErrorCode::NotATextFile => "not_a_text_file",
+        FsErrorCode::StringNotFound => "string_not_found",
+        FsErrorCode::MultipleOccurrences => "multiple_occurrences",
+        FsErrorCode::AlreadyExists => "already_exists",
+        FsErrorCode::TooLarge => "too_large",
+        FsErrorCode::InvalidOffset => "invalid_offset",
+        FsErrorCode::PermissionDenied => "permission_denied",
+        FsErrorCode::ExecFailed => "exec_failed",
+        FsErrorCode::InvalidPattern => "invalid_pattern",
+    }
+}
+
+/// The fs answers inside `ok`: the same JSON the HTTP API serves.
+#[test]
+fn fs_answers_have_their_json() {
+    let codes = [
+        FsErrorCode::InvalidPath,
+        FsErrorCode::NotFound,
+        FsErrorCode::NotADirectory,
+        FsErrorCode::IsADirectory,
+        FsErrorCode::NotATextFile,
+        FsErrorCode::StringNotFound,
+        FsErrorCode::MultipleOccurrences,
+        FsErrorCode::AlreadyExists,
+        FsErrorCode::TooLarge,
+        FsErrorCode::InvalidOffset,
+        FsErrorCode::PermissionDenied,
+        FsErrorCode::ExecFailed,
+        FsErrorCode::InvalidPattern,
+    ];
+    for c in codes {
+        pinned(&c, &format!("\"{}\"", code_name(c)));
+        assert_eq!(c.label(), code_name(c));
+    }
+    assert_eq!(codes.len(), 13, "every code is listed");
+    let entry = FsEntry {
+        path: path("src"),
+        is_dir: true,
+    };
+    sent_as(
+        &FsLsResponse {
+            entries: vec![entry.clone()],
+            error: None,
+            truncated: false,
+        },
+        r#"{"entries":[{"path":"/workspace/repo/src","is_dir":true}],"error":null,"truncated":false}"#,
+    );
+    sent_as(
+        &FsReadResponse {
+            content: Some("a\n".into()),
+            encoding: Some("utf-8".into()),
+            total_lines: Some(1),
+            end_line: Some(1),
+            truncated: false,
+            error: None,
+        },
+        r#"{"content":"a\n","encoding":"utf-8","total_lines":1,"end_line":1,"truncated":false,"error":null}"#,
+    );
+    sent_as(
+        &FsReadResponse {
+            error: Some(FsError::new(
+                FsErrorCode::NotFound,
+                "/workspace/a does not exist",
+            )),
+            ..Default::default()
+        },
+        r#"{"content":null,"encoding":null,"total_lines":null,"end_line":null,"truncated":false,"error":{"code":"not_found","message":"/workspace/a does not exist"}}"#,
+    );
+    sent_as(
+        &FsGrepResponse {
+            matches: vec![FsGrepMatch {
+                path: path("a.rs"),
+                line: 3,
+                text: "fn main() {".into(),
+            }],
+            truncated: true,
+            error: None,
+        },
+        r#"{"matches":[{"path":"/workspace/repo/a.rs","line":3,"text":"fn main() {"}],"truncated":true,"error":null}"#,
+    );
+    sent_as(
+        &FsGlobResponse {
+            matches: vec![entry],
+            error: None,
+            truncated: false,
+        },
+        r#"{"matches":[{"path":"/workspace/repo/src","is_dir":true}],"error":null,"truncated":false}"#,
+    );
+    sent_as(
+        &FsWriteResponse {
+            ok: true,
+            error: None,
+        },
+        r#"{"ok":true,"error":null}"#,
+    );
+    sent_as(
+        &FsEditResponse {
+            occurrences: Some(2),
+            error: None,
+        },
+        r#"{"occurrences":2,"error":null}"#,
+    );
+    sent_as(
+        &FsDeleteResponse {
+            ok: true,
+            removed: false,
+            error: None,
+        },
+        r#"{"ok":true,"removed":false,"error":null}"#,
+    );
+}
+
+/// The envelope, byte for byte: the ready event as the helper's first frame, and a request.
+#[test]
+fn frames_have_their_bytes() {
+    let mut out = Vec::new();
+    frame::encode_json(
+        0,
+        kind::EVENT,
+        &Event::Ready {
+            protocol: sandbox_protocol::VERSION,
+            version: "0.1.0".into(),
+            pid: 7,
+        },
+        &mut out,
+    );
+    let payload = br#"{"type":"ready","protocol":1,"version":"0.1.0","pid":7}"#;
+    let mut expected = vec![0, 0, 0, payload.len() as u8 + 5, 0, 0, 0, 0, 5];
+    expected.extend_from_slice(payload);
+    assert_eq!(out, expected);
+
+    let mut out = Vec::new();
+    frame::encode_json(258, kind::REQUEST, &Request::Ping, &mut out);
+    assert_eq!(out, b"\0\0\0\x12\0\0\x01\x02\x01{\"op\":\"ping\"}".to_vec());
+    assert_eq!(
+        [
+            kind::REQUEST,
+            kind::DATA,
+            kind::EOF,
+            kind::CANCEL,
+            kind::EVENT,
+            kind::RESPONSE
+        ],
+        [1, 2, 3, 4, 5, 6]
+    );
+    assert_eq!(sandbox_protocol::VERSION, 1);
+}

@@ -1,6 +1,7 @@
 //! Wire types, shaped exactly like the reference's (DAIV validates our responses against its
 //! schemas). Unknown request fields are ignored, never rejected: DAIV sends extra ones.
-//! The error body and the extractors that answer with it are [`crate::error`]'s.
+//! [`ErrorBody`] is every error response's body; which status carries it is decided in the HTTP
+//! layer (`error.rs`).
 
 use std::collections::BTreeMap;
 
@@ -178,4 +179,10 @@ pub struct VersionResponse {
 pub struct CloseQuery {
     #[serde(default)]
     pub force: bool,
+}
+
+/// Every error response's body, as FastAPI writes it.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ErrorBody {
+    pub detail: String,
 }

@@ -19,10 +19,9 @@ use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
 
 use crate::admission::Refused;
+pub use crate::api::ErrorBody;
 use crate::coordination::lock::LockError;
 use crate::egress::EgressError;
 use crate::engine::EngineError;
@@ -31,12 +30,6 @@ use crate::runtime::HelperError;
 use crate::session::SessionError;
 use crate::workspace::fs::FsOpError;
 use crate::workspace::seed::SeedError;
-
-/// Every error response's body, as FastAPI writes it.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct ErrorBody {
-    pub detail: String,
-}
 
 /// The HTTP classes of error responses, each with its client-facing text. Built from a cause
 /// (below) or by the API key check; nothing else decides a status.

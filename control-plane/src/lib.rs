@@ -47,12 +47,14 @@ pub mod coordination;
 pub mod egress;
 pub mod engine;
 pub mod error;
+pub mod ids;
 pub mod openapi;
 pub mod pool;
 pub mod processes;
 pub mod reaper;
 pub mod routes;
 pub mod runtime;
+pub mod secret;
 pub mod session;
 pub mod telemetry;
 pub mod workspace;
@@ -176,7 +178,7 @@ impl AppState {
     /// before the lock is released.
     pub async fn lock(&self, session_id: &str) -> Result<LockGuard, SessionError> {
         let held = self.acquire(session_id).await?;
-        if session::is_container_id(session_id) {
+        if ids::is_container_id(session_id) {
             self.activity.touch(session_id).await;
         }
         Ok(activity::touch_on_release(
@@ -355,11 +357,11 @@ pub fn app(state: AppState) -> Router {
     router
         .merge(metrics)
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(
-            telemetry::request::panic_response,
+            routes::observe::panic_response,
         ))
         .layer(middleware::from_fn_with_state(
             state.clone(),
-            telemetry::request::observe,
+            routes::observe::observe,
         ))
         .with_state(state)
 }

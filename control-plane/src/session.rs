@@ -23,6 +23,7 @@ use crate::engine::{
     HELPER_USER_LABEL, IMAGE_LABEL, MANAGED_LABEL, NetworkAttach, ROLE_LABEL, ROLE_SANDBOX,
     SANDBOX_USER_LABEL,
 };
+use crate::ids::is_container_id;
 use crate::layout;
 use crate::pool::{MemberTag, Pool};
 use crate::runtime::{HelperRuntime, RunSpec, SessionRuntime};
@@ -492,13 +493,6 @@ pub fn skeleton_tar(
     tar.finish().unwrap_or_default()
 }
 
-pub fn is_container_id(id: &str) -> bool {
-    id.len() == 64
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-}
-
 fn validate_start(req: &StartSessionRequest) -> Result<(), SessionError> {
     let image = req.base_image.trim();
     if image.is_empty()
@@ -531,14 +525,6 @@ fn validate_start(req: &StartSessionRequest) -> Result<(), SessionError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn container_ids_are_full_lowercase_hex() {
-        assert!(is_container_id(&"a".repeat(64)));
-        assert!(!is_container_id(&"a".repeat(12)));
-        assert!(!is_container_id(&"A".repeat(64)));
-        assert!(!is_container_id("../../etc"));
-    }
 
     #[test]
     fn skeleton_entries_carry_the_sandbox_owner() -> std::io::Result<()> {

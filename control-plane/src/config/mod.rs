@@ -24,8 +24,6 @@
 //! [`load`] runs every group's `load` on one parser, which records each problem instead of
 //! stopping at it, then checks what spans groups; only then does it fail, listing them all.
 
-use std::fmt;
-
 mod admission;
 mod coordination;
 mod egress;
@@ -52,25 +50,7 @@ use parse::Parser;
 
 pub const PREFIX: &str = "DAIV_SANDBOX_";
 
-/// A value that must never be printed: API keys. `Debug` shows `***`.
-#[derive(Clone)]
-pub struct Secret(String);
-
-impl Secret {
-    pub fn new(value: impl Into<String>) -> Self {
-        Self(value.into())
-    }
-
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("***")
-    }
-}
+pub use crate::secret::Secret;
 
 #[derive(Debug, Clone)]
 pub struct Config {

@@ -28,7 +28,7 @@ use redis::aio::ConnectionManager;
 
 use super::lock::LockGuard;
 use super::redis::{RedisUnavailable, bounded};
-use crate::session::is_container_id;
+use crate::ids::is_container_id;
 
 const ACTIVITY_PREFIX: &str = "daiv-sandbox:session-activity:";
 const SINCE_KEY: &str = "daiv-sandbox:activity-since";

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use redis::aio::ConnectionManager;
 
-use crate::config::Secret;
+use crate::secret::Secret;
 
 /// Upper bound on one Redis call from a request path, whatever the connection does.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(2);

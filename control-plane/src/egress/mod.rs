@@ -74,6 +74,7 @@ use shared_policy::sidecar;
 
 use crate::config::Config;
 use crate::engine::ContainerEngine;
+use crate::ids::fnv;
 
 mod error;
 mod gateway;
@@ -165,21 +166,6 @@ impl Egress {
                 .collect::<Vec<_>>(),
         )
     }
-}
-
-/// FNV-1a (64 bits): a change detector for the warm pool's spec hash, not a security property.
-pub fn fnv(bytes: &[u8]) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
-        hash ^= u64::from(*b);
-        hash = hash.wrapping_mul(0x0100_0000_01b3);
-    }
-    hash
-}
-
-/// A fresh token for an egress session's parts.
-pub fn random_token() -> String {
-    format!("{:016x}", rand::random::<u64>())
 }
 
 /// The lock a session creation (cold or a pool member's) holds on its egress token while it

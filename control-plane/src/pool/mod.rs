@@ -75,8 +75,6 @@ pub(crate) const READY: &str = "daiv-pool-";
 pub(crate) const CLAIMED: &str = "daiv-claimed-";
 pub(crate) const RETIRED: &str = "daiv-retired-";
 
-/// Largest member count per image.
-const MAX_MEMBERS: u32 = 64;
 /// Candidates a claim tries before it gives up and goes cold (each lost race costs a rename).
 const CLAIM_TRIES: usize = 6;
 
@@ -127,34 +125,6 @@ impl Member {
 pub struct MemberTag {
     pub name: String,
     pub labels: Vec<(String, String)>,
-}
-
-/// `IMAGE=COUNT[,IMAGE=COUNT...]`; a count of 0 configures nothing for that image.
-pub fn parse_targets(raw: &str) -> Result<Vec<(String, u32)>, String> {
-    let mut out: Vec<(String, u32)> = Vec::new();
-    for item in raw.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let Some((image, count)) = item.rsplit_once('=') else {
-            return Err(format!("{item:?}: expected IMAGE=COUNT"));
-        };
-        let image = image.trim();
-        if image.is_empty() || image.chars().any(|c| c.is_whitespace() || c.is_control()) {
-            return Err(format!("{item:?}: not an image reference"));
-        }
-        let count: u32 = count
-            .trim()
-            .parse()
-            .map_err(|_| format!("{item:?}: the count must be a whole number"))?;
-        if count > MAX_MEMBERS {
-            return Err(format!("{item:?}: at most {MAX_MEMBERS} members per image"));
-        }
-        if out.iter().any(|(i, _)| i == image) {
-            return Err(format!("{image:?} is listed twice"));
-        }
-        if count > 0 {
-            out.push((image.to_string(), count));
-        }
-    }
-    Ok(out)
 }
 
 /// A pool-labelled container that is not (or not yet, or no longer) a session.
@@ -221,15 +191,15 @@ impl Pool {
             config.sessions.run_gid,
             config.sessions.helper_uid,
             config.sessions.pids_limit,
-            helper.map_or(0, |h| egress::fnv(h)),
+            helper.map_or(0, |h| crate::ids::fnv(h)),
             crate::VERSION,
         );
         let egress_part = egress.map(Egress::fingerprint).unwrap_or_default();
         let spec_base = HashMap::from([
-            (Kind::Isolated, egress::fnv(sandbox.as_bytes())),
+            (Kind::Isolated, crate::ids::fnv(sandbox.as_bytes())),
             (
                 Kind::Egress,
-                egress::fnv(format!("{sandbox}|{egress_part}").as_bytes()),
+                crate::ids::fnv(format!("{sandbox}|{egress_part}").as_bytes()),
             ),
         ]);
         Self {
@@ -262,7 +232,7 @@ impl Pool {
         let base = self.spec_base.get(&key.kind).copied().unwrap_or_default();
         format!(
             "{:016x}",
-            egress::fnv(format!("{base}|{}", key.image).as_bytes())
+            crate::ids::fnv(format!("{base}|{}", key.image).as_bytes())
         )
     }
 
@@ -474,47 +444,6 @@ impl Sessions {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn targets_parse_and_are_validated() {
-        assert_eq!(
-            parse_targets(" a:1=2, registry:5000/b@sha256:00=1 ,c=0"),
-            Ok(vec![
-                ("a:1".to_string(), 2),
-                ("registry:5000/b@sha256:00".to_string(), 1)
-            ])
-        );
-        assert_eq!(parse_targets(""), Ok(Vec::new()));
-        for bad in ["a", "a=x", "=2", "a=2,a=1", "a=65", "a b=1"] {
-            assert!(parse_targets(bad).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
-    fn settings_are_read_and_an_egress_pool_needs_the_ca() {
-        let env = |pairs: &[(&str, &str)]| -> HashMap<String, String> {
-            pairs
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect()
-        };
-        let c =
-            crate::config::load(&env(&[("API_KEY", "k"), ("WARM_POOL", "a:1=3")])).expect("valid");
-        assert_eq!(c.pool.isolated, vec![("a:1".to_string(), 3)]);
-        assert!(c.pool.egress.is_empty() && !c.pool.remove_on_shutdown);
-        let Err(e) = crate::config::load(&env(&[
-            ("API_KEY", "k"),
-            ("WARM_POOL", "a:1=x"),
-            ("WARM_POOL_EGRESS", "a:1=1"),
-        ])) else {
-            panic!("accepted");
-        };
-        let e = e.to_string();
-        assert!(
-            e.contains("DAIV_SANDBOX_WARM_POOL=") && e.contains("WARM_POOL_EGRESS: egress"),
-            "{e}"
-        );
-    }
 
     #[test]
     fn egress_settings_win_over_a_claims_environment() -> Result<(), Box<dyn std::error::Error>> {

@@ -100,7 +100,7 @@ impl Refill {
         let lock_name = format!(
             "pool-refill-{deployment}-{}-{:016x}",
             key.kind.as_str(),
-            crate::egress::fnv(key.image.as_bytes())
+            crate::ids::fnv(key.image.as_bytes())
         );
         let refilling = match self.locks.acquire(&lock_name, Duration::ZERO).await {
             Ok(held) => Some(held),
@@ -228,7 +228,7 @@ impl Refill {
             return;
         }
         let s = &self.sessions;
-        let token = crate::egress::random_token();
+        let token = crate::ids::random_token();
         if let Ok(mut b) = s.pool.building.lock() {
             b.insert(token.clone());
         }

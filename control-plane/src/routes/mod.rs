@@ -10,6 +10,7 @@ pub mod egress;
 pub mod fs;
 pub mod meta;
 pub mod metrics;
+pub mod observe;
 pub mod processes;
 pub mod seed;
 pub mod session;

@@ -25,7 +25,7 @@ pub async fn create(
 ) -> Result<Json<StartSessionResponse>, ApiError> {
     // An egress session's parts exist before its sandbox does; holding the token's lock while
     // they are built keeps the reaper from taking them for orphans.
-    let token = crate::egress::random_token();
+    let token = crate::ids::random_token();
     let _building = match req.egress {
         Some(_) => Some(state.lock(&crate::egress::lock_key(&token)).await?),
         None => None,

@@ -3,8 +3,6 @@
 //! # Layout
 //! - [`metrics`]: the Prometheus registry on `prometheus-client`, in the text format.
 //! - [`engine`]: [`engine::MeteredEngine`], counting and timing every container-engine call.
-//! - [`request`]: the per-request middleware (one log line, HTTP metrics, Sentry scope) and
-//!   the panic-to-500 handler.
 //! - [`probe`]: the `healthcheck` subcommand the container image runs.
 //! - [`reporting`]: Sentry options and which log events become Sentry events.
 
@@ -12,7 +10,6 @@ pub mod engine;
 pub mod metrics;
 pub mod probe;
 pub mod reporting;
-pub mod request;
 
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::Layer as _;

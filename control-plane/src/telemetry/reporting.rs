@@ -2,7 +2,7 @@
 //!
 //! Reported: every 5xx (logged once, in [`crate::error::ApiError`]'s response mapping), panics
 //! (the SDK's panic hook; request handlers also answer 500 through
-//! [`super::request::panic_response`]) and reaper failures (its warnings). The events carry the
+//! `routes::observe::panic_response`) and reaper failures (its warnings). The events carry the
 //! log message, its structured fields and the request's route, method and session id as tags;
 //! never a request body or header: the service does not attach them, and without
 //! `SENTRY_SEND_DEFAULT_PII` any request or user data the SDK might add is stripped before
@@ -11,8 +11,11 @@
 use sentry::integrations::tracing::ErrorLayer;
 use tracing::{Level, Metadata};
 
-use super::request::PANIC_TARGET;
 use crate::config::{Config, Environment};
+
+/// Target of the log line written when a handler panics. The panic itself is reported to Sentry
+/// by the panic hook; the error layer skips this target so one panic is one event.
+pub const PANIC_TARGET: &str = "daiv_sandbox::panic";
 
 /// The Sentry client options, or `None` when nothing may be sent: no DSN, or the `local`
 /// environment (a developer's machine never reports to the team's project).

@@ -15,9 +15,7 @@ use tracing::Instrument;
 use crate::AppState;
 use crate::error::ErrorBody;
 
-/// Target of the log line written when a handler panics. The panic itself is reported to Sentry
-/// by the panic hook; the error layer skips this target so one panic is one event.
-pub const PANIC_TARGET: &str = "daiv_sandbox::panic";
+pub use crate::telemetry::reporting::PANIC_TARGET;
 
 /// The method as a metrics label and log field: the standard ones by name, anything else (an
 /// unauthenticated client may send any token, of any length) as `OTHER`, so the series and the

@@ -13,14 +13,12 @@ use shared_policy::PolicyFile;
 use shared_policy::sidecar;
 
 use super::EgressError;
-use super::policy::policy_json;
-use super::{Egress, GATEWAY_UID, Triad};
-use crate::archive::{Archive, ROOT, entry_name};
+use super::files::{config_tar_with, policy_json};
+use super::{Egress, Triad};
 use crate::engine::{
     ContainerSpec, DEPLOYMENT_LABEL, EGRESS_LABEL, MANAGED_LABEL, NetworkAttach,
     ROLE_EGRESS_GATEWAY, ROLE_LABEL,
 };
-use crate::layout;
 
 /// What the gateway logs once it accepts connections.
 const GATEWAY_READY_LINE: &str = sidecar::READY_LINE;
@@ -165,60 +163,5 @@ impl Egress {
             ],
             skeleton: Some(config_tar_with(&files, true, helper)),
         })
-    }
-}
-
-/// The gateway's config files, owned by the gateway's user; `with_dir` adds the directory
-/// entry itself (first creation).
-pub(super) fn config_tar(files: &[(&str, Bytes, u32)], with_dir: bool) -> Bytes {
-    config_tar_with(files, with_dir, None)
-}
-
-/// [`config_tar`], plus the session helper at its usual path (root-owned, as in a sandbox): a
-/// warm-pool member's gateway gets it so a claim installs its policy with one exec instead of
-/// an archive upload.
-pub(super) fn config_tar_with(
-    files: &[(&str, Bytes, u32)],
-    with_dir: bool,
-    helper: Option<&Bytes>,
-) -> Bytes {
-    let gateway = (GATEWAY_UID, GATEWAY_UID);
-    let mut tar = Archive::new();
-    let prefix = if with_dir {
-        format!("{}/", entry_name(sidecar::CONFIG_DIR))
-    } else {
-        String::new()
-    };
-    if with_dir {
-        tar.dir(&prefix, 0o700, gateway);
-    }
-    for (name, data, mode) in files {
-        tar.file(&format!("{prefix}{name}"), *mode, gateway, data);
-    }
-    if let Some(bin) = helper {
-        tar.dir(entry_name(layout::SERVICE_DIR), 0o755, ROOT).file(
-            entry_name(layout::HELPER),
-            0o755,
-            ROOT,
-            bin,
-        );
-    }
-    // The names are constants and the policy files' fixed names: nothing `tar` refuses.
-    tar.finish().unwrap_or_default()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn config_tar_is_owned_by_the_gateway_user() -> std::io::Result<()> {
-        let tar_bytes = config_tar(&[("config.json", Bytes::from_static(b"{}"), 0o600)], true);
-        let mut archive = tar::Archive::new(&tar_bytes[..]);
-        for entry in archive.entries()? {
-            let entry = entry?;
-            assert_eq!(entry.header().uid()?, u64::from(GATEWAY_UID));
-        }
-        Ok(())
     }
 }

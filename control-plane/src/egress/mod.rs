@@ -56,7 +56,8 @@
 //! - `mod.rs`: [`Egress`] (what does not change per session), labels, tokens and their lock.
 //! - [`triad`]: the lifecycle: create (network, gateway, sandbox wiring), stop, teardown, and
 //!   the listing the reaper's orphan sweep reads.
-//! - `gateway`: the gateway's container spec and config archive, readiness and restart.
+//! - `files`: the archives of the gateway's config directory (its policy, CA and settings).
+//! - `gateway`: the gateway's container spec, readiness and restart.
 //! - `policy`: parsing the API's policy body, installing a policy and its acknowledgement.
 //! - [`version`]: the keyed version a policy is labelled with.
 //!
@@ -77,6 +78,7 @@ use crate::engine::ContainerEngine;
 use crate::ids::fnv;
 
 mod error;
+mod files;
 mod gateway;
 mod policy;
 pub mod triad;

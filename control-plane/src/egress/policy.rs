@@ -7,13 +7,12 @@
 
 use std::time::Duration;
 
-use bytes::Bytes;
 use futures::StreamExt;
 use shared_policy::PolicyFile;
 use shared_policy::sidecar;
 
 use super::EgressError;
-use super::gateway::config_tar;
+use super::files::{config_tar, policy_json};
 use super::{Egress, GATEWAY_UID, POLICY_ACK_TIMEOUT, Triad};
 use crate::backoff::Backoff;
 use crate::engine::{EngineError, ExecSpec};
@@ -26,12 +25,6 @@ pub fn parse_policy(value: &serde_json::Value) -> Result<PolicyFile, EgressError
         serde_json::from_value(value.clone()).map_err(EgressError::MalformedPolicy)?;
     shared_policy::validate_for_api(&file)?;
     Ok(file)
-}
-
-pub(super) fn policy_json(policy: &PolicyFile) -> Result<Bytes, EgressError> {
-    serde_json::to_vec(policy)
-        .map(Bytes::from)
-        .map_err(EgressError::Encode)
 }
 
 impl Egress {

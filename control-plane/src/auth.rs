@@ -5,13 +5,15 @@ use axum::middleware::Next;
 use axum::response::Response;
 use subtle::ConstantTimeEq;
 
-use crate::AppState;
+use std::sync::Arc;
+
+use crate::config::Config;
 use crate::error::ApiError;
 
 pub const HEADER: &str = "x-api-key";
 
 pub async fn require_api_key(
-    State(state): State<AppState>,
+    State(config): State<Arc<Config>>,
     req: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
@@ -19,7 +21,7 @@ pub async fn require_api_key(
         return Err(ApiError::MissingApiKey);
     };
     // Constant-time over the bytes; a length mismatch is not secret.
-    let expected = state.config.server.api_key.expose().as_bytes();
+    let expected = config.server.api_key.expose().as_bytes();
     if !bool::from(given.as_bytes().ct_eq(expected)) {
         return Err(ApiError::InvalidApiKey);
     }

@@ -27,7 +27,7 @@ use crate::egress::EgressError;
 use crate::engine::EngineError;
 use crate::processes::ProcessError;
 use crate::runtime::HelperError;
-use crate::session::SessionError;
+use crate::sessions::SessionError;
 use crate::workspace::fs::FsOpError;
 use crate::workspace::seed::SeedError;
 
@@ -255,7 +255,7 @@ impl From<SeedError> for ApiError {
             | E::BadArchive { .. } => ApiError::Unprocessable(e.to_string()),
             E::UploadTooLarge(_) | E::OverBudget { .. } => ApiError::PayloadTooLarge(e.to_string()),
             E::HelperStoppedReading => ApiError::Unavailable(e.to_string()),
-            E::Sanitiser(_) | E::Marker(_) => ApiError::Internal(e.into()),
+            E::Sanitiser(_) => ApiError::Internal(e.into()),
             E::Engine(e) => e.into(),
             E::Helper(e) => e.into(),
         }

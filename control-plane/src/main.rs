@@ -45,8 +45,12 @@ async fn main() -> anyhow::Result<()> {
     // With REDIS_URL, locks and activity share one lazy connection: the service starts while
     // Redis is down and answers 503 until it is back.
     let coordination = Coordination::from_config(&config).context("DAIV_SANDBOX_REDIS_URL")?;
-    let state = AppState::new(config.clone(), Arc::new(engine), coordination.locks)
-        .with_activity(coordination.activity);
+    let state = AppState::with_coordination(
+        config.clone(),
+        Arc::new(engine),
+        coordination.locks,
+        coordination.activity,
+    );
     // Every sandbox gets the helper; without it no session could run a command. The state read
     // it once; only a failure reads again, to say why.
     if !state.sessions.has_helper() {
@@ -59,9 +63,12 @@ async fn main() -> anyhow::Result<()> {
     let reaper = config
         .reaper
         .enabled
-        .then(|| Arc::new(Reaper::new(&state)).spawn());
+        .then(|| Arc::new(Reaper::new(state.sessions.clone())).spawn());
     // The warm pool (if configured) fills in the background; requests go cold meanwhile.
-    let refill = Refill::new(state.sessions.clone(), state.locks.clone());
+    let refill = Refill::new(
+        state.sessions.pool().clone(),
+        state.sessions.locks().clone(),
+    );
     let refilling = refill.spawn();
 
     let addr = std::net::SocketAddr::new(config.server.host, config.server.port);

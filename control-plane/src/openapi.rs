@@ -478,7 +478,7 @@ mod tests {
     /// every process operation from a started process.
     #[test]
     fn every_session_route_is_linked_from_create() {
-        let doc = serde_json::to_value(crate::ApiDoc::openapi()).unwrap();
+        let doc = serde_json::to_value(crate::openapi::ApiDoc::openapi()).unwrap();
         let paths = doc["paths"].as_object().unwrap();
         let links = |path: &str, method: &str, status: &str| {
             paths[path][method]["responses"][status]["links"]
@@ -524,7 +524,7 @@ mod tests {
     /// What API fuzzing found the document letting through: it now says what the service checks.
     #[test]
     fn the_document_states_the_services_bounds() {
-        let doc = serde_json::to_value(crate::ApiDoc::openapi()).unwrap();
+        let doc = serde_json::to_value(crate::openapi::ApiDoc::openapi()).unwrap();
         let s = &doc["components"]["schemas"];
         let start = &s["StartSessionRequest"]["properties"];
         assert_eq!(start["base_image"]["maxLength"], 512);
@@ -557,6 +557,53 @@ mod tests {
         assert_eq!(
             super::operation_ref("/session/{session_id}/", "get"),
             "#/paths/~1session~1{session_id}~1/get"
+        );
+    }
+}
+
+#[derive(utoipa::OpenApi)]
+#[openapi(
+    info(title = "DAIV Runtime Sandbox", description = "Run commands in isolated per-session containers."),
+    paths(
+        crate::routes::session::create,
+        crate::routes::session::run,
+        crate::routes::session::status,
+        crate::routes::session::close,
+        crate::routes::egress::refresh,
+        crate::routes::seed::seed,
+        crate::routes::fs::ls,
+        crate::routes::fs::read,
+        crate::routes::fs::grep,
+        crate::routes::fs::glob,
+        crate::routes::fs::write,
+        crate::routes::fs::edit,
+        crate::routes::fs::delete,
+        crate::routes::processes::start,
+        crate::routes::processes::list,
+        crate::routes::processes::poll,
+        crate::routes::processes::stdin,
+        crate::routes::processes::kill,
+        crate::routes::meta::health,
+        crate::routes::meta::version,
+    ),
+    modifiers(&ApiKeyScheme, &SessionLinks),
+)]
+pub struct ApiDoc;
+
+/// `X-API-Key`, which the operations that need it name: the docs page's "Authorize" dialog
+/// asks for it and its description.
+struct ApiKeyScheme;
+
+impl utoipa::Modify for ApiKeyScheme {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{ApiKey, ApiKeyValue, SecurityScheme};
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "api_key",
+            SecurityScheme::ApiKey(ApiKey::Header(ApiKeyValue::with_description(
+                "X-API-Key",
+                "The service's key (`DAIV_SANDBOX_API_KEY`). Health and version need none.",
+            ))),
         );
     }
 }

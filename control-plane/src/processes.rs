@@ -9,14 +9,19 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use bytes::Bytes;
+use tokio::sync::mpsc;
+
+use crate::api::RunStreamLine as Line;
+use crate::runtime::RunEvent;
 use sandbox_protocol::message::{PollInfo, ProcInfo, ProcList, ProcRequest, ProcStarted};
 
-use crate::AppState;
 use crate::api::{ProcessInfo, ProcessList, ProcessOutput, StartProcessRequest};
 use crate::layout::{self, WORKSPACE};
 use crate::runtime::HelperError;
-use crate::session::SessionError;
+use crate::sessions::{SessionError, Sessions};
 
 /// Most bytes one stdin request may carry (the helper enforces the same bound).
 pub const MAX_STDIN_BYTES: usize = 1024 * 1024;
@@ -154,17 +159,17 @@ fn process_id(raw: &str) -> Result<(), ProcessError> {
 }
 
 async fn call(
-    state: &AppState,
+    sessions: &Sessions,
     id: &str,
     request: ProcRequest,
     input: Option<Bytes>,
 ) -> Result<crate::runtime::Answer, ProcessError> {
-    state.running_unlocked(id).await?;
-    Ok(state.sessions.runtime().process(id, request, input).await?)
+    sessions.running_unlocked(id).await?;
+    Ok(sessions.runtime().process(id, request, input).await?)
 }
 
 pub async fn start(
-    state: &AppState,
+    sessions: &Sessions,
     id: &str,
     req: &StartProcessRequest,
 ) -> Result<String, ProcessError> {
@@ -178,18 +183,20 @@ pub async fn start(
         command: req.command.clone(),
         workdir: workdir(req.workdir.as_deref())?,
         env: environment(&req.environment)?,
-        max_live: state.config.sessions.max_processes,
-        buffer_bytes: state.config.sessions.process_output_bytes,
+        max_live: sessions.config().sessions.max_processes,
+        buffer_bytes: sessions.config().sessions.process_output_bytes,
     };
-    let started: ProcStarted = call(state, id, request, None).await?.parse()?;
-    state.metrics.processes_started.inc();
+    let started: ProcStarted = call(sessions, id, request, None).await?.parse()?;
+    sessions.metrics().processes_started.inc();
     Ok(started.process_id)
 }
 
-pub async fn list(state: &AppState, id: &str) -> Result<ProcessList, ProcessError> {
-    let list: ProcList = call(state, id, ProcRequest::List, None).await?.parse()?;
+pub async fn list(sessions: &Sessions, id: &str) -> Result<ProcessList, ProcessError> {
+    let list: ProcList = call(sessions, id, ProcRequest::List, None).await?.parse()?;
     let running = list.processes.iter().filter(|p| p.running).count();
-    state.metrics.observe_processes(id, Some(running as u64));
+    sessions
+        .metrics()
+        .observe_processes(id, Some(running as u64));
     Ok(ProcessList {
         processes: list.processes.into_iter().map(process_info).collect(),
     })
@@ -205,18 +212,8 @@ fn process_info(p: ProcInfo) -> ProcessInfo {
     }
 }
 
-/// Running processes of a session, for the reaper (which must not take a busy job for idle).
-pub async fn live(sessions: &crate::session::Sessions, id: &str) -> Result<usize, ProcessError> {
-    let list: ProcList = sessions
-        .runtime()
-        .process(id, ProcRequest::List, None)
-        .await?
-        .parse()?;
-    Ok(list.processes.iter().filter(|p| p.running).count())
-}
-
 pub async fn poll(
-    state: &AppState,
+    sessions: &Sessions,
     id: &str,
     pid: &str,
     offset: u64,
@@ -227,21 +224,22 @@ pub async fn poll(
         return Err(ProcessError::InvalidWait);
     }
     let wait =
-        Duration::from_secs_f64(wait.min(3600.0)).min(state.config.sessions.process_wait_max);
+        Duration::from_secs_f64(wait.min(3600.0)).min(sessions.config().sessions.process_wait_max);
     let request = ProcRequest::Poll {
         process_id: pid.to_string(),
         offset,
         wait_ms: wait.as_millis() as u64,
-        max_bytes: state.config.sessions.process_output_bytes,
+        max_bytes: sessions.config().sessions.process_output_bytes,
     };
-    let answer = call(state, id, request, None).await?;
+    let answer = call(sessions, id, request, None).await?;
     let info: PollInfo = answer.parse()?;
     let running = info.running;
     let from = info.offset;
     let mut bytes: &[u8] = &answer.output;
     // A character cut at the end comes whole with the next poll; once the process ended and
     // this answer holds the rest of the buffer, the bytes are what they are.
-    let more_to_come = running || bytes.len() as u64 >= state.config.sessions.process_output_bytes;
+    let more_to_come =
+        running || bytes.len() as u64 >= sessions.config().sessions.process_output_bytes;
     let cut = incomplete_tail(bytes);
     if cut > 0 && more_to_come {
         bytes = &bytes[..bytes.len() - cut];
@@ -258,7 +256,7 @@ pub async fn poll(
 }
 
 pub async fn stdin(
-    state: &AppState,
+    sessions: &Sessions,
     id: &str,
     pid: &str,
     body: Bytes,
@@ -272,44 +270,36 @@ pub async fn stdin(
         process_id: pid.to_string(),
         eof,
     };
-    call(state, id, request, Some(body)).await.map(|_| ())
+    call(sessions, id, request, Some(body)).await.map(|_| ())
 }
 
-pub async fn kill(state: &AppState, id: &str, pid: &str) -> Result<(), ProcessError> {
+pub async fn kill(sessions: &Sessions, id: &str, pid: &str) -> Result<(), ProcessError> {
     process_id(pid)?;
     let request = ProcRequest::Kill {
         process_id: pid.to_string(),
     };
-    call(state, id, request, None).await?;
-    state.metrics.processes_killed.inc();
+    call(sessions, id, request, None).await?;
+    sessions.metrics().processes_killed.inc();
     Ok(())
 }
 
-/// The body of a streaming run: NDJSON lines as the commands print and end, heartbeats in
-/// silences, `done` with the plain response's results last. `held` (the session lock) is kept
-/// until the batch ends; a client that goes away drops the body, which cancels the batch.
+/// A streaming run: its lines as the commands print and end, heartbeats in silences, `done`
+/// with the plain response's results last, or the failure that ended it (which the route words
+/// as its `error` line). `held` (the session lock) is kept until the batch ends; a client that
+/// goes away drops the receiver, which cancels the batch.
 pub fn stream_run(
-    state: AppState,
+    sessions: Arc<Sessions>,
     id: String,
     spec: crate::runtime::RunSpec,
     held: crate::coordination::lock::LockGuard,
-) -> axum::body::Body {
-    use crate::api::RunStreamLine as Line;
-    use crate::runtime::RunEvent;
-    use tokio::sync::mpsc;
-
-    let (out_tx, out_rx) = mpsc::channel::<Bytes>(32);
-    let heartbeat = state.config.sessions.stream_heartbeat;
-    state.metrics.streamed_runs.inc();
+) -> mpsc::Receiver<Result<Line, HelperError>> {
+    let (out_tx, out_rx) = mpsc::channel::<Result<Line, HelperError>>(32);
+    let heartbeat = sessions.config().sessions.stream_heartbeat;
+    sessions.metrics().streamed_runs.inc();
     tokio::spawn(async move {
         let _held = held;
-        let line = |l: &Line| {
-            let mut v = serde_json::to_vec(l).unwrap_or_default();
-            v.push(b'\n');
-            Bytes::from(v)
-        };
         let (ev_tx, mut ev_rx) = mpsc::channel::<RunEvent>(64);
-        let runtime = state.sessions.clone();
+        let runtime = sessions.clone();
         let run_id = id.clone();
         let run_spec = spec.clone();
         let mut run = Box::pin(async move {
@@ -339,7 +329,7 @@ pub fn stream_run(
                         if let Some((i, mut c)) = carry.take() {
                             let rest = c.finish();
                             if i == index && !rest.is_empty()
-                                && out_tx.send(line(&Line::Output { index, data: rest })).await.is_err() {
+                                && out_tx.send(Ok(Line::Output { index, data: rest })).await.is_err() {
                                 return;
                             }
                         }
@@ -353,16 +343,12 @@ pub fn stream_run(
                     None => {
                         // The run ended: every event is in; its result is the last line.
                         let r = match finished.take() { Some(r) => r, None => (&mut run).await };
-                        state.metrics.command_batches.observe(started.elapsed());
-                        let last = match r {
-                            Ok(results) => {
-                                state.metrics.commands.add(results.len() as u64);
-                                Line::Done { results }
-                            }
-                            // The detail a plain request would have had in its error body.
-                            Err(e) => Line::Error { detail: crate::error::ApiError::from(e).to_string() },
-                        };
-                        let _ = out_tx.send(line(&last)).await;
+                        sessions.metrics().command_batches.observe(started.elapsed());
+                        let last = r.map(|results| {
+                            sessions.metrics().commands.add(results.len() as u64);
+                            Line::Done { results }
+                        });
+                        let _ = out_tx.send(last).await;
                         return;
                     }
                 },
@@ -370,18 +356,13 @@ pub fn stream_run(
                 _ = tokio::time::sleep(heartbeat) => Some(Line::Heartbeat),
             };
             if let Some(l) = next
-                && out_tx.send(line(&l)).await.is_err()
+                && out_tx.send(Ok(l)).await.is_err()
             {
                 return;
             }
         }
     });
-    let stream = futures::stream::unfold(out_rx, |mut rx| async move {
-        rx.recv()
-            .await
-            .map(|b| (Ok::<_, std::convert::Infallible>(b), rx))
-    });
-    axum::body::Body::from_stream(stream)
+    out_rx
 }
 
 #[cfg(test)]

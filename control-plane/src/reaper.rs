@@ -41,7 +41,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use futures::StreamExt;
 use tokio::task::JoinHandle;
 
-use crate::AppState;
 use crate::config::Config;
 use crate::coordination::activity::SessionActivity;
 use crate::coordination::lock::{LockError, SessionLocks};
@@ -50,8 +49,7 @@ use crate::engine::{
     ContainerInfo, ContainerStatus, DEPLOYMENT_LABEL, EGRESS_LABEL, EngineError, ROLE_LABEL,
     ROLE_SANDBOX,
 };
-use crate::session::SessionError;
-use crate::session::Sessions;
+use crate::sessions::{SessionError, Sessions};
 use crate::telemetry::metrics::Metrics;
 
 /// Concurrent inspects while reading stop times.
@@ -164,14 +162,15 @@ pub struct Reaper {
 }
 
 impl Reaper {
-    /// A reaper over the same engine, locks and activity records as the API it runs beside.
-    pub fn new(state: &AppState) -> Self {
+    /// A reaper over `sessions`: the same engine, locks and activity records as the API it runs
+    /// beside.
+    pub fn new(sessions: Arc<Sessions>) -> Self {
         Self {
-            sessions: state.sessions.clone(),
-            locks: state.locks.clone(),
-            activity: state.activity.clone(),
-            policy: Policy::from_config(&state.config),
-            metrics: state.metrics.clone(),
+            locks: sessions.locks().clone(),
+            activity: sessions.activity().clone(),
+            policy: Policy::from_config(sessions.config()),
+            metrics: sessions.metrics().clone(),
+            sessions,
         }
     }
 
@@ -451,9 +450,7 @@ impl Reaper {
         // A background job still running is use, however long since the last request; a
         // sandbox that does not say so in time is not in use.
         if matches!(why, Why::Idle) {
-            let live =
-                tokio::time::timeout(PROCESS_CHECK, crate::processes::live(&self.sessions, id))
-                    .await;
+            let live = tokio::time::timeout(PROCESS_CHECK, self.sessions.live_processes(id)).await;
             match live {
                 Ok(Ok(0)) => {}
                 Ok(Ok(n)) => {

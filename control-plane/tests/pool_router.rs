@@ -34,7 +34,10 @@ fn replica(engine: &FakeEngine, extra: &[(&str, &str)]) -> Replica {
     let mut settings = vec![("WARM_POOL", "img:1=2"), ("DEPLOYMENT", "pool-test")];
     settings.extend_from_slice(extra);
     let h = Harness::new(engine.clone(), &settings);
-    let refill = Refill::new(h.state.sessions.clone(), h.state.locks.clone());
+    let refill = Refill::new(
+        h.state.sessions.pool().clone(),
+        h.state.sessions.locks().clone(),
+    );
     Replica { h, refill }
 }
 
@@ -212,7 +215,7 @@ async fn dead_and_retagged_members_are_replaced_and_a_restart_adopts_the_pool() 
     let members: Vec<String> = ready(&engine).await.into_iter().collect();
     engine.kill(&members[0]);
     // The reaper leaves members alone, and wakes the refill.
-    let swept = Reaper::new(&r.state)
+    let swept = Reaper::new(r.state.sessions.clone())
         .sweep(SystemTime::now() + Duration::from_secs(86_400 * 30))
         .await
         .expect("sweep");

@@ -236,7 +236,7 @@ async fn unknown_sessions_are_404_on_every_route() {
 /// filled in: `{session_id}` with `session`, `{process_id}` with an id no process has.
 fn every_operation(session: &str) -> Vec<(&'static str, String)> {
     use utoipa::OpenApi;
-    let doc = control_plane::ApiDoc::openapi();
+    let doc = control_plane::openapi::ApiDoc::openapi();
     let mut ops = vec![
         ("GET", "/openapi.json".to_string()),
         ("GET", "/docs".to_string()),
@@ -577,7 +577,13 @@ async fn a_force_delete_does_not_wait_behind_a_busy_session() {
     };
     // The run holds the session's lock for a minute; a stop would wait 30 s, then 409.
     for _ in 0..100 {
-        if h.state.locks.acquire(&id, Duration::ZERO).await.is_err() {
+        if h.state
+            .sessions
+            .locks()
+            .acquire(&id, Duration::ZERO)
+            .await
+            .is_err()
+        {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;

@@ -245,7 +245,12 @@ async fn fs_writes_wait_for_the_session_lock_then_409_and_reads_do_not() {
         &[("SESSION_LOCK_WAIT_SECONDS", "0.1")],
     );
     let id = h.session().await;
-    let held = h.state.locks.acquire(&id, Duration::from_secs(1)).await;
+    let held = h
+        .state
+        .sessions
+        .locks()
+        .acquire(&id, Duration::from_secs(1))
+        .await;
     assert!(held.is_ok());
     for op in ["ls", "glob", "grep", "read"] {
         let body = json!({"path": "/workspace", "pattern": "x"});

@@ -8,6 +8,7 @@ use anyhow::Context;
 use clap::Parser;
 use egress_gateway::config::{Cli, Command, PolicyCommand};
 use egress_gateway::{Gateway, audit::StdoutSink, cli};
+use tracing::Instrument;
 use tracing_subscriber::EnvFilter;
 
 fn main() -> anyhow::Result<()> {
@@ -82,7 +83,17 @@ fn init_logging() {
 #[tokio::main]
 async fn run(args: egress_gateway::config::ServeArgs) -> anyhow::Result<()> {
     let config = args.load(Arc::new(StdoutSink)).context("configuration")?;
-    let session = config.session_id.clone();
+    // Every line the gateway logs carries its session; `instrument` keeps the span on this task
+    // across its awaits (a guard from `span.enter()` would leak it onto whatever else the worker
+    // thread polls).
+    let span = tracing::info_span!("gateway", session_id = %config.session_id);
+    serve(args, config).instrument(span).await
+}
+
+async fn serve(
+    args: egress_gateway::config::ServeArgs,
+    config: egress_gateway::GatewayConfig,
+) -> anyhow::Result<()> {
     let gateway = Gateway::new(config).context("configuration")?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -90,8 +101,6 @@ async fn run(args: egress_gateway::config::ServeArgs) -> anyhow::Result<()> {
     let health = tokio::net::TcpListener::bind(args.health_listen)
         .await
         .with_context(|| format!("health listen on {}", args.health_listen))?;
-    let span = tracing::info_span!("gateway", session_id = %session);
-    let _entered = span.enter();
     let (stop_metrics, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
     if let Some(addr) = args.metrics_listen {
         let metrics = tokio::net::TcpListener::bind(addr)

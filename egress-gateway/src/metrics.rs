@@ -34,6 +34,9 @@ use crate::proxy::body::{Body, full};
 /// The path scraped.
 pub const METRICS_PATH: &str = "/metrics";
 
+/// A scraper must finish its request headers within this (the proxy port's slowloris bound).
+const SCRAPE_HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Labels of `egress_decisions_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DecisionLabels {
@@ -264,7 +267,7 @@ pub async fn serve(
                     });
                     let conn = hyper::server::conn::http1::Builder::new()
                         .timer(hyper_util::rt::TokioTimer::new())
-                        .header_read_timeout(crate::proxy::HEADER_READ_TIMEOUT)
+                        .header_read_timeout(SCRAPE_HEADER_TIMEOUT)
                         .serve_connection(TokioIo::new(tcp), service);
                     if let Err(error) = conn.await {
                         debug!(%error, "metrics connection ended with an error");

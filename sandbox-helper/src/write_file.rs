@@ -4,14 +4,16 @@
 use std::path::Path;
 use std::process::ExitCode;
 
-use sandbox_protocol::write_file::{WRITE_CONTENT_MAX, WRITE_HEADER_MAX, WriteHeader};
+use sandbox_protocol::write_file::{
+    WRITE_CONTENT_MAX, WRITE_HEADER_MAX, WRITTEN, WriteHeader, exit_line,
+};
 
 /// `write-file PATH MODE [-- CMD...]`: replaces PATH with the content on stdin (a
 /// [`WriteHeader`] line, then exactly its `len` bytes, at most [`WRITE_CONTENT_MAX`]) by
 /// renaming a complete temporary file beside it over it, so a reader sees the old content or
-/// the new, never part; input cut short writes nothing. Prints `ok` once
-/// done; then runs CMD, with the header's `args` appended, if given, and prints `exit N` with its
-/// exit code (and exits with it). The control plane runs it (as the owner of PATH's directory) to
+/// the new, never part; input cut short writes nothing. Prints [`WRITTEN`] once done; then runs
+/// CMD, with the header's `args` appended, if given, and prints its [`exit_line`] (and exits
+/// with its code): the control plane reads both back as a `WriteAnswer`. The control plane runs it (as the owner of PATH's directory) to
 /// install a claimed session's environment, or a policy and its acknowledgement in one exec,
 /// without an archive upload; for a warm-pool member it opens the exec ahead of the claim.
 pub fn write_file(path: &Path, mode: u32, then: Option<&[&str]>) -> ExitCode {
@@ -40,7 +42,7 @@ pub fn write_file(path: &Path, mode: u32, then: Option<&[&str]>) -> ExitCode {
     })();
     match result {
         Ok(extra) => {
-            println!("ok");
+            println!("{WRITTEN}");
             let Some([cmd, args @ ..]) = then else {
                 return ExitCode::SUCCESS;
             };
@@ -52,7 +54,7 @@ pub fn write_file(path: &Path, mode: u32, then: Option<&[&str]>) -> ExitCode {
                 .status()
                 .map(|s| s.code().unwrap_or(128))
                 .unwrap_or(127);
-            println!("exit {code}");
+            println!("{}", exit_line(code));
             ExitCode::from(u8::try_from(code).unwrap_or(1))
         }
         Err(e) => {

@@ -34,3 +34,66 @@ impl WriteHeader {
         out
     }
 }
+
+/// The line `write-file` prints once the file is in place.
+pub const WRITTEN: &str = "ok";
+
+/// The line `write-file` prints after the command that followed the write exited with `code`.
+pub fn exit_line(code: i32) -> String {
+    format!("exit {code}")
+}
+
+/// What a `write-file` exec printed, read back: whether the file was written and, when a
+/// command followed, its exit code. Anything else it printed is ignored; the last such line is
+/// kept for a log (it comes from the container: never for a client's body).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct WriteAnswer {
+    pub written: bool,
+    pub exit: Option<i32>,
+    pub last_other: Option<String>,
+}
+
+impl WriteAnswer {
+    /// Reads `output` (at most its first few KiB are worth keeping).
+    pub fn parse(output: &[u8]) -> Self {
+        let mut answer = Self::default();
+        for line in String::from_utf8_lossy(output).lines() {
+            let line = line.trim_end();
+            if line == WRITTEN && !answer.written {
+                answer.written = true;
+            } else if let Some(code) = line
+                .strip_prefix("exit ")
+                .and_then(|c| c.parse::<i32>().ok())
+                .filter(|_| answer.written)
+            {
+                answer.exit = Some(code);
+            } else if !line.is_empty() {
+                answer.last_other = Some(line.chars().take(200).collect());
+            }
+        }
+        answer
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_read_back() {
+        let both = format!("{WRITTEN}\nversion v1 not yet\n{}\n", exit_line(3));
+        assert_eq!(
+            WriteAnswer::parse(both.as_bytes()),
+            WriteAnswer {
+                written: true,
+                exit: Some(3),
+                last_other: Some("version v1 not yet".into()),
+            }
+        );
+        // An exit line before the write is the command's own output, not an answer.
+        let forged = WriteAnswer::parse(b"exit 0\n");
+        assert_eq!((forged.written, forged.exit), (false, None));
+        let failed = WriteAnswer::parse(b"daiv-sandbox-helper: cannot write /x: EACCES\n");
+        assert!(!failed.written);
+    }
+}

@@ -18,7 +18,7 @@ use sandbox_protocol::wire::{
     FsDeleteResponse, FsEditResponse, FsEntry, FsError, FsErrorCode, FsGlobResponse, FsGrepMatch,
     FsGrepResponse, FsLsResponse, FsReadResponse, FsWriteResponse,
 };
-use sandbox_protocol::write_file::WriteHeader;
+use sandbox_protocol::write_file::{self, WriteHeader};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -530,6 +530,16 @@ fn the_write_file_header_has_its_json() {
         WriteHeader::frame(b"[]", vec!["v7".into()]),
         b"{\"len\":2,\"args\":[\"v7\"]}\n[]".to_vec()
     );
+}
+
+#[test]
+fn the_write_file_answer_has_its_lines() {
+    // Sessions and gateways created by older versions print exactly these: they must keep
+    // parsing.
+    assert_eq!(write_file::WRITTEN, "ok");
+    assert_eq!(write_file::exit_line(0), "exit 0");
+    let answer = write_file::WriteAnswer::parse(b"ok\nexit 0\n");
+    assert_eq!((answer.written, answer.exit), (true, Some(0)));
 }
 
 fn code_name(c: FsErrorCode) -> &'static str {

@@ -1,6 +1,5 @@
-//! What a gateway's config directory holds, as the archives that put it there: shared by the
-//! gateway's creation (its whole directory, with the first policy) and policy installs (the
-//! staged policy alone).
+//! What a gateway's config directory holds when it is created, as the archive that puts it
+//! there (later policies are [`ServiceFile`](crate::runtime::ServiceFile)s: see `policy.rs`).
 
 use bytes::Bytes;
 use shared_policy::PolicyFile;
@@ -17,30 +16,14 @@ pub(super) fn policy_json(policy: &PolicyFile) -> Result<Bytes, EgressError> {
         .map_err(EgressError::Encode)
 }
 
-/// The gateway's config files, owned by the gateway's user; `with_dir` adds the directory
-/// entry itself (first creation).
-pub(super) fn config_tar(files: &[(&str, Bytes, u32)], with_dir: bool) -> Bytes {
-    config_tar_with(files, with_dir, None)
-}
-
-/// [`config_tar`], plus the session helper at its usual path (root-owned, as in a sandbox): a
-/// warm-pool member's gateway gets it so a claim installs its policy with one exec instead of
-/// an archive upload.
-pub(super) fn config_tar_with(
-    files: &[(&str, Bytes, u32)],
-    with_dir: bool,
-    helper: Option<&Bytes>,
-) -> Bytes {
+/// The gateway's config directory as it is created: its files, owned by the gateway's user,
+/// and for a warm-pool member's gateway the session helper at its usual path (root-owned, as in
+/// a sandbox), so a claim installs its policy with one exec instead of an archive upload.
+pub(super) fn config_tar(files: &[(&str, Bytes, u32)], helper: Option<&Bytes>) -> Bytes {
     let gateway = (GATEWAY_UID, GATEWAY_UID);
     let mut tar = Archive::new();
-    let prefix = if with_dir {
-        format!("{}/", entry_name(sidecar::CONFIG_DIR))
-    } else {
-        String::new()
-    };
-    if with_dir {
-        tar.dir(&prefix, 0o700, gateway);
-    }
+    let prefix = format!("{}/", entry_name(sidecar::CONFIG_DIR));
+    tar.dir(&prefix, 0o700, gateway);
     for (name, data, mode) in files {
         tar.file(&format!("{prefix}{name}"), *mode, gateway, data);
     }
@@ -62,7 +45,7 @@ mod tests {
 
     #[test]
     fn config_tar_is_owned_by_the_gateway_user() -> std::io::Result<()> {
-        let tar_bytes = config_tar(&[("config.json", Bytes::from_static(b"{}"), 0o600)], true);
+        let tar_bytes = config_tar(&[("config.json", Bytes::from_static(b"{}"), 0o600)], None);
         let mut archive = tar::Archive::new(&tar_bytes[..]);
         for entry in archive.entries()? {
             let entry = entry?;

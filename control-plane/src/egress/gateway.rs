@@ -13,7 +13,7 @@ use shared_policy::PolicyFile;
 use shared_policy::sidecar;
 
 use super::EgressError;
-use super::files::{config_tar_with, policy_json};
+use super::files::{config_tar, policy_json};
 use super::{Egress, Triad};
 use crate::engine::{
     ContainerSpec, DEPLOYMENT_LABEL, EGRESS_LABEL, MANAGED_LABEL, NetworkAttach,
@@ -161,7 +161,7 @@ impl Egress {
                 ("max-size".to_string(), "10m".to_string()),
                 ("max-file".to_string(), "3".to_string()),
             ],
-            skeleton: Some(config_tar_with(&files, true, helper)),
+            skeleton: Some(config_tar(&files, helper)),
         })
     }
 }

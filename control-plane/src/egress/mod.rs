@@ -61,10 +61,10 @@
 //! - `policy`: parsing the API's policy body, installing a policy and its acknowledgement.
 //! - [`version`]: the keyed version a policy is labelled with.
 //!
-//! [`Sessions::refresh_egress`]: crate::session::Sessions::refresh_egress
-//! [`Sessions::ensure_running`]: crate::session::Sessions::ensure_running
-//! [`Sessions::gateway_up`]: crate::session::Sessions::gateway_up
-//! [`Sessions::close`]: crate::session::Sessions::close
+//! [`Sessions::refresh_egress`]: crate::sessions::Sessions::refresh_egress
+//! [`Sessions::ensure_running`]: crate::sessions::Sessions::ensure_running
+//! [`Sessions::gateway_up`]: crate::sessions::Sessions::gateway_up
+//! [`Sessions::close`]: crate::sessions::Sessions::close
 //! [`EGRESS_LABEL`]: crate::engine::EGRESS_LABEL
 
 use std::sync::Arc;
@@ -74,6 +74,7 @@ use bytes::Bytes;
 use shared_policy::sidecar;
 
 use crate::config::Config;
+use crate::coordination::lock::{LockError, LockGuard, SessionLocks};
 use crate::engine::ContainerEngine;
 use crate::ids::fnv;
 
@@ -175,4 +176,32 @@ impl Egress {
 /// that token: a triad's parts exist before its sandbox does.
 pub fn lock_key(token: &str) -> String {
     format!("egress-{token}")
+}
+
+/// A fresh token for a triad's parts and its lock ([`lock_key`]), held until dropped: the
+/// reaper never takes the parts of a triad being built for orphans.
+pub struct Reservation {
+    token: String,
+    _held: LockGuard,
+}
+
+impl Reservation {
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+}
+
+impl Egress {
+    /// A fresh token for a new triad, with its lock held (a fresh lock is free at once unless its
+    /// backend is down, then `wait` bounds the attempt). Only a cold create and a pool build
+    /// reserve one: a claim uses the member's triad.
+    pub async fn reserve(
+        &self,
+        locks: &dyn SessionLocks,
+        wait: Duration,
+    ) -> Result<Reservation, LockError> {
+        let token = crate::ids::random_token();
+        let held = locks.acquire(&lock_key(&token), wait).await?;
+        Ok(Reservation { token, _held: held })
+    }
 }

@@ -3,7 +3,7 @@
 //!
 //! Every install ends the same way, in [`Egress::acknowledge`]: the gateway's own
 //! `health --expect-version` runs inside the gateway until it enforces the new version, so a
-//! 204 (or a 201 from a claim) means the policy is in effect.
+//! 204 (or a created session from a claim) means the policy is in effect.
 
 use std::time::Duration;
 
@@ -12,11 +12,12 @@ use shared_policy::PolicyFile;
 use shared_policy::sidecar;
 
 use super::EgressError;
-use super::files::{config_tar, policy_json};
+use super::files::policy_json;
 use super::{Egress, GATEWAY_UID, POLICY_ACK_TIMEOUT, Triad};
 use crate::backoff::Backoff;
 use crate::engine::{EngineError, ExecSpec};
-use crate::runtime::Writer;
+use crate::runtime::{ServiceFile, Writer, Written};
+use sandbox_protocol::write_file::WriteAnswer;
 
 /// Parses an `egress` body as the policy file and applies the API's validation. Parse errors
 /// never echo the body's strings (see [`EgressError::MalformedPolicy`]).
@@ -91,31 +92,25 @@ impl Egress {
             .unwrap_or_else(|_| Err(not_acked("")))
     }
 
-    /// Replaces the gateway's policy without a restart: extracts it as the staging file, which
+    /// Replaces the gateway's policy without a restart: uploads it as the staging file, which
     /// the gateway renames over its policy once complete, then waits until the gateway enforces
-    /// its version.
+    /// its version. (A gateway made on the cold path has no helper to write through.)
     pub async fn refresh(&self, triad: &Triad, policy: &PolicyFile) -> Result<(), EgressError> {
         self.ensure_gateway(triad).await?;
         let policy = self.versions.label(policy);
         let version = policy.version.clone().unwrap_or_default();
-        let tar = config_tar(
-            &[(sidecar::POLICY_STAGING_FILE, policy_json(&policy)?, 0o600)],
-            false,
-        );
-        let body = futures::stream::once(async move { Ok(tar) }).boxed();
-        self.engine
-            .put_archive(&triad.gateway, sidecar::CONFIG_DIR, body)
+        policy_file()
+            .upload(&*self.engine, &triad.gateway, &policy_json(&policy)?)
             .await
             .map_err(EgressError::gateway("could not update the egress policy"))?;
         self.acknowledge(&triad.gateway, &version).await
     }
 
     /// A warm-pool claim's policy, in one exec: the session helper in the gateway writes it over
-    /// the gateway's policy file (a complete file renamed into place, which the gateway reloads)
-    /// and then runs the gateway's `health --expect-version`, the same acknowledgement as a
-    /// refresh. `ready` is that exec opened ahead of the claim ([`Egress::installer`]); when it
-    /// is gone, a fresh one. Without the helper there (the write never said `ok`), the
-    /// staged-file path of [`Egress::refresh`].
+    /// the gateway's policy file (which the gateway reloads) and then runs the gateway's
+    /// `health --expect-version`, the same acknowledgement as a refresh. `ready` is that exec
+    /// opened ahead of the claim ([`Egress::installer`]). Written any other way (the
+    /// [`ServiceFile`] steps), it is acknowledged as a refresh is.
     pub async fn install(
         &self,
         triad: &Triad,
@@ -125,65 +120,50 @@ impl Egress {
         let policy = self.versions.label(policy);
         let version = policy.version.clone().unwrap_or_default();
         let content = policy_json(&policy)?;
-        let run = async {
-            if let Some(writer) = ready {
-                match writer.finish_then(&content, vec![version.clone()]).await {
-                    Ok(said) => return Ok(said),
-                    Err(e) => {
-                        tracing::debug!(gateway = %triad.gateway, error = %e, "the installer opened ahead was lost; opening another")
-                    }
-                }
+        let written = policy_file()
+            .write(
+                &*self.engine,
+                &triad.gateway,
+                &content,
+                std::slice::from_ref(&version),
+                ready,
+            )
+            .await
+            .map_err(EgressError::gateway("could not update the egress policy"))?;
+        match written {
+            Written::Uploaded => self.acknowledge(&triad.gateway, &version).await,
+            Written::ByHelper(WriteAnswer { exit: Some(0), .. }) => Ok(()),
+            Written::ByHelper(answer) => {
+                let last = answer.last_other.unwrap_or_default();
+                tracing::warn!(gateway = %triad.gateway, version, answer = %last, "egress policy not acknowledged");
+                Err(EgressError::NotAcknowledged { detail: "" })
             }
-            let writer = self.installer(triad).await?;
-            writer.finish_then(&content, vec![version.clone()]).await
-        };
-        let said = tokio::time::timeout(POLICY_ACK_TIMEOUT + Duration::from_secs(5), run).await;
-        let said = match said {
-            Ok(Ok(said)) => said,
-            Ok(Err(e)) => {
-                tracing::debug!(gateway = %triad.gateway, error = %e, "policy not written by the helper; staging it");
-                return self.refresh(triad, &policy).await;
-            }
-            Err(_) => String::new(),
-        };
-        if !said.starts_with("ok\n") {
-            tracing::debug!(gateway = %triad.gateway, "no helper in the gateway; staging the policy");
-            return self.refresh(triad, &policy).await;
         }
-        if said.trim_end().ends_with("\nexit 0") {
-            return Ok(());
-        }
-        let last = said
-            .lines()
-            .rev()
-            .nth(1)
-            .unwrap_or_default()
-            .trim()
-            .to_owned();
-        tracing::warn!(gateway = %triad.gateway, version, answer = %last, "egress policy not acknowledged");
-        Err(EgressError::NotAcknowledged { detail: "" })
     }
 
-    /// The exec [`Egress::install`] writes a policy through, waiting for it: the helper's
-    /// `write-file` over the gateway's policy file, then `health --expect-version` with the
-    /// version given at the write.
+    /// The exec [`Egress::install`] writes a policy through, opened ahead of a claim.
     pub async fn installer(&self, triad: &Triad) -> Result<Writer, EngineError> {
-        let health = [
+        policy_file().open(&*self.engine, &triad.gateway).await
+    }
+}
+
+/// The gateway's policy as a service file: the gateway user's, written through the session
+/// helper a warm-pool gateway carries and acknowledged by `health --expect-version` (the
+/// version given at the write) in the same exec; uploaded as the staging file otherwise.
+fn policy_file() -> ServiceFile {
+    ServiceFile {
+        path: sidecar::config_path(sidecar::POLICY_FILE),
+        mode: 0o600,
+        owner: (GATEWAY_UID, GATEWAY_UID),
+        upload_path: Some(sidecar::config_path(sidecar::POLICY_STAGING_FILE)),
+        then: vec![
             sidecar::BINARY.to_string(),
             sidecar::HEALTH_SUBCOMMAND.to_string(),
             "--timeout-ms".to_string(),
             POLICY_ACK_TIMEOUT.as_millis().to_string(),
             "--expect-version".to_string(),
-        ];
-        Writer::open(
-            &*self.engine,
-            &triad.gateway,
-            &format!("{GATEWAY_UID}:{GATEWAY_UID}"),
-            &sidecar::config_path(sidecar::POLICY_FILE),
-            0o600,
-            &health,
-        )
-        .await
+        ],
+        deadline: POLICY_ACK_TIMEOUT + Duration::from_secs(5),
     }
 }
 

@@ -3,16 +3,16 @@
 use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
-use futures::StreamExt;
 use shared_policy::PolicyFile;
 
 use super::{Kind, Member, Prepared};
 use crate::api::StartSessionRequest;
-use crate::archive::{Archive, ROOT};
 use crate::engine::EngineError;
-use crate::layout::{ENV_FILE, SERVICE_DIR};
-use crate::runtime::{ROOT_USER, Writer, write_by_helper};
-use crate::session::{SessionError, Sessions};
+use crate::layout::ENV_FILE;
+use crate::runtime::ServiceFile;
+use crate::sandbox::SessionError;
+
+use super::Pool;
 
 /// The claim's environment as the helper reads it (a JSON list of pairs): the caller's
 /// variables, minus those the egress settings set (they win, as at a cold create).
@@ -29,22 +29,20 @@ pub(crate) fn env_json(req: &StartSessionRequest, kind: Kind) -> Option<Bytes> {
     serde_json::to_vec(&env).ok().map(Bytes::from)
 }
 
-/// The environment file as an archive for the service directory: root's, world-readable (the
-/// sandbox user reads it, never replaces it).
-pub(crate) fn env_tar(json: Bytes) -> Bytes {
-    let name = ENV_FILE.rsplit('/').next().unwrap_or("environment");
-    let mut tar = Archive::new();
-    tar.file(name, 0o644, ROOT, &json);
-    tar.finish().unwrap_or_default()
+/// The environment file in the service directory: root's, world-readable (the sandbox user
+/// reads it, never replaces it).
+fn env_file() -> ServiceFile {
+    ServiceFile::root(ENV_FILE, 0o644)
 }
 
-impl Sessions {
+impl Pool {
     /// Opens what a claim of `member` writes through (see [`Prepared`]); what cannot be opened
     /// is opened at the claim instead.
     pub(crate) async fn prepare(&self, member: &Member) -> Prepared {
-        let env = Writer::open(&*self.engine, &member.id, ROOT_USER, ENV_FILE, 0o644, &[]);
+        let env_file = env_file();
+        let env = env_file.open(self.engine(), &member.id);
         let policy = async {
-            match (&member.triad, &self.egress) {
+            match (&member.triad, self.factory.egress()) {
                 (Some(triad), Some(egress)) => egress.installer(triad).await.ok(),
                 _ => None,
             }
@@ -74,21 +72,9 @@ impl Sessions {
             let Some(json) = env_json(req, kind) else {
                 return Ok(());
             };
-            let mut by_helper = Err(EngineError::NotFound);
-            if let Some(writer) = env_writer {
-                by_helper = writer.finish(&json, Vec::new()).await;
-            }
-            if by_helper.is_err() {
-                by_helper =
-                    write_by_helper(&*self.engine, id, ROOT_USER, ENV_FILE, 0o644, json.clone())
-                        .await;
-            }
-            if let Err(e) = by_helper {
-                tracing::debug!(session_id = %id, error = %e, "environment not written by the helper; uploading it");
-                let tar = env_tar(json);
-                let body = futures::stream::once(async move { Ok(tar) }).boxed();
-                self.engine.put_archive(id, SERVICE_DIR, body).await?;
-            }
+            env_file()
+                .write(self.engine(), id, &json, &[], env_writer)
+                .await?;
             Ok::<_, SessionError>(())
         };
         let limits = async {
@@ -97,21 +83,21 @@ impl Sessions {
             }
             let nano_cpus = req.cpus.map(|c| (c * 1e9).round() as i64);
             match self
-                .engine
+                .engine()
                 .update_limits(id, req.memory_bytes, nano_cpus)
                 .await
             {
                 Ok(()) => Ok(()),
                 Err(e) => {
                     if !matches!(e, EngineError::NotFound) {
-                        self.pool.limits_refused.store(true, Ordering::Relaxed);
+                        self.limits_refused.store(true, Ordering::Relaxed);
                     }
                     Err(SessionError::from(e))
                 }
             }
         };
         let policy = async {
-            match (policy, &member.triad, &self.egress) {
+            match (policy, &member.triad, self.factory.egress()) {
                 (None, _, _) => Ok(()),
                 (Some(policy), Some(triad), Some(egress)) => {
                     Ok(egress.install(triad, policy, installer).await?)

@@ -43,7 +43,7 @@
 //!   create). A runtime that refuses updates (gVisor) makes the claim fall back to a cold create,
 //!   and requests with limits skip the pool from then on.
 //! - egress `policy` and secrets: staged into the member's gateway and acknowledged (the
-//!   `PUT .../egress/` path) before the 201, so the policy is in effect when the client has the id.
+//!   `PUT .../egress/` path) before the create answers, so the policy is in effect when the client has the id.
 //!
 //! A claim that fails to apply removes the member (it was never given out) and goes cold.
 
@@ -59,10 +59,12 @@ use crate::api::StartSessionRequest;
 use crate::config::Config;
 use crate::egress::{self, Egress, Triad};
 use crate::engine::{
-    ContainerInfo, DEPLOYMENT_LABEL, EngineError, IMAGE_LABEL, POOL_LABEL, POOL_SPEC_LABEL,
-    ROLE_LABEL, ROLE_SANDBOX,
+    ContainerEngine, ContainerInfo, DEPLOYMENT_LABEL, EngineError, IMAGE_LABEL, POOL_LABEL,
+    POOL_SPEC_LABEL, ROLE_LABEL, ROLE_SANDBOX,
 };
-use crate::session::Sessions;
+use crate::ids::fnv;
+use crate::runtime::SessionRuntime;
+use crate::sandbox::{Naming, SandboxFactory};
 use crate::telemetry::metrics::Metrics;
 
 mod apply;
@@ -120,13 +122,6 @@ impl Member {
     }
 }
 
-/// The name and labels of a member being built.
-#[derive(Debug, Clone)]
-pub struct MemberTag {
-    pub name: String,
-    pub labels: Vec<(String, String)>,
-}
-
 /// A pool-labelled container that is not (or not yet, or no longer) a session.
 pub fn is_unclaimed(info: &ContainerInfo) -> bool {
     info.labels.contains_key(POOL_LABEL) && !info.name.starts_with(CLAIMED)
@@ -135,6 +130,9 @@ pub fn is_unclaimed(info: &ContainerInfo) -> bool {
 /// The pool's state in one replica: targets, the members it knows to be ready, the refill's
 /// wake-up and the metrics it keeps.
 pub struct Pool {
+    /// Members are sandboxes like any other: built by the same factory as a cold create.
+    factory: Arc<SandboxFactory>,
+    runtime: Arc<dyn SessionRuntime>,
     targets: Vec<(Key, u32)>,
     /// Members believed ready, per pool; a claim pops from here before it lists the engine.
     ready: Mutex<HashMap<Key, VecDeque<Member>>>,
@@ -162,11 +160,14 @@ pub(crate) struct Prepared {
 
 impl Pool {
     pub fn new(
-        config: &Config,
-        helper: Option<&Bytes>,
-        egress: Option<&Egress>,
+        factory: Arc<SandboxFactory>,
+        runtime: Arc<dyn SessionRuntime>,
         metrics: Arc<Metrics>,
     ) -> Self {
+        let shared = factory.clone();
+        let config: &Config = shared.config();
+        let helper: Option<&Bytes> = shared.helper();
+        let egress: Option<&Egress> = shared.egress().map(|e| &**e);
         let mut targets = Vec::new();
         for (kind, list) in [
             (Kind::Isolated, &config.pool.isolated),
@@ -191,18 +192,20 @@ impl Pool {
             config.sessions.run_gid,
             config.sessions.helper_uid,
             config.sessions.pids_limit,
-            helper.map_or(0, |h| crate::ids::fnv(h)),
+            helper.map_or(0, |h| fnv(h)),
             crate::VERSION,
         );
         let egress_part = egress.map(Egress::fingerprint).unwrap_or_default();
         let spec_base = HashMap::from([
-            (Kind::Isolated, crate::ids::fnv(sandbox.as_bytes())),
+            (Kind::Isolated, fnv(sandbox.as_bytes())),
             (
                 Kind::Egress,
-                crate::ids::fnv(format!("{sandbox}|{egress_part}").as_bytes()),
+                fnv(format!("{sandbox}|{egress_part}").as_bytes()),
             ),
         ]);
         Self {
+            factory,
+            runtime,
             targets,
             ready: Mutex::default(),
             wake: tokio::sync::Notify::new(),
@@ -213,6 +216,18 @@ impl Pool {
             building: Mutex::default(),
             prepared: Mutex::default(),
         }
+    }
+
+    pub fn factory(&self) -> &Arc<SandboxFactory> {
+        &self.factory
+    }
+
+    fn engine(&self) -> &dyn ContainerEngine {
+        &**self.factory.engine()
+    }
+
+    fn config(&self) -> &Config {
+        self.factory.config()
     }
 
     pub fn is_configured(&self) -> bool {
@@ -230,10 +245,7 @@ impl Pool {
     /// The spec hash members of `key` carry (a stale one is replaced).
     pub(crate) fn spec_hash(&self, key: &Key) -> String {
         let base = self.spec_base.get(&key.kind).copied().unwrap_or_default();
-        format!(
-            "{:016x}",
-            crate::ids::fnv(format!("{base}|{}", key.image).as_bytes())
-        )
+        format!("{:016x}", fnv(format!("{base}|{}", key.image).as_bytes()))
     }
 
     /// Asks the refill to look again (after a claim, from the reaper).
@@ -264,7 +276,7 @@ impl Pool {
     }
 
     /// Keeps what was opened ahead of `id`'s claim.
-    pub(crate) fn prepare(&self, id: &str, prepared: Prepared) {
+    pub(crate) fn keep_prepared(&self, id: &str, prepared: Prepared) {
         self.prepared_map().insert(id.to_string(), prepared);
     }
 
@@ -317,7 +329,7 @@ impl Pool {
     }
 }
 
-impl Sessions {
+impl Pool {
     /// A ready member for `req`, claimed and with the request applied; `None` sends the request
     /// down the cold path (no pool for it, the pool is empty, or applying failed).
     pub(crate) async fn claim(
@@ -334,7 +346,7 @@ impl Sessions {
             kind,
             image: req.base_image.clone(),
         };
-        let pool = &self.pool;
+        let pool = self;
         pool.target(&key)?;
         let limits = req.memory_bytes.is_some() || req.cpus.is_some();
         if limits && pool.limits_refused.load(Ordering::Relaxed) {
@@ -369,19 +381,19 @@ impl Sessions {
     async fn take(&self, key: &Key) -> Option<Member> {
         let mut listed = false;
         for _ in 0..CLAIM_TRIES {
-            let member = match self.pool.pop(key) {
+            let member = match self.pop(key) {
                 Some(m) => m,
                 None if !listed => {
                     listed = true;
                     let found = self.list_ready(key).await;
-                    self.pool.add_ready(key, found);
+                    self.add_ready(key, found);
                     continue;
                 }
                 None => return None,
             };
             let from = format!("{READY}{}", member.token);
             let to = format!("{CLAIMED}{}", member.token);
-            match self.engine.rename(&from, &to).await {
+            match self.engine().rename(&from, &to).await {
                 Ok(()) => return Some(member),
                 // Another replica claimed (or the refill retired) it first.
                 Err(
@@ -399,9 +411,9 @@ impl Sessions {
     /// Running, ready members of `key` in the engine, in random order (replicas listing at
     /// once then mostly try different ones).
     pub(crate) async fn list_ready(&self, key: &Key) -> Vec<Member> {
-        let labels = self.pool.labels(key, &self.config.deployment);
-        let spec = self.pool.spec_hash(key);
-        let Ok(list) = self.engine.list(&labels).await else {
+        let labels = self.labels(key, &self.config().deployment);
+        let spec = self.spec_hash(key);
+        let Ok(list) = self.engine().list(&labels).await else {
             return Vec::new();
         };
         let mut found: Vec<Member> = list
@@ -418,24 +430,24 @@ impl Sessions {
 
     /// Removes a member (and its triad) that will not be handed out.
     pub(crate) async fn discard(&self, id: &str, triad: Option<&Triad>) {
-        drop(self.pool.take_prepared(id));
-        self.runtime().forget(id);
-        match self.engine.remove(id).await {
+        drop(self.take_prepared(id));
+        self.runtime.forget(id);
+        match self.engine().remove(id).await {
             Ok(()) | Err(EngineError::NotFound) => {}
             Err(e) => tracing::warn!(container = %id, error = %e, "could not remove a pool member"),
         }
         if let Some(triad) = triad {
-            egress::teardown(&*self.engine, &triad.parts()).await;
+            egress::teardown(self.engine(), &triad.parts()).await;
         }
     }
 
-    /// The tag of a new member of `key`.
-    pub(crate) fn member_tag(&self, key: &Key, token: &str) -> MemberTag {
-        MemberTag {
+    /// The name and labels of a new member of `key`.
+    pub(crate) fn member_naming(&self, key: &Key, token: &str) -> Naming {
+        Naming {
             name: format!("{BUILDING}{token}"),
             labels: vec![
                 (POOL_LABEL.to_string(), key.kind.as_str().to_string()),
-                (POOL_SPEC_LABEL.to_string(), self.pool.spec_hash(key)),
+                (POOL_SPEC_LABEL.to_string(), self.spec_hash(key)),
             ],
         }
     }
@@ -464,11 +476,6 @@ mod tests {
         assert_eq!(isolated, r#"[["A","1"],["HTTPS_PROXY","evil"]]"#);
         let egress = read(apply::env_json(&req, Kind::Egress));
         assert_eq!(egress, r#"[["A","1"]]"#);
-        let tar = apply::env_tar(Bytes::from_static(b"[]"));
-        let mut archive = tar::Archive::new(&tar[..]);
-        let entry = archive.entries()?.next().ok_or("empty")??;
-        assert_eq!(entry.header().uid()?, 0);
-        assert_eq!(entry.header().mode()?, 0o644);
         Ok(())
     }
 }

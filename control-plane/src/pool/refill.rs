@@ -20,11 +20,13 @@ use shared_policy::PolicyFile;
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
-use super::{BUILDING, CLAIMED, Key, Kind, Member, READY, RETIRED};
+use super::{BUILDING, CLAIMED, Key, Kind, Member, Pool, READY, RETIRED};
 use crate::api::StartSessionRequest;
 use crate::coordination::lock::{LockError, SessionLocks};
+use crate::egress::Triad;
 use crate::engine::{ContainerInfo, EngineError, POOL_SPEC_LABEL};
-use crate::session::{SessionError, Sessions};
+use crate::ids::fnv;
+use crate::sandbox::SessionError;
 
 /// Members built at once, over every pool.
 pub const PARALLELISM: usize = 2;
@@ -36,16 +38,16 @@ const BUILD_TIMEOUT_SECS: i64 = 120;
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(8);
 
 pub struct Refill {
-    sessions: Arc<Sessions>,
+    pool: Arc<Pool>,
     locks: Arc<dyn SessionLocks>,
     slots: Arc<Semaphore>,
     stopping: AtomicBool,
 }
 
 impl Refill {
-    pub fn new(sessions: Arc<Sessions>, locks: Arc<dyn SessionLocks>) -> Arc<Self> {
+    pub fn new(pool: Arc<Pool>, locks: Arc<dyn SessionLocks>) -> Arc<Self> {
         Arc::new(Self {
-            sessions,
+            pool,
             locks,
             slots: Arc::new(Semaphore::new(PARALLELISM)),
             stopping: AtomicBool::new(false),
@@ -54,7 +56,7 @@ impl Refill {
 
     /// Refills now and whenever woken (or [`CHECK_EVERY`]), until aborted. `None` without pools.
     pub fn spawn(self: &Arc<Self>) -> Option<JoinHandle<()>> {
-        if !self.sessions.pool.is_configured() {
+        if !self.pool.is_configured() {
             return None;
         }
         let me = self.clone();
@@ -66,7 +68,7 @@ impl Refill {
                     tracing::error!(error = %e, "warm pool: refill crashed");
                 }
                 tokio::select! {
-                    () = me.sessions.pool.wake.notified() => {}
+                    () = me.pool.wake.notified() => {}
                     () = tokio::time::sleep(CHECK_EVERY) => {}
                 }
             }
@@ -75,7 +77,7 @@ impl Refill {
 
     /// One round over every pool, side by side.
     pub async fn reconcile_all(&self) {
-        let targets = self.sessions.pool.targets().to_vec();
+        let targets = self.pool.targets().to_vec();
         futures::future::join_all(
             targets
                 .iter()
@@ -86,8 +88,7 @@ impl Refill {
 
     fn failed(&self, key: &Key, what: &str, e: &dyn std::fmt::Display) {
         tracing::warn!(image = %key.image, kind = key.kind.as_str(), error = %e, "warm pool: {what}");
-        self.sessions
-            .pool
+        self.pool
             .metrics
             .pool_refill_failures
             .with(&[key.image.as_str(), key.kind.as_str()])
@@ -95,12 +96,12 @@ impl Refill {
     }
 
     async fn reconcile(&self, key: &Key, target: u32) {
-        let s = &self.sessions;
-        let deployment = s.config.deployment.as_str();
+        let s = &*self.pool;
+        let deployment = s.config().deployment.as_str();
         let lock_name = format!(
             "pool-refill-{deployment}-{}-{:016x}",
             key.kind.as_str(),
-            crate::ids::fnv(key.image.as_bytes())
+            fnv(key.image.as_bytes())
         );
         let refilling = match self.locks.acquire(&lock_name, Duration::ZERO).await {
             Ok(held) => Some(held),
@@ -109,34 +110,29 @@ impl Refill {
             // Without the lock backend, refill anyway: at worst two replicas overfill a little.
             Err(LockError::Unavailable(_)) => {
                 let listed = s.list_ready(key).await;
-                self.sessions.pool.set_ready(key, listed);
+                self.pool.set_ready(key, listed);
                 return self.fill(key, target, 0).await;
             }
         };
         let Some(_held) = refilling else {
             let listed = s.list_ready(key).await;
             self.set_size(key, listed.len());
-            s.pool.set_ready(key, listed);
+            s.set_ready(key, listed);
             return;
         };
-        let list = match s.engine.list(&s.pool.labels(key, deployment)).await {
+        let list = match s.engine().list(&s.labels(key, deployment)).await {
             Ok(l) => l,
             Err(e) => return self.failed(key, "cannot list members", &e),
         };
-        let image = match s.engine.image_id(&key.image).await {
+        let image = match s.engine().image_id(&key.image).await {
             Ok(id) => Some(id),
             // Pulled by the next build.
             Err(EngineError::NotFound) => None,
             Err(e) => return self.failed(key, "cannot inspect the image", &e),
         };
-        let spec = s.pool.spec_hash(key);
+        let spec = s.spec_hash(key);
         let now = unix_now();
-        let mine = s
-            .pool
-            .building
-            .lock()
-            .map(|b| b.clone())
-            .unwrap_or_default();
+        let mine = s.building.lock().map(|b| b.clone()).unwrap_or_default();
         let mut ready: Vec<&ContainerInfo> = Vec::new();
         let mut building_elsewhere = 0usize;
         for c in &list {
@@ -151,16 +147,12 @@ impl Refill {
                     ready.push(c);
                 }
             } else if c.name.starts_with(RETIRED) {
-                self.sessions
-                    .discard(&c.id, crate::egress::Triad::of(c).as_ref())
-                    .await;
+                self.pool.discard(&c.id, Triad::of(c).as_ref()).await;
             } else if let Some(token) = c.name.strip_prefix(BUILDING) {
                 let abandoned = !mine.contains(token)
                     && c.created.is_some_and(|t| now - t > BUILD_TIMEOUT_SECS);
                 if abandoned {
-                    self.sessions
-                        .discard(&c.id, crate::egress::Triad::of(c).as_ref())
-                        .await;
+                    self.pool.discard(&c.id, Triad::of(c).as_ref()).await;
                 } else if !mine.contains(token) {
                     building_elsewhere += 1;
                 }
@@ -175,13 +167,12 @@ impl Refill {
         let members: Vec<Member> = ready.iter().filter_map(|c| Member::of(c)).collect();
         self.set_size(key, members.len());
         let have = members.len() + building_elsewhere;
-        s.pool.set_ready(key, members);
+        s.set_ready(key, members);
         self.fill(key, target as u32, have).await;
     }
 
     fn set_size(&self, key: &Key, n: usize) {
-        self.sessions
-            .pool
+        self.pool
             .metrics
             .pool_size
             .with(&[key.image.as_str(), key.kind.as_str()])
@@ -203,16 +194,12 @@ impl Refill {
             return;
         };
         match self
-            .sessions
-            .engine
+            .pool
+            .engine()
             .rename(&c.name, &format!("{RETIRED}{token}"))
             .await
         {
-            Ok(()) => {
-                self.sessions
-                    .discard(&c.id, crate::egress::Triad::of(c).as_ref())
-                    .await
-            }
+            Ok(()) => self.pool.discard(&c.id, Triad::of(c).as_ref()).await,
             // Claimed (or retired) by someone else in the meantime: not ours to remove.
             Err(e) => {
                 tracing::debug!(container = %c.id, error = %e, "warm pool: member not retired")
@@ -227,25 +214,23 @@ impl Refill {
         if self.stopping.load(Ordering::Relaxed) {
             return;
         }
-        let s = &self.sessions;
+        let s = &*self.pool;
         let token = crate::ids::random_token();
-        if let Ok(mut b) = s.pool.building.lock() {
+        if let Ok(mut b) = s.building.lock() {
             b.insert(token.clone());
         }
         let started = Instant::now();
         let built = self.build_member(key, &token).await;
-        if let Ok(mut b) = s.pool.building.lock() {
+        if let Ok(mut b) = s.building.lock() {
             b.remove(&token);
         }
         match built {
             Ok(member) => {
-                s.pool
-                    .metrics
+                s.metrics
                     .pool_refill
                     .with(&[key.kind.as_str()])
                     .observe(started.elapsed());
                 let size = s
-                    .pool
                     .metrics
                     .pool_size
                     .with(&[key.image.as_str(), key.kind.as_str()]);
@@ -254,16 +239,16 @@ impl Refill {
                 // The claim then costs writes on open streams, and its first command finds the
                 // helper's channel open.
                 let prepared = s.prepare(&member).await;
-                s.pool.prepare(&member.id, prepared);
-                s.warm(&member.id);
-                s.pool.push_ready(key, member);
+                s.keep_prepared(&member.id, prepared);
+                crate::runtime::warm_in_background(&s.runtime, &member.id);
+                s.push_ready(key, member);
             }
             Err(e) => self.failed(key, "building a member failed", &e),
         }
     }
 
     async fn build_member(&self, key: &Key, token: &str) -> Result<Member, SessionError> {
-        let s = &self.sessions;
+        let s = &*self.pool;
         let req = StartSessionRequest {
             base_image: key.image.clone(),
             environment: None,
@@ -271,34 +256,37 @@ impl Refill {
             cpus: None,
             egress: None,
         };
-        let tag = s.member_tag(key, token);
-        // The triad's parts exist before its sandbox: its token's lock keeps the reaper from
-        // taking them for orphans meanwhile (as a cold create does).
-        let _building = match key.kind {
-            Kind::Egress => Some(
-                self.locks
-                    .acquire(&crate::egress::lock_key(token), Duration::from_secs(5))
+        let naming = s.member_naming(key, token);
+        let id = match key.kind {
+            Kind::Isolated => s.factory.build(&req, None, Some(&naming)).await?,
+            Kind::Egress => {
+                // Deny-all until a claim installs the request's policy. The triad's parts exist
+                // before its sandbox: its token's lock keeps the reaper from taking them for
+                // orphans meanwhile, as for a cold create.
+                let egress = s.factory.egress_or_400()?;
+                let reservation = egress
+                    .reserve(&*self.locks, Duration::from_secs(5))
                     .await
-                    .map_err(SessionError::Lock)?,
-            ),
-            Kind::Isolated => None,
+                    .map_err(SessionError::Lock)?;
+                let policy = PolicyFile::default();
+                s.factory
+                    .build(&req, Some((&policy, &reservation)), Some(&naming))
+                    .await?
+            }
         };
-        // Deny-all until a claim installs the request's policy.
-        let policy = (key.kind == Kind::Egress).then(PolicyFile::default);
-        let id = s.build(&req, policy.as_ref(), token, Some(&tag)).await?;
         let ready = async {
-            s.engine
-                .rename(&tag.name, &format!("{READY}{token}"))
+            s.engine()
+                .rename(&naming.name, &format!("{READY}{token}"))
                 .await?;
-            s.engine.inspect(&id).await
+            s.engine().inspect(&id).await
         }
         .await;
         match ready.map(|info| Member::of(&info)) {
             Ok(Some(member)) => Ok(member),
             Ok(None) => Err(SessionError::MemberRenamed),
             Err(e) => {
-                let triad = s.engine.inspect(&id).await.ok();
-                let triad = triad.as_ref().and_then(crate::egress::Triad::of);
+                let triad = s.engine().inspect(&id).await.ok();
+                let triad = triad.as_ref().and_then(Triad::of);
                 s.discard(&id, triad.as_ref()).await;
                 Err(e.into())
             }
@@ -312,14 +300,14 @@ impl Refill {
         self.stopping.store(true, Ordering::Relaxed);
         let all = u32::try_from(PARALLELISM).unwrap_or(u32::MAX);
         let _quiet = tokio::time::timeout(SHUTDOWN_WAIT, self.slots.acquire_many(all)).await;
-        if !self.sessions.pool.remove_on_shutdown {
+        if !self.pool.remove_on_shutdown {
             return;
         }
-        let s = &self.sessions;
+        let s = &*self.pool;
         let mut removed = 0usize;
-        for (key, _) in s.pool.targets() {
-            let labels = s.pool.labels(key, &s.config.deployment);
-            let Ok(list) = s.engine.list(&labels).await else {
+        for (key, _) in s.targets() {
+            let labels = s.labels(key, &s.config().deployment);
+            let Ok(list) = s.engine().list(&labels).await else {
                 continue;
             };
             for c in &list {
@@ -327,16 +315,16 @@ impl Refill {
                     self.retire(c).await;
                     removed += 1;
                 } else if c.name.starts_with(RETIRED) {
-                    s.discard(&c.id, crate::egress::Triad::of(c).as_ref()).await;
+                    s.discard(&c.id, Triad::of(c).as_ref()).await;
                 } else if !c.name.starts_with(CLAIMED) {
                     // Building: nothing of ours is in flight any more.
                     let token = c.name.strip_prefix(BUILDING).unwrap_or_default();
-                    let mine = s.pool.building.lock().is_ok_and(|b| b.contains(token));
+                    let mine = s.building.lock().is_ok_and(|b| b.contains(token));
                     if mine
                         || c.created
                             .is_some_and(|t| unix_now() - t > BUILD_TIMEOUT_SECS)
                     {
-                        s.discard(&c.id, crate::egress::Triad::of(c).as_ref()).await;
+                        s.discard(&c.id, Triad::of(c).as_ref()).await;
                     }
                 }
             }

@@ -10,33 +10,34 @@ use axum::extract::{RawPathParams, Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
 
-use crate::AppState;
-use crate::admission::Slot;
+use std::sync::Arc;
+
+use crate::admission::{Admission, Slot};
 use crate::error::ApiError;
 
 /// `POST /session/`.
 pub async fn create(
-    State(state): State<AppState>,
+    State(admission): State<Arc<Admission>>,
     req: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
-    let slot = state.admission.create().await?;
+    let slot = admission.create().await?;
     Ok(holding(next.run(req).await, slot))
 }
 
 /// `POST /session/{id}/seed/`.
 pub async fn seed(
-    State(state): State<AppState>,
+    State(admission): State<Arc<Admission>>,
     req: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
-    let slot = state.admission.seed().await?;
+    let slot = admission.seed().await?;
     Ok(holding(next.run(req).await, slot))
 }
 
 /// `POST /session/{id}/fs/{op}`: a slot of the session's and one of the total.
 pub async fn fs(
-    State(state): State<AppState>,
+    State(admission): State<Arc<Admission>>,
     params: RawPathParams,
     req: Request,
     next: Next,
@@ -46,7 +47,7 @@ pub async fn fs(
         .find(|(k, _)| *k == "session_id")
         .map(|(_, v)| v)
         .unwrap_or_default();
-    let slot = state.admission.fs(session_id).await?;
+    let slot = admission.fs(session_id).await?;
     Ok(holding(next.run(req).await, slot))
 }
 

@@ -3,8 +3,10 @@
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 
-use crate::AppState;
+use std::sync::Arc;
+
 use crate::error::{ApiError, ApiJson, ErrorBody};
+use crate::sessions::Sessions;
 
 /// Replace the session's egress policy (same body as `egress` on create); takes effect without
 /// restarting anything.
@@ -15,11 +17,11 @@ use crate::error::{ApiError, ApiJson, ErrorBody};
         (status = 409, body = ErrorBody), (status = 422, body = ErrorBody),
         (status = 503, body = ErrorBody)))]
 pub async fn refresh(
-    State(state): State<AppState>,
+    State(sessions): State<Arc<Sessions>>,
     Path(id): Path<String>,
     ApiJson(body): ApiJson<serde_json::Value>,
 ) -> Result<StatusCode, ApiError> {
-    let _held = state.lock(&id).await?;
-    state.sessions.refresh_egress(&id, &body).await?;
+    let _held = sessions.lock(&id).await?;
+    sessions.refresh_egress(&id, &body).await?;
     Ok(StatusCode::NO_CONTENT)
 }

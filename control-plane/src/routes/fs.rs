@@ -9,8 +9,10 @@
 use axum::Json;
 use axum::extract::{Path, State};
 
-use crate::AppState;
+use std::sync::Arc;
+
 use crate::error::{ApiError, ApiJson, ErrorBody};
+use crate::sessions::Sessions;
 use crate::workspace::fs::{Fs, OpError, respond};
 use crate::workspace::wire::*;
 
@@ -27,21 +29,21 @@ macro_rules! fs_handler {
                             headers(("Retry-After" = u64, description = "Seconds to wait before retrying"))),
                         (status = 503, body = ErrorBody)))]
         pub async fn $name(
-            State(state): State<AppState>,
+            State(sessions): State<Arc<Sessions>>,
             Path(id): Path<String>,
             ApiJson(req): ApiJson<$req>,
         ) -> Result<Json<$resp>, ApiError> {
             let _held = if $writes {
-                let held = state.lock(&id).await?;
-                state.sessions.ensure_running(&id).await?;
+                let held = sessions.lock(&id).await?;
+                sessions.ensure_running(&id).await?;
                 Some(held)
             } else {
-                state.running_unlocked(&id).await?;
+                sessions.running_unlocked(&id).await?;
                 None
             };
             let fs = Fs {
-                runtime: state.sessions.runtime(),
-                config: &state.config,
+                runtime: sessions.runtime(),
+                config: sessions.config(),
                 id: &id,
             };
             let started = std::time::Instant::now();
@@ -51,8 +53,8 @@ macro_rules! fs_handler {
                 Err(OpError::Fs(e)) => e.code.label(),
                 Err(OpError::Failed(_)) => "api_error".to_string(),
             };
-            state
-                .metrics
+            sessions
+                .metrics()
                 .fs_ops
                 .with(&[stringify!($op), &code])
                 .observe(started.elapsed());

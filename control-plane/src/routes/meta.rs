@@ -5,17 +5,20 @@ use axum::extract::State;
 use axum::response::IntoResponse;
 use utoipa::OpenApi;
 
-use crate::AppState;
+use std::sync::Arc;
+
 use crate::api::{HealthResponse, VersionResponse};
 use crate::error::ApiError;
-use crate::session::SessionError;
+use crate::sessions::SessionError;
+use crate::sessions::Sessions;
 
 /// Healthcheck: 200 while Docker answers, 503 otherwise.
 #[utoipa::path(get, path = "/-/health/", tag = "meta",
     responses((status = 200, body = HealthResponse), (status = 503, body = crate::error::ErrorBody)))]
-pub async fn health(State(state): State<AppState>) -> Result<Json<HealthResponse>, ApiError> {
-    state
-        .sessions
+pub async fn health(
+    State(sessions): State<Arc<Sessions>>,
+) -> Result<Json<HealthResponse>, ApiError> {
+    sessions
         .engine()
         .ping()
         .await
@@ -33,10 +36,10 @@ pub async fn version() -> Json<VersionResponse> {
     })
 }
 
-pub async fn openapi(State(state): State<AppState>) -> impl IntoResponse {
-    let mut doc = crate::ApiDoc::openapi();
+pub async fn openapi(State(sessions): State<Arc<Sessions>>) -> impl IntoResponse {
+    let mut doc = crate::openapi::ApiDoc::openapi();
     doc.servers = Some(vec![utoipa::openapi::Server::new(
-        state.config.server.api_v1_str.clone(),
+        sessions.config().server.api_v1_str.clone(),
     )]);
     Json(doc)
 }

@@ -6,15 +6,16 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
 
-use crate::AppState;
+use std::sync::Arc;
+
 use crate::engine::{ContainerStatus, ROLE_LABEL, ROLE_SANDBOX};
+use crate::sessions::Sessions;
 use crate::telemetry::metrics::{CONTENT_TYPE, SessionGauge};
 
-pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+pub async fn metrics(State(sessions): State<Arc<Sessions>>) -> impl IntoResponse {
     // One engine list per scrape: the live count across every replica and restart, which no
     // in-process counter could know. Left out of the page when the engine does not answer.
-    let sessions = state
-        .sessions
+    let gauge = sessions
         .engine()
         .list(&[(ROLE_LABEL, ROLE_SANDBOX)])
         .await
@@ -34,6 +35,6 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
         });
     (
         [(header::CONTENT_TYPE, CONTENT_TYPE)],
-        state.metrics.render(sessions),
+        sessions.metrics().render(gauge),
     )
 }

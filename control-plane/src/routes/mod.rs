@@ -14,3 +14,147 @@ pub mod observe;
 pub mod processes;
 pub mod seed;
 pub mod session;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::FromRef;
+use axum::middleware;
+use axum::routing::{get, post, put};
+
+use crate::admission::Admission;
+use crate::auth;
+use crate::config::Config;
+use crate::sessions::Sessions;
+use crate::telemetry::metrics::Metrics;
+
+/// Every route of the API, answering both at the root and under `config.server.api_v1_str`, with
+/// its layers: the key check, admission, the request observer and panics turned into 500s. Its
+/// handlers take what they need from the state `S` (the sessions, the config, the metrics), so
+/// the HTTP layer knows nothing of the composition that provides them.
+pub fn router<S>(
+    config: &Arc<Config>,
+    metrics: &Arc<Metrics>,
+    admission: &Arc<Admission>,
+) -> Router<S>
+where
+    S: Clone + Send + Sync + 'static,
+    Arc<Sessions>: FromRef<S>,
+    Arc<Config>: FromRef<S>,
+{
+    // Inside the key check (a route layer added below): a request without the key never takes a
+    // slot.
+    let mut api = Router::new();
+    api = both(
+        api,
+        "/session/",
+        post(session::create).layer(middleware::from_fn_with_state(
+            admission.clone(),
+            admit::create,
+        )),
+    );
+    api = both(
+        api,
+        "/session/{session_id}/",
+        get(session::status)
+            .post(session::run)
+            .delete(session::close),
+    );
+    api = both(api, "/session/{session_id}/egress/", put(egress::refresh));
+    // Seeds stream archives of any size: the body limit is SEED_MAX_BYTES, enforced as it flows.
+    api = both(
+        api,
+        "/session/{session_id}/seed/",
+        post(seed::seed)
+            .layer(axum::extract::DefaultBodyLimit::disable())
+            .layer(middleware::from_fn_with_state(
+                admission.clone(),
+                admit::seed,
+            )),
+    );
+    for (op, handler) in [
+        ("ls", post(fs::ls)),
+        ("read", post(fs::read)),
+        ("grep", post(fs::grep)),
+        ("glob", post(fs::glob)),
+        ("write", post(fs::write)),
+        ("edit", post(fs::edit)),
+        ("delete", post(fs::delete)),
+    ] {
+        api = both(
+            api,
+            &format!("/session/{{session_id}}/fs/{op}/"),
+            handler.layer(middleware::from_fn_with_state(admission.clone(), admit::fs)),
+        );
+    }
+    api = both(
+        api,
+        "/session/{session_id}/processes/",
+        post(processes::start).get(processes::list),
+    );
+    api = both(
+        api,
+        "/session/{session_id}/processes/{process_id}/",
+        get(processes::poll).delete(processes::kill),
+    );
+    api = both(
+        api,
+        "/session/{session_id}/processes/{process_id}/stdin",
+        post(processes::stdin),
+    );
+    let api = api.route_layer(middleware::from_fn_with_state(
+        config.clone(),
+        auth::require_api_key,
+    ));
+
+    let mut open = Router::new();
+    open = both(open, "/-/health/", get(meta::health));
+    open = both(open, "/-/version/", get(meta::version));
+    open = open.route("/openapi.json", get(meta::openapi));
+    // Swagger UI at `/docs` (no trailing slash: it names `openapi.json` and its files relatively).
+    let open = open.merge(docs::router());
+
+    // Every route answers at the root and under the prefix, as the reference's FastAPI
+    // `root_path` does (Starlette strips the root path only from paths that start with it):
+    // DAIV's documented URL (`http://sandbox:8000`) has no prefix, other clients use it.
+    let surface = api.merge(open);
+    let prefix = config.server.api_v1_str.clone();
+    let router = if prefix.is_empty() {
+        surface
+    } else {
+        Router::new().nest(&prefix, surface.clone()).merge(surface)
+    };
+    let mut scrape = Router::new().route("/metrics", get(self::metrics::metrics));
+    if !config.server.metrics_public {
+        scrape = scrape.route_layer(middleware::from_fn_with_state(
+            config.clone(),
+            auth::require_api_key,
+        ));
+    }
+    // Layers added with `Router::layer` run after routing, so the middleware sees the matched
+    // route template. Panics are caught inside it, so a panic is still logged as a 500.
+    router
+        .merge(scrape)
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(
+            observe::panic_response,
+        ))
+        .layer(middleware::from_fn_with_state(
+            observe::Observed {
+                metrics: metrics.clone(),
+                prefix: config.server.api_v1_str.clone(),
+            },
+            observe::observe,
+        ))
+}
+
+/// Registers `path` with and without its trailing slash: clients use both, and redirects would
+/// turn a POST into a GET in some of them.
+fn both<S: Clone + Send + Sync + 'static>(
+    router: Router<S>,
+    path: &str,
+    method: axum::routing::MethodRouter<S>,
+) -> Router<S> {
+    let bare = path.trim_end_matches('/');
+    let slashed = format!("{bare}/");
+    router.route(bare, method.clone()).route(&slashed, method)
+}

@@ -12,10 +12,16 @@ use axum::response::{IntoResponse, Response};
 use sentry::SentryFutureExt;
 use tracing::Instrument;
 
-use crate::AppState;
 use crate::error::ErrorBody;
 
 pub use crate::telemetry::reporting::PANIC_TARGET;
+
+/// What the observer records into, and the API prefix its route labels leave out.
+#[derive(Clone)]
+pub struct Observed {
+    pub metrics: std::sync::Arc<crate::telemetry::metrics::Metrics>,
+    pub prefix: String,
+}
 
 /// The method as a metrics label and log field: the standard ones by name, anything else (an
 /// unauthenticated client may send any token, of any length) as `OTHER`, so the series and the
@@ -40,7 +46,7 @@ pub fn method_label(method: &axum::http::Method) -> &'static str {
 /// and session id. Headers, query strings and bodies are never logged: they carry the API key,
 /// egress secrets and file contents.
 pub async fn observe(
-    State(state): State<AppState>,
+    State(observed): State<Observed>,
     matched: Option<MatchedPath>,
     params: Result<RawPathParams, axum::extract::rejection::RawPathParamsRejection>,
     req: Request,
@@ -49,7 +55,7 @@ pub async fn observe(
     let method = method_label(req.method());
     let route = matched
         .as_ref()
-        .map(|m| route_label(m.as_str(), &state.config.server.api_v1_str).to_string())
+        .map(|m| route_label(m.as_str(), &observed.prefix).to_string())
         .unwrap_or_else(|| "unmatched".to_string());
     let session_id = params.ok().and_then(|p| {
         p.iter()
@@ -80,7 +86,7 @@ pub async fn observe(
     };
     let elapsed = started.elapsed();
     let status = response.status().as_u16();
-    state
+    observed
         .metrics
         .http_requests
         .with(&[method, &route, &status.to_string()])

@@ -6,12 +6,14 @@ use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 
-use crate::AppState;
+use std::sync::Arc;
+
 use crate::api::{
     PollQuery, ProcessList, ProcessOutput, StartProcessRequest, StartProcessResponse, StdinQuery,
 };
 use crate::error::{ApiError, ApiJson, ApiQuery, ErrorBody};
 use crate::processes;
+use crate::sessions::Sessions;
 
 /// Start a background process; it outlives the request and dies with the session.
 #[utoipa::path(post, path = "/session/{session_id}/processes/", tag = "processes",
@@ -21,11 +23,11 @@ use crate::processes;
         (status = 404, body = ErrorBody), (status = 422, body = ErrorBody),
         (status = 429, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn start(
-    State(state): State<AppState>,
+    State(sessions): State<Arc<Sessions>>,
     Path(id): Path<String>,
     ApiJson(req): ApiJson<StartProcessRequest>,
 ) -> Result<(StatusCode, Json<StartProcessResponse>), ApiError> {
-    let process_id = processes::start(&state, &id, &req).await?;
+    let process_id = processes::start(&sessions, &id, &req).await?;
     Ok((
         StatusCode::CREATED,
         Json(StartProcessResponse { process_id }),
@@ -39,10 +41,10 @@ pub async fn start(
     responses((status = 200, body = ProcessList), (status = 403, body = ErrorBody),
         (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn list(
-    State(state): State<AppState>,
+    State(sessions): State<Arc<Sessions>>,
     Path(id): Path<String>,
 ) -> Result<Json<ProcessList>, ApiError> {
-    Ok(Json(processes::list(&state, &id).await?))
+    Ok(Json(processes::list(&sessions, &id).await?))
 }
 
 /// A process's state and output from `offset`, waiting up to `wait` seconds for new output.
@@ -54,12 +56,12 @@ pub async fn list(
         (status = 404, body = ErrorBody), (status = 422, body = ErrorBody),
         (status = 503, body = ErrorBody)))]
 pub async fn poll(
-    State(state): State<AppState>,
+    State(sessions): State<Arc<Sessions>>,
     Path((id, pid)): Path<(String, String)>,
     ApiQuery(q): ApiQuery<PollQuery>,
 ) -> Result<Json<ProcessOutput>, ApiError> {
     Ok(Json(
-        processes::poll(&state, &id, &pid, q.offset, q.wait).await?,
+        processes::poll(&sessions, &id, &pid, q.offset, q.wait).await?,
     ))
 }
 
@@ -73,12 +75,12 @@ pub async fn poll(
         (status = 409, body = ErrorBody), (status = 413, body = ErrorBody),
         (status = 503, body = ErrorBody)))]
 pub async fn stdin(
-    State(state): State<AppState>,
+    State(sessions): State<Arc<Sessions>>,
     Path((id, pid)): Path<(String, String)>,
     ApiQuery(q): ApiQuery<StdinQuery>,
     body: Bytes,
 ) -> Result<StatusCode, ApiError> {
-    processes::stdin(&state, &id, &pid, body, q.eof).await?;
+    processes::stdin(&sessions, &id, &pid, body, q.eof).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -90,9 +92,9 @@ pub async fn stdin(
     responses((status = 204), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 503, body = ErrorBody)))]
 pub async fn kill(
-    State(state): State<AppState>,
+    State(sessions): State<Arc<Sessions>>,
     Path((id, pid)): Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
-    processes::kill(&state, &id, &pid).await?;
+    processes::kill(&sessions, &id, &pid).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -4,8 +4,10 @@ use axum::extract::{FromRequest, Multipart, Path, Request, State};
 use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
-use crate::AppState;
+use std::sync::Arc;
+
 use crate::error::{ApiError, ErrorBody};
+use crate::sessions::Sessions;
 use crate::workspace::multipart;
 use crate::workspace::seed::{self, SKIPPED_HEADER, SeedError};
 
@@ -26,21 +28,21 @@ use crate::workspace::seed::{self, SKIPPED_HEADER, SeedError};
             headers(("Retry-After" = u64, description = "Seconds to wait before retrying"))),
         (status = 503, body = ErrorBody)))]
 pub async fn seed(
-    State(state): State<AppState>,
+    State(sessions): State<Arc<Sessions>>,
     Path(id): Path<String>,
     request: Request,
 ) -> Result<Response, ApiError> {
-    let _held = state.lock(&id).await?;
-    state.sessions.ensure_running(&id).await?;
+    let _held = sessions.lock(&id).await?;
+    sessions.ensure_running(&id).await?;
     let (request, tripwire) = multipart::guard_request(request);
-    let multipart = Multipart::from_request(request, &state)
+    let multipart = Multipart::from_request(request, &())
         .await
         .map_err(SeedError::NotMultipart)?;
     let started = std::time::Instant::now();
     let outcome = seed::seed(
-        state.sessions.engine(),
-        state.sessions.runtime(),
-        &state.config,
+        sessions.engine(),
+        sessions.runtime(),
+        sessions.config(),
         &id,
         multipart,
     )
@@ -54,13 +56,13 @@ pub async fn seed(
         Ok(_) => "ok".to_string(),
         Err(e) => e.status().as_u16().to_string(),
     };
-    state
-        .metrics
+    sessions
+        .metrics()
         .seeds
         .with(&[&label])
         .observe(started.elapsed());
     let outcome = outcome?;
-    state.metrics.seed_bytes.add(outcome.bytes);
+    sessions.metrics().seed_bytes.add(outcome.bytes);
     let mut resp = StatusCode::NO_CONTENT.into_response();
     resp.headers_mut().insert(
         HeaderName::from_static(SKIPPED_HEADER),

@@ -5,11 +5,13 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use crate::AppState;
+use std::sync::Arc;
+
 use crate::api::{
     CloseQuery, RunRequest, RunResponse, RunStreamLine, StartSessionRequest, StartSessionResponse,
 };
 use crate::error::{ApiError, ApiJson, ApiQuery, ErrorBody};
+use crate::sessions::Sessions;
 
 /// Start a sandbox session and return its id.
 #[utoipa::path(post, path = "/session/", tag = "session", request_body = StartSessionRequest,
@@ -20,20 +22,13 @@ use crate::error::{ApiError, ApiJson, ApiQuery, ErrorBody};
             headers(("Retry-After" = u64, description = "Seconds to wait before retrying"))),
         (status = 503, body = ErrorBody)))]
 pub async fn create(
-    State(state): State<AppState>,
+    State(sessions): State<Arc<Sessions>>,
     ApiJson(req): ApiJson<StartSessionRequest>,
 ) -> Result<Json<StartSessionResponse>, ApiError> {
-    // An egress session's parts exist before its sandbox does; holding the token's lock while
-    // they are built keeps the reaper from taking them for orphans.
-    let token = crate::ids::random_token();
-    let _building = match req.egress {
-        Some(_) => Some(state.lock(&crate::egress::lock_key(&token)).await?),
-        None => None,
-    };
-    let session_id = state.sessions.create(&req, &token).await?;
+    let session_id = sessions.create(&req).await?;
     // A session claimed from the warm pool was created long before: its idle time starts now.
-    state.activity.touch(&session_id).await;
-    state.metrics.sessions_created.inc();
+    sessions.activity().touch(&session_id).await;
+    sessions.metrics().sessions_created.inc();
     Ok(Json(StartSessionResponse { session_id }))
 }
 
@@ -47,37 +42,58 @@ pub async fn create(
         (status = 403, body = ErrorBody),
         (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn run(
-    State(state): State<AppState>,
+    State(sessions): State<Arc<Sessions>>,
     Path(id): Path<String>,
     headers: HeaderMap,
     ApiJson(req): ApiJson<RunRequest>,
 ) -> Result<Response, ApiError> {
     if wants_ndjson(&headers) {
-        let held = state.lock(&id).await?;
-        let spec = state.sessions.run_spec(&id, &req).await?;
-        let body = match spec {
-            Some(spec) => crate::processes::stream_run(state.clone(), id, spec, held),
+        let held = sessions.lock(&id).await?;
+        let spec = sessions.run_spec(&id, &req).await?;
+        let lines = match spec {
+            Some(spec) => crate::processes::stream_run(sessions.clone(), id, spec, held),
             None => {
-                let done = RunStreamLine::Done {
+                let (tx, rx) = tokio::sync::mpsc::channel(1);
+                let _ = tx.try_send(Ok(RunStreamLine::Done {
                     results: Vec::new(),
-                };
-                let mut line = serde_json::to_vec(&done).unwrap_or_default();
-                line.push(b'\n');
-                axum::body::Body::from(line)
+                }));
+                rx
             }
         };
-        return Ok(([(header::CONTENT_TYPE, NDJSON)], body).into_response());
+        return Ok(([(header::CONTENT_TYPE, NDJSON)], ndjson(lines)).into_response());
     }
-    let _held = state.lock(&id).await?;
+    let _held = sessions.lock(&id).await?;
     let started = std::time::Instant::now();
-    let ran = state.sessions.run(&id, &req).await;
-    state.metrics.command_batches.observe(started.elapsed());
+    let ran = sessions.run(&id, &req).await;
+    sessions
+        .metrics()
+        .command_batches
+        .observe(started.elapsed());
     let ran = ran?;
-    state.metrics.commands.add(ran.results.len() as u64);
+    sessions.metrics().commands.add(ran.results.len() as u64);
     Ok(Json(ran).into_response())
 }
 
 const NDJSON: &str = "application/x-ndjson";
+
+/// The body of a streaming run: one JSON line per item, a failure as the `error` line with the
+/// detail a plain request would have had in its error body.
+fn ndjson(
+    lines: tokio::sync::mpsc::Receiver<Result<RunStreamLine, crate::runtime::HelperError>>,
+) -> axum::body::Body {
+    let stream = futures::stream::unfold(lines, |mut rx| async move {
+        let line = match rx.recv().await? {
+            Ok(line) => line,
+            Err(e) => RunStreamLine::Error {
+                detail: ApiError::from(e).to_string(),
+            },
+        };
+        let mut bytes = serde_json::to_vec(&line).unwrap_or_default();
+        bytes.push(b'\n');
+        Some((Ok::<_, std::convert::Infallible>(bytes), rx))
+    });
+    axum::body::Body::from_stream(stream)
+}
 
 /// `Accept` names NDJSON (alone or among others, with any parameters).
 fn wants_ndjson(headers: &HeaderMap) -> bool {
@@ -99,11 +115,11 @@ fn wants_ndjson(headers: &HeaderMap) -> bool {
     responses((status = 204), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 503, body = ErrorBody)))]
 pub async fn status(
-    State(state): State<AppState>,
+    State(sessions): State<Arc<Sessions>>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    let _held = state.lock(&id).await?;
-    state.sessions.ensure_running(&id).await?;
+    let _held = sessions.lock(&id).await?;
+    sessions.ensure_running(&id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -113,19 +129,19 @@ pub async fn status(
         ("force" = Option<bool>, Query, description = "Remove instead of stop")),
     responses((status = 204), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub async fn close(
-    State(state): State<AppState>,
+    State(sessions): State<Arc<Sessions>>,
     Path(id): Path<String>,
     ApiQuery(q): ApiQuery<CloseQuery>,
 ) -> Result<StatusCode, ApiError> {
     let _held = if q.force {
-        state.lock_to_remove(&id).await?
+        sessions.lock_to_remove(&id).await?
     } else {
-        Some(state.lock(&id).await?)
+        Some(sessions.lock(&id).await?)
     };
-    state.sessions.close(&id, q.force).await?;
+    sessions.close(&id, q.force).await?;
     // Its processes died with it.
-    state.metrics.observe_processes(&id, None);
+    sessions.metrics().observe_processes(&id, None);
     let mode = if q.force { "remove" } else { "stop" };
-    state.metrics.sessions_closed.with(&[mode]).inc();
+    sessions.metrics().sessions_closed.with(&[mode]).inc();
     Ok(StatusCode::NO_CONTENT)
 }

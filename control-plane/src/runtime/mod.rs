@@ -39,7 +39,7 @@ mod writer;
 use channel::{Caps, Channel, ChannelError, Incoming, RequestHandle, Violation};
 pub use error::HelperError;
 pub use helper_bin::helper_binary;
-pub use writer::{ROOT_USER, Writer, write_by_helper};
+pub use writer::{ServiceFile, Writer, Written};
 
 /// Exit code of a command killed at its timeout (as coreutils' `timeout`).
 pub const TIMEOUT_EXIT_CODE: i64 = 124;
@@ -149,6 +149,14 @@ pub trait SessionRuntime: Send + Sync + 'static {
     async fn warm(&self, id: &str);
     /// Drops the session's channel (the session is being removed or stopped).
     fn forget(&self, id: &str);
+}
+
+/// Opens `id`'s helper channel in the background: the first command or fs op then finds it
+/// ready instead of paying for the exec that opens it.
+pub fn warm_in_background(runtime: &Arc<dyn SessionRuntime>, id: &str) {
+    let runtime = runtime.clone();
+    let id = id.to_string();
+    tokio::spawn(async move { runtime.warm(&id).await });
 }
 
 /// A session's channel, opened once under its own async lock.

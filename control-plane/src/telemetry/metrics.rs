@@ -140,7 +140,7 @@ impl<M: Clone + Default, const N: usize> Family<M, N> {
 
 // === impl Metrics ===
 
-/// Every metric the control plane exports. Held in [`crate::AppState`]; the engine wrapper, the
+/// Every metric the control plane exports. Held by the composition (`AppState`); the engine wrapper, the
 /// request middleware, the handlers and the reaper count into it.
 pub struct Metrics {
     /// Holds a clone of every metric below (clones share their cells), in page order.

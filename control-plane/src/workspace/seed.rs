@@ -19,17 +19,15 @@ use std::io;
 
 use axum::extract::Multipart;
 use bytes::Bytes;
-use futures::StreamExt;
 use tokio::sync::mpsc;
 
 use super::sanitize::{self, Budget, Options, SanitizeError};
 use super::{ChannelReader, ChannelWriter};
-use crate::archive::{Archive, ROOT, entry_name};
 use crate::config::Config;
 use crate::engine::{ContainerEngine, EngineError};
-use crate::layout::{self, SEED_MARKER, SERVICE_DIR, WORKSPACE};
+use crate::layout::{self, SEED_MARKER, WORKSPACE};
+use crate::runtime::ServiceFile;
 use crate::runtime::{HelperError, SessionRuntime};
-use crate::runtime::{ROOT_USER, Writer};
 
 /// Header carrying how many archive members the sanitiser dropped.
 pub const SKIPPED_HEADER: &str = "x-seed-skipped-members";
@@ -83,9 +81,6 @@ pub enum SeedError {
     /// The sanitiser's thread panicked or was cancelled.
     #[error("the archive sanitiser did not finish")]
     Sanitiser(#[source] tokio::task::JoinError),
-    /// The marker archive could not be built.
-    #[error("the seed marker could not be built")]
-    Marker(#[source] io::Error),
     #[error(transparent)]
     Engine(#[from] EngineError),
     #[error(transparent)]
@@ -127,21 +122,16 @@ pub async fn seed(
     }
     // The marker's writer opens while the archives stream (its exec costs as much as a small
     // seed); it writes only when given its content, so a failed seed leaves no marker.
+    let file = ServiceFile::root(SEED_MARKER, 0o644);
     let (marker, seeded) = tokio::join!(
-        Writer::open(engine, id, ROOT_USER, SEED_MARKER, 0o644, &[]),
+        file.open(engine, id),
         seed_fields(runtime, config, id, multipart),
     );
     let (outcome, written) = seeded?;
-    let marked = match marker {
-        Ok(writer) => match writer.finish(&[], Vec::new()).await {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                tracing::debug!(session_id = %id, error = %e, "seed marker not written by the helper; uploading it");
-                write_marker(engine, id).await
-            }
-        },
-        Err(_) => write_marker(engine, id).await,
-    };
+    let marked = file
+        .write(engine, id, &[], &[], marker.ok())
+        .await
+        .map_err(SeedError::from);
     if let Err(e) = marked {
         cleanup(runtime, id, &written).await;
         return Err(e);
@@ -324,18 +314,6 @@ async fn seed_one(
             Ok(stats)
         }
     }
-}
-
-/// The marker, root-owned, in a root-owned directory, by an archive upload (when the helper's
-/// `write-file` could not do it).
-async fn write_marker(engine: &dyn ContainerEngine, id: &str) -> Result<(), SeedError> {
-    let mut tar = Archive::new();
-    tar.dir(entry_name(SERVICE_DIR), 0o755, ROOT)
-        .file(entry_name(SEED_MARKER), 0o644, ROOT, &[]);
-    let tar = tar.finish().map_err(SeedError::Marker)?;
-    let body = futures::stream::once(async move { Ok(tar) }).boxed();
-    engine.put_archive(id, "/", body).await?;
-    Ok(())
 }
 
 /// Empties the destinations a failed seed wrote to, through the helper (as the sandbox user,

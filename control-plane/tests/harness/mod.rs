@@ -37,6 +37,20 @@ pub fn state(engine: &FakeEngine, config: Arc<Config>) -> AppState {
     )
 }
 
+/// [`state`] with an activity tracker of the test's own.
+pub fn state_with_activity(
+    engine: &FakeEngine,
+    config: Arc<Config>,
+    activity: Arc<dyn control_plane::coordination::activity::SessionActivity>,
+) -> AppState {
+    AppState::with_coordination(
+        config,
+        Arc::new(engine.clone()),
+        Arc::new(LocalLocks::default()),
+        activity,
+    )
+}
+
 /// The app over a fake engine, and the engine to script and inspect it.
 pub struct Harness {
     pub engine: FakeEngine,

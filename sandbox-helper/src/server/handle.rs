@@ -21,7 +21,7 @@ use crate::procs::client;
 /// A run's environment: the claim's, then the request's (which wins). The claim's
 /// ([`layout::ENV_FILE`]) is read for every run: a warm-pool member's channel is opened before
 /// the member is claimed, so the file may appear after serving started (the control plane
-/// writes it before the claim's 201). A few microseconds a run.
+/// writes it before the claim answers). A few microseconds a run.
 fn run_env(config: &Config, request: Vec<(String, String)>) -> Vec<(String, String)> {
     let mut env = claimed_env(&config.service_file(layout::ENV_FILE));
     env.extend(request);

@@ -1,5 +1,7 @@
-//! What can go wrong with a session operation, named by cause. The texts are what a client is
-//! told; the HTTP status of each is decided in [`crate::error`], not here.
+//! What can go wrong with a session or the sandbox behind it, named by cause: defined where
+//! sandboxes are built, the lowest layer that needs it (the pool and the sessions above use it
+//! too). The texts are what a client is told; the HTTP status of each is decided in the HTTP
+//! layer's `error.rs`, not here.
 
 use super::{MAX_TIMEOUT_SECS, MIN_MEMORY_BYTES};
 use crate::coordination::lock::LockError;

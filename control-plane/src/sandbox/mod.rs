@@ -1,0 +1,374 @@
+//! Building a sandbox: what a cold create and a warm-pool member have in common.
+//!
+//! [`SandboxFactory`] validates a create request, writes the container spec of its sandbox
+//! (isolation defaults, the workspace skeleton with the helper, the environment) and builds one:
+//! the image (pulled when missing), the container, and for egress the whole triad through
+//! [`Egress::create`]. The cold path of `POST /session/` and the pool's refill both build here, so
+//! a claimed member and a cold session are the same container.
+//!
+//! A sandbox is one container labelled [`MANAGED_LABEL`]; its id is the session id. Everything
+//! the service needs to know about it is on its labels. Docker round trips of a build: inspect
+//! image + create + put skeleton + start (4); for egress, see [`crate::egress`].
+
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+
+use bytes::Bytes;
+use shared_policy::PolicyFile;
+
+use crate::api::StartSessionRequest;
+use crate::archive::{Archive, ROOT, entry_name};
+use crate::config::Config;
+use crate::egress::{self, Egress, Reservation, SandboxPlan};
+use crate::engine::{
+    ContainerEngine, ContainerSpec, DEPLOYMENT_LABEL, HELPER_USER_LABEL, IMAGE_LABEL,
+    MANAGED_LABEL, NetworkAttach, ROLE_LABEL, ROLE_SANDBOX, SANDBOX_USER_LABEL,
+};
+use crate::layout;
+
+mod error;
+
+pub use error::SessionError;
+
+/// Home of the sandbox user: writable, outside the workspace so seeds and `git status` stay clean.
+pub const HOME: &str = "/home/sandbox";
+
+/// Docker's own lower bound for a memory limit.
+pub const MIN_MEMORY_BYTES: i64 = 6 * 1024 * 1024;
+
+/// Longest per-command timeout a request may ask for (a week); larger values overflow deadline
+/// arithmetic and mean "none" anyway, which `0` says.
+pub const MAX_TIMEOUT_SECS: u64 = 7 * 24 * 3600;
+
+/// A sandbox's name and extra labels (a warm-pool member's); a cold session has neither.
+#[derive(Debug, Clone)]
+pub struct Naming {
+    pub name: String,
+    pub labels: Vec<(String, String)>,
+}
+
+/// Builds sandboxes (see the module docs).
+pub struct SandboxFactory {
+    engine: Arc<dyn ContainerEngine>,
+    config: Arc<Config>,
+    /// `None` when no egress CA is configured: egress sessions are then refused with 400.
+    egress: Option<Arc<Egress>>,
+    /// The static helper binary every sandbox gets in its skeleton (`None` only in-process
+    /// tests, whose fake engine runs a host build of the helper).
+    helper: Option<Bytes>,
+    /// The skeleton of every sandbox without files of its own (all but egress ones), built on
+    /// first use and shared: the helper binary is most of it (~3 MB, ~6 MB while the archive
+    /// grows), and a burst of creates each building its own copy made the service's peak memory
+    /// grow with the burst. Its entries carry the time it was built, not the session's.
+    shared_skeleton: OnceLock<Bytes>,
+}
+
+impl SandboxFactory {
+    pub fn new(
+        engine: Arc<dyn ContainerEngine>,
+        config: Arc<Config>,
+        egress: Option<Arc<Egress>>,
+        helper: Option<Bytes>,
+    ) -> Self {
+        Self {
+            engine,
+            config,
+            egress,
+            helper,
+            shared_skeleton: OnceLock::new(),
+        }
+    }
+
+    pub fn engine(&self) -> &Arc<dyn ContainerEngine> {
+        &self.engine
+    }
+
+    pub fn config(&self) -> &Arc<Config> {
+        &self.config
+    }
+
+    pub fn egress(&self) -> Option<&Arc<Egress>> {
+        self.egress.as_ref()
+    }
+
+    /// The helper binary sandboxes get.
+    pub fn helper(&self) -> Option<&Bytes> {
+        self.helper.as_ref()
+    }
+
+    /// The egress of this instance, or the 400 of a request for egress where none is configured.
+    pub fn egress_or_400(&self) -> Result<&Arc<Egress>, SessionError> {
+        self.egress
+            .as_ref()
+            .ok_or(SessionError::EgressNotConfigured)
+    }
+
+    /// Checks a create request before anything is asked of the engine; its egress policy, parsed
+    /// and validated, when it has one.
+    pub fn validate(&self, req: &StartSessionRequest) -> Result<Option<PolicyFile>, SessionError> {
+        validate_start(req)?;
+        match &req.egress {
+            Some(body) => {
+                self.egress_or_400()?;
+                Ok(Some(egress::parse_policy(body)?))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Creates and starts a sandbox: isolated, or with its triad when `egress` gives the policy
+    /// and the reserved token naming the triad's parts; named by `naming` if given. Nothing is
+    /// left behind when a step fails.
+    pub async fn build(
+        &self,
+        req: &StartSessionRequest,
+        egress: Option<(&PolicyFile, &Reservation)>,
+        naming: Option<&Naming>,
+    ) -> Result<String, SessionError> {
+        let named = |mut spec: ContainerSpec| {
+            if let Some(n) = naming {
+                spec.name = Some(n.name.clone());
+                spec.labels.extend(n.labels.iter().cloned());
+            }
+            spec
+        };
+        let Some((policy, reservation)) = egress else {
+            self.engine.ensure_image(&req.base_image).await?;
+            let spec = named(self.spec(req, None));
+            let id = self.engine.create(&spec).await?;
+            if let Err(e) = self.engine.start(&id).await {
+                let _ = self.engine.remove(&id).await;
+                return Err(e.into());
+            }
+            return Ok(id);
+        };
+        let gateways = self.egress_or_400()?;
+        self.engine.ensure_image(&req.base_image).await?;
+        // A pool member's gateway gets the helper: its claim installs the policy with it.
+        let helper = naming.and(self.helper.as_ref());
+        gateways
+            .create(reservation.token(), policy, helper, |plan| {
+                named(self.spec(req, Some(plan)))
+            })
+            .await
+            .map_err(Into::into)
+    }
+
+    /// `uid:gid` commands run as.
+    fn user(&self) -> String {
+        format!(
+            "{}:{}",
+            self.config.sessions.run_uid, self.config.sessions.run_gid
+        )
+    }
+
+    /// `uid:gid` the helper takes for itself.
+    fn helper_user(&self) -> String {
+        let h = self.config.sessions.helper_uid;
+        format!("{h}:{h}")
+    }
+
+    /// The container spec of a sandbox: isolation defaults, workspace skeleton and environment.
+    /// `extra_env` (the egress proxy settings) wins over the caller's environment.
+    pub fn spec(&self, req: &StartSessionRequest, plan: Option<&SandboxPlan>) -> ContainerSpec {
+        let (network, extra_env, extra_labels, extra_files) = match plan {
+            Some(p) => (p.network.clone(), &p.env[..], &p.labels[..], &p.files[..]),
+            None => (NetworkAttach::None, &[][..], &[][..], &[][..]),
+        };
+        let c = &self.config;
+        let mut env: Vec<(String, String)> = base_env();
+        if let Some(user_env) = &req.environment {
+            for (k, v) in user_env {
+                env.retain(|(ek, _)| ek != k);
+                env.push((k.clone(), v.clone()));
+            }
+        }
+        for (k, v) in extra_env {
+            env.retain(|(ek, _)| ek != k);
+            env.push((k.clone(), v.clone()));
+        }
+        let mut labels = HashMap::from([
+            (MANAGED_LABEL.to_string(), "true".to_string()),
+            (ROLE_LABEL.to_string(), ROLE_SANDBOX.to_string()),
+            (IMAGE_LABEL.to_string(), req.base_image.clone()),
+            (DEPLOYMENT_LABEL.to_string(), c.deployment.clone()),
+            (HELPER_USER_LABEL.to_string(), self.helper_user()),
+            (SANDBOX_USER_LABEL.to_string(), self.user()),
+        ]);
+        labels.extend(extra_labels.iter().cloned());
+        ContainerSpec {
+            name: None,
+            image: req.base_image.clone(),
+            // The image's entrypoint would wrap the keep-alive in something unknown. The helper
+            // keeps the container alive: no shell needed, so shell-less images work.
+            entrypoint: Some(Vec::new()),
+            cmd: Some(vec![
+                layout::HELPER.into(),
+                "init".into(),
+                "--user".into(),
+                self.user(),
+                "--helper-user".into(),
+                self.helper_user(),
+            ]),
+            env,
+            labels,
+            // Root only until the helper takes its own uid, first thing (see
+            // `sandbox_helper::identity`); commands and processes run as `RUN_UID:RUN_GID`.
+            user: Some("0:0".to_string()),
+            // What the helper keeps: starting commands as the sandbox user, killing their
+            // process groups. A command has none of them after its `execve`.
+            cap_add: ["SETUID", "SETGID", "KILL"].map(String::from).to_vec(),
+            // Without an IPv6 address, the host's link-local address on the session's bridge is
+            // unreachable whatever the engine's version does by default.
+            sysctls: vec![(
+                "net.ipv6.conf.all.disable_ipv6".to_string(),
+                "1".to_string(),
+            )],
+            // tini as PID 1: forwards SIGTERM (prompt stops) and reaps orphaned zombies.
+            init: true,
+            runtime: c.sessions.runtime.as_str().to_string(),
+            memory_bytes: req.memory_bytes,
+            nano_cpus: req.cpus.map(|c| (c * 1e9).round() as i64),
+            pids_limit: c.sessions.pids_limit,
+            network,
+            // The workspace on a volume: no copy-up, no overlay lookups (on fuse-overlayfs, grep
+            // and extraction are 5-20x faster there). Anonymous: removed with the container.
+            volumes: vec![layout::WORKSPACE.to_string()],
+            log_options: Vec::new(),
+            skeleton: Some(self.skeleton(extra_files)),
+        }
+    }
+
+    /// The skeleton archive of a sandbox with `extra_files` (the shared one when there are none).
+    fn skeleton(&self, extra_files: &[(String, Bytes)]) -> Bytes {
+        let (uid, gid) = (self.config.sessions.run_uid, self.config.sessions.run_gid);
+        let build = || skeleton_tar(uid, gid, extra_files, self.helper.as_ref());
+        if extra_files.is_empty() {
+            self.shared_skeleton.get_or_init(build).clone()
+        } else {
+            build()
+        }
+    }
+}
+
+/// HOME and XDG locations: tools such as uv, npm and pip need a writable home.
+fn base_env() -> Vec<(String, String)> {
+    [
+        ("HOME", HOME.to_string()),
+        ("XDG_CONFIG_HOME", format!("{HOME}/.config")),
+        ("XDG_CACHE_HOME", format!("{HOME}/.cache")),
+        ("XDG_DATA_HOME", format!("{HOME}/.local/share")),
+        ("XDG_STATE_HOME", format!("{HOME}/.local/state")),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
+/// `/workspace/{repo,skills,tmp}` and the home directory, owned by the sandbox user through the
+/// archive entries themselves: no `chown` runs in the container (gVisor gives `exec -u root` no
+/// capabilities).
+pub fn skeleton_tar(
+    uid: u32,
+    gid: u32,
+    root_files: &[(String, Bytes)],
+    helper: Option<&Bytes>,
+) -> Bytes {
+    let dirs = [
+        layout::WORKSPACE,
+        layout::REPO,
+        layout::SKILLS,
+        layout::TMP,
+        "/home/sandbox",
+        "/home/sandbox/.config",
+        "/home/sandbox/.cache",
+        "/home/sandbox/.local",
+        "/home/sandbox/.local/share",
+        "/home/sandbox/.local/state",
+    ];
+    let mut tar = Archive::new();
+    for dir in dirs {
+        tar.dir(entry_name(dir), 0o755, (uid, gid));
+    }
+    // The service's own directory and the helper: root-owned, so the sandbox user can run the
+    // helper but never replace it (it serves every fs op).
+    tar.dir(entry_name(layout::SERVICE_DIR), 0o755, ROOT);
+    if let Some(bin) = helper {
+        tar.file(entry_name(layout::HELPER), 0o755, ROOT, bin);
+    }
+    // Root-owned, world-readable: the sandbox user can read but not replace them.
+    for (path, data) in root_files {
+        tar.file(path, 0o644, ROOT, data);
+    }
+    // The names are constants or the egress plan's paths: nothing `tar` refuses.
+    tar.finish().unwrap_or_default()
+}
+
+fn validate_start(req: &StartSessionRequest) -> Result<(), SessionError> {
+    let image = req.base_image.trim();
+    if image.is_empty()
+        || image.len() > 512
+        || image.chars().any(|c| c.is_whitespace() || c.is_control())
+    {
+        return Err(SessionError::InvalidImage(req.base_image.clone()));
+    }
+    if let Some(m) = req.memory_bytes
+        && m < MIN_MEMORY_BYTES
+    {
+        return Err(SessionError::MemoryTooSmall);
+    }
+    // Docker takes nano-CPUs: anything that rounds to 0 would mean "unlimited".
+    if let Some(c) = req.cpus
+        && !(c.is_finite() && (0.01..=1024.0).contains(&c))
+    {
+        return Err(SessionError::InvalidCpus);
+    }
+    if let Some(env) = &req.environment {
+        for (k, v) in env {
+            if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
+                return Err(SessionError::InvalidEnvironment(k.clone()));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn skeleton_entries_carry_the_sandbox_owner() -> std::io::Result<()> {
+        let tar_bytes = skeleton_tar(1234, 5678, &[], Some(&Bytes::from_static(b"bin")));
+        let mut archive = tar::Archive::new(&tar_bytes[..]);
+        let mut names = Vec::new();
+        for entry in archive.entries()? {
+            let entry = entry?;
+            let name = entry.path()?.display().to_string();
+            if name.starts_with(entry_name(layout::SERVICE_DIR)) {
+                // The helper and its directory stay root's: the sandbox cannot swap them.
+                assert_eq!(entry.header().uid()?, 0, "{name}");
+            } else {
+                assert_eq!(entry.header().uid()?, 1234);
+                assert_eq!(entry.header().gid()?, 5678);
+            }
+            names.push(name);
+        }
+        assert!(
+            names.iter().any(|n| n == entry_name(layout::HELPER)),
+            "{names:?}"
+        );
+        for expected in [
+            "workspace/repo",
+            "workspace/skills",
+            "workspace/tmp",
+            "home/sandbox",
+        ] {
+            assert!(
+                names.iter().any(|n| n.trim_end_matches('/') == expected),
+                "{names:?}"
+            );
+        }
+        Ok(())
+    }
+}

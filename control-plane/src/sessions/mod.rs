@@ -1,0 +1,366 @@
+//! Sessions: the lifecycle of a session, over the sandboxes the factory and the pool build.
+//!
+//! A session is a sandbox container of this deployment (see [`crate::sandbox`]); its id is the
+//! container id, and all its state lives in the container and its labels, so any replica (or a
+//! restarted control plane) can serve any session. [`Sessions::create`] validates a request,
+//! takes a warm-pool member when one matches ([`crate::pool`]), else reserves the egress token
+//! (egress only) and builds a sandbox cold. The other operations find the session, start it
+//! again when it was stopped, run commands through the session runtime, refresh its egress
+//! policy and close it. Requests on one session are ordered by its lock ([`Sessions::lock`]),
+//! which also records the session's activity for the reaper.
+//!
+//! Docker round trips: create, see [`crate::sandbox`]; commands and fs ops go over the helper's
+//! channel (none); status = inspect (+ start when stopped); close = inspect + stop/remove.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::api::{RunRequest, RunResponse, StartSessionRequest};
+use crate::config::Config;
+use crate::coordination::activity::{self, SessionActivity};
+use crate::coordination::lock::{LockError, LockGuard, SessionLocks};
+use crate::egress::{self, Egress, Triad};
+use crate::engine::{
+    ContainerEngine, ContainerInfo, DEPLOYMENT_LABEL, EngineError, ROLE_LABEL, ROLE_SANDBOX,
+};
+use crate::ids::is_container_id;
+use crate::layout;
+use crate::pool::Pool;
+use crate::runtime::{RunSpec, SessionRuntime};
+use crate::sandbox::SandboxFactory;
+use crate::telemetry::metrics::Metrics;
+use sandbox_protocol::message::{ProcList, ProcRequest};
+
+pub use crate::sandbox::{MAX_TIMEOUT_SECS, SessionError};
+
+/// Longest a force delete waits for a busy session's lock before it removes the session anyway.
+pub const FORCE_LOCK_WAIT: Duration = Duration::from_secs(1);
+
+pub struct Sessions {
+    factory: Arc<SandboxFactory>,
+    pool: Arc<Pool>,
+    runtime: Arc<dyn SessionRuntime>,
+    locks: Arc<dyn SessionLocks>,
+    /// Touched by [`Sessions::lock`] at the start and end of every session operation.
+    activity: Arc<dyn SessionActivity>,
+    metrics: Arc<Metrics>,
+}
+
+impl Sessions {
+    pub fn new(
+        factory: Arc<SandboxFactory>,
+        pool: Arc<Pool>,
+        runtime: Arc<dyn SessionRuntime>,
+        locks: Arc<dyn SessionLocks>,
+        activity: Arc<dyn SessionActivity>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            factory,
+            pool,
+            runtime,
+            locks,
+            activity,
+            metrics,
+        }
+    }
+
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.pool
+    }
+
+    pub fn engine(&self) -> &dyn ContainerEngine {
+        &**self.factory.engine()
+    }
+
+    pub fn config(&self) -> &Arc<Config> {
+        self.factory.config()
+    }
+
+    pub fn runtime(&self) -> &dyn SessionRuntime {
+        &*self.runtime
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    pub fn locks(&self) -> &Arc<dyn SessionLocks> {
+        &self.locks
+    }
+
+    pub fn activity(&self) -> &Arc<dyn SessionActivity> {
+        &self.activity
+    }
+
+    fn egress(&self) -> Option<&Arc<Egress>> {
+        self.factory.egress()
+    }
+
+    /// Whether sandboxes get the helper (the service refuses to start without it).
+    pub fn has_helper(&self) -> bool {
+        self.factory.helper().is_some()
+    }
+
+    /// Opens the session's helper channel in the background.
+    fn warm(&self, id: &str) {
+        crate::runtime::warm_in_background(&self.runtime, id);
+    }
+
+    /// Creates and starts a session: validate, then a ready warm-pool member when one matches
+    /// the request, else a cold build (for egress, with a token reserved for the triad's
+    /// parts). Nothing is left behind when a step fails.
+    pub async fn create(&self, req: &StartSessionRequest) -> Result<String, SessionError> {
+        let policy = self.factory.validate(req)?;
+        if let Some(id) = self.pool.claim(req, policy.as_ref()).await {
+            tracing::info!(session_id = %id, image = %req.base_image, "session claimed from the warm pool");
+            self.warm(&id);
+            return Ok(id);
+        }
+        let id = match &policy {
+            None => self.factory.build(req, None, None).await?,
+            Some(policy) => {
+                let egress = self.factory.egress_or_400()?;
+                let reservation = egress
+                    .reserve(&*self.locks, self.config().coordination.lock_wait)
+                    .await?;
+                self.factory
+                    .build(req, Some((policy, &reservation)), None)
+                    .await?
+            }
+        };
+        tracing::info!(session_id = %id, image = %req.base_image, egress = policy.is_some(), "session created");
+        self.warm(&id);
+        Ok(id)
+    }
+
+    /// `PUT /session/{id}/egress/`: a new policy for a live session, without restarting anything.
+    pub async fn refresh_egress(
+        &self,
+        id: &str,
+        body: &serde_json::Value,
+    ) -> Result<(), SessionError> {
+        let info = self.find(id).await?;
+        let Some(triad) = Triad::of(&info) else {
+            return Err(SessionError::NoEgressProxy);
+        };
+        let policy = egress::parse_policy(body)?;
+        let egress = self.egress().ok_or(SessionError::EgressUnavailableHere)?;
+        egress.refresh(&triad, &policy).await?;
+        tracing::info!(session_id = %id, "egress policy refreshed");
+        Ok(())
+    }
+
+    /// The managed sandbox container behind `id`, or 404. Ids are full container ids only: a name
+    /// or a prefix could reach a container that is not a session.
+    pub async fn find(&self, id: &str) -> Result<ContainerInfo, SessionError> {
+        if !is_container_id(id) {
+            return Err(SessionError::NotFound);
+        }
+        let info = self.engine().inspect(id).await?;
+        // Another deployment's session is not ours to run, read or delete, even on a shared
+        // engine with a shared key: it is simply not found. Nor is a warm-pool member until it
+        // is claimed (its name says so: labels cannot change).
+        if !info.is_managed()
+            || info.labels.get(ROLE_LABEL).map(String::as_str) != Some(ROLE_SANDBOX)
+            || info.labels.get(DEPLOYMENT_LABEL) != Some(&self.config().deployment)
+            || crate::pool::is_unclaimed(&info)
+        {
+            return Err(SessionError::NotFound);
+        }
+        Ok(info)
+    }
+
+    /// Starts a stopped session so the next operation finds it warm. An egress session's
+    /// gateway is checked even when the sandbox runs: one killed behind the service's back is
+    /// started again (its policy file, the latest one, is kept in its container), so the sandbox
+    /// never stays cut off.
+    pub async fn ensure_running(&self, id: &str) -> Result<ContainerInfo, SessionError> {
+        let info = self.find(id).await?;
+        let triad = Triad::of(&info);
+        if info.is_running() && triad.is_none() {
+            return Ok(info);
+        }
+        // The gateway first, listening before the sandbox's first command runs.
+        if let Some(triad) = triad {
+            self.egress()
+                .ok_or(SessionError::EgressUnavailableHere)?
+                .ensure_gateway(&triad)
+                .await?;
+        }
+        if info.is_running() {
+            return Ok(info);
+        }
+        match self.engine().start(id).await {
+            Ok(()) => {
+                self.warm(id);
+                Ok(info)
+            }
+            Err(EngineError::NotFound) => Err(SessionError::NotFound),
+            Err(e) => Err(SessionError::RestartFailed(e)),
+        }
+    }
+
+    /// Whether everything the running session `info` needs runs: its gateway, if it has one.
+    pub async fn gateway_up(&self, info: &ContainerInfo) -> Result<bool, SessionError> {
+        match (Triad::of(info), self.egress()) {
+            (None, _) => Ok(true),
+            (Some(triad), Some(egress)) => Ok(egress.gateway_running(&triad).await?),
+            (Some(_), None) => Ok(false),
+        }
+    }
+
+    /// Stops the session (kept warm for reuse), or removes it with `force`.
+    pub async fn close(&self, id: &str, force: bool) -> Result<(), SessionError> {
+        let info = self.find(id).await?;
+        let triad = Triad::of(&info);
+        self.runtime.forget(id);
+        let result = if force {
+            self.engine().remove(id).await
+        } else {
+            self.engine()
+                .stop(id, self.config().sessions.stop_timeout)
+                .await
+        };
+        match result {
+            Ok(()) | Err(EngineError::NotFound) => {}
+            Err(e) => return Err(e.into()),
+        }
+        // Removal needs only the engine, so it happens even where egress is not configured.
+        match (triad, self.egress()) {
+            (Some(triad), _) if force => {
+                egress::teardown(self.engine(), &triad.parts()).await;
+            }
+            (Some(triad), Some(egress)) => egress.stop(&triad).await,
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Runs the commands in order through the session's helper. A timed-out command ends the
+    /// request: it and everything it started are killed, the rest are skipped.
+    pub async fn run(&self, id: &str, req: &RunRequest) -> Result<RunResponse, SessionError> {
+        let Some(spec) = self.run_spec(id, req).await? else {
+            return Ok(RunResponse {
+                results: Vec::new(),
+            });
+        };
+        let results = self.runtime.run(id, &spec).await?;
+        Ok(RunResponse { results })
+    }
+
+    /// Checks a run request and makes sure the session runs; `None` when there is nothing to run.
+    pub async fn run_spec(
+        &self,
+        id: &str,
+        req: &RunRequest,
+    ) -> Result<Option<RunSpec>, SessionError> {
+        if let Some(bad) = req.commands.iter().find(|c| c.contains('\0')) {
+            return Err(SessionError::NulInCommand(crate::text::shown(
+                &bad.replace('\0', "\\0"),
+            )));
+        }
+        let timeout = match req.timeout {
+            Some(0) => None,
+            Some(secs) if secs > MAX_TIMEOUT_SECS => {
+                return Err(SessionError::TimeoutTooLong);
+            }
+            Some(secs) => Some(Duration::from_secs(secs)),
+            None => self.config().sessions.command_timeout,
+        };
+        self.ensure_running(id).await?;
+        if req.commands.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(RunSpec {
+            commands: req.commands.clone(),
+            fail_fast: req.fail_fast,
+            timeout,
+            output_cap: self.config().sessions.output_max_bytes,
+            run_output_cap: self.config().sessions.run_output_max_bytes,
+            workdir: layout::REPO.to_string(),
+            env: Vec::new(),
+        }))
+    }
+
+    /// Background processes running in the session (for the reaper, which must not take a busy
+    /// job for idle).
+    pub async fn live_processes(&self, id: &str) -> Result<usize, SessionError> {
+        let list: ProcList = self
+            .runtime
+            .process(id, ProcRequest::List, None)
+            .await?
+            .parse()?;
+        Ok(list.processes.iter().filter(|p| p.running).count())
+    }
+
+    // === the session's lock ===
+
+    /// For operations that may overlap a running command (read-only fs ops, background
+    /// processes): no lock while the session runs; a stopped session is restarted under its
+    /// lock, as every other operation does.
+    pub async fn running_unlocked(&self, session_id: &str) -> Result<(), SessionError> {
+        let info = self.find(session_id).await?;
+        if info.is_running() && self.gateway_up(&info).await? {
+            self.activity.touch(session_id).await;
+            return Ok(());
+        }
+        let _held = self.lock(session_id).await?;
+        self.ensure_running(session_id).await?;
+        Ok(())
+    }
+
+    /// The session's lock for a force delete, which does not wait behind anything: taken if
+    /// it is free within [`FORCE_LOCK_WAIT`], else the removal goes ahead without it (the
+    /// request holding it then fails: its session is gone). Its activity record is deleted.
+    pub async fn lock_to_remove(
+        &self,
+        session_id: &str,
+    ) -> Result<Option<LockGuard>, SessionError> {
+        let wait = self.config().coordination.lock_wait.min(FORCE_LOCK_WAIT);
+        match self.locks.acquire(session_id, wait).await {
+            Ok(held) => Ok(Some(activity::forget_on_release(
+                self.activity.clone(),
+                session_id,
+                held,
+            ))),
+            Err(LockError::Timeout) => {
+                tracing::info!(
+                    session_id,
+                    "force delete of a busy session: removing it anyway"
+                );
+                self.activity.forget(session_id).await;
+                Ok(None)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The session's lock, or 409 once `SESSION_LOCK_WAIT_SECONDS` have passed (503 when the
+    /// lock backend is down). Touches the session's activity now and again when the guard drops,
+    /// before the lock is released.
+    pub async fn lock(&self, session_id: &str) -> Result<LockGuard, SessionError> {
+        let held = self.acquire(session_id).await?;
+        if is_container_id(session_id) {
+            self.activity.touch(session_id).await;
+        }
+        Ok(activity::touch_on_release(
+            self.activity.clone(),
+            session_id,
+            held,
+        ))
+    }
+
+    async fn acquire(&self, session_id: &str) -> Result<LockGuard, SessionError> {
+        let waiting = std::time::Instant::now();
+        let held = self
+            .locks
+            .acquire(session_id, self.config().coordination.lock_wait)
+            .await;
+        self.metrics.lock_waits.observe(waiting.elapsed());
+        if let Err(LockError::Timeout) = &held {
+            self.metrics.lock_busy.inc();
+        }
+        Ok(held?)
+    }
+}

@@ -1,0 +1,517 @@
+//! The house, drawn from the code's imports: no import cycle between the files of the control
+//! plane or of the egress gateway, and each of the control plane's top-level modules importing
+//! only from the layers below it (the table in `src/lib.rs`).
+//!
+//! The graph is read with `syn` from the module tree under `lib.rs` (test-only modules left out):
+//! every path that starts with `crate`, `super` or `self`, in a `use` or anywhere in code, is an
+//! arrow to the file that defines the longest module prefix of it. A module reaching into its own
+//! children is structure, not an arrow.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use syn::visit::Visit;
+
+/// The control plane's layers, lowest first. A module may import from its own layer's peers
+/// and from any layer before it; the cycle check keeps peers from importing each other both ways.
+const LAYERS: &[&[&str]] = &[
+    &[
+        "ids", "secret", "text", "api", "archive", "backoff", "layout",
+    ],
+    &["config"],
+    &["engine", "coordination"],
+    &["runtime", "telemetry"],
+    &["egress"],
+    &["sandbox"],
+    &["pool"],
+    &["sessions"],
+    &["workspace", "processes", "reaper"],
+    &["admission", "error", "auth", "openapi", "routes"],
+    &["state"],
+];
+
+/// A module path (`["pool", "refill"]`) and the file that holds it.
+struct Module {
+    path: Vec<String>,
+    file: PathBuf,
+}
+
+/// Walks the module tree from `lib.rs`, following `mod x;` declarations that are not
+/// `#[cfg(test)]`.
+fn modules(src: &Path) -> Vec<Module> {
+    let mut out = Vec::new();
+    walk(src, &src.join("lib.rs"), Vec::new(), &mut out);
+    out
+}
+
+fn walk(src: &Path, file: &Path, path: Vec<String>, out: &mut Vec<Module>) {
+    let ast = parse(file);
+    out.push(Module {
+        path: path.clone(),
+        file: file.to_path_buf(),
+    });
+    let dir = module_dir(src, &path);
+    for item in &ast.items {
+        if let syn::Item::Mod(m) = item {
+            if is_test_only(&m.attrs) {
+                continue;
+            }
+            let name = m.ident.to_string();
+            let mut child = path.clone();
+            child.push(name.clone());
+            match &m.content {
+                // An inline module lives in this file: its paths resolve here.
+                Some(_) => out.push(Module {
+                    path: child,
+                    file: file.to_path_buf(),
+                }),
+                None => {
+                    let flat = dir.join(format!("{name}.rs"));
+                    let nested = dir.join(&name).join("mod.rs");
+                    let f = if flat.exists() { flat } else { nested };
+                    walk(src, &f, child, out);
+                }
+            }
+        }
+    }
+}
+
+fn read(file: &Path) -> String {
+    std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()))
+}
+
+fn parse(file: &Path) -> syn::File {
+    syn::parse_file(&read(file)).unwrap_or_else(|e| panic!("{}: {e}", file.display()))
+}
+
+fn module_dir(src: &Path, path: &[String]) -> PathBuf {
+    path.iter().fold(src.to_path_buf(), |d, s| d.join(s))
+}
+
+fn is_test_only(attrs: &[syn::Attribute]) -> bool {
+    attrs.iter().any(|a| {
+        a.path().is_ident("cfg")
+            && a.parse_args::<syn::Meta>()
+                .is_ok_and(|m| m.path().is_ident("test"))
+    })
+}
+
+/// Collects the absolute module paths a file refers to, skipping `#[cfg(test)]` items.
+struct Refs<'a> {
+    /// The module the visitor is in (inline modules push onto it).
+    here: Vec<String>,
+    found: &'a mut Vec<Vec<String>>,
+}
+
+impl Refs<'_> {
+    /// `crate::a::b`, `super::c`, `self::d` made absolute; other paths (external crates, locals,
+    /// a child module named without `self::`) are left out.
+    fn absolute(&self, segs: &[String]) -> Option<Vec<String>> {
+        let mut base = match segs.first()?.as_str() {
+            "crate" => Vec::new(),
+            "super" | "self" => self.here.clone(),
+            _ => return None,
+        };
+        let mut rest = segs;
+        if rest[0] == "crate" {
+            rest = &rest[1..];
+        } else {
+            while let Some(first) = rest.first() {
+                match first.as_str() {
+                    "super" => {
+                        base.pop();
+                    }
+                    "self" => {}
+                    _ => break,
+                }
+                rest = &rest[1..];
+            }
+        }
+        base.extend(rest.iter().cloned());
+        Some(base)
+    }
+
+    fn tree(&mut self, prefix: &mut Vec<String>, tree: &syn::UseTree) {
+        match tree {
+            syn::UseTree::Path(p) => {
+                prefix.push(p.ident.to_string());
+                self.tree(prefix, &p.tree);
+                prefix.pop();
+            }
+            syn::UseTree::Name(n) => self.leaf(prefix, &n.ident),
+            syn::UseTree::Rename(r) => self.leaf(prefix, &r.ident),
+            syn::UseTree::Glob(_) => self.push(prefix),
+            syn::UseTree::Group(g) => {
+                for t in &g.items {
+                    self.tree(prefix, t);
+                }
+            }
+        }
+    }
+
+    fn leaf(&mut self, prefix: &[String], ident: &syn::Ident) {
+        let mut segs = prefix.to_vec();
+        // `use super::{self, x}`: `self` names the prefix itself.
+        if ident != "self" {
+            segs.push(ident.to_string());
+        }
+        self.push(&segs);
+    }
+
+    fn push(&mut self, segs: &[String]) {
+        if let Some(abs) = self.absolute(segs) {
+            self.found.push(abs);
+        }
+    }
+}
+
+impl<'ast> Visit<'ast> for Refs<'_> {
+    fn visit_item(&mut self, item: &'ast syn::Item) {
+        let attrs: &[syn::Attribute] = match item {
+            syn::Item::Mod(m) => &m.attrs,
+            syn::Item::Fn(f) => &f.attrs,
+            syn::Item::Use(u) => &u.attrs,
+            syn::Item::Impl(i) => &i.attrs,
+            syn::Item::Struct(s) => &s.attrs,
+            syn::Item::Enum(e) => &e.attrs,
+            syn::Item::Const(c) => &c.attrs,
+            syn::Item::Static(s) => &s.attrs,
+            syn::Item::Trait(t) => &t.attrs,
+            syn::Item::Type(t) => &t.attrs,
+            syn::Item::Macro(m) => &m.attrs,
+            _ => &[],
+        };
+        if is_test_only(attrs) {
+            return;
+        }
+        match item {
+            syn::Item::Use(u) => self.tree(&mut Vec::new(), &u.tree),
+            syn::Item::Mod(m) if m.content.is_some() => {
+                self.here.push(m.ident.to_string());
+                syn::visit::visit_item_mod(self, m);
+                self.here.pop();
+            }
+            _ => syn::visit::visit_item(self, item),
+        }
+    }
+
+    fn visit_path(&mut self, path: &'ast syn::Path) {
+        let segs: Vec<String> = path.segments.iter().map(|s| s.ident.to_string()).collect();
+        self.push(&segs);
+        syn::visit::visit_path(self, path);
+    }
+
+    fn visit_macro(&mut self, mac: &'ast syn::Macro) {
+        // Macro bodies are tokens: read the `crate::…` paths in them too.
+        fn flat(stream: proc_macro2::TokenStream, out: &mut Vec<String>) {
+            for t in stream {
+                match t {
+                    proc_macro2::TokenTree::Group(g) => {
+                        // A group ends any path before it.
+                        out.push(String::new());
+                        flat(g.stream(), out);
+                        out.push(String::new());
+                    }
+                    other => out.push(other.to_string()),
+                }
+            }
+        }
+        let mut tokens = Vec::new();
+        flat(mac.tokens.clone(), &mut tokens);
+        let mut i = 0;
+        while i < tokens.len() {
+            if matches!(tokens[i].as_str(), "crate" | "super") {
+                let mut segs = vec![tokens[i].clone()];
+                let mut j = i + 1;
+                while tokens.get(j).is_some_and(|t| t == ":")
+                    && tokens.get(j + 1).is_some_and(|t| t == ":")
+                    && tokens.get(j + 2).is_some()
+                {
+                    segs.push(tokens[j + 2].clone());
+                    j += 3;
+                }
+                self.push(&segs);
+                i = j;
+            } else {
+                i += 1;
+            }
+        }
+    }
+}
+
+/// File → files it imports, with each module resolved to the file that defines it.
+struct Graph {
+    /// Module path → file.
+    files: BTreeMap<Vec<String>, PathBuf>,
+    edges: BTreeMap<PathBuf, BTreeSet<PathBuf>>,
+    /// Top-level module → top-level modules it imports.
+    top: BTreeMap<String, BTreeSet<String>>,
+}
+
+fn graph(src: &Path) -> Graph {
+    let mods = modules(src);
+    let files: BTreeMap<Vec<String>, PathBuf> = mods
+        .iter()
+        .map(|m| (m.path.clone(), m.file.clone()))
+        .collect();
+    let mut edges: BTreeMap<PathBuf, BTreeSet<PathBuf>> = BTreeMap::new();
+    let mut top: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for m in mods
+        .iter()
+        .filter(|m| files[&m.path] == m.file && is_file_root(m, &mods))
+    {
+        let ast = parse(&m.file);
+        let mut found = Vec::new();
+        Refs {
+            here: m.path.clone(),
+            found: &mut found,
+        }
+        .visit_file(&ast);
+        for target in found {
+            // The longest prefix that is a module.
+            let Some(module) = (0..=target.len())
+                .rev()
+                .map(|n| &target[..n])
+                .find(|p| files.contains_key(*p))
+            else {
+                continue;
+            };
+            // Into one's own children (or itself) is structure, not an arrow.
+            if module.starts_with(&m.path) {
+                continue;
+            }
+            let to = files[module].clone();
+            if to != m.file {
+                edges.entry(m.file.clone()).or_default().insert(to);
+            }
+            if let (Some(a), Some(b)) = (m.path.first(), module.first())
+                && a != b
+            {
+                top.entry(a.clone()).or_default().insert(b.clone());
+            }
+        }
+    }
+    Graph { files, edges, top }
+}
+
+/// The module whose file this is (not an inline module inside it).
+fn is_file_root(m: &Module, mods: &[Module]) -> bool {
+    !mods
+        .iter()
+        .any(|o| o.file == m.file && o.path.len() < m.path.len())
+}
+
+/// Every cycle's files (strongly connected components of more than one file).
+fn cycles(g: &Graph) -> Vec<Vec<PathBuf>> {
+    // Tarjan's algorithm, small enough to write out.
+    struct T<'a> {
+        edges: &'a BTreeMap<PathBuf, BTreeSet<PathBuf>>,
+        index: BTreeMap<&'a PathBuf, usize>,
+        low: BTreeMap<&'a PathBuf, usize>,
+        stack: Vec<&'a PathBuf>,
+        on: BTreeSet<&'a PathBuf>,
+        out: Vec<Vec<PathBuf>>,
+    }
+    impl<'a> T<'a> {
+        fn go(&mut self, v: &'a PathBuf) {
+            let n = self.index.len();
+            self.index.insert(v, n);
+            self.low.insert(v, n);
+            self.stack.push(v);
+            self.on.insert(v);
+            if let Some(ws) = self.edges.get(v) {
+                for w in ws {
+                    if !self.index.contains_key(w) {
+                        self.go(w);
+                        let l = self.low[w].min(self.low[v]);
+                        self.low.insert(v, l);
+                    } else if self.on.contains(w) {
+                        let l = self.index[w].min(self.low[v]);
+                        self.low.insert(v, l);
+                    }
+                }
+            }
+            if self.low[v] == self.index[v] {
+                let mut comp = Vec::new();
+                while let Some(w) = self.stack.pop() {
+                    self.on.remove(w);
+                    comp.push(w.clone());
+                    if w == v {
+                        break;
+                    }
+                }
+                if comp.len() > 1 {
+                    comp.sort();
+                    self.out.push(comp);
+                }
+            }
+        }
+    }
+    let mut t = T {
+        edges: &g.edges,
+        index: BTreeMap::new(),
+        low: BTreeMap::new(),
+        stack: Vec::new(),
+        on: BTreeSet::new(),
+        out: Vec::new(),
+    };
+    let nodes: BTreeSet<&PathBuf> = g.files.values().collect();
+    for v in nodes {
+        if !t.index.contains_key(v) {
+            t.go(v);
+        }
+    }
+    t.out
+}
+
+fn crate_src(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(name)
+        .join("src")
+}
+
+fn assert_acyclic(name: &str) -> Graph {
+    let src = crate_src(name);
+    let g = graph(&src);
+    assert!(
+        g.files.len() > 10,
+        "{name}: only {} modules found",
+        g.files.len()
+    );
+    let shown: Vec<Vec<String>> = cycles(&g)
+        .into_iter()
+        .map(|c| {
+            c.iter()
+                .map(|f| f.strip_prefix(&src).unwrap_or(f).display().to_string())
+                .collect()
+        })
+        .collect();
+    assert!(shown.is_empty(), "{name}: import cycles: {shown:#?}");
+    g
+}
+
+#[test]
+fn the_control_plane_has_no_import_cycle() {
+    assert_acyclic("control-plane");
+}
+
+#[test]
+fn the_gateway_has_no_import_cycle() {
+    assert_acyclic("egress-gateway");
+}
+
+#[test]
+fn each_control_plane_module_imports_only_from_the_layers_below() {
+    let g = graph(&crate_src("control-plane"));
+    let layer = |m: &str| LAYERS.iter().position(|l| l.contains(&m));
+    let mut wrong = Vec::new();
+    for module in g.files.keys().filter(|p| p.len() == 1) {
+        assert!(
+            layer(&module[0]).is_some(),
+            "`{}` is in no layer: add it to LAYERS and to the table in lib.rs",
+            module[0]
+        );
+    }
+    for (from, tos) in &g.top {
+        for to in tos {
+            let (Some(a), Some(b)) = (layer(from), layer(to)) else {
+                continue;
+            };
+            if b > a {
+                wrong.push(format!("{from} (layer {a}) → {to} (layer {b})"));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "imports up the layers: {wrong:#?}");
+}
+
+#[test]
+fn config_imports_nothing_of_the_crate_but_leaves() {
+    let g = graph(&crate_src("control-plane"));
+    let above: Vec<&String> = g
+        .top
+        .get("config")
+        .into_iter()
+        .flatten()
+        .filter(|m| !LAYERS[0].contains(&m.as_str()))
+        .collect();
+    assert!(above.is_empty(), "config imports {above:?}");
+}
+
+/// Counts `impl … for? Name` blocks.
+struct ImplsOf {
+    name: &'static str,
+    found: usize,
+}
+
+impl<'ast> Visit<'ast> for ImplsOf {
+    fn visit_item_impl(&mut self, i: &'ast syn::ItemImpl) {
+        if let syn::Type::Path(p) = &*i.self_ty
+            && p.path.segments.last().is_some_and(|s| s.ident == self.name)
+        {
+            self.found += 1;
+        }
+        syn::visit::visit_item_impl(self, i);
+    }
+}
+
+#[test]
+fn sessions_are_implemented_only_in_the_sessions_module() {
+    let src = crate_src("control-plane");
+    let mut outside = Vec::new();
+    for m in modules(&src) {
+        if m.path.first().is_some_and(|p| p == "sessions") {
+            continue;
+        }
+        let ast = parse(&m.file);
+        let mut impls = ImplsOf {
+            name: "Sessions",
+            found: 0,
+        };
+        impls.visit_file(&ast);
+        if impls.found > 0 {
+            outside.push(m.file.display().to_string());
+        }
+    }
+    outside.dedup();
+    assert!(
+        outside.is_empty(),
+        "`impl Sessions` outside sessions/: {outside:?}"
+    );
+}
+
+#[test]
+fn the_graph_sees_known_arrows() {
+    // The reader itself: if it stopped seeing paths, every check above would pass vacuously.
+    let g = graph(&crate_src("control-plane"));
+    let has = |a: &str, b: &str| g.top.get(a).is_some_and(|t| t.contains(b));
+    assert!(has("routes", "sessions"));
+    assert!(has("sessions", "pool"));
+    assert!(has("pool", "sandbox"));
+    assert!(has("sandbox", "egress"));
+}
+
+#[test]
+fn the_helper_path_speaks_only_typed_messages() {
+    // Requests are built from `sandbox-protocol`'s types and answers read into them: no
+    // `json!` literal or untyped `Value` where the control plane talks to the helper.
+    let src = crate_src("control-plane");
+    let mut untyped = Vec::new();
+    for m in modules(&src) {
+        if m.path.first().is_none_or(|p| p != "runtime") {
+            continue;
+        }
+        let text = read(&m.file);
+        for (n, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or_default();
+            if code.contains("json!") || code.contains("serde_json::Value") {
+                untyped.push(format!("{}:{}", m.file.display(), n + 1));
+            }
+        }
+    }
+    assert!(
+        untyped.is_empty(),
+        "untyped JSON on the helper path: {untyped:#?}"
+    );
+}

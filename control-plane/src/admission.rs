@@ -28,7 +28,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use crate::config::AdmissionConfig;
-use crate::telemetry::metrics::{Gauge, Metrics};
+use crate::telemetry::metrics::{ClassLabels, Gauge, Metrics, RefusedLabels};
 
 /// What a refused request is told to wait before retrying. A slot frees as soon as one request
 /// of its class ends, and the retry waits in the queue again: the queue, not this hint, paces
@@ -210,7 +210,10 @@ impl Admission {
                 }
             }
         };
-        let in_flight = self.metrics.admission_in_flight.with(&[label]);
+        let in_flight = self
+            .metrics
+            .admission_in_flight
+            .get_or_create_owned(&ClassLabels { class: label });
         in_flight.inc();
         Ok(Held {
             _permit: permit,
@@ -221,7 +224,10 @@ impl Admission {
     fn refuse(&self, gate: &Gate, reason: Reason) -> Refused {
         self.metrics
             .admission_refused
-            .with(&[gate.class.label(), reason.label()])
+            .get_or_create(&RefusedLabels {
+                class: gate.class.label(),
+                reason: reason.label(),
+            })
             .inc();
         tracing::warn!(
             class = gate.class.label(),
@@ -272,7 +278,9 @@ impl<'a> Queued<'a> {
             gate.waiting.fetch_sub(1, Ordering::SeqCst);
             return None;
         }
-        let gauge = metrics.admission_waiting.with(&[gate.class.label()]);
+        let gauge = metrics.admission_waiting.get_or_create_owned(&ClassLabels {
+            class: gate.class.label(),
+        });
         gauge.inc();
         Some(Self {
             waiting: &gate.waiting,

@@ -22,6 +22,7 @@ use crate::api::{ProcessInfo, ProcessList, ProcessOutput, StartProcessRequest};
 use crate::layout::{self, WORKSPACE};
 use crate::runtime::HelperError;
 use crate::sessions::{SessionError, Sessions};
+use crate::telemetry::metrics::observe_duration;
 
 /// Most bytes one stdin request may carry (the helper enforces the same bound).
 pub const MAX_STDIN_BYTES: usize = 1024 * 1024;
@@ -343,9 +344,9 @@ pub fn stream_run(
                     None => {
                         // The run ended: every event is in; its result is the last line.
                         let r = match finished.take() { Some(r) => r, None => (&mut run).await };
-                        sessions.metrics().command_batches.observe(started.elapsed());
+                        observe_duration(&sessions.metrics().command_batches, started.elapsed());
                         let last = r.map(|results| {
-                            sessions.metrics().commands.add(results.len() as u64);
+                            sessions.metrics().commands.inc_by(results.len() as u64);
                             Line::Done { results }
                         });
                         let _ = out_tx.send(last).await;

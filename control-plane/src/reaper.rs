@@ -214,10 +214,12 @@ impl Reaper {
         match &swept {
             Ok(s) => {
                 let reaped = s.expired.len() + s.over_cap.len() + s.idle.len() + s.lifetime.len();
-                self.metrics.sessions_reaped.add(reaped as u64);
-                self.metrics.reaper_failures.add(s.failed as u64);
+                self.metrics.sessions_reaped.inc_by(reaped as u64);
+                self.metrics.reaper_failures.inc_by(s.failed as u64);
             }
-            Err(_) => self.metrics.reaper_failures.inc(),
+            Err(_) => {
+                self.metrics.reaper_failures.inc();
+            }
         }
         match swept {
             Ok(s) if s.removed() > 0 || s.failed > 0 => tracing::info!(

@@ -65,7 +65,7 @@ use crate::engine::{
 use crate::ids::fnv;
 use crate::runtime::SessionRuntime;
 use crate::sandbox::{Naming, SandboxFactory};
-use crate::telemetry::metrics::Metrics;
+use crate::telemetry::metrics::{Metrics, PoolLabels, PoolMissLabels};
 
 mod apply;
 mod refill;
@@ -100,6 +100,16 @@ impl Kind {
 pub struct Key {
     pub kind: Kind,
     pub image: String,
+}
+
+impl Key {
+    /// The pool's label set in the metrics.
+    pub fn labels(&self) -> PoolLabels {
+        PoolLabels {
+            image: self.image.clone(),
+            kind: self.kind.as_str(),
+        }
+    }
 }
 
 /// A ready member as the pool knows it: its id and token (the name's suffix and, for egress,
@@ -178,10 +188,7 @@ impl Pool {
                     kind,
                     image: image.clone(),
                 };
-                metrics
-                    .pool_size
-                    .with(&[image.as_str(), kind.as_str()])
-                    .set(0);
+                metrics.pool_size.get_or_create(&key.labels()).set(0);
                 targets.push((key, *count));
             }
         }
@@ -309,22 +316,21 @@ impl Pool {
         ]
     }
 
-    fn miss(&self, key: &Key, why: &str) {
+    fn miss(&self, key: &Key, why: &'static str) {
         self.metrics
             .pool_misses
-            .with(&[key.image.as_str(), key.kind.as_str(), why])
+            .get_or_create(&PoolMissLabels {
+                image: key.image.clone(),
+                kind: key.kind.as_str(),
+                reason: why,
+            })
             .inc();
     }
 
     fn claimed(&self, key: &Key) {
-        self.metrics
-            .pool_claims
-            .with(&[key.image.as_str(), key.kind.as_str()])
-            .inc();
-        let size = self
-            .metrics
-            .pool_size
-            .with(&[key.image.as_str(), key.kind.as_str()]);
+        let labels = key.labels();
+        self.metrics.pool_claims.get_or_create(&labels).inc();
+        let size = self.metrics.pool_size.get_or_create_owned(&labels);
         size.set(size.get().saturating_sub(1));
     }
 }

@@ -27,6 +27,7 @@ use crate::egress::Triad;
 use crate::engine::{ContainerInfo, EngineError, POOL_SPEC_LABEL};
 use crate::ids::fnv;
 use crate::sandbox::SessionError;
+use crate::telemetry::metrics::{KindLabels, observe_duration};
 
 /// Members built at once, over every pool.
 pub const PARALLELISM: usize = 2;
@@ -91,7 +92,7 @@ impl Refill {
         self.pool
             .metrics
             .pool_refill_failures
-            .with(&[key.image.as_str(), key.kind.as_str()])
+            .get_or_create(&key.labels())
             .inc();
     }
 
@@ -175,7 +176,7 @@ impl Refill {
         self.pool
             .metrics
             .pool_size
-            .with(&[key.image.as_str(), key.kind.as_str()])
+            .get_or_create(&key.labels())
             .set(n as u64);
     }
 
@@ -226,14 +227,14 @@ impl Refill {
         }
         match built {
             Ok(member) => {
-                s.metrics
-                    .pool_refill
-                    .with(&[key.kind.as_str()])
-                    .observe(started.elapsed());
-                let size = s
-                    .metrics
-                    .pool_size
-                    .with(&[key.image.as_str(), key.kind.as_str()]);
+                let kind = KindLabels {
+                    kind: key.kind.as_str(),
+                };
+                observe_duration(
+                    &s.metrics.pool_refill.get_or_create(&kind),
+                    started.elapsed(),
+                );
+                let size = s.metrics.pool_size.get_or_create_owned(&key.labels());
                 size.set(size.get() + 1);
                 tracing::debug!(container = %member.id, image = %key.image, kind = key.kind.as_str(), "warm pool: member ready");
                 // The claim then costs writes on open streams, and its first command finds the

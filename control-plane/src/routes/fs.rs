@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use crate::error::{ApiError, ApiJson, ErrorBody};
 use crate::sessions::Sessions;
+use crate::telemetry::metrics::{FsLabels, observe_duration};
 use crate::workspace::fs::{Fs, OpError, respond};
 use crate::workspace::wire::*;
 
@@ -53,11 +54,14 @@ macro_rules! fs_handler {
                 Err(OpError::Fs(e)) => e.code.label(),
                 Err(OpError::Failed(_)) => "api_error".to_string(),
             };
-            sessions
-                .metrics()
-                .fs_ops
-                .with(&[stringify!($op), &code])
-                .observe(started.elapsed());
+            let labels = FsLabels {
+                op: stringify!($op),
+                code,
+            };
+            observe_duration(
+                &sessions.metrics().fs_ops.get_or_create(&labels),
+                started.elapsed(),
+            );
             Ok(Json(respond(r, |v: &mut $resp, e| v.error = Some(e))?))
         }
     };

@@ -13,6 +13,7 @@ use sentry::SentryFutureExt;
 use tracing::Instrument;
 
 use crate::error::ErrorBody;
+use crate::telemetry::metrics::{HttpLabels, observe_duration};
 
 pub use crate::telemetry::reporting::PANIC_TARGET;
 
@@ -86,11 +87,15 @@ pub async fn observe(
     };
     let elapsed = started.elapsed();
     let status = response.status().as_u16();
-    observed
-        .metrics
-        .http_requests
-        .with(&[method, &route, &status.to_string()])
-        .observe(elapsed);
+    let labels = HttpLabels {
+        method: method.to_string(),
+        route: route.clone(),
+        status,
+    };
+    observe_duration(
+        &observed.metrics.http_requests.get_or_create(&labels),
+        elapsed,
+    );
     tracing::info!(
         method = %method,
         route = %route,

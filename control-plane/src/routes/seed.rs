@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use crate::error::{ApiError, ErrorBody};
 use crate::sessions::Sessions;
+use crate::telemetry::metrics::{OutcomeLabels, observe_duration};
 use crate::workspace::multipart;
 use crate::workspace::seed::{self, SKIPPED_HEADER, SeedError};
 
@@ -56,13 +57,13 @@ pub async fn seed(
         Ok(_) => "ok".to_string(),
         Err(e) => e.status().as_u16().to_string(),
     };
-    sessions
-        .metrics()
-        .seeds
-        .with(&[&label])
-        .observe(started.elapsed());
+    let labels = OutcomeLabels { outcome: label };
+    observe_duration(
+        &sessions.metrics().seeds.get_or_create(&labels),
+        started.elapsed(),
+    );
     let outcome = outcome?;
-    sessions.metrics().seed_bytes.add(outcome.bytes);
+    sessions.metrics().seed_bytes.inc_by(outcome.bytes);
     let mut resp = StatusCode::NO_CONTENT.into_response();
     resp.headers_mut().insert(
         HeaderName::from_static(SKIPPED_HEADER),

@@ -12,6 +12,7 @@ use crate::api::{
 };
 use crate::error::{ApiError, ApiJson, ApiQuery, ErrorBody};
 use crate::sessions::Sessions;
+use crate::telemetry::metrics::{ModeLabels, observe_duration};
 
 /// Start a sandbox session and return its id.
 #[utoipa::path(post, path = "/session/", tag = "session", request_body = StartSessionRequest,
@@ -65,12 +66,9 @@ pub async fn run(
     let _held = sessions.lock(&id).await?;
     let started = std::time::Instant::now();
     let ran = sessions.run(&id, &req).await;
-    sessions
-        .metrics()
-        .command_batches
-        .observe(started.elapsed());
+    observe_duration(&sessions.metrics().command_batches, started.elapsed());
     let ran = ran?;
-    sessions.metrics().commands.add(ran.results.len() as u64);
+    sessions.metrics().commands.inc_by(ran.results.len() as u64);
     Ok(Json(ran).into_response())
 }
 
@@ -142,6 +140,10 @@ pub async fn close(
     // Its processes died with it.
     sessions.metrics().observe_processes(&id, None);
     let mode = if q.force { "remove" } else { "stop" };
-    sessions.metrics().sessions_closed.with(&[mode]).inc();
+    sessions
+        .metrics()
+        .sessions_closed
+        .get_or_create(&ModeLabels { mode })
+        .inc();
     Ok(StatusCode::NO_CONTENT)
 }

@@ -28,7 +28,7 @@ use crate::layout;
 use crate::pool::Pool;
 use crate::runtime::{RunSpec, SessionRuntime};
 use crate::sandbox::SandboxFactory;
-use crate::telemetry::metrics::Metrics;
+use crate::telemetry::metrics::{Metrics, observe_duration};
 use sandbox_protocol::message::{ProcList, ProcRequest};
 
 pub use crate::sandbox::{MAX_TIMEOUT_SECS, SessionError};
@@ -357,7 +357,7 @@ impl Sessions {
             .locks
             .acquire(session_id, self.config().coordination.lock_wait)
             .await;
-        self.metrics.lock_waits.observe(waiting.elapsed());
+        observe_duration(&self.metrics.lock_waits, waiting.elapsed());
         if let Err(LockError::Timeout) = &held {
             self.metrics.lock_busy.inc();
         }

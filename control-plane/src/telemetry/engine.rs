@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures::stream::BoxStream;
 
-use super::metrics::Metrics;
+use super::metrics::{EngineErrorLabels, Metrics, OpLabels, observe_duration};
 use crate::engine::{
     ContainerEngine, ContainerInfo, ContainerSpec, EngineError, ExecSpec, ExecStream, NetworkInfo,
     NetworkSpec,
@@ -28,16 +28,19 @@ impl MeteredEngine {
 
     fn record<T>(
         &self,
-        op: &str,
+        op: &'static str,
         started: Instant,
         r: Result<T, EngineError>,
     ) -> Result<T, EngineError> {
-        self.metrics
-            .engine_calls
-            .with(&[op])
-            .observe(started.elapsed());
+        observe_duration(
+            &self.metrics.engine_calls.get_or_create(&OpLabels { op }),
+            started.elapsed(),
+        );
         if let Err(e) = &r {
-            self.metrics.engine_errors.with(&[op, kind(e)]).inc();
+            self.metrics
+                .engine_errors
+                .get_or_create(&EngineErrorLabels { op, kind: kind(e) })
+                .inc();
         }
         r
     }

@@ -4,19 +4,20 @@
 //! sets, OpenMetrics and Prometheus text encoders, no global registry and no macros. The
 //! `metrics` ecosystem would need a recorder, an exporter crate and a process-wide global.
 //!
-//! The wrappers here keep the call sites' words (`.with(&[..])`, `.add(n)`, `.observe(Duration)`)
-//! and fix each family's label names in one place: a call site passes values only, and the wrong
-//! number of values does not compile. Label values are bounded by construction (route templates,
-//! fs op names, error codes, engine call names, configured warm-pool images), never ids or user
-//! input, so the number of series stays small.
+//! Each family is keyed by a typed label set (`#[derive(EncodeLabelSet)]`), as in the gateway: the
+//! label names live in one struct, and a call site that leaves one out does not compile. Label
+//! values are bounded by construction (route templates, fs op names, error codes, engine call
+//! names, configured warm-pool images), never ids or user input, so the number of series stays
+//! small.
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use prometheus_client::encoding::{EncodeMetric, MetricEncoder, prometheus_text};
-use prometheus_client::metrics::{MetricType, TypedMetric, counter, family, gauge, histogram};
+use prometheus_client::encoding::{EncodeLabelSet, prometheus_text};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::{counter, gauge, histogram};
 use prometheus_client::registry::Registry;
 
 /// The `Content-Type` of [`Metrics::render`]'s output.
@@ -31,111 +32,108 @@ const BUCKETS: [f64; 14] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
 ];
 
-// === impl Counter, Gauge, Histogram ===
+// === metric types and label sets ===
 
 /// A monotonic count. Clones share the cell.
-#[derive(Clone, Debug, Default)]
-pub struct Counter(counter::Counter<u64, AtomicU64>);
-
-impl Counter {
-    pub fn inc(&self) {
-        self.0.inc();
-    }
-
-    pub fn add(&self, n: u64) {
-        self.0.inc_by(n);
-    }
-
-    pub fn get(&self) -> u64 {
-        self.0.get()
-    }
-}
-
+pub type Counter = counter::Counter<u64, AtomicU64>;
 /// A value that goes up and down, as last set. Clones share the cell.
-#[derive(Clone, Debug, Default)]
-pub struct Gauge(gauge::Gauge<u64, AtomicU64>);
+pub type Gauge = gauge::Gauge<u64, AtomicU64>;
+/// Durations in seconds over [`BUCKETS`]. Clones share the cell.
+pub type Histogram = histogram::Histogram;
+/// One histogram over [`BUCKETS`] per label set.
+pub type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
 
-impl Gauge {
-    pub fn set(&self, n: u64) {
-        self.0.set(n);
-    }
-
-    pub fn get(&self) -> u64 {
-        self.0.get()
-    }
-
-    pub fn inc(&self) {
-        self.0.inc();
-    }
-
-    pub fn dec(&self) {
-        self.0.dec();
-    }
+fn histogram() -> Histogram {
+    Histogram::new(BUCKETS)
 }
 
-/// Durations over [`BUCKETS`], in seconds. Clones share the cell.
-#[derive(Clone, Debug)]
-pub struct Histogram(histogram::Histogram);
-
-impl Default for Histogram {
-    fn default() -> Self {
-        Self(histogram::Histogram::new(BUCKETS))
-    }
+fn histograms<L: Clone + std::hash::Hash + Eq>() -> Histograms<L> {
+    Family::new_with_constructor(histogram)
 }
 
-impl Histogram {
-    pub fn observe(&self, d: Duration) {
-        self.0.observe(d.as_secs_f64());
-    }
+/// Records `d` in seconds, the unit of every histogram here.
+pub fn observe_duration(h: &Histogram, d: Duration) {
+    h.observe(d.as_secs_f64());
 }
 
-/// The wrappers encode as the client type they wrap (so they can sit in a registry or a family).
-macro_rules! encode_as_inner {
-    ($($wrapper:ty => $kind:expr),* $(,)?) => {$(
-        impl TypedMetric for $wrapper {
-            const TYPE: MetricType = $kind;
-        }
-
-        impl EncodeMetric for $wrapper {
-            fn encode(&self, encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
-                self.0.encode(encoder)
-            }
-
-            fn metric_type(&self) -> MetricType {
-                $kind
-            }
-        }
-    )*};
+/// `http_request_duration_seconds`: the route is the matched template (bounded), never the path.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HttpLabels {
+    pub method: String,
+    pub route: String,
+    pub status: u16,
 }
 
-encode_as_inner!(
-    Counter => MetricType::Counter,
-    Gauge => MetricType::Gauge,
-    Histogram => MetricType::Histogram,
-);
-
-// === impl Family ===
-
-/// One series per combination of values of `N` fixed labels, created on first use.
-pub struct Family<M, const N: usize> {
-    names: [&'static str; N],
-    series: family::Family<[(&'static str, String); N], M>,
+/// `sessions_closed_total`: `stop` or `remove`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModeLabels {
+    pub mode: &'static str,
 }
 
-impl<M: Clone + Default, const N: usize> Family<M, N> {
-    fn new(names: [&'static str; N]) -> Self {
-        Self {
-            names,
-            series: family::Family::default(),
-        }
-    }
+/// `fs_op_duration_seconds`: the op and its outcome (`ok`, an fs error code, or `api_error`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FsLabels {
+    pub op: &'static str,
+    pub code: String,
+}
 
-    /// The series for `values` (one per label name, in order): a handle sharing its cell. The
-    /// family's lock is held for the lookup only, never across an await.
-    pub fn with(&self, values: &[&str; N]) -> M {
-        let labels = std::array::from_fn(|i| (self.names[i], values[i].to_owned()));
-        self.series.get_or_create_owned(&labels)
-    }
+/// `seed_duration_seconds`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub outcome: String,
+}
+
+/// `engine_call_duration_seconds`: the engine call's name.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OpLabels {
+    pub op: &'static str,
+}
+
+/// `engine_errors_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EngineErrorLabels {
+    pub op: &'static str,
+    pub kind: &'static str,
+}
+
+/// A warm pool: a configured image and the kind (`isolated`, `egress`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolLabels {
+    pub image: String,
+    pub kind: &'static str,
+}
+
+/// `pool_misses_total`: a pool and why a request went cold (`empty`, `limits`, `apply`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolMissLabels {
+    pub image: String,
+    pub kind: &'static str,
+    pub reason: &'static str,
+}
+
+/// `pool_refill_duration_seconds`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    pub kind: &'static str,
+}
+
+/// An admission class (`create`, `seed`, `fs`, `fs_session`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClassLabels {
+    pub class: &'static str,
+}
+
+/// `admission_refused_total`: a class and why (`queue_full`, `timeout`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusedLabels {
+    pub class: &'static str,
+    pub reason: &'static str,
+}
+
+/// `sessions` (at scrape time).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    state: &'static str,
 }
 
 // === impl Metrics ===
@@ -145,20 +143,20 @@ impl<M: Clone + Default, const N: usize> Family<M, N> {
 pub struct Metrics {
     /// Holds a clone of every metric below (clones share their cells), in page order.
     registry: Registry,
-    pub http_requests: Family<Histogram, 3>,
+    pub http_requests: Histograms<HttpLabels>,
     pub sessions_created: Counter,
-    pub sessions_closed: Family<Counter, 1>,
+    pub sessions_closed: Family<ModeLabels, Counter>,
     pub sessions_reaped: Counter,
     pub reaper_failures: Counter,
     pub commands: Counter,
     pub command_batches: Histogram,
-    pub fs_ops: Family<Histogram, 2>,
-    pub seeds: Family<Histogram, 1>,
+    pub fs_ops: Histograms<FsLabels>,
+    pub seeds: Histograms<OutcomeLabels>,
     pub seed_bytes: Counter,
     pub lock_waits: Histogram,
     pub lock_busy: Counter,
-    pub engine_calls: Family<Histogram, 1>,
-    pub engine_errors: Family<Counter, 2>,
+    pub engine_calls: Histograms<OpLabels>,
+    pub engine_errors: Family<EngineErrorLabels, Counter>,
     pub processes_started: Counter,
     pub processes_killed: Counter,
     /// Running background processes per session as last listed (list route, reaper). Session
@@ -167,52 +165,52 @@ pub struct Metrics {
     processes_live: Gauge,
     pub streamed_runs: Counter,
     /// Ready warm-pool members per (image, kind), as this replica last counted them.
-    pub pool_size: Family<Gauge, 2>,
-    pub pool_claims: Family<Counter, 2>,
+    pub pool_size: Family<PoolLabels, Gauge>,
+    pub pool_claims: Family<PoolLabels, Counter>,
     /// Requests a pool was configured for that went cold, by (image, kind, reason).
-    pub pool_misses: Family<Counter, 3>,
-    pub pool_refill_failures: Family<Counter, 2>,
+    pub pool_misses: Family<PoolMissLabels, Counter>,
+    pub pool_refill_failures: Family<PoolLabels, Counter>,
     /// Time to build one member, by kind.
-    pub pool_refill: Family<Histogram, 1>,
+    pub pool_refill: Histograms<KindLabels>,
     /// Requests holding a slot of an admission class (see [`crate::admission`]).
-    pub admission_in_flight: Family<Gauge, 1>,
+    pub admission_in_flight: Family<ClassLabels, Gauge>,
     /// Requests queued for a slot of an admission class.
-    pub admission_waiting: Family<Gauge, 1>,
+    pub admission_waiting: Family<ClassLabels, Gauge>,
     /// Requests answered 429 by admission, by class and reason (`queue_full`, `timeout`).
-    pub admission_refused: Family<Counter, 2>,
+    pub admission_refused: Family<RefusedLabels, Counter>,
 }
 
 impl Default for Metrics {
     fn default() -> Self {
         let mut m = Self {
             registry: Registry::with_prefix(PREFIX),
-            http_requests: Family::new(["method", "route", "status"]),
+            http_requests: histograms(),
             sessions_created: Counter::default(),
-            sessions_closed: Family::new(["mode"]),
+            sessions_closed: Family::default(),
             sessions_reaped: Counter::default(),
             reaper_failures: Counter::default(),
             commands: Counter::default(),
-            command_batches: Histogram::default(),
-            fs_ops: Family::new(["op", "code"]),
-            seeds: Family::new(["outcome"]),
+            command_batches: histogram(),
+            fs_ops: histograms(),
+            seeds: histograms(),
             seed_bytes: Counter::default(),
-            lock_waits: Histogram::default(),
+            lock_waits: histogram(),
             lock_busy: Counter::default(),
-            engine_calls: Family::new(["op"]),
-            engine_errors: Family::new(["op", "kind"]),
+            engine_calls: histograms(),
+            engine_errors: Family::default(),
             processes_started: Counter::default(),
             processes_killed: Counter::default(),
             processes_by_session: Mutex::default(),
             processes_live: Gauge::default(),
             streamed_runs: Counter::default(),
-            pool_size: Family::new(["image", "kind"]),
-            pool_claims: Family::new(["image", "kind"]),
-            pool_misses: Family::new(["image", "kind", "reason"]),
-            pool_refill_failures: Family::new(["image", "kind"]),
-            pool_refill: Family::new(["kind"]),
-            admission_in_flight: Family::new(["class"]),
-            admission_waiting: Family::new(["class"]),
-            admission_refused: Family::new(["class", "reason"]),
+            pool_size: Family::default(),
+            pool_claims: Family::default(),
+            pool_misses: Family::default(),
+            pool_refill_failures: Family::default(),
+            pool_refill: histograms(),
+            admission_in_flight: Family::default(),
+            admission_waiting: Family::default(),
+            admission_refused: Family::default(),
         };
         // Names go in without the prefix, and counters without `_total`: the encoder adds both.
         // It also ends each help text with a period.
@@ -220,7 +218,7 @@ impl Default for Metrics {
         r.register(
             "http_request_duration_seconds",
             "HTTP requests by method, route template and status",
-            m.http_requests.series.clone(),
+            m.http_requests.clone(),
         );
         r.register(
             "sessions_created",
@@ -230,7 +228,7 @@ impl Default for Metrics {
         r.register(
             "sessions_closed",
             "Sessions closed through the API, by mode (stop or remove)",
-            m.sessions_closed.series.clone(),
+            m.sessions_closed.clone(),
         );
         r.register(
             "sessions_reaped",
@@ -255,12 +253,12 @@ impl Default for Metrics {
         r.register(
             "fs_op_duration_seconds",
             "fs operations by op and outcome code (ok, an fs error code, or api_error)",
-            m.fs_ops.series.clone(),
+            m.fs_ops.clone(),
         );
         r.register(
             "seed_duration_seconds",
             "Seed requests by outcome",
-            m.seeds.series.clone(),
+            m.seeds.clone(),
         );
         r.register(
             "seed_bytes",
@@ -280,12 +278,12 @@ impl Default for Metrics {
         r.register(
             "engine_call_duration_seconds",
             "Container engine (Docker API) calls by operation",
-            m.engine_calls.series.clone(),
+            m.engine_calls.clone(),
         );
         r.register(
             "engine_errors",
             "Container engine (Docker API) errors by operation and kind",
-            m.engine_errors.series.clone(),
+            m.engine_errors.clone(),
         );
         r.register(
             "streamed_runs",
@@ -310,42 +308,42 @@ impl Default for Metrics {
         r.register(
             "pool_size",
             "Ready warm-pool members by image and kind, as this replica last counted them",
-            m.pool_size.series.clone(),
+            m.pool_size.clone(),
         );
         r.register(
             "pool_claims",
             "Sessions handed out from the warm pool, by image and kind",
-            m.pool_claims.series.clone(),
+            m.pool_claims.clone(),
         );
         r.register(
             "pool_misses",
             "Requests for a pooled image and kind created cold, by reason (empty, limits, apply)",
-            m.pool_misses.series.clone(),
+            m.pool_misses.clone(),
         );
         r.register(
             "pool_refill_failures",
             "Warm-pool members that could not be built, or pools that could not be checked",
-            m.pool_refill_failures.series.clone(),
+            m.pool_refill_failures.clone(),
         );
         r.register(
             "pool_refill_duration_seconds",
             "Time to build one warm-pool member (create, start and, for egress, the triad)",
-            m.pool_refill.series.clone(),
+            m.pool_refill.clone(),
         );
         r.register(
             "admission_in_flight",
             "Requests holding a slot, by admission class (create, seed, fs, fs_session)",
-            m.admission_in_flight.series.clone(),
+            m.admission_in_flight.clone(),
         );
         r.register(
             "admission_waiting",
             "Requests queued for a slot, by admission class",
-            m.admission_waiting.series.clone(),
+            m.admission_waiting.clone(),
         );
         r.register(
             "admission_refused",
             "Requests answered 429 for want of a slot, by admission class and reason (queue_full, timeout)",
-            m.admission_refused.series.clone(),
+            m.admission_refused.clone(),
         );
         m
     }
@@ -396,12 +394,12 @@ impl Metrics {
             // This scrape's engine count, in a registry of its own: a shared gauge would be
             // cleared and set by concurrent scrapes, and could be read half-way.
             let mut scrape = Registry::with_prefix(PREFIX);
-            let by_state = family::Family::<[(&str, &str); 1], Gauge>::default();
+            let by_state = Family::<StateLabels, Gauge>::default();
             by_state
-                .get_or_create(&[("state", "running")])
+                .get_or_create(&StateLabels { state: "running" })
                 .set(g.running);
             by_state
-                .get_or_create(&[("state", "stopped")])
+                .get_or_create(&StateLabels { state: "stopped" })
                 .set(g.stopped);
             scrape.register(
                 "sessions",
@@ -429,14 +427,19 @@ mod tests {
     #[test]
     fn renders_cumulative_buckets_and_escaped_labels() {
         let m = Metrics::default();
-        m.fs_ops
-            .with(&["read", "not_found"])
-            .observe(Duration::from_millis(20));
-        m.fs_ops
-            .with(&["read", "not_found"])
-            .observe(Duration::from_secs(2));
-        m.engine_errors.with(&["inspect", "a\"b\\c\nd"]).inc();
-        m.lock_waits.observe(Duration::from_millis(3));
+        let read = FsLabels {
+            op: "read",
+            code: "not_found".into(),
+        };
+        observe_duration(&m.fs_ops.get_or_create(&read), Duration::from_millis(20));
+        observe_duration(&m.fs_ops.get_or_create(&read), Duration::from_secs(2));
+        m.engine_errors
+            .get_or_create(&EngineErrorLabels {
+                op: "inspect",
+                kind: "a\"b\\c\nd",
+            })
+            .inc();
+        observe_duration(&m.lock_waits, Duration::from_millis(3));
         let text = m.render(Some(SessionGauge {
             running: 2,
             stopped: 1,
@@ -466,9 +469,10 @@ mod tests {
     fn counters_count_and_keep_their_total_names() {
         let m = Metrics::default();
         m.sessions_created.inc();
-        m.sessions_created.add(2);
-        m.sessions_closed.with(&["remove"]).inc();
-        m.sessions_closed.with(&["remove"]).inc();
+        m.sessions_created.inc_by(2);
+        let remove = ModeLabels { mode: "remove" };
+        m.sessions_closed.get_or_create(&remove).inc();
+        m.sessions_closed.get_or_create(&remove).inc();
         assert_eq!(m.sessions_created.get(), 3);
         let text = m.render(None);
         assert!(
@@ -490,7 +494,10 @@ mod tests {
     #[test]
     fn gauges_follow_the_last_value() {
         let m = Metrics::default();
-        let size = m.pool_size.with(&["img:1", "isolated"]);
+        let size = m.pool_size.get_or_create_owned(&PoolLabels {
+            image: "img:1".into(),
+            kind: "isolated",
+        });
         size.set(3);
         size.set(size.get().saturating_sub(1));
         m.observe_processes("s1", Some(2));
@@ -513,20 +520,65 @@ mod tests {
     fn every_family_keeps_its_name_and_type() {
         let m = Metrics::default();
         let d = Duration::from_millis(1);
-        m.http_requests.with(&["GET", "/metrics", "200"]).observe(d);
-        m.sessions_closed.with(&["stop"]).inc();
-        m.fs_ops.with(&["read", "ok"]).observe(d);
-        m.seeds.with(&["ok"]).observe(d);
-        m.engine_calls.with(&["list"]).observe(d);
-        m.engine_errors.with(&["list", "unavailable"]).inc();
-        m.pool_size.with(&["img:1", "isolated"]).set(1);
-        m.pool_claims.with(&["img:1", "isolated"]).inc();
-        m.pool_misses.with(&["img:1", "isolated", "empty"]).inc();
-        m.pool_refill_failures.with(&["img:1", "isolated"]).inc();
-        m.pool_refill.with(&["isolated"]).observe(d);
-        m.admission_in_flight.with(&["fs"]).inc();
-        m.admission_waiting.with(&["fs"]).inc();
-        m.admission_refused.with(&["fs", "timeout"]).inc();
+        let pool = PoolLabels {
+            image: "img:1".into(),
+            kind: "isolated",
+        };
+        let fs = ClassLabels { class: "fs" };
+        observe_duration(
+            &m.http_requests.get_or_create(&HttpLabels {
+                method: "GET".into(),
+                route: "/metrics".into(),
+                status: 200,
+            }),
+            d,
+        );
+        m.sessions_closed
+            .get_or_create(&ModeLabels { mode: "stop" })
+            .inc();
+        observe_duration(
+            &m.fs_ops.get_or_create(&FsLabels {
+                op: "read",
+                code: "ok".into(),
+            }),
+            d,
+        );
+        observe_duration(
+            &m.seeds.get_or_create(&OutcomeLabels {
+                outcome: "ok".into(),
+            }),
+            d,
+        );
+        observe_duration(&m.engine_calls.get_or_create(&OpLabels { op: "list" }), d);
+        m.engine_errors
+            .get_or_create(&EngineErrorLabels {
+                op: "list",
+                kind: "unavailable",
+            })
+            .inc();
+        m.pool_size.get_or_create(&pool).set(1);
+        m.pool_claims.get_or_create(&pool).inc();
+        m.pool_misses
+            .get_or_create(&PoolMissLabels {
+                image: "img:1".into(),
+                kind: "isolated",
+                reason: "empty",
+            })
+            .inc();
+        m.pool_refill_failures.get_or_create(&pool).inc();
+        observe_duration(
+            &m.pool_refill
+                .get_or_create(&KindLabels { kind: "isolated" }),
+            d,
+        );
+        m.admission_in_flight.get_or_create(&fs).inc();
+        m.admission_waiting.get_or_create(&fs).inc();
+        m.admission_refused
+            .get_or_create(&RefusedLabels {
+                class: "fs",
+                reason: "timeout",
+            })
+            .inc();
         let text = m.render(Some(SessionGauge::default()));
         let types: Vec<&str> = text
             .lines()

@@ -1244,7 +1244,6 @@ async fn put_egress_stages_the_policy_and_answers_204_only_once_acknowledged() {
             control_plane::engine::fake::FakeExec {
                 chunks: vec![format!("ack {cmd}\n").into_bytes()],
                 exit_code: if ok { 0 } else { 1 },
-                hang: false,
             }
         })
     };

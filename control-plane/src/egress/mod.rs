@@ -22,13 +22,13 @@
 //!
 //! | caller | call |
 //! | --- | --- |
-//! | `POST /session/` ([`crate::routes::session::create`]) | [`random_token`], holding [`lock_key`] while `Sessions::build` runs [`Egress::create`] |
-//! | warm-pool refill ([`crate::pool::Refill`]) | the same, with a deny-all policy and the helper in the gateway |
+//! | a cold `POST /session/` (`Sessions::create`, when no warm-pool member is claimed) | [`Egress::reserve`] (a token and its [`lock_key`], held while `SandboxFactory::build` runs [`Egress::create`]) |
+//! | warm-pool refill (`pool::Refill`) | the same, with a deny-all policy and the helper in the gateway |
 //! | warm-pool claim | [`Egress::install`] (the request's policy, acknowledged) |
-//! | `PUT .../egress/` ([`Sessions::refresh_egress`]) | [`parse_policy`], [`Egress::refresh`] |
-//! | any session operation ([`Sessions::ensure_running`]) | [`Egress::ensure_gateway`] (restart) |
-//! | lock-free operations ([`Sessions::gateway_up`]) | [`Egress::gateway_running`] |
-//! | `DELETE` ([`Sessions::close`]) | [`Egress::stop`]; with `force`, [`teardown`] |
+//! | `PUT .../egress/` (`Sessions::refresh_egress`) | [`parse_policy`], [`Egress::refresh`] |
+//! | any session operation (`Sessions::ensure_running`) | [`Egress::ensure_gateway`] (restart) |
+//! | lock-free operations (`Sessions::gateway_up`) | [`Egress::gateway_running`] |
+//! | `DELETE` (`Sessions::close`) | [`Egress::stop`]; with `force`, [`teardown`] |
 //! | pool discards, failed creates | [`teardown`] |
 //! | the reaper's orphan sweep | [`leftovers`], then [`teardown`] under [`lock_key`] |
 //!
@@ -43,8 +43,8 @@
 //! Policy installs are atomic and acknowledged (the contract is `shared_policy::sidecar`): the
 //! file carries a `version` (a keyed hash of its content, see [`version`]); a refresh extracts
 //! it as the staging file beside `config.json` (an extraction writes in place, and the image
-//! has no shell to rename with), the
-//! gateway renames it over `config.json` once it is complete, and the control plane runs the
+//! has no shell to rename with), the gateway renames it over `config.json` once it is complete
+//! (a claim writes it through the helper instead, see `policy.rs`), and the control plane runs the
 //! gateway's own `health --expect-version V` inside the gateway until it reports that version.
 //! The gateway answers that on a loopback listener of its own network namespace: the sandbox
 //! can neither read the version there nor exhaust the listener (its connection slots are the

@@ -1,6 +1,7 @@
 //! `POST /session/{id}/fs/{op}`: the Python-free file operations. fs-level problems come back
 //! as HTTP 200 with `error`; HTTP statuses are for auth (403), the session (404), its lock (409),
-//! admission (429: too many fs operations in flight) and the engine (503).
+//! a body that is not the op's request (422), admission (429: too many fs operations in flight)
+//! and the engine or the helper (503).
 //!
 //! `ls`, `read`, `grep` and `glob` change nothing, so they run beside a command of the same
 //! session instead of waiting for its lock; `write`, `edit` and `delete` keep the session's order

@@ -14,7 +14,9 @@
 //! wrong answer.
 //!
 //! [`helper_binary`] (in `helper_bin`) finds the static helper binary the sandboxes are given;
-//! [`HelperError`] (in `error`) says why an operation through the helper did not complete.
+//! [`HelperError`] (in `error`) says why an operation through the helper did not complete;
+//! [`ServiceFile`] (in `writer`) is how a file the service owns (root's or the gateway user's)
+//! gets into a container, through the helper's `write-file` where it can.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -41,8 +43,6 @@ pub use error::HelperError;
 pub use helper_bin::helper_binary;
 pub use writer::{ServiceFile, Writer, Written};
 
-/// Exit code of a command killed at its timeout (as coreutils' `timeout`).
-pub const TIMEOUT_EXIT_CODE: i64 = 124;
 /// Exit code reported for a command whose helper vanished under it (it was killed, or the
 /// container stopped): the command's fate is unknown.
 pub const LOST_EXIT_CODE: i64 = -1;

@@ -1,8 +1,9 @@
-//! Seeding: multipart field → decompress → sanitise → re-tar → `put_archive`, streamed end to
-//! end through bounded channels, so the service holds a few 64 KiB chunks whatever the size.
+//! Seeding: multipart field → decompress → sanitise → re-tar → the session helper's `extract`
+//! (as the sandbox user, over its channel), streamed end to end through bounded channels, so
+//! the service holds a few 64 KiB chunks whatever the size.
 //!
 //! One-shot: a root-owned marker `/.daiv-sandbox/seeded` is written after every archive landed,
-//! by the helper's `write-file` run as root (opened while the archives stream, given its
+//! as a [`ServiceFile`] (its `write-file` exec opened while the archives stream, given its
 //! content only at the end). It sits outside `/workspace` (the fs ops cannot reach it) in a directory only
 //! root can write (`/` is root-owned and the sandbox runs as `RUN_UID` with no capabilities), so
 //! neither the fs ops nor commands can forge or remove it.

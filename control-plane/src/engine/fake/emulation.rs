@@ -13,7 +13,7 @@ use crate::engine::{
     ExecSpec, ExecStream, NetworkInfo, NetworkSpec,
 };
 
-use super::{FakeEngine, FakeExec, State};
+use super::{FakeEngine, State};
 use crate::archive::Archive;
 use crate::layout;
 
@@ -171,32 +171,19 @@ impl ContainerEngine for FakeEngine {
     async fn exec(&self, id: &str, spec: &ExecSpec) -> Result<ExecStream, EngineError> {
         let user_cmd = spec.cmd.last().cloned().unwrap_or_default();
         self.check_up(format!("exec {id} {user_cmd}")).await?;
-        let is_kill = spec.cmd.get(3).is_some_and(|a| a == "daiv-kill");
-        let result = if is_kill {
-            FakeExec::default()
-        } else {
-            (self.responder)(&user_cmd)
-        };
+        let result = (self.responder)(&user_cmd);
         let exec_id = self.with(|s| {
             let exec_id = format!("exec-{}", s.execs.len());
             s.execs.insert(exec_id.clone(), result.exit_code);
             exec_id
         });
-        // The wrapper's first line is its pid.
-        let mut chunks: Vec<Result<Bytes, EngineError>> = vec![Ok(Bytes::from_static(b"4242\n"))];
-        chunks.extend(result.chunks.into_iter().map(|c| Ok(Bytes::from(c))));
-        let head = futures::stream::iter(chunks);
-        if is_kill {
-            self.killed.notify_waiters();
-        }
-        let output = if result.hang {
-            let killed = self.killed.clone();
-            let until_killed = futures::stream::once(async move { killed.notified().await })
-                .filter_map(|()| async { None::<Result<Bytes, EngineError>> });
-            head.chain(until_killed).boxed()
-        } else {
-            head.boxed()
-        };
+        let output = futures::stream::iter(
+            result
+                .chunks
+                .into_iter()
+                .map(|c| Ok::<_, EngineError>(Bytes::from(c))),
+        )
+        .boxed();
         Ok(ExecStream { exec_id, output })
     }
 

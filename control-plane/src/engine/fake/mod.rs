@@ -17,13 +17,13 @@ mod emulation;
 
 pub use emulation::host_helper;
 
-/// What a fake exec produces: output chunks, then an exit code; `hang` keeps the stream open
-/// (a command that never ends) until a kill exec arrives.
+/// What a fake (unattached) exec produces: output chunks, then an exit code. Commands and fs
+/// ops go through the host helper instead (see `emulation`); these execs are the gateway's
+/// acknowledgement and the CA install.
 #[derive(Clone, Debug, Default)]
 pub struct FakeExec {
     pub chunks: Vec<Vec<u8>>,
     pub exit_code: i64,
-    pub hang: bool,
 }
 
 type Responder = dyn Fn(&str) -> FakeExec + Send + Sync;
@@ -67,8 +67,6 @@ struct State {
 pub struct FakeEngine {
     state: Arc<Mutex<State>>,
     responder: Arc<Responder>,
-    /// Wakes hanging execs when a kill exec arrives, as a real process group kill would.
-    killed: Arc<tokio::sync::Notify>,
 }
 
 impl Default for FakeEngine {
@@ -76,18 +74,16 @@ impl Default for FakeEngine {
         Self::new(|cmd| FakeExec {
             chunks: vec![format!("ran: {cmd}\n").into_bytes()],
             exit_code: 0,
-            hang: false,
         })
     }
 }
 
 impl FakeEngine {
-    /// `responder` receives the user command (the wrapper's `$1`) and says what it "prints".
+    /// `responder` receives an exec's last argument and says what it "prints".
     pub fn new(responder: impl Fn(&str) -> FakeExec + Send + Sync + 'static) -> Self {
         Self {
             state: Arc::default(),
             responder: Arc::new(responder),
-            killed: Arc::default(),
         }
     }
 

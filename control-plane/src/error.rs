@@ -212,6 +212,7 @@ impl From<HelperError> for ApiError {
             E::Rejected(m) | E::ProcessIo(m) => ApiError::Unprocessable(m),
             E::ArchiveRefused => ApiError::Unprocessable(e.to_string()),
             E::Unstartable(_)
+            | E::OtherProtocol(_)
             | E::Lost
             | E::Channel(_)
             | E::DeadlineExceeded

@@ -64,11 +64,14 @@ impl AppState {
         };
         // main checks for the helper before serving; in-process tests run without one.
         let helper = helper_binary(config.sessions.helper_bin.as_deref()).ok();
-        let runtime: Arc<dyn SessionRuntime> = Arc::new(HelperRuntime::new(
-            engine.clone(),
-            config.sessions.run_uid,
-            config.sessions.run_gid,
-        ));
+        let runtime: Arc<dyn SessionRuntime> = Arc::new(
+            HelperRuntime::new(
+                engine.clone(),
+                config.sessions.run_uid,
+                config.sessions.run_gid,
+            )
+            .with_helper(helper.clone()),
+        );
         let factory = Arc::new(SandboxFactory::new(
             engine.clone(),
             config.clone(),

@@ -692,6 +692,54 @@ async fn a_helper_that_floods_its_channel_is_cut_off_and_costs_nothing_else() ->
     Ok(())
 }
 
+/// Issue 22 #2: a session whose helper speaks another protocol version (one made by another
+/// build) is not spoken to; this build's helper is put beside it and serves the session, so
+/// commands and fs ops keep working, and the log says why.
+#[tokio::test]
+async fn a_helper_of_another_protocol_is_replaced_by_this_builds() -> Result<()> {
+    require_image(DEBIAN);
+    let image = HostileImage::build()?;
+    let hostile = helper_dir().join("daiv-e2e-hostile-helper");
+    anyhow::ensure!(
+        hostile.is_file(),
+        "{} missing: run `make build`",
+        hostile.display()
+    );
+    let hostile = hostile.display().to_string();
+    let cp = ControlPlane::start_with(&[("HELPER_BIN", hostile.as_str())]).await?;
+    let old = cp
+        .session(json!({"base_image": image.0, "environment": {"DAIV_E2E_OTHER_PROTOCOL": "1"}}))
+        .await?;
+    let (code, out) = cp.sh(&old, "echo fine").await?;
+    assert_eq!((code, out.as_str()), (0, "fine\n"));
+    let (status, body) = cp
+        .call(
+            reqwest::Method::POST,
+            &format!("/session/{}/fs/ls", old.id),
+            Some(json!({"path": "/workspace"})),
+        )
+        .await?;
+    assert_eq!(status, 200, "{body}");
+    let logs = cp.logs();
+    assert!(
+        logs.contains("session helper speaks another protocol; serving from this build's helper"),
+        "{logs}"
+    );
+    // The session's own helper is left where it was; this build's sits beside it, root's.
+    let (code, listing) = cp
+        .sh(
+            &old,
+            "stat -c '%U %a %n' /.daiv-sandbox/daiv-sandbox-helper*",
+        )
+        .await?;
+    assert_eq!(code, 0, "{listing}");
+    assert!(
+        listing.contains("root 755 /.daiv-sandbox/daiv-sandbox-helper-p"),
+        "{listing}"
+    );
+    Ok(())
+}
+
 /// Issue 25 #5: directories of 110,000 files (which a sandbox prepares in seconds) listed twelve
 /// times at once over several sessions cost the service a bounded answer each: its memory stays
 /// far below what the uncapped answers took (16.7 MB each, a 529 MiB peak).

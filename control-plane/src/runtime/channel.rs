@@ -100,6 +100,13 @@ pub enum ChannelError {
     Closed,
     #[error("the session helper did not start: {0}")]
     Start(String),
+    /// The helper speaks another protocol (a session made by another build): it is not spoken
+    /// to at all.
+    #[error(
+        "the session helper speaks protocol {spoken} (helper {helper}), this control plane {}",
+        sandbox_protocol::VERSION
+    )]
+    Version { spoken: u32, helper: String },
     #[error("the session helper broke the protocol: {0}")]
     Protocol(String),
 }
@@ -156,7 +163,7 @@ impl Channel {
         }));
         let closed = Arc::new(AtomicBool::new(false));
         let violated = Arc::new(Mutex::new(None));
-        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<Result<(), String>>();
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<Result<(), ChannelError>>();
 
         let writer_closed = closed.clone();
         tokio::spawn(async move {
@@ -195,7 +202,9 @@ impl Channel {
                 *lock(&reader_violated) = Some(v);
             }
             if let Some(tx) = reader.ready.take() {
-                let _ = tx.send(Err("it exited before saying it was ready".to_string()));
+                let _ = tx.send(Err(ChannelError::Start(
+                    "it exited before saying it was ready".to_string(),
+                )));
             }
             // Dropping the senders closes every open request's inbox.
             lock(&reader.book).live.clear();
@@ -209,7 +218,7 @@ impl Channel {
                 closed,
                 violated,
             })),
-            Ok(Ok(Err(why))) => Err(ChannelError::Start(why)),
+            Ok(Ok(Err(e))) => Err(e),
             Ok(Err(_)) => Err(ChannelError::Start("no answer".to_string())),
             Err(_) => Err(ChannelError::Start(format!(
                 "not ready within {READY_TIMEOUT:?}"
@@ -274,7 +283,7 @@ impl Channel {
 /// The reader's side: the frame currently streaming in, and what it decided about it.
 struct Reader {
     book: Shared,
-    ready: Option<tokio::sync::oneshot::Sender<Result<(), String>>>,
+    ready: Option<tokio::sync::oneshot::Sender<Result<(), ChannelError>>>,
     /// Bytes skipped for ended requests since the last frame for a live one.
     skipped: u64,
 }
@@ -423,10 +432,10 @@ impl Reader {
             let ready = if spoken == sandbox_protocol::VERSION {
                 Ok(())
             } else {
-                Err(format!(
-                    "it speaks protocol {spoken} (helper {version:.32}), this control plane {}",
-                    sandbox_protocol::VERSION
-                ))
+                Err(ChannelError::Version {
+                    spoken,
+                    helper: version.chars().take(32).collect(),
+                })
             };
             if let Some(tx) = self.ready.take() {
                 let _ = tx.send(ready);
@@ -610,10 +619,10 @@ mod tests {
     #[tokio::test]
     async fn a_helper_of_another_protocol_is_not_spoken_to() {
         let (chan, _helper) = open_with(sandbox_protocol::VERSION + 1).await;
-        let Err(ChannelError::Start(why)) = chan else {
+        let Err(ChannelError::Version { spoken, .. }) = chan else {
             panic!("opened a channel to a helper of another protocol");
         };
-        assert!(why.contains("protocol"), "{why}");
+        assert_eq!(spoken, sandbox_protocol::VERSION + 1);
     }
 
     #[tokio::test]

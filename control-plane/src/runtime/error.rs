@@ -14,6 +14,12 @@ pub enum HelperError {
     /// The helper's channel opened but the helper never spoke its protocol.
     #[error("the session's helper could not be started; retry, or recreate the session")]
     Unstartable(#[source] ChannelError),
+    /// The helper speaks another protocol version and this build's helper could not be put
+    /// beside it.
+    #[error(
+        "the session's helper speaks another protocol version than this service; recreate the session"
+    )]
+    OtherProtocol(#[source] ChannelError),
     /// The channel closed during the operation (the helper or its container went away).
     #[error("the session's helper went away during the operation; retry")]
     Lost,

@@ -163,16 +163,26 @@ pub fn warm_in_background(runtime: &Arc<dyn SessionRuntime>, id: &str) {
 #[derive(Default)]
 struct SlotState {
     channel: Option<Arc<Channel>>,
+    /// Where `serve` runs from when not [`crate::layout::HELPER`]: this build's helper, put
+    /// beside a helper that speaks another protocol.
+    serve_from: Option<String>,
     /// After a protocol violation: no channel is opened before this.
     quiet_until: Option<Instant>,
 }
 
 type Slot = Arc<tokio::sync::Mutex<SlotState>>;
 
+/// Where this build's helper goes in a session whose own helper speaks another protocol.
+pub fn own_helper_path() -> String {
+    format!("{}-p{}", crate::layout::HELPER, sandbox_protocol::VERSION)
+}
+
 /// [`SessionRuntime`] over the in-container helper.
 pub struct HelperRuntime {
     engine: Arc<dyn ContainerEngine>,
     user: String,
+    /// This build's helper binary, put into a session whose helper speaks another protocol.
+    helper: Option<Bytes>,
     /// One slot per session: the async lock makes concurrent first uses open one channel.
     channels: Mutex<HashMap<String, Slot>>,
 }
@@ -197,8 +207,15 @@ impl HelperRuntime {
         Self {
             engine,
             user: format!("{run_uid}:{run_gid}"),
+            helper: None,
             channels: Mutex::default(),
         }
+    }
+
+    /// Gives the runtime this build's helper binary (see [`HelperRuntime::channel`]).
+    pub fn with_helper(mut self, helper: Option<Bytes>) -> Self {
+        self.helper = helper;
+        self
     }
 
     fn slot(&self, id: &str) -> Slot {
@@ -234,12 +251,39 @@ impl HelperRuntime {
         if held.quiet_until.is_some_and(|t| t > Instant::now()) {
             return Err(HelperError::Untrusted);
         }
-        let spec = self.serve_spec(id).await?;
-        let exec = self.engine.exec_attached(id, &spec).await?;
-        let chan = Channel::open(exec).await.map_err(|e| {
+        let unstartable = |e: ChannelError| {
             tracing::warn!(session_id = %id, error = %e, "session helper unavailable");
             HelperError::Unstartable(e)
-        })?;
+        };
+        let spec = self.serve_spec(id, held.serve_from.as_deref()).await?;
+        let exec = self.engine.exec_attached(id, &spec).await?;
+        let chan = match Channel::open(exec).await {
+            Ok(chan) => chan,
+            // A session made by a build of another protocol: its helper is left alone (its
+            // supervisor may run background processes) and this build's is put beside it,
+            // root-owned in the root-owned service directory, to serve from instead.
+            Err(e @ ChannelError::Version { .. }) if held.serve_from.is_none() => {
+                let Some(bin) = &self.helper else {
+                    tracing::warn!(session_id = %id, error = %e, "session helper speaks another protocol");
+                    return Err(HelperError::OtherProtocol(e));
+                };
+                let path = own_helper_path();
+                tracing::warn!(session_id = %id, error = %e, path, "session helper speaks another protocol; serving from this build's helper");
+                if let Err(put) = ServiceFile::executable(&path)
+                    .upload(&*self.engine, id, bin)
+                    .await
+                {
+                    tracing::warn!(session_id = %id, error = %put, "this build's helper could not be put into the session");
+                    return Err(HelperError::OtherProtocol(e));
+                }
+                let spec = self.serve_spec(id, Some(&path)).await?;
+                let exec = self.engine.exec_attached(id, &spec).await?;
+                let chan = Channel::open(exec).await.map_err(unstartable)?;
+                held.serve_from = Some(path);
+                chan
+            }
+            Err(e) => return Err(unstartable(e)),
+        };
         held.channel = Some(chan.clone());
         held.quiet_until = None;
         Ok(chan)
@@ -248,9 +292,10 @@ impl HelperRuntime {
     /// How to start `serve` in the session: as root, told to take the helper's own uid, where
     /// the sandbox says its helper has one (its labels); else as the sandbox user, as sandboxes
     /// created before that did. (One inspect per channel opened.)
-    async fn serve_spec(&self, id: &str) -> Result<ExecSpec, HelperError> {
+    async fn serve_spec(&self, id: &str, from: Option<&str>) -> Result<ExecSpec, HelperError> {
         let info = self.engine.inspect(id).await?;
-        let mut cmd = vec![crate::layout::HELPER.to_string(), "serve".to_string()];
+        let helper = from.unwrap_or(crate::layout::HELPER);
+        let mut cmd = vec![helper.to_string(), "serve".to_string()];
         let user = match (
             info.labels.get(HELPER_USER_LABEL),
             info.labels.get(SANDBOX_USER_LABEL),

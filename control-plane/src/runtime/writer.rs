@@ -74,6 +74,11 @@ impl ServiceFile {
         }
     }
 
+    /// A root-owned program at `path` (uploaded: it may be what `write-file` would run from).
+    pub fn executable(path: &str) -> Self {
+        Self::root(path, 0o755)
+    }
+
     /// Opens the `write-file` exec ahead of the write (step 1).
     pub async fn open(
         &self,

@@ -4,6 +4,8 @@
 //! environment has `DAIV_E2E_FLOOD`, in which case its `serve` says it is ready and then floods
 //! the channel the way a sandbox that took over its helper's pipes did in the hostile review:
 //! frames for request ids nobody waits on, tiny and 16 MiB ones, as fast as the pipe takes them.
+//! With `DAIV_E2E_OTHER_PROTOCOL`, the helper at the path sessions are created with plays a
+//! helper of another build: its `serve` announces another protocol version, then says nothing.
 
 use std::io::Write;
 use std::os::unix::process::CommandExt;
@@ -53,8 +55,37 @@ fn flood() -> ExitCode {
     }
 }
 
+/// A helper of another protocol: ready in the next version, then silent until its input ends.
+fn other_protocol() -> ExitCode {
+    let mut ready = Vec::new();
+    let event = Event::Ready {
+        protocol: sandbox_protocol::VERSION + 1,
+        version: "other-build".into(),
+        pid: std::process::id(),
+    };
+    encode_json(0, kind::EVENT, &event, &mut ready);
+    let mut stdout = std::io::stdout().lock();
+    if stdout
+        .write_all(&ready)
+        .and_then(|()| stdout.flush())
+        .is_err()
+    {
+        return ExitCode::FAILURE;
+    }
+    let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
+    ExitCode::SUCCESS
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    let at_session_path = std::env::current_exe()
+        .is_ok_and(|p| p == std::path::Path::new(sandbox_protocol::layout::HELPER));
+    if args.first().map(String::as_str) == Some("serve")
+        && std::env::var_os("DAIV_E2E_OTHER_PROTOCOL").is_some()
+        && at_session_path
+    {
+        return other_protocol();
+    }
     if args.first().map(String::as_str) == Some("serve")
         && std::env::var_os("DAIV_E2E_FLOOD").is_some()
     {

@@ -65,6 +65,18 @@ pub fn sets_env(name: &str) -> bool {
         .any(|k| *k == name)
 }
 
+/// The caller's environment as a session takes it: for an egress session, without the
+/// variables its own settings set (those win). The one rule a cold create (the container's
+/// environment) and a warm-pool claim (the environment file) both apply.
+pub fn caller_env(
+    env: Option<&std::collections::BTreeMap<String, String>>,
+    egress: bool,
+) -> impl Iterator<Item = (&String, &String)> {
+    env.into_iter()
+        .flatten()
+        .filter(move |(k, _)| !egress || !sets_env(k))
+}
+
 /// A session's egress parts, as recorded on the sandbox's labels.
 #[derive(Debug, Clone)]
 pub struct Triad {

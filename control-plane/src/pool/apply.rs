@@ -17,12 +17,8 @@ use super::Pool;
 /// The claim's environment as the helper reads it (a JSON list of pairs): the caller's
 /// variables, minus those the egress settings set (they win, as at a cold create).
 pub(crate) fn env_json(req: &StartSessionRequest, kind: Kind) -> Option<Bytes> {
-    let env: Vec<(&String, &String)> = req
-        .environment
-        .iter()
-        .flatten()
-        .filter(|(k, _)| kind == Kind::Isolated || !crate::egress::sets_env(k))
-        .collect();
+    let env: Vec<(&String, &String)> =
+        crate::egress::caller_env(req.environment.as_ref(), kind == Kind::Egress).collect();
     if env.is_empty() {
         return None;
     }

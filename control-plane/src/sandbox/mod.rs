@@ -177,11 +177,9 @@ impl SandboxFactory {
         };
         let c = &self.config;
         let mut env: Vec<(String, String)> = base_env();
-        if let Some(user_env) = &req.environment {
-            for (k, v) in user_env {
-                env.retain(|(ek, _)| ek != k);
-                env.push((k.clone(), v.clone()));
-            }
+        for (k, v) in egress::caller_env(req.environment.as_ref(), plan.is_some()) {
+            env.retain(|(ek, _)| ek != k);
+            env.push((k.clone(), v.clone()));
         }
         for (k, v) in extra_env {
             env.retain(|(ek, _)| ek != k);

@@ -57,7 +57,7 @@ const CA_BUNDLE_ENV: [&str; 6] = [
 
 /// Whether an egress sandbox's own settings (proxy, CA bundle) set `name`: those win over the
 /// caller's environment.
-pub fn sets_env(name: &str) -> bool {
+fn sets_env(name: &str) -> bool {
     PROXY_ENV
         .iter()
         .chain(&NO_PROXY_ENV)

@@ -43,9 +43,11 @@ pub fn exit_line(code: i32) -> String {
     format!("exit {code}")
 }
 
-/// What a `write-file` exec printed, read back: whether the file was written and, when a
-/// command followed, its exit code. Anything else it printed is ignored; the last such line is
-/// kept for a log (it comes from the container: never for a client's body).
+/// What a `write-file` exec printed, read back: whether the file was written (its first line)
+/// and, when a command followed, its exit code (its last line, which the helper prints after
+/// the command's own output: an `exit` line the command printed earlier is not the answer).
+/// Anything else it printed is ignored; the last such line is kept for a log (it comes from the
+/// container: never for a client's body).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct WriteAnswer {
     pub written: bool,
@@ -54,24 +56,34 @@ pub struct WriteAnswer {
 }
 
 impl WriteAnswer {
-    /// Reads `output` (at most its first few KiB are worth keeping).
+    /// Reads `output`: all of it, or its head and its tail (see [`WriteAnswer::parse_cut`]).
     pub fn parse(output: &[u8]) -> Self {
-        let mut answer = Self::default();
-        for line in String::from_utf8_lossy(output).lines() {
-            let line = line.trim_end();
-            if line == WRITTEN && !answer.written {
-                answer.written = true;
-            } else if let Some(code) = line
-                .strip_prefix("exit ")
-                .and_then(|c| c.parse::<i32>().ok())
-                .filter(|_| answer.written)
-            {
-                answer.exit = Some(code);
-            } else if !line.is_empty() {
-                answer.last_other = Some(line.chars().take(200).collect());
-            }
+        Self::parse_cut(output, &[])
+    }
+
+    /// Reads the output of an exec that printed more than was kept: its first bytes (`head`)
+    /// and its last (`tail`, empty when `head` is all of it).
+    pub fn parse_cut(head: &[u8], tail: &[u8]) -> Self {
+        let head = String::from_utf8_lossy(head);
+        let tail = String::from_utf8_lossy(tail);
+        let lines: Vec<&str> = head
+            .lines()
+            .chain(tail.lines())
+            .map(str::trim_end)
+            .filter(|l| !l.is_empty())
+            .collect();
+        let written = lines.first() == Some(&WRITTEN);
+        let exit = lines
+            .last()
+            .filter(|_| written && lines.len() > 1)
+            .and_then(|l| l.strip_prefix("exit "))
+            .and_then(|c| c.parse::<i32>().ok());
+        let body = &lines[usize::from(written)..lines.len() - usize::from(exit.is_some())];
+        Self {
+            written,
+            exit,
+            last_other: body.last().map(|l| l.chars().take(200).collect()),
         }
-        answer
     }
 }
 
@@ -93,6 +105,14 @@ mod tests {
         // An exit line before the write is the command's own output, not an answer.
         let forged = WriteAnswer::parse(b"exit 0\n");
         assert_eq!((forged.written, forged.exit), (false, None));
+        // Nor is one the command printed before its real end.
+        let early = WriteAnswer::parse(b"ok\nexit 0\nnot yet\nexit 1\n");
+        assert_eq!(early.exit, Some(1));
+        let unfinished = WriteAnswer::parse(b"ok\nexit 0\nstill checking\n");
+        assert_eq!(unfinished.exit, None);
+        // Output cut in the middle: the answer's last line is in the tail.
+        let cut = WriteAnswer::parse_cut(b"ok\nexit 0\nnoise", b"noise\nexit 2\n");
+        assert_eq!((cut.written, cut.exit), (true, Some(2)));
         let failed = WriteAnswer::parse(b"daiv-sandbox-helper: cannot write /x: EACCES\n");
         assert!(!failed.written);
     }

@@ -131,7 +131,12 @@ impl Egress {
             .await
             .map_err(EgressError::gateway("could not update the egress policy"))?;
         match written {
-            Written::Uploaded => self.acknowledge(&triad.gateway, &version).await,
+            // No helper answered: the gateway may be down too (a stopped gateway still takes
+            // an upload); it renames the staged file once it runs.
+            Written::Uploaded => {
+                self.ensure_gateway(triad).await?;
+                self.acknowledge(&triad.gateway, &version).await
+            }
             Written::ByHelper(WriteAnswer { exit: Some(0), .. }) => Ok(()),
             Written::ByHelper(answer) => {
                 let last = answer.last_other.unwrap_or_default();

@@ -112,8 +112,9 @@ impl Key {
     }
 }
 
-/// A ready member as the pool knows it: its id and token (the name's suffix and, for egress,
-/// the triad's token), and its triad's parts.
+/// A ready member as the pool knows it: its id and token (the name's suffix; an egress
+/// member's triad has a token of its own, reserved when it was built, on its labels), and its
+/// triad's parts.
 #[derive(Debug, Clone)]
 pub(crate) struct Member {
     pub id: String,

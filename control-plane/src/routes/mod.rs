@@ -1,5 +1,5 @@
 //! HTTP handlers: thin, one file per resource. Each parses its request, takes the session's lock
-//! where the operation needs one, calls the domain ([`crate::session`], [`crate::processes`],
+//! where the operation needs one, calls the domain ([`crate::sessions`], [`crate::processes`],
 //! [`crate::workspace`], [`crate::egress`]) and answers; a failure's status and body come from
 //! [`crate::error`], never from here. [`admit`] holds the admission layers the create, seed and
 //! fs routes sit behind.

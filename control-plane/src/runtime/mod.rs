@@ -269,16 +269,23 @@ impl HelperRuntime {
                 };
                 let path = own_helper_path();
                 tracing::warn!(session_id = %id, error = %e, path, "session helper speaks another protocol; serving from this build's helper");
-                if let Err(put) = ServiceFile::executable(&path)
-                    .upload(&*self.engine, id, bin)
-                    .await
-                {
-                    tracing::warn!(session_id = %id, error = %put, "this build's helper could not be put into the session");
-                    return Err(HelperError::OtherProtocol(e));
-                }
+                // Put there by an earlier channel (of this replica or another) already?
                 let spec = self.serve_spec(id, Some(&path)).await?;
                 let exec = self.engine.exec_attached(id, &spec).await?;
-                let chan = Channel::open(exec).await.map_err(unstartable)?;
+                let chan = match Channel::open(exec).await {
+                    Ok(chan) => chan,
+                    Err(_) => {
+                        if let Err(put) = ServiceFile::executable(&path)
+                            .upload(&*self.engine, id, bin)
+                            .await
+                        {
+                            tracing::warn!(session_id = %id, error = %put, "this build's helper could not be put into the session");
+                            return Err(HelperError::OtherProtocol(e));
+                        }
+                        let exec = self.engine.exec_attached(id, &spec).await?;
+                        Channel::open(exec).await.map_err(unstartable)?
+                    }
+                };
                 held.serve_from = Some(path);
                 chan
             }

@@ -220,14 +220,23 @@ impl Writer {
         self.exec.input.flush().await.map_err(broken)?;
         // Nothing more will come; the helper needs no end of input, the engine may want one.
         let _ = self.exec.input.shutdown().await;
-        let mut said = Vec::new();
+        // The answer's first line and its last: the head, and a tail past it (the command in
+        // between may print any amount).
+        let mut head = Vec::new();
+        let mut tail: Vec<u8> = Vec::new();
         while let Some(chunk) = self.exec.output.next().await {
-            let chunk = chunk?;
-            if said.len() < ANSWER_MAX {
-                said.extend_from_slice(&chunk);
+            let mut chunk = &chunk?[..];
+            if head.len() < ANSWER_MAX {
+                let n = chunk.len().min(ANSWER_MAX - head.len());
+                head.extend_from_slice(&chunk[..n]);
+                chunk = &chunk[n..];
+            }
+            tail.extend_from_slice(chunk);
+            if tail.len() > ANSWER_MAX {
+                tail.drain(..tail.len() - ANSWER_MAX);
             }
         }
-        Ok(WriteAnswer::parse(&said))
+        Ok(WriteAnswer::parse_cut(&head, &tail))
     }
 }
 

@@ -638,13 +638,8 @@ impl Drop for HostileImage {
     }
 }
 
-/// Issue 25 #1: a helper that floods its channel (as a sandbox that took over its pipes did:
-/// frames for ids nobody waits on, tiny and 16 MiB ones, without end) loses its channel at its
-/// first bad frame, its session answers 503 at once and opens no new channel for a while, the
-/// control plane's memory stays bounded, and another session of the same service keeps
-/// answering throughout.
-#[tokio::test]
-async fn a_helper_that_floods_its_channel_is_cut_off_and_costs_nothing_else() -> Result<()> {
+/// The hostile image and a service that gives its sandboxes the hostile helper.
+async fn hostile_service() -> Result<(HostileImage, ControlPlane)> {
     require_image(DEBIAN);
     let image = HostileImage::build()?;
     let hostile = helper_dir().join("daiv-e2e-hostile-helper");
@@ -655,6 +650,17 @@ async fn a_helper_that_floods_its_channel_is_cut_off_and_costs_nothing_else() ->
     );
     let hostile = hostile.display().to_string();
     let cp = ControlPlane::start_with(&[("HELPER_BIN", hostile.as_str())]).await?;
+    Ok((image, cp))
+}
+
+/// Issue 25 #1: a helper that floods its channel (as a sandbox that took over its pipes did:
+/// frames for ids nobody waits on, tiny and 16 MiB ones, without end) loses its channel at its
+/// first bad frame, its session answers 503 at once and opens no new channel for a while, the
+/// control plane's memory stays bounded, and another session of the same service keeps
+/// answering throughout.
+#[tokio::test]
+async fn a_helper_that_floods_its_channel_is_cut_off_and_costs_nothing_else() -> Result<()> {
+    let (image, cp) = hostile_service().await?;
     let quiet = cp.session(json!({"base_image": image.0})).await?;
     let loud = cp
         .session(json!({"base_image": image.0, "environment": {"DAIV_E2E_FLOOD": "1"}}))
@@ -697,16 +703,7 @@ async fn a_helper_that_floods_its_channel_is_cut_off_and_costs_nothing_else() ->
 /// commands and fs ops keep working, and the log says why.
 #[tokio::test]
 async fn a_helper_of_another_protocol_is_replaced_by_this_builds() -> Result<()> {
-    require_image(DEBIAN);
-    let image = HostileImage::build()?;
-    let hostile = helper_dir().join("daiv-e2e-hostile-helper");
-    anyhow::ensure!(
-        hostile.is_file(),
-        "{} missing: run `make build`",
-        hostile.display()
-    );
-    let hostile = hostile.display().to_string();
-    let cp = ControlPlane::start_with(&[("HELPER_BIN", hostile.as_str())]).await?;
+    let (image, cp) = hostile_service().await?;
     let old = cp
         .session(json!({"base_image": image.0, "environment": {"DAIV_E2E_OTHER_PROTOCOL": "1"}}))
         .await?;

@@ -269,8 +269,10 @@ impl HelperRuntime {
                 };
                 let path = own_helper_path();
                 tracing::warn!(session_id = %id, error = %e, path, "session helper speaks another protocol; serving from this build's helper");
-                // Put there by an earlier channel (of this replica or another) already?
-                let spec = self.serve_spec(id, Some(&path)).await?;
+                // The same `serve`, from this build's helper (no second inspect). Put there by
+                // an earlier channel (of this replica or another) already?
+                let mut spec = spec;
+                spec.cmd[0] = path.clone();
                 let exec = self.engine.exec_attached(id, &spec).await?;
                 let chan = match Channel::open(exec).await {
                     Ok(chan) => chan,

@@ -10,13 +10,18 @@ use utoipa::ToSchema;
 
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct StartSessionRequest {
-    /// Docker image to be used as the base image for the sandbox.
+    /// Docker image to be used as the base image for the sandbox. Required unless
+    /// `snapshot_id` is given; with it, it must be the snapshot's base image.
+    #[serde(default)]
     #[schema(
-        min_length = 1,
         max_length = 512,
-        pattern = r"^[^\x00-\x20\x7f-\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]+$"
+        pattern = r"^[^\x00-\x20\x7f-\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]*$"
     )]
     pub base_image: String,
+    /// Start from this snapshot's filesystem and workspace (seeded state included) instead of
+    /// a fresh image; `environment`, limits and `egress` are this request's.
+    #[serde(default)]
+    pub snapshot_id: Option<String>,
     /// Environment variables to set in the container at startup.
     #[serde(default)]
     pub environment: Option<BTreeMap<String, String>>,
@@ -185,4 +190,65 @@ pub struct CloseQuery {
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct ErrorBody {
     pub detail: String,
+}
+
+#[derive(Debug, Default, Deserialize, ToSchema)]
+pub struct SnapshotRequest {
+    /// A name of your choosing (1 to 128 characters).
+    #[serde(default)]
+    #[schema(min_length = 1, max_length = 128)]
+    pub name: Option<String>,
+    /// Seconds the snapshot is kept; the server default (DAIV_SANDBOX_SNAPSHOT_TTL_SECONDS)
+    /// when omitted.
+    #[serde(default)]
+    #[schema(minimum = 1)]
+    pub ttl_seconds: Option<u64>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct SnapshotCreated {
+    pub snapshot_id: String,
+    pub name: Option<String>,
+    /// RFC 3339.
+    pub created_at: String,
+    /// Bytes the snapshot holds: its image layer and its workspace copy.
+    pub size_bytes: u64,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct SnapshotInfo {
+    pub snapshot_id: String,
+    pub name: Option<String>,
+    /// The session it was taken from.
+    pub source_session_id: String,
+    /// The base image of that session.
+    pub base_image: String,
+    /// The Docker image holding its filesystem.
+    pub image: String,
+    /// RFC 3339.
+    pub created_at: String,
+    /// RFC 3339; null: kept until deleted or evicted by the retention caps.
+    pub expires_at: Option<String>,
+    pub size_bytes: u64,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct SnapshotList {
+    /// Newest first.
+    pub snapshots: Vec<SnapshotInfo>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct ForkRequest {
+    /// How many forks (1 to DAIV_SANDBOX_FORK_MAX_COUNT).
+    #[schema(minimum = 1)]
+    pub count: u32,
+    /// The forks' environment; the source's when omitted.
+    #[serde(default)]
+    pub environment: Option<BTreeMap<String, String>>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ForkResponse {
+    pub session_ids: Vec<String>,
 }

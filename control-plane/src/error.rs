@@ -41,6 +41,9 @@ pub enum ApiError {
     InvalidApiKey,
     #[error("Session not found or already closed")]
     NotFound,
+    /// A 404 for something other than a session (a snapshot).
+    #[error("{0}")]
+    NotFoundDetail(String),
     /// The session lock could not be acquired in time.
     #[error("Session is busy: another request holds its lock; retry later")]
     Busy,
@@ -72,7 +75,7 @@ impl ApiError {
     pub fn status(&self) -> StatusCode {
         match self {
             ApiError::MissingApiKey | ApiError::InvalidApiKey => StatusCode::FORBIDDEN,
-            ApiError::NotFound => StatusCode::NOT_FOUND,
+            ApiError::NotFound | ApiError::NotFoundDetail(_) => StatusCode::NOT_FOUND,
             ApiError::Busy | ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
@@ -175,6 +178,10 @@ impl From<SessionError> for ApiError {
             }
             E::RestartFailed(e) => unavailable("session could not be restarted", &e),
             E::EngineNotResponding(_) => ApiError::Unavailable(e.to_string()),
+            E::SnapshotImageMismatch(_) => ApiError::BadRequest(e.to_string()),
+            E::NotRunning => ApiError::Conflict(e.to_string()),
+            E::ForkCount(_) => ApiError::Unprocessable(e.to_string()),
+            E::Snapshot(e) => e.into(),
             E::Engine(e) => e.into(),
             E::Egress(e) => e.into(),
             E::Helper(e) => e.into(),
@@ -190,6 +197,19 @@ impl From<EgressError> for ApiError {
             E::GatewayUnavailable { context, source } => unavailable(context, &source),
             E::NotAcknowledged { .. } | E::NoFreeSubnet(_) => ApiError::Unavailable(e.to_string()),
             E::Encode(e) => ApiError::Internal(e.into()),
+            E::PolicyUnreadable(_) => ApiError::Unavailable(e.to_string()),
+            E::Engine(e) => e.into(),
+        }
+    }
+}
+
+impl From<crate::snapshots::SnapshotError> for ApiError {
+    fn from(e: crate::snapshots::SnapshotError) -> Self {
+        use crate::snapshots::SnapshotError as E;
+        match e {
+            E::NotFound => ApiError::NotFoundDetail(e.to_string()),
+            E::InvalidName | E::InvalidTtl => ApiError::Unprocessable(e.to_string()),
+            E::UnusableMountpoint => ApiError::Unavailable(e.to_string()),
             E::Engine(e) => e.into(),
         }
     }

@@ -10,7 +10,8 @@
 //!    registry credentials, a fake), [`runtime`] (the session-runtime seam over the in-sandbox
 //!    helper's channel), [`coordination`] (per-session locks and activity, in-process or over
 //!    Redis), [`telemetry`] (metrics, logs, Sentry).
-//! 4. **Egress:** [`egress`], the one owner of a session's triad.
+//! 4. **Egress and snapshots:** [`egress`], the one owner of a session's triad; [`snapshots`]
+//!    (a session's filesystem as Docker objects, retention, copy-on-write workspaces).
 //! 5. **Building a sandbox:** [`sandbox`] (validation, spec, skeleton, cold build).
 //! 6. **The warm pool:** [`pool`] (claims and refill, over the same factory).
 //! 7. **Sessions:** [`sessions`] (create = validate → claim → else reserve + build; find, run,
@@ -41,6 +42,7 @@ pub mod runtime;
 pub mod sandbox;
 pub mod secret;
 pub mod sessions;
+pub mod snapshots;
 pub mod state;
 pub mod telemetry;
 pub mod text;

@@ -12,7 +12,14 @@
 //!    newest of them is older than the grace period (a session being created has its network and
 //!    gateway before its sandbox);
 //! 5. with `SESSION_MAX_LIFETIME_SECONDS`, sessions created longer ago than that, whatever they do
-//!    (a backstop: taken even while a request holds their lock).
+//!    (a backstop: taken even while a request holds their lock);
+//! 6. snapshots past their TTL, then the oldest beyond `SNAPSHOT_MAX_COUNT` and
+//!    `SNAPSHOT_MAX_BYTES`, and the payload of snapshots without a record (deleted ones, forks'
+//!    once the forks are gone) and workspaces of sessions that are gone (see
+//!    [`Snapshots::sweep`](crate::snapshots::Snapshots::sweep)).
+//!
+//! A paused session counts as stopped for the grace period, from its last request (the pause
+//! itself); it is never taken for the stopped-session cap.
 //!
 //! Unclaimed warm-pool members are left alone (each sweep wakes the pool's refill, which
 //! replaces dead and stale ones); claimed ones are sessions like any other.
@@ -56,6 +63,9 @@ use crate::telemetry::metrics::Metrics;
 const INSPECT_CONCURRENCY: usize = 8;
 /// Idle sessions checked (and removed) side by side.
 const IDLE_CONCURRENCY: usize = 8;
+/// Longest a snapshot's payload or a session's workspace may go without its record or container
+/// before the sweep takes it for garbage (a snapshot or create in flight has them first).
+pub const PAYLOAD_GUARD: Duration = Duration::from_secs(600);
 /// Longest an idle session's helper may take to say whether background processes run.
 pub const PROCESS_CHECK: Duration = Duration::from_secs(5);
 
@@ -96,6 +106,8 @@ pub struct Sweep {
     /// Removed for their age (`SESSION_MAX_LIFETIME_SECONDS`).
     pub lifetime: Vec<String>,
     pub orphans: Vec<String>,
+    /// Snapshots removed by retention.
+    pub snapshots: Vec<String>,
     /// Candidates skipped because a request held their lock.
     pub busy: Vec<String>,
     /// Removals that failed (logged); retried at the next sweep.
@@ -222,12 +234,13 @@ impl Reaper {
             }
         }
         match swept {
-            Ok(s) if s.removed() > 0 || s.failed > 0 => tracing::info!(
+            Ok(s) if s.removed() > 0 || !s.snapshots.is_empty() || s.failed > 0 => tracing::info!(
                 expired = ?s.expired,
                 over_cap = ?s.over_cap,
                 idle = ?s.idle,
                 lifetime = ?s.lifetime,
                 orphans = ?s.orphans,
+                snapshots = ?s.snapshots,
                 busy = s.busy.len(),
                 failed = s.failed,
                 "reaper: sweep done"
@@ -276,8 +289,29 @@ impl Reaper {
         // running-processes gauge here.
         self.metrics.retain_processes(&live);
         self.sweep_orphans(&all, now, &mut out).await?;
+        self.sweep_snapshots(now, &mut out).await;
         self.sessions.pool().wake();
         Ok(out)
+    }
+
+    /// Snapshot retention and the collection of unused snapshot payload and workspaces; their
+    /// gauges. Payload younger than the grace period (at most [`PAYLOAD_GUARD`]) is left: it may
+    /// belong to a snapshot or session being made.
+    async fn sweep_snapshots(&self, now: SystemTime, out: &mut Sweep) {
+        let snapshots = self.sessions.snapshots();
+        let guard = self.policy.grace.min(PAYLOAD_GUARD);
+        match snapshots.sweep(now, guard).await {
+            Ok(deleted) => out.snapshots = deleted,
+            Err(e) => {
+                tracing::warn!(error = %e, "reaper: snapshot sweep failed");
+                out.failed += 1;
+            }
+        }
+        if let Ok(all) = snapshots.list().await {
+            self.metrics.snapshots_held.set(all.len() as u64);
+            let bytes: u64 = all.iter().map(|s| s.size).sum();
+            self.metrics.snapshot_bytes.set(bytes);
+        }
     }
 
     async fn sweep_stopped(&self, sandboxes: &[ContainerInfo], now: SystemTime, out: &mut Sweep) {
@@ -295,10 +329,10 @@ impl Reaper {
 
         let mut survivors = Vec::new();
         for info in stopped {
-            if self.expired(&info, now) {
+            if self.expired(&info, now).await {
                 let outcome = self.remove_guarded(&info.id, Why::Expired, now).await;
                 out.record(&info.id, Why::Expired, outcome);
-            } else {
+            } else if !info.is_paused() {
                 survivors.push(info);
             }
         }
@@ -390,7 +424,22 @@ impl Reaper {
         kept
     }
 
-    fn expired(&self, info: &ContainerInfo, now: SystemTime) -> bool {
+    /// Stopped (or paused, counted from its last request) for longer than the grace period.
+    async fn expired(&self, info: &ContainerInfo, now: SystemTime) -> bool {
+        if info.is_paused() {
+            let seen = self
+                .activity
+                .last_seen(std::slice::from_ref(&info.id))
+                .await;
+            let since = self.activity.since().await;
+            return match (seen, since) {
+                (Ok(seen), Ok(since)) => {
+                    let seen = seen.into_iter().next().flatten();
+                    idle_for(seen, info.created, since, now).is_some_and(|d| d >= self.policy.grace)
+                }
+                _ => false,
+            };
+        }
         !info.is_running()
             && stopped_at(info).is_some_and(|t| {
                 t.saturating_add(i128::from(self.policy.grace.as_secs()) * NANOS) <= unix_nanos(now)
@@ -440,8 +489,8 @@ impl Reaper {
             }
         };
         let still = match why {
-            Why::Expired => self.expired(&info, now),
-            Why::OverCap => !info.is_running(),
+            Why::Expired => self.expired(&info, now).await,
+            Why::OverCap => !info.is_running() && !info.is_paused(),
             Why::Idle => info.is_running() && self.still_idle(&info, now).await,
             Why::Lifetime => true,
         };

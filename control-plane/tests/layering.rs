@@ -21,7 +21,7 @@ const LAYERS: &[&[&str]] = &[
     &["config"],
     &["engine", "coordination"],
     &["runtime", "telemetry"],
-    &["egress"],
+    &["egress", "snapshots"],
     &["sandbox"],
     &["pool"],
     &["sessions"],

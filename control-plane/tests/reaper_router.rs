@@ -107,6 +107,7 @@ impl World {
             pids_limit: 10,
             network: NetworkAttach::None,
             volumes: Vec::new(),
+            named_volumes: Vec::new(),
             log_options: Vec::new(),
             skeleton: None,
         };

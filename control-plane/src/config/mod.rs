@@ -32,6 +32,7 @@ mod pool;
 mod reaper;
 mod server;
 mod sessions;
+mod snapshots;
 mod telemetry;
 #[cfg(test)]
 mod tests;
@@ -44,6 +45,7 @@ pub use pool::PoolConfig;
 pub use reaper::ReaperConfig;
 pub use server::ServerConfig;
 pub use sessions::{DEFAULT_PRUNE_DIRS, Runtime, SessionsConfig};
+pub use snapshots::SnapshotConfig;
 pub use telemetry::{Environment, LogLevel, SentryConfig, TelemetryConfig};
 
 use parse::Parser;
@@ -66,6 +68,7 @@ pub struct Config {
     pub telemetry: TelemetryConfig,
     pub pool: PoolConfig,
     pub admission: AdmissionConfig,
+    pub snapshots: SnapshotConfig,
 }
 
 /// Every invalid variable, one per line.
@@ -85,6 +88,7 @@ pub fn load(src: &dyn Source) -> Result<Config, ConfigError> {
     let deployment = deployment(&mut p);
     let pool = PoolConfig::load(&mut p);
     let admission = AdmissionConfig::load(&mut p);
+    let snapshots = SnapshotConfig::load(&mut p);
 
     // Across groups: a warm egress session is a whole triad, so it needs the CA.
     if !pool.egress.is_empty() && egress.ca.is_none() {
@@ -104,6 +108,7 @@ pub fn load(src: &dyn Source) -> Result<Config, ConfigError> {
         telemetry,
         pool,
         admission,
+        snapshots,
     })
 }
 

@@ -33,6 +33,9 @@ pub enum EgressError {
     /// The policy could not be serialised for the gateway.
     #[error("egress policy could not be encoded")]
     Encode(#[source] serde_json::Error),
+    /// A gateway's policy file could not be read back (for a fork); says nothing of its content.
+    #[error("the egress gateway's policy could not be read: {0}")]
+    PolicyUnreadable(&'static str),
     /// Any other engine failure while building or wiring the triad.
     #[error(transparent)]
     Engine(#[from] EngineError),

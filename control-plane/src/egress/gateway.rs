@@ -44,8 +44,21 @@ impl Egress {
 
     /// Starts a stopped gateway and waits until it listens (warm restart, or one killed behind
     /// the service's back). Its policy file, the latest one, is kept in its container.
+    /// A paused gateway (a paused session's) is thawed.
     pub async fn ensure_gateway(&self, triad: &Triad) -> Result<(), EgressError> {
-        if self.gateway_running(triad).await? {
+        let info = self
+            .engine
+            .inspect(&triad.gateway)
+            .await
+            .map_err(EgressError::gateway("egress gateway unavailable"))?;
+        if info.is_paused() {
+            return self
+                .engine
+                .unpause(&triad.gateway)
+                .await
+                .map_err(EgressError::gateway("egress gateway could not be thawed"));
+        }
+        if info.is_running() {
             return Ok(());
         }
         self.engine
@@ -53,6 +66,63 @@ impl Egress {
             .await
             .map_err(EgressError::gateway("egress gateway could not start"))?;
         self.wait_ready(&triad.gateway).await
+    }
+
+    /// Freezes the triad's gateway with its paused sandbox (a running one only).
+    pub async fn pause_gateway(&self, triad: &Triad) -> Result<(), EgressError> {
+        let info = self
+            .engine
+            .inspect(&triad.gateway)
+            .await
+            .map_err(EgressError::gateway("egress gateway unavailable"))?;
+        if !info.is_running() {
+            return Ok(());
+        }
+        self.engine
+            .pause(&triad.gateway)
+            .await
+            .map_err(EgressError::gateway("egress gateway could not be paused"))
+    }
+
+    /// The policy (with its secrets) the triad's gateway enforces now, read from its config
+    /// directory: a fork's gateways get the same. Never logged.
+    pub async fn current_policy(&self, triad: &Triad) -> Result<PolicyFile, EgressError> {
+        use futures::TryStreamExt;
+        let path = sidecar::config_path(sidecar::POLICY_FILE);
+        let unreadable = EgressError::gateway("egress gateway's policy unreadable");
+        let stream = self
+            .engine
+            .get_archive(&triad.gateway, &path)
+            .await
+            .map_err(unreadable)?;
+        let tar: Vec<u8> = stream
+            .try_fold(Vec::new(), |mut acc, chunk| async move {
+                acc.extend_from_slice(&chunk);
+                Ok(acc)
+            })
+            .await
+            .map_err(EgressError::gateway("egress gateway's policy unreadable"))?;
+        let mut archive = tar::Archive::new(&tar[..]);
+        let mut json = Vec::new();
+        let entries = archive.entries().map_err(|e| {
+            let _ = e;
+            EgressError::PolicyUnreadable("not an archive")
+        })?;
+        for entry in entries {
+            let mut entry = entry.map_err(|e| {
+                let _ = e;
+                EgressError::PolicyUnreadable("not an archive")
+            })?;
+            if entry.header().entry_type().is_file() {
+                std::io::Read::read_to_end(&mut entry, &mut json).map_err(|e| {
+                    let _ = e;
+                    EgressError::PolicyUnreadable("not an archive")
+                })?;
+                break;
+            }
+        }
+        serde_json::from_slice(&json)
+            .map_err(|_| EgressError::PolicyUnreadable("not a policy file"))
     }
 
     pub(super) fn gateway_spec(
@@ -156,6 +226,7 @@ impl Egress {
                 ip: None,
             },
             volumes: Vec::new(),
+            named_volumes: Vec::new(),
             // Audit lines are the sandbox's to provoke: bounded on disk.
             log_options: vec![
                 ("max-size".to_string(), "10m".to_string()),

@@ -88,7 +88,7 @@ pub mod version;
 pub use error::EgressError;
 
 pub use policy::parse_policy;
-pub use triad::{Leftover, Parts, SandboxPlan, Triad, caller_env, leftovers, teardown};
+pub use triad::{Leftover, Parts, SandboxPlan, Triad, caller_env, leftovers, sets_env, teardown};
 
 /// The sandbox's labels naming its gateway container and internal network.
 pub const GATEWAY_LABEL: &str = "daiv.sandbox.egress.gateway";

@@ -57,7 +57,7 @@ const CA_BUNDLE_ENV: [&str; 6] = [
 
 /// Whether an egress sandbox's own settings (proxy, CA bundle) set `name`: those win over the
 /// caller's environment.
-fn sets_env(name: &str) -> bool {
+pub fn sets_env(name: &str) -> bool {
     PROXY_ENV
         .iter()
         .chain(&NO_PROXY_ENV)
@@ -427,6 +427,7 @@ mod tests {
             finished_at: None,
             memory_bytes: None,
             nano_cpus: None,
+            env: Vec::new(),
         }
     }
 

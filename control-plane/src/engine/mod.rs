@@ -38,6 +38,15 @@ pub const EGRESS_LABEL: &str = "daiv.sandbox.egress";
 pub const HELPER_USER_LABEL: &str = "daiv.sandbox.helper-user";
 /// `uid:gid` commands run as in the sandbox.
 pub const SANDBOX_USER_LABEL: &str = "daiv.sandbox.sandbox-user";
+/// On a snapshot's Docker objects: the snapshot id; on a session made from a snapshot: the
+/// snapshot it was made from (see [`crate::snapshots`]).
+pub const SNAPSHOT_LABEL: &str = "daiv.sandbox.snapshot";
+/// On a session whose workspace is a copy-on-write overlay over a snapshot, and on the overlay's
+/// volumes: the token naming those volumes, so they go with the session.
+pub const WORKSPACE_LABEL: &str = "daiv.sandbox.workspace";
+pub const ROLE_SNAPSHOT: &str = "snapshot";
+pub const ROLE_SNAPSHOT_DATA: &str = "snapshot-data";
+pub const ROLE_WORKSPACE: &str = "workspace";
 /// On a warm-pool member: which pool (`isolated` or `egress`) it was made for. Labels cannot
 /// change after create, so whether a member was claimed is told by its name (see
 /// [`crate::pool`]).
@@ -162,6 +171,9 @@ pub struct ContainerSpec {
     pub network: NetworkAttach,
     /// Anonymous volumes mounted at these paths: created with the container, removed with it.
     pub volumes: Vec<String>,
+    /// Named volumes (name, path) mounted without Docker's copy of the image's content into
+    /// them; their lifecycle is the caller's.
+    pub named_volumes: Vec<(String, String)>,
     /// `json-file` log options (`max-size`, `max-file`): what a container prints cannot fill
     /// the host's disk. Empty = the daemon's defaults.
     pub log_options: Vec<(String, String)>,
@@ -196,6 +208,8 @@ pub struct ContainerInfo {
     pub finished_at: Option<String>,
     pub memory_bytes: Option<i64>,
     pub nano_cpus: Option<i64>,
+    /// The container's environment (`KEY=VALUE`), from an inspect only (the list API has none).
+    pub env: Vec<String>,
 }
 
 impl ContainerInfo {
@@ -206,9 +220,64 @@ impl ContainerInfo {
         )
     }
 
+    pub fn is_paused(&self) -> bool {
+        self.status == ContainerStatus::Paused
+    }
+
     pub fn is_managed(&self) -> bool {
         self.labels.get(MANAGED_LABEL).map(String::as_str) == Some("true")
     }
+}
+
+/// An image made from a container by [`ContainerEngine::commit`]. Everything the image's config
+/// says is given here: the container's own config is not carried over (its environment holds the
+/// caller's variables and the egress settings), but Docker merges the container's environment
+/// into the image's, so every name of it must be given a value here.
+#[derive(Debug, Clone)]
+pub struct CommitSpec {
+    /// `repository:tag` the image is tagged with.
+    pub reference: String,
+    pub labels: HashMap<String, String>,
+    pub env: Vec<(String, String)>,
+    pub entrypoint: Vec<String>,
+    pub cmd: Vec<String>,
+    pub user: String,
+}
+
+/// A local image.
+#[derive(Debug, Clone)]
+pub struct ImageInfo {
+    pub id: String,
+    /// `repository:tag` references; empty for a dangling image.
+    pub tags: Vec<String>,
+    pub labels: HashMap<String, String>,
+    /// Bytes of the image with its parents.
+    pub size: i64,
+    /// Unix seconds the image was made.
+    pub created: Option<i64>,
+    /// The image's config environment (`KEY=VALUE`), for inspected images only.
+    pub env: Vec<String>,
+    /// The image's parent, for a committed image.
+    pub parent: Option<String>,
+}
+
+/// A named volume of the local driver.
+#[derive(Debug, Clone, Default)]
+pub struct VolumeSpec {
+    pub name: String,
+    pub labels: HashMap<String, String>,
+    /// Local driver options (`type`, `device`, `o`); empty = a plain directory.
+    pub driver_opts: HashMap<String, String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct VolumeInfo {
+    pub name: String,
+    /// Where the daemon's host keeps the volume's data (a directory of the engine's host).
+    pub mountpoint: String,
+    pub labels: HashMap<String, String>,
+    /// Unix seconds the volume was created.
+    pub created: Option<i64>,
 }
 
 /// A user-defined bridge network.
@@ -331,4 +400,22 @@ pub trait ContainerEngine: Send + Sync + 'static {
     /// Managed networks carrying all of `labels`.
     async fn list_networks(&self, labels: &[(&str, &str)])
     -> Result<Vec<NetworkInfo>, EngineError>;
+    /// Freezes every process of the container (the cgroup freezer), memory kept.
+    async fn pause(&self, id: &str) -> Result<(), EngineError>;
+    async fn unpause(&self, id: &str) -> Result<(), EngineError>;
+    /// An image of the container's filesystem changes over its image, without pausing it (the
+    /// caller freezes it first when it must be consistent). Returns the image id.
+    async fn commit(&self, id: &str, spec: &CommitSpec) -> Result<String, EngineError>;
+    async fn inspect_image(&self, reference: &str) -> Result<ImageInfo, EngineError>;
+    /// Images (dangling ones too) carrying all of `labels`.
+    async fn list_images(&self, labels: &[(&str, &str)]) -> Result<Vec<ImageInfo>, EngineError>;
+    /// Removes an image reference (and the image once nothing else refers to it).
+    /// [`EngineError::Conflict`] while a container uses it.
+    async fn remove_image(&self, reference: &str) -> Result<(), EngineError>;
+    async fn create_volume(&self, spec: &VolumeSpec) -> Result<VolumeInfo, EngineError>;
+    async fn inspect_volume(&self, name: &str) -> Result<VolumeInfo, EngineError>;
+    /// Volumes carrying all of `labels`.
+    async fn list_volumes(&self, labels: &[(&str, &str)]) -> Result<Vec<VolumeInfo>, EngineError>;
+    /// [`EngineError::Conflict`] while a container uses it.
+    async fn remove_volume(&self, name: &str) -> Result<(), EngineError>;
 }

@@ -477,6 +477,7 @@ mod tests {
             memory_bytes: None,
             cpus: None,
             egress: None,
+            snapshot_id: None,
         };
         let read = |b: Option<Bytes>| String::from_utf8_lossy(&b.unwrap_or_default()).into_owned();
         let isolated = read(apply::env_json(&req, Kind::Isolated));

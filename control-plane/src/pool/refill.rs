@@ -256,10 +256,11 @@ impl Refill {
             memory_bytes: None,
             cpus: None,
             egress: None,
+            snapshot_id: None,
         };
         let naming = s.member_naming(key, token);
         let id = match key.kind {
-            Kind::Isolated => s.factory.build(&req, None, Some(&naming)).await?,
+            Kind::Isolated => s.factory.build(&req, None, Some(&naming), None).await?,
             Kind::Egress => {
                 // Deny-all until a claim installs the request's policy. The triad's parts exist
                 // before its sandbox: its token's lock keeps the reaper from taking them for
@@ -271,7 +272,7 @@ impl Refill {
                     .map_err(SessionError::Lock)?;
                 let policy = PolicyFile::default();
                 s.factory
-                    .build(&req, Some((&policy, &reservation)), Some(&naming))
+                    .build(&req, Some((&policy, &reservation)), Some(&naming), None)
                     .await?
             }
         };

@@ -14,6 +14,7 @@ pub mod observe;
 pub mod processes;
 pub mod seed;
 pub mod session;
+pub mod snapshots;
 
 use std::sync::Arc;
 
@@ -61,6 +62,25 @@ where
             .delete(session::close),
     );
     api = both(api, "/session/{session_id}/egress/", put(egress::refresh));
+    // A snapshot and a fork take a create slot: each builds Docker objects as a create does.
+    let create_slot = || middleware::from_fn_with_state(admission.clone(), admit::create);
+    api = both(
+        api,
+        "/session/{session_id}/snapshot/",
+        post(snapshots::take).layer(create_slot()),
+    );
+    api = both(
+        api,
+        "/session/{session_id}/fork/",
+        post(snapshots::fork).layer(create_slot()),
+    );
+    api = both(api, "/session/{session_id}/pause/", post(snapshots::pause));
+    api = both(api, "/snapshots/", get(snapshots::list));
+    api = both(
+        api,
+        "/snapshots/{snapshot_id}/",
+        get(snapshots::get).delete(snapshots::delete),
+    );
     // Seeds stream archives of any size: the body limit is SEED_MAX_BYTES, enforced as it flows.
     api = both(
         api,

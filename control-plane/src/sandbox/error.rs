@@ -56,6 +56,16 @@ pub enum SessionError {
     /// The engine does not answer its ping (the health check).
     #[error("Docker client is not responding")]
     EngineNotResponding(#[source] EngineError),
+    /// `base_image` and `snapshot_id` name different images.
+    #[error("base_image does not match the snapshot's base image {0:?}")]
+    SnapshotImageMismatch(String),
+    /// Pause (or another operation that needs a running session) on a stopped one.
+    #[error("Session is not running")]
+    NotRunning,
+    #[error("count must be between 1 and {0}")]
+    ForkCount(u32),
+    #[error(transparent)]
+    Snapshot(#[from] crate::snapshots::SnapshotError),
     #[error(transparent)]
     Engine(#[from] EngineError),
     #[error(transparent)]

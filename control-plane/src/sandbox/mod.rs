@@ -22,9 +22,11 @@ use crate::config::Config;
 use crate::egress::{self, Egress, Reservation, SandboxPlan};
 use crate::engine::{
     ContainerEngine, ContainerSpec, DEPLOYMENT_LABEL, HELPER_USER_LABEL, IMAGE_LABEL,
-    MANAGED_LABEL, NetworkAttach, ROLE_LABEL, ROLE_SANDBOX, SANDBOX_USER_LABEL,
+    MANAGED_LABEL, NetworkAttach, ROLE_LABEL, ROLE_SANDBOX, SANDBOX_USER_LABEL, SNAPSHOT_LABEL,
+    WORKSPACE_LABEL,
 };
 use crate::layout;
+use crate::snapshots::{Snapshot, Snapshots, Workspace};
 
 mod error;
 
@@ -50,6 +52,7 @@ pub struct Naming {
 /// Builds sandboxes (see the module docs).
 pub struct SandboxFactory {
     engine: Arc<dyn ContainerEngine>,
+    snapshots: Arc<Snapshots>,
     config: Arc<Config>,
     /// `None` when no egress CA is configured: egress sessions are then refused with 400.
     egress: Option<Arc<Egress>>,
@@ -71,12 +74,17 @@ impl SandboxFactory {
         helper: Option<Bytes>,
     ) -> Self {
         Self {
+            snapshots: Arc::new(Snapshots::new(engine.clone(), config.clone())),
             engine,
             config,
             egress,
             helper,
             shared_skeleton: OnceLock::new(),
         }
+    }
+
+    pub fn snapshots(&self) -> &Arc<Snapshots> {
+        &self.snapshots
     }
 
     pub fn engine(&self) -> &Arc<dyn ContainerEngine> {
@@ -119,13 +127,50 @@ impl SandboxFactory {
     /// Creates and starts a sandbox: isolated, or with its triad when `egress` gives the policy
     /// and the reserved token naming the triad's parts; named by `naming` if given. Nothing is
     /// left behind when a step fails.
+    ///
+    /// `from` makes the sandbox from a snapshot: its image, and a copy-on-write workspace over
+    /// the snapshot's (removed again when the build fails).
     pub async fn build(
         &self,
         req: &StartSessionRequest,
         egress: Option<(&PolicyFile, &Reservation)>,
         naming: Option<&Naming>,
+        from: Option<&Snapshot>,
+    ) -> Result<String, SessionError> {
+        let Some(snapshot) = from else {
+            return self.build_on(req, egress, naming, None).await;
+        };
+        let workspace = self.snapshots.workspace(snapshot).await?;
+        let built = self
+            .build_on(req, egress, naming, Some((snapshot, &workspace)))
+            .await;
+        if built.is_err() {
+            self.snapshots.remove_workspace(&workspace.token).await;
+        }
+        built
+    }
+
+    async fn build_on(
+        &self,
+        req: &StartSessionRequest,
+        egress: Option<(&PolicyFile, &Reservation)>,
+        naming: Option<&Naming>,
+        from: Option<(&Snapshot, &Workspace)>,
     ) -> Result<String, SessionError> {
         let named = |mut spec: ContainerSpec| {
+            if let Some((snapshot, workspace)) = from {
+                spec.image = snapshot.image();
+                spec.volumes.clear();
+                spec.named_volumes =
+                    vec![(workspace.merged.clone(), layout::WORKSPACE.to_string())];
+                spec.labels
+                    .insert(SNAPSHOT_LABEL.to_string(), snapshot.id.clone());
+                spec.labels
+                    .insert(WORKSPACE_LABEL.to_string(), workspace.token.clone());
+                // The snapshot's workspace is already there: its directories keep their owners
+                // and modes. Only the helper (this build's) and the service's files are put.
+                spec.skeleton = Some(self.snapshot_skeleton(&spec));
+            }
             if let Some(n) = naming {
                 spec.name = Some(n.name.clone());
                 spec.labels.extend(n.labels.iter().cloned());
@@ -133,7 +178,9 @@ impl SandboxFactory {
             spec
         };
         let Some((policy, reservation)) = egress else {
-            self.engine.ensure_image(&req.base_image).await?;
+            if from.is_none() {
+                self.engine.ensure_image(&req.base_image).await?;
+            }
             let spec = named(self.spec(req, None));
             let id = self.engine.create(&spec).await?;
             if let Err(e) = self.engine.start(&id).await {
@@ -143,7 +190,9 @@ impl SandboxFactory {
             return Ok(id);
         };
         let gateways = self.egress_or_400()?;
-        self.engine.ensure_image(&req.base_image).await?;
+        if from.is_none() {
+            self.engine.ensure_image(&req.base_image).await?;
+        }
         // A pool member's gateway gets the helper: its claim installs the policy with it.
         let helper = naming.and(self.helper.as_ref());
         gateways
@@ -232,9 +281,44 @@ impl SandboxFactory {
             // The workspace on a volume: no copy-up, no overlay lookups (on fuse-overlayfs, grep
             // and extraction are 5-20x faster there). Anonymous: removed with the container.
             volumes: vec![layout::WORKSPACE.to_string()],
+            named_volumes: Vec::new(),
             log_options: Vec::new(),
             skeleton: Some(self.skeleton(extra_files)),
         }
+    }
+
+    /// The skeleton of a sandbox from a snapshot: the workspace's root (a fresh overlay's root
+    /// is root's), the service's directory with this build's helper, and the egress files the
+    /// spec's skeleton has. The workspace's own directories come from the snapshot.
+    fn snapshot_skeleton(&self, spec: &ContainerSpec) -> Bytes {
+        let (uid, gid) = (self.config.sessions.run_uid, self.config.sessions.run_gid);
+        let mut tar = Archive::new();
+        tar.dir(entry_name(layout::WORKSPACE), 0o755, (uid, gid));
+        tar.dir(entry_name(layout::SERVICE_DIR), 0o755, ROOT);
+        if let Some(bin) = &self.helper {
+            tar.file(entry_name(layout::HELPER), 0o755, ROOT, bin);
+        }
+        // The egress files of the full skeleton (CA bundle and the like), as it put them.
+        if let Some(full) = &spec.skeleton {
+            let mut archive = tar::Archive::new(&full[..]);
+            if let Ok(entries) = archive.entries() {
+                for mut entry in entries.flatten() {
+                    let Ok(path) = entry.path().map(|p| p.display().to_string()) else {
+                        continue;
+                    };
+                    if !entry.header().entry_type().is_file()
+                        || path.starts_with(entry_name(layout::SERVICE_DIR))
+                    {
+                        continue;
+                    }
+                    let mut data = Vec::new();
+                    if std::io::Read::read_to_end(&mut entry, &mut data).is_ok() {
+                        tar.file(&path, 0o644, ROOT, &data);
+                    }
+                }
+            }
+        }
+        tar.finish().unwrap_or_default()
     }
 
     /// The skeleton archive of a sandbox with `extra_files` (the shared one when there are none).
@@ -248,6 +332,15 @@ impl SandboxFactory {
         }
     }
 }
+
+/// The names [`base_env`] sets.
+pub const BASE_ENV_NAMES: [&str; 5] = [
+    "HOME",
+    "XDG_CONFIG_HOME",
+    "XDG_CACHE_HOME",
+    "XDG_DATA_HOME",
+    "XDG_STATE_HOME",
+];
 
 /// HOME and XDG locations: tools such as uv, npm and pip need a writable home.
 fn base_env() -> Vec<(String, String)> {

@@ -22,12 +22,14 @@ use crate::coordination::lock::{LockError, LockGuard, SessionLocks};
 use crate::egress::{self, Egress, Triad};
 use crate::engine::{
     ContainerEngine, ContainerInfo, DEPLOYMENT_LABEL, EngineError, ROLE_LABEL, ROLE_SANDBOX,
+    WORKSPACE_LABEL,
 };
 use crate::ids::is_container_id;
 use crate::layout;
 use crate::pool::Pool;
 use crate::runtime::{RunSpec, SessionRuntime};
 use crate::sandbox::SandboxFactory;
+use crate::snapshots::{Keep, Snapshot, SnapshotRequest, Snapshots, Timings};
 use crate::telemetry::metrics::{Metrics, observe_duration};
 use sandbox_protocol::message::{ProcList, ProcRequest};
 
@@ -110,28 +112,244 @@ impl Sessions {
     /// Creates and starts a session: validate, then a ready warm-pool member when one matches
     /// the request, else a cold build (for egress, with a token reserved for the triad's
     /// parts). Nothing is left behind when a step fails.
+    ///
+    /// With `snapshot_id`, the session starts from that snapshot (see [`crate::snapshots`]):
+    /// `base_image` may be omitted, and when given must be the snapshot's.
     pub async fn create(&self, req: &StartSessionRequest) -> Result<String, SessionError> {
+        let Some(snapshot_id) = &req.snapshot_id else {
+            return self.create_from(req, None).await;
+        };
+        let snapshot = self.snapshots().get(snapshot_id).await?;
+        if !req.base_image.is_empty() && req.base_image != snapshot.base_image {
+            return Err(SessionError::SnapshotImageMismatch(snapshot.base_image));
+        }
+        let req = StartSessionRequest {
+            base_image: snapshot.base_image.clone(),
+            snapshot_id: req.snapshot_id.clone(),
+            environment: req.environment.clone(),
+            memory_bytes: req.memory_bytes,
+            cpus: req.cpus,
+            egress: req.egress.clone(),
+        };
+        self.create_from(&req, Some(&snapshot)).await
+    }
+
+    /// Validate, then a warm-pool member (image sessions only), else a cold build.
+    async fn create_from(
+        &self,
+        req: &StartSessionRequest,
+        from: Option<&Snapshot>,
+    ) -> Result<String, SessionError> {
         let policy = self.factory.validate(req)?;
-        if let Some(id) = self.pool.claim(req, policy.as_ref()).await {
+        if from.is_none()
+            && let Some(id) = self.pool.claim(req, policy.as_ref()).await
+        {
             tracing::info!(session_id = %id, image = %req.base_image, "session claimed from the warm pool");
             self.warm(&id);
             return Ok(id);
         }
-        let id = match &policy {
-            None => self.factory.build(req, None, None).await?,
+        let id = self.build(req, policy.as_ref(), from).await?;
+        tracing::info!(
+            session_id = %id,
+            image = %req.base_image,
+            snapshot_id = from.map(|s| s.id.as_str()),
+            egress = policy.is_some(),
+            "session created"
+        );
+        self.warm(&id);
+        Ok(id)
+    }
+
+    /// A cold build: for egress, with a token reserved for the triad's parts.
+    async fn build(
+        &self,
+        req: &StartSessionRequest,
+        policy: Option<&shared_policy::PolicyFile>,
+        from: Option<&Snapshot>,
+    ) -> Result<String, SessionError> {
+        match policy {
+            None => self.factory.build(req, None, None, from).await,
             Some(policy) => {
                 let egress = self.factory.egress_or_400()?;
                 let reservation = egress
                     .reserve(&*self.locks, self.config().coordination.lock_wait)
                     .await?;
                 self.factory
-                    .build(req, Some((policy, &reservation)), None)
-                    .await?
+                    .build(req, Some((policy, &reservation)), None, from)
+                    .await
             }
+        }
+    }
+
+    pub fn snapshots(&self) -> &Arc<Snapshots> {
+        self.factory.snapshots()
+    }
+
+    /// `POST /session/{id}/snapshot/` (the caller holds the session's lock).
+    pub async fn snapshot(
+        &self,
+        id: &str,
+        req: &SnapshotRequest,
+    ) -> Result<(Snapshot, Timings), SessionError> {
+        let info = self.thawed(id).await?;
+        self.flush(&info).await;
+        let (snapshot, timings) = self.snapshots().take(&info, req, Keep::Recorded).await?;
+        self.metrics.snapshots_taken.inc();
+        tracing::info!(
+            session_id = %id,
+            snapshot_id = %snapshot.id,
+            size_bytes = snapshot.size,
+            frozen_ms = timings.frozen.as_millis() as u64,
+            commit_ms = timings.commit.as_millis() as u64,
+            copy_ms = timings.copy.as_millis() as u64,
+            "snapshot taken"
+        );
+        Ok((snapshot, timings))
+    }
+
+    /// `POST /session/{id}/fork/` (the caller holds the source's lock): a snapshot without a
+    /// record, then `count` sessions from it side by side, each with the source's egress
+    /// policy (its own gateway) and limits. All or nothing.
+    pub async fn fork(
+        &self,
+        id: &str,
+        count: u32,
+        environment: Option<std::collections::BTreeMap<String, String>>,
+    ) -> Result<Vec<String>, SessionError> {
+        let cap = self.config().snapshots.fork_max;
+        if !(1..=cap).contains(&count) {
+            return Err(SessionError::ForkCount(cap));
+        }
+        let info = self.thawed(id).await?;
+        let policy = match Triad::of(&info) {
+            Some(triad) => Some(
+                self.egress()
+                    .ok_or(SessionError::EgressUnavailableHere)?
+                    .current_policy(&triad)
+                    .await?,
+            ),
+            None => None,
         };
-        tracing::info!(session_id = %id, image = %req.base_image, egress = policy.is_some(), "session created");
-        self.warm(&id);
-        Ok(id)
+        self.flush(&info).await;
+        let (snapshot, _) = self
+            .snapshots()
+            .take(&info, &SnapshotRequest::default(), Keep::ForForks)
+            .await?;
+        let req = StartSessionRequest {
+            base_image: snapshot.base_image.clone(),
+            snapshot_id: Some(snapshot.id.clone()),
+            environment: match environment {
+                Some(e) => Some(e),
+                None => Some(self.caller_env(&info).await?),
+            },
+            memory_bytes: info.memory_bytes,
+            cpus: info.nano_cpus.map(|n| n as f64 / 1e9),
+            egress: None,
+        };
+        let builds = (0..count).map(|_| self.build(&req, policy.as_ref(), Some(&snapshot)));
+        let results = futures::future::join_all(builds).await;
+        let (made, failed): (Vec<_>, Vec<_>) = results.into_iter().partition(Result::is_ok);
+        let made: Vec<String> = made.into_iter().filter_map(Result::ok).collect();
+        if let Some(Err(e)) = failed.into_iter().next() {
+            for fork in &made {
+                if let Err(e) = self.close(fork, true).await {
+                    tracing::warn!(session_id = %fork, error = %e, "fork: a made fork not removed");
+                }
+            }
+            self.snapshots().release(&snapshot.id).await;
+            return Err(e);
+        }
+        // Its payload goes once the forks are gone (the reaper's sweep).
+        self.snapshots().release(&snapshot.id).await;
+        self.metrics.forks.inc_by(u64::from(count));
+        for fork in &made {
+            self.warm(fork);
+        }
+        tracing::info!(session_id = %id, forks = ?made, "session forked");
+        Ok(made)
+    }
+
+    /// Under gVisor, file data a sandbox wrote may still sit in the sandbox kernel's cache, where
+    /// neither a commit nor an archive of the host's files sees it: `sync` writes it out before
+    /// the freeze. (runc's page cache is the host's: nothing to do.) Best effort: a sandbox
+    /// without `sync` is snapshotted as the host sees it.
+    async fn flush(&self, info: &ContainerInfo) {
+        if !info.is_running() || self.config().sessions.runtime.as_str() != "runsc" {
+            return;
+        }
+        let spec = RunSpec {
+            commands: vec!["sync".to_string()],
+            fail_fast: true,
+            timeout: Some(Duration::from_secs(30)),
+            output_cap: 4096,
+            run_output_cap: 4096,
+            workdir: layout::REPO.to_string(),
+            env: Vec::new(),
+        };
+        if let Err(e) = self.runtime.run(&info.id, &spec).await {
+            tracing::warn!(session_id = %info.id, error = %e, "snapshot: sync before the freeze failed");
+        }
+    }
+
+    /// What the caller asked for in the environment of the session `info`: its container's
+    /// variables without its image's, the sandbox's own and the egress settings.
+    async fn caller_env(
+        &self,
+        info: &ContainerInfo,
+    ) -> Result<std::collections::BTreeMap<String, String>, SessionError> {
+        let image_env = match &info.image_id {
+            Some(image) => self.engine().inspect_image(image).await?.env,
+            None => Vec::new(),
+        };
+        let in_image = |k: &str| {
+            image_env
+                .iter()
+                .any(|kv| kv.split_once('=').map(|p| p.0) == Some(k))
+        };
+        Ok(info
+            .env
+            .iter()
+            .filter_map(|kv| kv.split_once('='))
+            .filter(|(k, _)| {
+                !crate::sandbox::BASE_ENV_NAMES.contains(k) && !egress::sets_env(k) && !in_image(k)
+            })
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect())
+    }
+
+    /// `POST /session/{id}/pause/` (the caller holds the lock): the sandbox, then its gateway,
+    /// frozen with their memory and processes. A paused session answers 204 at once.
+    pub async fn pause(&self, id: &str) -> Result<(), SessionError> {
+        let info = self.find(id).await?;
+        if info.is_paused() {
+            return Ok(());
+        }
+        if !info.is_running() {
+            return Err(SessionError::NotRunning);
+        }
+        self.engine().pause(id).await?;
+        if let Some(triad) = Triad::of(&info)
+            && let Some(egress) = self.egress()
+            && let Err(e) = egress.pause_gateway(&triad).await
+        {
+            // Half-paused is worse than running: thaw the sandbox again.
+            let _ = self.engine().unpause(id).await;
+            return Err(e.into());
+        }
+        self.metrics.pauses.inc();
+        tracing::info!(session_id = %id, "session paused");
+        Ok(())
+    }
+
+    /// The session, thawed when paused (gateway first), else as it is (a stopped session
+    /// stays stopped: a snapshot reads it as it is).
+    async fn thawed(&self, id: &str) -> Result<ContainerInfo, SessionError> {
+        let info = self.find(id).await?;
+        if !info.is_paused() {
+            return Ok(info);
+        }
+        self.ensure_running(id).await?;
+        self.find(id).await
     }
 
     /// `PUT /session/{id}/egress/`: a new policy for a live session, without restarting anything.
@@ -175,9 +393,28 @@ impl Sessions {
     /// gateway is checked even when the sandbox runs: one killed behind the service's back is
     /// started again (its policy file, the latest one, is kept in its container), so the sandbox
     /// never stays cut off.
+    ///
+    /// A paused session is thawed: its gateway (by [`Egress::ensure_gateway`]), then itself.
     pub async fn ensure_running(&self, id: &str) -> Result<ContainerInfo, SessionError> {
         let info = self.find(id).await?;
         let triad = Triad::of(&info);
+        if info.is_paused() {
+            if let Some(triad) = &triad {
+                self.egress()
+                    .ok_or(SessionError::EgressUnavailableHere)?
+                    .ensure_gateway(triad)
+                    .await?;
+            }
+            match self.engine().unpause(id).await {
+                Ok(()) => {}
+                Err(EngineError::NotFound) => return Err(SessionError::NotFound),
+                // Thawed by another request meanwhile.
+                Err(EngineError::Conflict(_)) => {}
+                Err(e) => return Err(SessionError::RestartFailed(e)),
+            }
+            tracing::info!(session_id = %id, "session thawed");
+            return Ok(info);
+        }
         if info.is_running() && triad.is_none() {
             return Ok(info);
         }
@@ -215,6 +452,13 @@ impl Sessions {
         let info = self.find(id).await?;
         let triad = Triad::of(&info);
         self.runtime.forget(id);
+        // A frozen process cannot take SIGTERM: a paused session is thawed to stop gracefully.
+        if !force && info.is_paused() {
+            if let (Some(triad), Some(egress)) = (&triad, self.egress()) {
+                let _ = egress.ensure_gateway(triad).await;
+            }
+            let _ = self.engine().unpause(id).await;
+        }
         let result = if force {
             self.engine().remove(id).await
         } else {
@@ -225,6 +469,9 @@ impl Sessions {
         match result {
             Ok(()) | Err(EngineError::NotFound) => {}
             Err(e) => return Err(e.into()),
+        }
+        if force && let Some(token) = info.labels.get(WORKSPACE_LABEL) {
+            self.snapshots().remove_workspace(token).await;
         }
         // Removal needs only the engine, so it happens even where egress is not configured.
         match (triad, self.egress()) {

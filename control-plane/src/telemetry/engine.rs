@@ -12,8 +12,8 @@ use futures::stream::BoxStream;
 
 use super::metrics::{EngineErrorLabels, Metrics, OpLabels, observe_duration};
 use crate::engine::{
-    ContainerEngine, ContainerInfo, ContainerSpec, EngineError, ExecSpec, ExecStream, NetworkInfo,
-    NetworkSpec,
+    CommitSpec, ContainerEngine, ContainerInfo, ContainerSpec, EngineError, ExecSpec, ExecStream,
+    ImageInfo, NetworkInfo, NetworkSpec, VolumeInfo, VolumeSpec,
 };
 
 pub struct MeteredEngine {
@@ -176,5 +176,35 @@ impl ContainerEngine for MeteredEngine {
         labels: &[(&str, &str)],
     ) -> Result<Vec<NetworkInfo>, EngineError> {
         metered!(self, "list_networks", self.inner.list_networks(labels))
+    }
+    async fn pause(&self, id: &str) -> Result<(), EngineError> {
+        metered!(self, "pause", self.inner.pause(id))
+    }
+    async fn unpause(&self, id: &str) -> Result<(), EngineError> {
+        metered!(self, "unpause", self.inner.unpause(id))
+    }
+    async fn commit(&self, id: &str, spec: &CommitSpec) -> Result<String, EngineError> {
+        metered!(self, "commit", self.inner.commit(id, spec))
+    }
+    async fn inspect_image(&self, reference: &str) -> Result<ImageInfo, EngineError> {
+        metered!(self, "inspect_image", self.inner.inspect_image(reference))
+    }
+    async fn list_images(&self, labels: &[(&str, &str)]) -> Result<Vec<ImageInfo>, EngineError> {
+        metered!(self, "list_images", self.inner.list_images(labels))
+    }
+    async fn remove_image(&self, reference: &str) -> Result<(), EngineError> {
+        metered!(self, "remove_image", self.inner.remove_image(reference))
+    }
+    async fn create_volume(&self, spec: &VolumeSpec) -> Result<VolumeInfo, EngineError> {
+        metered!(self, "create_volume", self.inner.create_volume(spec))
+    }
+    async fn inspect_volume(&self, name: &str) -> Result<VolumeInfo, EngineError> {
+        metered!(self, "inspect_volume", self.inner.inspect_volume(name))
+    }
+    async fn list_volumes(&self, labels: &[(&str, &str)]) -> Result<Vec<VolumeInfo>, EngineError> {
+        metered!(self, "list_volumes", self.inner.list_volumes(labels))
+    }
+    async fn remove_volume(&self, name: &str) -> Result<(), EngineError> {
+        metered!(self, "remove_volume", self.inner.remove_volume(name))
     }
 }

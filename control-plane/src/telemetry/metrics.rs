@@ -178,6 +178,13 @@ pub struct Metrics {
     pub admission_waiting: Family<ClassLabels, Gauge>,
     /// Requests answered 429 by admission, by class and reason (`queue_full`, `timeout`).
     pub admission_refused: Family<RefusedLabels, Counter>,
+    pub snapshots_taken: Counter,
+    /// Sessions made by forks.
+    pub forks: Counter,
+    pub pauses: Counter,
+    /// Snapshots of this deployment and the bytes they hold, as the reaper last counted them.
+    pub snapshots_held: Gauge,
+    pub snapshot_bytes: Gauge,
 }
 
 impl Default for Metrics {
@@ -211,6 +218,11 @@ impl Default for Metrics {
             admission_in_flight: Family::default(),
             admission_waiting: Family::default(),
             admission_refused: Family::default(),
+            snapshots_taken: Counter::default(),
+            forks: Counter::default(),
+            pauses: Counter::default(),
+            snapshots_held: Gauge::default(),
+            snapshot_bytes: Gauge::default(),
         };
         // Names go in without the prefix, and counters without `_total`: the encoder adds both.
         // It also ends each help text with a period.
@@ -304,6 +316,23 @@ impl Default for Metrics {
             "processes_live",
             "Running background processes over all sessions, as last listed (list route, reaper)",
             m.processes_live.clone(),
+        );
+        r.register(
+            "snapshots_taken",
+            "Snapshots taken through the API",
+            m.snapshots_taken.clone(),
+        );
+        r.register("forks", "Sessions made by forks", m.forks.clone());
+        r.register("pauses", "Sessions paused", m.pauses.clone());
+        r.register(
+            "snapshots_held",
+            "Snapshots of this deployment, as the reaper last counted them",
+            m.snapshots_held.clone(),
+        );
+        r.register(
+            "snapshot_bytes",
+            "Bytes held by this deployment's snapshots, as the reaper last counted them",
+            m.snapshot_bytes.clone(),
         );
         r.register(
             "pool_size",
@@ -605,6 +634,11 @@ mod tests {
                 "processes_started_total counter",
                 "processes_killed_total counter",
                 "processes_live gauge",
+                "snapshots_taken_total counter",
+                "forks_total counter",
+                "pauses_total counter",
+                "snapshots_held gauge",
+                "snapshot_bytes gauge",
                 "pool_size gauge",
                 "pool_claims_total counter",
                 "pool_misses_total counter",

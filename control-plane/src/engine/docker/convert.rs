@@ -187,15 +187,23 @@ pub(super) fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
             typ: Some("json-file".to_string()),
             config: Some(spec.log_options.iter().cloned().collect()),
         }),
-        mounts: (!spec.volumes.is_empty()).then(|| {
-            spec.volumes
-                .iter()
-                .map(|target| Mount {
-                    target: Some(target.clone()),
-                    typ: Some(MountType::VOLUME),
+        mounts: (!spec.volumes.is_empty() || !spec.named_volumes.is_empty()).then(|| {
+            let anonymous = spec.volumes.iter().map(|target| Mount {
+                target: Some(target.clone()),
+                typ: Some(MountType::VOLUME),
+                ..Default::default()
+            });
+            let named = spec.named_volumes.iter().map(|(name, target)| Mount {
+                target: Some(target.clone()),
+                source: Some(name.clone()),
+                typ: Some(MountType::VOLUME),
+                volume_options: Some(bollard::models::MountVolumeOptions {
+                    no_copy: Some(true),
                     ..Default::default()
-                })
-                .collect()
+                }),
+                ..Default::default()
+            });
+            anonymous.chain(named).collect()
         }),
         ..Default::default()
     };
@@ -219,6 +227,8 @@ pub(super) fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
 pub(super) fn info_from_inspect(id: &str, c: ContainerInspectResponse) -> ContainerInfo {
     let state = c.state.unwrap_or_default();
     let host = c.host_config.unwrap_or_default();
+    let config = c.config.unwrap_or_default();
+    let env = config.env.clone().unwrap_or_default();
     ContainerInfo {
         id: c.id.unwrap_or_else(|| id.to_string()),
         name: c
@@ -229,12 +239,13 @@ pub(super) fn info_from_inspect(id: &str, c: ContainerInspectResponse) -> Contai
         image_id: c.image,
         status: status_of(state.status),
         created: c.created.as_deref().and_then(unix_seconds),
-        labels: c.config.and_then(|c| c.labels).unwrap_or_default(),
+        labels: config.labels.unwrap_or_default(),
         finished_at: state
             .finished_at
             .filter(|t| !t.is_empty() && !t.starts_with("0001-")),
         memory_bytes: host.memory.filter(|m| *m > 0),
         nano_cpus: host.nano_cpus.filter(|n| *n > 0),
+        env,
     }
 }
 
@@ -263,6 +274,7 @@ pub(super) fn info_from_summary(c: ContainerSummary) -> Option<ContainerInfo> {
         finished_at: None,
         memory_bytes: None,
         nano_cpus: None,
+        env: Vec::new(),
     })
 }
 

@@ -23,8 +23,8 @@ use futures::{StreamExt, TryStreamExt};
 
 use super::credentials::{CredentialStore, Registry};
 use super::{
-    AttachedExec, ContainerEngine, ContainerInfo, ContainerSpec, EngineError, ExecSpec, ExecStream,
-    NetworkInfo, NetworkSpec, PullFailure,
+    AttachedExec, CommitSpec, ContainerEngine, ContainerInfo, ContainerSpec, EngineError, ExecSpec,
+    ExecStream, ImageInfo, NetworkInfo, NetworkSpec, PullFailure, VolumeInfo, VolumeSpec,
 };
 
 mod convert;
@@ -577,6 +577,161 @@ impl ContainerEngine for DockerEngine {
                 })
             })
             .collect())
+    }
+
+    async fn pause(&self, id: &str) -> Result<(), EngineError> {
+        self.docker.pause_container(id).await.map_err(map_err)
+    }
+
+    async fn unpause(&self, id: &str) -> Result<(), EngineError> {
+        self.docker.unpause_container(id).await.map_err(map_err)
+    }
+
+    async fn commit(&self, id: &str, spec: &CommitSpec) -> Result<String, EngineError> {
+        let (repo, tag) = spec
+            .reference
+            .rsplit_once(':')
+            .unwrap_or((spec.reference.as_str(), "latest"));
+        let config = bollard::models::ContainerConfig {
+            env: Some(env_list(&spec.env)),
+            labels: Some(spec.labels.clone()),
+            entrypoint: Some(spec.entrypoint.clone()),
+            cmd: Some(spec.cmd.clone()),
+            user: Some(spec.user.clone()),
+            ..Default::default()
+        };
+        let made = self
+            .docker
+            .commit_container(
+                bollard::query_parameters::CommitContainerOptions {
+                    container: Some(id.to_string()),
+                    repo: Some(repo.to_string()),
+                    tag: Some(tag.to_string()),
+                    pause: false,
+                    ..Default::default()
+                },
+                config,
+            )
+            .await
+            .map_err(map_err)?;
+        Ok(made.id)
+    }
+
+    async fn inspect_image(&self, reference: &str) -> Result<ImageInfo, EngineError> {
+        let i = self
+            .docker
+            .inspect_image(reference)
+            .await
+            .map_err(map_err)?;
+        let config = i.config.unwrap_or_default();
+        Ok(ImageInfo {
+            id: i.id.unwrap_or_default(),
+            tags: i.repo_tags.unwrap_or_default(),
+            labels: config.labels.unwrap_or_default(),
+            size: i.size.unwrap_or_default(),
+            created: i.created.as_deref().and_then(unix_seconds),
+            env: config.env.unwrap_or_default(),
+            parent: None,
+        })
+    }
+
+    async fn list_images(&self, labels: &[(&str, &str)]) -> Result<Vec<ImageInfo>, EngineError> {
+        let found = self
+            .docker
+            .list_images(Some(bollard::query_parameters::ListImagesOptions {
+                all: false,
+                filters: Some(managed_filter(labels)),
+                ..Default::default()
+            }))
+            .await
+            .map_err(map_err)?;
+        Ok(found
+            .into_iter()
+            .map(|i| ImageInfo {
+                id: i.id,
+                tags: i
+                    .repo_tags
+                    .into_iter()
+                    .filter(|t| t != "<none>:<none>")
+                    .collect(),
+                labels: i.labels,
+                size: i.size,
+                created: Some(i.created),
+                env: Vec::new(),
+                parent: (!i.parent_id.is_empty()).then_some(i.parent_id),
+            })
+            .collect())
+    }
+
+    async fn remove_image(&self, reference: &str) -> Result<(), EngineError> {
+        self.docker
+            .remove_image(
+                reference,
+                Some(bollard::query_parameters::RemoveImageOptions {
+                    force: false,
+                    noprune: false,
+                    ..Default::default()
+                }),
+                None,
+            )
+            .await
+            .map(drop)
+            .map_err(map_err)
+    }
+
+    async fn create_volume(&self, spec: &VolumeSpec) -> Result<VolumeInfo, EngineError> {
+        let v = self
+            .docker
+            .create_volume(bollard::models::VolumeCreateRequest {
+                name: Some(spec.name.clone()),
+                driver: Some("local".to_string()),
+                driver_opts: (!spec.driver_opts.is_empty()).then(|| spec.driver_opts.clone()),
+                labels: Some(spec.labels.clone()),
+                ..Default::default()
+            })
+            .await
+            .map_err(map_err)?;
+        Ok(volume_info(v))
+    }
+
+    async fn inspect_volume(&self, name: &str) -> Result<VolumeInfo, EngineError> {
+        let v = self.docker.inspect_volume(name).await.map_err(map_err)?;
+        Ok(volume_info(v))
+    }
+
+    async fn list_volumes(&self, labels: &[(&str, &str)]) -> Result<Vec<VolumeInfo>, EngineError> {
+        let found = self
+            .docker
+            .list_volumes(Some(bollard::query_parameters::ListVolumesOptions {
+                filters: Some(managed_filter(labels)),
+            }))
+            .await
+            .map_err(map_err)?;
+        Ok(found
+            .volumes
+            .unwrap_or_default()
+            .into_iter()
+            .map(volume_info)
+            .collect())
+    }
+
+    async fn remove_volume(&self, name: &str) -> Result<(), EngineError> {
+        self.docker
+            .remove_volume(
+                name,
+                Some(bollard::query_parameters::RemoveVolumeOptions { force: false }),
+            )
+            .await
+            .map_err(map_err)
+    }
+}
+
+fn volume_info(v: bollard::models::Volume) -> VolumeInfo {
+    VolumeInfo {
+        name: v.name,
+        mountpoint: v.mountpoint,
+        labels: v.labels,
+        created: v.created_at.as_deref().and_then(unix_seconds),
     }
 }
 

@@ -9,8 +9,8 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 
 use crate::engine::{
-    AttachedExec, ContainerEngine, ContainerInfo, ContainerSpec, ContainerStatus, EngineError,
-    ExecSpec, ExecStream, NetworkInfo, NetworkSpec,
+    AttachedExec, CommitSpec, ContainerEngine, ContainerInfo, ContainerSpec, ContainerStatus,
+    EngineError, ExecSpec, ExecStream, ImageInfo, NetworkInfo, NetworkSpec, VolumeInfo, VolumeSpec,
 };
 
 use super::{FakeEngine, State};
@@ -82,6 +82,7 @@ impl ContainerEngine for FakeEngine {
                 finished_at: s.times.get(id).and_then(|t| t.1.clone()),
                 memory_bytes: spec.memory_bytes,
                 nano_cpus: spec.nano_cpus,
+                env: spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect(),
             }),
             None => Err(EngineError::NotFound),
         })
@@ -371,6 +372,7 @@ impl ContainerEngine for FakeEngine {
                     finished_at: None,
                     memory_bytes: spec.memory_bytes,
                     nano_cpus: spec.nano_cpus,
+                    env: Vec::new(),
                 })
                 .collect()
         }))
@@ -442,6 +444,84 @@ impl ContainerEngine for FakeEngine {
                 })
                 .collect()
         }))
+    }
+
+    async fn pause(&self, id: &str) -> Result<(), EngineError> {
+        self.check_up(format!("pause {id}")).await?;
+        self.set_status(id, ContainerStatus::Running, ContainerStatus::Paused)
+    }
+
+    async fn unpause(&self, id: &str) -> Result<(), EngineError> {
+        self.check_up(format!("unpause {id}")).await?;
+        self.set_status(id, ContainerStatus::Paused, ContainerStatus::Running)
+    }
+
+    // The fake keeps no images or volumes: snapshots are exercised on real Docker only.
+    async fn commit(&self, id: &str, _spec: &CommitSpec) -> Result<String, EngineError> {
+        self.check_up(format!("commit {id}")).await?;
+        Err(EngineError::Rejected(
+            "the fake engine makes no images".into(),
+        ))
+    }
+
+    async fn inspect_image(&self, reference: &str) -> Result<ImageInfo, EngineError> {
+        self.check_up(format!("inspect_image {reference}")).await?;
+        Err(EngineError::NotFound)
+    }
+
+    async fn list_images(&self, _labels: &[(&str, &str)]) -> Result<Vec<ImageInfo>, EngineError> {
+        self.check_up("list_images".into()).await?;
+        Ok(Vec::new())
+    }
+
+    async fn remove_image(&self, reference: &str) -> Result<(), EngineError> {
+        self.check_up(format!("remove_image {reference}")).await?;
+        Err(EngineError::NotFound)
+    }
+
+    async fn create_volume(&self, spec: &VolumeSpec) -> Result<VolumeInfo, EngineError> {
+        self.check_up(format!("create_volume {}", spec.name))
+            .await?;
+        Err(EngineError::Rejected(
+            "the fake engine makes no volumes".into(),
+        ))
+    }
+
+    async fn inspect_volume(&self, name: &str) -> Result<VolumeInfo, EngineError> {
+        self.check_up(format!("inspect_volume {name}")).await?;
+        Err(EngineError::NotFound)
+    }
+
+    async fn list_volumes(&self, _labels: &[(&str, &str)]) -> Result<Vec<VolumeInfo>, EngineError> {
+        self.check_up("list_volumes".into()).await?;
+        Ok(Vec::new())
+    }
+
+    async fn remove_volume(&self, name: &str) -> Result<(), EngineError> {
+        self.check_up(format!("remove_volume {name}")).await?;
+        Err(EngineError::NotFound)
+    }
+}
+
+impl FakeEngine {
+    /// Moves a container from status `from` to `to`, as Docker's pause and unpause do (a
+    /// container in any other state is a conflict).
+    fn set_status(
+        &self,
+        id: &str,
+        from: ContainerStatus,
+        to: ContainerStatus,
+    ) -> Result<(), EngineError> {
+        self.with(|s| match s.containers.get_mut(id) {
+            Some((_, st)) if *st == from => {
+                *st = to;
+                Ok(())
+            }
+            Some(_) => Err(EngineError::Conflict(format!(
+                "container {id} is not {from:?}"
+            ))),
+            None => Err(EngineError::NotFound),
+        })
     }
 }
 

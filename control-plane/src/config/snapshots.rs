@@ -1,0 +1,47 @@
+//! Snapshots and forks: how long snapshots are kept, how many and how large they may be in all,
+//! and how many forks one request may make.
+
+use std::time::Duration;
+
+use super::parse::Parser;
+
+/// Largest `FORK_MAX_COUNT` the settings accept.
+const MAX_FORKS: u32 = 64;
+
+#[derive(Debug, Clone)]
+pub struct SnapshotConfig {
+    /// Lifetime of a snapshot whose request gives no `ttl_seconds` (`SNAPSHOT_TTL_SECONDS`;
+    /// 0 = kept until deleted or evicted by the caps).
+    pub default_ttl: Option<Duration>,
+    /// Most snapshots of this deployment kept; the oldest beyond it are removed
+    /// (`SNAPSHOT_MAX_COUNT`).
+    pub max_count: u32,
+    /// Most bytes all snapshots of this deployment may hold; the oldest beyond it are removed
+    /// (`SNAPSHOT_MAX_BYTES`).
+    pub max_bytes: u64,
+    /// Most forks one request may ask for (`FORK_MAX_COUNT`).
+    pub fork_max: u32,
+}
+
+impl SnapshotConfig {
+    pub(super) fn load(p: &mut Parser<'_>) -> Self {
+        let default_ttl =
+            Some(p.seconds_or("SNAPSHOT_TTL_SECONDS", 7 * 24 * 3600)).filter(|d| !d.is_zero());
+        let max_count = p.parse_or::<u32>("SNAPSHOT_MAX_COUNT", 100);
+        let max_bytes = p.parse_or::<u64>("SNAPSHOT_MAX_BYTES", 50 * 1024 * 1024 * 1024);
+        let fork_max = p.parse_or::<u32>("FORK_MAX_COUNT", 16);
+        if !(1..=MAX_FORKS).contains(&fork_max) {
+            p.fail(
+                "FORK_MAX_COUNT",
+                &fork_max.to_string(),
+                format!("must be between 1 and {MAX_FORKS}"),
+            );
+        }
+        Self {
+            default_ttl,
+            max_count,
+            max_bytes,
+            fork_max: fork_max.clamp(1, MAX_FORKS),
+        }
+    }
+}

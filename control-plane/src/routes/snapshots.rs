@@ -1,0 +1,161 @@
+//! Snapshots, forks and pause: `/session/{id}/snapshot/`, `/session/{id}/fork/`,
+//! `/session/{id}/pause/` and `/snapshots/...`.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+
+use crate::api::{
+    ForkRequest, ForkResponse, SnapshotCreated, SnapshotInfo, SnapshotList, SnapshotRequest,
+};
+use crate::error::{ApiError, ApiJson, ErrorBody};
+use crate::sessions::Sessions;
+use crate::snapshots::Snapshot;
+
+/// Snapshot a session: its whole filesystem (container changes and workspace) at one instant.
+/// The session is frozen only while its container is committed and its workspace copied;
+/// running processes are not kept. Egress secrets and policy are never part of a snapshot.
+#[utoipa::path(post, path = "/session/{session_id}/snapshot/", tag = "snapshots",
+    request_body = SnapshotRequest, security(("api_key" = [])),
+    params(("session_id" = String, Path, description = "The session id")),
+    responses((status = 201, body = SnapshotCreated), (status = 403, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody),
+        (status = 422, body = ErrorBody), (status = 503, body = ErrorBody)))]
+pub async fn take(
+    State(sessions): State<Arc<Sessions>>,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<(StatusCode, Json<SnapshotCreated>), ApiError> {
+    // The body is optional: none (or blank) asks for the defaults.
+    let req: SnapshotRequest = if body.iter().all(u8::is_ascii_whitespace) {
+        SnapshotRequest::default()
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| ApiError::Unprocessable(format!("invalid body: {e}")))?
+    };
+    let req = sessions
+        .snapshots()
+        .validate(req.name.as_deref(), req.ttl_seconds)
+        .map_err(ApiError::from)?;
+    let _held = sessions.lock(&id).await?;
+    let (s, _) = sessions.snapshot(&id, &req).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(SnapshotCreated {
+            snapshot_id: s.id.clone(),
+            name: s.name.clone(),
+            created_at: rfc3339(s.created),
+            size_bytes: s.size,
+        }),
+    ))
+}
+
+/// This deployment's snapshots, newest first.
+#[utoipa::path(get, path = "/snapshots/", tag = "snapshots", security(("api_key" = [])),
+    responses((status = 200, body = SnapshotList), (status = 403, body = ErrorBody),
+        (status = 503, body = ErrorBody)))]
+pub async fn list(State(sessions): State<Arc<Sessions>>) -> Result<Json<SnapshotList>, ApiError> {
+    let all = sessions.snapshots().list().await?;
+    Ok(Json(SnapshotList {
+        snapshots: all.iter().map(info).collect(),
+    }))
+}
+
+#[utoipa::path(get, path = "/snapshots/{snapshot_id}/", tag = "snapshots",
+    security(("api_key" = [])),
+    params(("snapshot_id" = String, Path, description = "The snapshot id")),
+    responses((status = 200, body = SnapshotInfo), (status = 403, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)))]
+pub async fn get(
+    State(sessions): State<Arc<Sessions>>,
+    Path(id): Path<String>,
+) -> Result<Json<SnapshotInfo>, ApiError> {
+    Ok(Json(info(&sessions.snapshots().get(&id).await?)))
+}
+
+/// Delete a snapshot. Sessions made from it keep working; its image and data go once none
+/// uses them.
+#[utoipa::path(delete, path = "/snapshots/{snapshot_id}/", tag = "snapshots",
+    security(("api_key" = [])),
+    params(("snapshot_id" = String, Path, description = "The snapshot id")),
+    responses((status = 204), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 503, body = ErrorBody)))]
+pub async fn delete(
+    State(sessions): State<Arc<Sessions>>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    sessions.snapshots().delete(&id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Fork a running session into `count` new sessions, each with a copy of its filesystem at this
+/// instant and, for egress, its own gateway with the source's policy. The source keeps running
+/// with its processes. All or nothing.
+#[utoipa::path(post, path = "/session/{session_id}/fork/", tag = "snapshots",
+    request_body = ForkRequest, security(("api_key" = [])),
+    params(("session_id" = String, Path, description = "The session id")),
+    responses((status = 201, body = ForkResponse), (status = 403, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody),
+        (status = 422, body = ErrorBody), (status = 503, body = ErrorBody)))]
+pub async fn fork(
+    State(sessions): State<Arc<Sessions>>,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<ForkRequest>,
+) -> Result<(StatusCode, Json<ForkResponse>), ApiError> {
+    let cap = sessions.config().snapshots.fork_max;
+    if !(1..=cap).contains(&req.count) {
+        return Err(crate::sessions::SessionError::ForkCount(cap).into());
+    }
+    let _held = sessions.lock(&id).await?;
+    let session_ids = sessions.fork(&id, req.count, req.environment).await?;
+    for fork in &session_ids {
+        sessions.activity().touch(fork).await;
+    }
+    sessions
+        .metrics()
+        .sessions_created
+        .inc_by(session_ids.len() as u64);
+    Ok((StatusCode::CREATED, Json(ForkResponse { session_ids })))
+}
+
+/// Freeze a session (and its gateway), keeping its memory and background processes. Any
+/// request to it thaws it first.
+#[utoipa::path(post, path = "/session/{session_id}/pause/", tag = "snapshots",
+    security(("api_key" = [])),
+    params(("session_id" = String, Path, description = "The session id")),
+    responses((status = 204), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, body = ErrorBody, description = "The session is stopped"),
+        (status = 503, body = ErrorBody)))]
+pub async fn pause(
+    State(sessions): State<Arc<Sessions>>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    let _held = sessions.lock(&id).await?;
+    sessions.pause(&id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+fn info(s: &Snapshot) -> SnapshotInfo {
+    SnapshotInfo {
+        snapshot_id: s.id.clone(),
+        name: s.name.clone(),
+        source_session_id: s.source.clone(),
+        base_image: s.base_image.clone(),
+        image: s.image(),
+        created_at: rfc3339(s.created),
+        expires_at: s.expires.map(rfc3339),
+        size_bytes: s.size,
+    }
+}
+
+fn rfc3339(unix: i64) -> String {
+    time::OffsetDateTime::from_unix_timestamp(unix)
+        .ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_default()
+}

@@ -433,3 +433,27 @@ async fn network(w: &World, name: &str, token: &str, created: u64) -> TestResult
     w.engine.set_network_created(name, created as i64);
     Ok(())
 }
+
+/// A paused session is kept like a stopped one for the grace period, counted from its last
+/// request (the pause), whatever its old stop time says; it never counts against the stopped cap.
+#[tokio::test]
+async fn paused_sessions_go_after_the_grace_period_since_their_last_request() -> TestResult {
+    let w = World::new(&[("MAX_STOPPED_SESSIONS", "0")]);
+    let old = w.running(10).await?;
+    let recent = w.running(10).await?;
+    for id in [&old, &recent] {
+        w.engine.pause(id).await?;
+        // An earlier stop, long ago, must not count as the pause's time.
+        w.engine.set_times(id, Some(10), Some(&rfc3339(20)));
+    }
+    w.activity.record(&old, at(NOW - 101));
+    w.activity.record(&recent, at(NOW - 50));
+    let sweep = w.reaper.sweep(at(NOW)).await?;
+    assert_eq!(sweep.expired, vec![old.clone()]);
+    assert!(
+        sweep.over_cap.is_empty() && sweep.idle.is_empty(),
+        "{sweep:?}"
+    );
+    assert!(!w.exists(&old) && w.exists(&recent));
+    Ok(())
+}

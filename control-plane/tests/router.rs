@@ -1420,3 +1420,82 @@ async fn the_upstream_proxy_setting_reaches_the_gateway_only() {
     let sandbox = h.engine.spec(&id).expect("sandbox");
     assert!(sandbox.env.iter().all(|(_, v)| !v.contains("pw@")));
 }
+
+#[tokio::test]
+async fn pause_freezes_and_any_request_thaws_a_stopped_session_is_409() {
+    let h = Harness::default();
+    let id = h.session().await;
+    let (s, _) = h.api("POST", &format!("/session/{id}/pause/"), None).await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    assert_eq!(h.engine.status(&id), Some(ContainerStatus::Paused));
+    // Pausing a paused session changes nothing.
+    let (s, _) = h.api("POST", &format!("/session/{id}/pause/"), None).await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    // Status answers 204 and thaws, as it restarts a stopped session.
+    let (s, _) = h.api("GET", &format!("/session/{id}/"), None).await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    assert_eq!(h.engine.status(&id), Some(ContainerStatus::Running));
+    // A command thaws it too.
+    let (s, _) = h.api("POST", &format!("/session/{id}/pause/"), None).await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    let (s, b) = h
+        .api(
+            "POST",
+            &format!("/session/{id}/"),
+            Some(json!({"commands": ["true"]})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    assert_eq!(h.engine.status(&id), Some(ContainerStatus::Running));
+    // A stopped session has nothing to freeze.
+    let (s, _) = h.api("DELETE", &format!("/session/{id}/"), None).await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    let (s, b) = h.api("POST", &format!("/session/{id}/pause/"), None).await;
+    assert_eq!(s, StatusCode::CONFLICT, "{b}");
+    assert_eq!(h.engine.status(&id), Some(ContainerStatus::Exited));
+}
+
+#[tokio::test]
+async fn snapshot_and_fork_requests_are_checked_before_anything_is_frozen() {
+    let h = Harness::default();
+    let id = h.session().await;
+    for (path, body) in [
+        ("snapshot", json!({"name": ""})),
+        ("snapshot", json!({"ttl_seconds": 0})),
+        ("snapshot", json!({"name": 5})),
+        ("fork", json!({"count": 0})),
+        ("fork", json!({"count": 17})),
+        ("fork", json!({})),
+    ] {
+        let (s, b) = h
+            .api(
+                "POST",
+                &format!("/session/{id}/{path}/"),
+                Some(body.clone()),
+            )
+            .await;
+        assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{path} {body}: {b}");
+        assert_eq!(h.engine.status(&id), Some(ContainerStatus::Running));
+    }
+    // Snapshot ids that cannot exist, and a create from one, are 404.
+    for path in [
+        "/snapshots/nope/",
+        &format!("/snapshots/{}/", "0".repeat(32)),
+    ] {
+        let (s, _) = h.api("GET", path, None).await;
+        assert_eq!(s, StatusCode::NOT_FOUND, "{path}");
+        let (s, _) = h.api("DELETE", path, None).await;
+        assert_eq!(s, StatusCode::NOT_FOUND, "{path}");
+    }
+    let (s, b) = h
+        .api(
+            "POST",
+            "/session/",
+            Some(json!({"snapshot_id": "0".repeat(32)})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "{b}");
+    // Neither an image nor a snapshot: refused.
+    let (s, _) = h.api("POST", "/session/", Some(json!({}))).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY);
+}

@@ -8,6 +8,9 @@ pub struct PoolConfig {
     pub isolated: Vec<(String, u32)>,
     /// Warm pool of egress sessions (whole triads), likewise (`WARM_POOL_EGRESS`).
     pub egress: Vec<(String, u32)>,
+    /// Warm pool of isolated sessions from a snapshot: (snapshot id, members)
+    /// (`WARM_POOL_SNAPSHOTS`, `SNAPSHOT_ID=COUNT,...`).
+    pub snapshots: Vec<(String, u32)>,
     /// Remove this deployment's unclaimed pool members on a clean shutdown (default: kept for
     /// the next start).
     pub remove_on_shutdown: bool,
@@ -24,14 +27,32 @@ impl PoolConfig {
         };
         let isolated = targets(p, "WARM_POOL");
         let egress = targets(p, "WARM_POOL_EGRESS");
+        let snapshots = targets(p, "WARM_POOL_SNAPSHOTS");
+        if let Some((bad, _)) = snapshots.iter().find(|(id, _)| !is_snapshot_id(id)) {
+            let bad = bad.clone();
+            p.fail(
+                "WARM_POOL_SNAPSHOTS",
+                &bad,
+                "expected SNAPSHOT_ID=COUNT with snapshot ids (32 hex digits)",
+            );
+        }
         let remove_on_shutdown = p.bool_or("WARM_POOL_REMOVE_ON_SHUTDOWN", false);
 
         Self {
             isolated,
             egress,
+            snapshots,
             remove_on_shutdown,
         }
     }
+}
+
+/// A snapshot id as the API hands them out (the `snapshots` module's rule; config sits below it).
+fn is_snapshot_id(id: &str) -> bool {
+    id.len() == 32
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 /// Largest member count per image.

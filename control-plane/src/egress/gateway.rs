@@ -24,6 +24,8 @@ use crate::engine::{
 const GATEWAY_READY_LINE: &str = sidecar::READY_LINE;
 const GATEWAY_READY_TIMEOUT: Duration = Duration::from_secs(20);
 const GATEWAY_PIDS_LIMIT: i64 = 256;
+/// Largest policy file read back from a gateway.
+const POLICY_MAX: usize = 16 * 1024 * 1024;
 
 impl Egress {
     pub(super) async fn wait_ready(&self, gateway: &str) -> Result<(), EgressError> {
@@ -87,40 +89,11 @@ impl Egress {
     /// The policy (with its secrets) the triad's gateway enforces now, read from its config
     /// directory: a fork's gateways get the same. Never logged.
     pub async fn current_policy(&self, triad: &Triad) -> Result<PolicyFile, EgressError> {
-        use futures::TryStreamExt;
         let path = sidecar::config_path(sidecar::POLICY_FILE);
-        let unreadable = EgressError::gateway("egress gateway's policy unreadable");
-        let stream = self
-            .engine
-            .get_archive(&triad.gateway, &path)
+        let json = crate::engine::read_file(&*self.engine, &triad.gateway, &path, POLICY_MAX)
             .await
-            .map_err(unreadable)?;
-        let tar: Vec<u8> = stream
-            .try_fold(Vec::new(), |mut acc, chunk| async move {
-                acc.extend_from_slice(&chunk);
-                Ok(acc)
-            })
-            .await
-            .map_err(EgressError::gateway("egress gateway's policy unreadable"))?;
-        let mut archive = tar::Archive::new(&tar[..]);
-        let mut json = Vec::new();
-        let entries = archive.entries().map_err(|e| {
-            let _ = e;
-            EgressError::PolicyUnreadable("not an archive")
-        })?;
-        for entry in entries {
-            let mut entry = entry.map_err(|e| {
-                let _ = e;
-                EgressError::PolicyUnreadable("not an archive")
-            })?;
-            if entry.header().entry_type().is_file() {
-                std::io::Read::read_to_end(&mut entry, &mut json).map_err(|e| {
-                    let _ = e;
-                    EgressError::PolicyUnreadable("not an archive")
-                })?;
-                break;
-            }
-        }
+            .map_err(EgressError::gateway("egress gateway's policy unreadable"))?
+            .ok_or(EgressError::PolicyUnreadable("no policy file"))?;
         serde_json::from_slice(&json)
             .map_err(|_| EgressError::PolicyUnreadable("not a policy file"))
     }

@@ -132,6 +132,53 @@ impl EngineError {
     }
 }
 
+/// The content of the regular file `path` in container `id`, read through an archive (the
+/// container may be stopped or paused); `None` when there is no such file. At most `max` bytes
+/// are read: a longer file is an error.
+pub async fn read_file(
+    engine: &dyn ContainerEngine,
+    id: &str,
+    path: &str,
+    max: usize,
+) -> Result<Option<Vec<u8>>, EngineError> {
+    use futures::TryStreamExt;
+    let stream = match engine.get_archive(id, path).await {
+        Ok(s) => s,
+        Err(EngineError::NotFound) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    // The tar framing adds headers and padding around the content.
+    let limit = max.saturating_add(64 * 1024);
+    let tar: Vec<u8> = stream
+        .try_fold(Vec::new(), |mut acc, chunk| async move {
+            if acc.len() + chunk.len() > limit {
+                return Err(EngineError::Rejected(format!("{path} is too large")));
+            }
+            acc.extend_from_slice(&chunk);
+            Ok(acc)
+        })
+        .await?;
+    let bad = |e: std::io::Error| EngineError::Unavailable(format!("archive of {path}: {e}"));
+    let mut archive = tar::Archive::new(&tar[..]);
+    for entry in archive.entries().map_err(bad)? {
+        let mut entry = entry.map_err(bad)?;
+        if !entry.header().entry_type().is_file() {
+            continue;
+        }
+        let mut data = Vec::new();
+        std::io::Read::read_to_end(
+            &mut std::io::Read::take(&mut entry, max as u64 + 1),
+            &mut data,
+        )
+        .map_err(bad)?;
+        if data.len() > max {
+            return Err(EngineError::Rejected(format!("{path} is too large")));
+        }
+        return Ok(Some(data));
+    }
+    Ok(None)
+}
+
 /// Network attachment of a new container.
 #[derive(Debug, Clone, PartialEq)]
 pub enum NetworkAttach {

@@ -2,7 +2,9 @@
 //! `POST /session/` in a few milliseconds instead of a container create and start.
 //!
 //! `DAIV_SANDBOX_WARM_POOL` / `DAIV_SANDBOX_WARM_POOL_EGRESS` name images and how many ready
-//! members each keeps (egress members are whole triads, behind a deny-all policy). A request
+//! members each keeps (egress members are whole triads, behind a deny-all policy);
+//! `DAIV_SANDBOX_WARM_POOL_SNAPSHOTS` names snapshots, whose members are isolated sessions from
+//! that snapshot (retired once the snapshot is deleted). A request
 //! whose image and kind (isolated or egress) match takes a member and gets what it carries
 //! applied at claim time; anything else, or a pool that is empty or cannot apply the request,
 //! falls back to the cold path.
@@ -60,7 +62,7 @@ use crate::config::Config;
 use crate::egress::{self, Egress, Triad};
 use crate::engine::{
     ContainerEngine, ContainerInfo, DEPLOYMENT_LABEL, EngineError, IMAGE_LABEL, POOL_LABEL,
-    POOL_SPEC_LABEL, ROLE_LABEL, ROLE_SANDBOX,
+    POOL_SPEC_LABEL, ROLE_LABEL, ROLE_SANDBOX, SNAPSHOT_LABEL,
 };
 use crate::ids::fnv;
 use crate::runtime::SessionRuntime;
@@ -95,14 +97,32 @@ impl Kind {
     }
 }
 
-/// One configured pool: a kind and an image.
+/// One configured pool: a kind and an image, or a snapshot (isolated sessions only).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Key {
     pub kind: Kind,
+    /// The image; for a snapshot's pool, `snapshot:<id>` (its name in metrics and hashes).
     pub image: String,
+    pub snapshot: Option<String>,
 }
 
 impl Key {
+    fn image(kind: Kind, image: &str) -> Self {
+        Self {
+            kind,
+            image: image.to_string(),
+            snapshot: None,
+        }
+    }
+
+    fn snapshot(id: &str) -> Self {
+        Self {
+            kind: Kind::Isolated,
+            image: format!("snapshot:{id}"),
+            snapshot: Some(id.to_string()),
+        }
+    }
+
     /// The pool's label set in the metrics.
     pub fn labels(&self) -> PoolLabels {
         PoolLabels {
@@ -185,13 +205,15 @@ impl Pool {
             (Kind::Egress, &config.pool.egress),
         ] {
             for (image, count) in list {
-                let key = Key {
-                    kind,
-                    image: image.clone(),
-                };
+                let key = Key::image(kind, image);
                 metrics.pool_size.get_or_create(&key.labels()).set(0);
                 targets.push((key, *count));
             }
+        }
+        for (id, count) in &config.pool.snapshots {
+            let key = Key::snapshot(id);
+            metrics.pool_size.get_or_create(&key.labels()).set(0);
+            targets.push((key, *count));
         }
         let sandbox = format!(
             "{}|{}:{}|{}|{}|{}|{}",
@@ -313,7 +335,10 @@ impl Pool {
             (ROLE_LABEL, ROLE_SANDBOX),
             (DEPLOYMENT_LABEL, deployment),
             (POOL_LABEL, key.kind.as_str()),
-            (IMAGE_LABEL, key.image.as_str()),
+            match &key.snapshot {
+                Some(id) => (SNAPSHOT_LABEL, id.as_str()),
+                None => (IMAGE_LABEL, key.image.as_str()),
+            },
         ]
     }
 
@@ -349,9 +374,10 @@ impl Pool {
         } else {
             Kind::Isolated
         };
-        let key = Key {
-            kind,
-            image: req.base_image.clone(),
+        let key = match &req.snapshot_id {
+            Some(id) if kind == Kind::Isolated => Key::snapshot(id),
+            Some(_) => return None,
+            None => Key::image(kind, &req.base_image),
         };
         let pool = self;
         pool.target(&key)?;
@@ -439,12 +465,25 @@ impl Pool {
     pub(crate) async fn discard(&self, id: &str, triad: Option<&Triad>) {
         drop(self.take_prepared(id));
         self.runtime.forget(id);
+        // A snapshot pool's member has a copy-on-write workspace of its own to remove.
+        let workspace = if self.targets.iter().any(|(k, _)| k.snapshot.is_some()) {
+            self.engine()
+                .inspect(id)
+                .await
+                .ok()
+                .and_then(|i| i.labels.get(crate::engine::WORKSPACE_LABEL).cloned())
+        } else {
+            None
+        };
         match self.engine().remove(id).await {
             Ok(()) | Err(EngineError::NotFound) => {}
             Err(e) => tracing::warn!(container = %id, error = %e, "could not remove a pool member"),
         }
         if let Some(triad) = triad {
             egress::teardown(self.engine(), &triad.parts()).await;
+        }
+        if let Some(token) = workspace {
+            self.factory.snapshots().remove_workspace(&token).await;
         }
     }
 

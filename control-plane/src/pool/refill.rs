@@ -125,7 +125,20 @@ impl Refill {
             Ok(l) => l,
             Err(e) => return self.failed(key, "cannot list members", &e),
         };
-        let image = match s.engine().image_id(&key.image).await {
+        // A snapshot's pool lives as long as the snapshot: once deleted, its members go.
+        let target = match &key.snapshot {
+            Some(id) => match s.factory.snapshots().get(id).await {
+                Ok(_) => target,
+                Err(crate::snapshots::SnapshotError::NotFound) => 0,
+                Err(e) => return self.failed(key, "cannot read the snapshot", &e),
+            },
+            None => target,
+        };
+        let image_ref = match &key.snapshot {
+            Some(id) => crate::snapshots::image_ref(id),
+            None => key.image.clone(),
+        };
+        let image = match s.engine().image_id(&image_ref).await {
             Ok(id) => Some(id),
             // Pulled by the next build.
             Err(EngineError::NotFound) => None,
@@ -250,17 +263,27 @@ impl Refill {
 
     async fn build_member(&self, key: &Key, token: &str) -> Result<Member, SessionError> {
         let s = &*self.pool;
+        let snapshot = match &key.snapshot {
+            Some(id) => Some(s.factory.snapshots().get(id).await?),
+            None => None,
+        };
         let req = StartSessionRequest {
-            base_image: key.image.clone(),
+            base_image: snapshot
+                .as_ref()
+                .map_or_else(|| key.image.clone(), |sn| sn.base_image.clone()),
             environment: None,
             memory_bytes: None,
             cpus: None,
             egress: None,
-            snapshot_id: None,
+            snapshot_id: key.snapshot.clone(),
         };
         let naming = s.member_naming(key, token);
         let id = match key.kind {
-            Kind::Isolated => s.factory.build(&req, None, Some(&naming), None).await?,
+            Kind::Isolated => {
+                s.factory
+                    .build(&req, None, Some(&naming), snapshot.as_ref())
+                    .await?
+            }
             Kind::Egress => {
                 // Deny-all until a claim installs the request's policy. The triad's parts exist
                 // before its sandbox: its token's lock keeps the reaper from taking them for

@@ -298,6 +298,8 @@ impl SandboxFactory {
         if let Some(bin) = &self.helper {
             tar.file(entry_name(layout::HELPER), 0o755, ROOT, bin);
         }
+        // The source's claimed environment (a warm-pool member's) is not this session's.
+        tar.file(entry_name(layout::ENV_FILE), 0o644, ROOT, b"[]");
         // The egress files of the full skeleton (CA bundle and the like), as it put them.
         if let Some(full) = &spec.skeleton {
             let mut archive = tar::Archive::new(&full[..]);

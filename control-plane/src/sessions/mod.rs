@@ -134,16 +134,14 @@ impl Sessions {
         self.create_from(&req, Some(&snapshot)).await
     }
 
-    /// Validate, then a warm-pool member (image sessions only), else a cold build.
+    /// Validate, then a warm-pool member, else a cold build.
     async fn create_from(
         &self,
         req: &StartSessionRequest,
         from: Option<&Snapshot>,
     ) -> Result<String, SessionError> {
         let policy = self.factory.validate(req)?;
-        if from.is_none()
-            && let Some(id) = self.pool.claim(req, policy.as_ref()).await
-        {
+        if let Some(id) = self.pool.claim(req, policy.as_ref()).await {
             tracing::info!(session_id = %id, image = %req.base_image, "session claimed from the warm pool");
             self.warm(&id);
             return Ok(id);
@@ -301,20 +299,25 @@ impl Sessions {
             Some(image) => self.engine().inspect_image(image).await?.env,
             None => Vec::new(),
         };
-        let in_image = |k: &str| {
-            image_env
-                .iter()
-                .any(|kv| kv.split_once('=').map(|p| p.0) == Some(k))
-        };
-        Ok(info
+        // A variable of the image, as the image sets it (one the caller gave another value,
+        // including one a snapshot's image blanked, is the caller's).
+        let in_image = |kv: &str| image_env.iter().any(|ie| ie == kv);
+        // A claimed warm-pool member's environment is in its environment file, applied on top.
+        let claimed: Vec<(String, String)> =
+            crate::engine::read_file(self.engine(), &info.id, layout::ENV_FILE, 1024 * 1024)
+                .await?
+                .and_then(|json| serde_json::from_slice(&json).ok())
+                .unwrap_or_default();
+        let mut env: std::collections::BTreeMap<String, String> = info
             .env
             .iter()
+            .filter(|kv| !in_image(kv))
             .filter_map(|kv| kv.split_once('='))
-            .filter(|(k, _)| {
-                !crate::sandbox::BASE_ENV_NAMES.contains(k) && !egress::sets_env(k) && !in_image(k)
-            })
+            .filter(|(k, _)| !crate::sandbox::BASE_ENV_NAMES.contains(k) && !egress::sets_env(k))
             .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect())
+            .collect();
+        env.extend(claimed.into_iter().filter(|(k, _)| !egress::sets_env(k)));
+        Ok(env)
     }
 
     /// `POST /session/{id}/pause/` (the caller holds the lock): the sandbox, then its gateway,

@@ -117,6 +117,5 @@ soak-smoke: docker images ## The soak with SOAK_SMOKE_SESSIONS (8) sessions for 
 check-leaks: ## Fail if containers or networks created by the service are left behind
 	@scripts/check-leaks.sh
 
-clean-docker: ## Remove every container and network created by the service
-	docker ps -aq --filter label=daiv.sandbox.managed | xargs -r docker rm -fv >/dev/null
-	docker network ls -q --filter label=daiv.sandbox.managed | xargs -r docker network rm >/dev/null
+clean-docker: ## Remove every container, network, volume and image created by the service
+	scripts/clean-docker.sh

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Fails when any container, network or volume created by the service (or by the tests' own
+# Fails when any container, network, volume or image created by the service (or by the tests' own
 # fixtures) is still there: every test must clean up what it created, whatever its outcome.
+# Images are the snapshots' (label daiv.sandbox.managed=true), dangling and untagged parents too.
 #
 #   scripts/check-leaks.sh                  everything labelled, whenever it was made
 #   scripts/check-leaks.sh --record FILE    remember what exists now (before a test run)
@@ -18,6 +19,8 @@ objects() {
         docker network ls -q --no-trunc --filter "label=$l" | sed 's/^/network /'
     done
     docker volume ls -q --filter "label=$label" | sed 's/^/volume /'
+    # -a: an image whose tag went while a child image still needs it is untagged, not dangling.
+    docker images -aq --no-trunc --filter "label=$label" | sed 's/^/image /'
 }
 
 case "${1:-}" in
@@ -49,9 +52,10 @@ if [ -n "$new" ]; then
         case $kind in
         container) docker ps -a --no-trunc --filter "id=$id" --format '{{.ID}} {{.Image}} {{.Status}} {{.Labels}}' ;;
         network) docker network ls --no-trunc --filter "id=$id" --format '{{.ID}} {{.Name}} {{.Labels}}' ;;
-        volume) echo "volume $id" ;;
+        volume) docker volume inspect -f '{{.Name}} {{.Labels}}' "$id" 2>/dev/null || echo "$id" ;;
+        image) docker image inspect -f '{{.Id}} {{.RepoTags}} {{.Created}} {{.Config.Labels}}' "$id" 2>/dev/null || echo "$id" ;;
         esac
     done <<<"$new" >&2
     exit 1
 fi
-echo "check-leaks: no container, network or volume left behind"
+echo "check-leaks: no container, network, volume or image left behind"

@@ -548,7 +548,7 @@ impl Reaper {
         let leftovers = egress::leftovers(engine, &self.policy.deployment).await?;
         let live: HashSet<&str> = sandboxes
             .iter()
-            .filter_map(|c| c.labels.get(EGRESS_LABEL).map(String::as_str))
+            .filter_map(|c| c.label(EGRESS_LABEL))
             .collect();
         let now_secs = unix_secs(now);
         let grace = secs_i64(self.policy.grace);

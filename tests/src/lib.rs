@@ -329,8 +329,9 @@ impl Drop for Session {
     }
 }
 
-/// Removes every container and network labelled with a deployment when dropped: for tests whose
-/// service leaves things behind on purpose (a warm pool is kept across restarts).
+/// Removes every container, network, volume and image labelled with a deployment when dropped:
+/// for tests whose service leaves things behind on purpose (a warm pool is kept across restarts,
+/// snapshots outlive their sessions).
 pub struct DeploymentGuard(pub String);
 
 impl Drop for DeploymentGuard {
@@ -363,7 +364,21 @@ fn listed(list: &[&str], labels: &[&str]) -> Vec<String> {
         .collect()
 }
 
-/// Force-removes every container (with volumes) and network of `deployment`.
+/// Ids of the images (`docker images -a`, dangling and untagged parents included) matching every
+/// `label=...` filter given, each once.
+pub fn images_with(labels: &[&str]) -> Vec<String> {
+    let mut ids = listed(&["images", "-aq", "--no-trunc"], labels);
+    ids.sort();
+    ids.dedup();
+    ids
+}
+
+/// Names of the volumes matching every `label=...` filter given.
+pub fn volumes_with(labels: &[&str]) -> Vec<String> {
+    listed(&["volume", "ls", "-q"], labels)
+}
+
+/// Force-removes every container (with volumes), network, volume and image of `deployment`.
 pub fn remove_deployment(deployment: &str) {
     let label = format!("daiv.sandbox.deployment={deployment}");
     for id in containers_with(&[&label]) {
@@ -371,6 +386,23 @@ pub fn remove_deployment(deployment: &str) {
     }
     for net in networks_with(&[&label]) {
         docker_quietly(&["network", "rm", &net]);
+    }
+    // Overlay volumes first (`...-merged` mounts the others), then the rest.
+    let mut volumes = volumes_with(&[&label]);
+    volumes.sort_by_key(|v| !v.ends_with("-merged"));
+    for v in volumes {
+        docker_quietly(&["volume", "rm", "-f", &v]);
+    }
+    // An image made from a session of another snapshot is that image's child: a parent goes
+    // only once its children have, so a few passes.
+    for _ in 0..4 {
+        let images = images_with(&[&label]);
+        if images.is_empty() {
+            break;
+        }
+        for id in images {
+            docker_quietly(&["rmi", "-f", &id]);
+        }
     }
 }
 

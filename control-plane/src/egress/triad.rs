@@ -91,9 +91,9 @@ pub struct Triad {
 impl Triad {
     pub fn of(info: &ContainerInfo) -> Option<Self> {
         Some(Self {
-            token: info.labels.get(EGRESS_LABEL)?.clone(),
-            gateway: info.labels.get(GATEWAY_LABEL)?.clone(),
-            network: info.labels.get(NETWORK_LABEL)?.clone(),
+            token: info.label(EGRESS_LABEL)?.to_string(),
+            gateway: info.label(GATEWAY_LABEL)?.to_string(),
+            network: info.label(NETWORK_LABEL)?.to_string(),
             policy_version: None,
         })
     }

@@ -271,6 +271,16 @@ impl ContainerInfo {
         self.status == ContainerStatus::Paused
     }
 
+    /// A label's value; an empty one counts as absent. A session made from a snapshot inherits
+    /// the snapshot image's labels, where the source's own `daiv.sandbox.*` labels are blanked
+    /// (an image keeps every label its container had unless given another value).
+    pub fn label(&self, key: &str) -> Option<&str> {
+        self.labels
+            .get(key)
+            .map(String::as_str)
+            .filter(|v| !v.is_empty())
+    }
+
     pub fn is_managed(&self) -> bool {
         self.labels.get(MANAGED_LABEL).map(String::as_str) == Some("true")
     }

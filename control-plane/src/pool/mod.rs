@@ -155,7 +155,7 @@ impl Member {
 
 /// A pool-labelled container that is not (or not yet, or no longer) a session.
 pub fn is_unclaimed(info: &ContainerInfo) -> bool {
-    info.labels.contains_key(POOL_LABEL) && !info.name.starts_with(CLAIMED)
+    info.label(POOL_LABEL).is_some() && !info.name.starts_with(CLAIMED)
 }
 
 /// The pool's state in one replica: targets, the members it knows to be ready, the refill's
@@ -471,7 +471,7 @@ impl Pool {
                 .inspect(id)
                 .await
                 .ok()
-                .and_then(|i| i.labels.get(crate::engine::WORKSPACE_LABEL).cloned())
+                .and_then(|i| i.label(crate::engine::WORKSPACE_LABEL).map(str::to_string))
         } else {
             None
         };

@@ -320,8 +320,8 @@ impl Sessions {
         Ok(env)
     }
 
-    /// `POST /session/{id}/pause/` (the caller holds the lock): the sandbox, then its gateway,
-    /// frozen with their memory and processes. A paused session answers 204 at once.
+    /// `POST /session/{id}/pause/` (the caller holds the lock): the sandbox and its gateway,
+    /// frozen side by side with their memory and processes. A paused session answers 204 at once.
     pub async fn pause(&self, id: &str) -> Result<(), SessionError> {
         let info = self.find(id).await?;
         if info.is_paused() {
@@ -330,14 +330,26 @@ impl Sessions {
         if !info.is_running() {
             return Err(SessionError::NotRunning);
         }
-        self.engine().pause(id).await?;
-        if let Some(triad) = Triad::of(&info)
-            && let Some(egress) = self.egress()
-            && let Err(e) = egress.pause_gateway(&triad).await
-        {
-            // Half-paused is worse than running: thaw the sandbox again.
-            let _ = self.engine().unpause(id).await;
-            return Err(e.into());
+        let triad = Triad::of(&info);
+        let gateway = async {
+            match (&triad, self.egress()) {
+                (Some(triad), Some(egress)) => egress.pause_gateway(triad).await,
+                _ => Ok(()),
+            }
+        };
+        let (sandbox, gateway) = tokio::join!(self.engine().pause(id), gateway);
+        if sandbox.is_err() || gateway.is_err() {
+            // Half-paused is worse than running: thaw whatever froze.
+            if sandbox.is_ok() {
+                let _ = self.engine().unpause(id).await;
+            }
+            if gateway.is_ok()
+                && let (Some(triad), Some(egress)) = (&triad, self.egress())
+            {
+                let _ = egress.ensure_gateway(triad).await;
+            }
+            sandbox?;
+            gateway?;
         }
         self.metrics.pauses.inc();
         tracing::info!(session_id = %id, "session paused");
@@ -397,24 +409,33 @@ impl Sessions {
     /// started again (its policy file, the latest one, is kept in its container), so the sandbox
     /// never stays cut off.
     ///
-    /// A paused session is thawed: its gateway (by [`Egress::ensure_gateway`]), then itself.
+    /// A paused session is thawed: its gateway (by [`Egress::ensure_gateway`]) and itself, side
+    /// by side (the request waits for both; a process that resumes first and reaches for a
+    /// still-frozen gateway has its connection queued by the kernel, not refused).
     pub async fn ensure_running(&self, id: &str) -> Result<ContainerInfo, SessionError> {
         let info = self.find(id).await?;
         let triad = Triad::of(&info);
         if info.is_paused() {
-            if let Some(triad) = &triad {
-                self.egress()
-                    .ok_or(SessionError::EgressUnavailableHere)?
-                    .ensure_gateway(triad)
-                    .await?;
-            }
-            match self.engine().unpause(id).await {
+            let gateway = async {
+                match &triad {
+                    Some(triad) => self
+                        .egress()
+                        .ok_or(SessionError::EgressUnavailableHere)?
+                        .ensure_gateway(triad)
+                        .await
+                        .map_err(SessionError::from),
+                    None => Ok(()),
+                }
+            };
+            let (gateway, sandbox) = tokio::join!(gateway, self.engine().unpause(id));
+            match sandbox {
                 Ok(()) => {}
                 Err(EngineError::NotFound) => return Err(SessionError::NotFound),
                 // Thawed by another request meanwhile.
                 Err(EngineError::Conflict(_)) => {}
                 Err(e) => return Err(SessionError::RestartFailed(e)),
             }
+            gateway?;
             tracing::info!(session_id = %id, "session thawed");
             return Ok(info);
         }
@@ -455,8 +476,10 @@ impl Sessions {
         let info = self.find(id).await?;
         let triad = Triad::of(&info);
         self.runtime.forget(id);
-        // A frozen process cannot take SIGTERM: a paused session is thawed to stop gracefully.
-        if !force && info.is_paused() {
+        // A frozen process cannot take SIGTERM: a paused session is thawed to stop gracefully,
+        // and before a removal too (the engine would otherwise kill it frozen and resume it
+        // itself, a path where a runtime that fails to resume holds the container).
+        if info.is_paused() {
             if let (Some(triad), Some(egress)) = (&triad, self.egress()) {
                 let _ = egress.ensure_gateway(triad).await;
             }
@@ -473,7 +496,7 @@ impl Sessions {
             Ok(()) | Err(EngineError::NotFound) => {}
             Err(e) => return Err(e.into()),
         }
-        if force && let Some(token) = info.labels.get(WORKSPACE_LABEL) {
+        if force && let Some(token) = info.label(WORKSPACE_LABEL) {
             self.snapshots().remove_workspace(token).await;
         }
         // Removal needs only the engine, so it happens even where egress is not configured.

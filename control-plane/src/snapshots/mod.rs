@@ -366,7 +366,17 @@ impl Snapshots {
             blanked.push(k.clone());
             env.push((k, String::new()));
         }
-        let mut labels = self.labels(ROLE_SNAPSHOT, id);
+        // The container's own labels (its triad, its pool, its workspace) would otherwise be
+        // the image's, and every session made from it would carry them: each is given an empty
+        // value, which the service reads as absent ([`ContainerInfo::label`]). The base image's
+        // labels stay.
+        let mut labels: HashMap<String, String> = info
+            .labels
+            .keys()
+            .filter(|k| k.starts_with("daiv.sandbox."))
+            .map(|k| (k.clone(), String::new()))
+            .collect();
+        labels.extend(self.labels(ROLE_SNAPSHOT, id));
         labels.insert(IMAGE_LABEL.to_string(), base_image.to_string());
         labels.insert(BLANKED_LABEL.to_string(), blanked.join(","));
         Ok(CommitSpec {
@@ -656,7 +666,7 @@ impl Snapshots {
         let sessions = self.engine.list(&self.mine(ROLE_SANDBOX)).await?;
         let tokens: HashSet<&str> = sessions
             .iter()
-            .filter_map(|c| c.labels.get(WORKSPACE_LABEL).map(String::as_str))
+            .filter_map(|c| c.label(WORKSPACE_LABEL))
             .collect();
         let workspaces = self.engine.list_volumes(&self.mine(ROLE_WORKSPACE)).await?;
         let mut gone: Vec<&str> = workspaces

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Removes everything the service created on this engine (label daiv.sandbox.managed=true), in
+# every deployment: containers (with their anonymous volumes), networks, named volumes (snapshot
+# records and data, copy-on-write workspaces) and images (snapshot payloads, dangling and untagged
+# parents included). For a development machine; a live deployment on the same engine loses its
+# sessions and snapshots too.
+set -euo pipefail
+label=label=daiv.sandbox.managed=true
+
+docker ps -aq --no-trunc --filter "$label" | xargs -r docker rm -fv >/dev/null
+docker network ls -q --filter "$label" | xargs -r docker network rm >/dev/null
+# Copy-on-write workspaces' overlay volumes (…-merged) before the ones they mount.
+{
+    docker volume ls -q --filter "$label" | grep -- '-merged$' || true
+    docker volume ls -q --filter "$label" | grep -v -- '-merged$' || true
+} | xargs -r docker volume rm -f >/dev/null
+# A parent image goes only once its children have: a few passes.
+for _ in 1 2 3 4; do
+    ids=$(docker images -aq --no-trunc --filter "$label" | sort -u)
+    [ -n "$ids" ] || break
+    # shellcheck disable=SC2086
+    docker rmi -f $ids >/dev/null 2>&1 || true
+done
+left=$(docker images -aq --no-trunc --filter "$label" | sort -u | wc -l)
+[ "$left" -eq 0 ] || { echo "clean-docker: $left image(s) could not be removed" >&2; exit 1; }

@@ -1665,3 +1665,91 @@ impl<R: Read> Read for SmallReads<R> {
         self.0.read(&mut buf[..n])
     }
 }
+
+/// `WARM_POOL_SNAPSHOTS`: a second replica of the deployment keeps a session from the snapshot
+/// ready; a create from that snapshot claims it (its files are the snapshot's, its environment the
+/// request's), and once the snapshot is deleted the pool's members are retired.
+#[tokio::test]
+async fn a_warm_pool_kept_for_a_snapshot_hands_out_sessions_from_it() -> Result<()> {
+    require_image(BUSYBOX);
+    let svc = service("pool-snap", &[]).await?;
+    let src = svc.session_of(BUSYBOX).await?;
+    ok(
+        &svc,
+        &src,
+        "echo pooled > /workspace/repo/p.txt && echo home > ~/h.txt",
+    )
+    .await?;
+    let id = id_of(&snapshot(&svc, &src, json!({})).await?)?;
+    let label = svc.label();
+    let pooled = format!("{id}=1");
+    let replica = ControlPlane::start_with(&[
+        ("DEPLOYMENT", svc.deployment.as_str()),
+        ("WARM_POOL_SNAPSHOTS", pooled.as_str()),
+    ])
+    .await?;
+    let ready = || {
+        containers_with(&[&label, &format!("daiv.sandbox.snapshot={id}")])
+            .into_iter()
+            .filter(|c| {
+                inspect(c).is_some_and(|c| {
+                    c["State"]["Running"] == true
+                        && c["Name"]
+                            .as_str()
+                            .is_some_and(|n| n.starts_with("/daiv-pool-"))
+                })
+            })
+            .collect::<Vec<_>>()
+    };
+    eventually(
+        "a ready member from the snapshot",
+        Duration::from_secs(90),
+        || async { Ok((!ready().is_empty()).then_some(())) },
+    )
+    .await?;
+    let claimed = replica
+        .session(json!({"snapshot_id": id, "environment": {"MINE": "claimed"}}))
+        .await?;
+    let name = inspect(&claimed.id).context("claimed session")?["Name"].clone();
+    assert!(
+        name.as_str()
+            .is_some_and(|n| n.starts_with("/daiv-claimed-")),
+        "not claimed from the snapshot's pool: {name}"
+    );
+    assert_eq!(
+        ok(
+            &replica,
+            &claimed,
+            "cat /workspace/repo/p.txt ~/h.txt; echo $MINE"
+        )
+        .await?,
+        "pooled\nhome\nclaimed\n"
+    );
+    // Another image's request never takes it.
+    let cold = replica.session_of(BUSYBOX).await?;
+    let cold_name = inspect(&cold.id).context("cold session")?["Name"].clone();
+    assert!(
+        !cold_name
+            .as_str()
+            .is_some_and(|n| n.starts_with("/daiv-claimed-")),
+        "an image request took the snapshot's member: {cold_name}"
+    );
+    // The pool refills; once the snapshot is deleted its members go.
+    eventually("the pool refilled", Duration::from_secs(90), || async {
+        Ok((!ready().is_empty()).then_some(()))
+    })
+    .await?;
+    assert_eq!(delete_snapshot(&svc, &id).await?, 204);
+    eventually(
+        "the snapshot's members retired",
+        Duration::from_secs(90),
+        || async { Ok(ready().is_empty().then_some(())) },
+    )
+    .await?;
+    // The claimed session is a session like any other: it keeps working.
+    assert_eq!(
+        ok(&replica, &claimed, "cat /workspace/repo/p.txt").await?,
+        "pooled\n"
+    );
+    Ok(())
+}

@@ -279,8 +279,9 @@ impl Snapshots {
             .await?;
         let freeze = info.is_running();
         let started = std::time::Instant::now();
-        if freeze {
-            self.engine.pause(&info.id).await?;
+        if freeze && let Err(e) = self.engine.pause(&info.id).await {
+            let _ = self.engine.remove(&holder).await;
+            return Err(e.into());
         }
         let commit = async {
             let t = std::time::Instant::now();

@@ -1753,3 +1753,38 @@ async fn a_warm_pool_kept_for_a_snapshot_hands_out_sessions_from_it() -> Result<
     );
     Ok(())
 }
+
+/// A session paused or snapshotted the moment it is created still thaws: the service opens the
+/// helper's channel (an exec) in the background after a create, and an exec frozen half-way would
+/// hold the container in the runtime for good (the thaw waiting behind it, and with it every
+/// Docker call that needs the container's lock).
+#[tokio::test]
+async fn a_session_frozen_right_after_its_create_thaws() -> Result<()> {
+    require_image(BUSYBOX);
+    let svc = service("fresh-freeze", &[]).await?;
+    for round in 0..4 {
+        let s = svc.session_of(BUSYBOX).await?;
+        let (status, body) = if round % 2 == 0 {
+            svc.call(Method::POST, &format!("/session/{}/pause/", s.id), None)
+                .await?
+        } else {
+            svc.call(
+                Method::POST,
+                &format!("/session/{}/snapshot/", s.id),
+                Some(json!({})),
+            )
+            .await?
+        };
+        ensure!(
+            status == 204 || status == 201,
+            "round {round}: {status} {body}"
+        );
+        assert_eq!(
+            ok(&svc, &s, "echo thawed").await?,
+            "thawed\n",
+            "round {round}"
+        );
+        assert_eq!(svc.force_close(&s).await?, 204, "round {round}");
+    }
+    Ok(())
+}

@@ -271,9 +271,15 @@ impl Sessions {
     /// neither a commit nor an archive of the host's files sees it: `sync` writes it out before
     /// the freeze. (runc's page cache is the host's: nothing to do.) Best effort: a sandbox
     /// without `sync` is snapshotted as the host sees it.
+    ///
+    /// Either way the session's channel is open (and answering) before the freeze: see
+    /// [`Self::settle`].
     async fn flush(&self, info: &ContainerInfo) {
-        if !info.is_running() || self.config().sessions.runtime.as_str() != "runsc" {
+        if !info.is_running() {
             return;
+        }
+        if self.config().sessions.runtime.as_str() != "runsc" {
+            return self.settle(&info.id).await;
         }
         let spec = RunSpec {
             commands: vec!["sync".to_string()],
@@ -286,6 +292,19 @@ impl Sessions {
         };
         if let Err(e) = self.runtime.run(&info.id, &spec).await {
             tracing::warn!(session_id = %info.id, error = %e, "snapshot: sync before the freeze failed");
+        }
+    }
+
+    /// Waits until no exec of ours is starting in the session, before it is frozen: an exec
+    /// frozen half-way (`runc init` joining the container's cgroup) holds the container in the
+    /// runtime's shim, and the thaw then waits behind it for good, taking the Docker daemon's
+    /// lock on the container with it. The helper's channel is the exec a fresh session opens in
+    /// the background ([`Self::warm`]); a request on it waits for an open in flight and proves
+    /// the exec started. Every other exec of a session is made under its lock, which the freezing
+    /// request holds.
+    async fn settle(&self, id: &str) {
+        if let Err(e) = self.runtime.seeded(id).await {
+            tracing::debug!(session_id = %id, error = %e, "the helper's channel did not answer before a freeze");
         }
     }
 
@@ -330,6 +349,7 @@ impl Sessions {
         if !info.is_running() {
             return Err(SessionError::NotRunning);
         }
+        self.settle(id).await;
         let triad = Triad::of(&info);
         let gateway = async {
             match (&triad, self.egress()) {

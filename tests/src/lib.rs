@@ -186,6 +186,16 @@ impl ControlPlane {
         s
     }
 
+    /// Resident memory of the service process now, from /proc (KiB).
+    pub fn rss_kib(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).ok()?;
+        status
+            .lines()
+            .find(|l| l.starts_with("VmRSS:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+    }
+
     /// Peak resident memory of the service process, from /proc (KiB).
     pub fn peak_rss_kib(&self) -> Option<u64> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).ok()?;

@@ -352,6 +352,7 @@ async fn a_helper_that_died_is_replaced() -> Result<()> {
 #[tokio::test]
 async fn a_gigabyte_of_output_is_capped_with_bounded_memory() -> Result<()> {
     let (cp, s) = cp_and_session(BUSYBOX, &[("OUTPUT_MAX_BYTES", "1048576")]).await?;
+    let before = cp.rss_kib().unwrap_or(0);
     let (c, out) = cp
         .sh(&s, "head -c 1073741824 /dev/zero | tr '\\0' a")
         .await?;
@@ -362,8 +363,12 @@ async fn a_gigabyte_of_output_is_capped_with_bounded_memory() -> Result<()> {
         "{}",
         &out[out.len().saturating_sub(200)..]
     );
-    let peak = cp.peak_rss_kib().unwrap_or(0);
-    assert!(peak < 40 * 1024, "control plane peaked at {peak} KiB");
+    let peak = cp.peak_rss_kib().unwrap_or(u64::MAX);
+    // What a gigabyte of output adds on top of the service's own footprint.
+    assert!(
+        peak.saturating_sub(before) < 24 * 1024,
+        "control plane peaked at {peak} KiB (from {before} KiB)"
+    );
     Ok(())
 }
 

@@ -8,6 +8,11 @@
 //! - A seed (204) → the same operations on the seeded session (`$request.path.session_id`).
 //! - `POST /session/{session_id}/processes/` (201, `process_id` in the body) → the operations on
 //!   that process (poll, stdin, kill) and the process list.
+//! - `POST /session/{session_id}/snapshot/` (201, `snapshot_id` in the body) → the operations on
+//!   that snapshot (get, delete), and `POST /session/` with it as the body's `snapshot_id` (a
+//!   session from the snapshot).
+//! - `POST /session/{session_id}/fork/` (201, `session_ids` in the body) → every operation under
+//!   `/session/{session_id}/` on the first fork.
 //!
 //! The links are derived from the paths themselves, so a route added later is linked without
 //! touching this file.
@@ -17,11 +22,16 @@
 //! - every operation that takes a JSON body or a query answers 422 for one it cannot parse;
 //! - unsigned integers are `uint64` up to `u64::MAX` (utoipa calls them `int64`, whose range
 //!   stops at `i64::MAX`);
-//! - environment names and values (`StartSessionRequest`: no `=` or NUL; `StartProcessRequest`:
-//!   shell variable names) and commands (no NUL);
+//! - environment names and values (`StartSessionRequest` and `ForkRequest`: no `=` or NUL;
+//!   `StartProcessRequest`: shell variable names) and commands (no NUL);
+//! - a create's body names `base_image` (not empty) or `snapshot_id` (a string), or both;
+//! - a fork's `count` is at most the default `DAIV_SANDBOX_FORK_MAX_COUNT` (a static document
+//!   cannot know a deployment's own setting); a snapshot's `name` has no control characters and
+//!   its `ttl_seconds` is at most ten years;
 //! - a run's 200 is JSON or, with `Accept: application/x-ndjson`, NDJSON (utoipa keeps only the
 //!   last content type given for one status);
 //! - a seed's multipart body: `repo_archive` and/or `skills_archive`, at least one;
+//! - an optional JSON body (a snapshot's) may be left out, but is never `null`;
 //! - raw bodies (a process's stdin) are bytes, not arrays of integers.
 //!
 //! [OpenAPI links]: https://spec.openapis.org/oas/v3.1.0#link-object
@@ -40,6 +50,10 @@ use utoipa::openapi::{Content, OpenApi, Ref, RefOr, Required, Response, Response
 const SESSION_ID: &str = "session_id";
 /// The path parameter every process route has.
 const PROCESS_ID: &str = "process_id";
+/// The path parameter every snapshot route has.
+const SNAPSHOT_ID: &str = "snapshot_id";
+/// `DAIV_SANDBOX_FORK_MAX_COUNT`'s default (see `config::snapshots`; a test checks they agree).
+const FORK_MAX_DEFAULT: u32 = 16;
 
 /// Adds the links and the bounds described in the module docs.
 pub struct SessionLinks;
@@ -60,12 +74,26 @@ impl Target {
     /// which no OpenAPI tool reads; the spec's `operationId`/`operationRef` go through the
     /// flattened extensions instead (the fields stay empty, so they are not serialised).
     fn link(&self, parameters: &[(&str, &str)], description: &str) -> Link {
+        self.link_with_body(parameters, None, description)
+    }
+
+    /// The same with a `requestBody` (utoipa's own `request_body` field would be snake case too):
+    /// tools such as schemathesis merge it into the body they generate.
+    fn link_with_body(
+        &self,
+        parameters: &[(&str, &str)],
+        body: Option<serde_json::Value>,
+        description: &str,
+    ) -> Link {
         let key = if self.by_id {
             "operationId"
         } else {
             "operationRef"
         };
-        let target = Extensions::from_iter([(key, self.name.as_str())]);
+        let mut target = Extensions::from_iter([(key, self.name.as_str())]);
+        if let Some(body) = body {
+            target.merge(Extensions::from_iter([("requestBody", body)]));
+        }
         parameters
             .iter()
             .fold(
@@ -255,6 +283,48 @@ impl utoipa::Modify for SessionLinks {
             let (path, method) = (start.path.clone(), start.method);
             add_links(doc, &path, method, &status, links);
         }
+        // A snapshot → the routes of that snapshot, and a session made from it.
+        if let Some((take, status)) = find(&targets, doc, "/session/{session_id}/snapshot/", "post")
+        {
+            let mut links: Vec<(String, Link)> = targets
+                .iter()
+                .filter(|t| t.params == [SNAPSHOT_ID])
+                .map(|t| {
+                    let link = t.link(
+                        &[(SNAPSHOT_ID, "$response.body#/snapshot_id")],
+                        "The snapshot just taken.",
+                    );
+                    (t.name.clone(), link)
+                })
+                .collect();
+            if let Some((create, _)) = find(&targets, doc, "/session/", "post") {
+                let body = serde_json::json!({ SNAPSHOT_ID: "$response.body#/snapshot_id" });
+                let link = create.link_with_body(
+                    &[],
+                    Some(body),
+                    "A session from the snapshot just taken.",
+                );
+                links.push((create.name.clone(), link));
+            }
+            let (path, method) = (take.path.clone(), take.method);
+            add_links(doc, &path, method, &status, links);
+        }
+        // A fork → the routes of the first fork (each fork is a session like any other).
+        if let Some((fork, status)) = find(&targets, doc, "/session/{session_id}/fork/", "post") {
+            let links = targets
+                .iter()
+                .filter(session_only)
+                .map(|t| {
+                    let link = t.link(
+                        &[(SESSION_ID, "$response.body#/session_ids/0")],
+                        "The first fork just made.",
+                    );
+                    (t.name.clone(), link)
+                })
+                .collect();
+            let (path, method) = (fork.path.clone(), fork.method);
+            add_links(doc, &path, method, &status, links);
+        }
     }
 }
 
@@ -367,7 +437,23 @@ fn bounds(doc: &mut OpenApi) {
         });
     }
     environment(doc, "StartSessionRequest", r"^[^=\x00]+$");
+    environment(doc, "ForkRequest", r"^[^=\x00]+$");
     environment(doc, "StartProcessRequest", "^[A-Za-z_][A-Za-z0-9_]*$");
+    if let Some(o) = object_mut(doc, "StartSessionRequest") {
+        o.extensions
+            .get_or_insert_with(Default::default)
+            .merge(Extensions::from_iter([("anyOf", image_or_snapshot())]));
+    }
+    if let Some(count) = property_mut(doc, "ForkRequest", "count") {
+        count.maximum = Some(Number::UInt(FORK_MAX_DEFAULT as usize));
+    }
+    if let Some(name) = property_mut(doc, "SnapshotRequest", "name") {
+        // `char::is_control`: the C0 and C1 controls and DEL.
+        name.pattern = Some(r"^[^\x00-\x1f\x7f-\x9f]*$".to_string());
+    }
+    if let Some(ttl) = property_mut(doc, "SnapshotRequest", "ttl_seconds") {
+        ttl.maximum = Some(Number::UInt(crate::snapshots::MAX_TTL_SECS as usize));
+    }
     if let Some(o) = object_mut(doc, "RunRequest")
         && let Some(RefOr::T(Schema::Array(commands))) = o.properties.get_mut("commands")
     {
@@ -403,6 +489,24 @@ fn bounds(doc: &mut OpenApi) {
                     "422".to_string(),
                     error_body("The body or the query could not be parsed, or a value is refused."),
                 );
+            }
+            // An optional JSON body (`request_body = Option<T>`) may be left out, but a `null`
+            // body is no `T` (utoipa says `oneOf: [null, T]`, serde refuses it).
+            if let Some(body) = op.request_body.as_mut()
+                && !matches!(body.required, Some(Required::True))
+                && let Some(json) = body.content.get_mut("application/json")
+                && let Some(RefOr::T(Schema::OneOf(one))) = json.schema.as_ref()
+                && let [a, b] = &one.items[..]
+            {
+                let null = |s: &RefOr<Schema>| matches!(s, RefOr::T(Schema::Object(o)) if o.schema_type == SchemaType::Type(Type::Null));
+                let kept = match (null(a), null(b)) {
+                    (true, false) => Some(b.clone()),
+                    (false, true) => Some(a.clone()),
+                    _ => None,
+                };
+                if kept.is_some() {
+                    json.schema = kept;
+                }
             }
             // Raw bytes (utoipa renders `Vec<u8>` as an array of integers).
             if let Some(raw) = op
@@ -440,6 +544,16 @@ fn bounds(doc: &mut OpenApi) {
             }
         }
     }
+}
+
+/// A create's body: a `base_image` that is not empty, or a `snapshot_id` (a string, not null),
+/// or both (the service then checks they agree: 400). `base_image` may be empty only beside a
+/// snapshot, whose own image it then is.
+fn image_or_snapshot() -> serde_json::Value {
+    serde_json::json!([
+        { "required": ["base_image"], "properties": { "base_image": { "minLength": 1 } } },
+        { "required": [SNAPSHOT_ID], "properties": { SNAPSHOT_ID: { "type": "string" } } },
+    ])
 }
 
 /// `repo_archive` and/or `skills_archive`: tar archives, plain or compressed, as file parts.
@@ -550,6 +664,158 @@ mod tests {
             stdin["requestBody"]["content"]["application/octet-stream"]["schema"]["format"],
             "binary"
         );
+    }
+
+    /// Links name operations by `operationId`, which is therefore unique (OpenAPI requires it).
+    #[test]
+    fn operation_ids_are_unique() {
+        let doc = serde_json::to_value(crate::openapi::ApiDoc::openapi()).unwrap();
+        let mut seen = std::collections::BTreeMap::new();
+        for (path, item) in doc["paths"].as_object().unwrap() {
+            for (method, op) in item.as_object().unwrap() {
+                let id = op["operationId"].as_str().unwrap().to_string();
+                if let Some(other) = seen.insert(id.clone(), format!("{method} {path}")) {
+                    panic!("operationId {id} of {method} {path} and {other}");
+                }
+            }
+        }
+    }
+
+    /// A snapshot links to its own routes and to a session made from it; a fork to the routes of
+    /// its first session.
+    #[test]
+    fn snapshots_and_forks_are_linked() {
+        let doc = serde_json::to_value(crate::openapi::ApiDoc::openapi()).unwrap();
+        let paths = &doc["paths"];
+        let taken = &paths["/session/{session_id}/snapshot/"]["post"]["responses"]["201"]["links"];
+        for id in ["get_snapshot", "delete_snapshot"] {
+            assert_eq!(taken[id]["operationId"], id);
+            assert_eq!(
+                taken[id]["parameters"]["snapshot_id"],
+                "$response.body#/snapshot_id"
+            );
+        }
+        assert_eq!(taken["create"]["operationId"], "create");
+        assert_eq!(
+            taken["create"]["requestBody"]["snapshot_id"],
+            "$response.body#/snapshot_id"
+        );
+        assert!(taken["create"].get("parameters").is_none());
+        let forked = paths["/session/{session_id}/fork/"]["post"]["responses"]["201"]["links"]
+            .as_object()
+            .unwrap();
+        for id in [
+            "run",
+            "status",
+            "close",
+            "take_snapshot",
+            "fork",
+            "pause",
+            "seed",
+        ] {
+            assert_eq!(forked[id]["operationId"], id);
+            assert_eq!(
+                forked[id]["parameters"]["session_id"],
+                "$response.body#/session_ids/0"
+            );
+        }
+        let from_create = paths["/session/"]["post"]["responses"]["200"]["links"]
+            .as_object()
+            .unwrap();
+        assert_eq!(forked.len(), from_create.len());
+        assert!(!doc.to_string().contains("\"request_body\""));
+    }
+
+    /// `base_image` or `snapshot_id`: read by a minimal evaluator of the document's own `anyOf`
+    /// (`required`, `minLength`, `type: string`), body by body as the service answers them.
+    #[test]
+    fn a_create_names_an_image_or_a_snapshot() {
+        use serde_json::{Value, json};
+        let doc = serde_json::to_value(crate::openapi::ApiDoc::openapi()).unwrap();
+        let start = &doc["components"]["schemas"]["StartSessionRequest"];
+        let branches = start["anyOf"].as_array().unwrap();
+        let matches = |body: &Value, branch: &Value| {
+            let required = branch["required"].as_array().unwrap();
+            required
+                .iter()
+                .all(|r| body.get(r.as_str().unwrap()).is_some())
+                && branch["properties"]
+                    .as_object()
+                    .unwrap()
+                    .iter()
+                    .all(|(name, rule)| match body.get(name) {
+                        None => true,
+                        Some(v) => {
+                            let min = rule["minLength"].as_u64().unwrap_or(0) as usize;
+                            let string = rule["type"] != "string" || v.is_string();
+                            string && v.as_str().is_none_or(|s| s.chars().count() >= min)
+                        }
+                    })
+        };
+        let accepted = |body: Value| branches.iter().any(|b| matches(&body, b));
+        // The service: 422 (no image), else a session, a 404 (unknown snapshot) or a 400 (an
+        // image that is not the snapshot's): all past the document.
+        assert!(!accepted(json!({})));
+        assert!(!accepted(json!({"base_image": ""})));
+        assert!(!accepted(json!({"base_image": "", "snapshot_id": null})));
+        assert!(!accepted(json!({"snapshot_id": null, "cpus": 1})));
+        assert!(accepted(json!({"base_image": "busybox"})));
+        assert!(accepted(
+            json!({"base_image": "busybox", "snapshot_id": null})
+        ));
+        assert!(accepted(json!({"snapshot_id": "0123"})));
+        assert!(accepted(json!({"base_image": "", "snapshot_id": "0123"})));
+        assert!(accepted(
+            json!({"base_image": "busybox", "snapshot_id": "0123"})
+        ));
+        // Neither property is required on its own.
+        assert!(start.get("required").is_none_or(|r| {
+            r.as_array()
+                .unwrap()
+                .iter()
+                .all(|n| n != "base_image" && n != "snapshot_id")
+        }));
+        let create = &doc["paths"]["/session/"]["post"]["responses"];
+        assert!(create["404"].is_object() && create["400"].is_object());
+    }
+
+    /// What the snapshot and fork routes check, and what they may answer.
+    #[test]
+    fn the_document_states_the_snapshot_bounds() {
+        let doc = serde_json::to_value(crate::openapi::ApiDoc::openapi()).unwrap();
+        let s = &doc["components"]["schemas"];
+        let fork = &s["ForkRequest"]["properties"];
+        let config = crate::config::for_tests("k", &[]);
+        assert_eq!(fork["count"]["minimum"], 1);
+        assert_eq!(fork["count"]["maximum"], config.snapshots.fork_max);
+        assert!(fork["environment"]["propertyNames"]["pattern"].is_string());
+        assert!(fork["environment"]["additionalProperties"]["pattern"].is_string());
+        let snap = &s["SnapshotRequest"]["properties"];
+        assert_eq!(snap["name"]["maxLength"], crate::snapshots::MAX_NAME);
+        assert!(snap["name"]["pattern"].is_string());
+        assert_eq!(
+            snap["ttl_seconds"]["maximum"],
+            crate::snapshots::MAX_TTL_SECS
+        );
+        let paths = &doc["paths"];
+        let take = &paths["/session/{session_id}/snapshot/"]["post"];
+        // No body asks for the defaults; `null` is no body.
+        assert_ne!(take["requestBody"]["required"], true);
+        assert_eq!(
+            take["requestBody"]["content"]["application/json"]["schema"]["$ref"],
+            "#/components/schemas/SnapshotRequest"
+        );
+        for op in [take, &paths["/session/{session_id}/fork/"]["post"]] {
+            let r = &op["responses"];
+            for status in ["201", "404", "409", "422", "503"] {
+                assert!(r[status].is_object(), "{status}: {op}");
+            }
+            assert!(r["429"]["headers"]["Retry-After"].is_object());
+        }
+        let pause = &paths["/session/{session_id}/pause/"]["post"]["responses"];
+        for status in ["204", "404", "409", "503"] {
+            assert!(pause[status].is_object(), "{status}");
+        }
     }
 
     #[test]

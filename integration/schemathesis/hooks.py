@@ -21,8 +21,21 @@ changing what the service accepts:
   case of the fuzzing and coverage phases) mostly get a live session instead, and process
   routes a live process of it, so those phases reach the handlers instead of a 404. The stateful
   phase follows the document's links and keeps its own ids.
-- Every session seen is force-removed when schemathesis exits (atexit); whatever is still left
-  is removed, and counted as a leak, by run.sh.
+- Snapshots, forks and pause: a valid fork `count` (1 to the service's default
+  `DAIV_SANDBOX_FORK_MAX_COUNT`, 16) is bounded to DAIV_FUZZ_FORK_COUNT (1; run.sh's long form
+  says 2), so no case builds 16 sessions on a small machine; 0, 17 and the rest stay refused.
+  `/snapshots/{snapshot_id}/` operations whose generated id is not a snapshot id sometimes get a
+  live snapshot instead (one the hooks recorded, else one taken of the live session), as session
+  ids do. `POST /session/` keeps a generated `snapshot_id` (a 404, documented), except that a
+  share of them become a snapshot the hooks know about, so sessions from a snapshot are made
+  too; a valid `base_image` beside it is the local image, which every snapshot here comes from.
+  A paused session needs nothing: any request thaws it, force removal too.
+- Every session seen is force-removed when schemathesis exits (atexit): those created, those a
+  fork returned (each of its `session_ids`), and those made from a snapshot. Then every snapshot
+  a 201 returned is deleted, and whatever `GET /snapshots/` still lists (a snapshot whose answer
+  was lost). Beyond DAIV_FUZZ_KEEP_SESSIONS / DAIV_FUZZ_KEEP_SNAPSHOTS, idle ones go during the
+  run. Whatever is still left is removed, and counted as a leak, by run.sh (see
+  service.sh's sweep_deployment for what counts).
 """
 
 from __future__ import annotations
@@ -55,6 +68,15 @@ AGE = float(os.environ.get("DAIV_FUZZ_SESSION_IDLE", "60"))
 EGRESS_SHARE = float(os.environ.get("DAIV_FUZZ_EGRESS_SHARE", "0.15"))
 # Share of fuzzing-phase cases sent to a live session rather than the generated id.
 LIVE_SHARE = float(os.environ.get("DAIV_FUZZ_LIVE_SHARE", "0.9"))
+# A valid fork count (1..FORK_MAX, the service's default cap) becomes at most this many forks.
+FORK_COUNT = int(os.environ.get("DAIV_FUZZ_FORK_COUNT", "1"))
+FORK_MAX = int(os.environ.get("DAIV_FUZZ_FORK_MAX", "16"))
+# Share of `/snapshots/{snapshot_id}/` cases sent to a live snapshot rather than the generated id,
+# and of generated `snapshot_id`s in `POST /session/` bodies replaced by a known snapshot.
+SNAPSHOT_SHARE = float(os.environ.get("DAIV_FUZZ_SNAPSHOT_SHARE", "0.5"))
+FROM_SNAPSHOT_SHARE = float(os.environ.get("DAIV_FUZZ_FROM_SNAPSHOT_SHARE", "0.3"))
+# Snapshots kept at most (each holds an image and a volume); older idle ones are deleted.
+KEEP_SNAPSHOTS = int(os.environ.get("DAIV_FUZZ_KEEP_SNAPSHOTS", "8"))
 
 SAFE_EGRESS = {
     "policy": {
@@ -64,6 +86,7 @@ SAFE_EGRESS = {
 }
 CONTAINER_ID = re.compile(r"^[0-9a-f]{64}$")
 PROCESS_ID = re.compile(r"^p[0-9]+-[0-9a-f]+$")
+SNAPSHOT_ID = re.compile(r"^[0-9a-f]{32}$")
 MIN_MEMORY = 6 * 1024 * 1024
 MAX_MEMORY = 256 * 1024 * 1024
 MAX_TIMEOUT = 7 * 24 * 3600
@@ -87,6 +110,9 @@ _seen: list[str] = []  # every session id handed out, oldest first
 _used: dict[str, float] = {}  # when a request last named each session
 _removed: set[str] = set()
 _live: dict[str, str | None] = {"session": None, "process": None}
+_snapshots: list[str] = []  # every snapshot id handed out, oldest first
+_snap_used: dict[str, float] = {}
+_snap_removed: set[str] = set()
 
 
 def _forget(session_id: str) -> None:
@@ -95,6 +121,29 @@ def _forget(session_id: str) -> None:
     except requests.RequestException:
         pass  # run.sh removes (and reports) what is left
     _removed.add(session_id)
+
+
+def _forget_snapshot(snapshot_id: str) -> None:
+    try:
+        _http.delete(f"{API}/snapshots/{snapshot_id}/", timeout=60)
+    except requests.RequestException:
+        pass  # run.sh removes (and reports) what is left
+    with _lock:
+        _snap_removed.add(snapshot_id)
+
+
+def _record_snapshot(snapshot_id: str) -> None:
+    """Remembers a new snapshot; deletes the oldest idle ones beyond KEEP_SNAPSHOTS."""
+    with _lock:
+        if snapshot_id in _snap_used:
+            return
+        _snapshots.append(snapshot_id)
+        _snap_used[snapshot_id] = now = time.monotonic()
+        alive = [s for s in _snapshots if s not in _snap_removed]
+        alive.sort(key=lambda s: _snap_used[s])
+        old = [s for s in alive[: max(0, len(alive) - KEEP_SNAPSHOTS)] if now - _snap_used[s] > AGE]
+    for s in old:
+        _forget_snapshot(s)
 
 
 def _record(session_id: str) -> None:
@@ -111,11 +160,32 @@ def _record(session_id: str) -> None:
         _forget(s)
 
 
+def _record_sessions(body: object) -> None:
+    """The sessions a fork made (`session_ids`)."""
+    ids = body.get("session_ids") if isinstance(body, dict) else None
+    for s in ids if isinstance(ids, list) else []:
+        if isinstance(s, str):
+            _record(s)
+
+
 @atexit.register
 def _cleanup() -> None:
+    # Sessions first: a snapshot's payload goes with its DELETE only once nothing uses it.
     for s in list(_seen):
         if s not in _removed:
             _forget(s)
+    for s in list(_snapshots):
+        if s not in _snap_removed:
+            _forget_snapshot(s)
+    # Any the hooks never saw the 201 of (a lost answer).
+    try:
+        r = _http.get(f"{API}/snapshots/", timeout=60)
+        listed = r.json().get("snapshots", []) if r.status_code == 200 else []
+    except (requests.RequestException, ValueError, AttributeError):
+        listed = []
+    for snap in listed:
+        if isinstance(snap, dict) and isinstance(snap.get("snapshot_id"), str):
+            _forget_snapshot(snap["snapshot_id"])
 
 
 # A stopped run (SIGTERM) cleans up too: exiting runs the atexit handler.
@@ -155,6 +225,26 @@ def _live_process(sid: str) -> str | None:
     return pid
 
 
+def _live_snapshot() -> str | None:
+    """The newest snapshot the hooks know is there, else one taken of the live session."""
+    with _lock:
+        alive = [s for s in _snapshots if s not in _snap_removed]
+    if alive:
+        return alive[-1]
+    sid = _live_session()
+    if sid is None:
+        return None
+    try:
+        r = _http.post(f"{API}/session/{sid}/snapshot/", json={}, timeout=120)
+    except requests.RequestException:
+        return None
+    if r.status_code != 201:
+        return None
+    snap = r.json()["snapshot_id"]
+    _record_snapshot(snap)
+    return snap
+
+
 def _accepted_image(v: object) -> bool:
     """What the service's own check lets through (then it would pull the image)."""
     if not isinstance(v, str):
@@ -185,6 +275,18 @@ def _start_body(body: dict) -> None:
     c = body.get("cpus")
     if _is_number(c) and 0.01 <= c <= 1024:
         body["cpus"] = min(float(c), 1.0)
+    # A generated snapshot id is a 404; some become one of ours (still a string, still valid).
+    if isinstance(body.get("snapshot_id"), str) and random.random() < FROM_SNAPSHOT_SHARE:
+        with _lock:
+            alive = [s for s in _snapshots if s not in _snap_removed]
+        if alive:
+            body["snapshot_id"] = random.choice(alive)
+
+
+def _fork_body(body: dict) -> None:
+    n = body.get("count")
+    if _is_int(n) and 1 <= n <= FORK_MAX:
+        body["count"] = min(n, FORK_COUNT)
 
 
 def _run_body(body: dict) -> None:
@@ -224,16 +326,30 @@ def before_call(context, case, kwargs):
                     pid = _live_process(sid)
                     if pid is not None:
                         params["process_id"] = pid
+    if "snapshot_id" in params and not (
+        isinstance(params["snapshot_id"], str) and SNAPSHOT_ID.match(params["snapshot_id"])
+    ):
+        if random.random() < SNAPSHOT_SHARE:
+            snap = _live_snapshot()
+            if snap is not None:
+                params["snapshot_id"] = snap
     sid = params.get("session_id")
     if isinstance(sid, str):
         with _lock:
             if sid in _used:
                 _used[sid] = time.monotonic()
+    snap = params.get("snapshot_id")
+    if isinstance(snap, str):
+        with _lock:
+            if snap in _snap_used:
+                _snap_used[snap] = time.monotonic()
     body = case.body if isinstance(case.body, dict) else None
     if body is not None and method == "POST" and path.rstrip("/") == "/session":
         _start_body(body)
     elif body is not None and method == "POST" and path.rstrip("/") == "/session/{session_id}":
         _run_body(body)
+    elif body is not None and method == "POST" and path.rstrip("/") == "/session/{session_id}/fork":
+        _fork_body(body)
     elif method == "PUT" and path.rstrip("/").endswith("/egress") and body is not None:
         # Only `.test` hosts, whatever was generated; non-objects stay invalid.
         case.body = dict(SAFE_EGRESS)
@@ -257,10 +373,28 @@ def after_call(context, case, response):
     method = case.method.upper()
     params = case.path_parameters or {}
     if method == "POST" and path == "/session" and response.status_code == 200:
+        # A session from a snapshot too.
         try:
             _record(response.json()["session_id"])
         except (ValueError, KeyError, TypeError):
             pass
+        return
+    if method == "POST" and path == "/session/{session_id}/fork" and response.status_code == 201:
+        try:
+            _record_sessions(response.json())
+        except ValueError:
+            pass
+    if method == "POST" and path == "/session/{session_id}/snapshot" and response.status_code == 201:
+        try:
+            _record_snapshot(response.json()["snapshot_id"])
+        except (ValueError, KeyError, TypeError):
+            pass
+    snap = params.get("snapshot_id")
+    if isinstance(snap, str) and path == "/snapshots/{snapshot_id}":
+        if response.status_code == 404 or (method == "DELETE" and response.status_code == 204):
+            with _lock:
+                if snap in _snap_used:
+                    _snap_removed.add(snap)
         return
     sid = params.get("session_id")
     if not isinstance(sid, str):

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # API fuzzing: schemathesis against the served /api/v1/openapi.json of a freshly built service
 # on a free loopback port (dev key, deployment `apifuzz-<pid>`, egress on with the dev CA), with
-# hooks.py keeping every generated session on the local busybox image.
+# hooks.py keeping every generated session on the local busybox image, forks to one or two
+# sessions, and removing every session and snapshot it saw at the end.
 #
 #   integration/schemathesis/run.sh [--smoke]
 #
@@ -11,7 +12,9 @@
 #
 # Invariants (the run fails otherwise): no 5xx, every response conforms to the document
 # (status, content type, headers, schema), valid data accepted and invalid data rejected, and
-# nothing of the deployment left in Docker once the hooks removed their sessions.
+# nothing of the deployment left in Docker once the hooks removed their sessions and snapshots
+# (containers, networks, snapshot records, workspace volumes; snapshot payload, which the
+# disabled reaper would collect, is removed without counting: see service.sh).
 # Schemathesis comes from PyPI into .dev/schemathesis (once; offline afterwards).
 set -euo pipefail
 
@@ -59,6 +62,9 @@ start_service "$deployment" "$out/service.log" \
     DAIV_SANDBOX_SESSION_LOCK_WAIT_SECONDS=5 \
     DAIV_SANDBOX_PROCESS_WAIT_MAX_SECONDS=2 \
     DAIV_SANDBOX_REAPER_ENABLED=false
+# No reaper: it would remove stopped sessions (a DELETE without force) that later cases still
+# use. The hooks delete every snapshot and session; the payload the reaper would have collected
+# (a fork's snapshot, a snapshot deleted while a session used it) is sweep_deployment's.
 echo "api-fuzz: service pid $SERVICE_PID on $SERVICE_URL (deployment $deployment)"
 
 # The smoke form (in `make test`) is reproducible: a fixed seed unless API_FUZZ_SEED says
@@ -71,6 +77,8 @@ if $smoke; then
 else
     examples=${API_FUZZ_EXAMPLES:-300}
     stateful=${API_FUZZ_STATEFUL_SECONDS:-600}
+    # Forks side by side, two at most (the smoke form makes one: cheaper).
+    export DAIV_FUZZ_FORK_COUNT=${DAIV_FUZZ_FORK_COUNT:-2}
     [ -z "${API_FUZZ_SEED:-}" ] || seed=(--seed "$API_FUZZ_SEED")
 fi
 

@@ -9,6 +9,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 target_dir="${CARGO_TARGET_DIR:-$root/target}"
 SERVICE_PROFILE="${SERVICE_PROFILE:-release}"
 LABEL_DEPLOYMENT=daiv.sandbox.deployment
+LABEL_ROLE=daiv.sandbox.role
 
 # build_service: the control plane and the static helper it gives every sandbox.
 build_service() {
@@ -86,27 +87,76 @@ stop_service() {
     SERVICE_PID=
 }
 
-# deployment_objects DEPLOYMENT: the containers and networks labelled with it, one a line.
+# What a deployment leaves, and what counts as a leak. Snapshots (see the README's "Snapshots,
+# forks and pause") make Docker objects besides containers and networks: a record volume
+# (`daiv-snapshot-<id>`, role `snapshot`), a payload of an image (`daiv-sandbox-snapshot:<id>`)
+# and a data volume (`daiv-snapshot-<id>-data`, role `snapshot-data`), and copy-on-write
+# workspace volumes for the sessions made from one (`daiv-ws-<token>-merged|upper|work`, role
+# `workspace`), which go with their session.
+#
+# Payload is not counted as a leak: the service frees it at a snapshot's DELETE only when nothing
+# uses it, and leaves the rest (a fork's snapshot, which has no record, always; a snapshot deleted
+# while a session made from it lived) to its reaper, once older than min(grace, 10 min). The runs
+# here disable the reaper (REAPER_ENABLED=false: it would remove the stopped sessions the fuzzer
+# still uses), and enabling it with a short grace would do the same, so collecting payload is
+# this sweep's job: removed silently (its count goes to stderr). Everything else counts: a
+# container, a network, a snapshot record (a snapshot nobody deleted: the hooks delete every one
+# they saw and every one `GET /snapshots/` lists) and a workspace volume (its session was removed
+# without it). A record's payload is reported through its record.
+
+# deployment_objects DEPLOYMENT: the leaks, one a line: containers, networks and volumes other
+# than snapshot data.
 deployment_objects() {
-    docker ps -aq --filter "label=$LABEL_DEPLOYMENT=$1" | sed 's/^/container /'
-    docker network ls -q --filter "label=$LABEL_DEPLOYMENT=$1" | sed 's/^/network /'
+    local by="label=$LABEL_DEPLOYMENT=$1" data
+    docker ps -aq --filter "$by" | sed 's/^/container /'
+    docker network ls -q --filter "$by" | sed 's/^/network /'
+    data=$(docker volume ls -q --filter "$by" --filter "label=$LABEL_ROLE=snapshot-data" | sort)
+    docker volume ls -q --filter "$by" | sort | comm -23 - <(printf '%s\n' "$data" | sed '/^$/d') |
+        sed 's/^/volume /'
 }
 
-# sweep_deployment DEPLOYMENT: prints how many objects were left, then force-removes them
-# (containers with their volumes, then networks) and checks that none remains.
+# deployment_payload DEPLOYMENT: snapshot payload, one a line: images (untagged parents too)
+# and data volumes.
+deployment_payload() {
+    local by="label=$LABEL_DEPLOYMENT=$1"
+    docker images -aq --filter "$by" | sort -u | sed 's/^/image /'
+    docker volume ls -q --filter "$by" --filter "label=$LABEL_ROLE=snapshot-data" | sed 's/^/volume /'
+}
+
+# sweep_deployment DEPLOYMENT: prints how many objects were left that count as leaks (above),
+# then force-removes everything of the deployment (containers with their anonymous volumes,
+# networks, volumes with overlays before what they mount, images children first) and checks
+# that nothing remains.
 sweep_deployment() {
-    local dep=$1 left n
+    local dep=$1 left n payload by="label=$LABEL_DEPLOYMENT=$1" ids
     left=$(deployment_objects "$dep")
     n=$(printf '%s' "$left" | grep -c . || true)
     echo "$n"
     if [ "$n" -gt 0 ]; then
         echo "left behind by deployment $dep:" >&2
         printf '%s\n' "$left" >&2
-        docker ps -aq --filter "label=$LABEL_DEPLOYMENT=$dep" | xargs -r docker rm -fv >/dev/null
-        docker network ls -q --filter "label=$LABEL_DEPLOYMENT=$dep" | xargs -r docker network rm >/dev/null
     fi
-    if [ -n "$(deployment_objects "$dep")" ]; then
-        echo "error: could not remove what deployment $dep left" >&2
+    payload=$(deployment_payload "$dep")
+    if [ -n "$payload" ]; then
+        echo "deployment $dep: $(printf '%s\n' "$payload" | grep -c .) snapshot payload object(s) collected (the reaper's job, off here; not leaks)" >&2
+    fi
+    docker ps -aq --filter "$by" | xargs -r docker rm -fv >/dev/null
+    docker network ls -q --filter "$by" | xargs -r docker network rm >/dev/null
+    {
+        docker volume ls -q --filter "$by" | grep -- '-merged$' || true
+        docker volume ls -q --filter "$by" | grep -v -- '-merged$' || true
+    } | xargs -r docker volume rm -f >/dev/null
+    # A parent image goes only once its children have: a few passes.
+    for _ in 1 2 3 4; do
+        ids=$(docker images -aq --filter "$by" | sort -u)
+        [ -n "$ids" ] || break
+        # shellcheck disable=SC2086
+        docker rmi -f $ids >/dev/null 2>&1 || true
+    done
+    if [ -n "$(deployment_objects "$dep")$(deployment_payload "$dep")" ]; then
+        echo "error: could not remove what deployment $dep left:" >&2
+        deployment_objects "$dep" >&2
+        deployment_payload "$dep" >&2
         return 1
     fi
 }

@@ -17,8 +17,11 @@ use crate::telemetry::metrics::{ModeLabels, observe_duration};
 /// Start a sandbox session and return its id.
 #[utoipa::path(post, path = "/session/", tag = "session", request_body = StartSessionRequest,
     security(("api_key" = [])),
-    responses((status = 200, body = StartSessionResponse), (status = 400, body = ErrorBody),
-        (status = 403, body = ErrorBody), (status = 422, body = ErrorBody),
+    responses((status = 200, body = StartSessionResponse),
+        (status = 400, body = ErrorBody, description = "The image cannot be pulled, egress is not configured, or `base_image` is not the snapshot's"),
+        (status = 403, body = ErrorBody),
+        (status = 404, body = ErrorBody, description = "No such snapshot (`snapshot_id`)"),
+        (status = 422, body = ErrorBody),
         (status = 429, body = ErrorBody, description = "Too many creates in progress; retry after `Retry-After` seconds",
             headers(("Retry-After" = u64, description = "Seconds to wait before retrying"))),
         (status = 503, body = ErrorBody)))]

@@ -17,12 +17,18 @@ use crate::snapshots::Snapshot;
 /// Snapshot a session: its whole filesystem (container changes and workspace) at one instant.
 /// The session is frozen only while its container is committed and its workspace copied;
 /// running processes are not kept. Egress secrets and policy are never part of a snapshot.
+///
+/// The body is optional: none (or a blank one) asks for the defaults. Takes a create slot.
 #[utoipa::path(post, path = "/session/{session_id}/snapshot/", tag = "snapshots",
-    request_body = SnapshotRequest, security(("api_key" = [])),
+    operation_id = "take_snapshot",
+    request_body = Option<SnapshotRequest>, security(("api_key" = [])),
     params(("session_id" = String, Path, description = "The session id")),
     responses((status = 201, body = SnapshotCreated), (status = 403, body = ErrorBody),
         (status = 404, body = ErrorBody), (status = 409, body = ErrorBody),
-        (status = 422, body = ErrorBody), (status = 503, body = ErrorBody)))]
+        (status = 422, body = ErrorBody),
+        (status = 429, body = ErrorBody, description = "Too many creates, snapshots and forks in progress; retry after `Retry-After` seconds",
+            headers(("Retry-After" = u64, description = "Seconds to wait before retrying"))),
+        (status = 503, body = ErrorBody)))]
 pub async fn take(
     State(sessions): State<Arc<Sessions>>,
     Path(id): Path<String>,
@@ -32,8 +38,10 @@ pub async fn take(
     let req: SnapshotRequest = if body.iter().all(u8::is_ascii_whitespace) {
         SnapshotRequest::default()
     } else {
-        serde_json::from_slice(&body)
-            .map_err(|e| ApiError::Unprocessable(format!("invalid body: {e}")))?
+        object(
+            serde_json::from_slice(&body)
+                .map_err(|e| ApiError::Unprocessable(format!("invalid body: {e}")))?,
+        )?
     };
     let req = sessions
         .snapshots()
@@ -53,7 +61,8 @@ pub async fn take(
 }
 
 /// This deployment's snapshots, newest first.
-#[utoipa::path(get, path = "/snapshots/", tag = "snapshots", security(("api_key" = [])),
+#[utoipa::path(get, path = "/snapshots/", tag = "snapshots", operation_id = "list_snapshots",
+    security(("api_key" = [])),
     responses((status = 200, body = SnapshotList), (status = 403, body = ErrorBody),
         (status = 503, body = ErrorBody)))]
 pub async fn list(State(sessions): State<Arc<Sessions>>) -> Result<Json<SnapshotList>, ApiError> {
@@ -64,7 +73,7 @@ pub async fn list(State(sessions): State<Arc<Sessions>>) -> Result<Json<Snapshot
 }
 
 #[utoipa::path(get, path = "/snapshots/{snapshot_id}/", tag = "snapshots",
-    security(("api_key" = [])),
+    operation_id = "get_snapshot", security(("api_key" = [])),
     params(("snapshot_id" = String, Path, description = "The snapshot id")),
     responses((status = 200, body = SnapshotInfo), (status = 403, body = ErrorBody),
         (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)))]
@@ -78,7 +87,7 @@ pub async fn get(
 /// Delete a snapshot. Sessions made from it keep working; its image and data go once none
 /// uses them.
 #[utoipa::path(delete, path = "/snapshots/{snapshot_id}/", tag = "snapshots",
-    security(("api_key" = [])),
+    operation_id = "delete_snapshot", security(("api_key" = [])),
     params(("snapshot_id" = String, Path, description = "The snapshot id")),
     responses((status = 204), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 503, body = ErrorBody)))]
@@ -98,16 +107,21 @@ pub async fn delete(
     params(("session_id" = String, Path, description = "The session id")),
     responses((status = 201, body = ForkResponse), (status = 403, body = ErrorBody),
         (status = 404, body = ErrorBody), (status = 409, body = ErrorBody),
-        (status = 422, body = ErrorBody), (status = 503, body = ErrorBody)))]
+        (status = 422, body = ErrorBody),
+        (status = 429, body = ErrorBody, description = "Too many creates, snapshots and forks in progress; retry after `Retry-After` seconds",
+            headers(("Retry-After" = u64, description = "Seconds to wait before retrying"))),
+        (status = 503, body = ErrorBody)))]
 pub async fn fork(
     State(sessions): State<Arc<Sessions>>,
     Path(id): Path<String>,
-    ApiJson(req): ApiJson<ForkRequest>,
+    ApiJson(body): ApiJson<serde_json::Value>,
 ) -> Result<(StatusCode, Json<ForkResponse>), ApiError> {
+    let req: ForkRequest = object(body)?;
     let cap = sessions.config().snapshots.fork_max;
     if !(1..=cap).contains(&req.count) {
         return Err(crate::sessions::SessionError::ForkCount(cap).into());
     }
+    check_environment(req.environment.as_ref())?;
     let _held = sessions.lock(&id).await?;
     let session_ids = sessions.fork(&id, req.count, req.environment).await?;
     for fork in &session_ids {
@@ -137,6 +151,31 @@ pub async fn pause(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// A JSON body that is an object, as the document says: serde would also take an array for a
+/// struct (its fields in order), so `[null, null]` would be a valid snapshot request.
+fn object<T: serde::de::DeserializeOwned>(body: serde_json::Value) -> Result<T, ApiError> {
+    if !body.is_object() {
+        return Err(ApiError::Unprocessable(
+            "invalid body: expected a JSON object".to_string(),
+        ));
+    }
+    serde_json::from_value(body).map_err(|e| ApiError::Unprocessable(format!("invalid body: {e}")))
+}
+
+/// A fork's `environment` follows a create's rules (names not empty, without `=` or NUL; values
+/// without NUL): 422 before anything is frozen, where the engine would refuse some (a 400 after
+/// the snapshot) and take others (`A=B` becomes `A`).
+fn check_environment(
+    env: Option<&std::collections::BTreeMap<String, String>>,
+) -> Result<(), ApiError> {
+    for (k, v) in env.into_iter().flatten() {
+        if k.is_empty() || k.contains(['=', '\0']) || v.contains('\0') {
+            return Err(crate::sessions::SessionError::InvalidEnvironment(k.clone()).into());
+        }
+    }
+    Ok(())
+}
+
 fn info(s: &Snapshot) -> SnapshotInfo {
     SnapshotInfo {
         snapshot_id: s.id.clone(),
@@ -158,4 +197,43 @@ fn rfc3339(unix: i64) -> String {
                 .ok()
         })
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// Found by API fuzzing: `[null, null]` was a snapshot request (serde reads a struct from an
+    /// array too), and a fork's environment reached the engine unchecked.
+    #[test]
+    fn bodies_are_objects_and_fork_environments_are_checked() {
+        let status = |r: Result<(), ApiError>| r.map_err(|e| e.status());
+        assert!(object::<SnapshotRequest>(json!([null, null])).is_err());
+        assert!(object::<SnapshotRequest>(json!([])).is_err());
+        assert!(object::<ForkRequest>(json!([1])).is_err());
+        assert!(object::<SnapshotRequest>(json!({})).is_ok());
+        assert_eq!(
+            object::<ForkRequest>(json!({"count": 2}))
+                .map(|r| r.count)
+                .ok(),
+            Some(2)
+        );
+        for bad in [
+            json!({"": "x"}),
+            json!({"A=B": "x"}),
+            json!({"A\u{0}": "x"}),
+            json!({"A": "x\u{0}"}),
+        ] {
+            let env = serde_json::from_value(bad.clone()).unwrap_or_default();
+            assert_eq!(
+                status(check_environment(Some(&env))),
+                Err(StatusCode::UNPROCESSABLE_ENTITY),
+                "{bad}"
+            );
+        }
+        let env = serde_json::from_value(json!({"A": "", "b c": "=\n"})).unwrap_or_default();
+        assert_eq!(status(check_environment(Some(&env))), Ok(()));
+        assert_eq!(status(check_environment(None)), Ok(()));
+    }
 }

@@ -215,6 +215,77 @@ impl Client {
     }
 }
 
+impl Client {
+    /// `POST /session/` with any body (`{"snapshot_id": ...}`, ...); the new session's id.
+    pub async fn create_with(&self, body: Value) -> Result<String> {
+        let v = self.post("/session/", body).await?;
+        Ok(v["session_id"]
+            .as_str()
+            .context("no session_id")?
+            .to_string())
+    }
+
+    /// `POST /session/{id}/snapshot/` with `body` (`{"name"?, "ttl_seconds"?}`): the 201's
+    /// `{"snapshot_id", "name", "created_at", "size_bytes"}`.
+    pub async fn snapshot(&self, id: &str, body: Value) -> Result<Value> {
+        let v = self.post(&format!("/session/{id}/snapshot/"), body).await?;
+        if !v["snapshot_id"].is_string() {
+            bail!("snapshot: no snapshot_id in {v}");
+        }
+        Ok(v)
+    }
+
+    /// `DELETE /snapshots/{sid}/`.
+    pub async fn delete_snapshot(&self, sid: &str) -> Result<()> {
+        self.delete_path(&format!("/snapshots/{sid}/")).await
+    }
+
+    /// `POST /session/{id}/fork/` with `{"count": count}`: the forks' session ids.
+    pub async fn fork(&self, id: &str, count: u32) -> Result<Vec<String>> {
+        let v = self
+            .post(&format!("/session/{id}/fork/"), json!({"count": count}))
+            .await?;
+        let ids: Vec<String> = v["session_ids"]
+            .as_array()
+            .context("no session_ids")?
+            .iter()
+            .filter_map(|i| i.as_str().map(str::to_string))
+            .collect();
+        if ids.len() != count as usize {
+            bail!("fork of {count}: {} session ids", ids.len());
+        }
+        Ok(ids)
+    }
+
+    /// `POST /session/{id}/pause/` (204).
+    pub async fn pause(&self, id: &str) -> Result<()> {
+        self.post(&format!("/session/{id}/pause/"), json!({}))
+            .await
+            .map(drop)
+    }
+
+    /// The sum of a metric family's samples (`{origin}/metrics`) whose line contains `filter`.
+    pub async fn metric(&self, name: &str, filter: &str) -> Result<f64> {
+        let origin = self.api.strip_suffix("/api/v1").unwrap_or(&self.api);
+        let r = self
+            .http
+            .get(format!("{origin}/metrics"))
+            .header("X-API-Key", &self.key)
+            .send()
+            .await?;
+        if !r.status().is_success() {
+            bail!("GET /metrics: {}", r.status());
+        }
+        let text = r.text().await?;
+        Ok(text
+            .lines()
+            .filter(|l| l.starts_with(name) && l.contains(filter))
+            .filter(|l| l[name.len()..].starts_with(['{', ' ']))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum())
+    }
+}
+
 /// Deterministic pseudo-random bytes (xorshift): incompressible, reproducible.
 pub fn noise(seed: u64, len: usize) -> Vec<u8> {
     let mut s = seed | 1;
@@ -277,6 +348,26 @@ pub fn source_tree(files: usize) -> Result<Vec<u8>> {
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
     std::io::Write::write_all(&mut gz, &tar)?;
     Ok(gz.finish()?)
+}
+
+/// The snapshot benchmark's workload as one plain tar: the source tree of `files` files (the
+/// layout of [`source_tree`]) and one incompressible file, `big/blob.bin`, of `big_bytes` bytes.
+pub fn workload_tar(files: usize, big_bytes: usize) -> Result<Vec<u8>> {
+    let tree = plain_tree(files)?;
+    let mut b = tar::Builder::new(Vec::with_capacity(tree.len() + big_bytes + 4096));
+    let mut archive = tar::Archive::new(&tree[..]);
+    for entry in archive.entries()? {
+        let mut e = entry?;
+        let h = e.header().clone();
+        b.append(&h, &mut e)?;
+    }
+    let data = noise(0x5eed, big_bytes);
+    let mut h = tar::Header::new_gnu();
+    h.set_size(big_bytes as u64);
+    h.set_mode(0o644);
+    h.set_cksum();
+    b.append_data(&mut h, "big/blob.bin", &data[..])?;
+    Ok(b.into_inner()?)
 }
 
 /// A `/proc/<pid>/status` field in KiB (`VmRSS:`, `VmHWM:`).

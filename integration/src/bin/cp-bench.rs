@@ -13,9 +13,42 @@
 //! Beside those, the rows issue 12 asks for: a streaming run's first output line, a background
 //! process poll that returns new output, and fs reads while a 30 s command holds the session.
 //! `--sections a,b,...` runs only some of them (create, commands, seed, floors, fs, stream,
-//! process, concurrent, busy, bigseed; default all). Archives are generated in memory,
-//! deterministically; nothing touches the network beyond the given base URL. Every session
-//! created is force-removed at the end.
+//! process, concurrent, busy, bigseed, snapshots; default all). Archives are generated in memory,
+//! deterministically; nothing touches the network beyond the given base URL (and the local
+//! Docker socket). Every session created is force-removed at the end, and every snapshot,
+//! image and scratch copy made is removed.
+//!
+//! `snapshots` measures snapshots, forks and pause on the issue's workload: a
+//! `--snapshot-image` session (default `daiv-sandbox-debian:local`) seeded with 5,000 files and
+//! one `--snapshot-mb` (100) MB file, with 2 MB written to `~/.cache/x`. Its rows, p50/p95/n as
+//! everywhere (the heavy ones `min(n, 5)` times), and the ratios printed after the table:
+//! 1. `snapshot` beside its floors on the same container: a raw `docker commit` (through the
+//!    socket; the image removed again) and a raw `cp -a` of the workspace volume's directory on
+//!    the host (its mount's source, into the temp directory, then removed), each also after
+//!    `sync; echo 3 > /proc/sys/vm/drop_caches` (cold; needs root). Printed: commit + cp and
+//!    snapshot / (commit + cp), warm and cold. With `--service-log <file>` (the service's
+//!    output) the `snapshot taken` lines' frozen/commit/copy times are reported too;
+//! 2. `create from snapshot` of that snapshot and of a tiny one (an `--image` session with an
+//!    empty workspace), beside cold creates of both images;
+//! 3. `fork 1` and `fork 8` beside a snapshot plus 1 or 8 creates from it (side by side);
+//! 4. `pause` beside a raw `docker pause` and `docker unpause` of another idle session, and the
+//!    first `run true` after a pause beside one on a running session;
+//! 5. with `--pool-base URL --pool-snapshot ID`, `create from snapshot (warm pool claim)`: creates
+//!    on a second instance of the same deployment and key started with
+//!    `DAIV_SANDBOX_WARM_POOL_SNAPSHOTS=ID=<--pool-size>`, each once its pool is full again.
+//!    The snapshot must exist before that instance starts: `cp-bench --make-snapshot` makes the
+//!    workload's, prints its id and keeps it (see below).
+//!
+//! The warm-pool row, step by step (the first instance on :8391, deployment `bench`):
+//! ```text
+//! SNAP=$(cp-bench --base http://127.0.0.1:8391 --key k --make-snapshot)
+//! DAIV_SANDBOX_WARM_POOL_SNAPSHOTS=$SNAP=4 DAIV_SANDBOX_WARM_POOL_REMOVE_ON_SHUTDOWN=true \
+//!   DAIV_SANDBOX_PORT=8392 <the first instance's other settings> daiv-sandbox &
+//! cp-bench --base http://127.0.0.1:8391 --key k --sections snapshots \
+//!          --pool-base http://127.0.0.1:8392 --pool-snapshot $SNAP --pool-size 4
+//! kill -INT <the second instance's pid>   # its members go (REMOVE_ON_SHUTDOWN)
+//! curl -X DELETE -H 'X-API-Key: k' http://127.0.0.1:8391/api/v1/snapshots/$SNAP/
+//! ```
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,7 +56,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use base64::Engine as _;
-use integration::cp::{Client as Api, blob_tar, plain_tree, rss_kib, source_tree};
+use integration::cp::{Client as Api, blob_tar, plain_tree, rss_kib, source_tree, workload_tar};
 use serde_json::{Value, json};
 
 #[derive(clap::Parser, Debug)]
@@ -44,13 +77,36 @@ struct Args {
     #[arg(long, default_value = "/var/run/docker.sock")]
     docker: String,
     /// Only these sections (comma list; default all): create, commands, seed, floors, fs,
-    /// stream, process, concurrent, busy (needs `--pid`), bigseed (needs `--pid`).
+    /// stream, process, concurrent, busy (needs `--pid`), bigseed (needs `--pid`), snapshots.
     #[arg(long, value_delimiter = ',')]
     sections: Vec<String>,
+    /// The image of the `snapshots` workload session (its tiny snapshot is of `--image`).
+    #[arg(long, default_value = "daiv-sandbox-debian:local")]
+    snapshot_image: String,
+    /// Size of the `snapshots` workload's one big file, in MB.
+    #[arg(long, default_value_t = 100)]
+    snapshot_mb: usize,
+    /// The service's log (its stdout and stderr), for the `snapshot taken` timings.
+    #[arg(long)]
+    service_log: Option<std::path::PathBuf>,
+    /// A second instance (same deployment and key) with a warm pool of `--pool-snapshot`, for
+    /// the `snapshots` section's warm-pool row.
+    #[arg(long, requires = "pool_snapshot")]
+    pool_base: Option<String>,
+    /// The snapshot that instance pools (`DAIV_SANDBOX_WARM_POOL_SNAPSHOTS=<id>=<pool-size>`).
+    #[arg(long, requires = "pool_base")]
+    pool_snapshot: Option<String>,
+    /// That pool's configured size (each claim waits until it is full again).
+    #[arg(long, default_value_t = 4)]
+    pool_size: u64,
+    /// Only make the `snapshots` workload's snapshot (for `--pool-snapshot`): print its id and
+    /// exit, keeping it (its session is removed). Delete it with `DELETE /snapshots/{id}/`.
+    #[arg(long)]
+    make_snapshot: bool,
 }
 
 /// Every section, in the order they run.
-const SECTIONS: [&str; 10] = [
+const SECTIONS: [&str; 11] = [
     "create",
     "commands",
     "seed",
@@ -61,6 +117,7 @@ const SECTIONS: [&str; 10] = [
     "concurrent",
     "busy",
     "bigseed",
+    "snapshots",
 ];
 
 fn args() -> Result<Args> {
@@ -88,10 +145,25 @@ impl Args {
     }
 }
 
-/// The shared API client, plus the sessions this run created (force-removed at the end).
+/// The shared API client, plus the sessions this run created (force-removed at the end) and
+/// what else it made that outlives them (removed after them).
 struct Client {
     api: Api,
     created: Vec<String>,
+    made: Made,
+}
+
+/// What the `snapshots` section made besides sessions, until it is removed.
+#[derive(Default)]
+struct Made {
+    /// Snapshots (with a record): `DELETE /snapshots/{id}/`.
+    snapshots: Vec<String>,
+    /// Forks' snapshots (no record): their image and data volume, through the Docker socket.
+    fork_payloads: Vec<String>,
+    /// Images of the `docker commit` floor.
+    images: Vec<String>,
+    /// Copies of the `cp -a` floor.
+    scratch: Vec<std::path::PathBuf>,
 }
 
 impl Client {
@@ -115,6 +187,44 @@ impl Client {
 
     async fn fs(&self, id: &str, op: &str, body: Value) -> Result<Value> {
         self.api.fs(id, op, body).await
+    }
+
+    /// `POST /session/` with `body` (a session from a snapshot, ...).
+    async fn session_with(&mut self, body: Value) -> Result<String> {
+        let id = self.api.create_with(body).await?;
+        self.created.push(id.clone());
+        Ok(id)
+    }
+
+    /// Force-removes a session of this run now.
+    async fn remove(&mut self, id: &str) -> Result<()> {
+        self.api.delete(id, true).await?;
+        self.created.retain(|c| c != id);
+        Ok(())
+    }
+
+    /// Snapshots session `id`: the snapshot's id and the 201's body.
+    async fn snapshot(&mut self, id: &str) -> Result<(String, Value)> {
+        let v = self.api.snapshot(id, json!({"name": "cp-bench"})).await?;
+        let sid = v["snapshot_id"]
+            .as_str()
+            .context("snapshot_id")?
+            .to_string();
+        self.made.snapshots.push(sid.clone());
+        Ok((sid, v))
+    }
+
+    async fn delete_snapshot(&mut self, sid: &str) -> Result<()> {
+        self.api.delete_snapshot(sid).await?;
+        self.made.snapshots.retain(|s| s != sid);
+        Ok(())
+    }
+
+    /// `POST /session/{id}/fork/` of `count`.
+    async fn fork(&mut self, id: &str, count: u32) -> Result<Vec<String>> {
+        let ids = self.api.fork(id, count).await?;
+        self.created.extend(ids.iter().cloned());
+        Ok(ids)
     }
 }
 
@@ -141,6 +251,14 @@ impl Samples {
             rows.push(json!({"op": op, "p50_ms": (p50 * 10.0).round() / 10.0, "p95_ms": (p95 * 10.0).round() / 10.0, "n": ms.len()}));
         }
         json!({"results": rows, "extra": extra})
+    }
+
+    /// The median of `op`, in ms (as the table computes it).
+    fn p50(&self, op: &str) -> Option<f64> {
+        let (_, v) = self.0.iter().find(|(o, _)| o == op)?;
+        let mut ms: Vec<f64> = v.iter().map(|d| d.as_secs_f64() * 1000.0).collect();
+        ms.sort_by(f64::total_cmp);
+        Some(ms[((ms.len() as f64 - 1.0) * 0.5).round() as usize])
     }
 }
 
@@ -586,7 +704,603 @@ async fn bench(a: &Args, c: &mut Client, s: &mut Samples) -> Result<Value> {
             "vm_hwm_kib": rss_kib(pid, "VmHWM:"),
         });
     }
+    if a.on("snapshots") {
+        section("snapshots");
+        extra["snapshots"] = snapshots(a, c, s).await?;
+    }
     Ok(extra)
+}
+
+/// Files in the `snapshots` workload's tree.
+const WORKLOAD_FILES: usize = 5000;
+/// The workload's change in the home directory: 2 MB in `~/.cache/x`.
+const HOME_CHANGE: &str =
+    "mkdir -p \"$HOME/.cache\" && head -c 2097152 /dev/urandom > \"$HOME/.cache/x\"";
+/// What a session from the workload's snapshot must have.
+const WORKLOAD_CHECK: &str = "test -s /workspace/repo/big/blob.bin && test -f /workspace/repo/pkg1/sub1/mod_1.py && test -s \"$HOME/.cache/x\"";
+/// The repository of snapshot images and the data volume's name (the service's naming).
+const SNAPSHOT_REPOSITORY: &str = "daiv-sandbox-snapshot";
+/// The repository of the `docker commit` floor's images.
+const FLOOR_REPOSITORY: &str = "cp-bench-floor";
+
+/// The issue's workload: a `--snapshot-image` session seeded with 5,000 files and one
+/// `--snapshot-mb` MB file, with 2 MB written to `~/.cache/x`.
+async fn workload_session(a: &Args, c: &mut Client) -> Result<String> {
+    let archive = workload_tar(WORKLOAD_FILES, a.snapshot_mb * 1024 * 1024)?;
+    let id = c.session(&a.snapshot_image).await?;
+    c.seed(&id, archive).await?;
+    c.api.run_ok(&id, &[HOME_CHANGE]).await?;
+    Ok(id)
+}
+
+/// `--make-snapshot`: the workload's snapshot, kept (for a warm pool of it); its session goes.
+async fn make_snapshot(a: &Args, c: &mut Client) -> Result<Value> {
+    let w = workload_session(a, c).await?;
+    let (sid, v) = c.snapshot(&w).await?;
+    c.made.snapshots.retain(|s| *s != sid);
+    c.remove(&w).await?;
+    eprintln!("cp-bench: snapshot {sid} kept ({} bytes)", v["size_bytes"]);
+    Ok(json!({"snapshot_id": sid}))
+}
+
+/// The `snapshots` section (see the top of the file); its extra (sizes, timings, ratios, and
+/// `summary`, the lines printed after the table).
+async fn snapshots(a: &Args, c: &mut Client, s: &mut Samples) -> Result<Value> {
+    let (n, hn) = (a.n, a.n.min(5));
+    let sock = a.docker();
+    let run_true = json!({"commands": ["true"]});
+    let mut extra = json!({
+        "workload": {
+            "image": a.snapshot_image,
+            "files": WORKLOAD_FILES,
+            "big_file_mb": a.snapshot_mb,
+            "home_change_mb": 2,
+        },
+        "tiny": {"image": a.target.image},
+    });
+    // Which sample each snapshot was, for the service's `snapshot taken` lines.
+    let mut taken: Vec<(String, &'static str)> = Vec::new();
+    let log_from = a
+        .service_log
+        .as_ref()
+        .and_then(|p| std::fs::metadata(p).ok())
+        .map_or(0, |m| m.len());
+
+    let w = workload_session(a, c).await?;
+    // 1. The snapshot and its floors, on the same container.
+    let cold = match drop_caches().await {
+        Ok(()) => true,
+        Err(e) => {
+            extra["cold_skipped"] = json!(format!("{e:#}"));
+            false
+        }
+    };
+    extra["cold_cache_rows"] = json!(cold);
+    let source = match sock {
+        Some(sock) => Some(workspace_source(sock, &w).await?),
+        None => None,
+    };
+    extra["workspace_volume_dir"] = json!(source);
+    for i in 0..hn {
+        let (sid, v) = timed(s, "snapshot", c.snapshot(&w)).await?;
+        extra["workload"]["size_bytes"] = v["size_bytes"].clone();
+        taken.push((sid.clone(), "snapshot"));
+        c.delete_snapshot(&sid).await?;
+        if let (Some(sock), Some(source)) = (sock, &source) {
+            commit_floor(c, s, sock, &w, "floor: docker commit").await?;
+            cp_floor(c, s, source, i, "floor: cp -a workspace").await?;
+            if cold {
+                drop_caches().await?;
+                commit_floor(c, s, sock, &w, "floor: docker commit, cold cache").await?;
+                drop_caches().await?;
+                cp_floor(c, s, source, i, "floor: cp -a workspace, cold cache").await?;
+            }
+        }
+        if cold {
+            drop_caches().await?;
+            let (sid, _) = timed(s, "snapshot, cold cache", c.snapshot(&w)).await?;
+            taken.push((sid.clone(), "snapshot, cold cache"));
+            c.delete_snapshot(&sid).await?;
+        }
+    }
+
+    // 2. Sessions from the workload's snapshot and from a tiny one, beside cold creates.
+    let (big, _) = c.snapshot(&w).await?;
+    taken.push((big.clone(), "snapshot for the creates and forks"));
+    let check = c.session_with(json!({"snapshot_id": big})).await?;
+    c.api
+        .run_ok(&check, &[WORKLOAD_CHECK])
+        .await
+        .context("a session from the workload's snapshot")?;
+    c.remove(&check).await?;
+    // A first run before the freeze (see the raw pause below for why).
+    let t = c.session(&a.target.image).await?;
+    c.post(&format!("/session/{t}/"), run_true.clone()).await?;
+    let (tiny, v) = c.snapshot(&t).await?;
+    extra["tiny"]["size_bytes"] = v["size_bytes"].clone();
+    taken.push((tiny.clone(), "tiny snapshot"));
+    c.remove(&t).await?;
+    for _ in 0..n {
+        for (op, body) in [
+            (
+                "create from snapshot (workload)",
+                json!({"snapshot_id": big}),
+            ),
+            (
+                "cold create (workload image)",
+                json!({"base_image": a.snapshot_image}),
+            ),
+            ("create from snapshot (tiny)", json!({"snapshot_id": tiny})),
+            (
+                "cold create (tiny image)",
+                json!({"base_image": a.target.image}),
+            ),
+        ] {
+            let id = timed(s, op, c.session_with(body)).await?;
+            c.remove(&id).await?;
+        }
+    }
+    c.delete_snapshot(&tiny).await?;
+
+    // 3. Forks, beside a snapshot plus creates from it.
+    for _ in 0..hn {
+        for count in [1u32, 8] {
+            let forks = timed(s, &format!("fork {count}"), c.fork(&w, count)).await?;
+            remove_forks(c, sock, &forks).await?;
+            let started = Instant::now();
+            let (sid, _) = c.snapshot(&w).await?;
+            let creates = (0..count).map(|_| c.api.create_with(json!({"snapshot_id": sid})));
+            let made = futures::future::join_all(creates).await;
+            let took = started.elapsed();
+            taken.push((
+                sid.clone(),
+                match count {
+                    1 => "snapshot + 1 create",
+                    _ => "snapshot + 8 creates",
+                },
+            ));
+            let mut ids = Vec::new();
+            let mut failed = None;
+            for r in made {
+                match r {
+                    Ok(id) => ids.push(id),
+                    Err(e) => failed = Some(e),
+                }
+            }
+            c.created.extend(ids.iter().cloned());
+            if let Some(e) = failed {
+                return Err(e.context(format!("snapshot + {count} creates")));
+            }
+            let op = match count {
+                1 => "snapshot + 1 create from it".to_string(),
+                _ => format!("snapshot + {count} creates (side by side)"),
+            };
+            s.add(&op, took);
+            for id in &ids {
+                c.remove(id).await?;
+            }
+            c.delete_snapshot(&sid).await?;
+        }
+    }
+    c.delete_snapshot(&big).await?;
+    c.remove(&w).await?;
+
+    // 4. Pause, and the first request after it, beside the raw pause and unpause of another
+    // idle session.
+    let p = c.session(&a.snapshot_image).await?;
+    c.post(&format!("/session/{p}/"), run_true.clone()).await?;
+    // Its helper's channel is open before the first raw pause: a `docker exec` starting while
+    // the container freezes can hang runc's exec and the unpause behind it (runc 1.1, cgroup v1:
+    // the cgroup stays FROZEN). Every session this section freezes has had a run first.
+    let q = match sock {
+        Some(_) => {
+            let q = c.session(&a.snapshot_image).await?;
+            c.post(&format!("/session/{q}/"), run_true.clone()).await?;
+            Some(q)
+        }
+        None => None,
+    };
+    for _ in 0..n {
+        timed(s, "pause", c.api.pause(&p)).await?;
+        timed(
+            s,
+            "first run true after pause",
+            c.post(&format!("/session/{p}/"), run_true.clone()),
+        )
+        .await?;
+        timed(
+            s,
+            "run true (running)",
+            c.post(&format!("/session/{p}/"), run_true.clone()),
+        )
+        .await?;
+        if let (Some(sock), Some(q)) = (sock, &q) {
+            timed(
+                s,
+                "floor: docker pause",
+                docker::post(sock, &format!("/containers/{q}/pause")),
+            )
+            .await?;
+            timed(
+                s,
+                "floor: docker unpause",
+                docker::post(sock, &format!("/containers/{q}/unpause")),
+            )
+            .await?;
+        }
+    }
+    c.remove(&p).await?;
+    if let Some(q) = &q {
+        c.remove(q).await?;
+    }
+
+    // 5. Claims from a warm pool of a snapshot, on the instance that keeps one.
+    if let (Some(base), Some(sid)) = (&a.pool_base, &a.pool_snapshot) {
+        let pool = Api::new(base, &a.target.key, Duration::from_secs(600))?;
+        let filter = format!("image=\"snapshot:{sid}\"");
+        let (mut claims, mut misses) = (0.0, 0.0);
+        for _ in 0..n {
+            let deadline = Instant::now() + Duration::from_secs(300);
+            loop {
+                let size = pool.metric("daiv_sandbox_pool_size", &filter).await?;
+                if size as u64 >= a.pool_size {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    bail!(
+                        "the pool of {sid} did not reach {} members (at {size})",
+                        a.pool_size
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let c0 = pool
+                .metric("daiv_sandbox_pool_claims_total", &filter)
+                .await?;
+            let m0 = pool
+                .metric("daiv_sandbox_pool_misses_total", &filter)
+                .await?;
+            let started = Instant::now();
+            let id = pool.create_with(json!({"snapshot_id": sid})).await;
+            let took = started.elapsed();
+            let id = id?;
+            c.created.push(id.clone());
+            s.add("create from snapshot (warm pool claim)", took);
+            claims += pool
+                .metric("daiv_sandbox_pool_claims_total", &filter)
+                .await?
+                - c0;
+            misses += pool
+                .metric("daiv_sandbox_pool_misses_total", &filter)
+                .await?
+                - m0;
+            c.remove(&id).await?;
+        }
+        extra["warm_pool"] = json!({"base": base, "snapshot_id": sid, "size": a.pool_size, "claims": claims, "misses": misses});
+    }
+
+    // Where the snapshots' time went, from the service's log.
+    if let Some(path) = &a.service_log {
+        let lines = snapshot_log(path, log_from);
+        let mut by: Vec<(&str, Vec<[f64; 3]>)> = Vec::new();
+        for (sid, label) in &taken {
+            if let Some(t) = lines.iter().find(|(id, _)| id == sid).map(|(_, t)| *t) {
+                match by.iter_mut().find(|(l, _)| l == label) {
+                    Some((_, v)) => v.push(t),
+                    None => by.push((label, vec![t])),
+                }
+            }
+        }
+        let median = |v: &[[f64; 3]], k: usize| {
+            let mut x: Vec<f64> = v.iter().map(|t| t[k]).collect();
+            x.sort_by(f64::total_cmp);
+            x[(x.len() - 1) / 2]
+        };
+        extra["service_timings_p50_ms"] = by
+            .iter()
+            .map(|(l, v)| {
+                (
+                    l.to_string(),
+                    json!({"frozen": median(v, 0), "commit": median(v, 1), "copy": median(v, 2), "n": v.len()}),
+                )
+            })
+            .collect::<serde_json::Map<_, _>>()
+            .into();
+    }
+    extra["summary"] = json!(summary(s, &extra));
+    Ok(extra)
+}
+
+/// The lines printed after the table: the rows against their floors and the cold creates.
+fn summary(s: &Samples, extra: &Value) -> Vec<String> {
+    let p = |op: &str| s.p50(op);
+    let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => format!("{:.2}x", a / b),
+        _ => "-".to_string(),
+    };
+    let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1} ms"));
+    let sum = |a: Option<f64>, b: Option<f64>| Some(a? + b?);
+    let mb = |v: &Value| v.as_f64().map_or(f64::NAN, |b| b / 1e6);
+    let mut out = vec![format!(
+        "snapshots (p50): workload snapshot {:.1} MB, tiny snapshot {:.1} MB",
+        mb(&extra["workload"]["size_bytes"]),
+        mb(&extra["tiny"]["size_bytes"]),
+    )];
+    for (label, snap, commit, cp) in [
+        (
+            "warm",
+            "snapshot",
+            "floor: docker commit",
+            "floor: cp -a workspace",
+        ),
+        (
+            "cold cache",
+            "snapshot, cold cache",
+            "floor: docker commit, cold cache",
+            "floor: cp -a workspace, cold cache",
+        ),
+    ] {
+        if p(snap).is_none() {
+            continue;
+        }
+        let floor = sum(p(commit), p(cp));
+        let beside = p(commit).zip(p(cp)).map(|(a, b)| a.max(b));
+        out.push(format!(
+            "  snapshot ({label}) {} vs commit {} + cp -a {} = {}: snapshot/(commit+cp) {} (vs the larger of the two, {}: {})",
+            f(p(snap)),
+            f(p(commit)),
+            f(p(cp)),
+            f(floor),
+            ratio(p(snap), floor),
+            f(beside),
+            ratio(p(snap), beside),
+        ));
+    }
+    if let Some(t) = extra
+        .get("service_timings_p50_ms")
+        .and_then(Value::as_object)
+    {
+        for (label, v) in t {
+            let ms = |k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+            let total = match label.as_str() {
+                "snapshot" | "snapshot, cold cache" => p(label),
+                _ => None,
+            };
+            let outside = total.map_or(String::new(), |t| {
+                format!(", outside the freeze {:.0} ms", t - ms("frozen"))
+            });
+            out.push(format!(
+                "  service's `snapshot taken` ({label}, n={}): frozen {:.0} ms (commit {:.0} ms beside copy {:.0} ms){outside}",
+                v["n"],
+                ms("frozen"),
+                ms("commit"),
+                ms("copy"),
+            ));
+        }
+    }
+    let cold = p("cold create (workload image)");
+    out.push(format!(
+        "  create from snapshot: workload {} ({} of cold {}), tiny {} ({} of cold {})",
+        f(p("create from snapshot (workload)")),
+        ratio(p("create from snapshot (workload)"), cold),
+        f(cold),
+        f(p("create from snapshot (tiny)")),
+        ratio(
+            p("create from snapshot (tiny)"),
+            p("cold create (tiny image)")
+        ),
+        f(p("cold create (tiny image)")),
+    ));
+    for (fork, manual) in [
+        ("fork 1", "snapshot + 1 create from it"),
+        ("fork 8", "snapshot + 8 creates (side by side)"),
+    ] {
+        out.push(format!(
+            "  {fork} {} vs {manual} {}: {}",
+            f(p(fork)),
+            f(p(manual)),
+            ratio(p(fork), p(manual)),
+        ));
+    }
+    let floor = sum(p("floor: docker pause"), p("floor: docker unpause"));
+    out.push(format!(
+        "  pause {} vs docker pause {} ({}); first run true after pause {} vs running {} (+{}) vs docker unpause {}; docker pause+unpause {}",
+        f(p("pause")),
+        f(p("floor: docker pause")),
+        ratio(p("pause"), p("floor: docker pause")),
+        f(p("first run true after pause")),
+        f(p("run true (running)")),
+        f(sum(p("first run true after pause"), p("run true (running)").map(|v| -v))),
+        f(p("floor: docker unpause")),
+        f(floor),
+    ));
+    if let Some(claim) = p("create from snapshot (warm pool claim)") {
+        out.push(format!(
+            "  warm pool claim {} ({} of cold create, {} of create from snapshot; target 50 ms): {} claims, {} misses",
+            f(Some(claim)),
+            ratio(Some(claim), cold),
+            ratio(Some(claim), p("create from snapshot (workload)")),
+            extra["warm_pool"]["claims"],
+            extra["warm_pool"]["misses"],
+        ));
+    }
+    out
+}
+
+/// The host directory of session `id`'s `/workspace` volume (its mount's source).
+async fn workspace_source(sock: &str, id: &str) -> Result<String> {
+    let v = docker::inspect(sock, id).await?;
+    v["Mounts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|m| m["Destination"] == "/workspace")
+        .and_then(|m| m["Source"].as_str())
+        .map(str::to_string)
+        .context("the session has no /workspace mount")
+}
+
+/// One raw `docker commit` of `id` (the CLI's defaults: paused while it runs), timed as `op`;
+/// the image is removed again (untimed).
+async fn commit_floor(
+    c: &mut Client,
+    s: &mut Samples,
+    sock: &str,
+    id: &str,
+    op: &str,
+) -> Result<()> {
+    let tag = format!("{}-{}", std::process::id(), c.made.images.len());
+    let image = format!("{FLOOR_REPOSITORY}:{tag}");
+    c.made.images.push(image.clone());
+    let path = format!("/commit?container={id}&repo={FLOOR_REPOSITORY}&tag={tag}");
+    timed(s, op, docker::post(sock, &path)).await?;
+    docker::delete(sock, &format!("/images/{image}")).await?;
+    c.made.images.retain(|i| *i != image);
+    Ok(())
+}
+
+/// One `cp -a` of the workspace volume's directory into the temp directory, timed as `op`; the
+/// copy is removed again (untimed).
+async fn cp_floor(c: &mut Client, s: &mut Samples, source: &str, i: usize, op: &str) -> Result<()> {
+    let to = std::env::temp_dir().join(format!("cp-bench-cp-{}-{i}", std::process::id()));
+    c.made.scratch.push(to.clone());
+    let started = Instant::now();
+    let status = tokio::process::Command::new("cp")
+        .arg("-a")
+        .arg(source)
+        .arg(&to)
+        .status()
+        .await
+        .context("cp")?;
+    let took = started.elapsed();
+    if !status.success() {
+        bail!("cp -a {source} {}: {status}", to.display());
+    }
+    s.add(op, took);
+    tokio::fs::remove_dir_all(&to).await?;
+    c.made.scratch.retain(|p| *p != to);
+    Ok(())
+}
+
+/// `sync; echo 3 > /proc/sys/vm/drop_caches` (root only): the next reads come from the disk.
+async fn drop_caches() -> Result<()> {
+    let status = tokio::process::Command::new("sync").status().await?;
+    if !status.success() {
+        bail!("sync: {status}");
+    }
+    tokio::fs::write("/proc/sys/vm/drop_caches", "3")
+        .await
+        .context("echo 3 > /proc/sys/vm/drop_caches")
+}
+
+/// Force-removes forks, then their snapshot's image and data volume (it has no record: the
+/// service's reaper would collect them only after the grace period) through the Docker socket;
+/// without one they are the reaper's.
+async fn remove_forks(c: &mut Client, sock: Option<&str>, forks: &[String]) -> Result<()> {
+    let payload = match (sock, forks.first()) {
+        (Some(sock), Some(first)) => {
+            docker::inspect(sock, first).await?["Config"]["Labels"]["daiv.sandbox.snapshot"]
+                .as_str()
+                .map(str::to_string)
+        }
+        _ => None,
+    };
+    for id in forks {
+        c.remove(id).await?;
+    }
+    if let (Some(sock), Some(sid)) = (sock, payload) {
+        c.made.fork_payloads.push(sid.clone());
+        remove_payload(sock, &sid).await?;
+        c.made.fork_payloads.retain(|p| *p != sid);
+    }
+    Ok(())
+}
+
+/// A snapshot's image and data volume (the service's names).
+async fn remove_payload(sock: &str, sid: &str) -> Result<()> {
+    docker::delete(sock, &format!("/images/{SNAPSHOT_REPOSITORY}:{sid}")).await?;
+    docker::delete(sock, &format!("/volumes/daiv-snapshot-{sid}-data")).await
+}
+
+/// Removes what the run made besides sessions (those are gone already): snapshots, forks'
+/// snapshot payloads, floor images and copies. Best effort; what is left is named on stderr.
+async fn cleanup(a: &Args, c: &mut Client) {
+    let made = std::mem::take(&mut c.made);
+    for sid in made.snapshots {
+        if let Err(e) = c.api.delete_snapshot(&sid).await {
+            eprintln!("cp-bench: snapshot {sid} left: {e:#}");
+        }
+    }
+    if let Some(sock) = a.docker() {
+        for sid in made.fork_payloads {
+            if let Err(e) = remove_payload(sock, &sid).await {
+                eprintln!("cp-bench: fork snapshot {sid} left: {e:#}");
+            }
+        }
+        for image in made.images {
+            if let Err(e) = docker::delete(sock, &format!("/images/{image}")).await {
+                eprintln!("cp-bench: image {image} left: {e:#}");
+            }
+        }
+    }
+    for dir in made.scratch {
+        if dir.exists()
+            && let Err(e) = std::fs::remove_dir_all(&dir)
+        {
+            eprintln!("cp-bench: {} left: {e}", dir.display());
+        }
+    }
+}
+
+/// The `snapshot taken` lines of the service's log from byte `from`: per snapshot id, its
+/// frozen, commit and copy times in ms. Text (ANSI colours or not) and JSON logs alike.
+fn snapshot_log(path: &std::path::Path, from: u64) -> Vec<(String, [f64; 3])> {
+    let Ok(bytes) = std::fs::read(path) else {
+        return Vec::new();
+    };
+    let text = String::from_utf8_lossy(bytes.get(from as usize..).unwrap_or_default());
+    text.lines()
+        .filter(|l| l.contains("snapshot taken"))
+        .filter_map(|l| {
+            let l = strip_ansi(l);
+            let num = |k: &str| field(&l, k)?.parse::<f64>().ok();
+            Some((
+                field(&l, "snapshot_id")?.to_string(),
+                [num("frozen_ms")?, num("commit_ms")?, num("copy_ms")?],
+            ))
+        })
+        .collect()
+}
+
+/// A log line without its ANSI colour sequences.
+fn strip_ansi(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(ch) = chars.next() {
+        if ch == '\u{1b}' {
+            for e in chars.by_ref() {
+                if e.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(ch);
+        }
+    }
+    out
+}
+
+/// Field `key` of a log line: `key=value` (text) or `"key":value` (JSON), quotes trimmed.
+fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    let text = format!(" {key}=");
+    let json = format!("\"{key}\":");
+    let start = line
+        .find(&text)
+        .map(|i| i + text.len())
+        .or_else(|| line.find(&json).map(|i| i + json.len()))?;
+    let rest = &line[start..];
+    let end = rest.find([' ', ',', '}']).unwrap_or(rest.len());
+    Some(rest[..end].trim_matches('"'))
 }
 
 /// Prints which section starts (stderr, so stdout stays the table and the JSON).
@@ -607,14 +1321,31 @@ async fn main() -> Result<()> {
     let mut c = Client {
         api: Api::new(&a.target.base, &a.target.key, Duration::from_secs(600))?,
         created: Vec::new(),
+        made: Made::default(),
     };
     let mut s = Samples::default();
-    let result = bench(&a, &mut c, &mut s).await;
+    let result = if a.make_snapshot {
+        make_snapshot(&a, &mut c).await
+    } else {
+        bench(&a, &mut c, &mut s).await
+    };
     for id in std::mem::take(&mut c.created) {
         let _ = c.delete(&id, true).await;
     }
+    cleanup(&a, &mut c).await;
     let extra = result?;
+    if a.make_snapshot {
+        println!("{}", extra["snapshot_id"].as_str().unwrap_or_default());
+        return Ok(());
+    }
     let report = s.report(extra);
+    for line in report["extra"]["snapshots"]["summary"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        println!("{}", line.as_str().unwrap_or_default());
+    }
     if let Some(b) = report["extra"].get("busy_8_sessions") {
         let mib = |k: &str| {
             b[k].as_f64()
@@ -641,7 +1372,23 @@ mod docker {
     use hyper::Request;
     use hyper_util::rt::TokioIo;
 
+    /// One call, given up after 10 minutes (a hung engine call fails the run, not hangs it).
     async fn call(
+        sock: &str,
+        method: &str,
+        path: &str,
+        body: Vec<u8>,
+        ctype: &str,
+    ) -> Result<Vec<u8>> {
+        tokio::time::timeout(
+            std::time::Duration::from_secs(600),
+            call_once(sock, method, path, body, ctype),
+        )
+        .await
+        .map_err(|_| anyhow::anyhow!("{method} {path}: no answer within 10 minutes"))?
+    }
+
+    async fn call_once(
         sock: &str,
         method: &str,
         path: &str,
@@ -718,6 +1465,33 @@ mod docker {
         .await?;
         let state: serde_json::Value = serde_json::from_slice(&state)?;
         Ok((state["ExitCode"].as_i64().unwrap_or(-1), output))
+    }
+
+    /// `GET /containers/<id>/json`.
+    pub async fn inspect(sock: &str, id: &str) -> Result<serde_json::Value> {
+        let v = call(
+            sock,
+            "GET",
+            &format!("/containers/{id}/json"),
+            Vec::new(),
+            "application/json",
+        )
+        .await?;
+        Ok(serde_json::from_slice(&v)?)
+    }
+
+    /// A `POST` without a body (`/containers/<id>/pause`, `/commit?...`).
+    pub async fn post(sock: &str, path: &str) -> Result<()> {
+        call(sock, "POST", path, Vec::new(), "application/json")
+            .await
+            .map(drop)
+    }
+
+    /// A `DELETE` (`/images/<ref>`, `/volumes/<name>`).
+    pub async fn delete(sock: &str, path: &str) -> Result<()> {
+        call(sock, "DELETE", path, Vec::new(), "application/json")
+            .await
+            .map(drop)
     }
 
     /// `PUT /containers/<id>/archive?path=<dir>` of a plain tar.

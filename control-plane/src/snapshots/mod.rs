@@ -273,6 +273,10 @@ impl Snapshots {
         base_image: &str,
         data: &VolumeInfo,
     ) -> Result<(u64, u64, Timings), SnapshotError> {
+        // Everything that does not need the freeze is done before it: the source image (its
+        // environment for the commit's config, its size for ours) and the holder.
+        let source = self.engine.inspect_image(source_image).await?;
+        let spec = self.commit_spec(info, id, &source.env, base_image);
         let holder = self
             .engine
             .create(&self.holder_spec(id, source_image, &data.name))
@@ -285,7 +289,6 @@ impl Snapshots {
         }
         let commit = async {
             let t = std::time::Instant::now();
-            let spec = self.commit_spec(info, id, source_image, base_image).await?;
             let image = self.engine.commit(&info.id, &spec).await?;
             Ok::<_, SnapshotError>((image, t.elapsed()))
         };
@@ -304,7 +307,7 @@ impl Snapshots {
         let (image, commit_time) = committed?;
         let (workspace_bytes, copy_time) = copied?;
         let own = self.engine.inspect_image(&image).await?.size;
-        let base = self.engine.inspect_image(source_image).await?.size;
+        let base = source.size;
         let image_bytes = u64::try_from(own.saturating_sub(base)).unwrap_or(0);
         Ok((
             image_bytes,
@@ -346,14 +349,13 @@ impl Snapshots {
     /// The image's config: the base image's environment plus the sandbox's own variables, and
     /// every other variable of the container's (the caller's, the egress settings) blanked,
     /// because Docker merges the container's environment into a committed image's.
-    async fn commit_spec(
+    fn commit_spec(
         &self,
         info: &ContainerInfo,
         id: &str,
-        source_image: &str,
+        image_env: &[String],
         base_image: &str,
-    ) -> Result<CommitSpec, SnapshotError> {
-        let image_env = self.engine.inspect_image(source_image).await?.env;
+    ) -> CommitSpec {
         let mut env: Vec<(String, String)> =
             image_env.iter().filter_map(|kv| split_env(kv)).collect();
         let mut blanked = Vec::new();
@@ -380,14 +382,14 @@ impl Snapshots {
         labels.extend(self.labels(ROLE_SNAPSHOT, id));
         labels.insert(IMAGE_LABEL.to_string(), base_image.to_string());
         labels.insert(BLANKED_LABEL.to_string(), blanked.join(","));
-        Ok(CommitSpec {
+        CommitSpec {
             reference: image_ref(id),
             labels,
             env,
             entrypoint: Vec::new(),
             cmd: vec![layout::HELPER.to_string(), "init".to_string()],
             user: "0:0".to_string(),
-        })
+        }
     }
 
     /// Streams the session's `/workspace` into the holder's volume; the bytes streamed.

@@ -14,7 +14,7 @@ SOAK_SECONDS ?= 600
 SOAK_SMOKE_SESSIONS ?= 8
 SOAK_SMOKE_SECONDS ?= 60
 
-.PHONY: help fmt lint build helper images compose-smoke docker gvisor redis registry chromium run test test-unit test-e2e check-leaks clean-docker cargo-fuzz fuzz fuzz-smoke chaos deny api-fuzz api-fuzz-smoke soak soak-smoke
+.PHONY: help fmt lint build helper images compose-smoke docker gvisor redis registry chromium run test test-unit test-e2e check-leaks clean-docker cargo-fuzz fuzz fuzz-smoke chaos deny api-fuzz api-fuzz-smoke soak soak-smoke fleet-engines
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -113,6 +113,9 @@ soak: docker images ## SOAK_SESSIONS (50) busy sessions for SOAK_SECONDS (600): 
 
 soak-smoke: docker images ## The soak with SOAK_SMOKE_SESSIONS (8) sessions for SOAK_SMOKE_SECONDS (60)
 	@SOAK_SESSIONS=$(SOAK_SMOKE_SESSIONS) SOAK_SECONDS=$(SOAK_SMOKE_SECONDS) integration/scripts/soak.sh
+
+fleet-engines: docker images ## Start three Docker-in-Docker engines over mutual TLS for the fleet tests (scripts/fleet-engines.sh)
+	@scripts/fleet-engines.sh up >/dev/null
 
 check-leaks: ## Fail if containers or networks created by the service are left behind
 	@scripts/check-leaks.sh

@@ -2,10 +2,17 @@
 # Removes everything the service created on this engine (label daiv.sandbox.managed=true), in
 # every deployment: containers (with their anonymous volumes), networks, named volumes (snapshot
 # records and data, copy-on-write workspaces) and images (snapshot payloads, dangling and untagged
-# parents included). For a development machine; a live deployment on the same engine loses its
-# sessions and snapshots too.
+# parents included); and the fleet tests' engines with their data volumes (fleet-engines.sh down
+# --purge). For a development machine; a live deployment on the same engine loses its sessions
+# and snapshots too.
 set -euo pipefail
 label=label=daiv.sandbox.managed=true
+
+# The fleet tests' engines (scripts/fleet-engines.sh): containers, network and data volumes.
+fleet=label=daiv.fleet=true
+if [ -n "$(docker ps -aq --filter "$fleet"; docker network ls -q --filter "$fleet"; docker volume ls -q --filter "$fleet")" ]; then
+    "$(dirname "$(readlink -f "$0")")/fleet-engines.sh" down --purge
+fi
 
 docker ps -aq --no-trunc --filter "$label" | xargs -r docker rm -fv >/dev/null
 docker network ls -q --filter "$label" | xargs -r docker network rm >/dev/null

@@ -181,6 +181,9 @@ impl From<SessionError> for ApiError {
             E::SnapshotImageMismatch(_) => ApiError::BadRequest(e.to_string()),
             E::NotRunning => ApiError::Conflict(e.to_string()),
             E::ForkCount(_) => ApiError::Unprocessable(e.to_string()),
+            E::EngineDown(_) | E::EngineDraining(_) | E::NoEngine(_) => {
+                ApiError::Unavailable(e.to_string())
+            }
             E::Snapshot(e) => e.into(),
             E::Engine(e) => e.into(),
             E::Egress(e) => e.into(),

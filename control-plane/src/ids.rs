@@ -10,6 +10,59 @@ pub fn is_container_id(id: &str) -> bool {
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
+/// An engine's name in a fleet (`DAIV_SANDBOX_ENGINES_FILE`): it prefixes the ids of the sessions
+/// and snapshots the engine holds, so it is kept to what a URL path, a Docker tag and a Redis key
+/// all take without escaping.
+pub fn is_engine_name(name: &str) -> bool {
+    let b = name.as_bytes();
+    !b.is_empty()
+        && b.len() <= 32
+        && (b[0].is_ascii_lowercase() || b[0].is_ascii_digit())
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'_' || *c == b'-')
+}
+
+/// The engine an id names and the engine's own id: `b.<id>` is `(Some("b"), <id>)`, an id
+/// without a prefix (a session of the default engine) is `(None, id)`. The name is not checked.
+pub fn split_engine(id: &str) -> (Option<&str>, &str) {
+    match id.split_once('.') {
+        Some((engine, rest)) => (Some(engine), rest),
+        None => (None, id),
+    }
+}
+
+/// `raw` as the control plane hands it out for the engine with id prefix `prefix`.
+pub fn with_engine(prefix: Option<&str>, raw: &str) -> String {
+    match prefix {
+        Some(p) => format!("{p}.{raw}"),
+        None => raw.to_string(),
+    }
+}
+
+/// A session id: a full container id, prefixed by its engine's name unless the engine is the
+/// default one.
+pub fn is_session_id(id: &str) -> bool {
+    match split_engine(id) {
+        (Some(engine), raw) => is_engine_name(engine) && is_container_id(raw),
+        (None, raw) => is_container_id(raw),
+    }
+}
+
+/// A snapshot id: 32 lowercase hex digits, prefixed by its engine's name (as a session id is)
+/// unless the engine is the default one.
+pub fn is_snapshot_id(id: &str) -> bool {
+    let hex32 = |raw: &str| {
+        raw.len() == 32
+            && raw
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    match split_engine(id) {
+        (Some(engine), raw) => is_engine_name(engine) && hex32(raw),
+        (None, raw) => hex32(raw),
+    }
+}
+
 /// A fresh random token (16 hex digits): an egress session's parts, a pool member's name.
 pub fn random_token() -> String {
     format!("{:016x}", rand::random::<u64>())
@@ -36,6 +89,21 @@ mod tests {
         assert!(!is_container_id(&"a".repeat(12)));
         assert!(!is_container_id(&"A".repeat(64)));
         assert!(!is_container_id("../../etc"));
+    }
+
+    #[test]
+    fn session_ids_may_name_their_engine() {
+        let raw = "0123456789abcdef".repeat(4);
+        assert!(is_session_id(&raw));
+        assert!(is_session_id(&format!("b.{raw}")));
+        assert!(is_session_id(&format!("eu-west_2.{raw}")));
+        assert!(!is_session_id(&format!("B.{raw}")));
+        assert!(!is_session_id(&format!(".{raw}")));
+        assert!(!is_session_id(&format!("a.b.{raw}")));
+        assert!(!is_session_id(&format!("{}.{raw}", "a".repeat(33))));
+        assert_eq!(split_engine(&format!("b.{raw}")), (Some("b"), raw.as_str()));
+        assert_eq!(with_engine(Some("b"), &raw), format!("b.{raw}"));
+        assert_eq!(with_engine(None, &raw), raw);
     }
 
     #[test]

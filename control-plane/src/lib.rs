@@ -18,9 +18,11 @@
 //!    close, refresh; the session lock).
 //! 8. **Workspace and processes:** [`workspace`] (seed, fs ops), [`processes`] (background
 //!    processes, streaming runs), [`reaper`].
-//! 9. **HTTP:** [`routes`] (handlers and the router), [`error`] (the one place a cause becomes a
-//!    status and `{"detail"}` body), [`auth`], [`admission`], [`openapi`].
-//! 10. **Composition:** [`state`] ([`AppState`] and [`app`]); `main.rs`.
+//! 9. **The fleet:** [`fleet`] (one such stack per Docker engine, placement, health, the engines
+//!    file).
+//! 10. **HTTP:** [`routes`] (handlers and the router), [`error`] (the one place a cause becomes
+//!     a status and `{"detail"}` body), [`auth`], [`admission`], [`openapi`].
+//! 11. **Composition:** [`state`] ([`AppState`] and [`app`]); `main.rs`.
 
 pub mod admission;
 pub mod api;
@@ -32,6 +34,7 @@ pub mod coordination;
 pub mod egress;
 pub mod engine;
 pub mod error;
+pub mod fleet;
 pub mod ids;
 pub mod openapi;
 pub mod pool;

@@ -9,8 +9,6 @@ use control_plane::config::{self, ProcessEnv};
 use control_plane::coordination::Coordination;
 use control_plane::engine::credentials::CredentialStore;
 use control_plane::engine::docker::DockerEngine;
-use control_plane::pool::Refill;
-use control_plane::reaper::Reaper;
 use control_plane::{AppState, app};
 
 #[tokio::main]
@@ -39,18 +37,33 @@ async fn main() -> anyhow::Result<()> {
             tracing::info!("registry credentials: none (neither DOCKER_CONFIG nor HOME is set)")
         }
     }
-    let engine = DockerEngine::connect(credentials)
-        .await
-        .context("cannot reach the Docker engine (is dockerd running? DOCKER_HOST?)")?;
     // With REDIS_URL, locks and activity share one lazy connection: the service starts while
     // Redis is down and answers 503 until it is back.
     let coordination = Coordination::from_config(&config).context("DAIV_SANDBOX_REDIS_URL")?;
-    let state = AppState::with_coordination(
-        config.clone(),
-        Arc::new(engine),
-        coordination.locks,
-        coordination.activity,
-    );
+    let state = if config.fleet.engines_file.is_some() {
+        // A fleet's engines are connected in the background: one that is down at start-up is
+        // marked down and joins when it answers.
+        tracing::info!(
+            engines = config.fleet.engines.len(),
+            "fleet: engines from DAIV_SANDBOX_ENGINES_FILE"
+        );
+        AppState::with_fleet(
+            config.clone(),
+            coordination.locks,
+            coordination.activity,
+            credentials,
+        )
+    } else {
+        let engine = DockerEngine::connect(credentials)
+            .await
+            .context("cannot reach the Docker engine (is dockerd running? DOCKER_HOST?)")?;
+        AppState::with_coordination(
+            config.clone(),
+            Arc::new(engine),
+            coordination.locks,
+            coordination.activity,
+        )
+    };
     // Every sandbox gets the helper; without it no session could run a command. The state read
     // it once; only a failure reads again, to say why.
     if !state.sessions.has_helper() {
@@ -60,16 +73,10 @@ async fn main() -> anyhow::Result<()> {
         eprintln!("daiv-sandbox: {why}");
         std::process::exit(2);
     }
-    let reaper = config
-        .reaper
-        .enabled
-        .then(|| Arc::new(Reaper::new(state.sessions.clone())).spawn());
-    // The warm pool (if configured) fills in the background; requests go cold meanwhile.
-    let refill = Refill::new(
-        state.sessions.pool().clone(),
-        state.sessions.locks().clone(),
-    );
-    let refilling = refill.spawn();
+    // Each engine's reaper and warm-pool refill (the pools fill in the background; requests go
+    // cold meanwhile) and, in a fleet, its health checks and the engines file's watch.
+    let fleet = state.fleet.clone();
+    fleet.start();
 
     let addr = std::net::SocketAddr::new(config.server.host, config.server.port);
     // Small request/response exchanges: no Nagle delay on any accepted socket.
@@ -86,14 +93,8 @@ async fn main() -> anyhow::Result<()> {
         .with_graceful_shutdown(shutdown_signal())
         .await
         .context("server error");
-    if let Some(reaper) = reaper {
-        reaper.abort();
-    }
-    if let Some(refilling) = refilling {
-        // Builds in flight finish; the members stay unless WARM_POOL_REMOVE_ON_SHUTDOWN.
-        refill.shutdown().await;
-        refilling.abort();
-    }
+    // Builds in flight finish; the members stay unless WARM_POOL_REMOVE_ON_SHUTDOWN.
+    fleet.shutdown().await;
     served
 }
 

@@ -855,6 +855,7 @@ mod tests {
         crate::routes::snapshots::delete,
         crate::routes::snapshots::fork,
         crate::routes::snapshots::pause,
+        crate::routes::engines::list,
         crate::routes::meta::health,
         crate::routes::meta::version,
     ),

@@ -167,6 +167,9 @@ enum Why {
 
 pub struct Reaper {
     sessions: Arc<Sessions>,
+    /// What the replicas take turns on: the deployment, and in a fleet the engine too (each
+    /// engine is swept on its own).
+    lead: String,
     locks: Arc<dyn SessionLocks>,
     activity: Arc<dyn SessionActivity>,
     policy: Policy,
@@ -177,7 +180,13 @@ impl Reaper {
     /// A reaper over `sessions`: the same engine, locks and activity records as the API it runs
     /// beside.
     pub fn new(sessions: Arc<Sessions>) -> Self {
+        let deployment = &sessions.config().deployment;
+        let lead = match sessions.engine().id_prefix() {
+            Some(engine) => format!("{deployment}@{engine}"),
+            None => deployment.clone(),
+        };
         Self {
+            lead,
             locks: sessions.locks().clone(),
             activity: sessions.activity().clone(),
             policy: Policy::from_config(sessions.config()),
@@ -206,11 +215,7 @@ impl Reaper {
 
     /// One tick: sweep if this replica leads for this interval.
     pub async fn tick(&self) {
-        match self
-            .locks
-            .try_lead(&self.policy.deployment, self.policy.interval)
-            .await
-        {
+        match self.locks.try_lead(&self.lead, self.policy.interval).await {
             Ok(true) => {}
             Ok(false) => {
                 tracing::debug!("reaper: another replica sweeps this interval");

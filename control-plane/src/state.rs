@@ -9,11 +9,10 @@ use crate::admission::Admission;
 use crate::config::Config;
 use crate::coordination::activity::{LocalActivity, SessionActivity};
 use crate::coordination::lock::SessionLocks;
-use crate::egress::Egress;
 use crate::engine::ContainerEngine;
-use crate::pool::Pool;
-use crate::runtime::{HelperRuntime, SessionRuntime, helper_binary};
-use crate::sandbox::SandboxFactory;
+use crate::engine::credentials::CredentialStore;
+use crate::fleet::Fleet;
+use crate::runtime::helper_binary;
 use crate::sessions::Sessions;
 use crate::telemetry::engine::MeteredEngine;
 use crate::telemetry::metrics::Metrics;
@@ -22,10 +21,10 @@ use crate::telemetry::metrics::Metrics;
 #[derive(Clone)]
 pub struct AppState {
     pub config: Arc<Config>,
+    /// Every engine sessions may be on, each with its own stack.
+    pub fleet: Arc<Fleet>,
+    /// The sessions of the first engine: the only one without a fleet (in-process tests).
     pub sessions: Arc<Sessions>,
-    /// The engine every call goes through (counted and timed).
-    pub engine: Arc<dyn ContainerEngine>,
-    pub runtime: Arc<dyn SessionRuntime>,
     pub metrics: Arc<Metrics>,
     /// The slots of the create, seed and fs routes.
     pub admission: Arc<Admission>,
@@ -53,48 +52,58 @@ impl AppState {
         // Every engine call is counted and timed, whichever handler or task makes it.
         let engine: Arc<dyn ContainerEngine> =
             Arc::new(MeteredEngine::new(engine, metrics.clone()));
-        // A CA file that cannot be read was already refused by config validation; reading it
-        // again here can only fail on a race, which then disables egress loudly.
-        let egress = match Egress::load(engine.clone(), config.clone()) {
-            Ok(e) => e.map(Arc::new),
-            Err(e) => {
-                tracing::error!(error = %e, "egress CA unreadable; egress sessions disabled");
-                None
-            }
-        };
         // main checks for the helper before serving; in-process tests run without one.
         let helper = helper_binary(config.sessions.helper_bin.as_deref()).ok();
-        let runtime: Arc<dyn SessionRuntime> = Arc::new(
-            HelperRuntime::new(
-                engine.clone(),
-                config.sessions.run_uid,
-                config.sessions.run_gid,
-            )
-            .with_helper(helper.clone()),
-        );
-        let factory = Arc::new(SandboxFactory::new(
-            engine.clone(),
+        let fleet = Fleet::single(
             config.clone(),
-            egress,
-            helper,
-        ));
-        let pool = Arc::new(Pool::new(factory.clone(), runtime.clone(), metrics.clone()));
-        let sessions = Arc::new(Sessions::new(
-            factory,
-            pool,
-            runtime.clone(),
+            engine,
             locks,
             activity,
             metrics.clone(),
-        ));
+            helper,
+        );
+        Self::over(config, fleet, metrics)
+    }
+
+    /// The service over the engines of `ENGINES_FILE` (see [`crate::fleet`]).
+    pub fn with_fleet(
+        config: Arc<Config>,
+        locks: Arc<dyn SessionLocks>,
+        activity: Arc<dyn SessionActivity>,
+        credentials: CredentialStore,
+    ) -> Self {
+        let metrics = Arc::new(Metrics::default());
+        let helper = helper_binary(config.sessions.helper_bin.as_deref()).ok();
+        let fleet = Fleet::from_file(
+            config.clone(),
+            locks,
+            activity,
+            metrics.clone(),
+            helper,
+            credentials,
+        );
+        Self::over(config, fleet, metrics)
+    }
+
+    fn over(config: Arc<Config>, fleet: Arc<Fleet>, metrics: Arc<Metrics>) -> Self {
+        let sessions = fleet
+            .cells()
+            .first()
+            .map(|c| c.sessions().clone())
+            .expect("a fleet has at least one engine");
         Self {
             admission: Arc::new(Admission::new(&config.admission, metrics.clone())),
             config,
+            fleet,
             sessions,
-            engine,
-            runtime,
             metrics,
         }
+    }
+}
+
+impl FromRef<AppState> for Arc<Fleet> {
+    fn from_ref(state: &AppState) -> Self {
+        state.fleet.clone()
     }
 }
 

@@ -26,6 +26,7 @@ const LAYERS: &[&[&str]] = &[
     &["pool"],
     &["sessions"],
     &["workspace", "processes", "reaper"],
+    &["fleet"],
     &["admission", "error", "auth", "openapi", "routes"],
     &["state"],
 ];

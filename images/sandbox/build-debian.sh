@@ -29,44 +29,6 @@ if [ "${FORCE:-0}" != 1 ] && image_exists "$IMAGE"; then
 fi
 apt_ensure debootstrap
 
-# The Debian main archive from the machine's apt sources (deb822 first, then one-line style).
-find_mirror() {
-    python3 - <<'PY'
-import glob, re
-def good(uri, suites):
-    return uri.startswith(("http://", "https://")) and "security" not in uri \
-        and any(s.split("-")[0] == "bookworm" or s in ("stable",) for s in suites)
-for path in sorted(glob.glob("/etc/apt/sources.list.d/*.sources")):
-    try:
-        text = open(path).read()
-    except OSError:
-        continue
-    for stanza in re.split(r"\n\s*\n", text):
-        fields = {}
-        for line in stanza.splitlines():
-            if line.startswith("#") or ":" not in line or line[0].isspace():
-                continue
-            k, v = line.split(":", 1)
-            fields[k.strip().lower()] = v.split()
-        if fields.get("enabled", ["yes"])[0].lower() == "no":
-            continue
-        if "deb" not in fields.get("types", []):
-            continue
-        suites = fields.get("suites", [])
-        for uri in fields.get("uris", []):
-            if good(uri, suites):
-                print(uri.rstrip("/")); raise SystemExit
-for path in ["/etc/apt/sources.list"] + sorted(glob.glob("/etc/apt/sources.list.d/*.list")):
-    try:
-        lines = open(path).read().splitlines()
-    except OSError:
-        continue
-    for line in lines:
-        line = re.sub(r"\[[^]]*\]", " ", line.split("#", 1)[0]).split()
-        if len(line) >= 3 and line[0] == "deb" and good(line[1], [line[2]]):
-            print(line[1].rstrip("/")); raise SystemExit
-PY
-}
 MIRROR=${DEBIAN_MIRROR:-$(find_mirror || true)}
 MIRROR=${MIRROR:-http://deb.debian.org/debian}
 

@@ -19,7 +19,8 @@
 //! - [`TelemetryConfig`] (`telemetry`): environment, log level, Sentry;
 //! - [`PoolConfig`] (`pool`): the warm pools;
 //! - [`AdmissionConfig`] (`admission`): how many creates, seeds and fs operations run at once,
-//!   and how long a request waits for a slot.
+//!   and how long a request waits for a slot;
+//! - [`FleetConfig`] (`fleet`): the Docker engines sessions are placed on (`ENGINES_FILE`).
 //!
 //! [`load`] runs every group's `load` on one parser, which records each problem instead of
 //! stopping at it, then checks what spans groups; only then does it fail, listing them all.
@@ -27,6 +28,7 @@
 mod admission;
 mod coordination;
 mod egress;
+mod fleet;
 mod parse;
 mod pool;
 mod reaper;
@@ -40,6 +42,9 @@ mod tests;
 pub use admission::AdmissionConfig;
 pub use coordination::CoordinationConfig;
 pub use egress::{EgressCa, EgressConfig};
+pub use fleet::{
+    Endpoint, EngineSpec, FleetConfig, TlsFiles, endpoint_kind, parse_engines, read_engines,
+};
 pub use parse::{ProcessEnv, Source};
 pub use pool::PoolConfig;
 pub use reaper::ReaperConfig;
@@ -69,6 +74,7 @@ pub struct Config {
     pub pool: PoolConfig,
     pub admission: AdmissionConfig,
     pub snapshots: SnapshotConfig,
+    pub fleet: FleetConfig,
 }
 
 /// Every invalid variable, one per line.
@@ -89,6 +95,7 @@ pub fn load(src: &dyn Source) -> Result<Config, ConfigError> {
     let pool = PoolConfig::load(&mut p);
     let admission = AdmissionConfig::load(&mut p);
     let snapshots = SnapshotConfig::load(&mut p);
+    let fleet = FleetConfig::load(&mut p);
 
     // Across groups: a warm egress session is a whole triad, so it needs the CA.
     if !pool.egress.is_empty() && egress.ca.is_none() {
@@ -109,6 +116,7 @@ pub fn load(src: &dyn Source) -> Result<Config, ConfigError> {
         pool,
         admission,
         snapshots,
+        fleet,
     })
 }
 

@@ -47,13 +47,7 @@ impl PoolConfig {
     }
 }
 
-/// A snapshot id as the API hands them out (the `snapshots` module's rule; config sits below it).
-fn is_snapshot_id(id: &str) -> bool {
-    id.len() == 32
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-}
+use crate::ids::is_snapshot_id;
 
 /// Largest member count per image.
 const MAX_MEMBERS: u32 = 64;

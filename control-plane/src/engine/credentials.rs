@@ -224,6 +224,7 @@ struct HelperAnswer {
 }
 
 /// The Docker client config of this process, read at every lookup.
+#[derive(Clone)]
 pub struct CredentialStore {
     /// `None`: neither `DOCKER_CONFIG` nor `HOME` is set, so there is no config.
     path: Option<PathBuf>,

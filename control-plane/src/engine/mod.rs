@@ -15,6 +15,7 @@ pub mod credentials;
 pub mod docker;
 #[cfg(any(test, feature = "test-util"))]
 pub mod fake;
+pub mod scoped;
 
 /// Label carried by every container the service creates; sessions are found again through it, so
 /// a restarted control plane needs no database.
@@ -28,6 +29,9 @@ pub const ROLE_EGRESS_NETWORK: &str = "egress-network";
 pub const DEPLOYMENT_LABEL: &str = "daiv.sandbox.deployment";
 /// Base image the session was asked for (diagnostics and the reaper's logs).
 pub const IMAGE_LABEL: &str = "daiv.sandbox.image";
+/// The memory limit (bytes) a sandbox was created with, when it has one: what a fleet's engine
+/// counts against its `memory_bytes` without an inspect per session.
+pub const MEMORY_LABEL: &str = "daiv.sandbox.memory";
 /// Token shared by the three parts of an egress session (sandbox, gateway, internal network), so
 /// each can be found from the others and orphans can be swept.
 pub const EGRESS_LABEL: &str = "daiv.sandbox.egress";
@@ -337,6 +341,15 @@ pub struct VolumeInfo {
     pub created: Option<i64>,
 }
 
+/// What an engine offers, for placement.
+#[derive(Debug, Clone, Default)]
+pub struct EngineInfo {
+    /// The OCI runtimes it knows (`runc`, `runsc`, ...).
+    pub runtimes: Vec<String>,
+    /// The `repository:tag` references of its images.
+    pub images: Vec<String>,
+}
+
 /// A user-defined bridge network.
 #[derive(Debug, Clone)]
 pub struct NetworkSpec {
@@ -390,6 +403,13 @@ pub struct AttachedExec {
 pub trait ContainerEngine: Send + Sync + 'static {
     /// Is the engine answering?
     async fn ping(&self) -> Result<(), EngineError>;
+    /// Its runtimes and images (a fleet's placement reads them).
+    async fn info(&self) -> Result<EngineInfo, EngineError>;
+    /// The prefix of the ids of the sessions and snapshots this engine holds in a fleet (see
+    /// [`scoped::ScopedEngine`]); `None` for the default engine, whose ids carry none.
+    fn id_prefix(&self) -> Option<&str> {
+        None
+    }
     /// Makes `image` available locally, pulling it only when absent (with the registry
     /// credentials the engine's client config holds for it, see [`credentials`]). A failed pull
     /// leaves nothing behind.

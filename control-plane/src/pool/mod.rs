@@ -51,7 +51,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -164,7 +164,11 @@ pub struct Pool {
     /// Members are sandboxes like any other: built by the same factory as a cold create.
     factory: Arc<SandboxFactory>,
     runtime: Arc<dyn SessionRuntime>,
-    targets: Vec<(Key, u32)>,
+    /// Each pool and its size here; in a fleet, the fleet sets this engine's share of each
+    /// configured size ([`Pool::set_target`]).
+    targets: RwLock<Vec<(Key, u32)>>,
+    /// Each pool and its size as configured.
+    configured: Vec<(Key, u32)>,
     /// Members believed ready, per pool; a claim pops from here before it lists the engine.
     ready: Mutex<HashMap<Key, VecDeque<Member>>>,
     pub(crate) wake: tokio::sync::Notify,
@@ -236,7 +240,8 @@ impl Pool {
         Self {
             factory,
             runtime,
-            targets,
+            configured: targets.clone(),
+            targets: RwLock::new(targets),
             ready: Mutex::default(),
             wake: tokio::sync::Notify::new(),
             limits_refused: AtomicBool::new(false),
@@ -261,15 +266,52 @@ impl Pool {
     }
 
     pub fn is_configured(&self) -> bool {
-        !self.targets.is_empty()
+        !self.targets_now().is_empty()
     }
 
-    pub fn targets(&self) -> &[(Key, u32)] {
-        &self.targets
+    /// Each pool and its size as configured (a fleet spreads it over its engines).
+    pub fn configured(&self) -> &[(Key, u32)] {
+        &self.configured
+    }
+
+    fn targets_now(&self) -> std::sync::RwLockReadGuard<'_, Vec<(Key, u32)>> {
+        self.targets.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn targets(&self) -> Vec<(Key, u32)> {
+        self.targets_now().clone()
     }
 
     fn target(&self, key: &Key) -> Option<u32> {
-        self.targets.iter().find(|(k, _)| k == key).map(|(_, n)| *n)
+        self.targets_now()
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, n)| *n)
+    }
+
+    /// Sets the size of the pool `key` here (a fleet's share of it); wakes the refill when it
+    /// changed. `false` when there is no such pool.
+    pub fn set_target(&self, key: &Key, size: u32) -> bool {
+        let changed = {
+            let mut targets = self.targets.write().unwrap_or_else(|e| e.into_inner());
+            let Some(slot) = targets.iter_mut().find(|(k, _)| k == key) else {
+                return false;
+            };
+            std::mem::replace(&mut slot.1, size) != size
+        };
+        if changed {
+            self.wake();
+        }
+        true
+    }
+
+    /// Whether a member of the image pool for `image` (egress or isolated) is believed ready
+    /// here: a fleet sends a create where a claim can serve it.
+    pub fn has_ready(&self, image: &str, egress: bool) -> bool {
+        let kind = if egress { Kind::Egress } else { Kind::Isolated };
+        self.ready()
+            .get(&Key::image(kind, image))
+            .is_some_and(|q| !q.is_empty())
     }
 
     /// The spec hash members of `key` carry (a stale one is replaced).
@@ -380,7 +422,10 @@ impl Pool {
             None => Key::image(kind, &req.base_image),
         };
         let pool = self;
-        pool.target(&key)?;
+        // A fleet's engine whose share of the pool is nothing lists nothing for it.
+        if pool.target(&key)? == 0 && self.ready().get(&key).is_none_or(VecDeque::is_empty) {
+            return None;
+        }
         let limits = req.memory_bytes.is_some() || req.cpus.is_some();
         if limits && pool.limits_refused.load(Ordering::Relaxed) {
             pool.miss(&key, "limits");
@@ -466,7 +511,7 @@ impl Pool {
         drop(self.take_prepared(id));
         self.runtime.forget(id);
         // A snapshot pool's member has a copy-on-write workspace of its own to remove.
-        let workspace = if self.targets.iter().any(|(k, _)| k.snapshot.is_some()) {
+        let workspace = if self.targets_now().iter().any(|(k, _)| k.snapshot.is_some()) {
             self.engine()
                 .inspect(id)
                 .await

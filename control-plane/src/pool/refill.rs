@@ -78,7 +78,7 @@ impl Refill {
 
     /// One round over every pool, side by side.
     pub async fn reconcile_all(&self) {
-        let targets = self.pool.targets().to_vec();
+        let targets = self.pool.targets();
         futures::future::join_all(
             targets
                 .iter()
@@ -99,8 +99,14 @@ impl Refill {
     async fn reconcile(&self, key: &Key, target: u32) {
         let s = &*self.pool;
         let deployment = s.config().deployment.as_str();
+        // Per engine in a fleet: each engine's share is refilled on its own.
+        let engine = s
+            .engine()
+            .id_prefix()
+            .map(|p| format!("{p}-"))
+            .unwrap_or_default();
         let lock_name = format!(
-            "pool-refill-{deployment}-{}-{:016x}",
+            "pool-refill-{deployment}-{engine}{}-{:016x}",
             key.kind.as_str(),
             fnv(key.image.as_bytes())
         );
@@ -330,7 +336,7 @@ impl Refill {
         }
         let s = &*self.pool;
         let mut removed = 0usize;
-        for (key, _) in s.targets() {
+        for (key, _) in &s.targets() {
             let labels = s.labels(key, &s.config().deployment);
             let Ok(list) = s.engine().list(&labels).await else {
                 continue;

@@ -6,7 +6,7 @@ use axum::http::StatusCode;
 use std::sync::Arc;
 
 use crate::error::{ApiError, ApiJson, ErrorBody};
-use crate::sessions::Sessions;
+use crate::fleet::Fleet;
 
 /// Replace the session's egress policy (same body as `egress` on create); takes effect without
 /// restarting anything.
@@ -17,10 +17,11 @@ use crate::sessions::Sessions;
         (status = 409, body = ErrorBody), (status = 422, body = ErrorBody),
         (status = 503, body = ErrorBody)))]
 pub async fn refresh(
-    State(sessions): State<Arc<Sessions>>,
+    State(fleet): State<Arc<Fleet>>,
     Path(id): Path<String>,
     ApiJson(body): ApiJson<serde_json::Value>,
 ) -> Result<StatusCode, ApiError> {
+    let sessions = fleet.at(&id)?;
     let _held = sessions.lock(&id).await?;
     sessions.refresh_egress(&id, &body).await?;
     Ok(StatusCode::NO_CONTENT)

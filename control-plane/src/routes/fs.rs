@@ -13,7 +13,7 @@ use axum::extract::{Path, State};
 use std::sync::Arc;
 
 use crate::error::{ApiError, ApiJson, ErrorBody};
-use crate::sessions::Sessions;
+use crate::fleet::Fleet;
 use crate::telemetry::metrics::{FsLabels, observe_duration};
 use crate::workspace::fs::{Fs, OpError, respond};
 use crate::workspace::wire::*;
@@ -31,10 +31,11 @@ macro_rules! fs_handler {
                             headers(("Retry-After" = u64, description = "Seconds to wait before retrying"))),
                         (status = 503, body = ErrorBody)))]
         pub async fn $name(
-            State(sessions): State<Arc<Sessions>>,
+            State(fleet): State<Arc<Fleet>>,
             Path(id): Path<String>,
             ApiJson(req): ApiJson<$req>,
         ) -> Result<Json<$resp>, ApiError> {
+            let sessions = fleet.at(&id)?;
             let _held = if $writes {
                 let held = sessions.lock(&id).await?;
                 sessions.ensure_running(&id).await?;

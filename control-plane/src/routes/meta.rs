@@ -8,21 +8,31 @@ use utoipa::OpenApi;
 use std::sync::Arc;
 
 use crate::api::{HealthResponse, VersionResponse};
+use crate::engine::EngineError;
 use crate::error::ApiError;
+use crate::fleet::Fleet;
 use crate::sessions::SessionError;
-use crate::sessions::Sessions;
 
-/// Healthcheck: 200 while Docker answers, 503 otherwise.
+/// Healthcheck: 200 while Docker answers (in a fleet: while an engine is up), 503 otherwise.
 #[utoipa::path(get, path = "/-/health/", tag = "meta",
     responses((status = 200, body = HealthResponse), (status = 503, body = crate::error::ErrorBody)))]
-pub async fn health(
-    State(sessions): State<Arc<Sessions>>,
-) -> Result<Json<HealthResponse>, ApiError> {
-    sessions
-        .engine()
-        .ping()
-        .await
-        .map_err(SessionError::EngineNotResponding)?;
+pub async fn health(State(fleet): State<Arc<Fleet>>) -> Result<Json<HealthResponse>, ApiError> {
+    let cells = fleet.cells();
+    if fleet.is_fleet() {
+        // The health checks already ping every engine each second.
+        if !cells.iter().any(|c| c.is_up()) {
+            return Err(SessionError::EngineNotResponding(EngineError::Unavailable(
+                "no engine of the fleet is up".into(),
+            ))
+            .into());
+        }
+    } else if let Some(cell) = cells.first() {
+        cell.sessions()
+            .engine()
+            .ping()
+            .await
+            .map_err(SessionError::EngineNotResponding)?;
+    }
     Ok(Json(HealthResponse {
         status: "ok".to_string(),
     }))
@@ -36,10 +46,10 @@ pub async fn version() -> Json<VersionResponse> {
     })
 }
 
-pub async fn openapi(State(sessions): State<Arc<Sessions>>) -> impl IntoResponse {
+pub async fn openapi(State(fleet): State<Arc<Fleet>>) -> impl IntoResponse {
     let mut doc = crate::openapi::ApiDoc::openapi();
     doc.servers = Some(vec![utoipa::openapi::Server::new(
-        sessions.config().server.api_v1_str.clone(),
+        fleet.config().server.api_v1_str.clone(),
     )]);
     Json(doc)
 }

@@ -9,17 +9,24 @@ use axum::response::IntoResponse;
 use std::sync::Arc;
 
 use crate::engine::{ContainerStatus, ROLE_LABEL, ROLE_SANDBOX};
-use crate::sessions::Sessions;
+use crate::fleet::Fleet;
 use crate::telemetry::metrics::{CONTENT_TYPE, SessionGauge};
 
-pub async fn metrics(State(sessions): State<Arc<Sessions>>) -> impl IntoResponse {
-    // One engine list per scrape: the live count across every replica and restart, which no
-    // in-process counter could know. Left out of the page when the engine does not answer.
-    let gauge = sessions
-        .engine()
-        .list(&[(ROLE_LABEL, ROLE_SANDBOX)])
-        .await
-        .ok()
+pub async fn metrics(State(fleet): State<Arc<Fleet>>) -> impl IntoResponse {
+    // One engine list per scrape (per engine that is up, in a fleet): the live count across
+    // every replica and restart, which no in-process counter could know. Left out of the page
+    // when no engine answers.
+    let cells: Vec<_> = fleet.cells().into_iter().filter(|c| c.is_up()).collect();
+    let lists = futures::future::join_all(cells.iter().map(|c| async {
+        c.sessions()
+            .engine()
+            .list(&[(ROLE_LABEL, ROLE_SANDBOX)])
+            .await
+    }))
+    .await;
+    let listed: Vec<_> = lists.into_iter().filter_map(Result::ok).collect();
+    let gauge = (!listed.is_empty())
+        .then(|| listed.into_iter().flatten().collect::<Vec<_>>())
         .map(|list| {
             // Unclaimed warm-pool members are not sessions (they are `daiv_sandbox_pool_size`).
             let list: Vec<_> = list
@@ -35,6 +42,6 @@ pub async fn metrics(State(sessions): State<Arc<Sessions>>) -> impl IntoResponse
         });
     (
         [(header::CONTENT_TYPE, CONTENT_TYPE)],
-        sessions.metrics().render(gauge),
+        fleet.metrics().render(gauge),
     )
 }

@@ -7,6 +7,7 @@
 pub mod admit;
 pub mod docs;
 pub mod egress;
+pub mod engines;
 pub mod fs;
 pub mod meta;
 pub mod metrics;
@@ -26,7 +27,7 @@ use axum::routing::{get, post, put};
 use crate::admission::Admission;
 use crate::auth;
 use crate::config::Config;
-use crate::sessions::Sessions;
+use crate::fleet::Fleet;
 use crate::telemetry::metrics::Metrics;
 
 /// Every route of the API, answering both at the root and under `config.server.api_v1_str`, with
@@ -40,7 +41,7 @@ pub fn router<S>(
 ) -> Router<S>
 where
     S: Clone + Send + Sync + 'static,
-    Arc<Sessions>: FromRef<S>,
+    Arc<Fleet>: FromRef<S>,
     Arc<Config>: FromRef<S>,
 {
     // Inside the key check (a route layer added below): a request without the key never takes a
@@ -76,6 +77,7 @@ where
     );
     api = both(api, "/session/{session_id}/pause/", post(snapshots::pause));
     api = both(api, "/snapshots/", get(snapshots::list));
+    api = both(api, "/engines/", get(engines::list));
     api = both(
         api,
         "/snapshots/{snapshot_id}/",

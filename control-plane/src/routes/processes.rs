@@ -12,8 +12,8 @@ use crate::api::{
     PollQuery, ProcessList, ProcessOutput, StartProcessRequest, StartProcessResponse, StdinQuery,
 };
 use crate::error::{ApiError, ApiJson, ApiQuery, ErrorBody};
+use crate::fleet::Fleet;
 use crate::processes;
-use crate::sessions::Sessions;
 
 /// Start a background process; it outlives the request and dies with the session.
 #[utoipa::path(post, path = "/session/{session_id}/processes/", tag = "processes",
@@ -23,10 +23,11 @@ use crate::sessions::Sessions;
         (status = 404, body = ErrorBody), (status = 422, body = ErrorBody),
         (status = 429, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn start(
-    State(sessions): State<Arc<Sessions>>,
+    State(fleet): State<Arc<Fleet>>,
     Path(id): Path<String>,
     ApiJson(req): ApiJson<StartProcessRequest>,
 ) -> Result<(StatusCode, Json<StartProcessResponse>), ApiError> {
+    let sessions = fleet.at(&id)?;
     let process_id = processes::start(&sessions, &id, &req).await?;
     Ok((
         StatusCode::CREATED,
@@ -41,9 +42,10 @@ pub async fn start(
     responses((status = 200, body = ProcessList), (status = 403, body = ErrorBody),
         (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn list(
-    State(sessions): State<Arc<Sessions>>,
+    State(fleet): State<Arc<Fleet>>,
     Path(id): Path<String>,
 ) -> Result<Json<ProcessList>, ApiError> {
+    let sessions = fleet.at(&id)?;
     Ok(Json(processes::list(&sessions, &id).await?))
 }
 
@@ -56,10 +58,11 @@ pub async fn list(
         (status = 404, body = ErrorBody), (status = 422, body = ErrorBody),
         (status = 503, body = ErrorBody)))]
 pub async fn poll(
-    State(sessions): State<Arc<Sessions>>,
+    State(fleet): State<Arc<Fleet>>,
     Path((id, pid)): Path<(String, String)>,
     ApiQuery(q): ApiQuery<PollQuery>,
 ) -> Result<Json<ProcessOutput>, ApiError> {
+    let sessions = fleet.at(&id)?;
     Ok(Json(
         processes::poll(&sessions, &id, &pid, q.offset, q.wait).await?,
     ))
@@ -75,11 +78,12 @@ pub async fn poll(
         (status = 409, body = ErrorBody), (status = 413, body = ErrorBody),
         (status = 503, body = ErrorBody)))]
 pub async fn stdin(
-    State(sessions): State<Arc<Sessions>>,
+    State(fleet): State<Arc<Fleet>>,
     Path((id, pid)): Path<(String, String)>,
     ApiQuery(q): ApiQuery<StdinQuery>,
     body: Bytes,
 ) -> Result<StatusCode, ApiError> {
+    let sessions = fleet.at(&id)?;
     processes::stdin(&sessions, &id, &pid, body, q.eof).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -92,9 +96,10 @@ pub async fn stdin(
     responses((status = 204), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 503, body = ErrorBody)))]
 pub async fn kill(
-    State(sessions): State<Arc<Sessions>>,
+    State(fleet): State<Arc<Fleet>>,
     Path((id, pid)): Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
+    let sessions = fleet.at(&id)?;
     processes::kill(&sessions, &id, &pid).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -7,7 +7,7 @@ use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
 
 use crate::error::{ApiError, ErrorBody};
-use crate::sessions::Sessions;
+use crate::fleet::Fleet;
 use crate::telemetry::metrics::{OutcomeLabels, observe_duration};
 use crate::workspace::multipart;
 use crate::workspace::seed::{self, SKIPPED_HEADER, SeedError};
@@ -29,10 +29,11 @@ use crate::workspace::seed::{self, SKIPPED_HEADER, SeedError};
             headers(("Retry-After" = u64, description = "Seconds to wait before retrying"))),
         (status = 503, body = ErrorBody)))]
 pub async fn seed(
-    State(sessions): State<Arc<Sessions>>,
+    State(fleet): State<Arc<Fleet>>,
     Path(id): Path<String>,
     request: Request,
 ) -> Result<Response, ApiError> {
+    let sessions = fleet.at(&id)?;
     let _held = sessions.lock(&id).await?;
     sessions.ensure_running(&id).await?;
     let (request, tripwire) = multipart::guard_request(request);

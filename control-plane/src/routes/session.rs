@@ -11,7 +11,7 @@ use crate::api::{
     CloseQuery, RunRequest, RunResponse, RunStreamLine, StartSessionRequest, StartSessionResponse,
 };
 use crate::error::{ApiError, ApiJson, ApiQuery, ErrorBody};
-use crate::sessions::Sessions;
+use crate::fleet::Fleet;
 use crate::telemetry::metrics::{ModeLabels, observe_duration};
 
 /// Start a sandbox session and return its id.
@@ -26,10 +26,11 @@ use crate::telemetry::metrics::{ModeLabels, observe_duration};
             headers(("Retry-After" = u64, description = "Seconds to wait before retrying"))),
         (status = 503, body = ErrorBody)))]
 pub async fn create(
-    State(sessions): State<Arc<Sessions>>,
+    State(fleet): State<Arc<Fleet>>,
     ApiJson(req): ApiJson<StartSessionRequest>,
 ) -> Result<Json<StartSessionResponse>, ApiError> {
-    let session_id = sessions.create(&req).await?;
+    let session_id = fleet.create(&req).await?;
+    let sessions = fleet.at(&session_id)?;
     // A session claimed from the warm pool was created long before: its idle time starts now.
     sessions.activity().touch(&session_id).await;
     sessions.metrics().sessions_created.inc();
@@ -46,11 +47,12 @@ pub async fn create(
         (status = 403, body = ErrorBody),
         (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn run(
-    State(sessions): State<Arc<Sessions>>,
+    State(fleet): State<Arc<Fleet>>,
     Path(id): Path<String>,
     headers: HeaderMap,
     ApiJson(req): ApiJson<RunRequest>,
 ) -> Result<Response, ApiError> {
+    let sessions = fleet.at(&id)?;
     if wants_ndjson(&headers) {
         let held = sessions.lock(&id).await?;
         let spec = sessions.run_spec(&id, &req).await?;
@@ -116,9 +118,10 @@ fn wants_ndjson(headers: &HeaderMap) -> bool {
     responses((status = 204), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 503, body = ErrorBody)))]
 pub async fn status(
-    State(sessions): State<Arc<Sessions>>,
+    State(fleet): State<Arc<Fleet>>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
+    let sessions = fleet.at(&id)?;
     let _held = sessions.lock(&id).await?;
     sessions.ensure_running(&id).await?;
     Ok(StatusCode::NO_CONTENT)
@@ -130,10 +133,11 @@ pub async fn status(
         ("force" = Option<bool>, Query, description = "Remove instead of stop")),
     responses((status = 204), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub async fn close(
-    State(sessions): State<Arc<Sessions>>,
+    State(fleet): State<Arc<Fleet>>,
     Path(id): Path<String>,
     ApiQuery(q): ApiQuery<CloseQuery>,
 ) -> Result<StatusCode, ApiError> {
+    let sessions = fleet.at(&id)?;
     let _held = if q.force {
         sessions.lock_to_remove(&id).await?
     } else {

@@ -11,7 +11,7 @@ use crate::api::{
     ForkRequest, ForkResponse, SnapshotCreated, SnapshotInfo, SnapshotList, SnapshotRequest,
 };
 use crate::error::{ApiError, ApiJson, ErrorBody};
-use crate::sessions::Sessions;
+use crate::fleet::Fleet;
 use crate::snapshots::Snapshot;
 
 /// Snapshot a session: its whole filesystem (container changes and workspace) at one instant.
@@ -30,10 +30,11 @@ use crate::snapshots::Snapshot;
             headers(("Retry-After" = u64, description = "Seconds to wait before retrying"))),
         (status = 503, body = ErrorBody)))]
 pub async fn take(
-    State(sessions): State<Arc<Sessions>>,
+    State(fleet): State<Arc<Fleet>>,
     Path(id): Path<String>,
     body: axum::body::Bytes,
 ) -> Result<(StatusCode, Json<SnapshotCreated>), ApiError> {
+    let sessions = fleet.at(&id)?;
     // The body is optional: none (or blank) asks for the defaults.
     let req: SnapshotRequest = if body.iter().all(u8::is_ascii_whitespace) {
         SnapshotRequest::default()
@@ -65,8 +66,15 @@ pub async fn take(
     security(("api_key" = [])),
     responses((status = 200, body = SnapshotList), (status = 403, body = ErrorBody),
         (status = 503, body = ErrorBody)))]
-pub async fn list(State(sessions): State<Arc<Sessions>>) -> Result<Json<SnapshotList>, ApiError> {
-    let all = sessions.snapshots().list().await?;
+pub async fn list(State(fleet): State<Arc<Fleet>>) -> Result<Json<SnapshotList>, ApiError> {
+    // Every engine's that answers (a fleet's down engine lists nothing until it is back).
+    let cells: Vec<_> = fleet.cells().into_iter().filter(|c| c.is_up()).collect();
+    let lists = futures::future::join_all(cells.iter().map(|c| c.sessions().snapshots().list()));
+    let mut all = Vec::new();
+    for listed in lists.await {
+        all.extend(listed?);
+    }
+    all.sort_by(|a, b| b.created.cmp(&a.created).then_with(|| a.id.cmp(&b.id)));
     Ok(Json(SnapshotList {
         snapshots: all.iter().map(info).collect(),
     }))
@@ -78,9 +86,10 @@ pub async fn list(State(sessions): State<Arc<Sessions>>) -> Result<Json<Snapshot
     responses((status = 200, body = SnapshotInfo), (status = 403, body = ErrorBody),
         (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn get(
-    State(sessions): State<Arc<Sessions>>,
+    State(fleet): State<Arc<Fleet>>,
     Path(id): Path<String>,
 ) -> Result<Json<SnapshotInfo>, ApiError> {
+    let sessions = fleet.at(&id)?;
     Ok(Json(info(&sessions.snapshots().get(&id).await?)))
 }
 
@@ -92,9 +101,10 @@ pub async fn get(
     responses((status = 204), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 503, body = ErrorBody)))]
 pub async fn delete(
-    State(sessions): State<Arc<Sessions>>,
+    State(fleet): State<Arc<Fleet>>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
+    let sessions = fleet.at(&id)?;
     sessions.snapshots().delete(&id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -112,10 +122,11 @@ pub async fn delete(
             headers(("Retry-After" = u64, description = "Seconds to wait before retrying"))),
         (status = 503, body = ErrorBody)))]
 pub async fn fork(
-    State(sessions): State<Arc<Sessions>>,
+    State(fleet): State<Arc<Fleet>>,
     Path(id): Path<String>,
     ApiJson(body): ApiJson<serde_json::Value>,
 ) -> Result<(StatusCode, Json<ForkResponse>), ApiError> {
+    let sessions = fleet.at(&id)?;
     let req: ForkRequest = object(body)?;
     let cap = sessions.config().snapshots.fork_max;
     if !(1..=cap).contains(&req.count) {
@@ -143,9 +154,10 @@ pub async fn fork(
         (status = 409, body = ErrorBody, description = "The session is stopped"),
         (status = 503, body = ErrorBody)))]
 pub async fn pause(
-    State(sessions): State<Arc<Sessions>>,
+    State(fleet): State<Arc<Fleet>>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
+    let sessions = fleet.at(&id)?;
     let _held = sessions.lock(&id).await?;
     sessions.pause(&id).await?;
     Ok(StatusCode::NO_CONTENT)

@@ -64,6 +64,15 @@ pub enum SessionError {
     NotRunning,
     #[error("count must be between 1 and {0}")]
     ForkCount(u32),
+    /// The fleet's engine holding the session (or snapshot) is marked down.
+    #[error("engine {0}, which holds it, is down; retry later")]
+    EngineDown(String),
+    /// The fleet's engine holding the snapshot takes no new sessions.
+    #[error("engine {0}, which holds the snapshot, is draining: no new sessions")]
+    EngineDraining(String),
+    /// No engine of the fleet can take a new session: the reason for each.
+    #[error("{0}")]
+    NoEngine(String),
     #[error(transparent)]
     Snapshot(#[from] crate::snapshots::SnapshotError),
     #[error(transparent)]

@@ -22,8 +22,8 @@ use crate::config::Config;
 use crate::egress::{self, Egress, Reservation, SandboxPlan};
 use crate::engine::{
     ContainerEngine, ContainerSpec, DEPLOYMENT_LABEL, HELPER_USER_LABEL, IMAGE_LABEL,
-    MANAGED_LABEL, NetworkAttach, ROLE_LABEL, ROLE_SANDBOX, SANDBOX_USER_LABEL, SNAPSHOT_LABEL,
-    WORKSPACE_LABEL,
+    MANAGED_LABEL, MEMORY_LABEL, NetworkAttach, ROLE_LABEL, ROLE_SANDBOX, SANDBOX_USER_LABEL,
+    SNAPSHOT_LABEL, WORKSPACE_LABEL,
 };
 use crate::layout;
 use crate::snapshots::{Snapshot, Snapshots, Workspace};
@@ -242,6 +242,9 @@ impl SandboxFactory {
             (HELPER_USER_LABEL.to_string(), self.helper_user()),
             (SANDBOX_USER_LABEL.to_string(), self.user()),
         ]);
+        if let Some(m) = req.memory_bytes {
+            labels.insert(MEMORY_LABEL.to_string(), m.to_string());
+        }
         labels.extend(extra_labels.iter().cloned());
         ContainerSpec {
             name: None,

@@ -99,20 +99,16 @@ impl Snapshot {
     }
 }
 
-/// A snapshot id: 32 lowercase hex digits.
-pub fn is_snapshot_id(id: &str) -> bool {
-    id.len() == 32
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-}
+pub use crate::ids::is_snapshot_id;
 
-fn new_id() -> String {
-    format!(
+/// A fresh snapshot id on the engine whose ids carry `prefix`.
+fn new_id(prefix: Option<&str>) -> String {
+    let raw = format!(
         "{:016x}{:016x}",
         rand::random::<u64>(),
         rand::random::<u64>()
-    )
+    );
+    crate::ids::with_engine(prefix, &raw)
 }
 
 pub fn image_ref(id: &str) -> String {
@@ -219,7 +215,7 @@ impl Snapshots {
         req: &SnapshotRequest,
         keep: Keep,
     ) -> Result<(Snapshot, Timings), SnapshotError> {
-        let id = new_id();
+        let id = new_id(self.engine.id_prefix());
         let base_image = info.labels.get(IMAGE_LABEL).cloned().unwrap_or_default();
         let source_image = info
             .image_id
@@ -436,7 +432,8 @@ impl Snapshots {
 
     /// This deployment's snapshot `id`, or [`SnapshotError::NotFound`].
     pub async fn get(&self, id: &str) -> Result<Snapshot, SnapshotError> {
-        if !is_snapshot_id(id) {
+        // Another engine's snapshot is not on this one.
+        if !is_snapshot_id(id) || crate::ids::split_engine(id).0 != self.engine.id_prefix() {
             return Err(SnapshotError::NotFound);
         }
         let v = match self.engine.inspect_volume(&record_volume(id)).await {
@@ -729,9 +726,11 @@ mod tests {
 
     #[test]
     fn ids_are_32_lowercase_hex_digits() {
-        let id = new_id();
+        let id = new_id(None);
         assert!(is_snapshot_id(&id), "{id}");
-        assert_ne!(id, new_id());
+        assert_ne!(id, new_id(None));
+        let on_b = new_id(Some("b"));
+        assert!(on_b.starts_with("b.") && is_snapshot_id(&on_b), "{on_b}");
         assert!(!is_snapshot_id(&"A".repeat(32)));
         assert!(!is_snapshot_id("../../x"));
         assert!(!is_snapshot_id(&"a".repeat(64)));

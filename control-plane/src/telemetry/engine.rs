@@ -19,11 +19,25 @@ use crate::engine::{
 pub struct MeteredEngine {
     inner: Arc<dyn ContainerEngine>,
     metrics: Arc<Metrics>,
+    /// The engine's name in the fleet, a label of every figure.
+    name: String,
 }
+
+/// The name of the one engine of a service without a fleet.
+pub const DEFAULT_ENGINE: &str = "default";
 
 impl MeteredEngine {
     pub fn new(inner: Arc<dyn ContainerEngine>, metrics: Arc<Metrics>) -> Self {
-        Self { inner, metrics }
+        Self::named(inner, metrics, DEFAULT_ENGINE)
+    }
+
+    /// Counts under the fleet engine `name`.
+    pub fn named(inner: Arc<dyn ContainerEngine>, metrics: Arc<Metrics>, name: &str) -> Self {
+        Self {
+            inner,
+            metrics,
+            name: name.to_string(),
+        }
     }
 
     fn record<T>(
@@ -33,13 +47,20 @@ impl MeteredEngine {
         r: Result<T, EngineError>,
     ) -> Result<T, EngineError> {
         observe_duration(
-            &self.metrics.engine_calls.get_or_create(&OpLabels { op }),
+            &self.metrics.engine_calls.get_or_create(&OpLabels {
+                op,
+                engine: self.name.clone(),
+            }),
             started.elapsed(),
         );
         if let Err(e) = &r {
             self.metrics
                 .engine_errors
-                .get_or_create(&EngineErrorLabels { op, kind: kind(e) })
+                .get_or_create(&EngineErrorLabels {
+                    op,
+                    kind: kind(e),
+                    engine: self.name.clone(),
+                })
                 .inc();
         }
         r
@@ -69,6 +90,12 @@ macro_rules! metered {
 impl ContainerEngine for MeteredEngine {
     async fn ping(&self) -> Result<(), EngineError> {
         metered!(self, "ping", self.inner.ping())
+    }
+    async fn info(&self) -> Result<crate::engine::EngineInfo, EngineError> {
+        metered!(self, "info", self.inner.info())
+    }
+    fn id_prefix(&self) -> Option<&str> {
+        self.inner.id_prefix()
     }
     async fn ensure_image(&self, image: &str) -> Result<(), EngineError> {
         metered!(self, "ensure_image", self.inner.ensure_image(image))

@@ -87,6 +87,8 @@ pub struct OutcomeLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OpLabels {
     pub op: &'static str,
+    /// The engine's name in the fleet (`default` without one).
+    pub engine: String,
 }
 
 /// `engine_errors_total`.
@@ -94,6 +96,13 @@ pub struct OpLabels {
 pub struct EngineErrorLabels {
     pub op: &'static str,
     pub kind: &'static str,
+    pub engine: String,
+}
+
+/// An engine of the fleet.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EngineLabels {
+    pub engine: String,
 }
 
 /// A warm pool: a configured image and the kind (`isolated`, `egress`).
@@ -157,6 +166,18 @@ pub struct Metrics {
     pub lock_busy: Counter,
     pub engine_calls: Histograms<OpLabels>,
     pub engine_errors: Family<EngineErrorLabels, Counter>,
+    /// 1 while an engine of the fleet answers, 0 while it is down.
+    pub engine_up: Family<EngineLabels, Gauge>,
+    /// 1 while an engine is drained (no new sessions).
+    pub engine_draining: Family<EngineLabels, Gauge>,
+    /// Sessions (warm-pool members included) an engine holds, as last counted.
+    pub engine_sessions: Family<EngineLabels, Gauge>,
+    /// Creates refused because no engine could take a session.
+    pub placements_refused: Counter,
+    /// 1 while the engines file last read was valid, 0 while a bad one is ignored.
+    pub engines_file_valid: Gauge,
+    /// Changes of the engines file that were refused (the last good list kept).
+    pub engines_file_errors: Counter,
     pub processes_started: Counter,
     pub processes_killed: Counter,
     /// Running background processes per session as last listed (list route, reaper). Session
@@ -205,6 +226,12 @@ impl Default for Metrics {
             lock_busy: Counter::default(),
             engine_calls: histograms(),
             engine_errors: Family::default(),
+            engine_up: Family::default(),
+            engine_draining: Family::default(),
+            engine_sessions: Family::default(),
+            placements_refused: Counter::default(),
+            engines_file_valid: Gauge::default(),
+            engines_file_errors: Counter::default(),
             processes_started: Counter::default(),
             processes_killed: Counter::default(),
             processes_by_session: Mutex::default(),
@@ -296,6 +323,36 @@ impl Default for Metrics {
             "engine_errors",
             "Container engine (Docker API) errors by operation and kind",
             m.engine_errors.clone(),
+        );
+        r.register(
+            "engine_up",
+            "Whether an engine of the fleet answers (1) or is down (0)",
+            m.engine_up.clone(),
+        );
+        r.register(
+            "engine_draining",
+            "Whether an engine of the fleet is drained: no new sessions (1)",
+            m.engine_draining.clone(),
+        );
+        r.register(
+            "engine_sessions",
+            "Sessions (warm-pool members included) an engine holds, as last counted",
+            m.engine_sessions.clone(),
+        );
+        r.register(
+            "placements_refused",
+            "Session creates refused because no engine could take one",
+            m.placements_refused.clone(),
+        );
+        r.register(
+            "engines_file_valid",
+            "Whether the engines file last read was valid (1) or is ignored for the last good one (0)",
+            m.engines_file_valid.clone(),
+        );
+        r.register(
+            "engines_file_errors",
+            "Changes of the engines file refused as invalid",
+            m.engines_file_errors.clone(),
         );
         r.register(
             "streamed_runs",
@@ -466,6 +523,7 @@ mod tests {
             .get_or_create(&EngineErrorLabels {
                 op: "inspect",
                 kind: "a\"b\\c\nd",
+                engine: "default".into(),
             })
             .inc();
         observe_duration(&m.lock_waits, Duration::from_millis(3));
@@ -484,7 +542,7 @@ mod tests {
         assert!(text.contains(&format!("{fs}_count{{op=\"read\",code=\"not_found\"}} 2\n")));
         assert!(
             text.contains(
-                "daiv_sandbox_engine_errors_total{op=\"inspect\",kind=\"a\\\"b\\\\c\\nd\"} 1\n"
+                "daiv_sandbox_engine_errors_total{op=\"inspect\",kind=\"a\\\"b\\\\c\\nd\",engine=\"default\"} 1\n"
             ),
             "{text}"
         );
@@ -554,6 +612,12 @@ mod tests {
             kind: "isolated",
         };
         let fs = ClassLabels { class: "fs" };
+        let engine = EngineLabels {
+            engine: "b".into(),
+        };
+        m.engine_up.get_or_create(&engine).set(1);
+        m.engine_draining.get_or_create(&engine).set(0);
+        m.engine_sessions.get_or_create(&engine).set(3);
         observe_duration(
             &m.http_requests.get_or_create(&HttpLabels {
                 method: "GET".into(),
@@ -578,11 +642,18 @@ mod tests {
             }),
             d,
         );
-        observe_duration(&m.engine_calls.get_or_create(&OpLabels { op: "list" }), d);
+        observe_duration(
+            &m.engine_calls.get_or_create(&OpLabels {
+                op: "list",
+                engine: "default".into(),
+            }),
+            d,
+        );
         m.engine_errors
             .get_or_create(&EngineErrorLabels {
                 op: "list",
                 kind: "unavailable",
+                engine: "default".into(),
             })
             .inc();
         m.pool_size.get_or_create(&pool).set(1);
@@ -630,6 +701,12 @@ mod tests {
                 "session_lock_busy_total counter",
                 "engine_call_duration_seconds histogram",
                 "engine_errors_total counter",
+                "engine_up gauge",
+                "engine_draining gauge",
+                "engine_sessions gauge",
+                "placements_refused_total counter",
+                "engines_file_valid gauge",
+                "engines_file_errors_total counter",
                 "streamed_runs_total counter",
                 "processes_started_total counter",
                 "processes_killed_total counter",

@@ -23,8 +23,9 @@ use futures::{StreamExt, TryStreamExt};
 
 use super::credentials::{CredentialStore, Registry};
 use super::{
-    AttachedExec, CommitSpec, ContainerEngine, ContainerInfo, ContainerSpec, EngineError, ExecSpec,
-    ExecStream, ImageInfo, NetworkInfo, NetworkSpec, PullFailure, VolumeInfo, VolumeSpec,
+    AttachedExec, CommitSpec, ContainerEngine, ContainerInfo, ContainerSpec, EngineError,
+    EngineInfo, ExecSpec, ExecStream, ImageInfo, NetworkInfo, NetworkSpec, PullFailure, VolumeInfo,
+    VolumeSpec,
 };
 
 mod convert;
@@ -50,8 +51,47 @@ impl DockerEngine {
     /// older daemon (20.10 speaks 1.41) accepts our requests. Pulls use the credentials of
     /// `credentials` (the process's Docker client config in production).
     pub async fn connect(credentials: CredentialStore) -> Result<Self, EngineError> {
-        let docker = Docker::connect_with_defaults()
-            .map_err(|e| EngineError::Unavailable(e.to_string()))?
+        let docker =
+            Docker::connect_with_defaults().map_err(|e| EngineError::Unavailable(e.to_string()))?;
+        Self::negotiate(docker, credentials).await
+    }
+
+    /// Connects to a fleet's engine: a `unix://` socket, or `tcp://` with mutual TLS when `tls`
+    /// is given (plain TCP otherwise, for an engine behind a tunnel of the operator's). Fails when
+    /// the engine does not answer (the fleet tries again).
+    pub async fn connect_endpoint(
+        endpoint: &str,
+        tls: Option<&crate::config::TlsFiles>,
+        credentials: CredentialStore,
+    ) -> Result<Self, EngineError> {
+        let version = bollard::API_DEFAULT_VERSION;
+        let docker = match (crate::config::endpoint_kind(endpoint), tls) {
+            (Some(crate::config::Endpoint::Unix), _) => {
+                Docker::connect_with_unix(endpoint, API_TIMEOUT_SECS, version)
+            }
+            (Some(crate::config::Endpoint::Tcp), Some(tls)) => Docker::connect_with_ssl(
+                endpoint,
+                &tls.key,
+                &tls.cert,
+                &tls.ca,
+                API_TIMEOUT_SECS,
+                version,
+            ),
+            (Some(crate::config::Endpoint::Tcp), None) => {
+                Docker::connect_with_http(endpoint, API_TIMEOUT_SECS, version)
+            }
+            (None, _) => {
+                return Err(EngineError::Rejected(format!(
+                    "not an engine endpoint: {endpoint}"
+                )));
+            }
+        }
+        .map_err(|e| EngineError::Unavailable(e.to_string()))?;
+        Self::negotiate(docker, credentials).await
+    }
+
+    async fn negotiate(docker: Docker, credentials: CredentialStore) -> Result<Self, EngineError> {
+        let docker = docker
             .with_timeout(Duration::from_secs(API_TIMEOUT_SECS))
             .with_request_modifier(|mut req| {
                 url_safe_registry_auth(req.headers_mut());
@@ -152,6 +192,29 @@ impl DockerEngine {
 impl ContainerEngine for DockerEngine {
     async fn ping(&self) -> Result<(), EngineError> {
         self.docker.ping().await.map(|_| ()).map_err(map_err)
+    }
+
+    async fn info(&self) -> Result<EngineInfo, EngineError> {
+        let info = self.docker.info().await.map_err(map_err)?;
+        let images = self
+            .docker
+            .list_images(Some(bollard::query_parameters::ListImagesOptions {
+                all: false,
+                ..Default::default()
+            }))
+            .await
+            .map_err(map_err)?;
+        Ok(EngineInfo {
+            runtimes: info
+                .runtimes
+                .map(|r| r.into_keys().collect())
+                .unwrap_or_default(),
+            images: images
+                .into_iter()
+                .flat_map(|i| i.repo_tags)
+                .filter(|t| t != "<none>:<none>")
+                .collect(),
+        })
     }
 
     async fn ensure_image(&self, image: &str) -> Result<(), EngineError> {

@@ -23,6 +23,14 @@ impl ContainerEngine for FakeEngine {
         self.check_up("ping".into()).await
     }
 
+    async fn info(&self) -> Result<crate::engine::EngineInfo, EngineError> {
+        self.check_up("info".into()).await?;
+        Ok(crate::engine::EngineInfo {
+            runtimes: vec!["runc".into(), "runsc".into()],
+            images: Vec::new(),
+        })
+    }
+
     async fn ensure_image(&self, image: &str) -> Result<(), EngineError> {
         self.check_up(format!("ensure_image {image}")).await?;
         if self.with(|s| s.missing_images.iter().any(|m| m == image)) {

@@ -1,0 +1,275 @@
+//! The fleet: the Docker engines sessions are placed on (`ENGINES_FILE`), and the file's format.
+//!
+//! The file is read at start-up (a bad one stops the service, as any bad setting does) and again
+//! whenever it changes (see `crate::fleet`), when a bad one keeps the last good list. Without the
+//! setting the service drives the one engine of `DOCKER_HOST` (or the local socket), as always.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use super::parse::Parser;
+use crate::ids::is_engine_name;
+
+#[derive(Debug, Clone, Default)]
+pub struct FleetConfig {
+    /// `ENGINES_FILE`: the engines' list; `None` = the single engine of today.
+    pub engines_file: Option<PathBuf>,
+    /// The list as read at start-up.
+    pub engines: Vec<EngineSpec>,
+}
+
+impl FleetConfig {
+    pub(super) fn load(p: &mut Parser<'_>) -> Self {
+        let Some(raw) = p.get("ENGINES_FILE") else {
+            return Self::default();
+        };
+        let path = PathBuf::from(&raw);
+        match read_engines(&path) {
+            Ok(engines) => Self {
+                engines_file: Some(path),
+                engines,
+            },
+            Err(why) => {
+                p.fail("ENGINES_FILE", &raw, why);
+                Self::default()
+            }
+        }
+    }
+}
+
+/// One engine of the fleet, as the file gives it.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngineSpec {
+    /// Prefixes the ids of its sessions and snapshots (unless it is the default engine), is a
+    /// metric label and answers in `GET /engines/`.
+    pub name: String,
+    /// `unix:///path` or `tcp://host:port`.
+    pub endpoint: String,
+    /// Mutual TLS for a `tcp://` endpoint: the CA that signed the engine's certificate, and the
+    /// client certificate and key the engine checks.
+    #[serde(default)]
+    pub tls: Option<TlsFiles>,
+    /// Sessions (warm-pool members included) the engine holds at most; none = no limit.
+    #[serde(default)]
+    pub max_sessions: Option<u32>,
+    /// Memory the engine's sessions may be given in all (their limits summed); none = no limit.
+    #[serde(default)]
+    pub memory_bytes: Option<u64>,
+    /// No new sessions; the ones it holds keep working.
+    #[serde(default)]
+    pub drain: bool,
+    /// Its sessions' ids carry no engine prefix: the engine a single-engine deployment used, put
+    /// in a fleet with the sessions and snapshots it already holds. At most one.
+    #[serde(default)]
+    pub default: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsFiles {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+impl EngineSpec {
+    /// The prefix of the ids of the engine's sessions and snapshots.
+    pub fn prefix(&self) -> Option<&str> {
+        (!self.default).then_some(self.name.as_str())
+    }
+
+    /// Whether `other` reaches the same engine the same way (only capacity and drain differ).
+    pub fn same_link(&self, other: &EngineSpec) -> bool {
+        self.name == other.name
+            && self.endpoint == other.endpoint
+            && self.tls == other.tls
+            && self.default == other.default
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EnginesFile {
+    engines: Vec<EngineSpec>,
+}
+
+/// Most engines a file may list.
+const MAX_ENGINES: usize = 256;
+/// Largest engines file read.
+const MAX_FILE_BYTES: u64 = 1024 * 1024;
+
+/// Reads and checks the engines file; the error says what is wrong in it (never a key's content).
+pub fn read_engines(path: &Path) -> Result<Vec<EngineSpec>, String> {
+    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read the file: {e}"))?;
+    if meta.len() > MAX_FILE_BYTES {
+        return Err(format!("larger than {MAX_FILE_BYTES} bytes"));
+    }
+    let text = std::fs::read(path).map_err(|e| format!("cannot read the file: {e}"))?;
+    parse_engines(&text)
+}
+
+/// Parses and checks an engines file's content.
+pub fn parse_engines(text: &[u8]) -> Result<Vec<EngineSpec>, String> {
+    let file: EnginesFile =
+        serde_json::from_slice(text).map_err(|e| format!("not a valid engines file: {e}"))?;
+    if file.engines.is_empty() {
+        return Err("`engines` lists no engine".to_string());
+    }
+    if file.engines.len() > MAX_ENGINES {
+        return Err(format!("more than {MAX_ENGINES} engines"));
+    }
+    let mut names = HashSet::new();
+    for e in &file.engines {
+        let name = &e.name;
+        if !is_engine_name(name) {
+            return Err(format!(
+                "engine name {name:?}: expected 1 to 32 lowercase letters, digits, '-' or '_', starting with a letter or digit"
+            ));
+        }
+        if !names.insert(name.as_str()) {
+            return Err(format!("engine name {name:?} is listed twice"));
+        }
+        match (endpoint_kind(&e.endpoint), &e.tls) {
+            (None, _) => {
+                return Err(format!(
+                    "engine {name:?}: endpoint must be unix:///path or tcp://host:port"
+                ));
+            }
+            (Some(Endpoint::Unix), Some(_)) => {
+                return Err(format!("engine {name:?}: tls is for tcp:// endpoints"));
+            }
+            (Some(Endpoint::Tcp), Some(tls)) => {
+                for (what, p) in [("ca", &tls.ca), ("cert", &tls.cert), ("key", &tls.key)] {
+                    if !p.is_file() {
+                        return Err(format!(
+                            "engine {name:?}: tls.{what} {} is not a readable file",
+                            p.display()
+                        ));
+                    }
+                }
+            }
+            _ => {}
+        }
+        if e.max_sessions == Some(0) {
+            return Err(format!(
+                "engine {name:?}: max_sessions must be at least 1 (drain it instead)"
+            ));
+        }
+        if e.memory_bytes == Some(0) {
+            return Err(format!("engine {name:?}: memory_bytes must be at least 1"));
+        }
+    }
+    if file.engines.iter().filter(|e| e.default).count() > 1 {
+        return Err("more than one engine is marked default".to_string());
+    }
+    Ok(file.engines)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    Unix,
+    Tcp,
+}
+
+/// What an endpoint is, when it is one we reach.
+pub fn endpoint_kind(endpoint: &str) -> Option<Endpoint> {
+    if let Some(path) = endpoint.strip_prefix("unix://") {
+        return path.starts_with('/').then_some(Endpoint::Unix);
+    }
+    let rest = endpoint.strip_prefix("tcp://")?;
+    let (host, port) = rest.rsplit_once(':')?;
+    let ok = !host.is_empty()
+        && !host.contains('/')
+        && port.parse::<u16>().is_ok_and(|p| p > 0)
+        && !rest.contains('@');
+    ok.then_some(Endpoint::Tcp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(json: &str) -> Result<Vec<EngineSpec>, String> {
+        parse_engines(json.as_bytes())
+    }
+
+    #[test]
+    fn a_fleet_file_parses_with_defaults() {
+        let e = parse(
+            r#"{"engines": [{"name": "a", "endpoint": "unix:///var/run/docker.sock", "default": true},
+                {"name": "b", "endpoint": "tcp://10.0.0.2:2376", "max_sessions": 200,
+                 "memory_bytes": 1000, "drain": true}]}"#,
+        )
+        .expect("ok");
+        assert_eq!(e.len(), 2);
+        assert_eq!(e[0].prefix(), None);
+        assert_eq!(e[1].prefix(), Some("b"));
+        assert_eq!(e[1].max_sessions, Some(200));
+        assert!(e[1].drain && !e[0].drain);
+    }
+
+    #[test]
+    fn bad_files_say_what_is_wrong() {
+        let cases = [
+            ("{}", "not a valid engines file"),
+            (r#"{"engines": []}"#, "no engine"),
+            (
+                r#"{"engines": [{"name": "A", "endpoint": "unix:///x"}]}"#,
+                "engine name",
+            ),
+            (
+                r#"{"engines": [{"name": "a", "endpoint": "unix:///x"}, {"name": "a", "endpoint": "unix:///y"}]}"#,
+                "listed twice",
+            ),
+            (
+                r#"{"engines": [{"name": "a", "endpoint": "http://x:1"}]}"#,
+                "endpoint must be",
+            ),
+            (
+                r#"{"engines": [{"name": "a", "endpoint": "tcp://x"}]}"#,
+                "endpoint must be",
+            ),
+            (
+                r#"{"engines": [{"name": "a", "endpoint": "unix:///x", "tls": {"ca": "/", "cert": "/", "key": "/"}}]}"#,
+                "tls is for tcp",
+            ),
+            (
+                r#"{"engines": [{"name": "a", "endpoint": "tcp://x:1", "tls": {"ca": "/nonexistent", "cert": "/", "key": "/"}}]}"#,
+                "tls.ca",
+            ),
+            (
+                r#"{"engines": [{"name": "a", "endpoint": "unix:///x", "max_sessions": 0}]}"#,
+                "max_sessions",
+            ),
+            (
+                r#"{"engines": [{"name": "a", "endpoint": "unix:///x", "default": true}, {"name": "b", "endpoint": "unix:///y", "default": true}]}"#,
+                "more than one",
+            ),
+            (
+                r#"{"engines": [{"name": "a", "endpoint": "unix:///x", "typo": 1}]}"#,
+                "unknown field",
+            ),
+        ];
+        for (json, want) in cases {
+            let err = parse(json).expect_err("an error");
+            assert!(err.contains(want), "{json}: {err}");
+        }
+    }
+
+    #[test]
+    fn endpoints_are_unix_paths_or_tcp_host_ports() {
+        assert_eq!(
+            endpoint_kind("unix:///var/run/docker.sock"),
+            Some(Endpoint::Unix)
+        );
+        assert_eq!(endpoint_kind("tcp://10.0.0.2:2376"), Some(Endpoint::Tcp));
+        assert_eq!(endpoint_kind("tcp://[::1]:2376"), Some(Endpoint::Tcp));
+        assert_eq!(endpoint_kind("unix://relative"), None);
+        assert_eq!(endpoint_kind("tcp://host:0"), None);
+        assert_eq!(endpoint_kind("tcp://user@host:1"), None);
+        assert_eq!(endpoint_kind("ssh://host"), None);
+    }
+}

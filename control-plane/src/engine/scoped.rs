@@ -1,0 +1,417 @@
+//! An engine of a fleet as the code above the engine seam sees it ([`ScopedEngine`]).
+//!
+//! Two things set a fleet's engine apart from the single engine of a plain deployment:
+//! - its container ids are handed out with the engine's name in front (`b.<id>`), so a session id
+//!   says which engine holds it, on every replica, without a database ([`crate::ids`]);
+//! - it may be unreachable: until the fleet first connects to it, and whenever its health check
+//!   marks it down. A call then fails at once, and a call in flight (a stream too) is cut when the
+//!   engine is marked down, so no request waits on a dead engine longer than it takes to notice.
+//!
+//! The fleet (see `crate::fleet`) owns the [`Link`]: it connects, checks health and flips the
+//! state; everything else holds the [`ScopedEngine`].
+
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use tokio::sync::watch;
+
+use super::{
+    AttachedExec, CommitSpec, ContainerEngine, ContainerInfo, ContainerSpec, EngineError,
+    EngineInfo, ExecSpec, ExecStream, ImageInfo, NetworkInfo, NetworkSpec, VolumeInfo, VolumeSpec,
+};
+use crate::ids::with_engine;
+
+/// The connection to one engine and whether it answers.
+pub struct Link {
+    name: String,
+    engine: RwLock<Option<Arc<dyn ContainerEngine>>>,
+    up: watch::Sender<bool>,
+}
+
+impl Link {
+    /// A link not connected yet (down).
+    pub fn new(name: &str) -> Arc<Self> {
+        Arc::new(Self {
+            name: name.to_string(),
+            engine: RwLock::new(None),
+            up: watch::Sender::new(false),
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The connected engine, whatever its health.
+    pub fn engine(&self) -> Option<Arc<dyn ContainerEngine>> {
+        self.engine
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    pub fn connect(&self, engine: Arc<dyn ContainerEngine>) {
+        *self.engine.write().unwrap_or_else(|e| e.into_inner()) = Some(engine);
+    }
+
+    pub fn is_up(&self) -> bool {
+        *self.up.borrow()
+    }
+
+    /// Marks the engine up or down; going down cuts every call in flight.
+    pub fn set_up(&self, up: bool) {
+        self.up
+            .send_if_modified(|now| std::mem::replace(now, up) != up);
+    }
+
+    fn down_error(&self) -> EngineError {
+        EngineError::Unavailable(format!("engine {} is down", self.name))
+    }
+
+    /// The engine when it is up.
+    fn live(&self) -> Result<Arc<dyn ContainerEngine>, EngineError> {
+        match self.engine() {
+            Some(e) if self.is_up() => Ok(e),
+            _ => Err(self.down_error()),
+        }
+    }
+
+    /// Resolves once the engine is marked down.
+    fn went_down(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut rx = self.up.subscribe();
+        async move {
+            let _ = rx.wait_for(|up| !*up).await;
+        }
+    }
+
+    /// `stream`, ended by an error as soon as the engine is marked down.
+    fn cut<T: Send + 'static>(
+        &self,
+        stream: BoxStream<'static, Result<T, EngineError>>,
+    ) -> BoxStream<'static, Result<T, EngineError>> {
+        let down = Box::pin(self.went_down());
+        let error = self.down_error().to_string();
+        futures::stream::unfold(
+            (stream, down, false),
+            move |(mut stream, mut down, done)| {
+                let error = error.clone();
+                async move {
+                    if done {
+                        return None;
+                    }
+                    tokio::select! {
+                        biased;
+                        () = &mut down => Some((Err(EngineError::Unavailable(error)), (stream, down, true))),
+                        item = stream.next() => item.map(|i| (i, (stream, down, false))),
+                    }
+                }
+            },
+        )
+        .boxed()
+    }
+}
+
+/// A fleet's engine: ids with the engine's prefix, calls bounded by its health.
+pub struct ScopedEngine {
+    link: Arc<Link>,
+    prefix: Option<String>,
+}
+
+impl ScopedEngine {
+    pub fn new(link: Arc<Link>, prefix: Option<&str>) -> Self {
+        Self {
+            link,
+            prefix: prefix.map(str::to_string),
+        }
+    }
+
+    /// The engine's own id for one we handed out (names pass through).
+    fn raw<'a>(&self, id: &'a str) -> &'a str {
+        match &self.prefix {
+            Some(p) => id
+                .strip_prefix(p.as_str())
+                .and_then(|rest| rest.strip_prefix('.'))
+                .unwrap_or(id),
+            None => id,
+        }
+    }
+
+    fn ours(&self, raw: String) -> String {
+        with_engine(self.prefix.as_deref(), &raw)
+    }
+
+    fn ours_info(&self, mut info: ContainerInfo) -> ContainerInfo {
+        info.id = self.ours(std::mem::take(&mut info.id));
+        info
+    }
+}
+
+/// Runs `$call` on the live engine `$e`, cut short when the engine goes down.
+macro_rules! guarded {
+    ($self:ident, |$e:ident| $call:expr) => {{
+        let $e = $self.link.live()?;
+        let down = $self.link.went_down();
+        tokio::select! {
+            biased;
+            r = $call => r,
+            () = down => Err($self.link.down_error()),
+        }
+    }};
+}
+
+#[async_trait::async_trait]
+impl ContainerEngine for ScopedEngine {
+    async fn ping(&self) -> Result<(), EngineError> {
+        guarded!(self, |e| e.ping())
+    }
+    async fn info(&self) -> Result<EngineInfo, EngineError> {
+        guarded!(self, |e| e.info())
+    }
+    fn id_prefix(&self) -> Option<&str> {
+        self.prefix.as_deref()
+    }
+    async fn ensure_image(&self, image: &str) -> Result<(), EngineError> {
+        guarded!(self, |e| e.ensure_image(image))
+    }
+    async fn create(&self, spec: &ContainerSpec) -> Result<String, EngineError> {
+        guarded!(self, |e| e.create(spec)).map(|id| self.ours(id))
+    }
+    async fn start(&self, id: &str) -> Result<(), EngineError> {
+        guarded!(self, |e| e.start(self.raw(id)))
+    }
+    async fn inspect(&self, id: &str) -> Result<ContainerInfo, EngineError> {
+        guarded!(self, |e| e.inspect(self.raw(id))).map(|i| self.ours_info(i))
+    }
+    async fn stop(&self, id: &str, grace: Duration) -> Result<(), EngineError> {
+        guarded!(self, |e| e.stop(self.raw(id), grace))
+    }
+    async fn remove(&self, id: &str) -> Result<(), EngineError> {
+        guarded!(self, |e| e.remove(self.raw(id)))
+    }
+    async fn exec(&self, id: &str, spec: &ExecSpec) -> Result<ExecStream, EngineError> {
+        let started = guarded!(self, |e| e.exec(self.raw(id), spec))?;
+        Ok(ExecStream {
+            exec_id: started.exec_id,
+            output: self.link.cut(started.output),
+        })
+    }
+    async fn exec_attached(&self, id: &str, spec: &ExecSpec) -> Result<AttachedExec, EngineError> {
+        let attached = guarded!(self, |e| e.exec_attached(self.raw(id), spec))?;
+        Ok(AttachedExec {
+            output: self.link.cut(attached.output),
+            input: attached.input,
+        })
+    }
+    async fn exec_exit_code(&self, exec_id: &str) -> Result<Option<i64>, EngineError> {
+        guarded!(self, |e| e.exec_exit_code(exec_id))
+    }
+    async fn put_archive(
+        &self,
+        id: &str,
+        path: &str,
+        tar: BoxStream<'static, Result<Bytes, std::io::Error>>,
+    ) -> Result<(), EngineError> {
+        guarded!(self, |e| e.put_archive(self.raw(id), path, tar))
+    }
+    async fn get_archive(
+        &self,
+        id: &str,
+        path: &str,
+    ) -> Result<BoxStream<'static, Result<Bytes, EngineError>>, EngineError> {
+        let stream = guarded!(self, |e| e.get_archive(self.raw(id), path))?;
+        Ok(self.link.cut(stream))
+    }
+    async fn wait_for_log(
+        &self,
+        id: &str,
+        needle: &str,
+        timeout: Duration,
+    ) -> Result<(), EngineError> {
+        guarded!(self, |e| e.wait_for_log(self.raw(id), needle, timeout))
+    }
+    async fn rename(&self, current: &str, new: &str) -> Result<(), EngineError> {
+        guarded!(self, |e| e.rename(self.raw(current), new))
+    }
+    async fn update_limits(
+        &self,
+        id: &str,
+        memory_bytes: Option<i64>,
+        nano_cpus: Option<i64>,
+    ) -> Result<(), EngineError> {
+        guarded!(self, |e| e.update_limits(
+            self.raw(id),
+            memory_bytes,
+            nano_cpus
+        ))
+    }
+    async fn image_id(&self, image: &str) -> Result<String, EngineError> {
+        guarded!(self, |e| e.image_id(image))
+    }
+    async fn list(&self, labels: &[(&str, &str)]) -> Result<Vec<ContainerInfo>, EngineError> {
+        let list = guarded!(self, |e| e.list(labels))?;
+        Ok(list.into_iter().map(|i| self.ours_info(i)).collect())
+    }
+    async fn create_network(&self, spec: &NetworkSpec) -> Result<String, EngineError> {
+        guarded!(self, |e| e.create_network(spec))
+    }
+    async fn remove_network(&self, id_or_name: &str) -> Result<(), EngineError> {
+        guarded!(self, |e| e.remove_network(id_or_name))
+    }
+    async fn connect_network(
+        &self,
+        network: &str,
+        container: &str,
+        ip: Option<std::net::IpAddr>,
+    ) -> Result<(), EngineError> {
+        guarded!(self, |e| e.connect_network(
+            network,
+            self.raw(container),
+            ip
+        ))
+    }
+    async fn list_networks(
+        &self,
+        labels: &[(&str, &str)],
+    ) -> Result<Vec<NetworkInfo>, EngineError> {
+        guarded!(self, |e| e.list_networks(labels))
+    }
+    async fn pause(&self, id: &str) -> Result<(), EngineError> {
+        guarded!(self, |e| e.pause(self.raw(id)))
+    }
+    async fn unpause(&self, id: &str) -> Result<(), EngineError> {
+        guarded!(self, |e| e.unpause(self.raw(id)))
+    }
+    async fn commit(&self, id: &str, spec: &CommitSpec) -> Result<String, EngineError> {
+        guarded!(self, |e| e.commit(self.raw(id), spec))
+    }
+    async fn inspect_image(&self, reference: &str) -> Result<ImageInfo, EngineError> {
+        guarded!(self, |e| e.inspect_image(reference))
+    }
+    async fn list_images(&self, labels: &[(&str, &str)]) -> Result<Vec<ImageInfo>, EngineError> {
+        guarded!(self, |e| e.list_images(labels))
+    }
+    async fn remove_image(&self, reference: &str) -> Result<(), EngineError> {
+        guarded!(self, |e| e.remove_image(reference))
+    }
+    async fn create_volume(&self, spec: &VolumeSpec) -> Result<VolumeInfo, EngineError> {
+        guarded!(self, |e| e.create_volume(spec))
+    }
+    async fn inspect_volume(&self, name: &str) -> Result<VolumeInfo, EngineError> {
+        guarded!(self, |e| e.inspect_volume(name))
+    }
+    async fn list_volumes(&self, labels: &[(&str, &str)]) -> Result<Vec<VolumeInfo>, EngineError> {
+        guarded!(self, |e| e.list_volumes(labels))
+    }
+    async fn remove_volume(&self, name: &str) -> Result<(), EngineError> {
+        guarded!(self, |e| e.remove_volume(name))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::fake::FakeEngine;
+
+    fn scoped(prefix: Option<&str>) -> (Arc<Link>, ScopedEngine, Arc<FakeEngine>) {
+        let fake = Arc::new(FakeEngine::default());
+        let link = Link::new("b");
+        link.connect(fake.clone());
+        link.set_up(true);
+        let engine = ScopedEngine::new(link.clone(), prefix);
+        (link, engine, fake)
+    }
+
+    fn spec() -> ContainerSpec {
+        ContainerSpec {
+            name: None,
+            image: "img".into(),
+            entrypoint: None,
+            cmd: None,
+            env: Vec::new(),
+            labels: Default::default(),
+            user: None,
+            cap_add: Vec::new(),
+            sysctls: Vec::new(),
+            init: false,
+            runtime: "runc".into(),
+            memory_bytes: None,
+            nano_cpus: None,
+            pids_limit: 10,
+            network: crate::engine::NetworkAttach::None,
+            volumes: Vec::new(),
+            named_volumes: Vec::new(),
+            log_options: Vec::new(),
+            skeleton: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn ids_carry_the_prefix_out_and_lose_it_in() {
+        let (_, engine, fake) = scoped(Some("b"));
+        let id = engine.create(&spec()).await.expect("ok");
+        let raw = id.strip_prefix("b.").expect("prefixed");
+        assert!(crate::ids::is_session_id(&id));
+        // The engine itself knows the raw id only.
+        fake.inspect(raw).await.expect("ok");
+        assert_eq!(engine.inspect(&id).await.expect("ok").id, id);
+        engine.start(&id).await.expect("ok");
+        let listed = engine.list(&[]).await.expect("ok");
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0].id, id);
+        engine.remove(&id).await.expect("ok");
+        assert!(matches!(
+            fake.inspect(raw).await,
+            Err(EngineError::NotFound)
+        ));
+    }
+
+    #[tokio::test]
+    async fn the_default_engine_keeps_raw_ids() {
+        let (_, engine, _) = scoped(None);
+        let id = engine.create(&spec()).await.expect("ok");
+        assert!(crate::ids::is_container_id(&id));
+        assert_eq!(engine.inspect(&id).await.expect("ok").id, id);
+    }
+
+    #[tokio::test]
+    async fn a_down_engine_fails_at_once() {
+        let (link, engine, _) = scoped(Some("b"));
+        link.set_up(false);
+        let err = engine.ping().await.expect_err("an error");
+        assert!(err.to_string().contains("engine b is down"), "{err}");
+        let never = ScopedEngine::new(Link::new("c"), Some("c"));
+        assert!(never.list(&[]).await.is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn calls_and_streams_in_flight_are_cut_when_the_engine_goes_down() {
+        let (link, engine, fake) = scoped(Some("b"));
+        // A call that would not return before the hold is dropped.
+        let _hold = fake.hold("list");
+        let flip = {
+            let link = link.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                link.set_up(false);
+            })
+        };
+        let err = engine.list(&[]).await.expect_err("an error");
+        assert!(err.to_string().contains("down"), "{err}");
+        flip.await.expect("ok");
+
+        // A stream that never ends.
+        link.set_up(true);
+        let stream: BoxStream<'static, Result<u8, EngineError>> =
+            futures::stream::pending().boxed();
+        let mut cut = link.cut(stream);
+        link.set_up(false);
+        assert!(matches!(
+            cut.next().await,
+            Some(Err(EngineError::Unavailable(_)))
+        ));
+        assert!(cut.next().await.is_none());
+    }
+}

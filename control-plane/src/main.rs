@@ -23,6 +23,8 @@ async fn main() -> anyhow::Result<()> {
             std::process::exit(2);
         }
     };
+    // Mutual TLS to a fleet's engines goes through rustls, over ring as everywhere else.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     // Held until main returns: dropping it flushes queued error reports.
     let _reports = control_plane::telemetry::init(&config);
 

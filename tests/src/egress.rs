@@ -15,7 +15,7 @@ pub use integration::fixtures::TestCa;
 /// appends that record to /tmp/requests.jsonl, which tests read back with `docker exec`. A
 /// WebSocket handshake (`Upgrade: websocket`) is answered 101, then every byte is echoed until
 /// the client closes.
-const ECHO_SERVER: &str = r#"
+pub const ECHO_SERVER: &str = r#"
 import http.server, json, ssl, threading
 class H(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"

@@ -13,6 +13,8 @@ pub mod workspace;
 
 pub mod egress;
 
+pub mod fleet;
+
 pub mod redis;
 
 pub mod registry;

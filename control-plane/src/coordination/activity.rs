@@ -28,7 +28,7 @@ use redis::aio::ConnectionManager;
 
 use super::lock::LockGuard;
 use super::redis::{RedisUnavailable, bounded};
-use crate::ids::is_container_id;
+use crate::ids::is_session_id;
 
 const ACTIVITY_PREFIX: &str = "daiv-sandbox:session-activity:";
 const SINCE_KEY: &str = "daiv-sandbox:activity-since";
@@ -284,7 +284,7 @@ fn on_release(
     held: LockGuard,
     forget: bool,
 ) -> LockGuard {
-    if !is_container_id(session_id) {
+    if !is_session_id(session_id) {
         return held;
     }
     LockGuard::new(TouchThenRelease {

@@ -236,13 +236,27 @@ impl Cell {
                 Some(e) => Some(e),
                 None => this.connect(&link, &shared).await,
             };
-            let up = match &engine {
+            let mut up = match &engine {
                 Some(e) => matches!(
                     tokio::time::timeout(PING_TIMEOUT, e.ping()).await,
                     Ok(Ok(()))
                 ),
                 None => false,
             };
+            // An engine is up once placement knows what it offers: its runtimes and images are
+            // read before it takes its first session, then every INFO_EVERY checks.
+            if let Some(e) = engine.as_ref().filter(|_| up)
+                && (!was_up || tick.is_multiple_of(INFO_EVERY))
+            {
+                match tokio::time::timeout(PING_TIMEOUT * 2, e.info()).await {
+                    Ok(Ok(info)) => {
+                        let mut seen = this.seen.lock().unwrap_or_else(|e| e.into_inner());
+                        seen.runtimes = Some(info.runtimes);
+                        seen.images = info.images.into_iter().collect();
+                    }
+                    _ => up = was_up,
+                }
+            }
             link.set_up(up);
             shared
                 .metrics
@@ -257,7 +271,7 @@ impl Cell {
             match (was_up, up) {
                 (false, true) => {
                     tracing::info!(engine = %link.name(), "engine up");
-                    tick = 0;
+                    tick = 1;
                     // Its share of the pools may be owed.
                     this.sessions.pool().wake();
                 }
@@ -270,13 +284,6 @@ impl Cell {
                 continue;
             };
             this.count(&*engine, &shared, &labels).await;
-            if tick.is_multiple_of(INFO_EVERY)
-                && let Ok(Ok(info)) = tokio::time::timeout(PING_TIMEOUT * 2, engine.info()).await
-            {
-                let mut seen = this.seen.lock().unwrap_or_else(|e| e.into_inner());
-                seen.runtimes = Some(info.runtimes);
-                seen.images = info.images.into_iter().collect();
-            }
             tick = tick.wrapping_add(1);
         }
     }
@@ -489,10 +496,15 @@ impl Fleet {
     fn start_cell(self: &Arc<Self>, cell: &Arc<Cell>) {
         let mut tasks = Vec::new();
         if self.is_fleet() {
-            tasks.push(tokio::spawn(Cell::watch(
-                Arc::downgrade(cell),
-                self.shared.clone(),
-            )));
+            let (cell, shared) = (Arc::downgrade(cell), self.shared.clone());
+            tasks.push(tokio::spawn(async move {
+                // A panic in a check is logged and the checks go on: an engine nobody checks
+                // would stay in its last state for good.
+                while let Err(e) = tokio::spawn(Cell::watch(cell.clone(), shared.clone())).await {
+                    tracing::error!(error = %e, "fleet: an engine's health check crashed");
+                    tokio::time::sleep(HEALTH_EVERY).await;
+                }
+            }));
         }
         if self.shared.config.reaper.enabled {
             tasks.push(Arc::new(Reaper::new(cell.sessions.clone())).spawn());

@@ -24,7 +24,7 @@ use crate::engine::{
     ContainerEngine, ContainerInfo, DEPLOYMENT_LABEL, EngineError, ROLE_LABEL, ROLE_SANDBOX,
     WORKSPACE_LABEL,
 };
-use crate::ids::is_container_id;
+use crate::ids::is_session_id;
 use crate::layout;
 use crate::pool::Pool;
 use crate::runtime::{RunSpec, SessionRuntime};
@@ -407,7 +407,7 @@ impl Sessions {
     /// The managed sandbox container behind `id`, or 404. Ids are full container ids only: a name
     /// or a prefix could reach a container that is not a session.
     pub async fn find(&self, id: &str) -> Result<ContainerInfo, SessionError> {
-        if !is_container_id(id) {
+        if !is_session_id(id) {
             return Err(SessionError::NotFound);
         }
         let info = self.engine().inspect(id).await?;
@@ -634,7 +634,7 @@ impl Sessions {
     /// before the lock is released.
     pub async fn lock(&self, session_id: &str) -> Result<LockGuard, SessionError> {
         let held = self.acquire(session_id).await?;
-        if is_container_id(session_id) {
+        if is_session_id(session_id) {
             self.activity.touch(session_id).await;
         }
         Ok(activity::touch_on_release(

@@ -612,9 +612,7 @@ mod tests {
             kind: "isolated",
         };
         let fs = ClassLabels { class: "fs" };
-        let engine = EngineLabels {
-            engine: "b".into(),
-        };
+        let engine = EngineLabels { engine: "b".into() };
         m.engine_up.get_or_create(&engine).set(1);
         m.engine_draining.get_or_create(&engine).set(0);
         m.engine_sessions.get_or_create(&engine).set(3);

@@ -14,7 +14,7 @@ SOAK_SECONDS ?= 600
 SOAK_SMOKE_SESSIONS ?= 8
 SOAK_SMOKE_SECONDS ?= 60
 
-.PHONY: help fmt lint build helper images compose-smoke docker gvisor redis registry chromium run test test-unit test-e2e check-leaks clean-docker cargo-fuzz fuzz fuzz-smoke chaos deny api-fuzz api-fuzz-smoke soak soak-smoke fleet-engines
+.PHONY: help fmt lint build helper images compose-smoke docker gvisor redis registry chromium run test test-unit test-e2e check-leaks clean-docker cargo-fuzz fuzz fuzz-smoke chaos deny api-fuzz api-fuzz-smoke soak soak-smoke fleet-engines fleet
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -77,7 +77,7 @@ run: docker images helper ## Build and start the service on 127.0.0.1:$(PORT) wi
 test-unit: ## Unit and in-process tests only (no Docker)
 	$(CARGO) nextest run --workspace --exclude e2e
 
-test: lint images gvisor redis registry chromium build ## Everything: lint, unit, in-process and end-to-end tests on real Docker
+test: lint images gvisor redis registry chromium fleet-engines build ## Everything: lint, unit, in-process and end-to-end tests on real Docker
 	@mkdir -p $(DEV_DIR) && scripts/check-leaks.sh --record $(LEAK_BASELINE)
 	$(CARGO) nextest run --workspace --profile ci
 	@SERVICE_PROFILE=debug $(MAKE) --no-print-directory soak-smoke api-fuzz-smoke
@@ -115,7 +115,12 @@ soak-smoke: docker images ## The soak with SOAK_SMOKE_SESSIONS (8) sessions for 
 	@SOAK_SESSIONS=$(SOAK_SMOKE_SESSIONS) SOAK_SECONDS=$(SOAK_SMOKE_SECONDS) integration/scripts/soak.sh
 
 fleet-engines: docker images ## Start three Docker-in-Docker engines over mutual TLS for the fleet tests (scripts/fleet-engines.sh)
-	@scripts/fleet-engines.sh up >/dev/null
+	@FLEET_IMAGES="daiv-sandbox-busybox:local daiv-sandbox-debian:local daiv-sandbox-egress:local" \
+		scripts/fleet-engines.sh up >/dev/null
+
+fleet: fleet-engines redis build ## The fleet on three DinD engines: its e2e tests (also in `make test`), then scripts/fleet-bench.sh
+	$(CARGO) nextest run -p e2e --test fleet --profile ci
+	@scripts/fleet-bench.sh
 
 check-leaks: ## Fail if containers or networks created by the service are left behind
 	@scripts/check-leaks.sh

@@ -548,6 +548,62 @@ async fn two_replicas_with_redis_agree_on_engines_and_sessions() -> Result<()> {
     assert_clean(&["b", "c"], &deployment)
 }
 
+#[tokio::test]
+async fn only_engines_with_the_runtime_take_its_sessions() -> Result<()> {
+    require_image(BUSYBOX);
+    let all = e2e::fleet::up()?;
+    // gVisor is registered on this machine's engine only (the DinD engines have runc).
+    let file = EnginesFile::new(&[
+        local_engine(json!({})),
+        engine(&all, "a", json!({})),
+        engine(&all, "b", json!({})),
+    ])?;
+    let cp = start(&file, &[("RUNTIME", "runsc")]).await?;
+    let _guard = FleetGuard::new(&cp.deployment, &["local", "a", "b"]);
+    for name in ["local", "a", "b"] {
+        wait_state(&cp, name, "up", Duration::from_secs(15)).await?;
+    }
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        let id = create(&cp, json!({"base_image": BUSYBOX})).await?;
+        ensure!(engine_of(&id) == "local", "a runsc session on {id}");
+        ids.push(id);
+    }
+    ensure!(
+        output(&cp, &ids[0], "dmesg 2>/dev/null | head -1; echo ok")
+            .await?
+            .contains("ok")
+    );
+    // Without the local engine, nothing can take one: a clear 503.
+    file.write(&[engine(&all, "a", json!({})), engine(&all, "b", json!({}))])?;
+    eventually("local removed", Duration::from_secs(10), || async {
+        Ok(engine_state(&cp, "local").await?.is_none().then_some(()))
+    })
+    .await?;
+    let (s, b) = cp
+        .call(
+            Method::POST,
+            "/session/",
+            Some(json!({"base_image": BUSYBOX})),
+        )
+        .await?;
+    let detail = b["detail"].as_str().unwrap_or_default();
+    ensure!(
+        s == 503 && detail.contains("a has no runsc runtime"),
+        "{s} {b}"
+    );
+    file.write(&[
+        local_engine(json!({})),
+        engine(&all, "a", json!({})),
+        engine(&all, "b", json!({})),
+    ])?;
+    wait_state(&cp, "local", "up", Duration::from_secs(15)).await?;
+    for id in &ids {
+        remove(&cp, id).await?;
+    }
+    assert_clean(&["local", "a", "b"], &cp.deployment)
+}
+
 /// Ready warm-pool members of `deployment` on engine `name`.
 fn members(name: &str, deployment: &str) -> Result<usize> {
     let out = engine_docker(

@@ -635,6 +635,16 @@ impl Fleet {
         Ok(self.cell_of(id)?.sessions.clone())
     }
 
+    /// [`Fleet::at`] for an operation that makes new sessions there (a fork): 503 while the
+    /// engine is drained.
+    pub fn at_for_new(&self, id: &str) -> Result<Arc<Sessions>, SessionError> {
+        let cell = self.cell_of(id)?;
+        if cell.spec().drain {
+            return Err(SessionError::EngineDraining(cell.name()));
+        }
+        Ok(cell.sessions.clone())
+    }
+
     /// Creates a session where it should go: a snapshot's engine for a session from a
     /// snapshot, else an engine with a warm member for it, else where placement says.
     pub async fn create(&self, req: &StartSessionRequest) -> Result<String, SessionError> {

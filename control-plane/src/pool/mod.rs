@@ -265,6 +265,11 @@ impl Pool {
         self.factory.config()
     }
 
+    /// The engine's name in the pool's metrics (empty for the default engine).
+    pub(crate) fn engine_name(&self) -> &str {
+        self.engine().id_prefix().unwrap_or_default()
+    }
+
     pub fn is_configured(&self) -> bool {
         !self.targets_now().is_empty()
     }
@@ -398,8 +403,8 @@ impl Pool {
     fn claimed(&self, key: &Key) {
         let labels = key.labels();
         self.metrics.pool_claims.get_or_create(&labels).inc();
-        let size = self.metrics.pool_size.get_or_create_owned(&labels);
-        size.set(size.get().saturating_sub(1));
+        self.metrics
+            .pool_members(&labels, self.engine_name(), None, -1);
     }
 }
 

@@ -194,9 +194,7 @@ impl Refill {
     fn set_size(&self, key: &Key, n: usize) {
         self.pool
             .metrics
-            .pool_size
-            .get_or_create(&key.labels())
-            .set(n as u64);
+            .pool_members(&key.labels(), self.pool.engine_name(), Some(n as u64), 0);
     }
 
     /// Builds the members missing from `have` to `target`.
@@ -253,8 +251,8 @@ impl Refill {
                     &s.metrics.pool_refill.get_or_create(&kind),
                     started.elapsed(),
                 );
-                let size = s.metrics.pool_size.get_or_create_owned(&key.labels());
-                size.set(size.get() + 1);
+                s.metrics
+                    .pool_members(&key.labels(), s.engine_name(), None, 1);
                 tracing::debug!(container = %member.id, image = %key.image, kind = key.kind.as_str(), "warm pool: member ready");
                 // The claim then costs writes on open streams, and its first command finds the
                 // helper's channel open.

@@ -126,7 +126,7 @@ pub async fn fork(
     Path(id): Path<String>,
     ApiJson(body): ApiJson<serde_json::Value>,
 ) -> Result<(StatusCode, Json<ForkResponse>), ApiError> {
-    let sessions = fleet.at(&id)?;
+    let sessions = fleet.at_for_new(&id)?;
     let req: ForkRequest = object(body)?;
     let cap = sessions.config().snapshots.fork_max;
     if !(1..=cap).contains(&req.count) {

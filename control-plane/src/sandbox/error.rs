@@ -67,8 +67,8 @@ pub enum SessionError {
     /// The fleet's engine holding the session (or snapshot) is marked down.
     #[error("engine {0}, which holds it, is down; retry later")]
     EngineDown(String),
-    /// The fleet's engine holding the snapshot takes no new sessions.
-    #[error("engine {0}, which holds the snapshot, is draining: no new sessions")]
+    /// The fleet's engine holding the snapshot (or the session to fork) takes no new sessions.
+    #[error("engine {0}, which holds it, is draining: it takes no new sessions")]
     EngineDraining(String),
     /// No engine of the fleet can take a new session: the reason for each.
     #[error("{0}")]

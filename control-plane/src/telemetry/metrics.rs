@@ -183,6 +183,9 @@ pub struct Metrics {
     /// Running background processes per session as last listed (list route, reaper). Session
     /// ids stay here: only their sum, [`Self::processes_live`], is exported.
     processes_by_session: Mutex<HashMap<String, u64>>,
+    /// Ready members per pool and engine (a fleet's engines each count their own); only their
+    /// sum per pool, [`Self::pool_size`], is exported.
+    pool_by_engine: Mutex<HashMap<(PoolLabels, String), u64>>,
     processes_live: Gauge,
     pub streamed_runs: Counter,
     /// Ready warm-pool members per (image, kind), as this replica last counted them.
@@ -235,6 +238,7 @@ impl Default for Metrics {
             processes_started: Counter::default(),
             processes_killed: Counter::default(),
             processes_by_session: Mutex::default(),
+            pool_by_engine: Mutex::default(),
             processes_live: Gauge::default(),
             streamed_runs: Counter::default(),
             pool_size: Family::default(),
@@ -444,6 +448,28 @@ pub struct SessionGauge {
 
 impl Metrics {
     /// Records how many background processes of a session run (`None`: the session is gone).
+    /// Sets, or moves by `delta` when `set` is `None`, the ready members of pool `labels` on
+    /// `engine`; `pool_size` shows the sum over the engines.
+    pub fn pool_members(&self, labels: &PoolLabels, engine: &str, set: Option<u64>, delta: i64) {
+        let mut counts = self
+            .pool_by_engine
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let n = counts
+            .entry((labels.clone(), engine.to_string()))
+            .or_default();
+        *n = match set {
+            Some(v) => v,
+            None => n.saturating_add_signed(delta),
+        };
+        let total = counts
+            .iter()
+            .filter(|((l, _), _)| l == labels)
+            .map(|(_, n)| *n)
+            .sum();
+        self.pool_size.get_or_create(labels).set(total);
+    }
+
     pub fn observe_processes(&self, session_id: &str, running: Option<u64>) {
         let mut m = self
             .processes_by_session

@@ -147,3 +147,40 @@ for path in ["/etc/apt/sources.list"] + sorted(glob.glob("/etc/apt/sources.list.
             print(line[1].rstrip("/")); raise SystemExit
 PY
 }
+
+# unmount_under DIR: lazily unmount everything mounted at or below DIR (deepest first).
+unmount_under() {
+    awk -v r="$1" 'index($2, r) == 1 { print $2 }' /proc/mounts | sort -r \
+        | while read -r m; do umount -l "$m" 2>/dev/null || true; done
+}
+
+# debootstrap_rootfs WORK SUITE VARIANT INCLUDE MIRROR: a Debian rootfs at WORK/rootfs. The .debs
+# are cached as a debootstrap tarball under $DAIV_CACHE_DIR/debian, keyed by what it holds, so a
+# rebuild needs no network; a tarball that fails to unpack is dropped. Whatever debootstrap left
+# mounted in the tree is unmounted. The caller removes WORK (after `unmount_under WORK/rootfs`).
+debootstrap_rootfs() {
+    local work=$1 suite=$2 variant=$3 include=$4 mirror=$5
+    local arch cache key tarball root
+    arch=$(dpkg --print-architecture)
+    cache="$DAIV_CACHE_DIR/debian"
+    mkdir -p "$cache"
+    key=$(printf '%s\n' "$suite" "$variant" "$include" "$arch" | sha256sum | cut -c1-12)
+    tarball="$cache/debootstrap-$suite-$variant-$arch-$key.tgz"
+    root="$work/rootfs"
+    local common=(--variant="$variant" --include="$include" --arch="$arch")
+    if [ ! -s "$tarball" ]; then
+        run_quiet "debootstrap --make-tarball from $mirror" \
+            debootstrap "${common[@]}" --make-tarball="$work/debs.tgz" "$suite" "$work/dl" "$mirror"
+        mv "$work/debs.tgz" "$tarball"
+        rm -rf --one-file-system "$work/dl"
+    fi
+    if ! debootstrap "${common[@]}" --unpack-tarball="$tarball" "$suite" "$root" "$mirror" \
+            >"$work/debootstrap.log" 2>&1 </dev/null; then
+        echo "error: $(basename "$0"): debootstrap from $tarball failed; dropping that cache entry:" >&2
+        tail -n 40 "$work/debootstrap.log" >&2
+        tail -n 20 "$root/debootstrap/debootstrap.log" >&2 2>/dev/null || true
+        rm -f "$tarball"
+        exit 1
+    fi
+    unmount_under "$root"
+}

@@ -66,6 +66,10 @@ pub enum ApiError {
     /// Retryable infrastructure trouble: Docker not answering, a restart that failed.
     #[error("{0}")]
     Unavailable(String),
+    /// A 503 for an outage the service already knows and reported once (a fleet's engine down
+    /// or drained, no engine with room): logged as a warning, not reported per request.
+    #[error("{0}")]
+    Outage(String),
     /// Details go to the log, never to the client.
     #[error("Internal server error")]
     Internal(#[source] anyhow::Error),
@@ -81,7 +85,7 @@ impl ApiError {
             ApiError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Unavailable(_) | ApiError::Outage(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -90,7 +94,9 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
-        if status.is_server_error() {
+        if let ApiError::Outage(_) = &self {
+            tracing::warn!(error = ?self, "request refused: outage");
+        } else if status.is_server_error() {
             tracing::error!(error = ?self, "request failed");
         }
         let retry_after = match &self {
@@ -182,7 +188,7 @@ impl From<SessionError> for ApiError {
             E::NotRunning => ApiError::Conflict(e.to_string()),
             E::ForkCount(_) => ApiError::Unprocessable(e.to_string()),
             E::EngineDown(_) | E::EngineDraining(_) | E::NoEngine(_) => {
-                ApiError::Unavailable(e.to_string())
+                ApiError::Outage(e.to_string())
             }
             E::Snapshot(e) => e.into(),
             E::Engine(e) => e.into(),
@@ -484,6 +490,11 @@ mod tests {
                 SessionError::EgressUnavailableHere.into(),
                 StatusCode::SERVICE_UNAVAILABLE,
                 "egress is not configured on this instance",
+            ),
+            (
+                SessionError::EngineDown("b".into()).into(),
+                StatusCode::SERVICE_UNAVAILABLE,
+                "engine b, which holds it, is down; retry later",
             ),
             (
                 SessionError::EngineNotResponding(EngineError::Unavailable("x".into())).into(),

@@ -246,6 +246,33 @@ async fn dead_and_retagged_members_are_replaced_and_a_restart_adopts_the_pool() 
 }
 
 #[tokio::test]
+async fn a_build_that_failed_and_left_its_container_is_replaced_by_the_next_round() {
+    let engine = FakeEngine::default();
+    let r = replica(&engine, &[]);
+    // The engine fails the starts, then the clean-up too (it died under the build, say).
+    engine.fail_on("start ");
+    engine.fail_on("remove ");
+    r.refill.reconcile_all().await;
+    assert!(ready(&engine).await.is_empty());
+    let left = engine.container_ids();
+    assert!(!left.is_empty(), "the failed builds left their containers");
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs() as i64;
+    for id in &left {
+        engine.set_times(id, Some(now), None);
+    }
+    engine.heal();
+    // At once, not after the timeout that covers another replica's builds in flight.
+    r.refill.reconcile_all().await;
+    assert_eq!(ready(&engine).await.len(), 2);
+    for id in &left {
+        assert!(engine.spec(id).is_none(), "{id} was left behind");
+    }
+}
+
+#[tokio::test]
 async fn members_are_removed_on_shutdown_only_when_asked_and_only_this_deployments() {
     let engine = FakeEngine::default();
     let keep = replica(&engine, &[]);

@@ -15,7 +15,6 @@ IMAGE=${IMAGE:-daiv-sandbox-debian:local}
 SUITE=bookworm
 VARIANT=minbase
 INCLUDE=bash,git,curl,ca-certificates,python3,procps,iproute2,libcap2-bin
-ARCH=$(dpkg --print-architecture)
 
 "$here/../../scripts/ensure-docker.sh"
 if [ "${FORCE:-0}" != 1 ] && image_exists "$IMAGE"; then
@@ -32,42 +31,15 @@ apt_ensure debootstrap
 MIRROR=${DEBIAN_MIRROR:-$(find_mirror || true)}
 MIRROR=${MIRROR:-http://deb.debian.org/debian}
 
-cache="$DAIV_CACHE_DIR/debian"
-mkdir -p "$cache"
-key=$(printf '%s\n' "$SUITE" "$VARIANT" "$INCLUDE" "$ARCH" | sha256sum | cut -c1-12)
-tarball="$cache/debootstrap-$SUITE-$VARIANT-$ARCH-$key.tgz"
-
 work=$(mktemp -d /var/tmp/daiv-debian.XXXXXX)
 root="$work/rootfs"
 cleanup() {
     # debootstrap mounts proc/sys (and maybe more) inside the target: unmount before deleting.
-    if [ -d "$root" ]; then
-        awk -v r="$root" 'index($2, r) == 1 { print $2 }' /proc/mounts | sort -r \
-            | while read -r m; do umount -l "$m" 2>/dev/null || true; done
-    fi
+    [ -d "$root" ] && unmount_under "$root"
     rm -rf --one-file-system "$work"
 }
 trap cleanup EXIT
-
-common=(--variant="$VARIANT" --include="$INCLUDE" --arch="$ARCH")
-if [ ! -s "$tarball" ]; then
-    run_quiet "debootstrap --make-tarball from $MIRROR" \
-        debootstrap "${common[@]}" --make-tarball="$work/debs.tgz" "$SUITE" "$work/dl" "$MIRROR"
-    mv "$work/debs.tgz" "$tarball"
-    rm -rf --one-file-system "$work/dl"
-fi
-if ! debootstrap "${common[@]}" --unpack-tarball="$tarball" "$SUITE" "$root" "$MIRROR" \
-        >"$work/debootstrap.log" 2>&1 </dev/null; then
-    echo "error: build-debian.sh: debootstrap from $tarball failed; dropping that cache entry:" >&2
-    tail -n 40 "$work/debootstrap.log" >&2
-    tail -n 20 "$root/debootstrap/debootstrap.log" >&2 2>/dev/null || true
-    rm -f "$tarball"
-    exit 1
-fi
-
-# Unmount whatever debootstrap left mounted before touching the tree.
-awk -v r="$root" 'index($2, r) == 1 { print $2 }' /proc/mounts | sort -r \
-    | while read -r m; do umount -l "$m"; done
+debootstrap_rootfs "$work" "$SUITE" "$VARIANT" "$INCLUDE" "$MIRROR"
 
 run_quiet "adding user sandbox" chroot "$root" sh -c \
     'getent group sandbox >/dev/null || groupadd -g 1000 sandbox

@@ -169,7 +169,17 @@ impl Drop for FleetGuard {
             if name != "local" {
                 let _ = run_script(&["start", name], None);
             }
-            let ids = engine_docker(name, &["ps", "-aq", "--filter", &label]).unwrap_or_default();
+            // Just restarted, an engine's address may not route for a moment.
+            let mut ids = String::new();
+            for _ in 0..10 {
+                match engine_docker(name, &["ps", "-aq", "--filter", &label]) {
+                    Ok(found) => {
+                        ids = found;
+                        break;
+                    }
+                    Err(_) => std::thread::sleep(std::time::Duration::from_secs(1)),
+                }
+            }
             for id in ids.split_whitespace() {
                 let _ = engine_docker(name, &["rm", "-fv", id]);
             }

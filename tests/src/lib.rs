@@ -307,7 +307,12 @@ impl Drop for ControlPlane {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.log);
+        // DAIV_E2E_KEEP_LOGS=1 keeps the whole log (its path is printed) for a post-mortem.
+        if std::env::var_os("DAIV_E2E_KEEP_LOGS").is_some() {
+            eprintln!("--- daiv-sandbox log kept: {}", self.log.display());
+        } else {
+            let _ = std::fs::remove_file(&self.log);
+        }
     }
 }
 

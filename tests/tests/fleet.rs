@@ -235,12 +235,14 @@ async fn an_egress_session_on_a_remote_engine_has_its_gateway_there() -> Result<
     // The upstream runs inside engine b, on a network of its own there, under made-up names.
     let up = RemoteUpstream::start("b")?;
     let ca = e2e::egress::TestCa::new("daiv e2e egress CA")?;
-    let dir = std::env::temp_dir().join(format!("daiv-e2e-fleet-egress-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
+    // Removed when the test ends, however it ends.
+    let dir = tempfile::Builder::new()
+        .prefix("daiv-e2e-fleet-egress-")
+        .tempdir()?;
     let (cert, key, upstream_ca) = (
-        dir.join("egress-ca.crt"),
-        dir.join("egress-ca.key"),
-        dir.join("upstream-ca.pem"),
+        dir.path().join("egress-ca.crt"),
+        dir.path().join("egress-ca.key"),
+        dir.path().join("upstream-ca.pem"),
     );
     std::fs::write(&cert, &ca.cert_pem)?;
     std::fs::write(&key, &ca.key_pem)?;
@@ -326,7 +328,6 @@ async fn an_egress_session_on_a_remote_engine_has_its_gateway_there() -> Result<
     );
 
     remove(&cp, &id).await?;
-    let _ = std::fs::remove_dir_all(&dir);
     assert_clean(&["b"], &cp.deployment)
 }
 
@@ -357,6 +358,24 @@ async fn a_dead_engine_is_routed_around_and_its_sessions_come_back_with_their_fi
     file.write(&[engine(&all, "a", json!({})), engine(&all, "b", json!({}))])?;
     wait_state(&cp, "a", "up", Duration::from_secs(10)).await?;
 
+    // A command in flight when b dies: its fate is unknown, so it is a 503, never a result.
+    let busy = on_b[1].clone();
+    let in_flight = {
+        let (base, key) = (cp.url(&format!("/session/{busy}/")), cp.key.clone());
+        let http = cp.http().clone();
+        tokio::spawn(async move {
+            let r = http
+                .post(base)
+                .header("X-API-Key", key)
+                .json(&json!({"commands": ["sleep 30"]}))
+                .send()
+                .await?;
+            let status = r.status().as_u16();
+            anyhow::Ok((status, r.text().await?))
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
     // Kill b: it is noticed within seconds, its sessions answer 503 and no request waits long.
     run_script(&["kill", "b"], None)?;
     let killed = Instant::now();
@@ -376,6 +395,11 @@ async fn a_dead_engine_is_routed_around_and_its_sessions_come_back_with_their_fi
         "a request waited {slowest:?} on a dead engine"
     );
     wait_state(&cp, "b", "down", Duration::from_secs(1)).await?;
+    let (status, body) = in_flight.await??;
+    ensure!(
+        status == 503,
+        "a command cut by its engine's death answered {status} {body}"
+    );
     // The session's status, its fs ops and its deletion answer 503 too, at once.
     let asked = Instant::now();
     let (s, _) = cp
@@ -692,8 +716,10 @@ impl RemoteUpstream {
         )?;
         let ca = e2e::egress::TestCa::new("daiv e2e upstream CA")?;
         let (cert, key) = ca.leaf_pem(e2e::egress::UPSTREAM_NAMES)?;
-        let dir = std::env::temp_dir().join(format!("daiv-e2e-remote-upstream-{tag}"));
-        std::fs::create_dir_all(&dir)?;
+        let tmp = tempfile::Builder::new()
+            .prefix("daiv-e2e-remote-upstream-")
+            .tempdir()?;
+        let dir = tmp.path();
         std::fs::write(dir.join("server.crt"), cert)?;
         std::fs::write(dir.join("server.key"), key)?;
         std::fs::write(dir.join("server.py"), e2e::egress::ECHO_SERVER)?;
@@ -707,7 +733,7 @@ impl RemoteUpstream {
         let target = format!("{container}:/certs");
         engine_docker(engine, &["cp", &dir_arg, &target])?;
         engine_docker(engine, &["start", &container])?;
-        let _ = std::fs::remove_dir_all(&dir);
+        drop(tmp);
         let up = Self {
             engine: engine.to_string(),
             network,

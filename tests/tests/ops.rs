@@ -199,7 +199,7 @@ async fn metrics_count_sessions_commands_fs_ops_seeds_locks_and_engine_errors() 
     assert!(
         sample(
             &text,
-            "daiv_sandbox_engine_errors_total{op=\"inspect\",kind=\"not_found\"}"
+            "daiv_sandbox_engine_errors_total{op=\"inspect\",kind=\"not_found\",engine=\"default\"}"
         )
         .is_some_and(|n| n >= 1.0),
         "{text}"
@@ -207,7 +207,7 @@ async fn metrics_count_sessions_commands_fs_ops_seeds_locks_and_engine_errors() 
     assert!(
         sample(
             &text,
-            "daiv_sandbox_engine_call_duration_seconds_count{op=\"create\"}"
+            "daiv_sandbox_engine_call_duration_seconds_count{op=\"create\",engine=\"default\"}"
         )
         .is_some_and(|n| n >= 1.0),
         "{text}"
@@ -236,7 +236,7 @@ async fn metrics_public_setting_opens_the_page() -> Result<()> {
     assert!(
         sample(
             &text,
-            "daiv_sandbox_engine_errors_total{op=\"list\",kind=\"unavailable\"}"
+            "daiv_sandbox_engine_errors_total{op=\"list\",kind=\"unavailable\",engine=\"default\"}"
         ) == Some(1.0),
         "{text}"
     );

@@ -57,6 +57,13 @@ impl Link {
         *self.engine.write().unwrap_or_else(|e| e.into_inner()) = Some(engine);
     }
 
+    /// Drops the connection (and its pooled sockets): an engine that died and came back at the
+    /// same address would otherwise be asked over sockets of its previous life, which may go
+    /// nowhere until the request's timeout.
+    pub fn disconnect(&self) {
+        *self.engine.write().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
     pub fn is_up(&self) -> bool {
         *self.up.borrow()
     }

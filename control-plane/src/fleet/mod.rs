@@ -79,6 +79,37 @@ struct Seen {
     images: HashSet<String>,
 }
 
+/// An engine's state as one placement decision reads it.
+struct Reading {
+    up: bool,
+    spec: EngineSpec,
+    seen: Seen,
+    placed: u32,
+}
+
+impl Reading {
+    /// The engine as placement sees it: with its sessions counted (`counts`), or by its
+    /// capacity alone (a pool's spread); no image held, no warm member.
+    fn view(&self, counts: bool) -> placement::View<'_> {
+        placement::View {
+            name: &self.spec.name,
+            up: self.up,
+            draining: self.spec.drain,
+            runtimes: self.seen.runtimes.as_deref(),
+            sessions: if counts {
+                self.seen.sessions + self.placed
+            } else {
+                0
+            },
+            max_sessions: self.spec.max_sessions,
+            memory_used: if counts { self.seen.memory_used } else { 0 },
+            memory_bytes: self.spec.memory_bytes,
+            has_image: false,
+            warm: false,
+        }
+    }
+}
+
 /// One engine of the fleet with its own stack.
 pub struct Cell {
     spec: RwLock<EngineSpec>,
@@ -89,6 +120,8 @@ pub struct Cell {
     seen: Mutex<Seen>,
     /// Sessions placed here since the last count (counted until the next one sees them).
     placed: AtomicU32,
+    /// Whether its reaper and refill run.
+    background: AtomicBool,
     tasks: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -177,6 +210,7 @@ impl Cell {
             refill,
             seen: Mutex::default(),
             placed: AtomicU32::new(0),
+            background: AtomicBool::new(false),
             tasks: Mutex::default(),
         })
     }
@@ -215,6 +249,34 @@ impl Cell {
         self.seen.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
+    /// Starts the engine's reaper and warm-pool refill, once.
+    fn start_background(&self, shared: &Shared) {
+        if self.background.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let mut tasks = Vec::new();
+        if shared.config.reaper.enabled {
+            tasks.push(Arc::new(Reaper::new(self.sessions.clone())).spawn());
+        }
+        if let Some(t) = self.refill.spawn() {
+            tasks.push(t);
+        }
+        self.tasks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(tasks);
+    }
+
+    /// What placement reads of the engine, taken once per decision.
+    fn reading(&self) -> Reading {
+        Reading {
+            up: self.is_up(),
+            spec: self.spec(),
+            seen: self.seen(),
+            placed: self.placed.load(Ordering::Relaxed),
+        }
+    }
+
     /// The engine's health, checked until the cell is dropped (fleet only). The task holds the
     /// cell weakly: a cell removed from the fleet is dropped, which stops its tasks.
     async fn watch(cell: std::sync::Weak<Self>, shared: Shared) {
@@ -248,7 +310,7 @@ impl Cell {
             if let Some(e) = engine.as_ref().filter(|_| up)
                 && (!was_up || tick.is_multiple_of(INFO_EVERY))
             {
-                match tokio::time::timeout(PING_TIMEOUT * 2, e.info()).await {
+                match tokio::time::timeout(PING_TIMEOUT, e.info()).await {
                     Ok(Ok(info)) => {
                         let mut seen = this.seen.lock().unwrap_or_else(|e| e.into_inner());
                         seen.runtimes = Some(info.runtimes);
@@ -272,10 +334,12 @@ impl Cell {
                 (false, true) => {
                     tracing::info!(engine = %link.name(), "engine up");
                     tick = 1;
+                    this.start_background(&shared);
                     // Its share of the pools may be owed.
                     this.sessions.pool().wake();
                 }
                 (true, false) => {
+                    link.disconnect();
                     tracing::warn!(engine = %link.name(), "engine down: not answering its ping; its sessions answer 503 until it is back")
                 }
                 _ => {}
@@ -319,7 +383,8 @@ impl Cell {
         let deployment = shared.config.deployment.as_str();
         let labels_of_ours = [(ROLE_LABEL, ROLE_SANDBOX), (DEPLOYMENT_LABEL, deployment)];
         let listing = engine.list(&labels_of_ours);
-        let Ok(Ok(list)) = tokio::time::timeout(PING_TIMEOUT, listing).await else {
+        // Short: a hung list must not hold back the next ping (death is noticed by pings).
+        let Ok(Ok(list)) = tokio::time::timeout(PING_TIMEOUT / 2, listing).await else {
             return;
         };
         let live: Vec<_> = list
@@ -506,16 +571,15 @@ impl Fleet {
                 }
             }));
         }
-        if self.shared.config.reaper.enabled {
-            tasks.push(Arc::new(Reaper::new(cell.sessions.clone())).spawn());
-        }
-        if let Some(t) = cell.refill.spawn() {
-            tasks.push(t);
-        }
         cell.tasks
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .extend(tasks);
+        // A fleet's engine gets its reaper and refill once it first answers (its health check
+        // starts them): before, every one of their calls would fail.
+        if !self.is_fleet() {
+            cell.start_background(&self.shared);
+        }
     }
 
     /// A clean shutdown of every cell's refill (builds in flight finish).
@@ -678,26 +742,15 @@ impl Fleet {
                 .ok_or(SessionError::NoEngine("no engine".into()));
         }
         let egress = req.egress.is_some();
-        let seen: Vec<Seen> = cells.iter().map(|c| c.seen()).collect();
-        let specs: Vec<EngineSpec> = cells.iter().map(|c| c.spec()).collect();
-        let warm: Vec<bool> = cells
+        let image = with_tag(&req.base_image);
+        let readings: Vec<Reading> = cells.iter().map(|c| c.reading()).collect();
+        let views: Vec<placement::View<'_>> = readings
             .iter()
-            .map(|c| c.sessions.pool().has_ready(&req.base_image, egress))
-            .collect();
-        let views: Vec<placement::View<'_>> = cells
-            .iter()
-            .enumerate()
-            .map(|(i, c)| placement::View {
-                name: &specs[i].name,
-                up: c.is_up(),
-                draining: specs[i].drain,
-                runtimes: seen[i].runtimes.as_deref(),
-                sessions: seen[i].sessions + c.placed.load(Ordering::Relaxed),
-                max_sessions: specs[i].max_sessions,
-                memory_used: seen[i].memory_used,
-                memory_bytes: specs[i].memory_bytes,
-                has_image: seen[i].images.contains(&with_tag(&req.base_image)),
-                warm: warm[i],
+            .zip(&cells)
+            .map(|(r, c)| placement::View {
+                has_image: r.seen.images.contains(&image),
+                warm: c.sessions.pool().has_ready(&req.base_image, egress),
+                ..r.view(true)
             })
             .collect();
         let need = placement::Need {
@@ -721,26 +774,10 @@ impl Fleet {
     /// a snapshot's pool stays on the snapshot's engine.
     fn spread_pools(&self) {
         let cells = self.cells();
-        let specs: Vec<EngineSpec> = cells.iter().map(|c| c.spec()).collect();
-        let seen: Vec<Seen> = cells.iter().map(|c| c.seen()).collect();
+        let readings: Vec<Reading> = cells.iter().map(|c| c.reading()).collect();
         // Capacity only (not the current counts): a spread that moved with every count would
         // retire members on one engine to build them on another.
-        let views: Vec<placement::View<'_>> = cells
-            .iter()
-            .enumerate()
-            .map(|(i, c)| placement::View {
-                name: &specs[i].name,
-                up: c.is_up(),
-                draining: specs[i].drain,
-                runtimes: seen[i].runtimes.as_deref(),
-                sessions: 0,
-                max_sessions: specs[i].max_sessions,
-                memory_used: 0,
-                memory_bytes: specs[i].memory_bytes,
-                has_image: false,
-                warm: false,
-            })
-            .collect();
+        let views: Vec<placement::View<'_>> = readings.iter().map(|r| r.view(false)).collect();
         let need = placement::Need {
             runtime: self.shared.config.sessions.runtime.as_str(),
             memory: 0,

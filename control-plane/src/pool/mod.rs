@@ -180,6 +180,10 @@ pub struct Pool {
     pub(crate) remove_on_shutdown: bool,
     /// Tokens of members this replica is building (removed on shutdown if unfinished).
     pub(crate) building: Mutex<HashSet<String>>,
+    /// Tokens of builds this replica gave up on (failed or timed out) whose container may be
+    /// left, on an engine that was down say: removed by the next round, not after the timeout
+    /// that covers other replicas' builds.
+    pub(crate) given_up: Mutex<HashMap<String, Key>>,
     /// The writers this replica opened ahead of its members' claims, by container id.
     prepared: Mutex<HashMap<String, Prepared>>,
 }
@@ -249,6 +253,7 @@ impl Pool {
             metrics,
             remove_on_shutdown: config.pool.remove_on_shutdown,
             building: Mutex::default(),
+            given_up: Mutex::default(),
             prepared: Mutex::default(),
         }
     }

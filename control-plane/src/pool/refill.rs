@@ -153,6 +153,7 @@ impl Refill {
         let spec = s.spec_hash(key);
         let now = unix_now();
         let mine = s.building.lock().map(|b| b.clone()).unwrap_or_default();
+        let given_up = s.given_up.lock().map(|g| g.clone()).unwrap_or_default();
         let mut ready: Vec<&ContainerInfo> = Vec::new();
         let mut building_elsewhere = 0usize;
         for c in &list {
@@ -170,13 +171,26 @@ impl Refill {
                 self.pool.discard(&c.id, Triad::of(c).as_ref()).await;
             } else if let Some(token) = c.name.strip_prefix(BUILDING) {
                 let abandoned = !mine.contains(token)
-                    && c.created.is_some_and(|t| now - t > BUILD_TIMEOUT_SECS);
+                    && (given_up.contains_key(token)
+                        || c.created.is_some_and(|t| now - t > BUILD_TIMEOUT_SECS));
                 if abandoned {
                     self.pool.discard(&c.id, Triad::of(c).as_ref()).await;
+                    if let Ok(mut g) = s.given_up.lock() {
+                        g.remove(token);
+                    }
                 } else if !mine.contains(token) {
                     building_elsewhere += 1;
                 }
             }
+        }
+        // A given-up build with no container left made none (or it is gone): forget it.
+        if let Ok(mut g) = s.given_up.lock() {
+            g.retain(|t, k| {
+                k != key
+                    || list
+                        .iter()
+                        .any(|c| c.name.strip_prefix(BUILDING) == Some(t.as_str()))
+            });
         }
         ready.sort_by_key(|c| c.created.unwrap_or(0));
         let target = target as usize;
@@ -238,9 +252,22 @@ impl Refill {
             b.insert(token.clone());
         }
         let started = Instant::now();
-        let built = self.build_member(key, &token).await;
+        // Bounded: a build stuck on its engine (one restarting under it, say) must not hold its
+        // slot forever; what it left is removed as abandoned by a later round.
+        let limit = Duration::from_secs(BUILD_TIMEOUT_SECS.unsigned_abs());
+        let built = match tokio::time::timeout(limit, self.build_member(key, &token)).await {
+            Ok(built) => built,
+            Err(_) => Err(SessionError::Engine(EngineError::Unavailable(format!(
+                "a member's build took over {BUILD_TIMEOUT_SECS} s"
+            )))),
+        };
         if let Ok(mut b) = s.building.lock() {
             b.remove(&token);
+        }
+        if built.is_err()
+            && let Ok(mut g) = s.given_up.lock()
+        {
+            g.insert(token.clone(), key.clone());
         }
         match built {
             Ok(member) => {

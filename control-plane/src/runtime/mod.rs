@@ -491,10 +491,12 @@ impl SessionRuntime for HelperRuntime {
             response: Caps::SMALL.response,
         };
         let spec = Arc::new(spec.clone());
+        let engine = self.engine.clone();
         self.with_retry(id, false, |chan| {
             let request = request.clone();
             let spec = spec.clone();
             let events = events.clone();
+            let engine = engine.clone();
             Box::pin(async move {
                 let mut h = chan
                     .request(&request, caps)
@@ -513,6 +515,12 @@ impl SessionRuntime for HelperRuntime {
                             let Some((index, out, dropped)) = current.take() else {
                                 return Err(lost(e, reached));
                             };
+                            // An engine that no longer answers (a fleet's engine marked down
+                            // cuts the channel) leaves the command's fate unknown: retryable,
+                            // not a result.
+                            if let Err(down) = engine.ping().await {
+                                return Err(CallError::Helper(HelperError::Engine(down)));
+                            }
                             // The helper vanished mid-command: report what it printed.
                             results.push(RunResult {
                                 command: spec.commands.get(index).cloned().unwrap_or_default(),

@@ -46,6 +46,7 @@ impl MeteredEngine {
         started: Instant,
         r: Result<T, EngineError>,
     ) -> Result<T, EngineError> {
+        tracing::trace!(op, engine = %self.name, elapsed = ?started.elapsed(), ok = r.is_ok(), "engine call done");
         observe_duration(
             &self.metrics.engine_calls.get_or_create(&OpLabels {
                 op,
@@ -81,6 +82,7 @@ pub fn kind(e: &EngineError) -> &'static str {
 macro_rules! metered {
     ($self:ident, $op:literal, $call:expr) => {{
         let started = Instant::now();
+        tracing::trace!(op = $op, engine = %$self.name, "engine call");
         let r = $call.await;
         $self.record($op, started, r)
     }};

@@ -140,6 +140,11 @@ impl FakeEngine {
         self.with(|s| s.failing.push(prefix.to_string()));
     }
 
+    /// Ends every fault [`FakeEngine::fail_on`] scripted.
+    pub fn heal(&self) {
+        self.with(|s| s.failing.clear());
+    }
+
     /// The host directory standing in for a container's filesystem root for the helper
     /// (`serve --root`): `/workspace/x` in the container is `<dir>/x`.
     pub fn workspace_dir(&self, id: &str) -> std::path::PathBuf {

@@ -340,7 +340,8 @@ impl Cell {
                 }
                 (true, false) => {
                     link.disconnect();
-                    tracing::warn!(engine = %link.name(), "engine down: not answering its ping; its sessions answer 503 until it is back")
+                    // An error (reported to Sentry once per outage); its 503s are warnings.
+                    tracing::error!(engine = %link.name(), "engine down: not answering its ping; its sessions answer 503 until it is back")
                 }
                 _ => {}
             }

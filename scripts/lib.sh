@@ -184,3 +184,32 @@ debootstrap_rootfs() {
     fi
     unmount_under "$root"
 }
+
+# build_once IMAGE LOCK: exit the calling script when IMAGE exists (unless FORCE=1); else take the
+# lock LOCK (root), then check again: someone else may have built it while we waited.
+build_once() {
+    "$(dirname "${BASH_SOURCE[0]}")/ensure-docker.sh"
+    if [ "${FORCE:-0}" != 1 ] && image_exists "$1"; then
+        exit 0
+    fi
+    need_root
+    take_lock "$2"
+    if [ "${FORCE:-0}" != 1 ] && image_exists "$1"; then
+        exit 0
+    fi
+}
+
+# debootstrap_workdir NAME: set work (a new directory under /var/tmp) and root (work/rootfs), and
+# remove them at exit, unmounting first whatever debootstrap left mounted in the tree.
+debootstrap_workdir() {
+    work=$(mktemp -d "/var/tmp/$1.XXXXXX")
+    root="$work/rootfs"
+    trap 'if [ -d "$root" ]; then unmount_under "$root"; fi; rm -rf --one-file-system "$work"' EXIT
+}
+
+# debian_mirror: the Debian archive to debootstrap from: $DEBIAN_MIRROR, else the machine's apt
+# source, else deb.debian.org.
+debian_mirror() {
+    local m=${DEBIAN_MIRROR:-$(find_mirror || true)}
+    echo "${m:-http://deb.debian.org/debian}"
+}

@@ -19,29 +19,11 @@ VARIANT=minbase
 # docker.io's Depends bring containerd, runc, tini (docker-init, and the PID 1 here) and iptables.
 INCLUDE=docker.io,iptables,ca-certificates,procps,iproute2
 
-"$here/../../scripts/ensure-docker.sh"
-if [ "${FORCE:-0}" != 1 ] && image_exists "$IMAGE"; then
-    exit 0
-fi
-need_root
-take_lock build-dind
-# Someone else may have built it while we waited for the lock.
-if [ "${FORCE:-0}" != 1 ] && image_exists "$IMAGE"; then
-    exit 0
-fi
+build_once "$IMAGE" build-dind
 apt_ensure debootstrap
 
-MIRROR=${DEBIAN_MIRROR:-$(find_mirror || true)}
-MIRROR=${MIRROR:-http://deb.debian.org/debian}
-
-work=$(mktemp -d /var/tmp/daiv-dind.XXXXXX)
-root="$work/rootfs"
-cleanup() {
-    # debootstrap mounts proc/sys (and maybe more) inside the target: unmount before deleting.
-    [ -d "$root" ] && unmount_under "$root"
-    rm -rf --one-file-system "$work"
-}
-trap cleanup EXIT
+debootstrap_workdir daiv-dind
+MIRROR=$(debian_mirror)
 debootstrap_rootfs "$work" "$SUITE" "$VARIANT" "$INCLUDE" "$MIRROR"
 
 for f in dockerd containerd runc docker-init tini iptables; do

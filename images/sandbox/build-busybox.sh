@@ -9,16 +9,7 @@ here=$(dirname "$(readlink -f "$0")")
 
 IMAGE=${IMAGE:-daiv-sandbox-busybox:local}
 
-"$here/../../scripts/ensure-docker.sh"
-if [ "${FORCE:-0}" != 1 ] && image_exists "$IMAGE"; then
-    exit 0
-fi
-need_root
-take_lock build-busybox
-# Someone else may have built it while we waited for the lock.
-if [ "${FORCE:-0}" != 1 ] && image_exists "$IMAGE"; then
-    exit 0
-fi
+build_once "$IMAGE" build-busybox
 
 # The binary comes from Debian's busybox-static .deb, fetched into the cache and unpacked there:
 # installing the package on the host would conflict with Debian's dynamic `busybox` package.

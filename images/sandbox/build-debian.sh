@@ -16,29 +16,11 @@ SUITE=bookworm
 VARIANT=minbase
 INCLUDE=bash,git,curl,ca-certificates,python3,procps,iproute2,libcap2-bin
 
-"$here/../../scripts/ensure-docker.sh"
-if [ "${FORCE:-0}" != 1 ] && image_exists "$IMAGE"; then
-    exit 0
-fi
-need_root
-take_lock build-debian
-# Someone else may have built it while we waited for the lock.
-if [ "${FORCE:-0}" != 1 ] && image_exists "$IMAGE"; then
-    exit 0
-fi
+build_once "$IMAGE" build-debian
 apt_ensure debootstrap
 
-MIRROR=${DEBIAN_MIRROR:-$(find_mirror || true)}
-MIRROR=${MIRROR:-http://deb.debian.org/debian}
-
-work=$(mktemp -d /var/tmp/daiv-debian.XXXXXX)
-root="$work/rootfs"
-cleanup() {
-    # debootstrap mounts proc/sys (and maybe more) inside the target: unmount before deleting.
-    [ -d "$root" ] && unmount_under "$root"
-    rm -rf --one-file-system "$work"
-}
-trap cleanup EXIT
+debootstrap_workdir daiv-debian
+MIRROR=$(debian_mirror)
 debootstrap_rootfs "$work" "$SUITE" "$VARIANT" "$INCLUDE" "$MIRROR"
 
 run_quiet "adding user sandbox" chroot "$root" sh -c \

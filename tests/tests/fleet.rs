@@ -58,8 +58,13 @@ async fn wait_state(cp: &ControlPlane, name: &str, state: &str, within: Duration
     .await
 }
 
+/// `POST /session/`, whatever it answers.
+async fn try_create(cp: &ControlPlane, body: Value) -> Result<(u16, Value)> {
+    cp.call(Method::POST, "/session/", Some(body)).await
+}
+
 async fn create(cp: &ControlPlane, body: Value) -> Result<String> {
-    let (s, b) = cp.call(Method::POST, "/session/", Some(body)).await?;
+    let (s, b) = try_create(cp, body).await?;
     ensure!(s == 200, "create: {s} {b}");
     b["session_id"]
         .as_str()
@@ -454,13 +459,7 @@ async fn the_engines_file_is_reread_a_bad_one_is_kept_out_and_unknown_engines_ar
         Ok((e["sessions"] == 1).then_some(()))
     })
     .await?;
-    let (s, b) = cp
-        .call(
-            Method::POST,
-            "/session/",
-            Some(json!({"base_image": BUSYBOX})),
-        )
-        .await?;
+    let (s, b) = try_create(&cp, json!({"base_image": BUSYBOX})).await?;
     ensure!(s == 503, "{s} {b}");
     let detail = b["detail"].as_str().unwrap_or_default();
     ensure!(
@@ -604,13 +603,7 @@ async fn only_engines_with_the_runtime_take_its_sessions() -> Result<()> {
         Ok(engine_state(&cp, "local").await?.is_none().then_some(()))
     })
     .await?;
-    let (s, b) = cp
-        .call(
-            Method::POST,
-            "/session/",
-            Some(json!({"base_image": BUSYBOX})),
-        )
-        .await?;
+    let (s, b) = try_create(&cp, json!({"base_image": BUSYBOX})).await?;
     let detail = b["detail"].as_str().unwrap_or_default();
     ensure!(
         s == 503 && detail.contains("a has no runsc runtime"),

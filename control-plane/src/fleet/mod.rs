@@ -127,14 +127,14 @@ pub struct Cell {
 
 impl Drop for Cell {
     fn drop(&mut self) {
-        for t in self
-            .tasks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain(..)
-        {
-            t.abort();
-        }
+        abort_all(&self.tasks);
+    }
+}
+
+/// Stops every task in `tasks`.
+fn abort_all(tasks: &Mutex<Vec<JoinHandle<()>>>) {
+    for t in tasks.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+        t.abort();
     }
 }
 
@@ -585,14 +585,7 @@ impl Fleet {
 
     /// A clean shutdown of every cell's refill (builds in flight finish).
     pub async fn shutdown(&self) {
-        for t in self
-            .tasks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain(..)
-        {
-            t.abort();
-        }
+        abort_all(&self.tasks);
         let cells = self.cells();
         futures::future::join_all(cells.iter().map(|c| c.refill.shutdown())).await;
     }

@@ -480,6 +480,31 @@ async fn the_engines_file_is_reread_a_bad_one_is_kept_out_and_unknown_engines_ar
     ensure!(engines(&cp).await?.len() == 1);
     ensure!(cp.logs().contains("engines file refused"));
 
+    // b listed with a CA that did not sign its certificate: never trusted, never up.
+    let impostor = e2e::egress::TestCa::new("not the fleet's CA")?;
+    let dir = tempfile::Builder::new()
+        .prefix("daiv-e2e-fleet-ca-")
+        .tempdir()?;
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, &impostor.cert_pem)?;
+    let mut tls = engine(&all, "b", json!({}))["tls"].clone();
+    tls["ca"] = json!(ca.display().to_string());
+    file.write(&[
+        engine(&all, "a", json!({"max_sessions": 1})),
+        engine(&all, "b", json!({ "tls": tls })),
+    ])?;
+    eventually("b listed", Duration::from_secs(10), || async {
+        Ok(engine_state(&cp, "b").await?.map(|_| ()))
+    })
+    .await?;
+    // Several health checks later, it is still down, and takes nothing.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let state = engine_state(&cp, "b").await?.context("no b")?;
+    ensure!(state["state"] == "down", "{state}");
+    let (s, b) = try_create(&cp, json!({"base_image": BUSYBOX})).await?;
+    let detail = b["detail"].as_str().unwrap_or_default();
+    ensure!(s == 503 && detail.contains("b is down"), "{s} {detail}");
+
     // Adding b: new sessions go there with no restart, and the file is valid again.
     file.write(&[
         engine(&all, "a", json!({"max_sessions": 1})),

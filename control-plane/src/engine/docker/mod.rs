@@ -69,7 +69,7 @@ impl DockerEngine {
             (Some(crate::config::Endpoint::Unix), _) => {
                 Docker::connect_with_unix(endpoint, API_TIMEOUT_SECS, version)
             }
-            (Some(crate::config::Endpoint::Tcp), Some(tls)) => mutual_tls(endpoint, tls),
+            (Some(crate::config::Endpoint::Tcp), Some(tls)) => mutual_tls(endpoint, tls, version),
             (Some(crate::config::Endpoint::Tcp), None) => {
                 Docker::connect_with_http(endpoint, API_TIMEOUT_SECS, version)
             }
@@ -129,6 +129,7 @@ impl DockerEngine {
 fn mutual_tls(
     endpoint: &str,
     tls: &crate::config::TlsFiles,
+    version: &bollard::ClientVersion,
 ) -> Result<Docker, bollard::errors::Error> {
     use rustls_pki_types::pem::PemObject;
     use rustls_pki_types::{CertificateDer, PrivateKeyDer};
@@ -180,7 +181,7 @@ fn mutual_tls(
         },
         Some(format!("https://{host}")),
         API_TIMEOUT_SECS,
-        bollard::API_DEFAULT_VERSION,
+        version,
     )
 }
 

@@ -32,7 +32,9 @@ use serde_json::value::RawValue;
 use tokio::sync::mpsc;
 
 use crate::api::RunResult;
-use crate::engine::{ContainerEngine, ExecSpec, HELPER_USER_LABEL, SANDBOX_USER_LABEL};
+use crate::engine::{
+    ContainerEngine, EngineError, ExecSpec, HELPER_USER_LABEL, SANDBOX_USER_LABEL,
+};
 pub mod channel;
 mod error;
 mod helper_bin;
@@ -51,6 +53,9 @@ pub const FS_DEADLINE: Duration = Duration::from_secs(30);
 /// How long past its own deadline (or its wait) an answer may take before the call gives up:
 /// a helper that does not answer costs a request this much, never more.
 const ANSWER_GRACE: Duration = Duration::from_secs(10);
+/// How long the engine may take to answer whether it is still there, when a helper's channel
+/// was lost mid-command (a hung engine is as good as a dead one).
+const ENGINE_CHECK: Duration = Duration::from_secs(3);
 /// Longest a process request (but a poll's wait) or a `seeded` check may take.
 const SHORT_CALL: Duration = Duration::from_secs(20);
 /// Longest an emptying of a failed seed's destination may take.
@@ -518,7 +523,15 @@ impl SessionRuntime for HelperRuntime {
                             // An engine that no longer answers (a fleet's engine marked down
                             // cuts the channel) leaves the command's fate unknown: retryable,
                             // not a result.
-                            if let Err(down) = engine.ping().await {
+                            let answer = tokio::time::timeout(ENGINE_CHECK, engine.ping()).await;
+                            let down = match answer {
+                                Ok(Ok(())) => None,
+                                Ok(Err(e)) => Some(e),
+                                Err(_) => Some(EngineError::Unavailable(
+                                    "the engine did not answer its ping".into(),
+                                )),
+                            };
+                            if let Some(down) = down {
                                 return Err(CallError::Helper(HelperError::Engine(down)));
                             }
                             // The helper vanished mid-command: report what it printed.

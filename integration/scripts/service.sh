@@ -87,8 +87,8 @@ stop_service() {
     SERVICE_PID=
 }
 
-# What a deployment leaves, and what counts as a leak. Snapshots (see the README's "Snapshots,
-# forks and pause") make Docker objects besides containers and networks: a record volume
+# What a deployment leaves, and what counts as a leak. Snapshots (see docs/api/snapshots.md)
+# make Docker objects besides containers and networks: a record volume
 # (`daiv-snapshot-<id>`, role `snapshot`), a payload of an image (`daiv-sandbox-snapshot:<id>`)
 # and a data volume (`daiv-snapshot-<id>-data`, role `snapshot-data`), and copy-on-write
 # workspace volumes for the sessions made from one (`daiv-ws-<token>-merged|upper|work`, role

@@ -14,7 +14,7 @@ const SLOTS: usize = 2;
 
 /// What one create or seed may hold in flight in this (debug) build, generously: its skeleton
 /// archive (the helper binary) or its pipes and decompressor, and their allocator slack. The
-/// README's sizing table has the measured figures.
+/// sizing table in docs/operations/admission.md has the measured figures.
 const PER_SLOT_KIB: u64 = 8 * 1024;
 /// Everything else a busy service holds: its sessions' helper channels, connections, buffers.
 const SLACK_KIB: u64 = 32 * 1024;

@@ -361,7 +361,8 @@ async fn write_edit_delete(cp: &ControlPlane, s: &Session) -> Result<()> {
         json!({"path": format!("{R}/README.md/x"), "content": ""}),
     )
     .await?;
-    // The README reserves not_a_directory for ls/glob on a file (DAIV's hint says "read it").
+    // docs/api/workspace.md reserves not_a_directory for ls/glob on a file (DAIV's hint says
+    // "read it").
     assert_eq!(code(&r), Some("exec_failed"), "{r}");
     cp.sh(
         s,

@@ -471,7 +471,7 @@ async fn odd_names_and_big_directories() -> Result<()> {
     Ok(())
 }
 
-/// fs/write whose parent is a regular file is `exec_failed` (the README reserves
+/// fs/write whose parent is a regular file is `exec_failed` (docs/api/workspace.md reserves
 /// `not_a_directory` for ls/glob on a file), and the workspace is a volume that survives a
 /// stop and start.
 #[tokio::test]

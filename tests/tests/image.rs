@@ -1,5 +1,5 @@
-//! The control-plane image, started the way the README says (`docker run` with the Docker
-//! socket mounted), creates, drives and closes a session.
+//! The control-plane image, started the way docs/operations/deploy.md says (`docker run` with
+//! the Docker socket mounted), creates, drives and closes a session.
 
 use std::process::Command;
 use std::time::Duration;
@@ -44,7 +44,7 @@ async fn the_image_serves_a_session_end_to_end() -> Result<()> {
     let key = format!("image-key-{port}");
     let publish = format!("127.0.0.1:{port}:8000");
     let api_key = format!("DAIV_SANDBOX_API_KEY={key}");
-    // The README's line, plus the socket, a loopback-only port and no pull.
+    // The line of docs/operations/deploy.md, plus the socket, a loopback-only port and no pull.
     docker(&[
         "run",
         "--rm",

@@ -1,7 +1,7 @@
 //! How much work the service takes on at once: the slots of each class of request (creates,
 //! seeds, fs operations in total and per session) and the short queue in front of them. Each
 //! in-flight request of a class costs memory; the slots make the service's peak a function of
-//! these settings instead of how many requests arrive together (see the README's sizing table).
+//! these settings instead of how many requests arrive together (docs/operations/admission.md).
 
 use std::time::Duration;
 

@@ -2,8 +2,9 @@
 //! reports how its memory answered: RSS before, the peak during the burst (sampled from
 //! `/proc/<pid>/status` every 5 ms) and, per request, `(peak − before) / burst`; with the
 //! statuses the burst got (a 429 is admission saying no) and how long it took. This is how the
-//! README's per-request costs were measured: with the `MAX_CONCURRENT_*` limits raised past the
-//! burst, each request's share of the peak is what it costs in flight.
+//! per-request costs in docs/operations/admission.md were measured: with the
+//! `MAX_CONCURRENT_*` limits raised past the burst, each request's share of the peak is what it
+//! costs in flight.
 //!
 //! ```text
 //! cp-burst --base http://127.0.0.1:8000 --key "$DAIV_SANDBOX_API_KEY" --pid <service pid> \

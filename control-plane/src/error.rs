@@ -174,6 +174,7 @@ impl From<SessionError> for ApiError {
             }
             E::NoEgressProxy => ApiError::Conflict(e.to_string()),
             E::InvalidImage(_)
+            | E::ImageById
             | E::MemoryTooSmall
             | E::InvalidCpus
             | E::InvalidEnvironment(_)
@@ -184,7 +185,7 @@ impl From<SessionError> for ApiError {
             }
             E::RestartFailed(e) => unavailable("session could not be restarted", &e),
             E::EngineNotResponding(_) => ApiError::Unavailable(e.to_string()),
-            E::SnapshotImageMismatch(_) => ApiError::BadRequest(e.to_string()),
+            E::SnapshotImageMismatch(_) | E::SnapshotAsImage => ApiError::BadRequest(e.to_string()),
             E::NotRunning => ApiError::Conflict(e.to_string()),
             E::ForkCount(_) => ApiError::Unprocessable(e.to_string()),
             E::EngineDown(_) | E::EngineDraining(_) | E::NoEngine(_) => {

@@ -15,6 +15,7 @@ pub mod credentials;
 pub mod docker;
 #[cfg(any(test, feature = "test-util"))]
 pub mod fake;
+pub mod reference;
 pub mod scoped;
 
 /// Label carried by every container the service creates; sessions are found again through it, so
@@ -306,11 +307,13 @@ pub struct CommitSpec {
 }
 
 /// A local image.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct ImageInfo {
     pub id: String,
     /// `repository:tag` references; empty for a dangling image.
     pub tags: Vec<String>,
+    /// `repository@digest` references (pulled images), for inspected images only.
+    pub digests: Vec<String>,
     pub labels: HashMap<String, String>,
     /// Bytes of the image with its parents.
     pub size: i64,
@@ -412,8 +415,10 @@ pub trait ContainerEngine: Send + Sync + 'static {
     }
     /// Makes `image` available locally, pulling it only when absent (with the registry
     /// credentials the engine's client config holds for it, see [`credentials`]). A failed pull
-    /// leaves nothing behind.
-    async fn ensure_image(&self, image: &str) -> Result<(), EngineError>;
+    /// leaves nothing behind. An image the engine holds counts only when `image` is one of its
+    /// own tags or digests ([`reference::names_image`]): an id or a prefix of one is a name to
+    /// pull, never another image. Answers the image as inspected.
+    async fn ensure_image(&self, image: &str) -> Result<ImageInfo, EngineError>;
     /// Creates (and seeds the skeleton of) a container without starting it.
     async fn create(&self, spec: &ContainerSpec) -> Result<String, EngineError>;
     async fn start(&self, id: &str) -> Result<(), EngineError>;

@@ -180,7 +180,7 @@ impl ContainerEngine for ScopedEngine {
     fn id_prefix(&self) -> Option<&str> {
         self.prefix.as_deref()
     }
-    async fn ensure_image(&self, image: &str) -> Result<(), EngineError> {
+    async fn ensure_image(&self, image: &str) -> Result<ImageInfo, EngineError> {
         guarded!(self, |e| e.ensure_image(image))
     }
     async fn create(&self, spec: &ContainerSpec) -> Result<String, EngineError> {

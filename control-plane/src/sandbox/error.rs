@@ -36,6 +36,13 @@ pub enum SessionError {
     MemberRenamed,
     #[error("base_image is not a valid image reference: {0:?}")]
     InvalidImage(String),
+    #[error(
+        "base_image must be a repository reference (name[:tag] or name@digest), not an image id"
+    )]
+    ImageById,
+    /// A snapshot's image given as `base_image` (by its tag or under another name).
+    #[error("base_image names a snapshot's image: create from a snapshot with snapshot_id")]
+    SnapshotAsImage,
     #[error("memory_bytes must be at least {MIN_MEMORY_BYTES} (6 MiB)")]
     MemoryTooSmall,
     #[error("cpus must be a number between 0.01 and 1024")]

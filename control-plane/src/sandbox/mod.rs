@@ -22,8 +22,8 @@ use crate::config::Config;
 use crate::egress::{self, Egress, Reservation, SandboxPlan};
 use crate::engine::{
     ContainerEngine, ContainerSpec, DEPLOYMENT_LABEL, HELPER_USER_LABEL, IMAGE_LABEL,
-    MANAGED_LABEL, MEMORY_LABEL, NetworkAttach, ROLE_LABEL, ROLE_SANDBOX, SANDBOX_USER_LABEL,
-    SNAPSHOT_LABEL, WORKSPACE_LABEL,
+    MANAGED_LABEL, MEMORY_LABEL, NetworkAttach, ROLE_LABEL, ROLE_SANDBOX, ROLE_SNAPSHOT,
+    SANDBOX_USER_LABEL, SNAPSHOT_LABEL, WORKSPACE_LABEL, reference,
 };
 use crate::layout;
 use crate::snapshots::{Snapshot, Snapshots, Workspace};
@@ -179,7 +179,7 @@ impl SandboxFactory {
         };
         let Some((policy, reservation)) = egress else {
             if from.is_none() {
-                self.engine.ensure_image(&req.base_image).await?;
+                self.ensure_base_image(&req.base_image).await?;
             }
             let spec = named(self.spec(req, None));
             let id = self.engine.create(&spec).await?;
@@ -191,7 +191,7 @@ impl SandboxFactory {
         };
         let gateways = self.egress_or_400()?;
         if from.is_none() {
-            self.engine.ensure_image(&req.base_image).await?;
+            self.ensure_base_image(&req.base_image).await?;
         }
         // A pool member's gateway gets the helper: its claim installs the policy with it.
         let helper = naming.and(self.helper.as_ref());
@@ -201,6 +201,21 @@ impl SandboxFactory {
             })
             .await
             .map_err(Into::into)
+    }
+
+    /// Makes the base image available, refusing a snapshot's image however it is named: a
+    /// snapshot is reached only through `snapshot_id`, which checks the deployment.
+    async fn ensure_base_image(&self, image: &str) -> Result<(), SessionError> {
+        let found = self.engine.ensure_image(image).await?;
+        let snapshot = found.labels.get(ROLE_LABEL).map(String::as_str) == Some(ROLE_SNAPSHOT)
+            || found
+                .labels
+                .get(SNAPSHOT_LABEL)
+                .is_some_and(|v| !v.is_empty());
+        if snapshot {
+            return Err(SessionError::SnapshotAsImage);
+        }
+        Ok(())
     }
 
     /// `uid:gid` commands run as.
@@ -392,6 +407,9 @@ pub fn skeleton_tar(
     if let Some(bin) = helper {
         tar.file(entry_name(layout::HELPER), 0o755, ROOT, bin);
     }
+    // Empty until a claim writes it: whatever the image holds there (a committed claim's
+    // environment, say) is never this session's.
+    tar.file(entry_name(layout::ENV_FILE), 0o644, ROOT, b"[]");
     // Root-owned, world-readable: the sandbox user can read but not replace them.
     for (path, data) in root_files {
         tar.file(path, 0o644, ROOT, data);
@@ -407,6 +425,12 @@ fn validate_start(req: &StartSessionRequest) -> Result<(), SessionError> {
         || image.chars().any(|c| c.is_whitespace() || c.is_control())
     {
         return Err(SessionError::InvalidImage(req.base_image.clone()));
+    }
+    if reference::is_image_id(image) {
+        return Err(SessionError::ImageById);
+    }
+    if reference::repository(image) == crate::snapshots::IMAGE_REPOSITORY {
+        return Err(SessionError::SnapshotAsImage);
     }
     if let Some(m) = req.memory_bytes
         && m < MIN_MEMORY_BYTES
@@ -450,10 +474,12 @@ mod tests {
             }
             names.push(name);
         }
-        assert!(
-            names.iter().any(|n| n == entry_name(layout::HELPER)),
-            "{names:?}"
-        );
+        for service_file in [layout::HELPER, layout::ENV_FILE] {
+            assert!(
+                names.iter().any(|n| n == entry_name(service_file)),
+                "{names:?}"
+            );
+        }
         for expected in [
             "workspace/repo",
             "workspace/skills",

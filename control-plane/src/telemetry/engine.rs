@@ -99,7 +99,7 @@ impl ContainerEngine for MeteredEngine {
     fn id_prefix(&self) -> Option<&str> {
         self.inner.id_prefix()
     }
-    async fn ensure_image(&self, image: &str) -> Result<(), EngineError> {
+    async fn ensure_image(&self, image: &str) -> Result<ImageInfo, EngineError> {
         metered!(self, "ensure_image", self.inner.ensure_image(image))
     }
     async fn create(&self, spec: &ContainerSpec) -> Result<String, EngineError> {

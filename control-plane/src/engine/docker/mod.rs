@@ -22,6 +22,7 @@ use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 
 use super::credentials::{CredentialStore, Registry};
+use super::reference::names_image;
 use super::{
     AttachedExec, CommitSpec, ContainerEngine, ContainerInfo, ContainerSpec, EngineError,
     EngineInfo, ExecSpec, ExecStream, ImageInfo, NetworkInfo, NetworkSpec, PullFailure, VolumeInfo,
@@ -273,13 +274,12 @@ impl ContainerEngine for DockerEngine {
         })
     }
 
-    async fn ensure_image(&self, image: &str) -> Result<(), EngineError> {
-        match self.docker.inspect_image(image).await {
-            Ok(_) => return Ok(()),
-            Err(e) => match map_err(e) {
-                EngineError::NotFound => {}
-                other => return Err(other),
-            },
+    async fn ensure_image(&self, image: &str) -> Result<ImageInfo, EngineError> {
+        match self.inspect_image(image).await {
+            Ok(found) if names_image(image, &found) => return Ok(found),
+            // Held under another name, or an id (prefix) Docker resolved: not this reference.
+            Ok(_) | Err(EngineError::NotFound) => {}
+            Err(other) => return Err(other),
         }
         let registry = Registry::of_image(image);
         let (credentials, source) = self.pull_credentials(image, &registry).await;
@@ -316,15 +316,20 @@ impl ContainerEngine for DockerEngine {
             }
         }
         // A pull stream can end "successfully" without the image (daemon quirks): check.
-        match self.docker.inspect_image(image).await {
-            Ok(_) => {
+        match self.inspect_image(image).await {
+            Ok(found) if names_image(image, &found) => {
                 tracing::info!(image, credentials = %source, "image pulled");
-                Ok(())
+                Ok(found)
             }
+            Ok(_) => Err(EngineError::ImageUnavailable {
+                image: image.to_string(),
+                failure: PullFailure::Missing,
+                reason: "the pulled image does not carry this name".into(),
+            }),
             Err(e) => Err(EngineError::ImageUnavailable {
                 image: image.to_string(),
                 failure: PullFailure::Missing,
-                reason: map_err(e).to_string(),
+                reason: e.to_string(),
             }),
         }
     }
@@ -746,6 +751,7 @@ impl ContainerEngine for DockerEngine {
         Ok(ImageInfo {
             id: i.id.unwrap_or_default(),
             tags: i.repo_tags.unwrap_or_default(),
+            digests: i.repo_digests.unwrap_or_default(),
             labels: config.labels.unwrap_or_default(),
             size: i.size.unwrap_or_default(),
             created: i.created.as_deref().and_then(unix_seconds),
@@ -773,6 +779,7 @@ impl ContainerEngine for DockerEngine {
                     .into_iter()
                     .filter(|t| t != "<none>:<none>")
                     .collect(),
+                digests: i.repo_digests,
                 labels: i.labels,
                 size: i.size,
                 created: Some(i.created),

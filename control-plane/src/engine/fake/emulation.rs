@@ -31,7 +31,7 @@ impl ContainerEngine for FakeEngine {
         })
     }
 
-    async fn ensure_image(&self, image: &str) -> Result<(), EngineError> {
+    async fn ensure_image(&self, image: &str) -> Result<ImageInfo, EngineError> {
         self.check_up(format!("ensure_image {image}")).await?;
         if self.with(|s| s.missing_images.iter().any(|m| m == image)) {
             return Err(EngineError::ImageUnavailable {
@@ -40,7 +40,17 @@ impl ContainerEngine for FakeEngine {
                 reason: "pull access denied".into(),
             });
         }
-        Ok(())
+        // Every name resolves to an image carrying it (the engine's own check is Docker's).
+        let tag = match image.rsplit('/').next() {
+            Some(last) if last.contains(':') || image.contains('@') => image.to_string(),
+            _ => format!("{image}:latest"),
+        };
+        Ok(self.with(|s| ImageInfo {
+            id: image_id_of(s, image),
+            tags: vec![tag],
+            labels: s.image_labels.get(image).cloned().unwrap_or_default(),
+            ..Default::default()
+        }))
     }
 
     async fn create(&self, spec: &ContainerSpec) -> Result<String, EngineError> {

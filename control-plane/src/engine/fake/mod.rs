@@ -50,6 +50,8 @@ struct State {
     /// Per-network created unix secs overrides.
     network_created: HashMap<String, i64>,
     missing_images: Vec<String>,
+    /// Image reference → the labels `ensure_image` answers for it.
+    image_labels: HashMap<String, HashMap<String, String>>,
     /// Cancelled when the container stops or goes: its helpers die with it, as in Docker.
     alive: HashMap<String, tokio_util::sync::CancellationToken>,
     /// Container filesystems as far as the archive calls saw them: (container, absolute path) →
@@ -202,6 +204,15 @@ impl FakeEngine {
 
     pub fn set_missing_image(&self, image: &str) {
         self.with(|s| s.missing_images.push(image.to_string()));
+    }
+
+    /// The labels the image `reference` carries.
+    pub fn set_image_labels(&self, reference: &str, labels: &[(&str, &str)]) {
+        let labels = labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        self.with(|s| s.image_labels.insert(reference.to_string(), labels));
     }
 
     async fn check_up(&self, call: String) -> Result<(), EngineError> {

@@ -13,23 +13,38 @@ SOAK_SESSIONS ?= 50
 SOAK_SECONDS ?= 600
 SOAK_SMOKE_SESSIONS ?= 8
 SOAK_SMOKE_SECONDS ?= 60
+# `make test-e2e SUITE=pool`: one e2e suite (tests/tests/pool.rs); empty: all of them.
+SUITE ?=
+# KEEP_ENGINES=1: `make test` / `make test-e2e` leave the fleet's Docker-in-Docker engines up for
+# the next run (by default they stop at the end what they started, pass or fail).
+KEEP_ENGINES ?= 0
+JUNIT := target/nextest/ci/junit.xml
 
-.PHONY: help fmt lint build helper images compose-smoke docker gvisor redis registry chromium run test test-unit test-e2e check-leaks clean-docker cargo-fuzz fuzz fuzz-smoke chaos deny api-fuzz api-fuzz-smoke soak soak-smoke fleet-engines fleet
+.PHONY: help fmt lint clippy build static helper images images-static images-host host compose-smoke docker gvisor redis registry chromium run test test-steps e2e-steps test-unit test-quick test-e2e check-leaks clean-docker cargo-fuzz fuzz fuzz-smoke chaos deny api-fuzz api-fuzz-smoke soak soak-smoke fleet-engines engines-up fleet
 
 help: ## List the targets
-	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
 fmt: ## Format the code
 	$(CARGO) fmt --all
 
 lint: ## cargo fmt --check and clippy with -D warnings
 	$(CARGO) fmt --all -- --check
+	@$(MAKE) --no-print-directory clippy
+
+clippy:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-build: helper ## Build every binary (debug), and the static session helper
-	$(CARGO) build --workspace --bins
+# `--tests` too: the binaries then get the features the test build has (dev-dependencies turn on
+# tokio's test-util, for one), so `cargo nextest run` and clippy reuse these artifacts instead of
+# rebuilding half the dependency graph with another feature set.
+build: helper ## Build every binary and test (debug), and the static session helper
+	$(CARGO) build --workspace --bins --tests
 
-helper: ## Build the static session helper every sandbox gets (target/helper/)
+static: ## The static release binaries of the images and sandboxes, in one cargo invocation
+	@scripts/build-static.sh
+
+helper: static ## Build the static session helper every sandbox gets (target/helper/)
 	@images/helper/build.sh
 
 docker: ## Start the Docker engine if none answers
@@ -47,11 +62,22 @@ registry: ## Install docker-registry and htpasswd (the private-registry tests st
 chromium: ## Install Debian's chromium (the /docs browser test drives it headless)
 	@scripts/ensure-chromium.sh >/dev/null
 
-images: docker ## Build the local images (no registry needed): sandboxes, gateway, service, Redis
-	@images/sandbox/build.sh
+images: images-host images-static ## Build the local images (no registry needed): sandboxes, gateway, service, Redis
+
+# The images built from this checkout's static binaries (cargo).
+images-static: docker static
 	@images/egress-gateway/build-local.sh
 	@images/control-plane/build-local.sh
+
+# The images that need no cargo: debootstrapped sandboxes, Debian's Redis.
+images-host: docker
+	@images/sandbox/build.sh
 	@integration/compose/build-redis-image.sh
+
+# Everything `make test` prepares on the host without cargo (packages, debootstrapped images, the
+# Docker-in-Docker image): it runs beside the compilation.
+host: images-host gvisor redis registry chromium
+	@images/dind/build.sh
 
 compose-smoke: images ## Bring up integration/compose.yaml, check health and a session end to end, tear it down
 	@integration/compose/smoke.sh
@@ -77,10 +103,42 @@ run: docker images helper ## Build and start the service on 127.0.0.1:$(PORT) wi
 test-unit: ## Unit and in-process tests only (no Docker)
 	$(CARGO) nextest run --workspace --exclude e2e
 
-test: lint images gvisor redis registry chromium fleet-engines build ## Everything: lint, unit, in-process and end-to-end tests on real Docker
+# The e2e suites' needs, read from their sources (so a new suite is covered): gVisor when one
+# names runsc, Redis, the private registry, Chromium, the fleet's engines.
+SUITE_FILES = $(if $(SUITE),tests/tests/$(SUITE).rs,$(wildcard tests/tests/*.rs))
+suite_uses = $(shell grep -lE '$(1)' $(SUITE_FILES) 2>/dev/null)
+E2E_NEEDS = $(if $(call suite_uses,runsc),gvisor) $(if $(call suite_uses,Redis::start),redis) \
+	$(if $(call suite_uses,PrivateRegistry),registry) $(if $(call suite_uses,chromiumoxide),chromium) \
+	$(if $(call suite_uses,e2e::fleet),fleet-engines)
+
+test-e2e: ## One e2e suite, after starting only what it needs: `make test-e2e SUITE=pool`; no SUITE: all
+	@if [ -n "$(SUITE)" ] && [ ! -f tests/tests/$(SUITE).rs ]; then \
+		echo "no e2e suite '$(SUITE)'; one of: $$(cd tests/tests && ls *.rs | sed 's/\.rs$$//' | xargs)" >&2; \
+		exit 2; fi
+	@scripts/engines-guard.sh $(MAKE) --no-print-directory e2e-steps
+
+# `--workspace` and a filter rather than `-p e2e --test SUITE`: features unify over the packages a
+# build selects, so `-p e2e` alone would rebuild much of the graph `make build` just built.
+e2e-steps: docker images build $(E2E_NEEDS)
+	@rm -f $(JUNIT)
+	@rc=0; $(CARGO) nextest run --workspace --profile ci \
+		-E 'package(e2e)$(if $(SUITE), & binary(=$(SUITE)))' || rc=$$?; \
+		python3 scripts/test-times.py $(JUNIT) || true; exit $$rc
+
+test-quick: images redis registry chromium build ## All but the gVisor, fleet and chaos tests (nextest profile `quick`): no runsc, no DinD
+	@rm -f target/nextest/quick/junit.xml
+	@rc=0; $(CARGO) nextest run --workspace --profile quick || rc=$$?; \
+		python3 scripts/test-times.py target/nextest/quick/junit.xml || true; exit $$rc
+
+# scripts/test-all.sh: the host's preparation (no cargo) beside the compilation, then
+# `test-steps`; per-binary test times at the end; the fleet's engines stopped if it started them.
+test: ## Everything: lint, unit, in-process and end-to-end tests on real Docker (KEEP_ENGINES=1: keep the DinD engines)
+	@scripts/engines-guard.sh scripts/test-all.sh
+
+test-steps:
 	@mkdir -p $(DEV_DIR) && scripts/check-leaks.sh --record $(LEAK_BASELINE)
 	$(CARGO) nextest run --workspace --profile ci
-	@SERVICE_PROFILE=debug $(MAKE) --no-print-directory soak-smoke api-fuzz-smoke
+	@SERVICE_PROFILE=debug SERVICE_PREBUILT=1 $(MAKE) --no-print-directory soak-smoke api-fuzz-smoke
 	@scripts/check-leaks.sh --since $(LEAK_BASELINE)
 
 cargo-fuzz: ## Install cargo-fuzz (runs the fuzz targets); a no-op when it is installed
@@ -93,7 +151,7 @@ fuzz-smoke: cargo-fuzz ## Replay the fuzz regressions, then fuzz each target for
 	@fuzz/run.sh --smoke $(FUZZ_SMOKE_SECONDS)
 
 chaos: images gvisor build ## Every fault test, including a dockerd restart (alone: it breaks whatever runs beside it)
-	$(CARGO) nextest run -p e2e --test chaos --run-ignored all --test-threads 1
+	$(CARGO) nextest run --workspace -E 'package(e2e) & binary(=chaos)' --run-ignored all --test-threads 1
 	@scripts/check-leaks.sh
 
 deny: ## Licenses, bans and sources (offline); RustSec advisories too where their database can be fetched
@@ -115,11 +173,16 @@ soak-smoke: docker images ## The soak with SOAK_SMOKE_SESSIONS (8) sessions for 
 	@SOAK_SESSIONS=$(SOAK_SMOKE_SESSIONS) SOAK_SECONDS=$(SOAK_SMOKE_SECONDS) integration/scripts/soak.sh
 
 fleet-engines: docker images ## Start three Docker-in-Docker engines over mutual TLS for the fleet tests (scripts/fleet-engines.sh)
+	@$(MAKE) --no-print-directory engines-up
+
+# The engines alone, the images being built (scripts/test-all.sh runs it beside the debug build:
+# `images` would wait for cargo's lock).
+engines-up:
 	@FLEET_IMAGES="daiv-sandbox-busybox:local daiv-sandbox-debian:local daiv-sandbox-egress:local" \
 		scripts/fleet-engines.sh up >/dev/null
 
 fleet: fleet-engines redis build ## The fleet on three DinD engines: its e2e tests (also in `make test`), then scripts/fleet-bench.sh
-	$(CARGO) nextest run -p e2e --test fleet --profile ci
+	$(CARGO) nextest run --workspace -E 'package(e2e) & binary(=fleet)' --profile ci
 	@scripts/fleet-bench.sh
 
 check-leaks: ## Fail if containers or networks created by the service are left behind

@@ -18,9 +18,9 @@ target_dir="${CARGO_TARGET_DIR:-$root/target}"
 socket="${DOCKER_SOCKET:-/var/run/docker.sock}"
 gid="${DOCKER_GID:-$(stat -c %g "$socket" 2>/dev/null || echo 999)}"
 
+# One static release build of every image's binary (scripts/build-static.sh): a no-op when fresh.
 echo "building static daiv-sandbox ($triple, release)" >&2
-(cd "$root" && RUSTFLAGS='-C target-feature=+crt-static' \
-    cargo build --release --target "$triple" -p control-plane --bin daiv-sandbox)
+"$root/scripts/build-static.sh"
 
 "$root/images/helper/build.sh"
 helper="$target_dir/helper/daiv-sandbox-helper"

@@ -14,9 +14,9 @@ tag="${TAG:-daiv-sandbox-egress:local}"
 triple="x86_64-unknown-linux-gnu"
 target_dir="${CARGO_TARGET_DIR:-$root/target}"
 
+# One static release build of every image's binary (scripts/build-static.sh): a no-op when fresh.
 echo "building static daiv-egress-gateway ($triple, release)" >&2
-(cd "$root" && RUSTFLAGS='-C target-feature=+crt-static' \
-    cargo build --release --target "$triple" -p egress-gateway --bin daiv-egress-gateway)
+"$root/scripts/build-static.sh"
 
 bin="$target_dir/$triple/release/daiv-egress-gateway"
 # A static-pie binary makes ldd print "statically linked"; a dynamic one lists "lib => path".

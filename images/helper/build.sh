@@ -10,10 +10,9 @@ root="$(cd "$here/../.." && pwd)"
 triple="x86_64-unknown-linux-gnu"
 target_dir="${CARGO_TARGET_DIR:-$root/target}"
 
-# With the e2e tests' hostile helper (a fixture, never shipped): the same static build.
-(cd "$root" && RUSTFLAGS='-C target-feature=+crt-static' \
-    cargo build --quiet --release --target "$triple" -p sandbox-helper --bin daiv-sandbox-helper \
-    -p hostile-helper --bin daiv-e2e-hostile-helper)
+# With the e2e tests' hostile helper (a fixture, never shipped), the gateway and the service: one
+# static release build of them all (scripts/build-static.sh).
+"$root/scripts/build-static.sh"
 
 bin="$target_dir/$triple/release/daiv-sandbox-helper"
 if ldd "$bin" 2>/dev/null | grep -q '=>'; then

@@ -11,8 +11,11 @@ SERVICE_PROFILE="${SERVICE_PROFILE:-release}"
 LABEL_DEPLOYMENT=daiv.sandbox.deployment
 LABEL_ROLE=daiv.sandbox.role
 
-# build_service: the control plane and the static helper it gives every sandbox.
+# build_service: the control plane and the static helper it gives every sandbox. SERVICE_PREBUILT=1
+# (`make test`, after `make build`): already built with the workspace's features; a `-p` build
+# here would rebuild much of the dependency graph with another feature set.
 build_service() {
+    [ "${SERVICE_PREBUILT:-0}" = 1 ] && return 0
     local flag=()
     [ "$SERVICE_PROFILE" = release ] && flag=(--release)
     (cd "$root" && cargo build --quiet "${flag[@]}" -p control-plane --bin daiv-sandbox)

@@ -18,7 +18,7 @@ seconds=${SOAK_SECONDS:-600}
 flag=()
 [ "$SERVICE_PROFILE" = release ] && flag=(--release)
 build_service
-(cd "$root" && cargo build --quiet "${flag[@]}" -p integration --bin cp-soak)
+[ "${SERVICE_PREBUILT:-0}" = 1 ] || (cd "$root" && cargo build --quiet "${flag[@]}" -p integration --bin cp-soak)
 out="$target_dir/soak"
 mkdir -p "$out"
 deployment="soak-$$"

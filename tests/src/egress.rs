@@ -1,12 +1,12 @@
 //! Egress fixtures: test certificate authorities, and an HTTPS echo upstream running in a
 //! container on a network the test creates, reachable under made-up `.test` names only.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
-use crate::docker;
+use crate::{ControlPlane, DEBIAN, docker, require_image};
 
 /// A throwaway CA (shared with the gateway's in-process fixtures).
 pub use integration::fixtures::TestCa;
@@ -215,19 +215,121 @@ fn rand_u64() -> u64 {
     h.finish()
 }
 
+/// The `EGRESS_*` settings that point a control plane's gateways at a test network: a fresh
+/// egress CA (written to files in a directory of the fixture's), the gateway image under test,
+/// and, for an HTTPS upstream, the CA it trusts and the subnet it may reach. One place for what
+/// every egress suite sets; tests add or override settings with [`EgressSettings::set`].
+pub struct EgressSettings {
+    vars: Vec<(String, String)>,
+}
+
+impl EgressSettings {
+    /// Gateways on `network`, a fresh egress CA written to `dir` (`egress-ca.crt`, `.key`), the
+    /// gateway image under test ([`gateway_image`]).
+    pub fn on_network(dir: &Path, network: &str) -> Result<Self> {
+        let egress_ca = TestCa::new("daiv e2e egress CA")?;
+        let cert = dir.join("egress-ca.crt");
+        let key = dir.join("egress-ca.key");
+        std::fs::write(&cert, &egress_ca.cert_pem)?;
+        std::fs::write(&key, &egress_ca.key_pem)?;
+        Ok(Self {
+            vars: vec![
+                ("EGRESS_CA_CERT_FILE".into(), cert.display().to_string()),
+                ("EGRESS_CA_KEY_FILE".into(), key.display().to_string()),
+                ("EGRESS_PROXY_NETWORK".into(), network.to_string()),
+                ("EGRESS_PROXY_IMAGE".into(), gateway_image()),
+            ],
+        })
+    }
+
+    /// And an HTTPS upstream on `subnet` whose certificates `upstream_ca_pem` signs (written to
+    /// `dir/upstream-ca.pem`): `EGRESS_UPSTREAM_CA_FILE`, `EGRESS_ALLOWED_CIDRS`.
+    pub fn with_upstream(self, dir: &Path, upstream_ca_pem: &str, subnet: &str) -> Result<Self> {
+        let ca = dir.join("upstream-ca.pem");
+        std::fs::write(&ca, upstream_ca_pem)?;
+        Ok(self
+            .set("EGRESS_UPSTREAM_CA_FILE", &ca.display().to_string())
+            .set("EGRESS_ALLOWED_CIDRS", subnet))
+    }
+
+    /// Everything for the echo [`Upstream`]: its network, its CA, its subnet.
+    pub fn for_upstream(up: &Upstream) -> Result<Self> {
+        Self::on_network(up.dir(), &up.network)?.with_upstream(
+            up.dir(),
+            &up.upstream_ca.cert_pem,
+            &up.subnet,
+        )
+    }
+
+    /// Sets `name` (without the `DAIV_SANDBOX_` prefix) to `value`, replacing the fixture's.
+    pub fn set(mut self, name: &str, value: &str) -> Self {
+        match self.vars.iter_mut().find(|(k, _)| k == name) {
+            Some(var) => var.1 = value.to_string(),
+            None => self.vars.push((name.to_string(), value.to_string())),
+        }
+        self
+    }
+
+    /// The value of one setting.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.vars
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The settings as [`ControlPlane::start_with`] takes them, then `extra` (which may override).
+    pub fn env<'a>(&'a self, extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+        let mut env: Vec<(&str, &str)> = self
+            .vars
+            .iter()
+            .filter(|(k, _)| !extra.iter().any(|(e, _)| e == k))
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        env.extend_from_slice(extra);
+        env
+    }
+}
+
+/// The egress stack most egress tests run on: the echo [`Upstream`] on a network of its own and a
+/// control plane whose gateways reach it ([`EgressSettings::for_upstream`]). Needs the Debian and
+/// gateway images. The service stops before the upstream's network goes.
+pub struct EgressStack {
+    pub cp: ControlPlane,
+    pub up: Upstream,
+}
+
+impl EgressStack {
+    pub async fn start() -> Result<Self> {
+        Self::start_with(&[]).await
+    }
+
+    /// `extra` settings added to (or overriding) the egress ones.
+    pub async fn start_with(extra: &[(&str, &str)]) -> Result<Self> {
+        let up = start_upstream()?;
+        let settings = EgressSettings::for_upstream(&up)?;
+        let cp = ControlPlane::start_with(&settings.env(extra)).await?;
+        Ok(Self { cp, up })
+    }
+}
+
+/// Checks the Debian and gateway images, then starts the echo [`Upstream`] (Debian's python3).
+pub fn start_upstream() -> Result<Upstream> {
+    require_image(DEBIAN);
+    require_image(&gateway_image());
+    Upstream::start(DEBIAN)
+}
+
 /// A fresh egress CA written beside `up`'s files, and `up`'s CA bundle: the paths of the egress CA
 /// certificate, its key and the upstream CA, as `EGRESS_CA_CERT_FILE`, `EGRESS_CA_KEY_FILE` and
-/// `EGRESS_UPSTREAM_CA_FILE` take them.
+/// `EGRESS_UPSTREAM_CA_FILE` take them. (The same files as [`EgressSettings::for_upstream`].)
 pub fn egress_ca_files(up: &Upstream) -> Result<(String, String, String)> {
-    let egress_ca = TestCa::new("daiv e2e egress CA")?;
-    let cert = up.dir().join("egress-ca.crt");
-    let key = up.dir().join("egress-ca.key");
-    std::fs::write(&cert, &egress_ca.cert_pem)?;
-    std::fs::write(&key, &egress_ca.key_pem)?;
+    let settings = EgressSettings::for_upstream(up)?;
+    let get = |name| settings.get(name).unwrap_or_default().to_string();
     Ok((
-        cert.display().to_string(),
-        key.display().to_string(),
-        up.ca_file()?.display().to_string(),
+        get("EGRESS_CA_CERT_FILE"),
+        get("EGRESS_CA_KEY_FILE"),
+        get("EGRESS_UPSTREAM_CA_FILE"),
     ))
 }
 

@@ -1,13 +1,17 @@
 //! Harness for the end-to-end tests: starts the real `daiv-sandbox` binary against the real
 //! Docker engine and talks to it over HTTP, like a client would.
 //!
-//! One harness for every test binary: the service ([`ControlPlane`]), sessions and their clean-up,
-//! the docker CLI ([`docker`], [`docker_quietly`], [`inspect`]) and polling ([`eventually`]); the
-//! modules add fixtures (workspace archives, egress upstreams and CAs, Redis, a fake Sentry).
+//! One harness for every test binary: the service ([`ControlPlane`]) and its API client
+//! ([`api::Client`], on the control plane's own wire types), sessions and their clean-up, the
+//! docker CLI ([`docker`], [`docker_quietly`], [`inspect`]) and polling ([`eventually`]); the
+//! modules add fixtures (workspace archives, the egress stack: upstreams, CAs and the settings
+//! that point a service at them ([`egress::EgressStack`]), Redis, a registry, a fake Sentry).
 //!
 //! Nothing here skips: a missing Docker engine or local image fails the test with the command
 //! that fixes it. Every session a test creates is force-removed when its guard drops, pass or
 //! fail, so `scripts/check-leaks.sh` can prove nothing is left behind.
+
+pub mod api;
 
 pub mod workspace;
 
@@ -74,7 +78,7 @@ pub struct ControlPlane {
     /// Its `DAIV_SANDBOX_DEPLOYMENT`.
     pub deployment: String,
     log: PathBuf,
-    http: reqwest::Client,
+    api: api::Client,
 }
 
 impl ControlPlane {
@@ -131,15 +135,15 @@ impl ControlPlane {
         let child = cmd
             .spawn()
             .with_context(|| format!("spawn {}", bin.display()))?;
+        let base = format!("http://127.0.0.1:{port}");
+        let api = api::Client::new(&format!("{base}/api/v1"), &key)?;
         let cp = Self {
             child,
-            base: format!("http://127.0.0.1:{port}"),
+            base,
             key,
             deployment,
             log,
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(300))
-                .build()?,
+            api,
         };
         cp.wait_healthy().await?;
         Ok(cp)
@@ -149,7 +153,7 @@ impl ControlPlane {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Ok(r) = self
-                .http
+                .http()
                 .get(format!("{}/-/health/", self.base))
                 .send()
                 .await
@@ -168,12 +172,21 @@ impl ControlPlane {
         self.child.id()
     }
 
+    /// The API client (`/api/v1`, this service's key).
+    pub fn api(&self) -> &api::Client {
+        &self.api
+    }
+
+    /// The API client for the routes at the root (`/-/health/`, `/metrics`, DAIV's bare URL).
+    pub fn root(&self) -> api::Client {
+        self.api.with_prefix(&self.base)
+    }
+
     /// `GET /metrics` as text.
     pub async fn metrics(&self) -> Result<String> {
         let resp = self
-            .http
-            .get(format!("{}/metrics", self.base))
-            .header("X-API-Key", &self.key)
+            .root()
+            .request(reqwest::Method::GET, "/metrics")
             .send()
             .await?;
         Ok(resp.text().await?)
@@ -209,7 +222,12 @@ impl ControlPlane {
     }
 
     pub fn url(&self, path: &str) -> String {
-        format!("{}/api/v1{path}", self.base)
+        self.api.url(path)
+    }
+
+    /// A request to `/api/v1{path}` with the API key (see [`api::Client::request`]).
+    pub fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        self.api.request(method, path)
     }
 
     /// A request with the API key; returns status and JSON body (`Null` when empty).
@@ -219,42 +237,20 @@ impl ControlPlane {
         path: &str,
         body: Option<Value>,
     ) -> Result<(u16, Value)> {
-        let mut req = self
-            .http
-            .request(method, self.url(path))
-            .header("X-API-Key", &self.key);
-        if let Some(b) = body {
-            req = req.json(&b);
-        }
-        let resp = req.send().await?;
-        let status = resp.status().as_u16();
-        let bytes = resp.bytes().await?;
-        let value = if bytes.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_slice(&bytes)
-                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()))
-        };
-        Ok((status, value))
+        self.api.call(method, path, body).await
     }
 
+    /// The HTTP client underneath (no key).
     pub fn http(&self) -> &reqwest::Client {
-        &self.http
+        self.api.http()
     }
 
     /// Creates a session; the guard force-removes it on drop.
     pub async fn session(&self, body: Value) -> Result<Session> {
-        let (status, resp) = self
-            .call(reqwest::Method::POST, "/session/", Some(body))
-            .await?;
-        if status != 200 {
-            bail!("create session: {status} {resp}");
-        }
-        let id = resp["session_id"]
-            .as_str()
-            .context("no session_id")?
-            .to_string();
-        Ok(Session { id })
+        let created = self.api.create_session(body).await?;
+        Ok(Session {
+            id: created.session_id,
+        })
     }
 
     pub async fn session_of(&self, image: &str) -> Result<Session> {
@@ -263,33 +259,22 @@ impl ControlPlane {
 
     /// `DELETE /session/{id}/?force=true`; returns the status.
     pub async fn force_close(&self, session: &Session) -> Result<u16> {
-        let path = format!("/session/{}/?force=true", session.id);
-        Ok(self.call(reqwest::Method::DELETE, &path, None).await?.0)
+        self.api.force_close(&session.id).await
     }
 
     /// Runs commands; returns the `results` array.
     pub async fn run(&self, session: &Session, body: Value) -> Result<Vec<Value>> {
-        let (status, resp) = self
-            .call(
-                reqwest::Method::POST,
-                &format!("/session/{}/", session.id),
-                Some(body),
-            )
-            .await?;
-        if status != 200 {
-            bail!("run: {status} {resp}");
-        }
-        Ok(resp["results"].as_array().cloned().unwrap_or_default())
+        let ran = self.api.run(&session.id, body).await?;
+        ran.results
+            .iter()
+            .map(|r| serde_json::to_value(r).context("a run result"))
+            .collect()
     }
 
     /// Runs one command and returns (exit_code, output).
     pub async fn sh(&self, session: &Session, command: &str) -> Result<(i64, String)> {
-        let results = self.run(session, json!({ "commands": [command] })).await?;
-        let r = results.first().context("no result")?;
-        Ok((
-            r["exit_code"].as_i64().unwrap_or(-1),
-            r["output"].as_str().unwrap_or_default().to_string(),
-        ))
+        let r = self.api.sh(&session.id, command).await?;
+        Ok((r.exit_code, r.output))
     }
 }
 

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use anyhow::{Context, Result, anyhow, bail};
+use reqwest::Method;
 use serde_json::Value;
 
 use crate::{ControlPlane, Session};
@@ -124,9 +125,7 @@ pub async fn seed_form(
     form: reqwest::multipart::Form,
 ) -> Result<Seeded> {
     let resp = cp
-        .http()
-        .post(cp.url(&format!("/session/{}/seed/", s.id)))
-        .header("X-API-Key", &cp.key)
+        .request(Method::POST, &format!("/session/{}/seed/", s.id))
         .multipart(form)
         .send()
         .await?;

@@ -6,6 +6,7 @@
 use anyhow::{Context, Result};
 use e2e::workspace::{Member, gzip, tar_of};
 use e2e::{BUSYBOX, ControlPlane, Session, containers_with, networks_with, require_image};
+use reqwest::Method;
 use serde_json::json;
 
 /// Requests sent at once: far more than the slots and the queue below.
@@ -52,9 +53,7 @@ async fn status_and_retry_after(resp: reqwest::Response) -> Result<u16> {
 
 async fn worker(cp: &ControlPlane, archive: Vec<u8>) -> Result<Outcome> {
     let resp = cp
-        .http()
-        .post(cp.url("/session/"))
-        .header("X-API-Key", &cp.key)
+        .request(Method::POST, "/session/")
         .json(&json!({"base_image": BUSYBOX}))
         .send()
         .await?;
@@ -71,9 +70,7 @@ async fn worker(cp: &ControlPlane, archive: Vec<u8>) -> Result<Outcome> {
     let session = Session { id: id.to_string() };
     let part = reqwest::multipart::Part::bytes(archive).file_name("repo.tar.gz");
     let resp = cp
-        .http()
-        .post(cp.url(&format!("/session/{id}/seed/")))
-        .header("X-API-Key", &cp.key)
+        .request(Method::POST, &format!("/session/{id}/seed/"))
         .multipart(reqwest::multipart::Form::new().part("repo_archive", part))
         .send()
         .await?;

@@ -73,11 +73,8 @@ async fn a_control_plane_killed_mid_command_leaves_a_usable_session_and_no_orpha
     let env = [("DEPLOYMENT", dep.as_str())];
     let cp = ControlPlane::start_with(&env).await?;
     let s = cp.session_of(BUSYBOX).await?;
-    let url = cp.url(&format!("/session/{}/", s.id));
     let req = cp
-        .http()
-        .post(url)
-        .header("X-API-Key", &cp.key)
+        .request(Method::POST, &format!("/session/{}/", s.id))
         .json(&json!({"commands": ["sleep 421"]}))
         .send();
     let running = tokio::spawn(req);
@@ -227,11 +224,8 @@ async fn dockerd_restarted_under_live_sessions_and_a_running_command() -> Result
     let cp = ControlPlane::start().await?;
     let s = cp.session_of(BUSYBOX).await?;
     cp.sh(&s, "echo kept > /workspace/repo/kept.txt").await?;
-    let url = cp.url(&format!("/session/{}/", s.id));
     let running = tokio::spawn(
-        cp.http()
-            .post(url)
-            .header("X-API-Key", &cp.key)
+        cp.request(Method::POST, &format!("/session/{}/", s.id))
             .json(&json!({"commands": ["sleep 300"]}))
             .send(),
     );

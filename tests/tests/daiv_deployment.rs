@@ -6,27 +6,28 @@
 
 use anyhow::{Context, Result, ensure};
 use base64::Engine as _;
-use e2e::egress::{Upstream, egress_ca_files, gateway_image};
+use e2e::egress::EgressStack;
 use e2e::workspace::{Member, gzip, tar_of, validate};
 use e2e::{ControlPlane, DEBIAN, containers_with, require_image};
+use reqwest::Method;
 use serde_json::{Value, json};
 
 const TOKEN: &str = "glpat-daivDeploymentToken42";
 
-/// DAIV's client: an `httpx.AsyncClient(base_url=SANDBOX_URL)` and relative paths.
+/// DAIV's client: an `httpx.AsyncClient(base_url=SANDBOX_URL)` and relative paths (the suites'
+/// API client at the bare service URL, no `/api/v1`).
 struct DaivClient {
-    base: String,
-    key: String,
-    http: reqwest::Client,
+    api: e2e::api::Client,
 }
 
 impl DaivClient {
-    fn url(&self, relative: &str) -> String {
-        format!("{}/{relative}", self.base.trim_end_matches('/'))
+    /// A request to the relative path, with the API key.
+    fn request(&self, method: Method, relative: &str) -> reqwest::RequestBuilder {
+        self.api.request(method, &format!("/{relative}"))
     }
 
     async fn send(&self, req: reqwest::RequestBuilder) -> Result<(u16, Value)> {
-        let resp = req.header("X-API-KEY", &self.key).send().await?;
+        let resp = req.send().await?;
         let status = resp.status().as_u16();
         let bytes = resp.bytes().await?;
         Ok((
@@ -36,7 +37,7 @@ impl DaivClient {
     }
 
     async fn post(&self, relative: &str, body: &Value) -> Result<(u16, Value)> {
-        self.send(self.http.post(self.url(relative)).json(body))
+        self.send(self.request(Method::POST, relative).json(body))
             .await
     }
 
@@ -58,29 +59,11 @@ fn b64(data: &[u8]) -> String {
 
 #[tokio::test]
 async fn a_daiv_turn_with_egress_works_on_the_documented_bare_url() -> Result<()> {
-    require_image(DEBIAN);
-    let image = gateway_image();
-    require_image(&image);
-    let up = Upstream::start(DEBIAN)?;
-    let (cert, key, upstream_ca) = egress_ca_files(&up)?;
-    let cp = ControlPlane::start_with(&[
-        ("KEEP_TEMPLATE", "true"),
-        ("EGRESS_CA_CERT_FILE", cert.as_str()),
-        ("EGRESS_CA_KEY_FILE", key.as_str()),
-        ("EGRESS_UPSTREAM_CA_FILE", upstream_ca.as_str()),
-        ("EGRESS_ALLOWED_CIDRS", up.subnet.as_str()),
-        ("EGRESS_PROXY_NETWORK", up.network.as_str()),
-        ("EGRESS_PROXY_IMAGE", image.as_str()),
-    ])
-    .await?;
-    let daiv = DaivClient {
-        base: format!("{}/", cp.base),
-        key: cp.key.clone(),
-        http: reqwest::Client::new(),
-    };
+    let EgressStack { up, cp } = EgressStack::start_with(&[("KEEP_TEMPLATE", "true")]).await?;
+    let daiv = DaivClient { api: cp.root() };
 
     // Health at the root, as the reference's own Docker healthcheck probes it.
-    let (status, health) = daiv.send(daiv.http.get(daiv.url("-/health/"))).await?;
+    let (status, health) = daiv.send(daiv.request(Method::GET, "-/health/")).await?;
     assert_eq!((status, &health["status"]), (200, &json!("ok")));
 
     let egress = |token: &str| {
@@ -128,8 +111,7 @@ async fn a_daiv_turn_with_egress_works_on_the_documented_bare_url() -> Result<()
         );
     let (status, body) = daiv
         .send(
-            daiv.http
-                .post(daiv.url(&format!("session/{id}/seed/")))
+            daiv.request(Method::POST, &format!("session/{id}/seed/"))
                 .multipart(form),
         )
         .await?;
@@ -213,8 +195,7 @@ async fn a_daiv_turn_with_egress_works_on_the_documented_bare_url() -> Result<()
     validate("EgressConfigRequest", &refresh)?;
     let (status, body) = daiv
         .send(
-            daiv.http
-                .put(daiv.url(&format!("session/{id}/egress/")))
+            daiv.request(Method::PUT, &format!("session/{id}/egress/"))
                 .json(&refresh),
         )
         .await?;
@@ -237,26 +218,24 @@ async fn a_daiv_turn_with_egress_works_on_the_documented_bare_url() -> Result<()
     // Close: stop (kept warm), the warm check restarts it, then remove (`force` as httpx sends it).
     let (status, _) = daiv
         .send(
-            daiv.http
-                .delete(daiv.url(&format!("session/{id}/")))
+            daiv.request(Method::DELETE, &format!("session/{id}/"))
                 .query(&[("force", "false")]),
         )
         .await?;
     assert_eq!(status, 204);
     let (status, _) = daiv
-        .send(daiv.http.get(daiv.url(&format!("session/{id}/"))))
+        .send(daiv.request(Method::GET, &format!("session/{id}/")))
         .await?;
     assert_eq!(status, 204);
     let (status, _) = daiv
         .send(
-            daiv.http
-                .delete(daiv.url(&format!("session/{id}/")))
+            daiv.request(Method::DELETE, &format!("session/{id}/"))
                 .query(&[("force", "true")]),
         )
         .await?;
     assert_eq!(status, 204);
     let (status, _) = daiv
-        .send(daiv.http.get(daiv.url(&format!("session/{id}/"))))
+        .send(daiv.request(Method::GET, &format!("session/{id}/")))
         .await?;
     assert_eq!(status, 404, "DAIV reads 404 as gone");
     let left = containers_with(&[&format!("daiv.sandbox.deployment={}", cp.deployment)]);
@@ -268,9 +247,8 @@ async fn a_daiv_turn_with_egress_works_on_the_documented_bare_url() -> Result<()
 async fn without_an_egress_ca_daiv_reads_the_reference_sentence() -> Result<()> {
     require_image(DEBIAN);
     let cp = ControlPlane::start_with(&[("KEEP_TEMPLATE", "true")]).await?;
-    let resp = reqwest::Client::new()
-        .post(format!("{}/session/", cp.base))
-        .header("X-API-KEY", &cp.key)
+    let resp = DaivClient { api: cp.root() }
+        .request(Method::POST, "session/")
         .json(&json!({"base_image": DEBIAN, "egress": {"policy": {"default": "allow"}}}))
         .send()
         .await?;

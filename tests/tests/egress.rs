@@ -4,40 +4,12 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use e2e::egress::{Upstream, egress_ca_files, gateway_image, gateway_of};
-use e2e::{ControlPlane, DEBIAN, Session, docker, inspect, require_image};
+use e2e::egress::{EgressStack, Upstream, gateway_of};
+use e2e::{ControlPlane, DEBIAN, Session, docker, inspect};
 use reqwest::Method;
 use serde_json::{Value, json};
 
 const SECRET: &str = "ghp_e2eSecretValue0123456789";
-
-struct Stack {
-    up: Upstream,
-    cp: ControlPlane,
-}
-
-async fn stack() -> Result<Stack> {
-    stack_with(&[]).await
-}
-
-async fn stack_with(extra: &[(&str, &str)]) -> Result<Stack> {
-    require_image(DEBIAN);
-    let image = gateway_image();
-    require_image(&image);
-    let up = Upstream::start(DEBIAN)?;
-    let (cert, key, upstream_ca) = egress_ca_files(&up)?;
-    let mut settings = vec![
-        ("EGRESS_CA_CERT_FILE", cert.as_str()),
-        ("EGRESS_CA_KEY_FILE", key.as_str()),
-        ("EGRESS_UPSTREAM_CA_FILE", upstream_ca.as_str()),
-        ("EGRESS_ALLOWED_CIDRS", up.subnet.as_str()),
-        ("EGRESS_PROXY_NETWORK", up.network.as_str()),
-        ("EGRESS_PROXY_IMAGE", image.as_str()),
-    ];
-    settings.extend_from_slice(extra);
-    let cp = ControlPlane::start_with(&settings).await?;
-    Ok(Stack { up, cp })
-}
 
 fn policy(token: &str) -> Value {
     json!({
@@ -78,7 +50,7 @@ fn last_request(up: &Upstream, path: &str) -> Result<Option<Value>> {
 
 #[tokio::test]
 async fn egress_session_enforces_policy_and_confines_the_secret() -> Result<()> {
-    let Stack { up, cp } = stack().await?;
+    let EgressStack { up, cp } = EgressStack::start().await?;
     let t0 = Instant::now();
     let s = cp
         .session(json!({"base_image": DEBIAN, "egress": strict_policy(SECRET)}))
@@ -212,7 +184,7 @@ async fn egress_session_enforces_policy_and_confines_the_secret() -> Result<()> 
 
 #[tokio::test]
 async fn credentialed_mode_tunnels_plain_hosts_and_plaintext_gets_no_credential() -> Result<()> {
-    let Stack { up, cp } = stack().await?;
+    let EgressStack { up, cp } = EgressStack::start().await?;
     let s = cp
         .session(json!({"base_image": DEBIAN, "egress": policy(SECRET)}))
         .await?;
@@ -258,7 +230,7 @@ async fn credentialed_mode_tunnels_plain_hosts_and_plaintext_gets_no_credential(
 
 #[tokio::test]
 async fn put_egress_rotates_the_credential_without_restart() -> Result<()> {
-    let Stack { up, cp } = stack().await?;
+    let EgressStack { up, cp } = EgressStack::start().await?;
     let s = cp
         .session(json!({"base_image": DEBIAN, "egress": strict_policy("old-token")}))
         .await?;
@@ -349,7 +321,7 @@ async fn put_egress_rotates_the_credential_without_restart() -> Result<()> {
 
 #[tokio::test]
 async fn stopped_egress_sessions_resume_and_force_close_leaves_nothing() -> Result<()> {
-    let Stack { up, cp } = stack().await?;
+    let EgressStack { up, cp } = EgressStack::start().await?;
     let s = cp
         .session(json!({"base_image": DEBIAN, "egress": strict_policy(SECRET)}))
         .await?;
@@ -402,7 +374,7 @@ async fn stopped_egress_sessions_resume_and_force_close_leaves_nothing() -> Resu
 /// started again by the next request, with the latest policy: the sandbox is not left cut off.
 #[tokio::test]
 async fn a_gateway_killed_behind_the_services_back_comes_back() -> Result<()> {
-    let Stack { up, cp } = stack().await?;
+    let EgressStack { up, cp } = EgressStack::start().await?;
     let s = cp
         .session(json!({"base_image": DEBIAN, "egress": strict_policy("old-token")}))
         .await?;
@@ -468,7 +440,7 @@ async fn a_gateway_killed_behind_the_services_back_comes_back() -> Result<()> {
 
 #[tokio::test]
 async fn invalid_or_unconfigured_egress_is_refused() -> Result<()> {
-    let Stack { up: _up, cp } = stack().await?;
+    let EgressStack { up: _up, cp } = EgressStack::start().await?;
     for bad in [
         json!({"policy": {"default": "deny", "rules": []}}),
         json!({"policy": {"default": "sometimes"}}),
@@ -498,7 +470,7 @@ async fn invalid_or_unconfigured_egress_is_refused() -> Result<()> {
 
 #[tokio::test]
 async fn gvisor_sandboxes_reach_their_gateway_on_runc() -> Result<()> {
-    let Stack { up, cp } = stack_with(&[("RUNTIME", "runsc")]).await?;
+    let EgressStack { up, cp } = EgressStack::start_with(&[("RUNTIME", "runsc")]).await?;
     let s = cp
         .session(json!({"base_image": DEBIAN, "egress": strict_policy(SECRET)}))
         .await?;
@@ -548,7 +520,7 @@ for ip in sys.argv[3:]:
 /// sandbox, under runc and gVisor, while the gateway still works.
 async fn the_host_is_unreachable_from_an_egress_sandbox(runtime: &str) -> Result<()> {
     use std::net::{TcpListener, UdpSocket};
-    let Stack { up, cp } = stack_with(&[("RUNTIME", runtime)]).await?;
+    let EgressStack { up, cp } = EgressStack::start_with(&[("RUNTIME", runtime)]).await?;
     let tcp = TcpListener::bind("0.0.0.0:0")?;
     tcp.set_nonblocking(true)?;
     let udp = UdpSocket::bind("0.0.0.0:0")?;

@@ -22,8 +22,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use e2e::egress::{Upstream, egress_ca_files, gateway_image};
-use e2e::{ControlPlane, DEBIAN, docker, inspect, require_image};
+use e2e::egress::EgressStack;
+use e2e::{DEBIAN, docker, inspect};
 use serde_json::{Value, json};
 
 /// Passive capture: one `AF_PACKET`/`ETH_P_ALL` socket (every interface of the namespace, also
@@ -232,21 +232,7 @@ fn random_label(prefix: &str) -> String {
 }
 
 async fn dns_is_not_a_side_channel(runtime: &str) -> Result<()> {
-    require_image(DEBIAN);
-    let image = gateway_image();
-    require_image(&image);
-    let up = Upstream::start(DEBIAN)?;
-    let (cert, key, upstream_ca) = egress_ca_files(&up)?;
-    let cp = ControlPlane::start_with(&[
-        ("RUNTIME", runtime),
-        ("EGRESS_CA_CERT_FILE", cert.as_str()),
-        ("EGRESS_CA_KEY_FILE", key.as_str()),
-        ("EGRESS_UPSTREAM_CA_FILE", upstream_ca.as_str()),
-        ("EGRESS_ALLOWED_CIDRS", up.subnet.as_str()),
-        ("EGRESS_PROXY_NETWORK", up.network.as_str()),
-        ("EGRESS_PROXY_IMAGE", image.as_str()),
-    ])
-    .await?;
+    let EgressStack { up, cp } = EgressStack::start_with(&[("RUNTIME", runtime)]).await?;
     let s = cp
         .session(json!({"base_image": DEBIAN, "egress": {"policy": {
             "default": "deny", "intercept": "all",

@@ -5,7 +5,7 @@
 //! (RFC 1918) network the test creates, which the gateways' egress side joins.
 
 use anyhow::Result;
-use e2e::egress::{PrivateUpstream, TestCa, gateway_image, gateway_of};
+use e2e::egress::{EgressSettings, PrivateUpstream, gateway_image, gateway_of};
 use e2e::{ControlPlane, DEBIAN, Session, docker, inspect, require_image};
 use serde_json::{Value, json};
 
@@ -24,21 +24,8 @@ fn policy() -> Value {
 /// A control plane whose gateways reach the private network through their egress side. No
 /// `EGRESS_ALLOWED_CIDRS`: what reaches the private address is the opt-in alone.
 async fn control_plane(up: &PrivateUpstream, extra: &[(&str, &str)]) -> Result<ControlPlane> {
-    let ca = TestCa::new("daiv e2e plain-http egress CA")?;
-    let cert = up.dir().join("egress-ca.crt");
-    let key = up.dir().join("egress-ca.key");
-    std::fs::write(&cert, &ca.cert_pem)?;
-    std::fs::write(&key, &ca.key_pem)?;
-    let (cert, key) = (cert.display().to_string(), key.display().to_string());
-    let image = gateway_image();
-    let mut settings = vec![
-        ("EGRESS_CA_CERT_FILE", cert.as_str()),
-        ("EGRESS_CA_KEY_FILE", key.as_str()),
-        ("EGRESS_PROXY_NETWORK", up.network.as_str()),
-        ("EGRESS_PROXY_IMAGE", image.as_str()),
-    ];
-    settings.extend_from_slice(extra);
-    ControlPlane::start_with(&settings).await
+    let settings = EgressSettings::on_network(up.dir(), &up.network)?;
+    ControlPlane::start_with(&settings.env(extra)).await
 }
 
 fn seen(up: &PrivateUpstream, path_prefix: &str) -> Result<Option<Value>> {

@@ -9,35 +9,12 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use e2e::egress::{Upstream, egress_ca_files, gateway_image, gateway_of};
-use e2e::{ControlPlane, DEBIAN, Session, docker, eventually, require_image};
+use e2e::egress::{EgressStack, gateway_of};
+use e2e::{ControlPlane, DEBIAN, Session, docker, eventually};
 use reqwest::Method;
 use serde_json::{Value, json};
 
 const SECRET: &str = "ghp_e2eUpdatesSecret0123456789";
-
-struct Stack {
-    up: Upstream,
-    cp: ControlPlane,
-}
-
-async fn stack() -> Result<Stack> {
-    require_image(DEBIAN);
-    let image = gateway_image();
-    require_image(&image);
-    let up = Upstream::start(DEBIAN)?;
-    let (cert, key, upstream_ca) = egress_ca_files(&up)?;
-    let cp = ControlPlane::start_with(&[
-        ("EGRESS_CA_CERT_FILE", cert.as_str()),
-        ("EGRESS_CA_KEY_FILE", key.as_str()),
-        ("EGRESS_UPSTREAM_CA_FILE", upstream_ca.as_str()),
-        ("EGRESS_ALLOWED_CIDRS", up.subnet.as_str()),
-        ("EGRESS_PROXY_NETWORK", up.network.as_str()),
-        ("EGRESS_PROXY_IMAGE", image.as_str()),
-    ])
-    .await?;
-    Ok(Stack { up, cp })
-}
 
 /// `api.upstream.test` (GET, with the credential) and `other.upstream.test` (any method).
 fn policy(secret: &str) -> Value {
@@ -190,7 +167,7 @@ fn enforced_version(s: &Session) -> Result<String> {
 /// sandbox cannot reach, tells them apart, by keyed values.
 #[tokio::test]
 async fn the_sandbox_sees_nothing_that_tells_two_secret_values_apart() -> Result<()> {
-    let Stack { up: _up, cp } = stack().await?;
+    let EgressStack { up: _up, cp } = EgressStack::start().await?;
     let s = cp
         .session(json!({"base_image": DEBIAN, "egress": policy(SECRET)}))
         .await?;
@@ -284,7 +261,7 @@ print("released", flush=True)
 /// the slots free up.
 #[tokio::test]
 async fn put_egress_is_acknowledged_while_the_sandbox_holds_every_proxy_slot() -> Result<()> {
-    let Stack { up, cp } = stack().await?;
+    let EgressStack { up, cp } = EgressStack::start().await?;
     let s = cp
         .session(json!({"base_image": DEBIAN, "egress": policy(SECRET)}))
         .await?;
@@ -383,7 +360,7 @@ print("closed after %.1f s" % (time.time() - start), flush=True)
 /// blind tunnels are closed.
 #[tokio::test]
 async fn put_egress_closes_a_websocket_whose_host_it_removes() -> Result<()> {
-    let Stack { up, cp } = stack().await?;
+    let EgressStack { up, cp } = EgressStack::start().await?;
     let s = cp
         .session(json!({"base_image": DEBIAN, "egress": policy(SECRET)}))
         .await?;

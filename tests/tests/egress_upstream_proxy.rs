@@ -6,8 +6,8 @@
 //! that the gateway's SSRF guard still refuses a loopback destination the proxy would reach.
 
 use anyhow::{Context, Result, bail};
-use e2e::egress::{Upstream, egress_ca_files, gateway_image, gateway_of};
-use e2e::{ControlPlane, DEBIAN, Session, docker, require_image};
+use e2e::egress::{EgressSettings, Upstream, gateway_of, start_upstream};
+use e2e::{ControlPlane, DEBIAN, Session, docker};
 use serde_json::{Value, json};
 
 const SECRET: &str = "ghp_e2eProxiedSecret0123456789";
@@ -194,28 +194,18 @@ fn last_request(up: &Upstream, path: &str) -> Result<Option<Value>> {
 #[tokio::test]
 async fn sandbox_egress_chains_through_an_upstream_proxy_with_the_guard_still_applied() -> Result<()>
 {
-    require_image(DEBIAN);
-    let image = gateway_image();
-    require_image(&image);
-    let up = Upstream::start(DEBIAN)?;
+    let up = start_upstream()?;
     let proxy = Proxy::start(&up)?;
     let upstream_ip = ip_on(&up.container, &up.network)?;
 
-    let (cert, key, upstream_ca) = egress_ca_files(&up)?;
+    let settings = EgressSettings::for_upstream(&up)?;
     let proxy_url = format!(
         "http://{PROXY_USER}:{}@{PROXY_NAME}:3128",
         PROXY_PASSWORD.replace(':', "%3A")
     );
-    let cp = ControlPlane::start_with(&[
-        ("EGRESS_CA_CERT_FILE", cert.as_str()),
-        ("EGRESS_CA_KEY_FILE", key.as_str()),
-        ("EGRESS_UPSTREAM_CA_FILE", upstream_ca.as_str()),
-        ("EGRESS_ALLOWED_CIDRS", up.subnet.as_str()),
-        ("EGRESS_PROXY_NETWORK", up.network.as_str()),
-        ("EGRESS_PROXY_IMAGE", image.as_str()),
-        ("EGRESS_UPSTREAM_PROXY", proxy_url.as_str()),
-    ])
-    .await?;
+    let cp =
+        ControlPlane::start_with(&settings.env(&[("EGRESS_UPSTREAM_PROXY", proxy_url.as_str())]))
+            .await?;
     let s: Session = cp
         .session(json!({"base_image": DEBIAN, "egress": policy()}))
         .await?;

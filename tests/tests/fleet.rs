@@ -173,9 +173,7 @@ async fn sessions_spread_over_engines_work_on_each_and_leave_nothing() -> Result
         "fs read: {s} {b}"
     );
     let streamed = cp
-        .http()
-        .post(cp.url(&format!("/session/{remote}/")))
-        .header("X-API-Key", &cp.key)
+        .request(Method::POST, &format!("/session/{remote}/"))
         .header("Accept", "application/x-ndjson")
         .json(&json!({"commands": ["echo one; echo two"]}))
         .send()
@@ -239,31 +237,14 @@ async fn an_egress_session_on_a_remote_engine_has_its_gateway_there() -> Result<
     let all = e2e::fleet::up()?;
     // The upstream runs inside engine b, on a network of its own there, under made-up names.
     let up = RemoteUpstream::start("b")?;
-    let ca = e2e::egress::TestCa::new("daiv e2e egress CA")?;
     // Removed when the test ends, however it ends.
     let dir = tempfile::Builder::new()
         .prefix("daiv-e2e-fleet-egress-")
         .tempdir()?;
-    let (cert, key, upstream_ca) = (
-        dir.path().join("egress-ca.crt"),
-        dir.path().join("egress-ca.key"),
-        dir.path().join("upstream-ca.pem"),
-    );
-    std::fs::write(&cert, &ca.cert_pem)?;
-    std::fs::write(&key, &ca.key_pem)?;
-    std::fs::write(&upstream_ca, &up.ca.cert_pem)?;
+    let settings = e2e::egress::EgressSettings::on_network(dir.path(), &up.network)?
+        .with_upstream(dir.path(), &up.ca.cert_pem, &up.subnet)?;
     let file = EnginesFile::new(&[engine(&all, "b", json!({}))])?;
-    let image = e2e::egress::gateway_image();
-    let settings = [
-        ("EGRESS_CA_CERT_FILE", cert.display().to_string()),
-        ("EGRESS_CA_KEY_FILE", key.display().to_string()),
-        ("EGRESS_UPSTREAM_CA_FILE", upstream_ca.display().to_string()),
-        ("EGRESS_ALLOWED_CIDRS", up.subnet.clone()),
-        ("EGRESS_PROXY_NETWORK", up.network.clone()),
-        ("EGRESS_PROXY_IMAGE", image),
-    ];
-    let env: Vec<(&str, &str)> = settings.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let cp = start(&file, &env).await?;
+    let cp = start(&file, &settings.env(&[])).await?;
     let _guard = FleetGuard::new(&cp.deployment, &["b"]);
     wait_state(&cp, "b", "up", Duration::from_secs(15)).await?;
 
@@ -366,15 +347,11 @@ async fn a_dead_engine_is_routed_around_and_its_sessions_come_back_with_their_fi
     // A command in flight when b dies: its fate is unknown, so it is a 503, never a result.
     let busy = on_b[1].clone();
     let in_flight = {
-        let (base, key) = (cp.url(&format!("/session/{busy}/")), cp.key.clone());
-        let http = cp.http().clone();
+        let req = cp
+            .request(Method::POST, &format!("/session/{busy}/"))
+            .json(&json!({"commands": ["sleep 30"]}));
         tokio::spawn(async move {
-            let r = http
-                .post(base)
-                .header("X-API-Key", key)
-                .json(&json!({"commands": ["sleep 30"]}))
-                .send()
-                .await?;
+            let r = req.send().await?;
             let status = r.status().as_u16();
             anyhow::Ok((status, r.text().await?))
         })

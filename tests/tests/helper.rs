@@ -523,10 +523,7 @@ async fn deployments_are_isolated() -> Result<()> {
     let b = ControlPlane::start_with(&[("DEPLOYMENT", "e2e-b"), ("API_KEY", &a.key)]).await?;
     let s = a.session_of(BUSYBOX).await?;
     let as_b = |method: reqwest::Method, path: String, body: Option<Value>| {
-        let mut req = b
-            .http()
-            .request(method, b.url(&path))
-            .header("X-API-Key", &a.key);
+        let mut req = b.api().with_key(&a.key).request(method, &path);
         if let Some(body) = body {
             req = req.json(&body);
         }
@@ -562,12 +559,10 @@ async fn deployments_are_isolated() -> Result<()> {
 #[tokio::test]
 async fn a_disconnected_client_cancels_its_command() -> Result<()> {
     let (cp, s) = cp_and_session(BUSYBOX, &[]).await?;
-    let impatient = reqwest::Client::builder()
+    // Impatient: this request alone gives up after 1.5 s.
+    let gone = cp
+        .request(reqwest::Method::POST, &format!("/session/{}/", s.id))
         .timeout(std::time::Duration::from_millis(1500))
-        .build()?;
-    let gone = impatient
-        .post(cp.url(&format!("/session/{}/", s.id)))
-        .header("X-API-Key", &cp.key)
         .json(&json!({"commands": ["touch /workspace/tmp/started; sleep 900 & sleep 901"]}))
         .send()
         .await;

@@ -80,11 +80,9 @@ async fn the_image_serves_a_session_end_to_end() -> Result<()> {
     );
 
     let base = format!("http://127.0.0.1:{port}");
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(120))
-        .build()?;
+    let api = e2e::api::Client::new(&format!("{base}/api/v1"), &key)?;
     eventually("the image healthy", Duration::from_secs(30), || async {
-        let r = http.get(format!("{base}/-/health/")).send().await;
+        let r = api.http().get(format!("{base}/-/health/")).send().await;
         Ok(r.is_ok_and(|r| r.status().is_success()).then_some(()))
     })
     .await?;
@@ -92,41 +90,17 @@ async fn the_image_serves_a_session_end_to_end() -> Result<()> {
     let probe = docker(&["exec", &name, "/daiv-sandbox", "healthcheck"]);
     assert!(probe.is_ok(), "healthcheck subcommand failed: {probe:?}");
 
-    let api = format!("{base}/api/v1");
-    let created: Value = http
-        .post(format!("{api}/session/"))
-        .header("X-API-Key", &key)
-        .json(&json!({"base_image": BUSYBOX}))
-        .send()
+    let id = api
+        .create_session(json!({"base_image": BUSYBOX}))
         .await?
-        .error_for_status()?
-        .json()
-        .await?;
-    let id = created["session_id"]
-        .as_str()
-        .context("no session_id")?
-        .to_string();
+        .session_id;
     let _session = e2e::Session { id: id.clone() };
-    let ran: Value = http
-        .post(format!("{api}/session/{id}/"))
-        .header("X-API-Key", &key)
-        .json(&json!({"commands": ["echo from-the-image && id -u"]}))
-        .send()
-        .await?
-        .error_for_status()?
-        .json()
+    let ran = api
+        .run(&id, json!({"commands": ["echo from-the-image && id -u"]}))
         .await?;
-    assert_eq!(ran["results"][0]["exit_code"], 0, "{ran}");
-    assert_eq!(
-        ran["results"][0]["output"], "from-the-image\n1000\n",
-        "{ran}"
-    );
-    let closed = http
-        .delete(format!("{api}/session/{id}/?force=true"))
-        .header("X-API-Key", &key)
-        .send()
-        .await?;
-    assert_eq!(closed.status(), 204);
+    assert_eq!(ran.results[0].exit_code, 0, "{ran:?}");
+    assert_eq!(ran.results[0].output, "from-the-image\n1000\n", "{ran:?}");
+    assert_eq!(api.force_close(&id).await?, 204);
     assert!(e2e::inspect(&id).is_none(), "session container left behind");
     Ok(())
 }

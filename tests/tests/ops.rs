@@ -24,10 +24,10 @@ fn sample(text: &str, series: &str) -> Option<f64> {
 }
 
 async fn scrape(cp: &ControlPlane, key: Option<&str>) -> Result<(u16, String)> {
-    let mut req = cp.http().get(format!("{}/metrics", cp.base));
-    if let Some(k) = key {
-        req = req.header("X-API-Key", k);
-    }
+    let req = match key {
+        Some(k) => cp.root().with_key(k).request(Method::GET, "/metrics"),
+        None => cp.http().get(format!("{}/metrics", cp.base)),
+    };
     let resp = req.send().await?;
     Ok((resp.status().as_u16(), resp.text().await?))
 }
@@ -130,18 +130,10 @@ async fn metrics_count_sessions_commands_fs_ops_seeds_locks_and_engine_errors() 
 
     // Hold the session's lock with a slow command, then knock until a request gets 409.
     let slow = {
-        let (http, url, key) = (
-            cp.http().clone(),
-            cp.url(&format!("/session/{}/", s.id)),
-            cp.key.clone(),
-        );
-        tokio::spawn(async move {
-            http.post(url)
-                .header("X-API-Key", key)
-                .json(&json!({"commands": ["sleep 3"]}))
-                .send()
-                .await
-        })
+        let req = cp
+            .request(Method::POST, &format!("/session/{}/", s.id))
+            .json(&json!({"commands": ["sleep 3"]}));
+        tokio::spawn(async move { req.send().await })
     };
     let mut busy = 0;
     for _ in 0..100 {

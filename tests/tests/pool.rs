@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use e2e::egress::{TestCa, Upstream, gateway_image};
+use e2e::egress::{EgressSettings, Upstream, start_upstream};
 use e2e::{
     BUSYBOX, ControlPlane, DEBIAN, DeploymentGuard, Session, containers_with, docker, eventually,
     inspect, networks_with, require_image,
@@ -322,48 +322,21 @@ async fn pool_member_killed_behind_the_services_back_is_replaced() -> Result<()>
     Ok(())
 }
 
-struct EgressStack {
-    up: Upstream,
-    settings: Vec<(String, String)>,
-}
-
-fn egress_stack() -> Result<EgressStack> {
-    require_image(DEBIAN);
-    let image = gateway_image();
-    require_image(&image);
-    let up = Upstream::start(DEBIAN)?;
-    let ca = TestCa::new("daiv e2e pool egress CA")?;
-    let cert = up.dir().join("egress-ca.crt");
-    let key = up.dir().join("egress-ca.key");
-    std::fs::write(&cert, &ca.cert_pem)?;
-    std::fs::write(&key, &ca.key_pem)?;
-    let upstream_ca = up.ca_file()?;
-    let settings = vec![
-        ("EGRESS_CA_CERT_FILE", cert.display().to_string()),
-        ("EGRESS_CA_KEY_FILE", key.display().to_string()),
-        ("EGRESS_UPSTREAM_CA_FILE", upstream_ca.display().to_string()),
-        ("EGRESS_ALLOWED_CIDRS", up.subnet.clone()),
-        ("EGRESS_PROXY_NETWORK", up.network.clone()),
-        ("EGRESS_PROXY_IMAGE", image.clone()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect();
-    Ok(EgressStack { up, settings })
+/// The echo upstream and the egress settings pointing at it (the service is started by each test,
+/// with its own pool settings).
+fn egress_stack() -> Result<(Upstream, EgressSettings)> {
+    let up = start_upstream()?;
+    let settings = EgressSettings::for_upstream(&up)?;
+    Ok((up, settings))
 }
 
 #[tokio::test]
 async fn pool_egress_claim_enforces_the_requests_policy_and_secret_before_201() -> Result<()> {
-    let stack = egress_stack()?;
+    let (up, settings) = egress_stack()?;
     let dep = deployment("egress");
     let _guard = DeploymentGuard(dep.clone());
     let pooled = format!("{DEBIAN}=1");
-    let mut env: Vec<(&str, &str)> = stack
-        .settings
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    env.extend([
+    let env = settings.env(&[
         ("DEPLOYMENT", dep.as_str()),
         ("WARM_POOL_EGRESS", pooled.as_str()),
     ]);
@@ -402,7 +375,7 @@ async fn pool_egress_claim_enforces_the_requests_policy_and_secret_before_201() 
         out.starts_with("egress http://100."),
         "proxy settings must win: {out}"
     );
-    let seen = stack.up.requests()?;
+    let seen = up.requests()?;
     let allowed = seen
         .iter()
         .find(|r| r["path"] == json!("/allowed"))
@@ -426,17 +399,12 @@ async fn pool_egress_claim_enforces_the_requests_policy_and_secret_before_201() 
 #[tokio::test]
 async fn pool_force_deleting_every_session_leaves_the_pool_at_its_size_and_nothing_else()
 -> Result<()> {
-    let stack = egress_stack()?;
+    let (_up, settings) = egress_stack()?;
     let dep = deployment("leaks");
     let _guard = DeploymentGuard(dep.clone());
     let isolated = format!("{BUSYBOX}=2");
     let egress = format!("{DEBIAN}=1");
-    let mut env: Vec<(&str, &str)> = stack
-        .settings
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    env.extend([
+    let env = settings.env(&[
         ("DEPLOYMENT", dep.as_str()),
         ("WARM_POOL", isolated.as_str()),
         ("WARM_POOL_EGRESS", egress.as_str()),

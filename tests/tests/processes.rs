@@ -12,9 +12,7 @@ use serde_json::{Value, json};
 /// Posts a run with `Accept: application/x-ndjson`; returns the response (not yet read).
 async fn stream(cp: &ControlPlane, s: &Session, body: Value) -> Result<reqwest::Response> {
     let resp = cp
-        .http()
-        .post(cp.url(&format!("/session/{}/", s.id)))
-        .header("X-API-Key", &cp.key)
+        .request(Method::POST, &format!("/session/{}/", s.id))
         .header("Accept", "application/x-ndjson")
         .json(&body)
         .send()
@@ -211,12 +209,10 @@ async fn list(cp: &ControlPlane, s: &Session) -> Result<Vec<Value>> {
 
 async fn stdin(cp: &ControlPlane, s: &Session, pid: &str, data: &str, eof: bool) -> Result<u16> {
     let resp = cp
-        .http()
-        .post(cp.url(&format!(
-            "/session/{}/processes/{pid}/stdin?eof={eof}",
-            s.id
-        )))
-        .header("X-API-Key", &cp.key)
+        .request(
+            Method::POST,
+            &format!("/session/{}/processes/{pid}/stdin?eof={eof}", s.id),
+        )
         .body(data.to_string())
         .send()
         .await?;
@@ -471,11 +467,8 @@ async fn reads_and_polls_are_answered_while_a_long_command_runs() -> Result<()> 
     cp.sh(&s, "echo needle > /workspace/repo/a.txt").await?;
     let pid = start(&cp, &s, json!({"command": "echo bg; sleep 600"})).await?;
     let long = {
-        let url = cp.url(&format!("/session/{}/", s.id));
         let req = cp
-            .http()
-            .post(url)
-            .header("X-API-Key", &cp.key)
+            .request(Method::POST, &format!("/session/{}/", s.id))
             .json(&json!({"commands": ["sleep 8; echo slept"]}));
         tokio::spawn(async move { req.send().await?.json::<Value>().await })
     };
@@ -540,12 +533,7 @@ async fn the_reaper_keeps_a_session_with_a_live_process_and_removes_it_once_idle
         "reaped while its process ran"
     );
     let (_, metrics) = {
-        let resp = cp
-            .http()
-            .get(format!("{}/metrics", cp.base))
-            .header("X-API-Key", &cp.key)
-            .send()
-            .await?;
+        let resp = cp.root().request(Method::GET, "/metrics").send().await?;
         (resp.status(), resp.text().await?)
     };
     assert!(

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use base64::Engine as _;
-use e2e::egress::{TestCa, Upstream, egress_ca_files, gateway_of};
+use e2e::egress::{EgressSettings, TestCa, Upstream, gateway_of};
 use e2e::registry::PrivateRegistry;
 use e2e::{
     BUSYBOX, ControlPlane, DEBIAN, DeploymentGuard, containers_with, eventually, inspect,
@@ -217,22 +217,11 @@ async fn the_gateway_image_is_pulled_on_demand_with_the_credentials() -> Result<
     registry.push(GATEWAY_IMAGE, &gateway_image, ALICE)?;
     assert!(!PrivateRegistry::present_locally(&gateway_image));
     let up = Upstream::start(DEBIAN)?;
-    let (cert, key, upstream_ca) = egress_ca_files(&up)?;
+    let settings = EgressSettings::for_upstream(&up)?.set("EGRESS_PROXY_IMAGE", &gateway_image);
     let config = ClientConfig::new(&registry)?;
     config
         .write(json!({"auths": {registry.host(): {"auth": auth((ALICE.0, "wrong-password"))}}}))?;
-    let cp = start(
-        &[
-            ("EGRESS_CA_CERT_FILE", cert.as_str()),
-            ("EGRESS_CA_KEY_FILE", key.as_str()),
-            ("EGRESS_UPSTREAM_CA_FILE", upstream_ca.as_str()),
-            ("EGRESS_ALLOWED_CIDRS", up.subnet.as_str()),
-            ("EGRESS_PROXY_NETWORK", up.network.as_str()),
-            ("EGRESS_PROXY_IMAGE", gateway_image.as_str()),
-        ],
-        &config,
-    )
-    .await?;
+    let cp = start(&settings.env(&[]), &config).await?;
     let body = json!({
         "base_image": DEBIAN,
         "egress": {"policy": {"default": "deny", "rules": [

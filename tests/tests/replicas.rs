@@ -164,16 +164,10 @@ async fn replica_lock_of_a_killed_holder_expires_after_its_ttl() -> Result<()> {
     let key = lock_key(&s.id);
 
     // A long command on replica A, from a task of its own (A is killed under it).
-    let url = a.url(&format!("/session/{}/", s.id));
-    let api_key = a.key.clone();
-    let long = tokio::spawn(async move {
-        reqwest::Client::new()
-            .post(url)
-            .header("X-API-Key", api_key)
-            .json(&json!({"commands": ["sleep 60"]}))
-            .send()
-            .await
-    });
+    let req = a
+        .request(reqwest::Method::POST, &format!("/session/{}/", s.id))
+        .json(&json!({"commands": ["sleep 60"]}));
+    let long = tokio::spawn(async move { req.send().await });
     eventually(
         "replica A holds the lock",
         Duration::from_secs(10),

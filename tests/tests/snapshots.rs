@@ -15,7 +15,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use e2e::egress::{Upstream, egress_ca_files, gateway_image, gateway_of};
+use e2e::egress::{EgressSettings, Upstream, gateway_of, start_upstream};
 use e2e::workspace::{Member, seed, tar_of};
 use e2e::{
     BUSYBOX, ControlPlane, DEBIAN, DeploymentGuard, Session, containers_with, docker, eventually,
@@ -970,23 +970,9 @@ fn strict_policy(token: &str) -> Value {
 }
 
 async fn egress_service(test: &str) -> Result<(Upstream, Svc)> {
-    require_image(DEBIAN);
-    let image = gateway_image();
-    require_image(&image);
-    let up = Upstream::start(DEBIAN)?;
-    let (cert, key, upstream_ca) = egress_ca_files(&up)?;
-    let svc = service(
-        test,
-        &[
-            ("EGRESS_CA_CERT_FILE", cert.as_str()),
-            ("EGRESS_CA_KEY_FILE", key.as_str()),
-            ("EGRESS_UPSTREAM_CA_FILE", upstream_ca.as_str()),
-            ("EGRESS_ALLOWED_CIDRS", up.subnet.as_str()),
-            ("EGRESS_PROXY_NETWORK", up.network.as_str()),
-            ("EGRESS_PROXY_IMAGE", image.as_str()),
-        ],
-    )
-    .await?;
+    let up = start_upstream()?;
+    let settings = EgressSettings::for_upstream(&up)?;
+    let svc = service(test, &settings.env(&[])).await?;
     Ok((up, svc))
 }
 
@@ -1393,20 +1379,7 @@ async fn call_with_key(
     path: &str,
     body: Option<Value>,
 ) -> Result<(u16, Value)> {
-    let mut req = cp
-        .http()
-        .request(method, cp.url(path))
-        .header("X-API-Key", key);
-    if let Some(b) = body {
-        req = req.json(&b);
-    }
-    let resp = req.send().await?;
-    let status = resp.status().as_u16();
-    let bytes = resp.bytes().await?;
-    Ok((
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-    ))
+    cp.api().with_key(key).call(method, path, body).await
 }
 
 #[tokio::test]

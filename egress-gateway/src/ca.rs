@@ -14,7 +14,6 @@ use rustls::ServerConfig;
 use rustls::crypto::CryptoProvider;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use shared_policy::Host;
-use thiserror::Error;
 
 /// How many hosts' configs stay cached. One gateway serves one session, which talks to a handful
 /// of hosts; the bound only stops a hostile client from growing memory by asking for many names.
@@ -26,20 +25,7 @@ const LEAF_VALIDITY: time::Duration = time::Duration::days(7);
 /// `not_before` is backdated so that a client whose clock is a little behind still accepts it.
 const LEAF_BACKDATE: time::Duration = time::Duration::minutes(5);
 
-/// CA problems: loading the pair at startup, or minting a leaf.
-#[derive(Debug, Error)]
-#[non_exhaustive]
-pub enum CaError {
-    /// The CA certificate PEM is unusable.
-    #[error("CA certificate: {0}")]
-    Cert(String),
-    /// The CA key PEM is unusable (PKCS#8 ECDSA, Ed25519 or RSA expected).
-    #[error("CA key: {0}")]
-    Key(String),
-    /// rcgen or rustls refused to build a leaf.
-    #[error("minting a leaf: {0}")]
-    Mint(String),
-}
+pub use crate::error::CaError;
 
 /// The CA and its leaf cache.
 pub struct CertificateAuthority {

@@ -1,11 +1,27 @@
 //! The gateway's errors: [`ProxyError`] for one proxied exchange (mapped to a status in exactly
-//! one place, [`ProxyError::status`]), and [`ConfigError`] for startup.
+//! one place, [`ProxyError::status`]), [`ConfigError`] for startup, and [`CaError`] for the CA
+//! (loading its pair, minting a leaf), which both wrap.
 
 use std::path::PathBuf;
 
 use http::StatusCode;
 use shared_policy::Reason;
 use thiserror::Error;
+
+/// CA problems: loading the pair at startup, or minting a leaf.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum CaError {
+    /// The CA certificate PEM is unusable.
+    #[error("CA certificate: {0}")]
+    Cert(String),
+    /// The CA key PEM is unusable (PKCS#8 ECDSA, Ed25519 or RSA expected).
+    #[error("CA key: {0}")]
+    Key(String),
+    /// rcgen or rustls refused to build a leaf.
+    #[error("minting a leaf: {0}")]
+    Mint(String),
+}
 
 /// Why the gateway refused a request: the policy's reason, or one of the gateway's own checks.
 /// [`DenyCode::code`] is what the agent sees in `X-Egress-Denied` and the audit log records.
@@ -105,7 +121,7 @@ pub enum ProxyError {
     },
     /// Minting a leaf certificate failed: 500.
     #[error("certificate minting failed")]
-    Mint(#[from] crate::ca::CaError),
+    Mint(#[from] CaError),
     /// The client went away or broke the protocol: nobody to answer.
     #[error("client connection failed")]
     Client(#[source] Box<dyn std::error::Error + Send + Sync>),
@@ -162,7 +178,7 @@ pub enum ConfigError {
     },
     /// The CA certificate or key is unusable.
     #[error("CA: {0}")]
-    Ca(#[from] crate::ca::CaError),
+    Ca(#[from] CaError),
     /// The upstream CA bundle has no usable certificate.
     #[error("upstream CA bundle {path}: {reason}")]
     Bundle {
@@ -194,10 +210,7 @@ mod tests {
             ),
             (ProxyError::upstream("x"), Some(502)),
             (ProxyError::UpstreamTimeout { phase: "connect" }, Some(504)),
-            (
-                ProxyError::Mint(crate::ca::CaError::Mint("x".into())),
-                Some(500),
-            ),
+            (ProxyError::Mint(CaError::Mint("x".into())), Some(500)),
             (ProxyError::client("gone"), None),
         ];
         for (err, want) in cases {

@@ -21,7 +21,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tracing::{debug, warn};
 
-use crate::proxy::body::{Body, full};
+use crate::body::{Body, full};
 use crate::proxy::{Ctx, HEALTH_PATH, VERSION_HEADER, wants_json};
 
 /// Health connections served at once; more are closed at accept. Only processes inside the

@@ -9,12 +9,15 @@
 //! - [`ca`]: leaf certificates minted per host (rcgen), cached and bounded.
 //! - [`guard`]: own DNS resolution and the non-global address refusal (SSRF guard).
 //! - [`proxy`]: accept, CONNECT, tunnel, MITM, per-request handling, upstream client.
+//! - [`body`]: the one response body type, byte counting, the audit line written when a
+//!   streamed exchange ends (a leaf: the proxy, health and metrics answer with it).
 //! - [`audit`]: one JSON line per decision.
 //! - [`health`]: the health endpoint and the enforced policy's version, on a listener of its
 //!   own (loopback by default; never the proxy port the sandbox reaches).
 //! - [`metrics`]: Prometheus counters, served on a listener of their own (off by default).
 //! - [`cli`]: `policy check`, `policy explain`, `gen-ca`.
-//! - [`error`]: [`ProxyError`] (one `status()` mapping) and [`ConfigError`].
+//! - [`error`]: [`ProxyError`] (one `status()` mapping), [`ConfigError`] and the CA's
+//!   [`ca::CaError`].
 //!
 //! # Reason codes (`X-Egress-Denied` and the audit log)
 //! From the policy: `host-not-listed`, `method-not-allowed`, `path-not-allowed`,
@@ -25,6 +28,7 @@
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod audit;
+pub mod body;
 pub mod ca;
 pub mod cli;
 pub mod config;

@@ -27,9 +27,9 @@ use tokio::net::TcpListener;
 use tracing::{debug, warn};
 
 use crate::audit::{AuditRecord, AuditSink};
+use crate::body::{Body, full};
 use crate::ca::CertificateAuthority;
 use crate::policy_store::PolicyStore;
-use crate::proxy::body::{Body, full};
 
 /// The path scraped.
 pub const METRICS_PATH: &str = "/metrics";

@@ -10,7 +10,7 @@ use hyper_util::rt::TokioIo;
 use shared_policy::Host;
 use tracing::{Instrument, debug, info_span};
 
-use super::body::{Body, empty};
+use crate::body::{Body, empty};
 use super::request::Binding;
 use super::{ClientConn, Ctx, error_response, mitm, refuse, tunnel, upstream};
 use crate::audit::AuditRecord;

@@ -1,9 +1,9 @@
 //! The forward proxy, one phase per module, reading top to bottom like the protocol:
 //! [`serve`] accepts HTTP/1.1 on the listener, [`route`] splits CONNECT from absolute-form,
 //! [`connect`] decides reachability and opens a [`tunnel`] or a [`mitm`] session, and
-//! [`request`] handles every HTTP request the gateway can see.
+//! [`request`] handles every HTTP request the gateway can see. The bodies they answer with are
+//! [`crate::body`]'s.
 
-pub mod body;
 pub mod connect;
 pub mod io;
 pub mod mitm;
@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use self::body::Body;
+use crate::body::{self, Body};
 use self::io::{Activity, Metered};
 use self::request::Binding;
 use crate::audit::AuditSink;

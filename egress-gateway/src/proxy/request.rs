@@ -10,7 +10,7 @@ use hyper::body::Incoming;
 use shared_policy::{Host, Injection};
 use tokio::sync::watch;
 
-use super::body::{AuditedBody, Body, CountingBody, PendingAudit};
+use crate::body::{AuditedBody, Body, CountingBody, PendingAudit};
 use super::{Ctx, refuse, upstream};
 use crate::audit::AuditRecord;
 use crate::error::{DenyCode, ProxyError};
@@ -179,7 +179,7 @@ async fn forward(
         };
         ctx.tasks
             .spawn(splice.run(client_upgrade, upstream_upgrade, ctx.clone()));
-        return Ok(Response::from_parts(parts, super::body::empty()));
+        return Ok(Response::from_parts(parts, crate::body::empty()));
     }
 
     let (mut parts, body) = resp.into_parts();

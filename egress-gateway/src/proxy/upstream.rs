@@ -20,7 +20,7 @@ use rustls_pki_types::CertificateDer;
 use shared_policy::Host;
 use tokio::net::TcpStream;
 
-use super::body::CountingBody;
+use crate::body::CountingBody;
 use crate::error::ProxyError;
 use crate::guard::AddressGuard;
 

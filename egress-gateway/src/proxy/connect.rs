@@ -10,11 +10,11 @@ use hyper_util::rt::TokioIo;
 use shared_policy::Host;
 use tracing::{Instrument, debug, info_span};
 
-use crate::body::{Body, empty};
 use super::request::Binding;
 use super::{ClientConn, Ctx, error_response, mitm, refuse, tunnel, upstream};
 use crate::audit::AuditRecord;
-use crate::error::{DenyCode, ProxyError};
+use crate::body::{Body, empty};
+use crate::error::ProxyError;
 
 /// Handles a CONNECT request. The response is sent before the tunnel's work starts (hyper
 /// upgrades the connection once the 200 is written).
@@ -73,21 +73,11 @@ async fn open(
     // Subscribe before reading the policy, so a reload in between is not missed by the tunnel.
     let changes = ctx.policy.subscribe();
     let policy = ctx.policy.current();
-    record.policy_version = policy.version().map(str::to_owned);
     let mut decision = policy.decide_connect(&host);
-    record.reason = decision.reason.code();
-    record.rule = decision
-        .rule
-        .and_then(|i| policy.rule_host(i))
-        .map(str::to_owned);
-    if !decision.allowed {
-        let code = DenyCode::Policy(decision.reason);
-        if !(ctx.shadow_for(&policy) && super::shadowable(code)) {
-            return Err(ProxyError::Denied(code));
-        }
+    let (allowed, reason, rule) = (decision.allowed, decision.reason, decision.rule);
+    if !super::verdict(ctx, &policy, record, allowed, reason, rule)? {
         // Shadow mode: the tunnel opens, intercepted, so each request inside is evaluated and
         // audited on its own.
-        record.enforced = false;
         decision.intercept = true;
     }
     // Resolve and check now, before answering 200: the agent gets a 403 / 502 it can read instead

@@ -27,10 +27,10 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use crate::body::{self, Body};
 use self::io::{Activity, Metered};
 use self::request::Binding;
 use crate::audit::AuditSink;
+use crate::body::{self, Body};
 use crate::ca::CertificateAuthority;
 use crate::error::{DenyCode, ProxyError};
 use crate::guard::AddressGuard;
@@ -137,6 +137,45 @@ impl Ctx {
     pub fn plain_http(&self, host: &Host, port: u16) -> bool {
         self.plain_http.iter().any(|p| p.matches(host, port))
     }
+}
+
+/// The denial that stands when `policy` decides `allowed` for `reason`: none when it allows, or
+/// when it denies but only reports (shadow mode, for a policy decision).
+pub fn enforced_denial(
+    ctx: &Ctx,
+    policy: &shared_policy::Evaluator,
+    allowed: bool,
+    reason: shared_policy::Reason,
+) -> Option<DenyCode> {
+    let code = DenyCode::Policy(reason);
+    if allowed || (ctx.shadow_for(policy) && shadowable(code)) {
+        None
+    } else {
+        Some(code)
+    }
+}
+
+/// Writes the policy's verdict into `record` (its version, reason and rule) and says what
+/// becomes of the exchange: `Ok(true)` it may go on, `Ok(false)` it is denied but only reported
+/// (`record.enforced` is then false), `Err` the denial that stands.
+pub fn verdict(
+    ctx: &Ctx,
+    policy: &shared_policy::Evaluator,
+    record: &mut crate::audit::AuditRecord,
+    allowed: bool,
+    reason: shared_policy::Reason,
+    rule: Option<usize>,
+) -> Result<bool, ProxyError> {
+    record.policy_version = policy.version().map(str::to_owned);
+    record.reason = reason.code();
+    record.rule = rule.and_then(|i| policy.rule_host(i)).map(str::to_owned);
+    if let Some(code) = enforced_denial(ctx, policy, allowed, reason) {
+        return Err(ProxyError::Denied(code));
+    }
+    if !allowed {
+        record.enforced = false;
+    }
+    Ok(allowed)
 }
 
 /// Whether a denial with `code` may be let through in shadow mode: only the policy's own

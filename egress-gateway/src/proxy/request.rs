@@ -10,9 +10,9 @@ use hyper::body::Incoming;
 use shared_policy::{Host, Injection};
 use tokio::sync::watch;
 
-use crate::body::{AuditedBody, Body, CountingBody, PendingAudit};
 use super::{Ctx, refuse, upstream};
 use crate::audit::AuditRecord;
+use crate::body::{AuditedBody, Body, CountingBody, PendingAudit};
 use crate::error::{DenyCode, ProxyError};
 use http_body_util::BodyExt;
 
@@ -92,22 +92,12 @@ async fn forward(
     let changes = websocket.as_ref().map(|_| ctx.policy.subscribe());
     // Re-read per request: a tightened policy applies to connections that are already open.
     let policy = ctx.policy.current();
-    record.policy_version = policy.version().map(str::to_owned);
     let decision = policy.decide_http(&binding.host, req.method().as_str(), Some(req.uri().path()));
-    record.reason = decision.reason.code();
-    record.rule = decision
-        .rule
-        .and_then(|i| policy.rule_host(i))
-        .map(str::to_owned);
-    if !decision.allowed {
-        let code = DenyCode::Policy(decision.reason);
-        if !(ctx.shadow_for(&policy) && super::shadowable(code)) {
-            return Err(ProxyError::Denied(code));
-        }
+    let (allowed, reason, rule) = (decision.allowed, decision.reason, decision.rule);
+    if !super::verdict(ctx, &policy, record, allowed, reason, rule)? {
         // Shadow mode: recorded as the denial it would be, sent on without any credential (a
         // denied decision carries none).
         record.decision = "deny";
-        record.enforced = false;
     }
     // Credentials only travel inside TLS. Forwarding without the credential would surprise the
     // agent with a 401 from the upstream; refusing says why. The exception is the operator's
@@ -321,12 +311,10 @@ impl Splice {
         let policy = ctx.policy.current();
         let h = &self.handshake;
         let decision = policy.decide_http(&self.host, &h.method, Some(&h.path));
-        if !decision.allowed {
-            let code = DenyCode::Policy(decision.reason);
-            // Report-only: the exchange stays, without a credential (a denial carries none).
-            if !(ctx.shadow_for(&policy) && super::shadowable(code)) {
-                return Some(code);
-            }
+        // Report-only: the exchange stays, without a credential (a denial carries none).
+        if let Some(code) = super::enforced_denial(ctx, &policy, decision.allowed, decision.reason)
+        {
+            return Some(code);
         }
         (decision.inject != h.injected).then_some(DenyCode::CredentialChanged)
     }

@@ -148,14 +148,11 @@ where
 fn revoked(ctx: &Ctx, host: &Host) -> Option<DenyCode> {
     let policy = ctx.policy.current();
     let decision = policy.decide_connect(host);
-    if !decision.allowed
-        && ctx.shadow_for(&policy)
-        && super::shadowable(DenyCode::Policy(decision.reason))
-    {
+    if let Some(code) = super::enforced_denial(ctx, &policy, decision.allowed, decision.reason) {
+        Some(code)
+    } else if !decision.allowed {
         // Report-only: the tunnel stays; its closing line records the open.
         None
-    } else if !decision.allowed {
-        Some(DenyCode::Policy(decision.reason))
     } else if decision.intercept {
         Some(DenyCode::InterceptRequired)
     } else {

@@ -232,7 +232,7 @@ fn random_label(prefix: &str) -> String {
 }
 
 async fn dns_is_not_a_side_channel(runtime: &str) -> Result<()> {
-    let EgressStack { up, cp } = EgressStack::start_with(&[("RUNTIME", runtime)]).await?;
+    let EgressStack { up: _up, cp } = EgressStack::start_with(&[("RUNTIME", runtime)]).await?;
     let s = cp
         .session(json!({"base_image": DEBIAN, "egress": {"policy": {
             "default": "deny", "intercept": "all",

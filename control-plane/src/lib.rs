@@ -22,7 +22,9 @@
 //!    file).
 //! 10. **HTTP:** [`routes`] (handlers and the router), [`error`] (the one place a cause becomes
 //!     a status and `{"detail"}` body), [`auth`], [`admission`], [`openapi`].
-//! 11. **Composition:** [`state`] ([`AppState`] and [`app`]); `main.rs`.
+//! 11. **MCP:** [`mcp`] (the sandbox as MCP tools at `/mcp` and over stdio, through the same
+//!     domain calls as the routes).
+//! 12. **Composition:** [`state`] ([`AppState`] and [`app`]); `main.rs`.
 
 pub mod admission;
 pub mod api;
@@ -36,6 +38,7 @@ pub mod engine;
 pub mod error;
 pub mod fleet;
 pub mod ids;
+pub mod mcp;
 pub mod openapi;
 pub mod pool;
 pub mod processes;

@@ -121,5 +121,11 @@ impl FromRef<AppState> for Arc<Config> {
 
 /// The whole HTTP surface over `state`; tests drive it in-process with a fake engine.
 pub fn app(state: AppState) -> Router {
-    crate::routes::router(&state.config, &state.metrics, &state.admission).with_state(state)
+    crate::routes::router(&state.config, &state.metrics, &state.admission)
+        .merge(crate::mcp::router(
+            &state.config,
+            &state.fleet,
+            &state.admission,
+        ))
+        .with_state(state)
 }

@@ -28,6 +28,7 @@ const LAYERS: &[&[&str]] = &[
     &["workspace", "processes", "reaper"],
     &["fleet"],
     &["admission", "error", "auth", "openapi", "routes"],
+    &["mcp"],
     &["state"],
 ];
 

@@ -29,6 +29,7 @@ mod admission;
 mod coordination;
 mod egress;
 mod fleet;
+mod mcp;
 mod parse;
 mod pool;
 mod reaper;
@@ -45,6 +46,7 @@ pub use egress::{EgressCa, EgressConfig};
 pub use fleet::{
     Endpoint, EngineSpec, FleetConfig, TlsFiles, endpoint_kind, parse_engines, read_engines,
 };
+pub use mcp::McpConfig;
 pub use parse::{ProcessEnv, Source};
 pub use pool::PoolConfig;
 pub use reaper::ReaperConfig;
@@ -75,6 +77,8 @@ pub struct Config {
     pub admission: AdmissionConfig,
     pub snapshots: SnapshotConfig,
     pub fleet: FleetConfig,
+    /// The MCP endpoint (`/mcp`).
+    pub mcp: McpConfig,
 }
 
 /// Every invalid variable, one per line.
@@ -96,6 +100,7 @@ pub fn load(src: &dyn Source) -> Result<Config, ConfigError> {
     let admission = AdmissionConfig::load(&mut p);
     let snapshots = SnapshotConfig::load(&mut p);
     let fleet = FleetConfig::load(&mut p);
+    let mcp = McpConfig::load(&mut p);
 
     // Across groups: a warm egress session is a whole triad, so it needs the CA.
     if !pool.egress.is_empty() && egress.ca.is_none() {
@@ -117,6 +122,7 @@ pub fn load(src: &dyn Source) -> Result<Config, ConfigError> {
         admission,
         snapshots,
         fleet,
+        mcp,
     })
 }
 

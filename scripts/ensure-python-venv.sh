@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Make sure target/venv holds the Python packages of integration/python/requirements.txt (the
+# official MCP client the MCP end-to-end tests drive) and print the venv's python. Installs
+# python3-venv with apt-get when the interpreter cannot make a venv; packages come from PyPI
+# only. A venv whose recorded requirements match the file is left as it is.
+set -euo pipefail
+# shellcheck source=scripts/lib.sh
+. "$(dirname "$(readlink -f "$0")")/lib.sh"
+
+root=$(cd "$(dirname "$(readlink -f "$0")")/.." && pwd)
+req="$root/integration/python/requirements.txt"
+venv="${DAIV_PYTHON_VENV:-$root/target/venv}"
+stamp="$venv/.requirements"
+
+command -v python3 >/dev/null 2>&1 || apt_ensure python3
+if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
+    apt_ensure python3-venv
+fi
+if [ -x "$venv/bin/python" ] && [ -f "$stamp" ] && cmp -s "$req" "$stamp"; then
+    echo "$venv/bin/python"
+    exit 0
+fi
+rm -rf "$venv"
+run_quiet "python3 -m venv $venv" python3 -m venv "$venv"
+run_quiet "pip install -r $req" "$venv/bin/python" -m pip install -q --disable-pip-version-check \
+    -r "$req"
+cp "$req" "$stamp"
+echo "$venv/bin/python"

@@ -935,4 +935,22 @@ mod tests {
             .expect_err("unknown field");
         assert!(e.to_string().contains("pth"), "{e}");
     }
+
+    /// docs/api/mcp.md lists exactly the served tools, in order.
+    #[test]
+    fn the_documented_tool_list_is_the_served_one() {
+        let doc = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/api/mcp.md"));
+        let section = doc
+            .split("<!-- tools:")
+            .nth(1)
+            .and_then(|s| s.split("<!-- /tools -->").next())
+            .expect("the tools section");
+        let documented: Vec<&str> = section
+            .lines()
+            .filter_map(|l| l.strip_prefix("| `"))
+            .filter_map(|l| l.split('`').next())
+            .collect();
+        let served: Vec<&str> = list().iter().map(|t| t.name.as_ref()).collect();
+        assert_eq!(documented, served);
+    }
 }

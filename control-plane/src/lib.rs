@@ -20,8 +20,9 @@
 //!    processes, streaming runs), [`reaper`].
 //! 9. **The fleet:** [`fleet`] (one such stack per Docker engine, placement, health, the engines
 //!    file).
-//! 10. **HTTP:** [`routes`] (handlers and the router), [`error`] (the one place a cause becomes
-//!     a status and `{"detail"}` body), [`auth`], [`admission`], [`openapi`].
+//! 10. **HTTP:** [`routes`] (handlers, the router, and the OpenAPI document beside the routes it
+//!     lists), [`error`] (the one place a cause becomes a status and `{"detail"}` body),
+//!     [`auth`], [`admission`].
 //! 11. **MCP:** [`mcp`] (the sandbox as MCP tools at `/mcp` and over stdio, through the same
 //!     domain calls as the routes).
 //! 12. **Composition:** [`state`] ([`AppState`] and [`app`]); `main.rs`.
@@ -39,7 +40,6 @@ pub mod error;
 pub mod fleet;
 pub mod ids;
 pub mod mcp;
-pub mod openapi;
 pub mod pool;
 pub mod processes;
 pub mod reaper;

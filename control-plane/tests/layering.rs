@@ -1,11 +1,16 @@
 //! The house, drawn from the code's imports: no import cycle between the files of the control
-//! plane or of the egress gateway, and each of the control plane's top-level modules importing
-//! only from the layers below it (the table in `src/lib.rs`).
+//! plane or of the egress gateway, nor between their modules (two sibling modules importing from
+//! each other, whichever files do it), and each of the control plane's top-level modules
+//! importing only from the layers below it (the table in `src/lib.rs`).
 //!
 //! The graph is read with `syn` from the module tree under `lib.rs` (test-only modules left out):
-//! every path that starts with `crate`, `super` or `self`, in a `use` or anywhere in code, is an
-//! arrow to the file that defines the longest module prefix of it. A module reaching into its own
-//! children is structure, not an arrow.
+//! every path that starts with `crate`, `super` or `self`, in a `use`, anywhere in code, in a
+//! macro's body or in an attribute (`#[openapi(paths(crate::routes::meta::health))]`, a
+//! `#[utoipa::path(..., body = crate::error::ErrorBody)]`, `#[serde(with = "crate::x")]`), is an
+//! arrow to the file that defines the longest module prefix of it. A name the crate root
+//! re-exports (`crate::AppState` for `pub use state::{AppState, app}` in `lib.rs`) is an arrow to
+//! what it names: the root is no layer. A module reaching into its own children is structure,
+//! not an arrow.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -27,7 +32,7 @@ const LAYERS: &[&[&str]] = &[
     &["sessions"],
     &["workspace", "processes", "reaper"],
     &["fleet"],
-    &["admission", "error", "auth", "openapi", "routes"],
+    &["admission", "error", "auth", "routes"],
     &["mcp"],
     &["state"],
 ];
@@ -102,7 +107,8 @@ fn is_test_only(attrs: &[syn::Attribute]) -> bool {
 struct Refs<'a> {
     /// The module the visitor is in (inline modules push onto it).
     here: Vec<String>,
-    found: &'a mut Vec<Vec<String>>,
+    /// (the module a path is in, the path made absolute).
+    found: &'a mut Vec<(Vec<String>, Vec<String>)>,
 }
 
 impl Refs<'_> {
@@ -162,7 +168,7 @@ impl Refs<'_> {
 
     fn push(&mut self, segs: &[String]) {
         if let Some(abs) = self.absolute(segs) {
-            self.found.push(abs);
+            self.found.push((self.here.clone(), abs));
         }
     }
 }
@@ -205,13 +211,49 @@ impl<'ast> Visit<'ast> for Refs<'_> {
 
     fn visit_macro(&mut self, mac: &'ast syn::Macro) {
         // Macro bodies are tokens: read the `crate::…` paths in them too.
-        fn flat(stream: proc_macro2::TokenStream, out: &mut Vec<String>) {
+        self.tokens(mac.tokens.clone(), false);
+    }
+
+    fn visit_attribute(&mut self, attr: &'ast syn::Attribute) {
+        // Doc comments name items for rustdoc's links, not for the compiler.
+        if attr.path().is_ident("doc") {
+            return;
+        }
+        match &attr.meta {
+            // `#[openapi(paths(crate::routes::x::f))]`, `#[serde(with = "crate::x")]`: tokens,
+            // string literals included (serde's attributes name functions in strings).
+            syn::Meta::List(list) => self.tokens(list.tokens.clone(), true),
+            _ => syn::visit::visit_attribute(self, attr),
+        }
+    }
+}
+
+impl Refs<'_> {
+    /// The `crate::…`, `super::…` and `self::…` paths in a token stream; with `strings`, also
+    /// those spelled inside string literals.
+    fn tokens(&mut self, stream: proc_macro2::TokenStream, strings: bool) {
+        fn flat(stream: proc_macro2::TokenStream, strings: bool, out: &mut Vec<String>) {
             for t in stream {
                 match t {
                     proc_macro2::TokenTree::Group(g) => {
                         // A group ends any path before it.
                         out.push(String::new());
-                        flat(g.stream(), out);
+                        flat(g.stream(), strings, out);
+                        out.push(String::new());
+                    }
+                    proc_macro2::TokenTree::Literal(l) if strings => {
+                        out.push(String::new());
+                        let path = syn::parse_str::<syn::LitStr>(&l.to_string())
+                            .ok()
+                            .and_then(|s| syn::parse_str::<syn::Path>(&s.value()).ok());
+                        if let Some(path) = path {
+                            for (i, seg) in path.segments.iter().enumerate() {
+                                if i > 0 {
+                                    out.extend([":".to_string(), ":".to_string()]);
+                                }
+                                out.push(seg.ident.to_string());
+                            }
+                        }
                         out.push(String::new());
                     }
                     other => out.push(other.to_string()),
@@ -219,15 +261,17 @@ impl<'ast> Visit<'ast> for Refs<'_> {
             }
         }
         let mut tokens = Vec::new();
-        flat(mac.tokens.clone(), &mut tokens);
+        flat(stream, strings, &mut tokens);
         let mut i = 0;
         while i < tokens.len() {
-            if matches!(tokens[i].as_str(), "crate" | "super") {
+            let starts = matches!(tokens[i].as_str(), "crate" | "super" | "self")
+                && tokens.get(i + 1).is_some_and(|t| t == ":");
+            if starts {
                 let mut segs = vec![tokens[i].clone()];
                 let mut j = i + 1;
                 while tokens.get(j).is_some_and(|t| t == ":")
                     && tokens.get(j + 1).is_some_and(|t| t == ":")
-                    && tokens.get(j + 2).is_some()
+                    && tokens.get(j + 2).is_some_and(|t| !t.is_empty())
                 {
                     segs.push(tokens[j + 2].clone());
                     j += 3;
@@ -241,11 +285,98 @@ impl<'ast> Visit<'ast> for Refs<'_> {
     }
 }
 
+/// The names each module imports (`use a::b::C;` in module `m`: `m` + `C` → `a::b::C`), so a
+/// path through the crate root's re-exports resolves to what it names. Globs are left out.
+struct Uses<'a> {
+    here: Vec<String>,
+    modules: &'a BTreeSet<Vec<String>>,
+    found: &'a mut BTreeMap<Vec<String>, Vec<String>>,
+}
+
+impl Uses<'_> {
+    fn tree(&mut self, prefix: &mut Vec<String>, tree: &syn::UseTree) {
+        match tree {
+            syn::UseTree::Path(p) => {
+                prefix.push(p.ident.to_string());
+                self.tree(prefix, &p.tree);
+                prefix.pop();
+            }
+            syn::UseTree::Name(n) => self.name(prefix, &n.ident, &n.ident),
+            syn::UseTree::Rename(r) => self.name(prefix, &r.ident, &r.rename),
+            syn::UseTree::Glob(_) => {}
+            syn::UseTree::Group(g) => {
+                for t in &g.items {
+                    self.tree(prefix, t);
+                }
+            }
+        }
+    }
+
+    fn name(&mut self, prefix: &[String], ident: &syn::Ident, alias: &syn::Ident) {
+        let mut segs = prefix.to_vec();
+        if ident != "self" {
+            segs.push(ident.to_string());
+        }
+        let alias = if ident == "self" && alias == "self" {
+            match prefix.last() {
+                Some(last) => last.clone(),
+                None => return,
+            }
+        } else {
+            alias.to_string()
+        };
+        let mut found = Vec::new();
+        let mut refs = Refs {
+            here: self.here.clone(),
+            found: &mut found,
+        };
+        refs.push(&segs);
+        let target = match found.pop() {
+            Some((_, t)) => t,
+            // `use child::X;` (a path relative to this module, without `self::`).
+            None if segs.first().is_some_and(|f| {
+                let mut child = self.here.clone();
+                child.push(f.clone());
+                self.modules.contains(&child)
+            }) =>
+            {
+                let mut t = self.here.clone();
+                t.extend(segs);
+                t
+            }
+            None => return,
+        };
+        let mut key = self.here.clone();
+        key.push(alias);
+        if key != target {
+            self.found.insert(key, target);
+        }
+    }
+}
+
+impl<'ast> Visit<'ast> for Uses<'_> {
+    fn visit_item(&mut self, item: &'ast syn::Item) {
+        match item {
+            syn::Item::Use(u) if !is_test_only(&u.attrs) => self.tree(&mut Vec::new(), &u.tree),
+            syn::Item::Mod(m) if m.content.is_some() && !is_test_only(&m.attrs) => {
+                self.here.push(m.ident.to_string());
+                syn::visit::visit_item_mod(self, m);
+                self.here.pop();
+            }
+            // Only a module's own `use` items: not those inside functions.
+            _ => {}
+        }
+    }
+}
+
 /// File → files it imports, with each module resolved to the file that defines it.
 struct Graph {
     /// Module path → file.
     files: BTreeMap<Vec<String>, PathBuf>,
     edges: BTreeMap<PathBuf, BTreeSet<PathBuf>>,
+    /// Module → the sibling modules it imports from (what its own or its descendants' paths
+    /// reach in the sibling or below it).
+    siblings: BTreeMap<Vec<String>, BTreeSet<Vec<String>>>,
     /// Top-level module → top-level modules it imports.
     top: BTreeMap<String, BTreeSet<String>>,
 }
@@ -256,44 +387,89 @@ fn graph(src: &Path) -> Graph {
         .iter()
         .map(|m| (m.path.clone(), m.file.clone()))
         .collect();
-    let mut edges: BTreeMap<PathBuf, BTreeSet<PathBuf>> = BTreeMap::new();
-    let mut top: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for m in mods
+    let roots: Vec<&Module> = mods
         .iter()
         .filter(|m| files[&m.path] == m.file && is_file_root(m, &mods))
-    {
-        let ast = parse(&m.file);
+        .collect();
+    let asts: Vec<syn::File> = roots.iter().map(|m| parse(&m.file)).collect();
+
+    // What each module's `use` items name, for paths that go through them.
+    let names: BTreeSet<Vec<String>> = files.keys().cloned().collect();
+    let mut aliases = BTreeMap::new();
+    for (m, ast) in roots.iter().zip(&asts) {
+        Uses {
+            here: m.path.clone(),
+            modules: &names,
+            found: &mut aliases,
+        }
+        .visit_file(ast);
+    }
+    // The longest prefix of `target` that is a module, through the imports it passes.
+    let resolve = |mut target: Vec<String>| -> Option<Vec<String>> {
+        for _ in 0..16 {
+            let module = (0..=target.len())
+                .rev()
+                .map(|n| target[..n].to_vec())
+                .find(|p| files.contains_key(p))?;
+            // Only the crate root's: it is no layer, so what it passes on is the layer of what
+            // it names. A module's own re-exports are its interface, and count as it.
+            let Some(alias) = target
+                .get(module.len())
+                .filter(|_| module.is_empty())
+                .and_then(|next| aliases.get(&vec![next.clone()]))
+            else {
+                return Some(module);
+            };
+            let mut next = alias.clone();
+            next.extend(target[module.len() + 1..].iter().cloned());
+            target = next;
+        }
+        None
+    };
+
+    let mut edges: BTreeMap<PathBuf, BTreeSet<PathBuf>> = BTreeMap::new();
+    let mut siblings: BTreeMap<Vec<String>, BTreeSet<Vec<String>>> = BTreeMap::new();
+    let mut top: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (m, ast) in roots.iter().zip(&asts) {
         let mut found = Vec::new();
         Refs {
             here: m.path.clone(),
             found: &mut found,
         }
-        .visit_file(&ast);
-        for target in found {
-            // The longest prefix that is a module.
-            let Some(module) = (0..=target.len())
-                .rev()
-                .map(|n| &target[..n])
-                .find(|p| files.contains_key(*p))
-            else {
+        .visit_file(ast);
+        for (here, target) in found {
+            let Some(module) = resolve(target) else {
                 continue;
             };
             // Into one's own children (or itself) is structure, not an arrow.
-            if module.starts_with(&m.path) {
+            if module.starts_with(&m.path) || module.starts_with(&here) {
                 continue;
             }
-            let to = files[module].clone();
+            let to = files[&module].clone();
             if to != m.file {
                 edges.entry(m.file.clone()).or_default().insert(to);
             }
-            if let (Some(a), Some(b)) = (m.path.first(), module.first())
+            // The two siblings under the deepest module both are in.
+            let common = here.iter().zip(&module).take_while(|(a, b)| a == b).count();
+            if here.len() > common && module.len() > common {
+                siblings
+                    .entry(here[..=common].to_vec())
+                    .or_default()
+                    .insert(module[..=common].to_vec());
+            }
+            if let (Some(a), Some(b)) = (here.first(), module.first())
                 && a != b
             {
                 top.entry(a.clone()).or_default().insert(b.clone());
             }
         }
     }
-    Graph { files, edges, top }
+    Graph {
+        files,
+        edges,
+        siblings,
+        top,
+    }
 }
 
 /// The module whose file this is (not an inline module inside it).
@@ -303,19 +479,19 @@ fn is_file_root(m: &Module, mods: &[Module]) -> bool {
         .any(|o| o.file == m.file && o.path.len() < m.path.len())
 }
 
-/// Every cycle's files (strongly connected components of more than one file).
-fn cycles(g: &Graph) -> Vec<Vec<PathBuf>> {
+/// Every cycle's nodes (strongly connected components of more than one node).
+fn cycles<N: Ord + Clone>(edges: &BTreeMap<N, BTreeSet<N>>) -> Vec<Vec<N>> {
     // Tarjan's algorithm, small enough to write out.
-    struct T<'a> {
-        edges: &'a BTreeMap<PathBuf, BTreeSet<PathBuf>>,
-        index: BTreeMap<&'a PathBuf, usize>,
-        low: BTreeMap<&'a PathBuf, usize>,
-        stack: Vec<&'a PathBuf>,
-        on: BTreeSet<&'a PathBuf>,
-        out: Vec<Vec<PathBuf>>,
+    struct T<'a, N> {
+        edges: &'a BTreeMap<N, BTreeSet<N>>,
+        index: BTreeMap<&'a N, usize>,
+        low: BTreeMap<&'a N, usize>,
+        stack: Vec<&'a N>,
+        on: BTreeSet<&'a N>,
+        out: Vec<Vec<N>>,
     }
-    impl<'a> T<'a> {
-        fn go(&mut self, v: &'a PathBuf) {
+    impl<'a, N: Ord + Clone> T<'a, N> {
+        fn go(&mut self, v: &'a N) {
             let n = self.index.len();
             self.index.insert(v, n);
             self.low.insert(v, n);
@@ -350,15 +526,14 @@ fn cycles(g: &Graph) -> Vec<Vec<PathBuf>> {
         }
     }
     let mut t = T {
-        edges: &g.edges,
+        edges,
         index: BTreeMap::new(),
         low: BTreeMap::new(),
         stack: Vec::new(),
         on: BTreeSet::new(),
         out: Vec::new(),
     };
-    let nodes: BTreeSet<&PathBuf> = g.files.values().collect();
-    for v in nodes {
+    for v in edges.keys() {
         if !t.index.contains_key(v) {
             t.go(v);
         }
@@ -381,7 +556,7 @@ fn assert_acyclic(name: &str) -> Graph {
         "{name}: only {} modules found",
         g.files.len()
     );
-    let shown: Vec<Vec<String>> = cycles(&g)
+    let files: Vec<Vec<String>> = cycles(&g.edges)
         .into_iter()
         .map(|c| {
             c.iter()
@@ -389,7 +564,15 @@ fn assert_acyclic(name: &str) -> Graph {
                 .collect()
         })
         .collect();
-    assert!(shown.is_empty(), "{name}: import cycles: {shown:#?}");
+    assert!(files.is_empty(), "{name}: import cycles: {files:#?}");
+    let modules: Vec<Vec<String>> = cycles(&g.siblings)
+        .into_iter()
+        .map(|c| c.iter().map(|m| m.join("::")).collect())
+        .collect();
+    assert!(
+        modules.is_empty(),
+        "{name}: modules importing from each other: {modules:#?}"
+    );
     g
 }
 

@@ -236,7 +236,7 @@ async fn unknown_sessions_are_404_on_every_route() {
 /// filled in: `{session_id}` with `session`, `{process_id}` with an id no process has.
 fn every_operation(session: &str) -> Vec<(&'static str, String)> {
     use utoipa::OpenApi;
-    let doc = control_plane::openapi::ApiDoc::openapi();
+    let doc = control_plane::routes::openapi::ApiDoc::openapi();
     let mut ops = vec![
         ("GET", "/openapi.json".to_string()),
         ("GET", "/docs".to_string()),

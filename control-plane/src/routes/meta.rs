@@ -1,9 +1,7 @@
-//! Health, version and the OpenAPI document.
+//! Health and version (the OpenAPI document is [`super::openapi`]'s).
 
 use axum::Json;
 use axum::extract::State;
-use axum::response::IntoResponse;
-use utoipa::OpenApi;
 
 use std::sync::Arc;
 
@@ -44,12 +42,4 @@ pub async fn version() -> Json<VersionResponse> {
     Json(VersionResponse {
         version: crate::VERSION.to_string(),
     })
-}
-
-pub async fn openapi(State(fleet): State<Arc<Fleet>>) -> impl IntoResponse {
-    let mut doc = crate::openapi::ApiDoc::openapi();
-    doc.servers = Some(vec![utoipa::openapi::Server::new(
-        fleet.config().server.api_v1_str.clone(),
-    )]);
-    Json(doc)
 }

@@ -12,6 +12,7 @@ pub mod fs;
 pub mod meta;
 pub mod metrics;
 pub mod observe;
+pub mod openapi;
 pub mod processes;
 pub mod seed;
 pub mod session;
@@ -132,7 +133,7 @@ where
     let mut open = Router::new();
     open = both(open, "/-/health/", get(meta::health));
     open = both(open, "/-/version/", get(meta::version));
-    open = open.route("/openapi.json", get(meta::openapi));
+    open = open.route("/openapi.json", get(openapi::document));
     // Swagger UI at `/docs` (no trailing slash: it names `openapi.json` and its files relatively).
     let open = open.merge(docs::router());
 

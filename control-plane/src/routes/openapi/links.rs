@@ -592,7 +592,7 @@ mod tests {
     /// every process operation from a started process.
     #[test]
     fn every_session_route_is_linked_from_create() {
-        let doc = serde_json::to_value(crate::openapi::ApiDoc::openapi()).unwrap();
+        let doc = serde_json::to_value(crate::routes::openapi::ApiDoc::openapi()).unwrap();
         let paths = doc["paths"].as_object().unwrap();
         let links = |path: &str, method: &str, status: &str| {
             paths[path][method]["responses"][status]["links"]
@@ -638,7 +638,7 @@ mod tests {
     /// What API fuzzing found the document letting through: it now says what the service checks.
     #[test]
     fn the_document_states_the_services_bounds() {
-        let doc = serde_json::to_value(crate::openapi::ApiDoc::openapi()).unwrap();
+        let doc = serde_json::to_value(crate::routes::openapi::ApiDoc::openapi()).unwrap();
         let s = &doc["components"]["schemas"];
         let start = &s["StartSessionRequest"]["properties"];
         assert_eq!(start["base_image"]["maxLength"], 512);
@@ -669,7 +669,7 @@ mod tests {
     /// Links name operations by `operationId`, which is therefore unique (OpenAPI requires it).
     #[test]
     fn operation_ids_are_unique() {
-        let doc = serde_json::to_value(crate::openapi::ApiDoc::openapi()).unwrap();
+        let doc = serde_json::to_value(crate::routes::openapi::ApiDoc::openapi()).unwrap();
         let mut seen = std::collections::BTreeMap::new();
         for (path, item) in doc["paths"].as_object().unwrap() {
             for (method, op) in item.as_object().unwrap() {
@@ -685,7 +685,7 @@ mod tests {
     /// its first session.
     #[test]
     fn snapshots_and_forks_are_linked() {
-        let doc = serde_json::to_value(crate::openapi::ApiDoc::openapi()).unwrap();
+        let doc = serde_json::to_value(crate::routes::openapi::ApiDoc::openapi()).unwrap();
         let paths = &doc["paths"];
         let taken = &paths["/session/{session_id}/snapshot/"]["post"]["responses"]["201"]["links"];
         for id in ["get_snapshot", "delete_snapshot"] {
@@ -731,7 +731,7 @@ mod tests {
     #[test]
     fn a_create_names_an_image_or_a_snapshot() {
         use serde_json::{Value, json};
-        let doc = serde_json::to_value(crate::openapi::ApiDoc::openapi()).unwrap();
+        let doc = serde_json::to_value(crate::routes::openapi::ApiDoc::openapi()).unwrap();
         let start = &doc["components"]["schemas"]["StartSessionRequest"];
         let branches = start["anyOf"].as_array().unwrap();
         let matches = |body: &Value, branch: &Value| {
@@ -782,7 +782,7 @@ mod tests {
     /// What the snapshot and fork routes check, and what they may answer.
     #[test]
     fn the_document_states_the_snapshot_bounds() {
-        let doc = serde_json::to_value(crate::openapi::ApiDoc::openapi()).unwrap();
+        let doc = serde_json::to_value(crate::routes::openapi::ApiDoc::openapi()).unwrap();
         let s = &doc["components"]["schemas"];
         let fork = &s["ForkRequest"]["properties"];
         let config = crate::config::for_tests("k", &[]);
@@ -823,60 +823,6 @@ mod tests {
         assert_eq!(
             super::operation_ref("/session/{session_id}/", "get"),
             "#/paths/~1session~1{session_id}~1/get"
-        );
-    }
-}
-
-#[derive(utoipa::OpenApi)]
-#[openapi(
-    info(title = "DAIV Runtime Sandbox", description = "Run commands in isolated per-session containers."),
-    paths(
-        crate::routes::session::create,
-        crate::routes::session::run,
-        crate::routes::session::status,
-        crate::routes::session::close,
-        crate::routes::egress::refresh,
-        crate::routes::seed::seed,
-        crate::routes::fs::ls,
-        crate::routes::fs::read,
-        crate::routes::fs::grep,
-        crate::routes::fs::glob,
-        crate::routes::fs::write,
-        crate::routes::fs::edit,
-        crate::routes::fs::delete,
-        crate::routes::processes::start,
-        crate::routes::processes::list,
-        crate::routes::processes::poll,
-        crate::routes::processes::stdin,
-        crate::routes::processes::kill,
-        crate::routes::snapshots::take,
-        crate::routes::snapshots::list,
-        crate::routes::snapshots::get,
-        crate::routes::snapshots::delete,
-        crate::routes::snapshots::fork,
-        crate::routes::snapshots::pause,
-        crate::routes::engines::list,
-        crate::routes::meta::health,
-        crate::routes::meta::version,
-    ),
-    modifiers(&ApiKeyScheme, &SessionLinks),
-)]
-pub struct ApiDoc;
-
-/// `X-API-Key`, which the operations that need it name: the docs page's "Authorize" dialog
-/// asks for it and its description.
-struct ApiKeyScheme;
-
-impl utoipa::Modify for ApiKeyScheme {
-    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
-        use utoipa::openapi::security::{ApiKey, ApiKeyValue, SecurityScheme};
-        let components = openapi.components.get_or_insert_with(Default::default);
-        components.add_security_scheme(
-            "api_key",
-            SecurityScheme::ApiKey(ApiKey::Header(ApiKeyValue::with_description(
-                "X-API-Key",
-                "The service's key (`DAIV_SANDBOX_API_KEY`). Health and version need none.",
-            ))),
         );
     }
 }

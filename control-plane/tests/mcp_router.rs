@@ -1,0 +1,194 @@
+//! In-process tests of the MCP endpoint over the fake engine: the key check, the tool list, a
+//! turn through the tools (the same sessions the REST routes see), tool failures as results,
+//! bad arguments as protocol errors, the body bound and the DNS-rebinding guard.
+
+mod harness;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use control_plane::engine::fake::FakeEngine;
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+
+use harness::{Harness, IMAGE, KEY};
+
+/// A stateless JSON-RPC request to `/mcp`: the status and the answer's message.
+async fn rpc(h: &Harness, key: Option<&str>, body: Value) -> (StatusCode, Value) {
+    let mut req = Request::builder()
+        .method("POST")
+        .uri("/mcp")
+        .header("host", "127.0.0.1:8000")
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2025-06-18");
+    if let Some(k) = key {
+        req = req.header("authorization", format!("Bearer {k}"));
+    }
+    let resp = h
+        .send(req.body(Body::from(body.to_string())).expect("request"))
+        .await;
+    let status = resp.status();
+    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    // JSON, or the last `data:` event of an SSE stream.
+    let value = serde_json::from_str(&text).unwrap_or_else(|_| {
+        text.lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+            .next_back()
+            .unwrap_or(Value::String(text.clone()))
+    });
+    (status, value)
+}
+
+fn stateless() -> Harness {
+    Harness::new(FakeEngine::default(), &[("MCP_STATELESS", "true")])
+}
+
+async fn call(h: &Harness, tool: &str, args: Value) -> Value {
+    let (s, v) = rpc(
+        h,
+        Some(KEY),
+        json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+               "params": {"name": tool, "arguments": args}}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    v
+}
+
+#[tokio::test]
+async fn without_the_key_nothing_is_listed() {
+    let h = stateless();
+    let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"});
+    let (s, v) = rpc(&h, None, list.clone()).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED, "{v}");
+    assert!(!v.to_string().contains("session_create"));
+    let (s, v) = rpc(&h, Some("wrong"), list.clone()).await;
+    assert_eq!(s, StatusCode::FORBIDDEN, "{v}");
+    assert!(!v.to_string().contains("session_create"));
+    let (s, v) = rpc(&h, Some(KEY), list).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let names: Vec<&str> = v["result"]["tools"]
+        .as_array()
+        .expect("tools")
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert!(
+        names.contains(&"session_create") && names.contains(&"run"),
+        "{names:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_turn_through_the_tools_uses_the_rest_sessions() {
+    let h = stateless();
+    let v = call(&h, "session_create", json!({"image": IMAGE})).await;
+    assert_eq!(v["result"]["isError"], false, "{v}");
+    let id = v["result"]["structuredContent"]["session_id"]
+        .as_str()
+        .expect("session_id")
+        .to_string();
+    // The REST API sees the same session.
+    let (s, _) = h.api("GET", &format!("/session/{id}/"), None).await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    let v = call(
+        &h,
+        "write",
+        json!({"session_id": id, "path": "/workspace/repo/a.txt", "content": "hello mcp\n"}),
+    )
+    .await;
+    assert_eq!(v["result"]["isError"], false, "{v}");
+    let v = call(
+        &h,
+        "run",
+        json!({"session_id": id, "commands": ["cat a.txt", "exit 3"]}),
+    )
+    .await;
+    let results = &v["result"]["structuredContent"]["results"];
+    assert_eq!(results[0]["output"], "hello mcp\n", "{v}");
+    assert_eq!(results[1]["exit_code"], 3, "{v}");
+    let v = call(
+        &h,
+        "edit",
+        json!({"session_id": id, "path": "/workspace/repo/a.txt", "old": "hello", "new": "bye"}),
+    )
+    .await;
+    assert_eq!(v["result"]["structuredContent"]["occurrences"], 1, "{v}");
+    let v = call(&h, "grep", json!({"session_id": id, "pattern": "bye"})).await;
+    assert_eq!(
+        v["result"]["structuredContent"]["matches"][0]["path"], "/workspace/repo/a.txt",
+        "{v}"
+    );
+    // A second write of the same path is the tool's own failure, with the fs code.
+    let v = call(
+        &h,
+        "write",
+        json!({"session_id": id, "path": "/workspace/repo/a.txt", "content": "x"}),
+    )
+    .await;
+    assert_eq!(v["result"]["isError"], true, "{v}");
+    assert_eq!(
+        v["result"]["structuredContent"]["code"], "already_exists",
+        "{v}"
+    );
+    let v = call(&h, "session_close", json!({"session_id": id})).await;
+    assert_eq!(v["result"]["isError"], false, "{v}");
+    // Gone: not_found, with the way out.
+    let v = call(&h, "run", json!({"session_id": id, "commands": ["true"]})).await;
+    assert_eq!(v["result"]["isError"], true, "{v}");
+    assert_eq!(v["result"]["structuredContent"]["code"], "not_found", "{v}");
+    assert!(
+        v["result"]["structuredContent"]["remediation"]
+            .as_str()
+            .unwrap_or("")
+            .contains("session_create"),
+        "{v}"
+    );
+}
+
+#[tokio::test]
+async fn bad_arguments_and_unknown_tools_are_protocol_errors_naming_the_field() {
+    let h = stateless();
+    let v = call(&h, "run", json!({"session_id": "x", "commands": "ls"})).await;
+    assert_eq!(v["error"]["code"], -32602, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("commands"),
+        "{v}"
+    );
+    let v = call(&h, "no_such_tool", json!({})).await;
+    assert_eq!(v["error"]["code"], -32602, "{v}");
+}
+
+#[tokio::test]
+async fn an_oversized_body_is_413_and_a_foreign_host_is_refused() {
+    let h = Harness::new(
+        FakeEngine::default(),
+        &[("MCP_STATELESS", "true"), ("MCP_MAX_REQUEST_BYTES", "2048")],
+    );
+    let big = "x".repeat(4096);
+    let (s, _) = rpc(
+        &h,
+        Some(KEY),
+        json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+               "params": {"name": "ls", "arguments": {"session_id": big}}}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE);
+    let req = Request::builder()
+        .method("POST")
+        .uri("/mcp")
+        .header("host", "evil.test")
+        .header("x-api-key", KEY)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .body(Body::from(
+            json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}).to_string(),
+        ))
+        .expect("request");
+    assert_eq!(h.send(req).await.status(), StatusCode::FORBIDDEN);
+}

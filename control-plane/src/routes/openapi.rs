@@ -1,6 +1,6 @@
 //! The OpenAPI document (`GET {api}/openapi.json`): [`ApiDoc`], beside the routes it lists, and
 //! its post-processing ([`links`]: the links between operations and the bounds the type
-//! attributes cannot say)..
+//! attributes cannot say).
 
 pub mod links;
 

@@ -41,7 +41,9 @@ pub fn router<S: Clone + Send + Sync + 'static>(
     );
     let mcp = Router::new()
         .nest_service(PATH, service)
-        .layer(middleware::from_fn_with_state(config.clone(), guard));
+        // A route layer: merged into the API's router, a plain layer would also guard its
+        // fallback, and an unknown path would answer 401 instead of 404.
+        .route_layer(middleware::from_fn_with_state(config.clone(), guard));
     let prefix = &config.server.api_v1_str;
     if prefix.is_empty() {
         mcp

@@ -162,6 +162,37 @@ impl Admission {
         self.one(&self.creates).await
     }
 
+    /// Up to `want` more create slots, those free now (never waiting: a request already
+    /// holding one that waited for more could wait on another such request). A fork of
+    /// `count` holds its own slot and these, and builds that many at a time.
+    pub fn more_creates(&self, want: usize) -> (Slot, usize) {
+        let mut held = Vec::new();
+        while held.len() < want {
+            let Ok(permit) = self.creates.slots.clone().try_acquire_owned() else {
+                break;
+            };
+            let in_flight = self
+                .metrics
+                .admission_in_flight
+                .get_or_create_owned(&ClassLabels {
+                    class: self.creates.class.label(),
+                });
+            in_flight.inc();
+            held.push(Held {
+                _permit: permit,
+                in_flight,
+            });
+        }
+        let n = held.len();
+        (
+            Slot {
+                _held: held,
+                _ticket: None,
+            },
+            n,
+        )
+    }
+
     /// A slot for a seed.
     pub async fn seed(&self) -> Result<Slot, Refused> {
         self.one(&self.seeds).await

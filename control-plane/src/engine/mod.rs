@@ -416,8 +416,8 @@ pub trait ContainerEngine: Send + Sync + 'static {
     /// Makes `image` available locally, pulling it only when absent (with the registry
     /// credentials the engine's client config holds for it, see [`credentials`]). A failed pull
     /// leaves nothing behind. An image the engine holds counts only when `image` is one of its
-    /// own tags or digests ([`reference::names_image`]): an id or a prefix of one is a name to
-    /// pull, never another image. Answers the image as inspected.
+    /// own tags or digests ([`reference::names_image`]): a name that resolves by id (a prefix
+    /// of one) is an invalid reference, never another image. Answers the image as inspected.
     async fn ensure_image(&self, image: &str) -> Result<ImageInfo, EngineError>;
     /// Creates (and seeds the skeleton of) a container without starting it.
     async fn create(&self, spec: &ContainerSpec) -> Result<String, EngineError>;

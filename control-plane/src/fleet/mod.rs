@@ -693,27 +693,51 @@ impl Fleet {
         Ok(self.cell_of(id)?.sessions.clone())
     }
 
-    /// [`Fleet::at`] for an operation that makes new sessions there (a fork): 503 while the
-    /// engine is drained.
-    pub fn at_for_new(&self, id: &str) -> Result<Arc<Sessions>, SessionError> {
+    /// [`Fleet::at`] for an operation that makes `count` new sessions there (a fork): the
+    /// engine must be able to take them all, as placement would decide for a create.
+    pub fn at_for_new(&self, id: &str, count: u32) -> Result<Arc<Sessions>, SessionError> {
+        let need = self.need(None, count);
+        let cell = self.admit_at(id, &need)?;
+        cell.placed.fetch_add(count, Ordering::Relaxed);
+        Ok(cell.sessions.clone())
+    }
+
+    /// What a new session asks of an engine.
+    fn need(&self, memory: Option<i64>, count: u32) -> placement::Need<'_> {
+        placement::Need {
+            runtime: self.shared.config.sessions.runtime.as_str(),
+            memory: memory.and_then(|m| u64::try_from(m).ok()).unwrap_or(0),
+            count,
+        }
+    }
+
+    /// The cell holding `id` (a snapshot or a session to fork), if that engine can take what
+    /// `need` asks now: the checks (and the 503) of placement, on that engine alone.
+    fn admit_at(&self, id: &str, need: &placement::Need<'_>) -> Result<Arc<Cell>, SessionError> {
         let cell = self.cell_of(id)?;
-        if cell.spec().drain {
+        let reading = cell.reading();
+        if reading.spec.drain {
             return Err(SessionError::EngineDraining(cell.name()));
         }
-        Ok(cell.sessions.clone())
+        if !self.is_fleet() {
+            return Ok(cell);
+        }
+        match placement::refusal(&reading.view(true), need) {
+            None => Ok(cell),
+            Some(why) => {
+                let no = placement::NoEngine(vec![why]);
+                self.shared.metrics.placements_refused.inc();
+                tracing::warn!(reason = %no, "session refused: its engine cannot take it");
+                Err(SessionError::NoEngine(no.to_string()))
+            }
+        }
     }
 
     /// Creates a session where it should go: a snapshot's engine for a session from a
     /// snapshot, else an engine with a warm member for it, else where placement says.
     pub async fn create(&self, req: &StartSessionRequest) -> Result<String, SessionError> {
         let cell = match &req.snapshot_id {
-            Some(id) => {
-                let cell = self.cell_of(id)?;
-                if cell.spec().drain {
-                    return Err(SessionError::EngineDraining(cell.name()));
-                }
-                cell
-            }
+            Some(id) => self.admit_at(id, &self.need(req.memory_bytes, 1))?,
             None => self.place(req)?,
         };
         cell.placed.fetch_add(1, Ordering::Relaxed);
@@ -747,13 +771,7 @@ impl Fleet {
                 ..r.view(true)
             })
             .collect();
-        let need = placement::Need {
-            runtime: self.shared.config.sessions.runtime.as_str(),
-            memory: req
-                .memory_bytes
-                .and_then(|m| u64::try_from(m).ok())
-                .unwrap_or(0),
-        };
+        let need = self.need(req.memory_bytes, 1);
         match placement::place(&views, &need, &mut rand::rng()) {
             Ok(i) => Ok(cells[i].clone()),
             Err(no) => {
@@ -772,10 +790,7 @@ impl Fleet {
         // Capacity only (not the current counts): a spread that moved with every count would
         // retire members on one engine to build them on another.
         let views: Vec<placement::View<'_>> = readings.iter().map(|r| r.view(false)).collect();
-        let need = placement::Need {
-            runtime: self.shared.config.sessions.runtime.as_str(),
-            memory: 0,
-        };
+        let need = self.need(None, 1);
         let Some(first) = cells.first() else { return };
         for (key, size) in first.sessions.pool().configured().to_vec() {
             let shares: Vec<u32> = match &key.snapshot {

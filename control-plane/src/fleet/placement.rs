@@ -34,8 +34,10 @@ pub struct View<'a> {
 #[derive(Debug, Clone, Copy)]
 pub struct Need<'a> {
     pub runtime: &'a str,
-    /// The memory limit it will get (counted against `memory_bytes`).
+    /// The memory limit each will get (counted against `memory_bytes`).
     pub memory: u64,
+    /// How many sessions at once (a fork's `count`; 1 for a create).
+    pub count: u32,
 }
 
 /// Why no engine could take the session, engine by engine (for the 503's detail).
@@ -48,8 +50,8 @@ impl std::fmt::Display for NoEngine {
     }
 }
 
-/// Why `v` cannot take the session, if it cannot.
-fn refusal(v: &View<'_>, need: &Need<'_>) -> Option<String> {
+/// Why `v` cannot take the session (or `need.count` of them), if it cannot.
+pub fn refusal(v: &View<'_>, need: &Need<'_>) -> Option<String> {
     let name = v.name;
     if !v.up {
         return Some(format!("{name} is down"));
@@ -65,7 +67,7 @@ fn refusal(v: &View<'_>, need: &Need<'_>) -> Option<String> {
         Some(_) => {}
     }
     if let Some(max) = v.max_sessions
-        && v.sessions >= max
+        && v.sessions.saturating_add(need.count.max(1)) > max
     {
         return Some(format!(
             "{name} is at capacity ({}/{max} sessions)",
@@ -73,7 +75,9 @@ fn refusal(v: &View<'_>, need: &Need<'_>) -> Option<String> {
         ));
     }
     if let Some(total) = v.memory_bytes
-        && v.memory_used.saturating_add(need.memory) > total
+        && v.memory_used
+            .saturating_add(need.memory.saturating_mul(u64::from(need.count.max(1))))
+            > total
     {
         return Some(format!("{name} is at capacity (memory)"));
     }
@@ -175,6 +179,7 @@ mod tests {
     const NEED: Need<'static> = Need {
         runtime: "runc",
         memory: 0,
+        count: 1,
     };
 
     fn rng() -> rand::rngs::StdRng {
@@ -215,10 +220,30 @@ mod tests {
         let need = Need {
             runtime: "runc",
             memory: 500,
+            count: 1,
         };
         assert!(place(&[v.clone()], &need, &mut rng()).is_err());
         v.memory_used = 500;
         assert_eq!(place(&[v], &need, &mut rng()), Ok(0));
+    }
+
+    #[test]
+    fn several_sessions_at_once_must_all_fit() {
+        let v = view("a", 1, Some(4));
+        let need = |count| Need {
+            runtime: "runc",
+            memory: 100,
+            count,
+        };
+        assert_eq!(refusal(&v, &need(3)), None);
+        assert_eq!(
+            refusal(&v, &need(4)).as_deref(),
+            Some("a is at capacity (1/4 sessions)")
+        );
+        let mut m = view("b", 0, None);
+        m.memory_bytes = Some(1000);
+        assert_eq!(refusal(&m, &need(10)), None);
+        assert!(refusal(&m, &need(11)).is_some());
     }
 
     #[test]

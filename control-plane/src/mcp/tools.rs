@@ -727,7 +727,7 @@ impl Tools {
     }
 
     async fn fork(&self, a: ForkArgs) -> Result<Answer, ToolFailure> {
-        let sessions = self.fleet.at_for_new(&a.session_id)?;
+        let sessions = self.fleet.at_for_new(&a.session_id, a.count)?;
         let cap = sessions.config().snapshots.fork_max;
         if !(1..=cap).contains(&a.count) {
             return Err(SessionError::ForkCount(cap).into());
@@ -738,8 +738,13 @@ impl Tools {
             }
         }
         let _slot = self.admission.create().await?;
+        let (_more, more) = self
+            .admission
+            .more_creates(a.count.saturating_sub(1) as usize);
         let _held = sessions.lock(&a.session_id).await?;
-        let session_ids = sessions.fork(&a.session_id, a.count, a.environment).await?;
+        let session_ids = sessions
+            .fork(&a.session_id, a.count, a.environment, 1 + more)
+            .await?;
         for fork in &session_ids {
             sessions.activity().touch(fork).await;
         }

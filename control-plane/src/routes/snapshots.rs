@@ -7,6 +7,7 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 
+use crate::admission::Admission;
 use crate::api::{
     ForkRequest, ForkResponse, SnapshotCreated, SnapshotInfo, SnapshotList, SnapshotRequest,
 };
@@ -123,18 +124,24 @@ pub async fn delete(
         (status = 503, body = ErrorBody)))]
 pub async fn fork(
     State(fleet): State<Arc<Fleet>>,
+    State(admission): State<Arc<Admission>>,
     Path(id): Path<String>,
     ApiJson(body): ApiJson<serde_json::Value>,
 ) -> Result<(StatusCode, Json<ForkResponse>), ApiError> {
-    let sessions = fleet.at_for_new(&id)?;
+    fleet.cell_of(&id)?;
     let req: ForkRequest = object(body)?;
-    let cap = sessions.config().snapshots.fork_max;
+    let cap = fleet.config().snapshots.fork_max;
     if !(1..=cap).contains(&req.count) {
         return Err(crate::sessions::SessionError::ForkCount(cap).into());
     }
     check_environment(req.environment.as_ref())?;
+    let sessions = fleet.at_for_new(&id, req.count)?;
+    // The route's layer holds one create slot; the other builds take those free now.
+    let (_more, more) = admission.more_creates(req.count.saturating_sub(1) as usize);
     let _held = sessions.lock(&id).await?;
-    let session_ids = sessions.fork(&id, req.count, req.environment).await?;
+    let session_ids = sessions
+        .fork(&id, req.count, req.environment, 1 + more)
+        .await?;
     for fork in &session_ids {
         sessions.activity().touch(fork).await;
     }

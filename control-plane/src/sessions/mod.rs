@@ -15,6 +15,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
+
 use crate::api::{RunRequest, RunResponse, StartSessionRequest};
 use crate::config::Config;
 use crate::coordination::activity::{self, SessionActivity};
@@ -213,6 +215,7 @@ impl Sessions {
         id: &str,
         count: u32,
         environment: Option<std::collections::BTreeMap<String, String>>,
+        parallel: usize,
     ) -> Result<Vec<String>, SessionError> {
         let cap = self.config().snapshots.fork_max;
         if !(1..=cap).contains(&count) {
@@ -244,8 +247,12 @@ impl Sessions {
             cpus: info.nano_cpus.map(|n| n as f64 / 1e9),
             egress: None,
         };
+        // As many at a time as the request holds create slots for (see `Admission`).
         let builds = (0..count).map(|_| self.build(&req, policy.as_ref(), Some(&snapshot)));
-        let results = futures::future::join_all(builds).await;
+        let results: Vec<_> = futures::stream::iter(builds)
+            .buffer_unordered(parallel.max(1))
+            .collect()
+            .await;
         let (made, failed): (Vec<_>, Vec<_>) = results.into_iter().partition(Result::is_ok);
         let made: Vec<String> = made.into_iter().filter_map(Result::ok).collect();
         if let Some(Err(e)) = failed.into_iter().next() {

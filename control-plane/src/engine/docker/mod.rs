@@ -277,8 +277,17 @@ impl ContainerEngine for DockerEngine {
     async fn ensure_image(&self, image: &str) -> Result<ImageInfo, EngineError> {
         match self.inspect_image(image).await {
             Ok(found) if names_image(image, &found) => return Ok(found),
-            // Held under another name, or an id (prefix) Docker resolved: not this reference.
-            Ok(_) | Err(EngineError::NotFound) => {}
+            // Only a name of hex digits can resolve by id: a prefix of an id the engine holds
+            // (another deployment's snapshot, say). Refused as such, and never pulled: its
+            // repository would be Docker Hub's.
+            Ok(_) => {
+                return Err(EngineError::ImageUnavailable {
+                    image: image.to_string(),
+                    failure: PullFailure::InvalidReference,
+                    reason: "the name resolves to an image by its id, not by a tag".into(),
+                });
+            }
+            Err(EngineError::NotFound) => {}
             Err(other) => return Err(other),
         }
         let registry = Registry::of_image(image);

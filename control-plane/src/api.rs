@@ -173,6 +173,27 @@ pub struct StdinQuery {
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct HealthResponse {
     pub status: String,
+    /// Beyond the reference: what the start-up probe found of the sandboxes' runtime, by
+    /// runtime (`runsc`); absent when none was probed (runc).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub runtime: BTreeMap<String, RuntimeSoundness>,
+}
+
+/// Whether the commands agents run work under a runtime, as its start-up probe found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct RuntimeSoundness {
+    /// `true`: `ls` and `stat` worked; `false`: they failed (see `reason`); `null`: not known
+    /// (the probe is running, could not run, or had no image).
+    pub sound: Option<bool>,
+    /// Why it is not sound, or not known; absent when sound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The probe's commands that failed (`ls`, `stat`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failing: Vec<String>,
+    /// The image it probed with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]

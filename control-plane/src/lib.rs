@@ -25,7 +25,8 @@
 //!     [`auth`], [`admission`].
 //! 11. **MCP:** [`mcp`] (the sandbox as MCP tools at `/mcp` and over stdio, through the same
 //!     domain calls as the routes).
-//! 12. **Composition:** [`state`] ([`AppState`] and [`app`]); `main.rs`.
+//! 12. **Composition:** [`state`] ([`AppState`] and [`app`]), [`serve`] (the service's life from
+//!     settings and a listener to shutdown); `main.rs`.
 
 pub mod admission;
 pub mod api;
@@ -47,6 +48,7 @@ pub mod routes;
 pub mod runtime;
 pub mod sandbox;
 pub mod secret;
+pub mod serve;
 pub mod sessions;
 pub mod snapshots;
 pub mod state;

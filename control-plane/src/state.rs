@@ -16,6 +16,7 @@ use crate::runtime::helper_binary;
 use crate::sessions::Sessions;
 use crate::telemetry::engine::MeteredEngine;
 use crate::telemetry::metrics::Metrics;
+use crate::telemetry::runtime_probe::RuntimeHealth;
 
 /// Everything a request or a background task reaches, built once.
 #[derive(Clone)]
@@ -28,6 +29,8 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// The slots of the create, seed and fs routes.
     pub admission: Arc<Admission>,
+    /// What the start-up probes found of the sandboxes' runtime (see `serve`).
+    pub runtime: Arc<RuntimeHealth>,
 }
 
 impl AppState {
@@ -93,6 +96,7 @@ impl AppState {
             .expect("a fleet has at least one engine");
         Self {
             admission: Arc::new(Admission::new(&config.admission, metrics.clone())),
+            runtime: Arc::new(RuntimeHealth::new(&metrics)),
             config,
             fleet,
             sessions,
@@ -110,6 +114,18 @@ impl FromRef<AppState> for Arc<Fleet> {
 impl FromRef<AppState> for Arc<Sessions> {
     fn from_ref(state: &AppState) -> Self {
         state.sessions.clone()
+    }
+}
+
+impl FromRef<AppState> for Arc<RuntimeHealth> {
+    fn from_ref(state: &AppState) -> Self {
+        state.runtime.clone()
+    }
+}
+
+impl FromRef<AppState> for Arc<Admission> {
+    fn from_ref(state: &AppState) -> Self {
+        state.admission.clone()
     }
 }
 

@@ -34,7 +34,7 @@ const LAYERS: &[&[&str]] = &[
     &["fleet"],
     &["admission", "error", "auth", "routes"],
     &["mcp"],
-    &["state"],
+    &["state", "serve"],
 ];
 
 /// A module path (`["pool", "refill"]`) and the file that holds it.

@@ -61,6 +61,10 @@ pub const DEFAULT_HELPER_UID: u32 = 65533;
 #[derive(Debug, Clone)]
 pub struct SessionsConfig {
     pub runtime: Runtime,
+    /// The image the start-up probe of `runsc` runs `ls` and `stat` in
+    /// (`RUNTIME_PROBE_IMAGE`); unset = the first warm-pool image (see
+    /// `telemetry::runtime_probe`).
+    pub runtime_probe_image: Option<String>,
     pub run_uid: u32,
     pub run_gid: u32,
     /// The uid (and gid) the in-sandbox helper takes for itself (`HELPER_UID`): one commands do
@@ -113,6 +117,9 @@ impl SessionsConfig {
             );
         }
         let network = p.get("NETWORK");
+        let runtime_probe_image = p
+            .get("RUNTIME_PROBE_IMAGE")
+            .filter(|i| !i.trim().is_empty());
 
         let fs_prune_dirs: Vec<String> = match p.get("FS_PRUNE_DIRS") {
             Some(raw) => raw
@@ -179,6 +186,7 @@ impl SessionsConfig {
 
         Self {
             runtime,
+            runtime_probe_image,
             run_uid,
             run_gid,
             helper_uid,

@@ -10,11 +10,17 @@ use crate::engine::EngineError;
 use crate::error::ApiError;
 use crate::fleet::Fleet;
 use crate::sessions::SessionError;
+use crate::telemetry::runtime_probe::RuntimeHealth;
 
 /// Healthcheck: 200 while Docker answers (in a fleet: while an engine is up), 503 otherwise.
+/// Under `runsc`, `runtime` says whether the start-up probe found `ls` and `stat` working: an
+/// unsound runtime is a warning to operators, not a failed check.
 #[utoipa::path(get, path = "/-/health/", tag = "meta",
     responses((status = 200, body = HealthResponse), (status = 503, body = crate::error::ErrorBody)))]
-pub async fn health(State(fleet): State<Arc<Fleet>>) -> Result<Json<HealthResponse>, ApiError> {
+pub async fn health(
+    State(fleet): State<Arc<Fleet>>,
+    State(runtime): State<Arc<RuntimeHealth>>,
+) -> Result<Json<HealthResponse>, ApiError> {
     let cells = fleet.cells();
     if fleet.is_fleet() {
         // The health checks already ping every engine each second.
@@ -33,6 +39,7 @@ pub async fn health(State(fleet): State<Arc<Fleet>>) -> Result<Json<HealthRespon
     }
     Ok(Json(HealthResponse {
         status: "ok".to_string(),
+        runtime: runtime.report(),
     }))
 }
 

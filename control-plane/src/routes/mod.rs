@@ -44,6 +44,8 @@ where
     S: Clone + Send + Sync + 'static,
     Arc<Fleet>: FromRef<S>,
     Arc<Config>: FromRef<S>,
+    Arc<Admission>: FromRef<S>,
+    Arc<crate::telemetry::runtime_probe::RuntimeHealth>: FromRef<S>,
 {
     // Inside the key check (a route layer added below): a request without the key never takes a
     // slot.

@@ -139,6 +139,12 @@ pub struct RefusedLabels {
     pub reason: &'static str,
 }
 
+/// `runtime_sound`: the sandboxes' OCI runtime (`runsc`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RuntimeLabels {
+    pub runtime: &'static str,
+}
+
 /// `sessions` (at scrape time).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateLabels {
@@ -209,6 +215,9 @@ pub struct Metrics {
     /// Snapshots of this deployment and the bytes they hold, as the reaper last counted them.
     pub snapshots_held: Gauge,
     pub snapshot_bytes: Gauge,
+    /// 1 when the runtime's start-up probe found `ls` and `stat` working, 0 when they failed;
+    /// absent while not known (see `telemetry::runtime_probe`).
+    pub runtime_sound: Family<RuntimeLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -254,6 +263,7 @@ impl Default for Metrics {
             pauses: Counter::default(),
             snapshots_held: Gauge::default(),
             snapshot_bytes: Gauge::default(),
+            runtime_sound: Family::default(),
         };
         // Names go in without the prefix, and counters without `_total`: the encoder adds both.
         // It also ends each help text with a period.
@@ -394,6 +404,11 @@ impl Default for Metrics {
             "snapshot_bytes",
             "Bytes held by this deployment's snapshots, as the reaper last counted them",
             m.snapshot_bytes.clone(),
+        );
+        r.register(
+            "runtime_sound",
+            "Whether the start-up probe found ls and stat working under the sandboxes' runtime (1) or failing (0)",
+            m.runtime_sound.clone(),
         );
         r.register(
             "pool_size",

@@ -4,12 +4,14 @@
 //! - [`metrics`]: the Prometheus registry on `prometheus-client`, in the text format.
 //! - [`engine`]: [`engine::MeteredEngine`], counting and timing every container-engine call.
 //! - [`probe`]: the `healthcheck` subcommand the container image runs.
+//! - [`runtime_probe`]: the start-up probe of the sandboxes' runtime (`runsc`).
 //! - [`reporting`]: Sentry options and which log events become Sentry events.
 
 pub mod engine;
 pub mod metrics;
 pub mod probe;
 pub mod reporting;
+pub mod runtime_probe;
 
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::Layer as _;

@@ -1,0 +1,164 @@
+//! The service's life: from validated settings and a bound listener to serving until `shutdown`
+//! resolves, then winding down. `main` only parses the settings, binds and calls [`serve`].
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+
+use crate::config::{Config, Runtime};
+use crate::coordination::Coordination;
+use crate::engine::credentials::CredentialStore;
+use crate::engine::docker::DockerEngine;
+use crate::state::{AppState, app};
+use crate::telemetry::runtime_probe::{self, PROBE_TIMEOUT, RuntimeHealth, Verdict};
+
+/// A start-up failure the operator must fix before the service can run (exit code 2, as for
+/// invalid settings), as opposed to the engine or the listener failing.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct SetupError(pub String);
+
+/// How often a probe waiting for its engine (a fleet's, down at start-up) looks again.
+const ENGINE_UP_POLL: Duration = Duration::from_secs(1);
+/// How long shutting down waits for a probe still running.
+const PROBE_SHUTDOWN_WAIT: Duration = Duration::from_secs(10);
+
+/// Connects to the engine (or the fleet's engines) and Redis when set, starts the background
+/// work (reapers, warm-pool refills, a fleet's health checks, the runtime probe) and serves the
+/// API on `listener` until `shutdown` resolves; then builds in flight finish.
+pub async fn serve<L>(
+    config: Arc<Config>,
+    listener: L,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()>
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
+    // Pulls authenticate as the Docker CLI of this process would (DOCKER_CONFIG, else
+    // $HOME/.docker/config.json), read again at every pull.
+    let credentials = CredentialStore::from_env();
+    match credentials.path() {
+        Some(path) => {
+            tracing::info!(path = %path.display(), present = path.is_file(), "registry credentials: Docker client config")
+        }
+        None => {
+            tracing::info!("registry credentials: none (neither DOCKER_CONFIG nor HOME is set)")
+        }
+    }
+    // With REDIS_URL, locks and activity share one lazy connection: the service starts while
+    // Redis is down and answers 503 until it is back.
+    let coordination = Coordination::from_config(&config).context("DAIV_SANDBOX_REDIS_URL")?;
+    let state = if config.fleet.engines_file.is_some() {
+        // A fleet's engines are connected in the background: one that is down at start-up is
+        // marked down and joins when it answers.
+        tracing::info!(
+            engines = config.fleet.engines.len(),
+            "fleet: engines from DAIV_SANDBOX_ENGINES_FILE"
+        );
+        AppState::with_fleet(
+            config.clone(),
+            coordination.locks,
+            coordination.activity,
+            credentials,
+        )
+    } else {
+        let engine = DockerEngine::connect(credentials)
+            .await
+            .context("cannot reach the Docker engine (is dockerd running? DOCKER_HOST?)")?;
+        AppState::with_coordination(
+            config.clone(),
+            Arc::new(engine),
+            coordination.locks,
+            coordination.activity,
+        )
+    };
+    // Every sandbox gets the helper; without it no session could run a command. The state read
+    // it once; only a failure reads again, to say why.
+    if !state.sessions.has_helper() {
+        let why = crate::runtime::helper_binary(config.sessions.helper_bin.as_deref())
+            .err()
+            .unwrap_or_else(|| "the session helper could not be read".to_string());
+        return Err(SetupError(why).into());
+    }
+    // Each engine's reaper and warm-pool refill (the pools fill in the background; requests go
+    // cold meanwhile) and, in a fleet, its health checks and the engines file's watch.
+    let fleet = state.fleet.clone();
+    fleet.start();
+    let stop_probes = tokio_util::sync::CancellationToken::new();
+    let probes = start_runtime_probes(&state, &stop_probes);
+
+    match listener.local_addr() {
+        Ok(addr) => {
+            tracing::info!(?addr, version = crate::VERSION, "daiv-sandbox listening")
+        }
+        Err(e) => tracing::info!(error = %e, version = crate::VERSION, "daiv-sandbox listening"),
+    }
+    let served = axum::serve(listener, app(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+        .context("server error");
+    // A probe still running gets a moment to finish and remove its container; past it, the
+    // container (role `runtime-probe`) sleeps out its own time-out.
+    stop_probes.cancel();
+    let _ = tokio::time::timeout(PROBE_SHUTDOWN_WAIT, futures::future::join_all(probes)).await;
+    // Builds in flight finish; the members stay unless WARM_POOL_REMOVE_ON_SHUTDOWN.
+    fleet.shutdown().await;
+    served
+}
+
+/// Under `runsc`, one probe per engine (a fleet's as each comes up): see
+/// [`runtime_probe`]. Nothing under `runc`.
+/// A probe still waiting for its engine when `stop` is cancelled gives up.
+fn start_runtime_probes(
+    state: &AppState,
+    stop: &tokio_util::sync::CancellationToken,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let config = state.config.clone();
+    if config.sessions.runtime != Runtime::Runsc {
+        return Vec::new();
+    }
+    let runtime = config.sessions.runtime.as_str();
+    let health: Arc<RuntimeHealth> = state.runtime.clone();
+    let Some(image) = runtime_probe::probe_image(&config) else {
+        for cell in state.fleet.cells() {
+            health.record(
+                runtime,
+                &cell.name(),
+                None,
+                Verdict::Unknown {
+                    reason: "not probed: no image to probe with; set \
+                             DAIV_SANDBOX_RUNTIME_PROBE_IMAGE to an image sessions use (or \
+                             configure a WARM_POOL)"
+                        .to_string(),
+                },
+            );
+        }
+        return Vec::new();
+    };
+    state
+        .fleet
+        .cells()
+        .into_iter()
+        .map(|cell| {
+            let (config, health, image) = (config.clone(), health.clone(), image.clone());
+            let stop = stop.clone();
+            let engine_name = cell.name();
+            health.expect(runtime, &engine_name, Some(&image));
+            tokio::spawn(async move {
+                while !cell.is_up() {
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = tokio::time::sleep(ENGINE_UP_POLL) => {}
+                    }
+                }
+                let verdict =
+                    runtime_probe::probe(cell.sessions().engine(), &config, &image, PROBE_TIMEOUT)
+                        .await;
+                health.record(runtime, &engine_name, Some(&image), verdict);
+            })
+        })
+        .collect()
+}

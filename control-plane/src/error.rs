@@ -56,6 +56,9 @@ pub enum ApiError {
     Unprocessable(String),
     #[error("{0}")]
     PayloadTooLarge(String),
+    /// The deployment's storage for it is full (its snapshots' byte cap): 507.
+    #[error("{0}")]
+    InsufficientStorage(String),
     /// A limit is reached: a session's live background processes, or every slot of an
     /// admission class. `retry_after` (whole seconds, at least 1) becomes `Retry-After`.
     #[error("{detail}")]
@@ -84,6 +87,7 @@ impl ApiError {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::InsufficientStorage(_) => StatusCode::INSUFFICIENT_STORAGE,
             ApiError::TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) | ApiError::Outage(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -220,6 +224,8 @@ impl From<crate::snapshots::SnapshotError> for ApiError {
             E::NotFound => ApiError::NotFoundDetail(e.to_string()),
             E::InvalidName | E::InvalidTtl => ApiError::Unprocessable(e.to_string()),
             E::UnusableMountpoint => ApiError::Unavailable(e.to_string()),
+            E::TooLarge { .. } => ApiError::PayloadTooLarge(e.to_string()),
+            E::NoRoom { .. } => ApiError::InsufficientStorage(e.to_string()),
             E::Engine(e) => e.into(),
         }
     }

@@ -1,7 +1,7 @@
 //! Snapshots and forks as hostile input, on real Docker: another deployment's snapshot image is
 //! no `base_image` by any name (its tag, its id, a prefix of the id); a capped engine counts
 //! creates from a snapshot and forks as it counts creates; a fork takes a create slot per build
-//! it runs at once.
+//! it runs at once; sparse files cannot become host disk past the size caps.
 
 use std::time::Duration;
 
@@ -216,5 +216,165 @@ async fn a_fork_takes_a_create_slot_for_each_build_it_runs_at_once() -> Result<(
         body["session_ids"].as_array().map(Vec::len) == Some(4),
         "{body}"
     );
+    Ok(())
+}
+
+/// Runs `command` in `id` and requires exit 0.
+async fn sh(cp: &ControlPlane, id: &str, command: &str) -> Result<String> {
+    let (s, out) = cp
+        .call(
+            Method::POST,
+            &format!("/session/{id}/"),
+            Some(json!({ "commands": [command] })),
+        )
+        .await?;
+    ensure!(s == 200, "{command}: {s} {out}");
+    let r = &out["results"][0];
+    ensure!(r["exit_code"] == 0, "{command}: {r}");
+    Ok(r["output"].as_str().unwrap_or_default().to_string())
+}
+
+/// The snapshot payload (images and data volumes) of `deployment` on the engine.
+fn snapshot_payload(deployment: &str) -> (Vec<String>, Vec<String>) {
+    let ours = format!("daiv.sandbox.deployment={deployment}");
+    (
+        e2e::images_with(&[&ours, "daiv.sandbox.role=snapshot"]),
+        e2e::volumes_with(&[&ours, "daiv.sandbox.role=snapshot-data"]),
+    )
+}
+
+/// Sparse files (holes the archive and the commit write as zeros) over
+/// `SNAPSHOT_SIZE_MAX_BYTES` are refused with 413, outside the workspace before the commit and
+/// inside it as the copy passes the cap: nothing of the snapshot is left and the session, thawed,
+/// keeps working. A small snapshot still goes through.
+async fn sparse_files_are_refused(runtime: &str) -> Result<()> {
+    require_image(BUSYBOX);
+    let cp = ControlPlane::start_with(&[
+        ("RUNTIME", runtime),
+        ("SNAPSHOT_SIZE_MAX_BYTES", "67108864"),
+    ])
+    .await?;
+    let _guard = DeploymentGuard(cp.deployment.clone());
+    let id = session(&cp, json!({"base_image": BUSYBOX})).await?;
+    let nothing_left = || {
+        let (images, volumes) = snapshot_payload(&cp.deployment);
+        ensure!(
+            images.is_empty() && volumes.is_empty(),
+            "a refused snapshot left images {images:?}, volumes {volumes:?}"
+        );
+        Ok(())
+    };
+    let refused = |s: u16, b: &Value, what: &str| {
+        ensure!(s == 413, "{what}: {s} {b}");
+        let detail = b["detail"].as_str().unwrap_or_default();
+        ensure!(
+            detail.contains("SNAPSHOT_SIZE_MAX_BYTES"),
+            "{what}: the 413 does not name the setting: {detail}"
+        );
+        Ok(())
+    };
+
+    // Outside the workspace (the home directory: the container's layer).
+    sh(&cp, &id, "truncate -s 4G $HOME/hole && sync").await?;
+    let (s, b) = cp
+        .call(
+            Method::POST,
+            &format!("/session/{id}/snapshot/"),
+            Some(json!({})),
+        )
+        .await?;
+    refused(s, &b, "a 4 GiB hole in $HOME")?;
+    let (s, b) = fork(&cp, &id, 1).await?;
+    refused(s, &b, "a fork with a 4 GiB hole in $HOME")?;
+    nothing_left()?;
+    ensure!(sh(&cp, &id, "echo alive").await?.contains("alive"));
+
+    // Inside the workspace: counted as it is copied.
+    sh(
+        &cp,
+        &id,
+        "rm $HOME/hole && truncate -s 4G /workspace/hole && sync",
+    )
+    .await?;
+    let (s, b) = cp
+        .call(
+            Method::POST,
+            &format!("/session/{id}/snapshot/"),
+            Some(json!({})),
+        )
+        .await?;
+    refused(s, &b, "a 4 GiB hole in /workspace")?;
+    let (s, b) = fork(&cp, &id, 2).await?;
+    refused(s, &b, "a fork with a 4 GiB hole in /workspace")?;
+    ensure!(
+        containers_with(&[
+            &format!("daiv.sandbox.deployment={}", cp.deployment),
+            "daiv.sandbox.role=sandbox"
+        ])
+        .len()
+            == 1,
+        "a refused fork made sessions"
+    );
+    nothing_left()?;
+    ensure!(sh(&cp, &id, "echo alive").await?.contains("alive"));
+
+    sh(&cp, &id, "rm /workspace/hole && echo small > /workspace/f").await?;
+    let snap = snapshot(&cp, &id).await?;
+    let (s, b) = cp
+        .call(Method::GET, &format!("/snapshots/{snap}/"), None)
+        .await?;
+    ensure!(s == 200, "{s} {b}");
+    let size = b["size_bytes"].as_u64().unwrap_or(u64::MAX);
+    ensure!(size < 67_108_864, "a small snapshot's size: {size}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn sparse_files_over_the_size_cap_are_refused_and_leave_nothing() -> Result<()> {
+    sparse_files_are_refused("runc").await
+}
+
+#[tokio::test]
+async fn sparse_files_over_the_size_cap_are_refused_under_gvisor() -> Result<()> {
+    sparse_files_are_refused("runsc").await
+}
+
+/// `SNAPSHOT_MAX_BYTES` is room reserved before taking, forks' payloads counted: the snapshot
+/// that would pass it is refused with 507 (the newest, not an old one evicted), and deleting a
+/// snapshot makes room again.
+#[tokio::test]
+async fn the_deployments_byte_cap_refuses_the_newest_and_counts_forks() -> Result<()> {
+    require_image(BUSYBOX);
+    // Each snapshot here holds about 8 MiB of workspace plus its layer (the helper, about
+    // 3 MiB): two fit under 24 MiB, a third does not.
+    let cp = ControlPlane::start_with(&[("SNAPSHOT_MAX_BYTES", "25165824")]).await?;
+    let _guard = DeploymentGuard(cp.deployment.clone());
+    let id = session(&cp, json!({"base_image": BUSYBOX})).await?;
+    sh(&cp, &id, "head -c 8388608 /dev/urandom > /workspace/data").await?;
+    let first = snapshot(&cp, &id).await?;
+    let (s, b) = fork(&cp, &id, 1).await?;
+    ensure!(s == 201, "a fork with room: {s} {b}");
+    let (s, b) = cp
+        .call(
+            Method::POST,
+            &format!("/session/{id}/snapshot/"),
+            Some(json!({})),
+        )
+        .await?;
+    ensure!(s == 507, "a snapshot past the deployment's cap: {s} {b}");
+    let detail = b["detail"].as_str().unwrap_or_default();
+    ensure!(detail.contains("SNAPSHOT_MAX_BYTES"), "{detail}");
+    let (s, b) = cp
+        .call(Method::GET, &format!("/snapshots/{first}/"), None)
+        .await?;
+    ensure!(
+        s == 200,
+        "the older snapshot was evicted for the newest: {s} {b}"
+    );
+    let (s, b) = cp
+        .call(Method::DELETE, &format!("/snapshots/{first}/"), None)
+        .await?;
+    ensure!(s == 204, "{s} {b}");
+    snapshot(&cp, &id).await?;
     Ok(())
 }

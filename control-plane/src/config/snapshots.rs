@@ -1,4 +1,4 @@
-//! Snapshots and forks: how long snapshots are kept, how many and how large they may be in all,
+//! Snapshots and forks: how long snapshots are kept, how many and how large they may be, one and in all,
 //! and how many forks one request may make.
 
 use std::time::Duration;
@@ -19,6 +19,10 @@ pub struct SnapshotConfig {
     /// Most bytes all snapshots of this deployment may hold; the oldest beyond it are removed
     /// (`SNAPSHOT_MAX_BYTES`).
     pub max_bytes: u64,
+    /// Most bytes one snapshot (or a fork's) may hold, at the apparent size of its files
+    /// (`SNAPSHOT_SIZE_MAX_BYTES`): measured before the freeze and counted during the copy, so
+    /// a sandbox cannot turn sparse files into that much host disk.
+    pub size_max: u64,
     /// Most forks one request may ask for (`FORK_MAX_COUNT`).
     pub fork_max: u32,
 }
@@ -29,6 +33,14 @@ impl SnapshotConfig {
             Some(p.seconds_or("SNAPSHOT_TTL_SECONDS", 7 * 24 * 3600)).filter(|d| !d.is_zero());
         let max_count = p.parse_or::<u32>("SNAPSHOT_MAX_COUNT", 100);
         let max_bytes = p.parse_or::<u64>("SNAPSHOT_MAX_BYTES", 50 * 1024 * 1024 * 1024);
+        let size_max = p.parse_or::<u64>("SNAPSHOT_SIZE_MAX_BYTES", 10 * 1024 * 1024 * 1024);
+        if size_max == 0 {
+            p.fail(
+                "SNAPSHOT_SIZE_MAX_BYTES",
+                "0",
+                "must be at least 1 (a snapshot holds at least its records)".to_string(),
+            );
+        }
         let fork_max = p.parse_or::<u32>("FORK_MAX_COUNT", 16);
         if !(1..=MAX_FORKS).contains(&fork_max) {
             p.fail(
@@ -41,6 +53,7 @@ impl SnapshotConfig {
             default_ttl,
             max_count,
             max_bytes,
+            size_max,
             fork_max: fork_max.clamp(1, MAX_FORKS),
         }
     }

@@ -423,6 +423,13 @@ pub trait ContainerEngine: Send + Sync + 'static {
     async fn create(&self, spec: &ContainerSpec) -> Result<String, EngineError>;
     async fn start(&self, id: &str) -> Result<(), EngineError>;
     async fn inspect(&self, id: &str) -> Result<ContainerInfo, EngineError>;
+    /// The apparent size of the container's writable layer, as the daemon walks it (so a
+    /// sparse file counts at its full length: what a commit or an archive of it would write).
+    /// `None` when the engine cannot say. A walk of the layer: not for a hot path.
+    async fn writable_bytes(&self, id: &str) -> Result<Option<u64>, EngineError> {
+        let _ = id;
+        Ok(None)
+    }
     async fn stop(&self, id: &str, grace: Duration) -> Result<(), EngineError>;
     /// Removes the container, running or not, with its anonymous volumes.
     async fn remove(&self, id: &str) -> Result<(), EngineError>;

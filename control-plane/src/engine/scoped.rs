@@ -192,6 +192,9 @@ impl ContainerEngine for ScopedEngine {
     async fn inspect(&self, id: &str) -> Result<ContainerInfo, EngineError> {
         guarded!(self, |e| e.inspect(self.raw(id))).map(|i| self.ours_info(i))
     }
+    async fn writable_bytes(&self, id: &str) -> Result<Option<u64>, EngineError> {
+        guarded!(self, |e| e.writable_bytes(self.raw(id)))
+    }
     async fn stop(&self, id: &str, grace: Duration) -> Result<(), EngineError> {
         guarded!(self, |e| e.stop(self.raw(id), grace))
     }

@@ -89,6 +89,12 @@ impl From<ApiError> for ToolFailure {
                 cause,
                 "Send less in one call: split the content or write it in parts.",
             ),
+            ApiError::InsufficientStorage(_) => Self::new(
+                "no_space",
+                cause,
+                "Free space first: delete snapshots you no longer need (or close forks), then \
+                 retry.",
+            ),
             ApiError::TooManyRequests { retry_after, .. } => {
                 let when = retry_after
                     .map(|d| format!("in {} s", d.as_secs_f64().ceil().max(1.0) as u64))

@@ -26,10 +26,12 @@ use crate::snapshots::Snapshot;
     params(("session_id" = String, Path, description = "The session id")),
     responses((status = 201, body = SnapshotCreated), (status = 403, body = ErrorBody),
         (status = 404, body = ErrorBody), (status = 409, body = ErrorBody),
+        (status = 413, body = ErrorBody, description = "The snapshot would hold more than `SNAPSHOT_SIZE_MAX_BYTES` (files at their apparent size)"),
         (status = 422, body = ErrorBody),
         (status = 429, body = ErrorBody, description = "Too many creates, snapshots and forks in progress; retry after `Retry-After` seconds",
             headers(("Retry-After" = u64, description = "Seconds to wait before retrying"))),
-        (status = 503, body = ErrorBody)))]
+        (status = 503, body = ErrorBody),
+        (status = 507, body = ErrorBody, description = "The deployment's snapshots (forks' included) leave no room under `SNAPSHOT_MAX_BYTES`")))]
 pub async fn take(
     State(fleet): State<Arc<Fleet>>,
     Path(id): Path<String>,
@@ -118,10 +120,12 @@ pub async fn delete(
     params(("session_id" = String, Path, description = "The session id")),
     responses((status = 201, body = ForkResponse), (status = 403, body = ErrorBody),
         (status = 404, body = ErrorBody), (status = 409, body = ErrorBody),
+        (status = 413, body = ErrorBody, description = "The snapshot would hold more than `SNAPSHOT_SIZE_MAX_BYTES` (files at their apparent size)"),
         (status = 422, body = ErrorBody),
         (status = 429, body = ErrorBody, description = "Too many creates, snapshots and forks in progress; retry after `Retry-After` seconds",
             headers(("Retry-After" = u64, description = "Seconds to wait before retrying"))),
-        (status = 503, body = ErrorBody)))]
+        (status = 503, body = ErrorBody),
+        (status = 507, body = ErrorBody, description = "The deployment's snapshots (forks' included) leave no room under `SNAPSHOT_MAX_BYTES`")))]
 pub async fn fork(
     State(fleet): State<Arc<Fleet>>,
     State(admission): State<Arc<Admission>>,

@@ -30,7 +30,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use futures::StreamExt;
 
@@ -41,6 +41,7 @@ use crate::engine::{
     ROLE_SNAPSHOT_DATA, ROLE_WORKSPACE, SNAPSHOT_LABEL, VolumeInfo, VolumeSpec, WORKSPACE_LABEL,
 };
 use crate::layout;
+use crate::time::unix_now;
 
 /// The repository every snapshot image is tagged in; the tag is the snapshot id.
 pub const IMAGE_REPOSITORY: &str = "daiv-sandbox-snapshot";
@@ -71,6 +72,24 @@ pub enum SnapshotError {
     /// The engine cannot mount the snapshot's volume as an overlay lower layer.
     #[error("the snapshot's data volume has a mount point the overlay cannot use")]
     UnusableMountpoint,
+    /// Over the per-snapshot cap, measured before the freeze or counted during the copy.
+    #[error(
+        "the snapshot would hold more than {cap} bytes (DAIV_SANDBOX_SNAPSHOT_SIZE_MAX_BYTES; \
+         files count at their apparent size, sparse ones included): {found} bytes {where_}; \
+         remove large or sparse files from the session and retry"
+    )]
+    TooLarge {
+        cap: u64,
+        found: u64,
+        where_: &'static str,
+    },
+    /// The deployment's snapshots (forks' included) leave no room for this one.
+    #[error(
+        "no room for the snapshot: this deployment's snapshots hold {held} of {cap} bytes \
+         (DAIV_SANDBOX_SNAPSHOT_MAX_BYTES) and it needs at least {need}; delete snapshots or \
+         close forks, then retry"
+    )]
+    NoRoom { held: u64, need: u64, cap: u64 },
     #[error(transparent)]
     Engine(#[from] EngineError),
 }
@@ -161,11 +180,124 @@ pub struct Timings {
 pub struct Snapshots {
     engine: Arc<dyn ContainerEngine>,
     config: Arc<Config>,
+    /// What this replica holds against `SNAPSHOT_MAX_BYTES` beyond the records: snapshots being
+    /// taken, and forks' payloads (no record says their size) until they are removed.
+    ledger: std::sync::Mutex<Ledger>,
+}
+
+/// Bytes reserved in this process (see [`Snapshots::reserve`]).
+#[derive(Debug, Default)]
+struct Ledger {
+    in_flight: HashMap<String, u64>,
+    forks: HashMap<String, u64>,
+}
+
+impl Ledger {
+    fn total(&self) -> u64 {
+        self.in_flight
+            .values()
+            .chain(self.forks.values())
+            .fold(0u64, |a, b| a.saturating_add(*b))
+    }
+}
+
+/// What a snapshot being taken may hold, reserved against the deployment's total until it is
+/// recorded or discarded.
+struct Reservation<'a> {
+    snapshots: &'a Snapshots,
+    id: String,
+    /// The writable layer's bytes, as measured.
+    layer: u64,
+    /// What the deployment's snapshots held when it was made.
+    held: u64,
+    /// Most bytes the workspace copy may add to the writable layer's.
+    copy_budget: u64,
+}
+
+impl Reservation<'_> {
+    /// The refusal for a copy that passed its budget after `copied` bytes: the per-snapshot
+    /// cap's or the deployment's, whichever it passed.
+    fn refusal(&self, copied: u64) -> SnapshotError {
+        let caps = &self.snapshots.config.snapshots;
+        let found = self.layer.saturating_add(copied);
+        if found > caps.size_max {
+            SnapshotError::TooLarge {
+                cap: caps.size_max,
+                found,
+                where_: "at least, counted as the workspace was copied",
+            }
+        } else {
+            SnapshotError::NoRoom {
+                held: self.held,
+                need: found,
+                cap: caps.max_bytes,
+            }
+        }
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        self.snapshots.ledger().in_flight.remove(&self.id);
+    }
 }
 
 impl Snapshots {
     pub fn new(engine: Arc<dyn ContainerEngine>, config: Arc<Config>) -> Self {
-        Self { engine, config }
+        Self {
+            engine,
+            config,
+            ledger: std::sync::Mutex::default(),
+        }
+    }
+
+    fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
+        self.ledger.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Measures the session's writable layer (its home, `/tmp`, whatever it changed outside
+    /// the workspace: what the commit writes) and refuses up front what the caps cannot hold:
+    /// over `SNAPSHOT_SIZE_MAX_BYTES`, or more than the room `SNAPSHOT_MAX_BYTES` leaves (the
+    /// records, this replica's forks and snapshots in flight counted). The workspace is bounded
+    /// as it is copied ([`Reservation::copy_budget`]).
+    async fn reserve(
+        &self,
+        id: &str,
+        info: &ContainerInfo,
+    ) -> Result<Reservation<'_>, SnapshotError> {
+        let caps = &self.config.snapshots;
+        let layer = self.engine.writable_bytes(&info.id).await?.unwrap_or(0);
+        if layer > caps.size_max {
+            return Err(SnapshotError::TooLarge {
+                cap: caps.size_max,
+                found: layer,
+                where_: "outside /workspace (the container's own files)",
+            });
+        }
+        let recorded = self
+            .list()
+            .await?
+            .iter()
+            .fold(0u64, |a, s| a.saturating_add(s.size));
+        let mut ledger = self.ledger();
+        let held = recorded.saturating_add(ledger.total());
+        let room = caps.max_bytes.saturating_sub(held);
+        if layer >= room {
+            return Err(SnapshotError::NoRoom {
+                held,
+                need: layer.max(1),
+                cap: caps.max_bytes,
+            });
+        }
+        ledger.in_flight.insert(id.to_string(), layer);
+        let copy_budget = (caps.size_max - layer).min(room - layer);
+        Ok(Reservation {
+            snapshots: self,
+            id: id.to_string(),
+            layer,
+            held,
+            copy_budget,
+        })
     }
 
     fn labels(&self, role: &str, id: &str) -> HashMap<String, String> {
@@ -216,6 +348,7 @@ impl Snapshots {
         keep: Keep,
     ) -> Result<(Snapshot, Timings), SnapshotError> {
         let id = new_id(self.engine.id_prefix());
+        let reservation = self.reserve(&id, info).await?;
         let base_image = info.labels.get(IMAGE_LABEL).cloned().unwrap_or_default();
         let source_image = info
             .image_id
@@ -230,7 +363,7 @@ impl Snapshots {
             })
             .await?;
         let made = self
-            .capture(info, &id, &source_image, &base_image, &data)
+            .capture(info, &id, &source_image, &base_image, &data, &reservation)
             .await;
         let (image_bytes, workspace_bytes, timings) = match made {
             Ok(m) => m,
@@ -257,6 +390,11 @@ impl Snapshots {
             self.discard(&id).await;
             return Err(e.into());
         }
+        if keep == Keep::ForForks {
+            // No record says a fork's size: this replica counts it until its payload goes.
+            self.ledger().forks.insert(id.clone(), snapshot.size);
+        }
+        drop(reservation);
         Ok((snapshot, timings))
     }
 
@@ -268,6 +406,7 @@ impl Snapshots {
         source_image: &str,
         base_image: &str,
         data: &VolumeInfo,
+        reservation: &Reservation<'_>,
     ) -> Result<(u64, u64, Timings), SnapshotError> {
         // Everything that does not need the freeze is done before it: the source image (its
         // environment for the commit's config, its size for ours) and the holder.
@@ -283,14 +422,27 @@ impl Snapshots {
             let _ = self.engine.remove(&holder).await;
             return Err(e.into());
         }
+        let size_max = self.config.snapshots.size_max;
         let commit = async {
             let t = std::time::Instant::now();
+            // Measured again frozen: what the sandbox wrote since the first measure (a sparse
+            // file is made in an instant) cannot slip past the cap.
+            if freeze {
+                let layer = self.engine.writable_bytes(&info.id).await?.unwrap_or(0);
+                if layer > size_max {
+                    return Err(SnapshotError::TooLarge {
+                        cap: size_max,
+                        found: layer,
+                        where_: "outside /workspace (the container's own files)",
+                    });
+                }
+            }
             let image = self.engine.commit(&info.id, &spec).await?;
             Ok::<_, SnapshotError>((image, t.elapsed()))
         };
         let copy = async {
             let t = std::time::Instant::now();
-            let bytes = self.copy_workspace(&info.id, &holder).await?;
+            let bytes = self.copy_workspace(&info.id, &holder, reservation).await?;
             Ok::<_, SnapshotError>((bytes, t.elapsed()))
         };
         let (committed, copied) = tokio::join!(commit, copy);
@@ -388,8 +540,16 @@ impl Snapshots {
         }
     }
 
-    /// Streams the session's `/workspace` into the holder's volume; the bytes streamed.
-    async fn copy_workspace(&self, session: &str, holder: &str) -> Result<u64, SnapshotError> {
+    /// Streams the session's `/workspace` into the holder's volume; the bytes streamed. The
+    /// stream is cut once it passes the reservation's budget (the archive writes a sparse
+    /// file's holes as zeros): the snapshot is refused and its partial copy discarded.
+    async fn copy_workspace(
+        &self,
+        session: &str,
+        holder: &str,
+        reservation: &Reservation<'_>,
+    ) -> Result<u64, SnapshotError> {
+        let budget = reservation.copy_budget;
         let counted = Arc::new(AtomicU64::new(0));
         let seen = counted.clone();
         let tar = self
@@ -397,15 +557,22 @@ impl Snapshots {
             .get_archive(session, layout::WORKSPACE)
             .await?
             .map(move |chunk| {
-                chunk
-                    .inspect(|c| {
-                        seen.fetch_add(c.len() as u64, Ordering::Relaxed);
-                    })
-                    .map_err(std::io::Error::other)
+                let chunk = chunk.map_err(std::io::Error::other)?;
+                let total =
+                    seen.fetch_add(chunk.len() as u64, Ordering::Relaxed) + chunk.len() as u64;
+                if total > budget {
+                    return Err(std::io::Error::other("snapshot over its size cap"));
+                }
+                Ok(chunk)
             })
             .boxed();
-        self.engine.put_archive(holder, "/", tar).await?;
-        Ok(counted.load(Ordering::Relaxed))
+        let put = self.engine.put_archive(holder, "/", tar).await;
+        let total = counted.load(Ordering::Relaxed);
+        if total > budget {
+            return Err(reservation.refusal(total));
+        }
+        put?;
+        Ok(total)
     }
 
     async fn write_record(&self, s: &Snapshot) -> Result<(), EngineError> {
@@ -505,7 +672,9 @@ impl Snapshots {
             .await;
         if matches!(&users, Ok(u) if u.is_empty()) {
             match self.engine.remove_volume(&data_volume(id)).await {
-                Ok(()) | Err(EngineError::NotFound) => {}
+                Ok(()) | Err(EngineError::NotFound) => {
+                    self.ledger().forks.remove(id);
+                }
                 Err(e) => {
                     tracing::debug!(snapshot_id = id, error = %e, "snapshot data still in use; kept")
                 }
@@ -614,9 +783,7 @@ impl Snapshots {
         now: SystemTime,
         guard: Duration,
     ) -> Result<Vec<String>, EngineError> {
-        let now = now
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+        let now = crate::time::unix_secs(now);
         let guard = i64::try_from(guard.as_secs()).unwrap_or(i64::MAX);
         let mut all = match self.list().await {
             Ok(all) => all,
@@ -712,12 +879,6 @@ impl Snapshots {
 fn split_env(kv: &str) -> Option<(String, String)> {
     let (k, v) = kv.split_once('=')?;
     Some((k.to_string(), v.to_string()))
-}
-
-fn unix_now() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
 #[cfg(test)]

@@ -111,6 +111,9 @@ impl ContainerEngine for MeteredEngine {
     async fn inspect(&self, id: &str) -> Result<ContainerInfo, EngineError> {
         metered!(self, "inspect", self.inner.inspect(id))
     }
+    async fn writable_bytes(&self, id: &str) -> Result<Option<u64>, EngineError> {
+        metered!(self, "writable_bytes", self.inner.writable_bytes(id))
+    }
     async fn stop(&self, id: &str, grace: Duration) -> Result<(), EngineError> {
         metered!(self, "stop", self.inner.stop(id, grace))
     }

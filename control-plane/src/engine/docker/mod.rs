@@ -397,6 +397,18 @@ impl ContainerEngine for DockerEngine {
         Ok(info_from_inspect(id, c))
     }
 
+    async fn writable_bytes(&self, id: &str) -> Result<Option<u64>, EngineError> {
+        let c = self
+            .docker
+            .inspect_container(
+                id,
+                Some(bollard::query_parameters::InspectContainerOptions { size: true }),
+            )
+            .await
+            .map_err(map_err)?;
+        Ok(c.size_rw.and_then(|s| u64::try_from(s).ok()))
+    }
+
     async fn stop(&self, id: &str, grace: Duration) -> Result<(), EngineError> {
         let t = i32::try_from(grace.as_secs()).unwrap_or(i32::MAX);
         match self

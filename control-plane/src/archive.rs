@@ -42,10 +42,7 @@ impl Default for Archive {
 
 impl Archive {
     pub fn new() -> Self {
-        let mtime = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
+        let mtime = u64::try_from(crate::time::unix_now()).unwrap_or(0);
         Self {
             builder: tar::Builder::new(Vec::new()),
             mtime,

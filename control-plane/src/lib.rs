@@ -2,7 +2,7 @@
 //!
 //! # Layers
 //! Each module imports only from the layers before it (`tests/layering.rs` checks it):
-//! 1. **Leaves:** [`ids`], [`secret`], [`text`], [`layout`] (the paths inside a sandbox, from the protocol
+//! 1. **Leaves:** [`ids`], [`secret`], [`text`], [`time`], [`layout`] (the paths inside a sandbox, from the protocol
 //!    crate), [`api`] (the wire types the API serves), [`archive`] (the tar archives the service
 //!    builds itself), [`backoff`] (the one retry pacing).
 //! 2. **Settings:** [`config`], validated all at once at start-up.
@@ -54,6 +54,7 @@ pub mod snapshots;
 pub mod state;
 pub mod telemetry;
 pub mod text;
+pub mod time;
 pub mod workspace;
 
 pub use sandbox_protocol::layout;

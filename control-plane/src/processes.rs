@@ -83,24 +83,20 @@ impl Utf8Carry {
     }
 }
 
-/// Length of an incomplete (but so far valid) UTF-8 sequence at the end of `b`, 0..=3.
+/// Length of an incomplete (but so far valid) UTF-8 sequence at the end of `b`, 0..=3: what
+/// the decoder reports as an unexpected end (`error_len() == None`), past any invalid bytes
+/// before it.
 pub fn incomplete_tail(b: &[u8]) -> usize {
-    let start = b.len().saturating_sub(3);
-    for i in (start..b.len()).rev() {
-        let c = b[i];
-        if c & 0xC0 == 0x80 {
-            continue; // a continuation byte: look further back for the lead
+    let mut rest = b;
+    loop {
+        match std::str::from_utf8(rest) {
+            Ok(_) => return 0,
+            Err(e) => match e.error_len() {
+                None => return rest.len() - e.valid_up_to(),
+                Some(bad) => rest = &rest[e.valid_up_to() + bad..],
+            },
         }
-        let need = match c {
-            0xC2..=0xDF => 2,
-            0xE0..=0xEF => 3,
-            0xF0..=0xF4 => 4,
-            _ => return 0,
-        };
-        let have = b.len() - i;
-        return if have < need { have } else { 0 };
     }
-    0
 }
 
 fn valid_name(name: &str) -> bool {

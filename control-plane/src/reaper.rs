@@ -45,6 +45,8 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::time::unix_secs;
+
 use futures::StreamExt;
 use tokio::task::JoinHandle;
 
@@ -646,10 +648,6 @@ fn unix_nanos(t: SystemTime) -> i128 {
     t.duration_since(UNIX_EPOCH)
         .map(|d| i128::try_from(d.as_nanos()).unwrap_or(i128::MAX))
         .unwrap_or(0)
-}
-
-fn unix_secs(t: SystemTime) -> i64 {
-    t.duration_since(UNIX_EPOCH).map(secs_i64).unwrap_or(0)
 }
 
 fn secs_i64(d: Duration) -> i64 {

@@ -21,7 +21,7 @@ use syn::visit::Visit;
 /// and from any layer before it; the cycle check keeps peers from importing each other both ways.
 const LAYERS: &[&[&str]] = &[
     &[
-        "ids", "secret", "text", "api", "archive", "backoff", "layout",
+        "ids", "secret", "text", "time", "api", "archive", "backoff", "layout",
     ],
     &["config"],
     &["engine", "coordination"],

@@ -49,6 +49,7 @@
 //!
 //! A claim that fails to apply removes the member (it was never given out) and goes cold.
 
+use rand::seq::SliceRandom;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -509,10 +510,7 @@ impl Pool {
             .filter(|c| c.is_running() && c.labels.get(POOL_SPEC_LABEL) == Some(&spec))
             .filter_map(Member::of)
             .collect();
-        let n = found.len();
-        for i in (1..n).rev() {
-            found.swap(i, (rand::random::<u64>() % (i as u64 + 1)) as usize);
-        }
+        found.shuffle(&mut rand::rng());
         found
     }
 

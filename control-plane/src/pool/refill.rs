@@ -14,7 +14,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use shared_policy::PolicyFile;
 use tokio::sync::Semaphore;
@@ -28,6 +28,7 @@ use crate::engine::{ContainerInfo, EngineError, POOL_SPEC_LABEL};
 use crate::ids::fnv;
 use crate::sandbox::SessionError;
 use crate::telemetry::metrics::{KindLabels, observe_duration};
+use crate::time::unix_now;
 
 /// Members built at once, over every pool.
 pub const PARALLELISM: usize = 2;
@@ -387,11 +388,4 @@ impl Refill {
         }
         tracing::info!(removed, "warm pool: removed on shutdown");
     }
-}
-
-fn unix_now() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
 }

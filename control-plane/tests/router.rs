@@ -628,6 +628,27 @@ async fn malformed_json_is_422_with_detail() {
     assert!(b["detail"].is_string());
 }
 
+/// `docs/openapi.json` is the document the service serves (with the default settings), so a
+/// reader of the repository and a generator of clients see the API without running it.
+/// `UPDATE_OPENAPI=1 cargo nextest run -p control-plane openapi` writes it anew.
+#[tokio::test]
+async fn the_checked_in_openapi_document_is_the_served_one() {
+    let h = Harness::default();
+    let (s, served) = h.call("GET", "/api/v1/openapi.json", None, None).await;
+    assert_eq!(s, StatusCode::OK);
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/openapi.json");
+    let text = serde_json::to_string_pretty(&served).expect("json") + "\n";
+    if std::env::var_os("UPDATE_OPENAPI").is_some() {
+        std::fs::write(&path, &text).expect("write docs/openapi.json");
+    }
+    let checked_in = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        checked_in == text,
+        "docs/openapi.json differs from the served document: run \
+         `UPDATE_OPENAPI=1 cargo nextest run -p control-plane openapi` and commit it"
+    );
+}
+
 #[tokio::test]
 async fn openapi_documents_every_route() {
     let h = Harness::default();

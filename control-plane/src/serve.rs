@@ -11,6 +11,7 @@ use crate::config::{Config, Runtime};
 use crate::coordination::Coordination;
 use crate::engine::credentials::CredentialStore;
 use crate::engine::docker::DockerEngine;
+use crate::fleet::DockerConnector;
 use crate::state::{AppState, app};
 use crate::telemetry::runtime_probe::{self, PROBE_TIMEOUT, RuntimeHealth, Verdict};
 
@@ -62,7 +63,7 @@ where
             config.clone(),
             coordination.locks,
             coordination.activity,
-            credentials,
+            Arc::new(DockerConnector::new(credentials)),
         )
     } else {
         let engine = DockerEngine::connect(credentials)

@@ -10,8 +10,7 @@ use crate::config::Config;
 use crate::coordination::activity::{LocalActivity, SessionActivity};
 use crate::coordination::lock::SessionLocks;
 use crate::engine::ContainerEngine;
-use crate::engine::credentials::CredentialStore;
-use crate::fleet::Fleet;
+use crate::fleet::{Connector, Fleet};
 use crate::runtime::helper_binary;
 use crate::sessions::Sessions;
 use crate::telemetry::engine::MeteredEngine;
@@ -68,12 +67,13 @@ impl AppState {
         Self::over(config, fleet, metrics)
     }
 
-    /// The service over the engines of `ENGINES_FILE` (see [`crate::fleet`]).
+    /// The service over the engines of `ENGINES_FILE` (see [`crate::fleet`]), reached through
+    /// `connector` (Docker's in the service, fakes in tests).
     pub fn with_fleet(
         config: Arc<Config>,
         locks: Arc<dyn SessionLocks>,
         activity: Arc<dyn SessionActivity>,
-        credentials: CredentialStore,
+        connector: Arc<dyn Connector>,
     ) -> Self {
         let metrics = Arc::new(Metrics::default());
         let helper = helper_binary(config.sessions.helper_bin.as_deref()).ok();
@@ -83,7 +83,7 @@ impl AppState {
             activity,
             metrics.clone(),
             helper,
-            credentials,
+            connector,
         );
         Self::over(config, fleet, metrics)
     }

@@ -1,4 +1,5 @@
-//! The fleet: the Docker engines sessions are placed on (`ENGINES_FILE`), and the file's format.
+//! The fleet: the Docker engines sessions are placed on (`ENGINES_FILE`), the file's format, and
+//! how many health checks in a row flip an engine (`ENGINE_DOWN_AFTER`, `ENGINE_UP_AFTER`).
 //!
 //! The file is read at start-up (a bad one stops the service, as any bad setting does) and again
 //! whenever it changes (see `crate::fleet`), when a bad one keeps the last good list. Without the
@@ -12,31 +13,77 @@ use serde::Deserialize;
 use super::parse::Parser;
 use crate::ids::is_engine_name;
 
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct FleetConfig {
     /// `ENGINES_FILE`: the engines' list; `None` = the single engine of today.
     pub engines_file: Option<PathBuf>,
     /// The list as read at start-up.
     pub engines: Vec<EngineSpec>,
+    /// `ENGINE_DOWN_AFTER`: failed health checks in a row that mark an up engine down. More than
+    /// one, so a single slow ping (a busy engine, a GC pause) does not cut every call in flight.
+    pub down_after: u32,
+    /// `ENGINE_UP_AFTER`: answered health checks in a row that mark a down engine up.
+    pub up_after: u32,
+}
+
+/// Default of `ENGINE_DOWN_AFTER`: a dead engine is down within about 2 s (5 s when its pings
+/// hang rather than fail).
+pub const DEFAULT_DOWN_AFTER: u32 = 2;
+/// Default of `ENGINE_UP_AFTER`: an engine that answers takes sessions at once.
+pub const DEFAULT_UP_AFTER: u32 = 1;
+/// Highest either threshold may be (a minute of checks).
+const MAX_THRESHOLD: u32 = 60;
+
+impl Default for FleetConfig {
+    fn default() -> Self {
+        Self {
+            engines_file: None,
+            engines: Vec::new(),
+            down_after: DEFAULT_DOWN_AFTER,
+            up_after: DEFAULT_UP_AFTER,
+        }
+    }
 }
 
 impl FleetConfig {
     pub(super) fn load(p: &mut Parser<'_>) -> Self {
+        let down_after = threshold(p, "ENGINE_DOWN_AFTER", DEFAULT_DOWN_AFTER);
+        let up_after = threshold(p, "ENGINE_UP_AFTER", DEFAULT_UP_AFTER);
+        let thresholds = Self {
+            down_after,
+            up_after,
+            ..Self::default()
+        };
         let Some(raw) = p.get("ENGINES_FILE") else {
-            return Self::default();
+            return thresholds;
         };
         let path = PathBuf::from(&raw);
         match read_engines(&path) {
             Ok(engines) => Self {
                 engines_file: Some(path),
                 engines,
+                ..thresholds
             },
             Err(why) => {
                 p.fail("ENGINES_FILE", &raw, why);
-                Self::default()
+                thresholds
             }
         }
     }
+}
+
+/// A count of health checks in a row, 1 to [`MAX_THRESHOLD`].
+fn threshold(p: &mut Parser<'_>, key: &str, default: u32) -> u32 {
+    let n = p.parse_or::<u32>(key, default);
+    if !(1..=MAX_THRESHOLD).contains(&n) {
+        p.fail(
+            key,
+            &n.to_string(),
+            format!("must be 1 to {MAX_THRESHOLD} health checks"),
+        );
+        return default;
+    }
+    n
 }
 
 /// One engine of the fleet, as the file gives it.
@@ -113,6 +160,10 @@ pub fn read_engines(path: &Path) -> Result<Vec<EngineSpec>, String> {
 
 /// Parses and checks an engines file's content.
 pub fn parse_engines(text: &[u8]) -> Result<Vec<EngineSpec>, String> {
+    // Also here: the fleet reads a changed file whole before parsing it.
+    if text.len() as u64 > MAX_FILE_BYTES {
+        return Err(format!("larger than {MAX_FILE_BYTES} bytes"));
+    }
     let file: EnginesFile =
         serde_json::from_slice(text).map_err(|e| format!("not a valid engines file: {e}"))?;
     if file.engines.is_empty() {
@@ -256,6 +307,27 @@ mod tests {
         for (json, want) in cases {
             let err = parse(json).expect_err("an error");
             assert!(err.contains(want), "{json}: {err}");
+        }
+    }
+
+    #[test]
+    fn health_thresholds_default_and_are_checked() {
+        let c = crate::config::for_tests("k", &[]);
+        assert_eq!((c.fleet.down_after, c.fleet.up_after), (2, 1));
+        let c =
+            crate::config::for_tests("k", &[("ENGINE_DOWN_AFTER", "3"), ("ENGINE_UP_AFTER", "2")]);
+        assert_eq!((c.fleet.down_after, c.fleet.up_after), (3, 2));
+        for (key, raw) in [
+            ("ENGINE_DOWN_AFTER", "0"),
+            ("ENGINE_UP_AFTER", "61"),
+            ("ENGINE_UP_AFTER", "x"),
+        ] {
+            let env = std::collections::HashMap::from([
+                ("API_KEY".to_string(), "k".to_string()),
+                (key.to_string(), raw.to_string()),
+            ]);
+            let err = crate::config::load(&env).expect_err("refused").to_string();
+            assert!(err.contains(key), "{err}");
         }
     }
 

@@ -1,0 +1,132 @@
+//! One engine's stack: what a single-engine service runs (sandbox factory, egress, helper
+//! runtime, warm pool and its refill, sessions, reaper), wired here once for the single engine
+//! and for each engine of a fleet alike.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use tokio::task::JoinHandle;
+
+use crate::config::Config;
+use crate::coordination::activity::SessionActivity;
+use crate::coordination::lock::SessionLocks;
+use crate::egress::Egress;
+use crate::engine::ContainerEngine;
+use crate::pool::{Pool, Refill};
+use crate::reaper::Reaper;
+use crate::runtime::{HelperRuntime, SessionRuntime};
+use crate::sandbox::SandboxFactory;
+use crate::sessions::Sessions;
+use crate::telemetry::metrics::Metrics;
+
+/// What every engine's stack shares: settings, locks and activity (one set for all engines, so
+/// a session's lock is the same whichever engine holds it), metrics and the helper binary.
+#[derive(Clone)]
+pub(super) struct Shared {
+    pub config: Arc<Config>,
+    pub locks: Arc<dyn SessionLocks>,
+    pub activity: Arc<dyn SessionActivity>,
+    pub metrics: Arc<Metrics>,
+    pub helper: Option<Bytes>,
+}
+
+/// The sessions of one engine and the background work that keeps them (its reaper and its warm
+/// pool's refill), started once the engine can be used.
+pub(super) struct Stack {
+    sessions: Arc<Sessions>,
+    refill: Arc<Refill>,
+    reaper: bool,
+    started: AtomicBool,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        abort_all(&self.tasks);
+    }
+}
+
+/// Stops every task in `tasks`.
+pub(super) fn abort_all(tasks: &Mutex<Vec<JoinHandle<()>>>) {
+    for t in tasks.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+        t.abort();
+    }
+}
+
+impl Stack {
+    /// The stack over `engine` (already metered, and scoped for a fleet's engine).
+    pub fn build(engine: Arc<dyn ContainerEngine>, name: &str, shared: &Shared) -> Self {
+        let config = shared.config.clone();
+        // A CA file that cannot be read was already refused by config validation; reading it
+        // again here can only fail on a race, which then disables egress loudly.
+        let egress = match Egress::load(engine.clone(), config.clone()) {
+            Ok(e) => e.map(Arc::new),
+            Err(e) => {
+                tracing::error!(engine = %name, error = %e, "egress CA unreadable; egress sessions disabled");
+                None
+            }
+        };
+        let runtime: Arc<dyn SessionRuntime> = Arc::new(
+            HelperRuntime::new(
+                engine.clone(),
+                config.sessions.run_uid,
+                config.sessions.run_gid,
+            )
+            .with_helper(shared.helper.clone()),
+        );
+        let factory = Arc::new(SandboxFactory::new(
+            engine,
+            config.clone(),
+            egress,
+            shared.helper.clone(),
+        ));
+        let pool = Arc::new(Pool::new(
+            factory.clone(),
+            runtime.clone(),
+            shared.metrics.clone(),
+        ));
+        let sessions = Arc::new(Sessions::new(
+            factory,
+            pool.clone(),
+            runtime,
+            shared.locks.clone(),
+            shared.activity.clone(),
+            shared.metrics.clone(),
+        ));
+        Self {
+            sessions,
+            refill: Refill::new(pool, shared.locks.clone()),
+            reaper: config.reaper.enabled,
+            started: AtomicBool::new(false),
+            tasks: Mutex::default(),
+        }
+    }
+
+    pub fn sessions(&self) -> &Arc<Sessions> {
+        &self.sessions
+    }
+
+    /// Starts the reaper and the warm pool's refill, once.
+    pub fn start(&self) {
+        if self.started.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let mut tasks = Vec::new();
+        if self.reaper {
+            tasks.push(Arc::new(Reaper::new(self.sessions.clone())).spawn());
+        }
+        if let Some(t) = self.refill.spawn() {
+            tasks.push(t);
+        }
+        self.tasks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(tasks);
+    }
+
+    /// A clean stop of the refill: builds in flight finish.
+    pub async fn shutdown(&self) {
+        self.refill.shutdown().await;
+    }
+}

@@ -237,9 +237,18 @@ fn probe_spec(config: &Config, name: &str, image: &str, user: &str) -> Container
 }
 
 /// The probes' verdicts, per runtime and engine, for `/-/health/` and the metric.
+/// One engine's probe of a runtime.
+#[derive(Debug, Clone)]
+struct Probed {
+    engine: String,
+    image: Option<String>,
+    /// `None` while probing.
+    verdict: Option<Verdict>,
+}
+
 pub struct RuntimeHealth {
-    /// runtime → (engine name, image, verdict; `None` while probing).
-    seen: Mutex<BTreeMap<&'static str, Vec<(String, Option<String>, Option<Verdict>)>>>,
+    /// runtime → what each engine's probe found.
+    seen: Mutex<BTreeMap<&'static str, Vec<Probed>>>,
     gauge: Family<RuntimeLabels, Gauge>,
 }
 
@@ -291,8 +300,12 @@ impl RuntimeHealth {
     ) {
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         let list = seen.entry(runtime).or_default();
-        list.retain(|(e, _, _)| e != engine);
-        list.push((engine.to_string(), image.map(str::to_string), verdict));
+        list.retain(|p| p.engine != engine);
+        list.push(Probed {
+            engine: engine.to_string(),
+            image: image.map(str::to_string),
+            verdict,
+        });
         let label = RuntimeLabels { runtime };
         match aggregate(list).sound {
             Some(sound) => {
@@ -315,7 +328,7 @@ impl RuntimeHealth {
 
 /// One runtime's soundness over its engines: unsound when one is, sound when all are, else
 /// not known. Reasons name the engine when there are several.
-fn aggregate(list: &[(String, Option<String>, Option<Verdict>)]) -> RuntimeSoundness {
+fn aggregate(list: &[Probed]) -> RuntimeSoundness {
     let named = |engine: &str, reason: &str| {
         if list.len() > 1 {
             format!("engine {engine}: {reason}")
@@ -326,7 +339,10 @@ fn aggregate(list: &[(String, Option<String>, Option<Verdict>)]) -> RuntimeSound
     let mut unsound = Vec::new();
     let mut unknown = Vec::new();
     let mut failing: Vec<String> = Vec::new();
-    for (engine, _, verdict) in list {
+    for Probed {
+        engine, verdict, ..
+    } in list
+    {
         match verdict {
             Some(Verdict::Sound) => {}
             Some(Verdict::Unsound { reason, failing: f }) => {
@@ -341,7 +357,7 @@ fn aggregate(list: &[(String, Option<String>, Option<Verdict>)]) -> RuntimeSound
             None => unknown.push(named(engine, "the probe is running")),
         }
     }
-    let image = list.iter().find_map(|(_, i, _)| i.clone());
+    let image = list.iter().find_map(|p| p.image.clone());
     let (sound, reasons) = if !unsound.is_empty() {
         (Some(false), unsound)
     } else if !unknown.is_empty() {
@@ -462,10 +478,10 @@ mod tests {
             }
             tokio::task::yield_now().await;
         };
-        *seen.lock().unwrap() = engine.spec(&id);
+        *seen.lock().expect("lock") = engine.spec(&id);
         drop(hold);
         let _ = task.await;
-        let spec = spec_seen.lock().unwrap().clone().expect("spec");
+        let spec = spec_seen.lock().expect("lock").clone().expect("spec");
         assert_eq!(spec.runtime, "runsc");
         assert_eq!(spec.user.as_deref(), Some("1000:1000"));
         assert!(spec.cap_add.is_empty());
@@ -532,7 +548,7 @@ mod tests {
         let r = &health.report()["runsc"];
         assert_eq!(r.sound, Some(false));
         assert_eq!(r.failing, ["ls"]);
-        assert!(r.reason.as_deref().unwrap().contains("EINVAL"));
+        assert!(r.reason.as_deref().expect("reason").contains("EINVAL"));
         assert!(
             metrics
                 .render(None)
@@ -544,7 +560,7 @@ mod tests {
         health.record("runsc", "other", Some("img"), Verdict::Sound);
         let r = &health.report()["runsc"];
         assert_eq!(r.sound, Some(false));
-        assert!(r.reason.as_deref().unwrap().starts_with("engine local: "));
+        assert!(r.reason.as_deref().expect("reason").starts_with("engine local: "));
         health.record("runsc", "local", Some("img"), Verdict::Sound);
         assert_eq!(health.report()["runsc"].sound, Some(true));
         assert!(

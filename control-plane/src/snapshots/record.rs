@@ -1,0 +1,119 @@
+//! A snapshot's record (its labels say what the API answers), its listing and its removal.
+
+use super::*;
+
+impl Snapshots {
+    pub(super) async fn write_record(&self, s: &Snapshot) -> Result<(), EngineError> {
+        let mut labels = self.labels(ROLE_SNAPSHOT, &s.id);
+        labels.insert(SOURCE_LABEL.to_string(), s.source.clone());
+        labels.insert(IMAGE_LABEL.to_string(), s.base_image.clone());
+        labels.insert(CREATED_LABEL.to_string(), s.created.to_string());
+        labels.insert(SIZE_LABEL.to_string(), s.size.to_string());
+        if let Some(n) = &s.name {
+            labels.insert(NAME_LABEL.to_string(), n.clone());
+        }
+        if let Some(e) = s.expires {
+            labels.insert(EXPIRES_LABEL.to_string(), e.to_string());
+        }
+        self.engine
+            .create_volume(&VolumeSpec {
+                name: record_volume(&s.id),
+                labels,
+                driver_opts: HashMap::new(),
+            })
+            .await
+            .map(drop)
+    }
+
+    /// This deployment's snapshot `id`, or [`SnapshotError::NotFound`].
+    pub async fn get(&self, id: &str) -> Result<Snapshot, SnapshotError> {
+        // Another engine's snapshot is not on this one.
+        if !is_snapshot_id(id) || crate::ids::split_engine(id).0 != self.engine.id_prefix() {
+            return Err(SnapshotError::NotFound);
+        }
+        let v = match self.engine.inspect_volume(&record_volume(id)).await {
+            Ok(v) => v,
+            Err(EngineError::NotFound) => return Err(SnapshotError::NotFound),
+            Err(e) => return Err(e.into()),
+        };
+        self.parse_record(&v).ok_or(SnapshotError::NotFound)
+    }
+
+    fn parse_record(&self, v: &VolumeInfo) -> Option<Snapshot> {
+        let l = &v.labels;
+        if l.get(MANAGED_LABEL).map(String::as_str) != Some("true")
+            || l.get(ROLE_LABEL).map(String::as_str) != Some(ROLE_SNAPSHOT)
+            || l.get(DEPLOYMENT_LABEL) != Some(&self.config.deployment)
+        {
+            return None;
+        }
+        let id = l.get(SNAPSHOT_LABEL)?.clone();
+        if v.name != record_volume(&id) {
+            return None;
+        }
+        Some(Snapshot {
+            name: l.get(NAME_LABEL).cloned(),
+            source: l.get(SOURCE_LABEL).cloned().unwrap_or_default(),
+            base_image: l.get(IMAGE_LABEL).cloned().unwrap_or_default(),
+            created: l.get(CREATED_LABEL)?.parse().ok()?,
+            expires: l.get(EXPIRES_LABEL).and_then(|e| e.parse().ok()),
+            size: l.get(SIZE_LABEL).and_then(|s| s.parse().ok()).unwrap_or(0),
+            id,
+        })
+    }
+
+    /// This deployment's snapshots, newest first.
+    pub async fn list(&self) -> Result<Vec<Snapshot>, SnapshotError> {
+        let found = self.engine.list_volumes(&self.mine(ROLE_SNAPSHOT)).await?;
+        let mut all: Vec<Snapshot> = found.iter().filter_map(|v| self.parse_record(v)).collect();
+        all.sort_by(|a, b| b.created.cmp(&a.created).then_with(|| a.id.cmp(&b.id)));
+        Ok(all)
+    }
+
+    /// Deletes snapshot `id`: its record now, its payload as soon as nothing uses it.
+    pub async fn delete(&self, id: &str) -> Result<(), SnapshotError> {
+        self.get(id).await?;
+        match self.engine.remove_volume(&record_volume(id)).await {
+            Ok(()) | Err(EngineError::NotFound) => {}
+            Err(e) => return Err(e.into()),
+        }
+        self.release(id).await;
+        Ok(())
+    }
+
+    /// Removes a snapshot's payload where nothing uses it any more; what is still used stays
+    /// for a later sweep.
+    pub async fn release(&self, id: &str) {
+        match self.engine.remove_image(&image_ref(id)).await {
+            Ok(()) | Err(EngineError::NotFound) => {}
+            Err(e) => {
+                tracing::debug!(snapshot_id = id, error = %e, "snapshot image still in use; kept")
+            }
+        }
+        let users = self
+            .engine
+            .list_volumes(&[
+                (ROLE_LABEL, ROLE_WORKSPACE),
+                (DEPLOYMENT_LABEL, self.config.deployment.as_str()),
+                (SNAPSHOT_LABEL, id),
+            ])
+            .await;
+        if matches!(&users, Ok(u) if u.is_empty()) {
+            match self.engine.remove_volume(&data_volume(id)).await {
+                Ok(()) | Err(EngineError::NotFound) => {
+                    self.ledger().forks.remove(id);
+                }
+                Err(e) => {
+                    tracing::debug!(snapshot_id = id, error = %e, "snapshot data still in use; kept")
+                }
+            }
+        }
+    }
+
+    /// Everything of a snapshot that failed half-way.
+    pub(super) async fn discard(&self, id: &str) {
+        let _ = self.engine.remove_volume(&record_volume(id)).await;
+        let _ = self.engine.remove_image(&image_ref(id)).await;
+        let _ = self.engine.remove_volume(&data_volume(id)).await;
+    }
+}

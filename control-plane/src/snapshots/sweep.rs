@@ -1,0 +1,107 @@
+//! The reaper's part: retention, then payload without a record and workspaces of sessions
+//! that are gone.
+
+use super::*;
+
+impl Snapshots {
+    /// The reaper's part: retention (expired snapshots, then the oldest beyond the count and
+    /// byte caps), then the payload of snapshots without a record and the workspaces of
+    /// sessions that are gone, once older than `guard` (a snapshot or session being made has
+    /// them before its record or container). Returns the ids of the snapshots deleted.
+    pub async fn sweep(
+        &self,
+        now: SystemTime,
+        guard: Duration,
+    ) -> Result<Vec<String>, EngineError> {
+        let now = crate::time::unix_secs(now);
+        let guard = i64::try_from(guard.as_secs()).unwrap_or(i64::MAX);
+        let mut all = match self.list().await {
+            Ok(all) => all,
+            Err(SnapshotError::Engine(e)) => return Err(e),
+            Err(_) => Vec::new(),
+        };
+        // Newest first: keep from the front, evict from the back.
+        let mut deleted = Vec::new();
+        all.retain(|s| {
+            let expired = s.expires.is_some_and(|e| e <= now);
+            if expired {
+                deleted.push(s.id.clone());
+            }
+            !expired
+        });
+        let caps = &self.config.snapshots;
+        let mut bytes: u64 = 0;
+        let mut kept = Vec::new();
+        for (i, s) in all.into_iter().enumerate() {
+            bytes = bytes.saturating_add(s.size);
+            if i >= caps.max_count as usize || (bytes > caps.max_bytes && i > 0) {
+                deleted.push(s.id.clone());
+            } else {
+                kept.push(s.id);
+            }
+        }
+        for id in &deleted {
+            match self.delete(id).await {
+                Ok(()) | Err(SnapshotError::NotFound) => {
+                    tracing::info!(snapshot_id = %id, "reaper: snapshot removed (retention)")
+                }
+                Err(e) => {
+                    tracing::warn!(snapshot_id = %id, error = %e, "reaper: snapshot not removed")
+                }
+            }
+        }
+        let live: HashSet<String> = kept.into_iter().collect();
+        let old = |created: Option<i64>| created.unwrap_or(now).saturating_add(guard) <= now;
+
+        // Holders left by a crash mid-snapshot.
+        for c in self.engine.list(&self.mine(ROLE_SNAPSHOT_HOLDER)).await? {
+            if old(c.created) {
+                let _ = self.engine.remove(&c.id).await;
+            }
+        }
+        // Workspaces whose session is gone.
+        let sessions = self.engine.list(&self.mine(ROLE_SANDBOX)).await?;
+        let tokens: HashSet<&str> = sessions
+            .iter()
+            .filter_map(|c| c.label(WORKSPACE_LABEL))
+            .collect();
+        let workspaces = self.engine.list_volumes(&self.mine(ROLE_WORKSPACE)).await?;
+        let mut gone: Vec<&str> = workspaces
+            .iter()
+            .filter(|v| old(v.created))
+            .filter_map(|v| v.labels.get(WORKSPACE_LABEL).map(String::as_str))
+            .filter(|t| !tokens.contains(t))
+            .collect();
+        gone.sort_unstable();
+        gone.dedup();
+        for token in gone {
+            self.remove_workspace(token).await;
+        }
+        // Payload without a record.
+        let mut orphans: HashSet<String> = HashSet::new();
+        for i in self.engine.list_images(&self.mine(ROLE_SNAPSHOT)).await? {
+            if let Some(id) = i.labels.get(SNAPSHOT_LABEL)
+                && !live.contains(id)
+                && old(i.created)
+            {
+                orphans.insert(id.clone());
+            }
+        }
+        for v in self
+            .engine
+            .list_volumes(&self.mine(ROLE_SNAPSHOT_DATA))
+            .await?
+        {
+            if let Some(id) = v.labels.get(SNAPSHOT_LABEL)
+                && !live.contains(id)
+                && old(v.created)
+            {
+                orphans.insert(id.clone());
+            }
+        }
+        for id in orphans {
+            self.release(&id).await;
+        }
+        Ok(deleted)
+    }
+}

@@ -1,0 +1,248 @@
+//! Taking a snapshot: the freeze, the commit and the workspace copy side by side.
+
+use super::budget::Reservation;
+use super::*;
+
+impl Snapshots {
+    /// Snapshots the session `info` (the caller holds its lock). A running session is frozen
+    /// while its container is committed and its workspace copied, side by side; a stopped one is
+    /// read as it is. On error nothing of the snapshot is left.
+    pub async fn take(
+        &self,
+        info: &ContainerInfo,
+        req: &SnapshotRequest,
+        keep: Keep,
+    ) -> Result<(Snapshot, Timings), SnapshotError> {
+        let id = new_id(self.engine.id_prefix());
+        let reservation = self.reserve(&id, info).await?;
+        let base_image = info.labels.get(IMAGE_LABEL).cloned().unwrap_or_default();
+        let source_image = info
+            .image_id
+            .clone()
+            .ok_or_else(|| EngineError::Unavailable("the session has no image id".into()))?;
+        let data = self
+            .engine
+            .create_volume(&VolumeSpec {
+                name: data_volume(&id),
+                labels: self.labels(ROLE_SNAPSHOT_DATA, &id),
+                driver_opts: HashMap::new(),
+            })
+            .await?;
+        let made = self
+            .capture(info, &id, &source_image, &base_image, &data, &reservation)
+            .await;
+        let (image_bytes, workspace_bytes, timings) = match made {
+            Ok(m) => m,
+            Err(e) => {
+                self.discard(&id).await;
+                return Err(e);
+            }
+        };
+        let created = unix_now();
+        let snapshot = Snapshot {
+            id: id.clone(),
+            name: req.name.clone(),
+            source: info.id.clone(),
+            base_image,
+            created,
+            expires: req
+                .ttl
+                .map(|t| created.saturating_add(i64::try_from(t.as_secs()).unwrap_or(i64::MAX))),
+            size: image_bytes.saturating_add(workspace_bytes),
+        };
+        if keep == Keep::Recorded
+            && let Err(e) = self.write_record(&snapshot).await
+        {
+            self.discard(&id).await;
+            return Err(e.into());
+        }
+        if keep == Keep::ForForks {
+            // No record says a fork's size: this replica counts it until its payload goes.
+            self.ledger().forks.insert(id.clone(), snapshot.size);
+        }
+        drop(reservation);
+        Ok((snapshot, timings))
+    }
+
+    /// The freeze, the commit and the copy; the bytes of the image's own layer and of the copy.
+    async fn capture(
+        &self,
+        info: &ContainerInfo,
+        id: &str,
+        source_image: &str,
+        base_image: &str,
+        data: &VolumeInfo,
+        reservation: &Reservation<'_>,
+    ) -> Result<(u64, u64, Timings), SnapshotError> {
+        // Everything that does not need the freeze is done before it: the source image (its
+        // environment for the commit's config, its size for ours) and the holder.
+        let source = self.engine.inspect_image(source_image).await?;
+        let spec = self.commit_spec(info, id, &source.env, base_image);
+        let holder = self
+            .engine
+            .create(&self.holder_spec(id, source_image, &data.name))
+            .await?;
+        let freeze = info.is_running();
+        let started = std::time::Instant::now();
+        if freeze && let Err(e) = self.engine.pause(&info.id).await {
+            let _ = self.engine.remove(&holder).await;
+            return Err(e.into());
+        }
+        let size_max = self.config.snapshots.size_max;
+        let commit = async {
+            let t = std::time::Instant::now();
+            // Measured again frozen: what the sandbox wrote since the first measure (a sparse
+            // file is made in an instant) cannot slip past the cap.
+            if freeze {
+                let layer = self.engine.writable_bytes(&info.id).await?.unwrap_or(0);
+                if layer > size_max {
+                    return Err(SnapshotError::TooLarge {
+                        cap: size_max,
+                        found: layer,
+                        where_: "outside /workspace (the container's own files)",
+                    });
+                }
+            }
+            let image = self.engine.commit(&info.id, &spec).await?;
+            Ok::<_, SnapshotError>((image, t.elapsed()))
+        };
+        let copy = async {
+            let t = std::time::Instant::now();
+            let bytes = self.copy_workspace(&info.id, &holder, reservation).await?;
+            Ok::<_, SnapshotError>((bytes, t.elapsed()))
+        };
+        let (committed, copied) = tokio::join!(commit, copy);
+        let frozen = started.elapsed();
+        if freeze && let Err(e) = self.engine.unpause(&info.id).await {
+            // Left frozen, the session would hang: say so loudly (the next request thaws it).
+            tracing::error!(session_id = %info.id, error = %e, "snapshot: could not thaw the session");
+        }
+        let _ = self.engine.remove(&holder).await;
+        let (image, commit_time) = committed?;
+        let (workspace_bytes, copy_time) = copied?;
+        let own = self.engine.inspect_image(&image).await?.size;
+        let base = source.size;
+        let image_bytes = u64::try_from(own.saturating_sub(base)).unwrap_or(0);
+        Ok((
+            image_bytes,
+            workspace_bytes,
+            Timings {
+                frozen,
+                commit: commit_time,
+                copy: copy_time,
+            },
+        ))
+    }
+
+    /// A never-started container with the data volume at `/workspace`: the daemon mounts its
+    /// volumes for an archive upload, which is how the copy lands in the volume.
+    fn holder_spec(&self, id: &str, image: &str, volume: &str) -> ContainerSpec {
+        ContainerSpec {
+            name: None,
+            image: image.to_string(),
+            entrypoint: Some(Vec::new()),
+            cmd: Some(vec![layout::HELPER.to_string()]),
+            env: Vec::new(),
+            labels: self.labels(ROLE_SNAPSHOT_HOLDER, id),
+            user: Some("0:0".to_string()),
+            cap_add: Vec::new(),
+            sysctls: Vec::new(),
+            init: false,
+            runtime: "runc".to_string(),
+            memory_bytes: None,
+            nano_cpus: None,
+            pids_limit: 16,
+            network: NetworkAttach::None,
+            volumes: Vec::new(),
+            named_volumes: vec![(volume.to_string(), layout::WORKSPACE.to_string())],
+            log_options: Vec::new(),
+            skeleton: None,
+        }
+    }
+
+    /// The image's config: the base image's environment plus the sandbox's own variables, and
+    /// every other variable of the container's (the caller's, the egress settings) blanked,
+    /// because Docker merges the container's environment into a committed image's.
+    fn commit_spec(
+        &self,
+        info: &ContainerInfo,
+        id: &str,
+        image_env: &[String],
+        base_image: &str,
+    ) -> CommitSpec {
+        let mut env: Vec<(String, String)> =
+            image_env.iter().filter_map(|kv| split_env(kv)).collect();
+        let mut blanked = Vec::new();
+        for kv in &info.env {
+            let Some((k, _)) = split_env(kv) else {
+                continue;
+            };
+            if env.iter().any(|(ek, _)| *ek == k) {
+                continue;
+            }
+            blanked.push(k.clone());
+            env.push((k, String::new()));
+        }
+        // The container's own labels (its triad, its pool, its workspace) would otherwise be
+        // the image's, and every session made from it would carry them: each is given an empty
+        // value, which the service reads as absent ([`ContainerInfo::label`]). The base image's
+        // labels stay.
+        let mut labels: HashMap<String, String> = info
+            .labels
+            .keys()
+            .filter(|k| k.starts_with("daiv.sandbox."))
+            .map(|k| (k.clone(), String::new()))
+            .collect();
+        labels.extend(self.labels(ROLE_SNAPSHOT, id));
+        labels.insert(IMAGE_LABEL.to_string(), base_image.to_string());
+        labels.insert(BLANKED_LABEL.to_string(), blanked.join(","));
+        CommitSpec {
+            reference: image_ref(id),
+            labels,
+            env,
+            entrypoint: Vec::new(),
+            cmd: vec![layout::HELPER.to_string(), "init".to_string()],
+            user: "0:0".to_string(),
+        }
+    }
+
+    /// Streams the session's `/workspace` into the holder's volume; the bytes streamed. The
+    /// stream is cut once it passes the reservation's budget (the archive writes a sparse
+    /// file's holes as zeros): the snapshot is refused and its partial copy discarded.
+    async fn copy_workspace(
+        &self,
+        session: &str,
+        holder: &str,
+        reservation: &Reservation<'_>,
+    ) -> Result<u64, SnapshotError> {
+        let budget = reservation.copy_budget;
+        let counted = Arc::new(AtomicU64::new(0));
+        let seen = counted.clone();
+        let tar = self
+            .engine
+            .get_archive(session, layout::WORKSPACE)
+            .await?
+            .map(move |chunk| {
+                let chunk = chunk.map_err(std::io::Error::other)?;
+                let total =
+                    seen.fetch_add(chunk.len() as u64, Ordering::Relaxed) + chunk.len() as u64;
+                if total > budget {
+                    return Err(std::io::Error::other("snapshot over its size cap"));
+                }
+                Ok(chunk)
+            })
+            .boxed();
+        let put = self.engine.put_archive(holder, "/", tar).await;
+        let total = counted.load(Ordering::Relaxed);
+        if total > budget {
+            return Err(reservation.refusal(total));
+        }
+        put?;
+        Ok(total)
+    }
+}
+
+fn split_env(kv: &str) -> Option<(String, String)> {
+    let (k, v) = kv.split_once('=')?;
+    Some((k.to_string(), v.to_string()))
+}

@@ -560,7 +560,12 @@ mod tests {
         health.record("runsc", "other", Some("img"), Verdict::Sound);
         let r = &health.report()["runsc"];
         assert_eq!(r.sound, Some(false));
-        assert!(r.reason.as_deref().expect("reason").starts_with("engine local: "));
+        assert!(
+            r.reason
+                .as_deref()
+                .expect("reason")
+                .starts_with("engine local: ")
+        );
         health.record("runsc", "local", Some("img"), Verdict::Sound);
         assert_eq!(health.report()["runsc"].sound, Some(true));
         assert!(

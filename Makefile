@@ -20,7 +20,7 @@ SUITE ?=
 KEEP_ENGINES ?= 0
 JUNIT := target/nextest/ci/junit.xml
 
-.PHONY: help fmt lint clippy build static helper images images-static images-host host compose-smoke docker gvisor redis registry chromium run test test-steps e2e-steps test-unit test-quick test-e2e check-leaks clean-docker cargo-fuzz fuzz fuzz-smoke chaos deny api-fuzz api-fuzz-smoke soak soak-smoke fleet-engines engines-up fleet
+.PHONY: help fmt lint clippy build static helper images images-static images-host host compose-smoke docker gvisor redis registry chromium venv run test test-steps e2e-steps test-unit test-quick test-e2e check-leaks clean-docker cargo-fuzz fuzz fuzz-smoke chaos deny api-fuzz api-fuzz-smoke soak soak-smoke fleet-engines engines-up fleet
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -62,6 +62,9 @@ registry: ## Install docker-registry and htpasswd (the private-registry tests st
 chromium: ## Install Debian's chromium (the /docs browser test drives it headless)
 	@scripts/ensure-chromium.sh >/dev/null
 
+venv: ## Make target/venv with the official MCP Python SDK (the MCP e2e tests drive the service with it)
+	@scripts/ensure-python-venv.sh >/dev/null
+
 images: images-host images-static ## Build the local images (no registry needed): sandboxes, gateway, service, Redis
 
 # The images built from this checkout's static binaries (cargo).
@@ -75,8 +78,8 @@ images-host: docker
 	@integration/compose/build-redis-image.sh
 
 # Everything `make test` prepares on the host without cargo (packages, debootstrapped images, the
-# Docker-in-Docker image): it runs beside the compilation.
-host: images-host gvisor redis registry chromium
+# Docker-in-Docker image, the Python venv): it runs beside the compilation.
+host: images-host gvisor redis registry chromium venv
 	@images/dind/build.sh
 
 compose-smoke: images ## Bring up integration/compose.yaml, check health and a session end to end, tear it down
@@ -104,12 +107,12 @@ test-unit: ## Unit and in-process tests only (no Docker)
 	$(CARGO) nextest run --workspace --exclude e2e
 
 # The e2e suites' needs, read from their sources (so a new suite is covered): gVisor when one
-# names runsc, Redis, the private registry, Chromium, the fleet's engines.
+# names runsc, Redis, the private registry, Chromium, the fleet's engines, the Python venv.
 SUITE_FILES = $(if $(SUITE),tests/tests/$(SUITE).rs,$(wildcard tests/tests/*.rs))
 suite_uses = $(shell grep -lE '$(1)' $(SUITE_FILES) 2>/dev/null)
 E2E_NEEDS = $(if $(call suite_uses,runsc),gvisor) $(if $(call suite_uses,Redis::start),redis) \
 	$(if $(call suite_uses,PrivateRegistry),registry) $(if $(call suite_uses,chromiumoxide),chromium) \
-	$(if $(call suite_uses,e2e::fleet),fleet-engines)
+	$(if $(call suite_uses,e2e::fleet),fleet-engines) $(if $(call suite_uses,ensure-python-venv),venv)
 
 test-e2e: ## One e2e suite, after starting only what it needs: `make test-e2e SUITE=pool`; no SUITE: all
 	@if [ -n "$(SUITE)" ] && [ ! -f tests/tests/$(SUITE).rs ]; then \

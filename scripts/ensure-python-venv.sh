@@ -2,7 +2,9 @@
 # Make sure target/venv holds the Python packages of integration/python/requirements.txt (the
 # official MCP client the MCP end-to-end tests drive) and print the venv's python. Installs
 # python3-venv with apt-get when the interpreter cannot make a venv; packages come from PyPI
-# only. A venv whose recorded requirements match the file is left as it is.
+# only. A venv whose recorded requirements match the file, and whose python still finds the
+# SDK installed, is left as it is. Concurrent runs (test processes side by side) wait for each
+# other.
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
 . "$(dirname "$(readlink -f "$0")")/lib.sh"
@@ -12,11 +14,16 @@ req="$root/integration/python/requirements.txt"
 venv="${DAIV_PYTHON_VENV:-$root/target/venv}"
 stamp="$venv/.requirements"
 
+mkdir -p "$(dirname "$venv")"
+exec 9>"$venv.lock"
+flock 9
+
 command -v python3 >/dev/null 2>&1 || apt_ensure python3
 if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
     apt_ensure python3-venv
 fi
-if [ -x "$venv/bin/python" ] && [ -f "$stamp" ] && cmp -s "$req" "$stamp"; then
+if [ -x "$venv/bin/python" ] && [ -f "$stamp" ] && cmp -s "$req" "$stamp" &&
+    "$venv/bin/python" -c 'import importlib.metadata as m; m.version("mcp")' >/dev/null 2>&1; then
     echo "$venv/bin/python"
     exit 0
 fi

@@ -69,6 +69,15 @@ pub struct RunResult {
     pub exit_code: i64,
     /// Working directory of the command.
     pub workdir: String,
+    /// Wall time of the command, in milliseconds (absent from sessions whose helper predates it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<u64>,
+    /// CPU time (user + system) of the command's process tree, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_ms: Option<u64>,
+    /// Peak resident memory of the largest process of the command, in bytes (sampled).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_rss_bytes: Option<u64>,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]

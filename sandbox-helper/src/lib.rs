@@ -20,6 +20,7 @@
 //! - [`identity`]: the helper's own uid, and acting for the sandbox user.
 //! - [`env_file`]: the claim's environment, read by runs and process starts.
 //! - [`write_file`]: the `write-file` command.
+//! - [`usage`]: what a command or background process cost (time, CPU of its tree, peak memory).
 //! - `src/main.rs`: the `daiv-sandbox-helper` binary: `serve`, `init`, `write-file`,
 //!   `--version`; it parses flags into the configurations above.
 //!
@@ -36,7 +37,8 @@
 //! shell has exited, what is already in the pipe is taken and the command is done, even if a
 //! background child still holds the pipe open. CANCEL kills the running group. One `run` runs
 //! at a time per helper: a cancelled batch's group is dead before the next batch starts. Exit
-//! code: the code, or 128 + signal. A shell that cannot be started (e.g. `workdir` missing)
+//! code: the code, or 128 + signal. Each `finished` event carries the command's
+//! [`usage`]: `duration_ms`, `cpu_ms` and `max_rss_bytes`. A shell that cannot be started (e.g. `workdir` missing)
 //! ends the run with an `io` error.
 //!
 //! # Path safety
@@ -53,4 +55,5 @@ pub mod identity;
 pub mod ops;
 pub mod procs;
 pub mod server;
+pub mod usage;
 pub mod write_file;

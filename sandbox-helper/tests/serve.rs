@@ -65,6 +65,7 @@ impl Reply {
                     exit_code,
                     omitted,
                     timed_out,
+                    ..
                 } => Some((*index, *exit_code, *omitted, *timed_out)),
                 _ => None,
             })
@@ -102,7 +103,7 @@ impl Helper {
         let ready = h.frames.recv_timeout(Duration::from_secs(10)).unwrap();
         assert_eq!((ready.id, ready.kind), (0, kind::EVENT));
         let ev: Event = serde_json::from_slice(&ready.payload).unwrap();
-        assert!(matches!(ev, Event::Ready { protocol: 1, .. }), "{ev:?}");
+        assert!(matches!(ev, Event::Ready { protocol: 2, .. }), "{ev:?}");
         h
     }
 
@@ -305,6 +306,42 @@ fn run_reports_exit_codes_pipefail_and_interleaved_output() {
     assert_eq!(
         std::fs::canonicalize(pwd.lines().next().unwrap()).unwrap(),
         std::fs::canonicalize(_d.path()).unwrap()
+    );
+}
+
+#[test]
+fn each_finished_command_says_what_it_cost() {
+    let (_d, mut h) = setup();
+    // CPU in a child of the shell (waited for), then 8 MB held by another child for a while.
+    let r = h.run(
+        &[
+            "sh -c 'i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done'; sh -c 'x=$(head -c 8000000 /dev/zero | tr \"\\0\" a); sleep 0.3'",
+            "exit 4",
+        ],
+        json!({}),
+    );
+    assert_eq!(r.ok(), json!({}));
+    let usages: Vec<_> = r
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Finished { usage, .. } => Some(*usage),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(usages.len(), 2);
+    let busy = usages[0];
+    assert!(busy.duration_ms.is_some_and(|d| d >= 300), "{busy:?}");
+    assert!(busy.cpu_ms.is_some_and(|c| c >= 10), "{busy:?}");
+    assert!(
+        busy.max_rss_bytes.is_some_and(|m| m >= 8_000_000),
+        "{busy:?}"
+    );
+    // A command over before its first sample may have no memory figure; time and CPU it has.
+    assert!(
+        usages[1].duration_ms.is_some() && usages[1].cpu_ms.is_some(),
+        "{:?}",
+        usages[1]
     );
 }
 

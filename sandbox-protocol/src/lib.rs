@@ -15,7 +15,7 @@
 //! Feature `openapi` adds `utoipa` schemas to [`wire`]. `tests/snapshot.rs` pins the JSON of
 //! every message: a change to the protocol is never silent.
 //!
-//! # Protocol (version 1)
+//! # Protocol (version 2)
 //!
 //! The control plane (the client) opens one long-lived `docker exec -i` of
 //! `daiv-sandbox-helper serve` per session and replica, and speaks this on its stdin/stdout.
@@ -48,7 +48,7 @@
 //!
 //! ## Lifecycle
 //! - On start the helper sends EVENT id 0
-//!   `{"type":"ready","protocol":1,"version":"<crate version>","pid":N}`. The client speaks
+//!   `{"type":"ready","protocol":2,"version":"<crate version>","pid":N}`. The client speaks
 //!   only to a helper whose `protocol` is its own [`VERSION`].
 //! - EOF on stdin (the client went away): every request is cancelled, running process groups
 //!   are killed, the helper exits 0.
@@ -112,9 +112,15 @@
 //! narrow the request).
 //!
 //! ## Events
-//! `{"type":"ready","protocol":1,"version":str,"pid":n}` (id 0) ·
+//! `{"type":"ready","protocol":2,"version":str,"pid":n}` (id 0) ·
 //! `{"type":"started","index":i}`: command `i` of a `run` began; the DATA frames that follow are
-//! its output · `{"type":"finished","index":i,"exit_code":n,"omitted":n,"timed_out":bool}`.
+//! its output · `{"type":"finished","index":i,"exit_code":n,"omitted":n,"timed_out":bool,"duration_ms"?:n,
+//! "cpu_ms"?:n,"max_rss_bytes"?:n}` ([`message::Usage`]; a process's list entry and poll answer
+//! carry the same three once it ended).
+//!
+//! ## Versions
+//! 1: the first. 2: `finished` events, list entries and poll answers carry
+//! [`message::Usage`].
 
 pub mod frame;
 pub mod layout;
@@ -124,4 +130,4 @@ pub mod write_file;
 
 /// Protocol version the helper announces in its `ready` event; bumped on any change a peer of
 /// the other version would misread.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;

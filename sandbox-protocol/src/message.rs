@@ -188,6 +188,9 @@ pub struct ProcInfo {
     pub command: String,
     pub running: bool,
     pub exit_code: Option<i64>,
+    /// Once it ended: what it cost (protocol 2).
+    #[serde(flatten)]
+    pub usage: Usage,
 }
 
 /// A poll's answer; the output itself is the DATA frame before it.
@@ -201,6 +204,9 @@ pub struct PollInfo {
     pub next_offset: u64,
     /// Bytes before `offset` were dropped from the buffer.
     pub truncated: bool,
+    /// Once it ended: what it cost (protocol 2).
+    #[serde(flatten)]
+    pub usage: Usage,
 }
 
 /// Why a request produced no `ok` value.
@@ -305,7 +311,24 @@ pub enum Event {
         /// Output bytes over `output_cap`, counted but not sent.
         omitted: u64,
         timed_out: bool,
+        /// What the command cost (protocol 2; absent from older helpers).
+        #[serde(flatten)]
+        usage: Usage,
     },
+}
+
+/// What a command or an ended background process cost: wall time, CPU time (user + system of
+/// its process tree: the shell and every descendant it waited for, as `wait4` counts them) and
+/// peak resident memory (the largest of its process group's processes, sampled while it ran).
+/// Each field is absent where the helper could not measure it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_rss_bytes: Option<u64>,
 }
 
 /// The `ok` value of `extract`.

@@ -12,7 +12,7 @@ use std::fmt::Debug;
 use sandbox_protocol::frame::{self, kind};
 use sandbox_protocol::message::{
     ErrorKind, Event, ExtractStats, PollInfo, ProcInfo, ProcList, ProcRequest, ProcStarted,
-    Request, Response, SeededInfo,
+    Request, Response, SeededInfo, Usage,
 };
 use sandbox_protocol::wire::{
     FsDeleteResponse, FsEditResponse, FsEntry, FsError, FsErrorCode, FsGlobResponse, FsGrepMatch,
@@ -346,11 +346,11 @@ fn every_event_has_its_json() {
     let cases: Vec<(Event, &str)> = vec![
         (
             Event::Ready {
-                protocol: 1,
+                protocol: 2,
                 version: "0.1.0".into(),
                 pid: 42,
             },
-            r#"{"type":"ready","protocol":1,"version":"0.1.0","pid":42}"#,
+            r#"{"type":"ready","protocol":2,"version":"0.1.0","pid":42}"#,
         ),
         (
             Event::Started { index: 0 },
@@ -362,8 +362,23 @@ fn every_event_has_its_json() {
                 exit_code: 124,
                 omitted: 4096,
                 timed_out: true,
+                usage: Usage::default(),
             },
             r#"{"type":"finished","index":1,"exit_code":124,"omitted":4096,"timed_out":true}"#,
+        ),
+        (
+            Event::Finished {
+                index: 0,
+                exit_code: 0,
+                omitted: 0,
+                timed_out: false,
+                usage: Usage {
+                    duration_ms: Some(12),
+                    cpu_ms: Some(7),
+                    max_rss_bytes: Some(3_145_728),
+                },
+            },
+            r#"{"type":"finished","index":0,"exit_code":0,"omitted":0,"timed_out":false,"duration_ms":12,"cpu_ms":7,"max_rss_bytes":3145728}"#,
         ),
     ];
     for (value, json) in &cases {
@@ -486,16 +501,22 @@ fn every_ok_value_has_its_json() {
                     command: "npm run dev".into(),
                     running: true,
                     exit_code: None,
+                    usage: Usage::default(),
                 },
                 ProcInfo {
                     process_id: "p2-ffffffffffff".into(),
                     command: "sleep 1".into(),
                     running: false,
                     exit_code: Some(137),
+                    usage: Usage {
+                        duration_ms: Some(1002),
+                        cpu_ms: Some(3),
+                        max_rss_bytes: Some(1_048_576),
+                    },
                 },
             ],
         },
-        r#"{"processes":[{"process_id":"p1-0a1b2c3d4e5f","command":"npm run dev","running":true,"exit_code":null},{"process_id":"p2-ffffffffffff","command":"sleep 1","running":false,"exit_code":137}]}"#,
+        r#"{"processes":[{"process_id":"p1-0a1b2c3d4e5f","command":"npm run dev","running":true,"exit_code":null},{"process_id":"p2-ffffffffffff","command":"sleep 1","running":false,"exit_code":137,"duration_ms":1002,"cpu_ms":3,"max_rss_bytes":1048576}]}"#,
     );
     pinned(
         &PollInfo {
@@ -505,8 +526,13 @@ fn every_ok_value_has_its_json() {
             offset: 10,
             next_offset: 25,
             truncated: true,
+            usage: Usage {
+                duration_ms: Some(40),
+                cpu_ms: None,
+                max_rss_bytes: None,
+            },
         },
-        r#"{"process_id":"p1-0a1b2c3d4e5f","running":false,"exit_code":0,"offset":10,"next_offset":25,"truncated":true}"#,
+        r#"{"process_id":"p1-0a1b2c3d4e5f","running":false,"exit_code":0,"offset":10,"next_offset":25,"truncated":true,"duration_ms":40}"#,
     );
 }
 
@@ -674,7 +700,7 @@ fn frames_have_their_bytes() {
         },
         &mut out,
     );
-    let payload = br#"{"type":"ready","protocol":1,"version":"0.1.0","pid":7}"#;
+    let payload = br#"{"type":"ready","protocol":2,"version":"0.1.0","pid":7}"#;
     let mut expected = vec![0, 0, 0, payload.len() as u8 + 5, 0, 0, 0, 0, 5];
     expected.extend_from_slice(payload);
     assert_eq!(out, expected);
@@ -693,5 +719,5 @@ fn frames_have_their_bytes() {
         ],
         [1, 2, 3, 4, 5, 6]
     );
-    assert_eq!(sandbox_protocol::VERSION, 1);
+    assert_eq!(sandbox_protocol::VERSION, 2);
 }

@@ -201,6 +201,9 @@ impl SessionRuntime for HelperRuntime {
                                 output: command_output(&out, dropped, &spec),
                                 exit_code: LOST_EXIT_CODE,
                                 workdir: spec.workdir.clone(),
+                                duration_ms: None,
+                                cpu_ms: None,
+                                max_rss_bytes: None,
                             });
                             return Ok(results);
                         }
@@ -236,7 +239,10 @@ impl SessionRuntime for HelperRuntime {
                                 current = Some((index as usize, Vec::new(), 0));
                             }
                             Event::Finished {
-                                exit_code, omitted, ..
+                                exit_code,
+                                omitted,
+                                usage,
+                                ..
                             } => {
                                 let (index, out, dropped) = current.take().unwrap_or_default();
                                 let result = RunResult {
@@ -244,6 +250,9 @@ impl SessionRuntime for HelperRuntime {
                                     output: command_output(&out, omitted + dropped, &spec),
                                     exit_code,
                                     workdir: spec.workdir.clone(),
+                                    duration_ms: usage.duration_ms,
+                                    cpu_ms: usage.cpu_ms,
+                                    max_rss_bytes: usage.max_rss_bytes,
                                 };
                                 if let Some(tx) = &events {
                                     let result = result.clone();

@@ -18,10 +18,11 @@ use rustix::event::{PollFd, PollFlags, Timespec};
 use rustix::process::{Pid, PidfdFlags, Signal};
 
 use sandbox_protocol::frame::MAX_DATA_CHUNK;
-use sandbox_protocol::message::Event;
+use sandbox_protocol::message::{Event, Usage};
 
 use super::{Halt, Stop, TICK};
 use crate::identity::Identity;
+use crate::usage::{Meter, exited};
 
 /// Printed as a command's output when the image has no shell at all.
 pub const NO_SHELL: &[u8] = b"daiv-sandbox: no shell in this image\n";
@@ -137,6 +138,7 @@ struct Outcome {
     exit_code: i64,
     omitted: u64,
     timed_out: bool,
+    usage: Usage,
 }
 
 /// Sends output within the cap, counts the rest.
@@ -175,6 +177,7 @@ pub fn run(
             exit_code: outcome.exit_code,
             omitted: outcome.omitted,
             timed_out: outcome.timed_out,
+            usage: outcome.usage,
         }));
         if outcome.timed_out || (spec.fail_fast && outcome.exit_code != 0) {
             break;
@@ -222,6 +225,7 @@ fn run_one(
             exit_code: 127,
             omitted: out.omitted,
             timed_out: false,
+            usage: Usage::default(),
         });
     };
     let spawn_err = |e: io::Error| {
@@ -281,13 +285,22 @@ fn wait(
     let deadline = spec.timeout.map(|t| Instant::now() + t);
     let mut buf = vec![0u8; MAX_DATA_CHUNK];
     let mut pipe_open = true;
+    let raw_pid = i32::try_from(pid).unwrap_or(0);
+    let mut meter = Meter::start(raw_pid);
     loop {
-        if let Ok(Some(status)) = child.try_wait() {
+        // First right after the spawn (which returns once the shell was exec'd), so even a
+        // command that ends at once has a figure.
+        meter.sample();
+        // Exited but not yet reaped: its usage is still readable.
+        if exited(raw_pid, false) {
+            let usage = meter.finish(raw_pid);
+            let code = child.wait().map_or(-1, exit_code);
             drain(reader, pipe_open, &mut buf, out);
             return Ok(Outcome {
-                exit_code: exit_code(status),
+                exit_code: code,
                 omitted: out.omitted,
                 timed_out: false,
+                usage,
             });
         }
         if stop.check().is_err() {
@@ -300,12 +313,15 @@ fn wait(
             && now >= d
         {
             kill_group(pid);
+            exited(raw_pid, true);
+            let usage = meter.finish(raw_pid);
             let _ = child.wait();
             drain(reader, pipe_open, &mut buf, out);
             return Ok(Outcome {
                 exit_code: TIMEOUT_EXIT,
                 omitted: out.omitted,
                 timed_out: true,
+                usage,
             });
         }
         let wait_for = deadline.map_or(TICK, |d| TICK.min(d - now));

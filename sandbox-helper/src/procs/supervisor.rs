@@ -11,17 +11,19 @@ use std::process::{ChildStdin, Stdio};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use rustix::process::{Pid, Signal};
+use rustix::event::{PollFd, PollFlags, Timespec};
+use rustix::process::{Pid, PidfdFlags, Signal};
 use sandbox_protocol::frame::{encode, encode_json, kind, read_frame};
 use sandbox_protocol::layout;
 use sandbox_protocol::message::{
-    ErrorKind, PollInfo, ProcInfo, ProcList, ProcRequest, ProcStarted, Response,
+    ErrorKind, PollInfo, ProcInfo, ProcList, ProcRequest, ProcStarted, Response, Usage,
 };
 
 use super::{MAX_WAIT, STDIN_WAIT, abstract_addr};
 use crate::env_file::claimed_env;
 use crate::identity::Identity;
 use crate::ops::run::shell;
+use crate::usage::{Meter, SAMPLE_EVERY, exited};
 
 /// What the supervisor is told when `init` starts it.
 #[derive(Debug, Clone)]
@@ -53,6 +55,8 @@ struct Output {
     /// Bytes ever written; `total - buf.len()` is the offset of `buf[0]`.
     total: u64,
     exit_code: Option<i64>,
+    /// Once it ended: what it cost.
+    usage: Usage,
     pipe_closed: bool,
 }
 
@@ -148,12 +152,16 @@ fn find(table: &Mutex<Table>, id: &str) -> Result<Arc<Proc>, Response> {
 }
 
 fn info(p: &Proc) -> ProcInfo {
-    let exit_code = lock(&p.out).exit_code;
+    let (exit_code, usage) = {
+        let o = lock(&p.out);
+        (o.exit_code, o.usage)
+    };
     ProcInfo {
         process_id: p.id.clone(),
         command: p.command.clone(),
         running: exit_code.is_none(),
         exit_code,
+        usage,
     }
 }
 
@@ -278,6 +286,7 @@ fn start(
             cap: usize::try_from(buffer_bytes.max(1)).unwrap_or(usize::MAX),
             total: 0,
             exit_code: None,
+            usage: Usage::default(),
             pipe_closed: false,
         }),
         changed: Condvar::new(),
@@ -315,6 +324,27 @@ fn start(
     let _ = std::thread::Builder::new()
         .name("proc-wait".into())
         .spawn(move || {
+            // Sampled while it runs; measured before it is reaped.
+            let pid = i32::try_from(child.id()).unwrap_or(0);
+            let mut meter = Meter::start(pid);
+            let pidfd = Pid::from_raw(pid)
+                .and_then(|p| rustix::process::pidfd_open(p, PidfdFlags::empty()).ok());
+            loop {
+                meter.sample();
+                if exited(pid, pidfd.is_none()) {
+                    break;
+                }
+                if let Some(fd) = &pidfd {
+                    let every = SAMPLE_EVERY;
+                    let ts = Timespec {
+                        tv_sec: every.as_secs() as _,
+                        tv_nsec: every.subsec_nanos() as _,
+                    };
+                    let mut fds = [PollFd::new(fd, PollFlags::IN)];
+                    let _ = rustix::event::poll(&mut fds, Some(&ts));
+                }
+            }
+            let usage = meter.finish(pid);
             let status = child.wait();
             let code = match status {
                 Ok(s) => match (s.code(), s.signal()) {
@@ -340,6 +370,7 @@ fn start(
                     .unwrap_or_else(|e| e.into_inner().0);
             }
             o.exit_code = Some(code);
+            o.usage = usage;
             drop(o);
             *lock(&p.stdin) = None;
             p.changed.notify_all();
@@ -398,6 +429,7 @@ fn poll(
         offset: from,
         next_offset: from + take as u64,
         truncated: offset < first,
+        usage: o.usage,
     };
     Ok((info, data))
 }

@@ -25,6 +25,8 @@ pub mod registry;
 
 pub mod fake_sentry;
 
+pub mod scan;
+
 use std::io::Read;
 use std::net::TcpListener;
 use std::path::PathBuf;

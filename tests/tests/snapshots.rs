@@ -9,13 +9,14 @@
 //! Each test is a deployment of its own, removed by a guard whatever happens: snapshots outlive
 //! their sessions, so the guard takes the deployment's images and volumes too.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use e2e::egress::{EgressSettings, Upstream, gateway_of, start_upstream};
+use e2e::scan::{dir_contains, saved_image_contains, scan, scan_maybe_compressed};
 use e2e::workspace::{Member, seed, tar_of};
 use e2e::{
     BUSYBOX, ControlPlane, DEBIAN, DeploymentGuard, Session, containers_with, docker, eventually,
@@ -352,109 +353,6 @@ fn put_owned(container: &str, dir: &str, name: &str, data: &[u8], mode: u32) -> 
         String::from_utf8_lossy(&out.stderr)
     );
     Ok(())
-}
-
-/// Marks which of `needles` occur in what `r` yields (streamed; a needle may straddle reads).
-fn scan(mut r: impl Read, needles: &[&str], found: &mut [bool]) -> Result<()> {
-    let keep = needles.iter().map(|n| n.len()).max().unwrap_or(1) - 1;
-    let mut buf = vec![0u8; 1 << 20];
-    let mut window: Vec<u8> = Vec::with_capacity(buf.len() + keep);
-    loop {
-        let n = r.read(&mut buf)?;
-        if n == 0 {
-            return Ok(());
-        }
-        window.extend_from_slice(&buf[..n]);
-        for (i, needle) in needles.iter().enumerate() {
-            if !found[i] && contains(&window, needle.as_bytes()) {
-                found[i] = true;
-            }
-        }
-        let cut = window.len().saturating_sub(keep);
-        window.drain(..cut);
-    }
-}
-
-fn contains(hay: &[u8], needle: &[u8]) -> bool {
-    let Some(&first) = needle.first() else {
-        return true;
-    };
-    let mut from = 0;
-    while let Some(p) = hay[from..].iter().position(|b| *b == first) {
-        let at = from + p;
-        if hay[at..].starts_with(needle) {
-            return true;
-        }
-        from = at + 1;
-    }
-    false
-}
-
-/// Like [`scan`], decompressing first when `r` starts as gzip or zstd does.
-fn scan_maybe_compressed(r: impl Read, needles: &[&str], found: &mut [bool]) -> Result<()> {
-    let mut br = BufReader::with_capacity(1 << 16, r);
-    let head = br.fill_buf()?.to_vec();
-    if head.starts_with(&[0x1f, 0x8b]) {
-        scan(flate2::read::MultiGzDecoder::new(br), needles, found)
-    } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
-        scan(
-            zstd::stream::read::Decoder::with_buffer(br)?,
-            needles,
-            found,
-        )
-    } else {
-        scan(br, needles, found)
-    }
-}
-
-/// Which of `needles` occur in `docker save` of `image`: its config and every layer (each
-/// decompressed if it is compressed), base layers included.
-fn saved_image_contains(image: &str, needles: &[&str]) -> Result<Vec<bool>> {
-    let mut child = Command::new("docker")
-        .args(["save", image])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("docker save")?;
-    let stdout = child.stdout.take().context("docker save stdout")?;
-    let mut found = vec![false; needles.len()];
-    let mut archive = tar::Archive::new(stdout);
-    let mut entries = 0;
-    for entry in archive.entries()? {
-        let entry = entry?;
-        entries += 1;
-        scan_maybe_compressed(entry, needles, &mut found)?;
-    }
-    let out = child.wait_with_output()?;
-    ensure!(
-        out.status.success(),
-        "docker save {image}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    ensure!(entries > 0, "docker save {image} wrote nothing");
-    Ok(found)
-}
-
-/// Which of `needles` occur in any file under `dir` on this host (symlinks not followed; each
-/// file decompressed if it is compressed); also how many files were read.
-fn dir_contains(dir: &Path, needles: &[&str]) -> Result<(Vec<bool>, usize)> {
-    let mut found = vec![false; needles.len()];
-    let mut files = 0;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for entry in std::fs::read_dir(&d).with_context(|| format!("read {}", d.display()))? {
-            let entry = entry?;
-            let kind = entry.file_type()?;
-            if kind.is_dir() {
-                stack.push(entry.path());
-            } else if kind.is_file() {
-                files += 1;
-                let f = std::fs::File::open(entry.path())?;
-                scan_maybe_compressed(f, needles, &mut found)?;
-            }
-        }
-    }
-    Ok((found, files))
 }
 
 fn volume_dir(name: &str) -> Result<std::path::PathBuf> {

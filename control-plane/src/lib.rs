@@ -4,12 +4,15 @@
 //! Each module imports only from the layers before it (`tests/layering.rs` checks it):
 //! 1. **Leaves:** [`ids`], [`secret`], [`text`], [`time`], [`layout`] (the paths inside a sandbox, from the protocol
 //!    crate), [`api`] (the wire types the API serves), [`archive`] (the tar archives the service
-//!    builds itself), [`backoff`] (the one retry pacing).
+//!    builds itself), [`endpoint`] (what an engine endpoint is), [`backoff`] (the one retry
+//!    pacing). `ids`, `secret`, `time`, `archive` and `endpoint` are the `sandbox-common`
+//!    crate's, which the engine crate shares.
 //! 2. **Settings:** [`config`], validated all at once at start-up.
-//! 3. **Infrastructure:** [`engine`] (the container-engine seam, its Docker implementation, the
-//!    registry credentials, a fake), [`runtime`] (the session-runtime seam over the in-sandbox
-//!    helper's channel), [`coordination`] (per-session locks and activity, in-process or over
-//!    Redis), [`telemetry`] (metrics, logs, Sentry).
+//! 3. **Infrastructure:** [`engine`] (the `sandbox-engine` crate: the container-engine seam, its
+//!    Docker implementation, the registry credentials, the scoped and metered decorators, a
+//!    fake), [`runtime`] (the session-runtime seam over the in-sandbox helper's channel),
+//!    [`coordination`] (per-session locks and activity, in-process or over Redis), [`telemetry`]
+//!    (metrics, logs, Sentry).
 //! 4. **Egress and snapshots:** [`egress`], the one owner of a session's triad; [`snapshots`]
 //!    (a session's filesystem as Docker objects, retention, copy-on-write workspaces).
 //! 5. **Building a sandbox:** [`sandbox`] (validation, spec, skeleton, cold build).
@@ -30,16 +33,13 @@
 
 pub mod admission;
 pub mod api;
-pub mod archive;
 pub mod auth;
 pub mod backoff;
 pub mod config;
 pub mod coordination;
 pub mod egress;
-pub mod engine;
 pub mod error;
 pub mod fleet;
-pub mod ids;
 pub mod mcp;
 pub mod pool;
 pub mod processes;
@@ -47,16 +47,17 @@ pub mod reaper;
 pub mod routes;
 pub mod runtime;
 pub mod sandbox;
-pub mod secret;
 pub mod serve;
 pub mod sessions;
 pub mod snapshots;
 pub mod state;
 pub mod telemetry;
 pub mod text;
-pub mod time;
 pub mod workspace;
 
+// Modules of other crates, at the layer the table gives their names.
+pub use sandbox_common::{archive, endpoint, ids, secret, time};
+pub use sandbox_engine as engine;
 pub use sandbox_protocol::layout;
 pub use state::{AppState, app};
 

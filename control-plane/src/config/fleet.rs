@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use super::parse::Parser;
+// What an endpoint is and its TLS files: leaves, shared with the Docker adapter.
+pub use crate::endpoint::{Endpoint, TlsFiles, endpoint_kind};
 use crate::ids::is_engine_name;
 
 #[derive(Debug, Clone)]
@@ -114,14 +116,6 @@ pub struct EngineSpec {
     pub default: bool,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TlsFiles {
-    pub ca: PathBuf,
-    pub cert: PathBuf,
-    pub key: PathBuf,
-}
-
 impl EngineSpec {
     /// The prefix of the ids of the engine's sessions and snapshots.
     pub fn prefix(&self) -> Option<&str> {
@@ -219,26 +213,6 @@ pub fn parse_engines(text: &[u8]) -> Result<Vec<EngineSpec>, String> {
     Ok(file.engines)
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Endpoint {
-    Unix,
-    Tcp,
-}
-
-/// What an endpoint is, when it is one we reach.
-pub fn endpoint_kind(endpoint: &str) -> Option<Endpoint> {
-    if let Some(path) = endpoint.strip_prefix("unix://") {
-        return path.starts_with('/').then_some(Endpoint::Unix);
-    }
-    let rest = endpoint.strip_prefix("tcp://")?;
-    let (host, port) = rest.rsplit_once(':')?;
-    let ok = !host.is_empty()
-        && !host.contains('/')
-        && port.parse::<u16>().is_ok_and(|p| p > 0)
-        && !rest.contains('@');
-    ok.then_some(Endpoint::Tcp)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -329,19 +303,5 @@ mod tests {
             let err = crate::config::load(&env).expect_err("refused").to_string();
             assert!(err.contains(key), "{err}");
         }
-    }
-
-    #[test]
-    fn endpoints_are_unix_paths_or_tcp_host_ports() {
-        assert_eq!(
-            endpoint_kind("unix:///var/run/docker.sock"),
-            Some(Endpoint::Unix)
-        );
-        assert_eq!(endpoint_kind("tcp://10.0.0.2:2376"), Some(Endpoint::Tcp));
-        assert_eq!(endpoint_kind("tcp://[::1]:2376"), Some(Endpoint::Tcp));
-        assert_eq!(endpoint_kind("unix://relative"), None);
-        assert_eq!(endpoint_kind("tcp://host:0"), None);
-        assert_eq!(endpoint_kind("tcp://user@host:1"), None);
-        assert_eq!(endpoint_kind("ssh://host"), None);
     }
 }

@@ -9,6 +9,11 @@
 //! values are bounded by construction (route templates, fs op names, error codes, engine call
 //! names, configured warm-pool images), never ids or user input, so the number of series stays
 //! small.
+//!
+//! Families are grouped by area, each group a struct of its own that registers itself
+//! ([`EngineMetrics::register`]): the engine's group lives with the engine crate's metered
+//! decorator, and [`Metrics`] holds it. The control plane's other families are to follow that
+//! pattern (HTTP, sessions, pool, admission, ...); until then they are fields of [`Metrics`].
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
@@ -19,6 +24,8 @@ use prometheus_client::encoding::{EncodeLabelSet, prometheus_text};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::{counter, gauge, histogram};
 use prometheus_client::registry::Registry;
+
+pub use crate::engine::metered::{Buckets, EngineErrorLabels, EngineMetrics, OpLabels};
 
 /// The `Content-Type` of [`Metrics::render`]'s output.
 pub use prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
@@ -81,22 +88,6 @@ pub struct FsLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabels {
     pub outcome: String,
-}
-
-/// `engine_call_duration_seconds`: the engine call's name.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct OpLabels {
-    pub op: &'static str,
-    /// The engine's name in the fleet (`default` without one).
-    pub engine: String,
-}
-
-/// `engine_errors_total`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct EngineErrorLabels {
-    pub op: &'static str,
-    pub kind: &'static str,
-    pub engine: String,
 }
 
 /// An engine of the fleet.
@@ -170,8 +161,8 @@ pub struct Metrics {
     pub seed_bytes: Counter,
     pub lock_waits: Histogram,
     pub lock_busy: Counter,
-    pub engine_calls: Histograms<OpLabels>,
-    pub engine_errors: Family<EngineErrorLabels, Counter>,
+    /// The engine's group: its calls and errors (see `crate::engine::metered`).
+    pub engine: EngineMetrics,
     /// 1 while an engine of the fleet answers, 0 while it is down.
     pub engine_up: Family<EngineLabels, Gauge>,
     /// 1 while an engine is drained (no new sessions).
@@ -236,8 +227,7 @@ impl Default for Metrics {
             seed_bytes: Counter::default(),
             lock_waits: histogram(),
             lock_busy: Counter::default(),
-            engine_calls: histograms(),
-            engine_errors: Family::default(),
+            engine: EngineMetrics::new(Buckets(&BUCKETS)),
             engine_up: Family::default(),
             engine_draining: Family::default(),
             engine_sessions: Family::default(),
@@ -328,16 +318,7 @@ impl Default for Metrics {
             "Requests answered 409 because the session lock stayed held",
             m.lock_busy.clone(),
         );
-        r.register(
-            "engine_call_duration_seconds",
-            "Container engine (Docker API) calls by operation",
-            m.engine_calls.clone(),
-        );
-        r.register(
-            "engine_errors",
-            "Container engine (Docker API) errors by operation and kind",
-            m.engine_errors.clone(),
-        );
+        m.engine.register(r);
         r.register(
             "engine_up",
             "Whether an engine of the fleet answers (1) or is down (0)",
@@ -454,6 +435,13 @@ impl Default for Metrics {
     }
 }
 
+/// What the metered engine counts into (`MeteredEngine::new(engine, metrics)`).
+impl AsRef<EngineMetrics> for Metrics {
+    fn as_ref(&self) -> &EngineMetrics {
+        &self.engine
+    }
+}
+
 /// Sessions by state, read from the engine at scrape time (`None` when it did not answer).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct SessionGauge {
@@ -560,7 +548,8 @@ mod tests {
         };
         observe_duration(&m.fs_ops.get_or_create(&read), Duration::from_millis(20));
         observe_duration(&m.fs_ops.get_or_create(&read), Duration::from_secs(2));
-        m.engine_errors
+        m.engine
+            .errors
             .get_or_create(&EngineErrorLabels {
                 op: "inspect",
                 kind: "a\"b\\c\nd",
@@ -682,13 +671,14 @@ mod tests {
             d,
         );
         observe_duration(
-            &m.engine_calls.get_or_create(&OpLabels {
+            &m.engine.calls.get_or_create(&OpLabels {
                 op: "list",
                 engine: "default".into(),
             }),
             d,
         );
-        m.engine_errors
+        m.engine
+            .errors
             .get_or_create(&EngineErrorLabels {
                 op: "list",
                 kind: "unavailable",

@@ -5,7 +5,7 @@
 //! `base_image` is therefore a repository reference only, and what the engine answers counts
 //! only when the reference is among the image's own tags or digests.
 
-use super::ImageInfo;
+use crate::ImageInfo;
 
 /// Is `reference` an image id rather than a repository reference (`sha256:…`, or the 64 hex
 /// digits Docker itself refuses as a repository name)?

@@ -27,7 +27,7 @@ use base64::Engine as _;
 use serde::Deserialize;
 use tokio::io::AsyncWriteExt;
 
-use crate::config::Secret;
+use sandbox_common::secret::Secret;
 
 /// The Docker CLI's key for Docker Hub (`registry.IndexServer`): in `auths`, in `credHelpers`,
 /// and what it hands a helper.

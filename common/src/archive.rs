@@ -1,13 +1,12 @@
-//! The tar archives the control plane builds itself for [`ContainerEngine::put_archive`]: a new
+//! The tar archives the control plane builds itself for the engine's `put_archive`: a new
 //! sandbox's skeleton, the gateway's config and policy, a claim's environment file, the seed
 //! marker. (Seed archives come from clients and go through `workspace::sanitize` instead.)
 //!
 //! One builder so that every such archive says the same things the same way: GNU headers, an
 //! explicit owner and mode on every entry (a container's `exec -u root` may have no capabilities
 //! under gVisor, so ownership comes from the archive, never from a `chown` afterwards), the
-//! current time as mtime, and directory names ending in `/`.
-//!
-//! [`ContainerEngine::put_archive`]: crate::engine::ContainerEngine::put_archive
+//! current time as mtime, and directory names ending in `/`. The engine's fake answers its
+//! `get_archive` with it too.
 
 use std::io;
 

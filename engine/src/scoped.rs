@@ -1,28 +1,26 @@
-//! An engine of a fleet as the code above the engine seam sees it ([`ScopedEngine`]).
+//! An engine of a fleet as the code above the engine seam sees it ([`ScopedEngine`], a
+//! [`Decorate`]: it writes only its ids, its guard and its streams' cut).
 //!
 //! Two things set a fleet's engine apart from the single engine of a plain deployment:
 //! - its container ids are handed out with the engine's name in front (`b.<id>`), so a session id
-//!   says which engine holds it, on every replica, without a database ([`crate::ids`]);
+//!   says which engine holds it, on every replica, without a database (`sandbox_common::ids`);
 //! - it may be unreachable: until the fleet first connects to it, and whenever its health check
 //!   marks it down. A call then fails at once, and a call in flight (a stream too) is cut when the
 //!   engine is marked down, so no request waits on a dead engine longer than it takes to notice.
 //!
-//! The fleet (see `crate::fleet`) owns the [`Link`]: it connects, checks health and flips the
+//! The control plane's fleet owns the [`Link`]: it connects, checks health and flips the
 //! state; everything else holds the [`ScopedEngine`].
 
+use std::future::Future;
+use std::ops::Deref;
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
 
-use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::BoxStream;
+use sandbox_common::ids::with_engine;
 use tokio::sync::watch;
 
-use super::{
-    AttachedExec, CommitSpec, ContainerEngine, ContainerInfo, ContainerSpec, EngineError,
-    EngineInfo, ExecSpec, ExecStream, ImageInfo, NetworkInfo, NetworkSpec, VolumeInfo, VolumeSpec,
-};
-use crate::ids::with_engine;
+use crate::{ContainerEngine, Decorate, EngineError};
 
 /// The connection to one engine and whether it answers.
 pub struct Link {
@@ -134,9 +132,35 @@ impl ScopedEngine {
             prefix: prefix.map(str::to_string),
         }
     }
+}
+
+impl Decorate for ScopedEngine {
+    fn inner(
+        &self,
+    ) -> Result<impl Deref<Target = dyn ContainerEngine> + Send + Sync + '_, EngineError> {
+        self.link.live()
+    }
+
+    fn prefix(&self) -> Option<&str> {
+        self.prefix.as_deref()
+    }
+
+    /// The call, cut short when the engine goes down.
+    async fn around<T: Send>(
+        &self,
+        _op: &'static str,
+        call: impl Future<Output = Result<T, EngineError>> + Send,
+    ) -> Result<T, EngineError> {
+        let down = self.link.went_down();
+        tokio::select! {
+            biased;
+            r = call => r,
+            () = down => Err(self.link.down_error()),
+        }
+    }
 
     /// The engine's own id for one we handed out (names pass through).
-    fn raw<'a>(&self, id: &'a str) -> &'a str {
+    fn id_in<'a>(&self, id: &'a str) -> &'a str {
         match &self.prefix {
             Some(p) => id
                 .strip_prefix(p.as_str())
@@ -146,184 +170,28 @@ impl ScopedEngine {
         }
     }
 
-    fn ours(&self, raw: String) -> String {
+    fn id_out(&self, raw: String) -> String {
         with_engine(self.prefix.as_deref(), &raw)
     }
 
-    fn ours_info(&self, mut info: ContainerInfo) -> ContainerInfo {
-        info.id = self.ours(std::mem::take(&mut info.id));
-        info
-    }
-}
-
-/// Runs `$call` on the live engine `$e`, cut short when the engine goes down.
-macro_rules! guarded {
-    ($self:ident, |$e:ident| $call:expr) => {{
-        let $e = $self.link.live()?;
-        let down = $self.link.went_down();
-        tokio::select! {
-            biased;
-            r = $call => r,
-            () = down => Err($self.link.down_error()),
-        }
-    }};
-}
-
-#[async_trait::async_trait]
-impl ContainerEngine for ScopedEngine {
-    async fn ping(&self) -> Result<(), EngineError> {
-        guarded!(self, |e| e.ping())
-    }
-    async fn info(&self) -> Result<EngineInfo, EngineError> {
-        guarded!(self, |e| e.info())
-    }
-    fn id_prefix(&self) -> Option<&str> {
-        self.prefix.as_deref()
-    }
-    async fn ensure_image(&self, image: &str) -> Result<ImageInfo, EngineError> {
-        guarded!(self, |e| e.ensure_image(image))
-    }
-    async fn create(&self, spec: &ContainerSpec) -> Result<String, EngineError> {
-        guarded!(self, |e| e.create(spec)).map(|id| self.ours(id))
-    }
-    async fn start(&self, id: &str) -> Result<(), EngineError> {
-        guarded!(self, |e| e.start(self.raw(id)))
-    }
-    async fn inspect(&self, id: &str) -> Result<ContainerInfo, EngineError> {
-        guarded!(self, |e| e.inspect(self.raw(id))).map(|i| self.ours_info(i))
-    }
-    async fn writable_bytes(&self, id: &str) -> Result<Option<u64>, EngineError> {
-        guarded!(self, |e| e.writable_bytes(self.raw(id)))
-    }
-    async fn stop(&self, id: &str, grace: Duration) -> Result<(), EngineError> {
-        guarded!(self, |e| e.stop(self.raw(id), grace))
-    }
-    async fn remove(&self, id: &str) -> Result<(), EngineError> {
-        guarded!(self, |e| e.remove(self.raw(id)))
-    }
-    async fn exec(&self, id: &str, spec: &ExecSpec) -> Result<ExecStream, EngineError> {
-        let started = guarded!(self, |e| e.exec(self.raw(id), spec))?;
-        Ok(ExecStream {
-            exec_id: started.exec_id,
-            output: self.link.cut(started.output),
-        })
-    }
-    async fn exec_attached(&self, id: &str, spec: &ExecSpec) -> Result<AttachedExec, EngineError> {
-        let attached = guarded!(self, |e| e.exec_attached(self.raw(id), spec))?;
-        Ok(AttachedExec {
-            output: self.link.cut(attached.output),
-            input: attached.input,
-        })
-    }
-    async fn exec_exit_code(&self, exec_id: &str) -> Result<Option<i64>, EngineError> {
-        guarded!(self, |e| e.exec_exit_code(exec_id))
-    }
-    async fn put_archive(
+    /// Streams end with an error as soon as the engine is marked down.
+    fn stream_out<T: Send + 'static>(
         &self,
-        id: &str,
-        path: &str,
-        tar: BoxStream<'static, Result<Bytes, std::io::Error>>,
-    ) -> Result<(), EngineError> {
-        guarded!(self, |e| e.put_archive(self.raw(id), path, tar))
-    }
-    async fn get_archive(
-        &self,
-        id: &str,
-        path: &str,
-    ) -> Result<BoxStream<'static, Result<Bytes, EngineError>>, EngineError> {
-        let stream = guarded!(self, |e| e.get_archive(self.raw(id), path))?;
-        Ok(self.link.cut(stream))
-    }
-    async fn wait_for_log(
-        &self,
-        id: &str,
-        needle: &str,
-        timeout: Duration,
-    ) -> Result<(), EngineError> {
-        guarded!(self, |e| e.wait_for_log(self.raw(id), needle, timeout))
-    }
-    async fn rename(&self, current: &str, new: &str) -> Result<(), EngineError> {
-        guarded!(self, |e| e.rename(self.raw(current), new))
-    }
-    async fn update_limits(
-        &self,
-        id: &str,
-        memory_bytes: Option<i64>,
-        nano_cpus: Option<i64>,
-    ) -> Result<(), EngineError> {
-        guarded!(self, |e| e.update_limits(
-            self.raw(id),
-            memory_bytes,
-            nano_cpus
-        ))
-    }
-    async fn image_id(&self, image: &str) -> Result<String, EngineError> {
-        guarded!(self, |e| e.image_id(image))
-    }
-    async fn list(&self, labels: &[(&str, &str)]) -> Result<Vec<ContainerInfo>, EngineError> {
-        let list = guarded!(self, |e| e.list(labels))?;
-        Ok(list.into_iter().map(|i| self.ours_info(i)).collect())
-    }
-    async fn create_network(&self, spec: &NetworkSpec) -> Result<String, EngineError> {
-        guarded!(self, |e| e.create_network(spec))
-    }
-    async fn remove_network(&self, id_or_name: &str) -> Result<(), EngineError> {
-        guarded!(self, |e| e.remove_network(id_or_name))
-    }
-    async fn connect_network(
-        &self,
-        network: &str,
-        container: &str,
-        ip: Option<std::net::IpAddr>,
-    ) -> Result<(), EngineError> {
-        guarded!(self, |e| e.connect_network(
-            network,
-            self.raw(container),
-            ip
-        ))
-    }
-    async fn list_networks(
-        &self,
-        labels: &[(&str, &str)],
-    ) -> Result<Vec<NetworkInfo>, EngineError> {
-        guarded!(self, |e| e.list_networks(labels))
-    }
-    async fn pause(&self, id: &str) -> Result<(), EngineError> {
-        guarded!(self, |e| e.pause(self.raw(id)))
-    }
-    async fn unpause(&self, id: &str) -> Result<(), EngineError> {
-        guarded!(self, |e| e.unpause(self.raw(id)))
-    }
-    async fn commit(&self, id: &str, spec: &CommitSpec) -> Result<String, EngineError> {
-        guarded!(self, |e| e.commit(self.raw(id), spec))
-    }
-    async fn inspect_image(&self, reference: &str) -> Result<ImageInfo, EngineError> {
-        guarded!(self, |e| e.inspect_image(reference))
-    }
-    async fn list_images(&self, labels: &[(&str, &str)]) -> Result<Vec<ImageInfo>, EngineError> {
-        guarded!(self, |e| e.list_images(labels))
-    }
-    async fn remove_image(&self, reference: &str) -> Result<(), EngineError> {
-        guarded!(self, |e| e.remove_image(reference))
-    }
-    async fn create_volume(&self, spec: &VolumeSpec) -> Result<VolumeInfo, EngineError> {
-        guarded!(self, |e| e.create_volume(spec))
-    }
-    async fn inspect_volume(&self, name: &str) -> Result<VolumeInfo, EngineError> {
-        guarded!(self, |e| e.inspect_volume(name))
-    }
-    async fn list_volumes(&self, labels: &[(&str, &str)]) -> Result<Vec<VolumeInfo>, EngineError> {
-        guarded!(self, |e| e.list_volumes(labels))
-    }
-    async fn remove_volume(&self, name: &str) -> Result<(), EngineError> {
-        guarded!(self, |e| e.remove_volume(name))
+        stream: BoxStream<'static, Result<T, EngineError>>,
+    ) -> BoxStream<'static, Result<T, EngineError>> {
+        self.link.cut(stream)
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use sandbox_common::ids::{is_container_id, is_session_id};
+
     use super::*;
-    use crate::engine::fake::FakeEngine;
+    use crate::fake::FakeEngine;
+    use crate::{ContainerSpec, NetworkAttach};
 
     fn scoped(prefix: Option<&str>) -> (Arc<Link>, ScopedEngine, Arc<FakeEngine>) {
         let fake = Arc::new(FakeEngine::default());
@@ -350,7 +218,7 @@ mod tests {
             memory_bytes: None,
             nano_cpus: None,
             pids_limit: 10,
-            network: crate::engine::NetworkAttach::None,
+            network: NetworkAttach::None,
             volumes: Vec::new(),
             named_volumes: Vec::new(),
             log_options: Vec::new(),
@@ -363,7 +231,7 @@ mod tests {
         let (_, engine, fake) = scoped(Some("b"));
         let id = engine.create(&spec()).await.expect("ok");
         let raw = id.strip_prefix("b.").expect("prefixed");
-        assert!(crate::ids::is_session_id(&id));
+        assert!(is_session_id(&id));
         // The engine itself knows the raw id only.
         fake.inspect(raw).await.expect("ok");
         assert_eq!(engine.inspect(&id).await.expect("ok").id, id);
@@ -382,7 +250,7 @@ mod tests {
     async fn the_default_engine_keeps_raw_ids() {
         let (_, engine, _) = scoped(None);
         let id = engine.create(&spec()).await.expect("ok");
-        assert!(crate::ids::is_container_id(&id));
+        assert!(is_container_id(&id));
         assert_eq!(engine.inspect(&id).await.expect("ok").id, id);
     }
 

@@ -1,6 +1,6 @@
 //! The engine's types in Docker's terms and back: the container a [`ContainerSpec`] asks of the
 //! daemon, what its inspect and list answers say as [`ContainerInfo`], and its errors, states and
-//! timestamps in ours. No daemon calls here: the calls are in the parent module.
+//! timestamps in ours. No daemon calls here: the calls are in the area modules beside it.
 
 use std::collections::HashMap;
 
@@ -11,8 +11,8 @@ use bollard::models::{
     NetworkingConfig,
 };
 
-use crate::engine::credentials::RegistryCredential;
-use crate::engine::{
+use crate::credentials::RegistryCredential;
+use crate::{
     ContainerInfo, ContainerSpec, ContainerStatus, EngineError, MANAGED_LABEL, NetworkAttach,
     PullFailure,
 };
@@ -72,7 +72,7 @@ pub(super) fn with_default_tag(image: &str) -> String {
 
 /// A credential as bollard sends it (`X-Registry-Auth`).
 pub(super) fn docker_credentials(c: RegistryCredential) -> bollard::auth::DockerCredentials {
-    let expose = |s: Option<crate::config::Secret>| s.map(|s| s.expose().to_string());
+    let expose = |s: Option<sandbox_common::secret::Secret>| s.map(|s| s.expose().to_string());
     bollard::auth::DockerCredentials {
         username: c.username,
         password: expose(c.password),

@@ -8,14 +8,13 @@ use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 
-use crate::engine::{
+use crate::{
     AttachedExec, CommitSpec, ContainerEngine, ContainerInfo, ContainerSpec, ContainerStatus,
     EngineError, ExecSpec, ExecStream, ImageInfo, NetworkInfo, NetworkSpec, VolumeInfo, VolumeSpec,
 };
 
 use super::{FakeEngine, State};
-use crate::archive::Archive;
-use crate::layout;
+use sandbox_common::archive::Archive;
 
 #[async_trait::async_trait]
 impl ContainerEngine for FakeEngine {
@@ -23,9 +22,9 @@ impl ContainerEngine for FakeEngine {
         self.check_up("ping".into()).await
     }
 
-    async fn info(&self) -> Result<crate::engine::EngineInfo, EngineError> {
+    async fn info(&self) -> Result<crate::EngineInfo, EngineError> {
         self.check_up("info".into()).await?;
-        Ok(crate::engine::EngineInfo {
+        Ok(crate::EngineInfo {
             runtimes: vec!["runc".into(), "runsc".into()],
             images: Vec::new(),
         })
@@ -36,7 +35,7 @@ impl ContainerEngine for FakeEngine {
         if self.with(|s| s.missing_images.iter().any(|m| m == image)) {
             return Err(EngineError::ImageUnavailable {
                 image: image.to_string(),
-                failure: crate::engine::PullFailure::Denied,
+                failure: crate::PullFailure::Denied,
                 reason: "pull access denied".into(),
             });
         }
@@ -206,81 +205,12 @@ impl ContainerEngine for FakeEngine {
         Ok(ExecStream { exec_id, output })
     }
 
-    /// Runs a host build of the real helper (`daiv-sandbox-helper serve --root <dir>`) with its
-    /// stdin and stdout as the channel: in-process tests drive the real protocol and ops.
+    /// The session helper's channel (see `helper`), or its `write-file`.
     async fn exec_attached(&self, id: &str, spec: &ExecSpec) -> Result<AttachedExec, EngineError> {
         if spec.cmd.get(1).map(String::as_str) == Some("write-file") {
             return self.write_file(id, spec).await;
         }
-        self.check_up(format!("exec_attached {id}")).await?;
-        let running = self.with(|s| {
-            s.containers
-                .get(id)
-                .map(|(_, st)| *st == ContainerStatus::Running)
-        });
-        match running {
-            None => return Err(EngineError::NotFound),
-            Some(false) => return Err(EngineError::Conflict("container is not running".into())),
-            Some(true) => {}
-        }
-        let root = self.workspace_dir(id);
-        for dir in [layout::REPO, layout::SKILLS, layout::TMP] {
-            let sub = dir.strip_prefix(layout::WORKSPACE).unwrap_or(dir);
-            std::fs::create_dir_all(root.join(sub.trim_start_matches('/')))
-                .map_err(|e| EngineError::Unavailable(e.to_string()))?;
-        }
-        // The service directory's files (the claim's environment, the seed marker) where the
-        // host helper finds them (a sandbox's helper reads them from its root-owned directory).
-        let service_dir = self.service_dir(id)?;
-        for file in [layout::ENV_FILE, layout::SEED_MARKER] {
-            let claimed = self.with(|s| {
-                let key = (id.to_string(), file.to_string());
-                s.files.get(&key).and_then(|(content, _)| content.clone())
-            });
-            let host = service_dir.join(file.rsplit('/').next().unwrap_or(file));
-            match claimed {
-                Some(content) => std::fs::write(&host, content),
-                None => std::fs::remove_file(&host).or(Ok(())),
-            }
-            .map_err(|e| EngineError::Unavailable(e.to_string()))?;
-        }
-        let mut child = tokio::process::Command::new(host_helper())
-            .arg("serve")
-            .arg("--root")
-            .arg(&root)
-            .arg("--service-dir")
-            .arg(&service_dir)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| {
-                EngineError::Unavailable(format!(
-                    "cannot run the host helper {}: {e} (build it: cargo build -p sandbox-helper)",
-                    host_helper().display()
-                ))
-            })?;
-        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
-            return Err(EngineError::Unavailable("helper pipes missing".into()));
-        };
-        let alive = self.with(|s| s.alive.entry(id.to_string()).or_default().clone());
-        let output = tokio_util::io::ReaderStream::new(stdout)
-            .map(|r| r.map_err(|e| EngineError::Unavailable(e.to_string())))
-            .take_until(alive.cancelled_owned())
-            // Keeps the child (and so the helper) alive as long as the stream is.
-            .chain(
-                futures::stream::once(async move {
-                    let _ = child.wait().await;
-                    Err(EngineError::Unavailable("helper exited".into()))
-                })
-                .filter(|_| async { false }),
-            )
-            .boxed();
-        Ok(AttachedExec {
-            output,
-            input: Box::pin(stdin),
-        })
+        self.serve_helper(id).await
     }
 
     async fn exec_exit_code(&self, exec_id: &str) -> Result<Option<i64>, EngineError> {
@@ -543,102 +473,9 @@ impl FakeEngine {
     }
 }
 
-impl FakeEngine {
-    /// The host directory standing in for container `id`'s service directory.
-    fn service_dir(&self, id: &str) -> Result<std::path::PathBuf, EngineError> {
-        let dir = self.workspace_dir(id).with_extension("service");
-        std::fs::create_dir_all(&dir).map_err(|e| EngineError::Unavailable(e.to_string()))?;
-        Ok(dir)
-    }
-
-    /// The helper's `write-file PATH MODE`: the content after stdin's header line becomes the
-    /// file (as the exec's user), and the answer is `ok`; input cut short writes nothing.
-    async fn write_file(&self, id: &str, spec: &ExecSpec) -> Result<AttachedExec, EngineError> {
-        let path = spec.cmd.get(2).cloned().unwrap_or_default();
-        self.check_up(format!("exec_attached {id} write-file {path}"))
-            .await?;
-        if !self.with(|s| s.containers.contains_key(id)) {
-            return Err(EngineError::NotFound);
-        }
-        let mode = spec
-            .cmd
-            .get(3)
-            .and_then(|m| u32::from_str_radix(m, 8).ok())
-            .unwrap_or(0o644);
-        let (uid, gid) = spec
-            .user
-            .split_once(':')
-            .map(|(u, g)| (u.parse().unwrap_or(0), g.parse().unwrap_or(0)))
-            .unwrap_or((0, 0));
-        let then = spec.cmd.iter().any(|a| a == "--");
-        let (input, reader) = tokio::io::duplex(64 * 1024);
-        let (tx, rx) = tokio::sync::oneshot::channel::<Bytes>();
-        let me = self.clone();
-        let id = id.to_string();
-        tokio::spawn(async move {
-            use tokio::io::{AsyncBufReadExt, AsyncReadExt};
-            let mut reader = tokio::io::BufReader::new(reader);
-            let mut line = Vec::new();
-            let header = match reader.read_until(b'\n', &mut line).await {
-                Ok(_) => serde_json::from_slice::<sandbox_protocol::write_file::WriteHeader>(
-                    line.strip_suffix(b"\n").unwrap_or(b"not a line"),
-                )
-                .ok(),
-                Err(_) => None,
-            };
-            let Some(header) = header else { return };
-            let mut content = vec![
-                0;
-                usize::try_from(header.len)
-                    .unwrap_or(usize::MAX)
-                    .min(1 << 24)
-            ];
-            if reader.read_exact(&mut content).await.is_ok() {
-                // An open channel reads these as they are now (the environment per run, the
-                // seed marker per seed), from the host directory the serving helper was given.
-                if let Some(name) = path.strip_prefix(&format!("{}/", layout::SERVICE_DIR)) {
-                    let Ok(dir) = me.service_dir(&id) else { return };
-                    if std::fs::write(dir.join(name), &content).is_err() {
-                        return;
-                    }
-                }
-                me.with(|s| {
-                    s.files
-                        .insert((id, path), (Some(content), (mode, uid, gid)))
-                });
-                // With `-- CMD`, the command "runs" and succeeds.
-                let said: &'static [u8] = if then { b"ok\nexit 0\n" } else { b"ok\n" };
-                let _ = tx.send(Bytes::from_static(said));
-            }
-        });
-        let output = futures::stream::once(async move {
-            rx.await
-                .map_err(|_| EngineError::Unavailable("write-file failed".into()))
-        })
-        .boxed();
-        Ok(AttachedExec {
-            output,
-            input: Box::pin(input),
-        })
-    }
-}
-
 fn image_id_of(s: &State, image: &str) -> String {
     s.image_ids
         .get(image)
         .cloned()
         .unwrap_or_else(|| format!("sha256:{image}"))
-}
-
-/// The host build of `daiv-sandbox-helper` next to the test binary (`target/<profile>/`).
-pub fn host_helper() -> std::path::PathBuf {
-    std::env::current_exe()
-        .ok()
-        .and_then(|exe| {
-            exe.ancestors()
-                .skip(1)
-                .map(|d| d.join("daiv-sandbox-helper"))
-                .find(|p| p.is_file())
-        })
-        .unwrap_or_else(|| std::path::PathBuf::from("daiv-sandbox-helper"))
 }

@@ -1,4 +1,4 @@
-//! In-memory [`ContainerEngine`](super::ContainerEngine) for in-process tests of handlers and
+//! In-memory [`ContainerEngine`](crate::ContainerEngine) for in-process tests of handlers and
 //! session logic.
 //!
 //! Commands are "run" by a scriptable responder; every call is recorded so tests can assert what
@@ -6,19 +6,20 @@
 //!
 //! This file holds the fake's state and what tests turn and read: the responder, scripted
 //! faults, clocks and image ids, and the recorded calls. How it answers each engine call is in
-//! `emulation`.
+//! `emulation`; its session helper (a host build of the real one) in `helper`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use super::{ContainerSpec, ContainerStatus, EngineError, NetworkSpec};
+use crate::{ContainerSpec, ContainerStatus, EngineError, NetworkSpec};
 
 mod emulation;
+mod helper;
 
-pub use emulation::host_helper;
+pub use helper::host_helper;
 
 /// What a fake (unattached) exec produces: output chunks, then an exit code. Commands and fs
-/// ops go through the host helper instead (see `emulation`); these execs are the gateway's
+/// ops go through the host helper instead (see `helper`); these execs are the gateway's
 /// acknowledgement and the CA install.
 #[derive(Clone, Debug, Default)]
 pub struct FakeExec {

@@ -1,0 +1,44 @@
+//! The labels every Docker object the service creates carries: how sessions, their egress
+//! parts, pool members and snapshots are found again without a database.
+
+/// Label carried by every container the service creates; sessions are found again through it, so
+/// a restarted control plane needs no database.
+pub const MANAGED_LABEL: &str = "daiv.sandbox.managed";
+/// What a managed container is: [`ROLE_SANDBOX`] or the egress sidecar.
+pub const ROLE_LABEL: &str = "daiv.sandbox.role";
+pub const ROLE_SANDBOX: &str = "sandbox";
+pub const ROLE_EGRESS_GATEWAY: &str = "egress-gateway";
+pub const ROLE_EGRESS_NETWORK: &str = "egress-network";
+/// The deployment (`DAIV_SANDBOX_DEPLOYMENT`) that created a container or network.
+pub const DEPLOYMENT_LABEL: &str = "daiv.sandbox.deployment";
+/// Base image the session was asked for (diagnostics and the reaper's logs).
+pub const IMAGE_LABEL: &str = "daiv.sandbox.image";
+/// The memory limit (bytes) a sandbox was created with, when it has one: what a fleet's engine
+/// counts against its `memory_bytes` without an inspect per session.
+pub const MEMORY_LABEL: &str = "daiv.sandbox.memory";
+/// Token shared by the three parts of an egress session (sandbox, gateway, internal network), so
+/// each can be found from the others and orphans can be swept.
+pub const EGRESS_LABEL: &str = "daiv.sandbox.egress";
+/// `uid:gid` of the sandbox's helper, on sandboxes whose helper has a uid of its own (see
+/// `sandbox_helper::identity`); its channel is opened as root with this and
+/// [`SANDBOX_USER_LABEL`]. Sandboxes without it (created by earlier versions) run their helper as
+/// the sandbox user.
+pub const HELPER_USER_LABEL: &str = "daiv.sandbox.helper-user";
+/// `uid:gid` commands run as in the sandbox.
+pub const SANDBOX_USER_LABEL: &str = "daiv.sandbox.sandbox-user";
+/// On a snapshot's Docker objects: the snapshot id; on a session made from a snapshot: the
+/// snapshot it was made from (see the control plane's `snapshots`).
+pub const SNAPSHOT_LABEL: &str = "daiv.sandbox.snapshot";
+/// On a session whose workspace is a copy-on-write overlay over a snapshot, and on the overlay's
+/// volumes: the token naming those volumes, so they go with the session.
+pub const WORKSPACE_LABEL: &str = "daiv.sandbox.workspace";
+pub const ROLE_SNAPSHOT: &str = "snapshot";
+pub const ROLE_SNAPSHOT_DATA: &str = "snapshot-data";
+pub const ROLE_WORKSPACE: &str = "workspace";
+/// On a warm-pool member: which pool (`isolated` or `egress`) it was made for. Labels cannot
+/// change after create, so whether a member was claimed is told by its name (see
+/// the control plane's `pool`).
+pub const POOL_LABEL: &str = "daiv.sandbox.pool";
+/// On a warm-pool member: a hash of everything its spec was built from (image, runtime, user,
+/// limits, helper, egress settings); a member whose hash is not the current one is replaced.
+pub const POOL_SPEC_LABEL: &str = "daiv.sandbox.pool.spec";

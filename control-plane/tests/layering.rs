@@ -9,8 +9,12 @@
 //! `#[utoipa::path(..., body = crate::error::ErrorBody)]`, `#[serde(with = "crate::x")]`), is an
 //! arrow to the file that defines the longest module prefix of it. A name the crate root
 //! re-exports (`crate::AppState` for `pub use state::{AppState, app}` in `lib.rs`) is an arrow to
-//! what it names: the root is no layer. A module reaching into its own children is structure,
-//! not an arrow.
+//! what it names: the root is no layer. A module of another crate the root re-exports
+//! (`pub use sandbox_engine as engine`, `pub use sandbox_common::{ids, ...}`) is a module of the
+//! control plane's, in the layer its name has: `crate::engine::…` is an arrow to `engine`. A module
+//! reaching into its own children is structure, not an arrow.
+//!
+//! The engine crate (`engine/`) is drawn too, for cycles; it cannot import the control plane.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -21,7 +25,7 @@ use syn::visit::Visit;
 /// and from any layer before it; the cycle check keeps peers from importing each other both ways.
 const LAYERS: &[&[&str]] = &[
     &[
-        "ids", "secret", "text", "time", "api", "archive", "backoff", "layout",
+        "ids", "secret", "text", "time", "api", "archive", "endpoint", "backoff", "layout",
     ],
     &["config"],
     &["engine", "coordination"],
@@ -291,6 +295,10 @@ struct Uses<'a> {
     here: Vec<String>,
     modules: &'a BTreeSet<Vec<String>>,
     found: &'a mut BTreeMap<Vec<String>, Vec<String>>,
+    /// The crate root's `pub use` of another crate's path: alias → that path.
+    external: &'a mut BTreeMap<String, Vec<String>>,
+    /// Whether the `use` being read is `pub`.
+    public: bool,
 }
 
 impl Uses<'_> {
@@ -344,6 +352,11 @@ impl Uses<'_> {
                 t.extend(segs);
                 t
             }
+            // `pub use other_crate::module;` in the root: that module, under its alias.
+            None if self.here.is_empty() && self.public => {
+                self.external.insert(alias, segs);
+                return;
+            }
             None => return,
         };
         let mut key = self.here.clone();
@@ -357,7 +370,10 @@ impl Uses<'_> {
 impl<'ast> Visit<'ast> for Uses<'_> {
     fn visit_item(&mut self, item: &'ast syn::Item) {
         match item {
-            syn::Item::Use(u) if !is_test_only(&u.attrs) => self.tree(&mut Vec::new(), &u.tree),
+            syn::Item::Use(u) if !is_test_only(&u.attrs) => {
+                self.public = matches!(u.vis, syn::Visibility::Public(_));
+                self.tree(&mut Vec::new(), &u.tree);
+            }
             syn::Item::Mod(m) if m.content.is_some() && !is_test_only(&m.attrs) => {
                 self.here.push(m.ident.to_string());
                 syn::visit::visit_item_mod(self, m);
@@ -383,7 +399,7 @@ struct Graph {
 
 fn graph(src: &Path) -> Graph {
     let mods = modules(src);
-    let files: BTreeMap<Vec<String>, PathBuf> = mods
+    let mut files: BTreeMap<Vec<String>, PathBuf> = mods
         .iter()
         .map(|m| (m.path.clone(), m.file.clone()))
         .collect();
@@ -396,13 +412,21 @@ fn graph(src: &Path) -> Graph {
     // What each module's `use` items name, for paths that go through them.
     let names: BTreeSet<Vec<String>> = files.keys().cloned().collect();
     let mut aliases = BTreeMap::new();
+    let mut external = BTreeMap::new();
     for (m, ast) in roots.iter().zip(&asts) {
         Uses {
             here: m.path.clone(),
             modules: &names,
             found: &mut aliases,
+            external: &mut external,
+            public: false,
         }
         .visit_file(ast);
+    }
+    // Another crate's modules the root re-exports are modules of this one (a file of their own
+    // that imports nothing of it).
+    for (alias, path) in external {
+        files.insert(vec![alias], PathBuf::from(format!("<{}>", path.join("::"))));
     }
     // The longest prefix of `target` that is a module, through the imports it passes.
     let resolve = |mut target: Vec<String>| -> Option<Vec<String>> {
@@ -587,6 +611,11 @@ fn the_gateway_has_no_import_cycle() {
 }
 
 #[test]
+fn the_engine_crate_has_no_import_cycle() {
+    assert_acyclic("engine");
+}
+
+#[test]
 fn each_control_plane_module_imports_only_from_the_layers_below() {
     let g = graph(&crate_src("control-plane"));
     let layer = |m: &str| LAYERS.iter().position(|l| l.contains(&m));
@@ -675,6 +704,11 @@ fn the_graph_sees_known_arrows() {
     assert!(has("sessions", "pool"));
     assert!(has("pool", "sandbox"));
     assert!(has("sandbox", "egress"));
+    // Through the root's re-exports of the engine and leaves crates.
+    assert!(has("sandbox", "engine"));
+    assert!(has("fleet", "engine"));
+    assert!(has("config", "ids"));
+    assert!(has("config", "endpoint"));
 }
 
 #[test]

@@ -90,22 +90,25 @@ impl ServerHandler for McpServer {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         // Output as progress, when the client asked for it (a progress token).
-        let progress = context.meta.get_progress_token().map(|token| {
-            let (tx, mut rx) = tokio::sync::mpsc::channel::<String>(64);
-            let peer = context.peer.clone();
-            tokio::spawn(async move {
-                let mut n = 0.0;
-                while let Some(chunk) = rx.recv().await {
-                    n += 1.0;
-                    let mut p = ProgressNotificationParam::new(token.clone(), n);
-                    p.message = Some(chunk);
-                    if peer.notify_progress(p).await.is_err() {
-                        return;
+        let (progress, forwarder) = match context.meta.get_progress_token() {
+            Some(token) => {
+                let (tx, mut rx) = tokio::sync::mpsc::channel::<String>(64);
+                let peer = context.peer.clone();
+                let forwarder = tokio::spawn(async move {
+                    let mut n = 0.0;
+                    while let Some(chunk) = rx.recv().await {
+                        n += 1.0;
+                        let mut p = ProgressNotificationParam::new(token.clone(), n);
+                        p.message = Some(chunk);
+                        if peer.notify_progress(p).await.is_err() {
+                            return;
+                        }
                     }
-                }
-            });
-            tx
-        });
+                });
+                (Some(tx), Some(forwarder))
+            }
+            None => (None, None),
+        };
         let name = request.name.to_string();
         let call = self.tools.call(&name, request.arguments, progress);
         // A cancelled call (notifications/cancelled, or a stateless client gone) drops the
@@ -117,6 +120,11 @@ impl ServerHandler for McpServer {
                 return Err(ErrorData::internal_error("the call was cancelled", None));
             }
         };
+        // Every notification queued before the result goes out first (the call's sender is
+        // gone with its future, so the forwarder ends once it has sent them).
+        if let Some(forwarder) = forwarder {
+            let _ = forwarder.await;
+        }
         match outcome {
             Ok(outcome) => Ok(result(outcome).into()),
             Err(e) => Err(ErrorData::invalid_params(e.to_string(), None)),

@@ -28,10 +28,10 @@ use crate::config::{Config, Environment};
 pub fn init(config: &Config) -> Option<sentry::ClientInitGuard> {
     let guard = reporting::client_options(config).map(sentry::init);
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        // The Docker client logs request payloads (commands, environment, file contents) at
-        // debug: never, whatever LOG_LEVEL says.
+        // The Docker client and the MCP SDK log request payloads (commands, environment, file
+        // contents, a session_create's egress secrets) at debug: never, whatever LOG_LEVEL says.
         EnvFilter::new(format!(
-            "{},bollard=warn,hyper=warn,hyper_util=warn,h2=warn,ureq=warn,rustls=warn",
+            "{},bollard=warn,hyper=warn,hyper_util=warn,h2=warn,ureq=warn,rustls=warn,rmcp=warn",
             config.telemetry.log_level.directive()
         ))
     });

@@ -75,9 +75,14 @@ impl Reply {
 
 impl Helper {
     fn start(root: &Path) -> Helper {
+        Helper::start_with(root, &[])
+    }
+
+    fn start_with(root: &Path, extra: &[&OsStr]) -> Helper {
         let mut child = Command::new(env!("CARGO_BIN_EXE_daiv-sandbox-helper"))
             .args(["serve", "--root"])
             .arg(root)
+            .args(extra)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -1049,4 +1054,207 @@ fn a_full_disk_is_a_clear_error_and_nothing_half_written_stays() {
     // Still serving.
     let r = h.call(json!({"op": "ls", "path": "/workspace"}));
     assert_eq!(code(&r.ok()), None);
+}
+
+// === the data plane: paths anywhere, the service directory refused ===
+
+/// A helper serving a workspace, with a service directory of its own beside it; `outside` is a
+/// directory outside both (a path "anywhere").
+fn setup_anywhere() -> (
+    tempfile::TempDir,
+    Helper,
+    std::path::PathBuf,
+    std::path::PathBuf,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    let service = dir.path().join("service");
+    let outside = dir.path().join("outside");
+    for d in [&ws, &service, &outside] {
+        std::fs::create_dir(d).unwrap();
+    }
+    std::fs::write(service.join("environment"), b"secret").unwrap();
+    let h = Helper::start_with(&ws, &[OsStr::new("--service-dir"), service.as_os_str()]);
+    (dir, h, outside, service)
+}
+
+fn p(path: &Path) -> String {
+    path.to_str().unwrap().to_string()
+}
+
+#[test]
+fn raw_files_anywhere_round_trip_in_chunks_and_replace_atomically() {
+    let (_d, mut h, outside, _service) = setup_anywhere();
+    let target = outside.join("new/dir/blob.bin");
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    let r = h.with_input(
+        json!({"op": "file_write", "path": p(&target), "max_bytes": 1_000_000}),
+        &data,
+        65_536,
+    );
+    assert_eq!(r.ok(), json!({"bytes": 300_000, "error": null}));
+    assert_eq!(std::fs::read(&target).unwrap(), data);
+    // Replaced: the old inode stays whole for whoever holds it open.
+    let old = std::fs::File::open(&target).unwrap();
+    let r = h.with_input(
+        json!({"op": "file_write", "path": p(&target), "max_bytes": 10, "mode": 0o600}),
+        b"new",
+        2,
+    );
+    assert_eq!(r.ok()["error"], Value::Null);
+    assert_eq!(std::fs::read(&target).unwrap(), b"new");
+    assert_eq!(old.metadata().unwrap().len(), 300_000);
+    assert_eq!(
+        std::fs::metadata(&target).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    // Over the cap: refused, the old file kept, no temporary left beside it.
+    let r = h.with_input(
+        json!({"op": "file_write", "path": p(&target), "max_bytes": 4}),
+        b"too long",
+        3,
+    );
+    assert_eq!(code(&r.ok()), Some("too_large"));
+    assert_eq!(std::fs::read(&target).unwrap(), b"new");
+    assert_eq!(
+        std::fs::read_dir(target.parent().unwrap()).unwrap().count(),
+        1
+    );
+    // parents=false refuses a missing parent.
+    let r = h.with_input(
+        json!({"op": "file_write", "path": p(&outside.join("nope/x")), "max_bytes": 4, "parents": false}),
+        b"x",
+        1,
+    );
+    assert_eq!(code(&r.ok()), Some("not_found"));
+
+    // Read back whole, then ranges.
+    std::fs::write(&target, &data).unwrap();
+    let r = h.call(json!({"op": "file_read", "path": p(&target)}));
+    assert_eq!(
+        r.events,
+        vec![Event::File {
+            size: 300_000,
+            start: 0,
+            length: 300_000
+        }]
+    );
+    assert_eq!(r.output.get(&0).unwrap(), &data);
+    assert_eq!(r.ok(), json!({"bytes": 300_000, "error": null}));
+    let r =
+        h.call(json!({"op": "file_read", "path": p(&target), "range": {"first": 10, "last": 19}}));
+    assert_eq!(r.output.get(&0).unwrap(), &data[10..20]);
+    let r = h.call(json!({"op": "file_read", "path": p(&target), "range": {"last": 5}}));
+    assert_eq!(r.output.get(&0).unwrap(), &data[299_995..]);
+    let r = h.call(json!({"op": "file_read", "path": p(&target), "range": {"first": 300_000}}));
+    assert!(r.events.is_empty());
+    assert_eq!(code(&r.ok()), Some("invalid_range"));
+    let r = h.call(json!({"op": "file_read", "path": p(&outside)}));
+    assert_eq!(code(&r.ok()), Some("is_a_directory"));
+    let r = h.call(json!({"op": "file_read", "path": "relative/x"}));
+    assert_eq!(code(&r.ok()), Some("invalid_path"));
+    let r = h.call(json!({"op": "file_read", "path": "/a/../b"}));
+    assert_eq!(code(&r.ok()), Some("invalid_path"));
+}
+
+#[test]
+fn the_service_directory_is_out_of_reach_under_any_name() {
+    let (_d, mut h, outside, service) = setup_anywhere();
+    symlink(&service, outside.join("link")).unwrap();
+    for path in [
+        p(&service.join("environment")),
+        p(&outside.join("link/environment")),
+        format!("/proc/self/root{}", p(&service.join("environment"))),
+    ] {
+        let r = h.call(json!({"op": "file_read", "path": path}));
+        assert_eq!(code(&r.ok()), Some("permission_denied"), "{path}");
+        assert!(r.output.is_empty());
+    }
+    let r = h.with_input(
+        json!({"op": "file_write", "path": p(&outside.join("link/planted")), "max_bytes": 9}),
+        b"x",
+        1,
+    );
+    assert_eq!(code(&r.ok()), Some("permission_denied"));
+    assert!(!service.join("planted").exists());
+    let v = h.fs(json!({"op": "move", "source": p(&outside.join("link")), "destination": p(&outside.join("l2"))}));
+    assert_eq!(
+        v["error"],
+        Value::Null,
+        "moving the link itself is fine: {v}"
+    );
+    std::fs::write(outside.join("f"), b"f").unwrap();
+    let v = h.fs(json!({"op": "move", "source": p(&outside.join("f")), "destination": p(&service.join("f"))}));
+    assert_eq!(code(&v), Some("permission_denied"));
+    let v = h.fs(json!({"op": "stat", "path": p(&service)}));
+    assert_eq!(code(&v), Some("permission_denied"));
+    // A listing of its parent names it but never enters it.
+    let v = h.fs(json!({"op": "list", "path": p(service.parent().unwrap()), "depth": 3}));
+    let paths: Vec<&str> = v["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["path"].as_str().unwrap())
+        .collect();
+    assert!(paths.contains(&p(&service).as_str()), "{paths:?}");
+    assert!(
+        !paths.iter().any(|x| x.contains("environment")),
+        "{paths:?}"
+    );
+}
+
+#[test]
+fn stat_mkdir_move_and_deep_listing() {
+    let (_d, mut h, outside, _service) = setup_anywhere();
+    std::fs::write(outside.join("a.txt"), b"hello").unwrap();
+    symlink("a.txt", outside.join("ln")).unwrap();
+    let v = h.fs(json!({"op": "stat", "path": p(&outside.join("a.txt"))}));
+    let e = &v["entry"];
+    assert_eq!(e["name"], "a.txt");
+    assert_eq!(e["type"], "file");
+    assert_eq!(e["size"], 5);
+    assert!(e["permissions"].as_str().unwrap().starts_with("-rw"));
+    assert!(e["mtime"].as_i64().unwrap() > 0);
+    assert!(e["owner"].is_string() && e["group"].is_string());
+    let v = h.fs(json!({"op": "stat", "path": p(&outside.join("ln"))}));
+    assert_eq!(v["entry"]["type"], "symlink");
+    assert_eq!(v["entry"]["symlink_target"], "a.txt");
+    let v = h.fs(json!({"op": "stat", "path": p(&outside.join("missing"))}));
+    assert_eq!(code(&v), Some("not_found"));
+
+    let v = h.fs(json!({"op": "mkdir", "path": p(&outside.join("x/y/z"))}));
+    assert_eq!(code(&v), Some("not_found"), "{v}");
+    let v = h.fs(json!({"op": "mkdir", "path": p(&outside.join("x/y/z")), "parents": true}));
+    assert_eq!(v, json!({"ok": true, "created": true, "error": null}));
+    let v = h.fs(json!({"op": "mkdir", "path": p(&outside.join("x/y/z")), "parents": true}));
+    assert_eq!(v["created"], false);
+    let v = h.fs(json!({"op": "mkdir", "path": p(&outside.join("x/y/z"))}));
+    assert_eq!(code(&v), Some("already_exists"));
+
+    std::fs::write(outside.join("x/y/z/f"), b"1").unwrap();
+    let v = h.fs(json!({"op": "move", "source": p(&outside.join("a.txt")), "destination": p(&outside.join("x/b.txt"))}));
+    assert_eq!(v, json!({"ok": true, "error": null}));
+    assert_eq!(std::fs::read(outside.join("x/b.txt")).unwrap(), b"hello");
+    std::fs::create_dir(outside.join("empty")).unwrap();
+    let v = h.fs(json!({"op": "move", "source": p(&outside.join("empty")), "destination": p(&outside.join("x/y"))}));
+    assert_eq!(code(&v), Some("not_empty"), "{v}");
+    let v = h.fs(json!({"op": "move", "source": p(&outside.join("nope")), "destination": p(&outside.join("q"))}));
+    assert_eq!(code(&v), Some("not_found"));
+
+    let v = h.fs(json!({"op": "list", "path": p(&outside.join("x")), "depth": 2}));
+    let paths: Vec<String> = v["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["path"].as_str().unwrap().to_string())
+        .collect();
+    let x = p(&outside.join("x"));
+    assert_eq!(
+        paths,
+        vec![format!("{x}/b.txt"), format!("{x}/y"), format!("{x}/y/z")]
+    );
+    assert_eq!(v["truncated"], false);
+    // The workspace is reachable by its wire name too.
+    let v = h.fs(json!({"op": "mkdir", "path": "/workspace/made"}));
+    assert_eq!(v["ok"], true, "{v}");
 }

@@ -10,6 +10,8 @@
 //! - [`write_file`]: the input of the helper's `write-file` command ([`write_file::WriteHeader`]).
 //! - [`wire`]: the `fs/*` request and response types the HTTP API serves and the helper answers
 //!   with, their limits and [`wire::validate_path`].
+//! - [`files`]: the data plane's wire types (`stat`, `mkdir`, `move`, `list`, raw file
+//!   answers) and [`files::validate_any_path`].
 //! - [`layout`]: the paths inside a sandbox.
 //!
 //! Feature `openapi` adds `utoipa` schemas to [`wire`]. `tests/snapshot.rs` pins the JSON of
@@ -93,6 +95,17 @@
 //!   `poll` → one DATA frame of output, then ok [`message::PollInfo`]; `stdin` + DATA* + EOF →
 //!   ok `{}`; `kill` → ok `{}`. Its refusals are `not_found`, `conflict`, `limit` and `io`.
 //!
+//! - Protocol 2, the data plane (paths anywhere in the container, [`files::validate_any_path`];
+//!   the service directory refused; fs-level problems in the answer's `error` as above):
+//!   `{"op":"stat","path"}` → ok [`files::FsStatResponse`]; `{"op":"mkdir","path","parents"?}`
+//!   → ok [`files::FsMkdirResponse`]; `{"op":"move","source","destination"}` → ok
+//!   [`files::FsMoveResponse`]; `{"op":"list","path","depth"?}` → ok [`files::FsListResponse`];
+//!   `{"op":"file_read","path","range"?:{"first"?,"last"?}}` → EVENT
+//!   `{"type":"file","size","start","length"}`, `length` bytes as DATA frames (≤ 64 KiB each),
+//!   ok [`files::FileAnswer`] (a missing file, a directory, a range past the end: no event, the
+//!   answer's `error`); `{"op":"file_write","path","mode"?,"parents"?,"max_bytes"}` + DATA* +
+//!   EOF → ok [`files::FileAnswer`] (written beside, renamed over: never half a file).
+//!
 //! `prune` is the full list of directory basename globs to prune at any depth (the server's list
 //! plus the request's `exclude`, merged by the client). Every fs request (`ls` … `delete`) may
 //! carry `"deadline_ms": u64` (default 30000): past it the op stops and answers `deadline`.
@@ -120,8 +133,10 @@
 //!
 //! ## Versions
 //! 1: the first. 2: `finished` events, list entries and poll answers carry
-//! [`message::Usage`].
+//! [`message::Usage`]; the data plane's requests (`stat`, `mkdir`, `move`, `list`,
+//! `file_read`, `file_write`) and the `file` event.
 
+pub mod files;
 pub mod frame;
 pub mod layout;
 pub mod message;

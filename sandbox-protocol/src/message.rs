@@ -28,6 +28,14 @@ fn default_output_cap() -> u64 {
     16 * 1024 * 1024
 }
 
+fn default_depth() -> u32 {
+    1
+}
+
+fn default_true() -> bool {
+    true
+}
+
 fn default_workdir() -> String {
     layout::REPO.to_string()
 }
@@ -124,6 +132,60 @@ pub enum Request {
         #[serde(default)]
         deadline_ms: Option<u64>,
     },
+    /// `stat` of a path anywhere in the container (not following a final symlink). Answers
+    /// [`files::FsStatResponse`](crate::files::FsStatResponse).
+    Stat {
+        path: String,
+        #[serde(default = "default_deadline")]
+        deadline_ms: u64,
+    },
+    /// A directory anywhere; `parents` creates the missing ones on the way (and an existing
+    /// directory is then fine). Answers [`files::FsMkdirResponse`](crate::files::FsMkdirResponse).
+    Mkdir {
+        path: String,
+        #[serde(default)]
+        parents: bool,
+        #[serde(default = "default_deadline")]
+        deadline_ms: u64,
+    },
+    /// `rename(2)` anywhere (a file or directory; an existing destination file is replaced).
+    /// Answers [`files::FsMoveResponse`](crate::files::FsMoveResponse).
+    Move {
+        source: String,
+        destination: String,
+        #[serde(default = "default_deadline")]
+        deadline_ms: u64,
+    },
+    /// Entries under a directory anywhere, `depth` levels down (1: its own entries), never
+    /// through a symlink. Answers [`files::FsListResponse`](crate::files::FsListResponse).
+    List {
+        path: String,
+        #[serde(default = "default_depth")]
+        depth: u32,
+        #[serde(default = "default_deadline")]
+        deadline_ms: u64,
+    },
+    /// A regular file's bytes, anywhere: an [`Event::File`] (its size and the part sent), then
+    /// that part as DATA frames, then ok [`files::FileAnswer`](crate::files::FileAnswer). No
+    /// deadline (the client's pace sets it; CANCEL stops it).
+    FileRead {
+        path: String,
+        #[serde(default)]
+        range: Option<ByteRange>,
+    },
+    /// A file's new content as DATA frames, then EOF: written to a temporary file beside it and
+    /// renamed over it (a reader sees the old or the new file, never half), as the sandbox user.
+    /// `mode` null keeps an existing file's permission bits (else 0o644); more than `max_bytes`
+    /// is refused (`too_large`) and nothing is left behind. Answers
+    /// [`files::FileAnswer`](crate::files::FileAnswer).
+    FileWrite {
+        path: String,
+        #[serde(default)]
+        mode: Option<u32>,
+        #[serde(default = "default_true")]
+        parents: bool,
+        max_bytes: u64,
+    },
     /// A background process request, relayed to the container's process supervisor. For
     /// `stdin`, the bytes follow as DATA frames, then EOF; a `poll` answers with one DATA frame
     /// of output before its RESPONSE.
@@ -207,6 +269,16 @@ pub struct PollInfo {
     /// Once it ended: what it cost (protocol 2).
     #[serde(flatten)]
     pub usage: Usage,
+}
+
+/// An HTTP byte range of a [`Request::FileRead`]: `first..=last`; `first` absent: the last
+/// `last` bytes; `last` absent: to the end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ByteRange {
+    #[serde(default)]
+    pub first: Option<u64>,
+    #[serde(default)]
+    pub last: Option<u64>,
 }
 
 /// Why a request produced no `ok` value.
@@ -303,6 +375,9 @@ pub enum Event {
     },
     /// Command `index` of a `run` began; DATA frames that follow are its output.
     Started { index: u32 },
+    /// A `file_read` found its file: `size` bytes, of which `length` from `start` follow as
+    /// DATA frames.
+    File { size: u64, start: u64, length: u64 },
     /// Command `index` ended.
     Finished {
         index: u32,

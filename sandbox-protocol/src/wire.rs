@@ -27,6 +27,12 @@ pub enum FsErrorCode {
     PermissionDenied,
     ExecFailed,
     InvalidPattern,
+    /// The data plane's routes only (never the seven ops): a directory in the way is not empty.
+    NotEmpty,
+    /// The data plane's routes only: the disk is full (HTTP 507).
+    NoSpace,
+    /// The data plane's routes only: a byte range past the end of the file (HTTP 416).
+    InvalidRange,
 }
 
 impl FsErrorCode {

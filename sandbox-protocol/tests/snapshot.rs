@@ -9,7 +9,12 @@
 use std::collections::BTreeSet;
 use std::fmt::Debug;
 
+use sandbox_protocol::files::{
+    EntryType, FileAnswer, FileEntry, FsListResponse, FsMkdirResponse, FsMoveResponse,
+    FsStatResponse,
+};
 use sandbox_protocol::frame::{self, kind};
+use sandbox_protocol::message::ByteRange;
 use sandbox_protocol::message::{
     ErrorKind, Event, ExtractStats, PollInfo, ProcInfo, ProcList, ProcRequest, ProcStarted,
     Request, Response, SeededInfo, Usage,
@@ -62,12 +67,35 @@ fn request_name(r: &Request) -> &'static str {
         Request::Extract { .. } => "extract",
         Request::Clear { .. } => "clear",
         Request::Proc { .. } => "proc",
+        Request::Stat { .. } => "stat",
+        Request::Mkdir { .. } => "mkdir",
+        Request::Move { .. } => "move",
+        Request::List { .. } => "list",
+        Request::FileRead { .. } => "file_read",
+        Request::FileWrite { .. } => "file_write",
     }
 }
 
 const REQUESTS: &[&str] = &[
-    "ping", "seeded", "run", "ls", "read", "grep", "glob", "write", "edit", "delete", "extract",
-    "clear", "proc",
+    "ping",
+    "seeded",
+    "run",
+    "ls",
+    "read",
+    "grep",
+    "glob",
+    "write",
+    "edit",
+    "delete",
+    "extract",
+    "clear",
+    "proc",
+    "stat",
+    "mkdir",
+    "move",
+    "list",
+    "file_read",
+    "file_write",
 ];
 
 fn path(p: &str) -> String {
@@ -169,6 +197,56 @@ fn every_request_has_its_json() {
                 request: ProcRequest::List,
             },
             r#"{"op":"proc","request":{"action":"list"}}"#,
+        ),
+        (
+            Request::Stat {
+                path: "/etc/hosts".into(),
+                deadline_ms: 30_000,
+            },
+            r#"{"op":"stat","path":"/etc/hosts","deadline_ms":30000}"#,
+        ),
+        (
+            Request::Mkdir {
+                path: "/tmp/a/b".into(),
+                parents: true,
+                deadline_ms: 30_000,
+            },
+            r#"{"op":"mkdir","path":"/tmp/a/b","parents":true,"deadline_ms":30000}"#,
+        ),
+        (
+            Request::Move {
+                source: "/tmp/a".into(),
+                destination: "/home/sandbox/a".into(),
+                deadline_ms: 30_000,
+            },
+            r#"{"op":"move","source":"/tmp/a","destination":"/home/sandbox/a","deadline_ms":30000}"#,
+        ),
+        (
+            Request::List {
+                path: "/tmp".into(),
+                depth: 2,
+                deadline_ms: 30_000,
+            },
+            r#"{"op":"list","path":"/tmp","depth":2,"deadline_ms":30000}"#,
+        ),
+        (
+            Request::FileRead {
+                path: "/tmp/big".into(),
+                range: Some(ByteRange {
+                    first: None,
+                    last: Some(500),
+                }),
+            },
+            r#"{"op":"file_read","path":"/tmp/big","range":{"first":null,"last":500}}"#,
+        ),
+        (
+            Request::FileWrite {
+                path: "/tmp/big".into(),
+                mode: None,
+                parents: false,
+                max_bytes: 1_073_741_824,
+            },
+            r#"{"op":"file_write","path":"/tmp/big","mode":null,"parents":false,"max_bytes":1073741824}"#,
         ),
     ];
     for (value, json) in &cases {
@@ -338,6 +416,7 @@ fn event_name(e: &Event) -> &'static str {
         Event::Ready { .. } => "ready",
         Event::Started { .. } => "started",
         Event::Finished { .. } => "finished",
+        Event::File { .. } => "file",
     }
 }
 
@@ -380,13 +459,21 @@ fn every_event_has_its_json() {
             },
             r#"{"type":"finished","index":0,"exit_code":0,"omitted":0,"timed_out":false,"duration_ms":12,"cpu_ms":7,"max_rss_bytes":3145728}"#,
         ),
+        (
+            Event::File {
+                size: 1000,
+                start: 500,
+                length: 500,
+            },
+            r#"{"type":"file","size":1000,"start":500,"length":500}"#,
+        ),
     ];
     for (value, json) in &cases {
         pinned(value, json);
     }
     covers(
         cases.iter().map(|(e, _)| event_name(e)),
-        &["ready", "started", "finished"],
+        &["ready", "started", "finished", "file"],
     );
 }
 
@@ -583,6 +670,9 @@ fn code_name(c: FsErrorCode) -> &'static str {
         FsErrorCode::PermissionDenied => "permission_denied",
         FsErrorCode::ExecFailed => "exec_failed",
         FsErrorCode::InvalidPattern => "invalid_pattern",
+        FsErrorCode::NotEmpty => "not_empty",
+        FsErrorCode::NoSpace => "no_space",
+        FsErrorCode::InvalidRange => "invalid_range",
     }
 }
 
@@ -603,12 +693,67 @@ fn fs_answers_have_their_json() {
         FsErrorCode::PermissionDenied,
         FsErrorCode::ExecFailed,
         FsErrorCode::InvalidPattern,
+        FsErrorCode::NotEmpty,
+        FsErrorCode::NoSpace,
+        FsErrorCode::InvalidRange,
     ];
     for c in codes {
         pinned(&c, &format!("\"{}\"", code_name(c)));
         assert_eq!(c.label(), code_name(c));
     }
-    assert_eq!(codes.len(), 13, "every code is listed");
+    assert_eq!(codes.len(), 16, "every code is listed");
+    // The data plane's answers.
+    sent_as(
+        &FsStatResponse {
+            entry: Some(FileEntry {
+                name: "hosts".into(),
+                path: "/etc/hosts".into(),
+                entry_type: EntryType::File,
+                size: 174,
+                mode: 0o644,
+                permissions: "-rw-r--r--".into(),
+                owner: "root".into(),
+                group: "root".into(),
+                mtime: 1_764_000_000,
+                symlink_target: None,
+            }),
+            error: None,
+        },
+        r#"{"entry":{"name":"hosts","path":"/etc/hosts","type":"file","size":174,"mode":420,"permissions":"-rw-r--r--","owner":"root","group":"root","mtime":1764000000,"symlink_target":null},"error":null}"#,
+    );
+    sent_as(
+        &FsMkdirResponse {
+            ok: true,
+            created: false,
+            error: None,
+        },
+        r#"{"ok":true,"created":false,"error":null}"#,
+    );
+    sent_as(
+        &FsMoveResponse {
+            ok: false,
+            error: Some(FsError::new(
+                FsErrorCode::NotEmpty,
+                "/x: directory not empty",
+            )),
+        },
+        r#"{"ok":false,"error":{"code":"not_empty","message":"/x: directory not empty"}}"#,
+    );
+    sent_as(
+        &FsListResponse {
+            entries: vec![],
+            truncated: false,
+            error: None,
+        },
+        r#"{"entries":[],"truncated":false,"error":null}"#,
+    );
+    pinned(
+        &FileAnswer {
+            bytes: 7,
+            error: None,
+        },
+        r#"{"bytes":7,"error":null}"#,
+    );
     let entry = FsEntry {
         path: path("src"),
         is_dir: true,

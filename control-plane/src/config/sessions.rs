@@ -89,6 +89,8 @@ pub struct SessionsConfig {
     pub seed_max_bytes: u64,
     /// Upper bound on the number of members of one seed archive.
     pub seed_max_members: u64,
+    /// Largest raw file a `PUT /session/{id}/files` takes (`FILE_MAX_BYTES`).
+    pub file_max_bytes: u64,
     /// Output bytes kept per background process (oldest dropped past it).
     pub process_output_bytes: u64,
     /// Live background processes allowed per session.
@@ -160,6 +162,7 @@ impl SessionsConfig {
         }
         let seed_max_bytes = p.parse_or::<u64>("SEED_MAX_BYTES", 2 * 1024 * 1024 * 1024);
         let seed_max_members = p.parse_or::<u64>("SEED_MAX_MEMBERS", 200_000);
+        let file_max_bytes = p.parse_or::<u64>("FILE_MAX_BYTES", 1024 * 1024 * 1024);
         let process_output_bytes = p.parse_or::<u64>("PROCESS_OUTPUT_BYTES", 1024 * 1024);
         if !(1..=8 * 1024 * 1024).contains(&process_output_bytes) {
             let raw = process_output_bytes.to_string();
@@ -200,6 +203,7 @@ impl SessionsConfig {
             pids_limit,
             seed_max_bytes,
             seed_max_members,
+            file_max_bytes,
             process_output_bytes,
             max_processes,
             process_wait_max: Duration::from_secs(process_wait_max),

@@ -187,6 +187,10 @@ impl From<FsError> for ToolFailure {
             C::InvalidPattern => {
                 "Fix the pattern (grep: POSIX extended regex; glob: *, ?, **, [abc])."
             }
+            // The data plane's codes (never answered by the seven fs ops the tools use).
+            C::NotEmpty => "Empty the directory first, or pick another destination.",
+            C::NoSpace => "The sandbox's disk is full: remove files (run `rm`) and retry.",
+            C::InvalidRange => "Ask for a range inside the file's size.",
         };
         Self::new(&e.code.label(), e.message, remediation)
     }

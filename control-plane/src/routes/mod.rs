@@ -8,6 +8,7 @@ pub mod admit;
 pub mod docs;
 pub mod egress;
 pub mod engines;
+pub mod files;
 pub mod fs;
 pub mod meta;
 pub mod metrics;
@@ -105,6 +106,28 @@ where
         ("write", post(fs::write)),
         ("edit", post(fs::edit)),
         ("delete", post(fs::delete)),
+    ] {
+        api = both(
+            api,
+            &format!("/session/{{session_id}}/fs/{op}/"),
+            handler.layer(middleware::from_fn_with_state(admission.clone(), admit::fs)),
+        );
+    }
+    // The data plane (ours): raw files of any size, streamed (the cap is FILE_MAX_BYTES,
+    // enforced as the body flows), and the fs ops on paths anywhere.
+    api = both(
+        api,
+        "/session/{session_id}/files",
+        get(files::get_file)
+            .put(files::put_file)
+            .layer(axum::extract::DefaultBodyLimit::disable())
+            .layer(middleware::from_fn_with_state(admission.clone(), admit::fs)),
+    );
+    for (op, handler) in [
+        ("stat", post(files::stat)),
+        ("mkdir", post(files::mkdir)),
+        ("move", post(files::move_entry)),
+        ("list", post(files::list)),
     ] {
         api = both(
             api,

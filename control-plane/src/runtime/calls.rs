@@ -116,7 +116,9 @@ async fn response(
 /// helper, a read by bytes; the rest answer a few fields.
 fn fs_caps(request: &Request) -> Caps {
     let response = match request {
-        Request::Ls { .. } | Request::Glob { .. } | Request::Grep { .. } => MAX_PAYLOAD,
+        Request::Ls { .. } | Request::Glob { .. } | Request::Grep { .. } | Request::List { .. } => {
+            MAX_PAYLOAD
+        }
         Request::Read { .. } => READ_ANSWER_MAX,
         _ => Caps::SMALL.response,
     };
@@ -260,7 +262,7 @@ impl SessionRuntime for HelperRuntime {
                                 }
                                 results.push(result);
                             }
-                            Event::Ready { .. } => {}
+                            Event::Ready { .. } | Event::File { .. } => {}
                         },
                         Incoming::Response(payload) => {
                             answer(&h, &payload, op_error)?;
@@ -281,7 +283,12 @@ impl SessionRuntime for HelperRuntime {
     ) -> Result<Answer, HelperError> {
         let idempotent = matches!(
             request,
-            Request::Ls { .. } | Request::Read { .. } | Request::Grep { .. } | Request::Glob { .. }
+            Request::Ls { .. }
+                | Request::Read { .. }
+                | Request::Grep { .. }
+                | Request::Glob { .. }
+                | Request::Stat { .. }
+                | Request::List { .. }
         );
         let caps = fs_caps(&request);
         let request = Arc::new(request);
@@ -295,6 +302,24 @@ impl SessionRuntime for HelperRuntime {
             })
         })
         .await
+    }
+
+    async fn read_file(
+        &self,
+        id: &str,
+        path: &str,
+        range: Option<sandbox_protocol::message::ByteRange>,
+    ) -> Result<super::FileRead, HelperError> {
+        HelperRuntime::read_file(self, id, path, range).await
+    }
+
+    async fn write_file(
+        &self,
+        id: &str,
+        request: Request,
+        body: mpsc::Receiver<std::io::Result<Bytes>>,
+    ) -> Result<sandbox_protocol::files::FileAnswer, HelperError> {
+        HelperRuntime::write_file(self, id, request, body).await
     }
 
     async fn extract(

@@ -23,7 +23,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use sandbox_protocol::message::{ExtractStats, ProcRequest, Request};
+use sandbox_protocol::files::FileAnswer;
+use sandbox_protocol::message::{ByteRange, ExtractStats, ProcRequest, Request};
 use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
 use tokio::sync::mpsc;
@@ -33,11 +34,13 @@ use crate::api::RunResult;
 mod calls;
 pub mod channel;
 mod error;
+mod files;
 mod helper;
 mod helper_bin;
 mod writer;
 
 pub use error::HelperError;
+pub use files::{FileRead, FileStream};
 pub use helper::{HelperRuntime, own_helper_path};
 pub use helper_bin::helper_binary;
 pub use writer::{ServiceFile, Writer, Written};
@@ -135,6 +138,21 @@ pub trait SessionRuntime: Send + Sync + 'static {
         request: Request,
         input: Option<Bytes>,
     ) -> Result<Answer, HelperError>;
+    /// A raw read of `path` (anywhere in the container, as the sandbox user), streamed.
+    async fn read_file(
+        &self,
+        id: &str,
+        path: &str,
+        range: Option<ByteRange>,
+    ) -> Result<FileRead, HelperError>;
+    /// A raw, atomic write (`request` a [`Request::FileWrite`]) of what `body` yields; a
+    /// producer that fails sends `Err` and nothing is left written.
+    async fn write_file(
+        &self,
+        id: &str,
+        request: Request,
+        body: mpsc::Receiver<std::io::Result<Bytes>>,
+    ) -> Result<FileAnswer, HelperError>;
     /// Extracts a (sanitised) tar stream under `dest`, as the sandbox user.
     /// A producer that fails sends `Err` (and its own error is what the caller reports).
     async fn extract(

@@ -43,6 +43,7 @@ fn open_dest(root: &Root, dest: &str, create: bool) -> Result<Option<OwnedFd>, O
             "{dest}: a symbolic link on the way leads outside {WORKSPACE}"
         )),
         ResolveError::Loop => io_err(format!("{dest}: too many levels of symbolic links")),
+        ResolveError::Denied => io_err(format!("{dest}: the service's directory is out of reach")),
         ResolveError::Errno(e) => io_err(format!("{dest}: {}", describe(e))),
     })?;
     if res.stat.is_none() {

@@ -7,6 +7,8 @@
 //! - [`text`]: paging (`read`) and replacement (`edit`); [`ere`]: POSIX ERE for `grep`.
 //! - [`run`]: a `run` request's commands.
 //! - [`extract`]: `extract` (a seed tar) and `clear`.
+//! - [`files`]: the data plane on paths anywhere: `stat`, `mkdir`, `move`, `list`, raw reads
+//!   and atomic writes.
 
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,6 +20,7 @@ use sandbox_protocol::wire::{FsError, FsErrorCode};
 
 pub mod ere;
 pub mod extract;
+pub mod files;
 pub mod fs;
 pub mod resolve;
 pub mod run;

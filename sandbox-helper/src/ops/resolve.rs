@@ -34,6 +34,9 @@ pub enum ResolveError {
     Outside,
     /// More than [`MAX_HOPS`] symlinks.
     Loop,
+    /// The path leads into the service's own directory (a root opened with
+    /// [`Root::open_anywhere`]).
+    Denied,
 }
 
 impl From<Errno> for ResolveError {
@@ -92,6 +95,11 @@ impl Resolved {
 /// The workspace root, held open for the helper's lifetime.
 pub struct Root {
     fd: OwnedFd,
+    /// Where absolute symlink targets must lie: `/workspace`, or `""` (anywhere) for a root
+    /// opened with [`Root::open_anywhere`].
+    prefix: &'static str,
+    /// `(st_dev, st_ino)` of a directory no resolution may enter.
+    deny: Option<(u64, u64)>,
 }
 
 impl Root {
@@ -101,7 +109,33 @@ impl Root {
             OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
             Mode::empty(),
         )?;
-        Ok(Root { fd })
+        Ok(Root {
+            fd,
+            prefix: WORKSPACE,
+            deny: None,
+        })
+    }
+
+    /// The container's `/`, for the data plane's ops on paths anywhere: absolute symlink targets
+    /// restart at `/`, and no step may enter `deny` (the service's own directory, recognised by
+    /// its device and inode, so no other name of it, a bind mount or `/proc/self/root/...`,
+    /// leads in either).
+    pub fn open_anywhere(deny: &Path) -> std::io::Result<Root> {
+        let fd = rustix::fs::open(
+            "/",
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        let st = rustix::fs::stat(deny)?;
+        Ok(Root {
+            fd,
+            prefix: "",
+            deny: Some((st.st_dev, st.st_ino)),
+        })
+    }
+
+    pub fn denied(&self, st: &Stat) -> bool {
+        self.deny == Some((st.st_dev, st.st_ino))
     }
 
     fn dup(&self) -> Result<OwnedFd, Errno> {
@@ -162,6 +196,9 @@ impl Root {
                 Err(e) => return Err(e.into()),
             };
             let st = rustix::fs::fstat(&fd)?;
+            if self.denied(&st) {
+                return Err(ResolveError::Denied);
+            }
             match FileType::from_raw_mode(st.st_mode) {
                 FileType::Directory if !last => stack.push(fd),
                 FileType::Symlink if !last || opts.follow_final => {
@@ -174,7 +211,7 @@ impl Root {
                         return Err(Errno::NOENT.into());
                     }
                     let rest: Vec<Vec<u8>> = if target.starts_with(b"/") {
-                        let ws = WORKSPACE.as_bytes();
+                        let ws = self.prefix.as_bytes();
                         let under = target
                             .strip_prefix(ws)
                             .filter(|r| r.is_empty() || r[0] == b'/');
@@ -203,6 +240,9 @@ impl Root {
         // Ended on the root, `.` or `..`: the final entry is the directory on top of the stack.
         let dir = pop(stack)?;
         let st = rustix::fs::fstat(&dir)?;
+        if self.denied(&st) {
+            return Err(ResolveError::Denied);
+        }
         Ok(Resolved {
             dir,
             name: None,

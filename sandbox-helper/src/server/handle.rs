@@ -4,15 +4,19 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use sandbox_protocol::files::{
+    FileAnswer, FsListResponse, FsMkdirResponse, FsMoveResponse, FsStatResponse, validate_any_path,
+};
 use sandbox_protocol::frame::kind;
 use sandbox_protocol::layout::{self, WORKSPACE};
-use sandbox_protocol::message::{ErrorKind, ProcRequest, Request, Response, SeededInfo};
+use sandbox_protocol::message::{ErrorKind, Event, ProcRequest, Request, Response, SeededInfo};
 use sandbox_protocol::wire::FsError;
 use serde::Serialize;
 
 use super::out::Out;
 use super::{Config, Live, Server, lock};
 use crate::env_file::claimed_env;
+use crate::ops::files::{Files, range_of};
 use crate::ops::fs::Fs;
 use crate::ops::run::{self, Emit, RunError, RunSpec};
 use crate::ops::{Halt, Input, OpError, Stop, extract};
@@ -39,7 +43,13 @@ pub(super) fn touches_workspace(req: &Request) -> bool {
         | Request::Edit { .. }
         | Request::Delete { .. }
         | Request::Extract { .. }
-        | Request::Clear { .. } => true,
+        | Request::Clear { .. }
+        | Request::Stat { .. }
+        | Request::Mkdir { .. }
+        | Request::Move { .. }
+        | Request::List { .. }
+        | Request::FileRead { .. }
+        | Request::FileWrite { .. } => true,
         Request::Ping | Request::Seeded | Request::Run { .. } | Request::Proc { .. } => false,
     }
 }
@@ -107,7 +117,12 @@ pub(super) fn handle(
         | Request::Glob { deadline_ms, .. }
         | Request::Write { deadline_ms, .. }
         | Request::Edit { deadline_ms, .. }
-        | Request::Delete { deadline_ms, .. } => Some(*deadline_ms),
+        | Request::Delete { deadline_ms, .. }
+        | Request::Stat { deadline_ms, .. }
+        | Request::Mkdir { deadline_ms, .. }
+        | Request::Move { deadline_ms, .. }
+        | Request::List { deadline_ms, .. } => Some(*deadline_ms),
+        Request::FileRead { .. } | Request::FileWrite { .. } => None,
         Request::Extract { deadline_ms, .. } | Request::Clear { deadline_ms, .. } => *deadline_ms,
         Request::Ping | Request::Seeded | Request::Run { .. } | Request::Proc { .. } => None,
     };
@@ -233,12 +248,144 @@ pub(super) fn handle(
             }
         }
         Request::Proc { request } => proc_request(id, request, input, &server.config, &stop, out),
+        Request::Stat { .. }
+        | Request::Mkdir { .. }
+        | Request::Move { .. }
+        | Request::List { .. }
+        | Request::FileRead { .. }
+        | Request::FileWrite { .. } => data_plane(id, req, input, server, live, &stop),
         Request::Clear { dest, .. } => match extract::clear(root, &dest, &stop) {
             Ok(()) => Response::empty(),
             Err(OpError::Halt(h)) => halted(h, live, dl),
             Err(OpError::Fail(k, m)) => Response::error(k, m),
             Err(OpError::Fs(e)) => Response::error(ErrorKind::Io, e.message),
         },
+    }
+}
+
+/// The data plane's requests: paths anywhere, resolved from `/` (a `/workspace/...` path maps
+/// under the served root first), the service directory refused.
+fn data_plane(
+    id: u32,
+    req: Request,
+    input: Option<Input>,
+    server: &Server,
+    live: &Live,
+    stop: &Stop<'_>,
+) -> Response {
+    let Some(root) = &server.anywhere else {
+        return Response::error(
+            ErrorKind::Io,
+            "paths outside the workspace are not served by this helper",
+        );
+    };
+    let files = Files { root, stop };
+    // A lexically valid path, and where the helper finds it.
+    let arg = |p: &str| -> Result<(String, String), FsError> {
+        let shown = validate_any_path(p)?;
+        let host = host_path(&server.config.root, &shown)
+            .to_string_lossy()
+            .into_owned();
+        Ok((host, shown))
+    };
+    macro_rules! path_or_answer {
+        ($p:expr, $t:ty) => {
+            match arg($p) {
+                Ok(v) => v,
+                Err(e) => {
+                    let mut v = <$t>::default();
+                    v.error = Some(e);
+                    return Response::ok(&v);
+                }
+            }
+        };
+    }
+    let dl = None;
+    match req {
+        Request::Stat { path, .. } => {
+            let (host, shown) = path_or_answer!(&path, FsStatResponse);
+            fs_response(
+                files.stat(&host, &shown),
+                |r, e| r.error = Some(e),
+                live,
+                dl,
+            )
+        }
+        Request::Mkdir { path, parents, .. } => {
+            let (host, shown) = path_or_answer!(&path, FsMkdirResponse);
+            fs_response(
+                files.mkdir(&host, &shown, parents),
+                |r, e| r.error = Some(e),
+                live,
+                dl,
+            )
+        }
+        Request::Move {
+            source,
+            destination,
+            ..
+        } => {
+            let (src, src_shown) = path_or_answer!(&source, FsMoveResponse);
+            let (dst, dst_shown) = path_or_answer!(&destination, FsMoveResponse);
+            fs_response(
+                files.rename(&src, &src_shown, &dst, &dst_shown),
+                |r, e| r.error = Some(e),
+                live,
+                dl,
+            )
+        }
+        Request::List { path, depth, .. } => {
+            let (host, shown) = path_or_answer!(&path, FsListResponse);
+            fs_response(
+                files.list(&host, &shown, depth),
+                |r, e| r.error = Some(e),
+                live,
+                dl,
+            )
+        }
+        Request::FileRead { path, range } => {
+            let (host, shown) = path_or_answer!(&path, FileAnswer);
+            let r = files.open_read(&host, &shown).and_then(|(file, size)| {
+                let (start, length) = range_of(range, size).map_err(OpError::Fs)?;
+                server.out.event(
+                    id,
+                    &Event::File {
+                        size,
+                        start,
+                        length,
+                    },
+                );
+                let mut send = |d: &[u8]| server.out.frame(id, kind::DATA, d);
+                let bytes = files.send_range(&file, start, length, &shown, &mut send)?;
+                Ok(FileAnswer { bytes, error: None })
+            });
+            fs_response(r, |r, e| r.error = Some(e), live, dl)
+        }
+        Request::FileWrite {
+            path,
+            mode,
+            parents,
+            max_bytes,
+        } => {
+            let Some(mut input) = input else {
+                return Response::error(ErrorKind::Internal, "no input stream");
+            };
+            if mode.is_some_and(|m| m > 0o7777) {
+                let _ = input.drain(stop);
+                return Response::error(ErrorKind::BadRequest, "mode must be at most 0o7777");
+            }
+            let r = match arg(&path) {
+                Ok((host, shown)) => {
+                    files.write(&host, &shown, mode, parents, max_bytes, &mut input)
+                }
+                Err(e) => Err(OpError::Fs(e)),
+            };
+            if let Err(h) = input.drain(stop) {
+                return halted(h, live, dl);
+            }
+            fs_response(r, |r, e| r.error = Some(e), live, dl)
+        }
+        _ => Response::error(ErrorKind::Internal, "not a data-plane request"),
     }
 }
 

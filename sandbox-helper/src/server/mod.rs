@@ -76,6 +76,9 @@ struct Live {
 struct Server {
     config: Config,
     root: Root,
+    /// `/`, for the data plane's paths anywhere (the service directory refused); `None` when
+    /// the service directory cannot be found (those ops are then refused).
+    anywhere: Option<Root>,
     out: Out,
     /// Requests from their REQUEST until their RESPONSE.
     live: Mutex<HashMap<u32, Arc<Live>>>,
@@ -108,9 +111,18 @@ pub fn serve(config: Config) -> i32 {
             return 1;
         }
     };
+    let anywhere = Root::open_anywhere(&config.service_dir)
+        .map_err(|e| {
+            eprintln!(
+                "daiv-sandbox-helper: paths outside the workspace are refused: cannot stat {}: {e}",
+                config.service_dir.display()
+            );
+        })
+        .ok();
     let server = Arc::new(Server {
         config,
         root,
+        anywhere,
         out: Out::stdout(),
         live: Mutex::default(),
         runs: Mutex::default(),
@@ -173,6 +185,7 @@ fn dispatch(frame: Frame, server: &Arc<Server>) {
             let (input_tx, input) = if matches!(
                 req,
                 Request::Write { .. }
+                    | Request::FileWrite { .. }
                     | Request::Extract { .. }
                     | Request::Proc {
                         request: ProcRequest::Stdin { .. }

@@ -13,7 +13,7 @@ fn describe(e: Errno) -> String {
 }
 
 /// Any errno without a dedicated code: `exec_failed`, naming only the wire path.
-pub(super) fn errno_fail(e: Errno, path: &str) -> OpError {
+pub(crate) fn errno_fail(e: Errno, path: &str) -> OpError {
     match e {
         Errno::NOSPC => fail(
             FsErrorCode::ExecFailed,
@@ -27,7 +27,7 @@ pub(super) fn errno_fail(e: Errno, path: &str) -> OpError {
     }
 }
 
-pub(super) fn denied(path: &str) -> OpError {
+pub(crate) fn denied(path: &str) -> OpError {
     fail(
         FsErrorCode::PermissionDenied,
         format!("permission denied: {path}"),
@@ -43,20 +43,24 @@ fn outside(path: &str) -> OpError {
 
 /// Resolution failures of an existing path. A non-directory in the middle of the path reads as
 /// absent, as `[ -e "$p" ]` did.
-pub(super) fn resolve_err(e: ResolveError, path: &str) -> OpError {
+pub(crate) fn resolve_err(e: ResolveError, path: &str) -> OpError {
     match e {
         ResolveError::Errno(Errno::NOENT | Errno::NOTDIR) => {
             fail(FsErrorCode::NotFound, format!("{path} does not exist"))
         }
         ResolveError::Errno(Errno::ACCESS | Errno::PERM) => denied(path),
         ResolveError::Outside => outside(path),
+        ResolveError::Denied => fail(
+            FsErrorCode::PermissionDenied,
+            format!("permission denied: {path}: the service's own directory is out of reach"),
+        ),
         ResolveError::Loop => errno_fail(Errno::LOOP, path),
         ResolveError::Errno(e) => errno_fail(e, path),
     }
 }
 
 /// Opening the final entry after resolution (a racing swap shows up here).
-pub(super) fn open_err(e: Errno, path: &str) -> OpError {
+pub(crate) fn open_err(e: Errno, path: &str) -> OpError {
     match e {
         Errno::NOENT => fail(FsErrorCode::NotFound, format!("{path} does not exist")),
         Errno::ACCESS | Errno::PERM => denied(path),
@@ -70,7 +74,7 @@ pub(super) fn open_err(e: Errno, path: &str) -> OpError {
     }
 }
 
-pub(super) fn io_fail(e: std::io::Error, path: &str) -> OpError {
+pub(crate) fn io_fail(e: std::io::Error, path: &str) -> OpError {
     match e.raw_os_error() {
         Some(n) => errno_fail(Errno::from_raw_os_error(n), path),
         None => fail(FsErrorCode::ExecFailed, format!("{path}: {e}")),

@@ -24,12 +24,13 @@ use super::resolve::{Opts, ResolveError, Resolved, Root};
 use super::text::{Page, page_checked, replace};
 use super::{Input, OpError, Stop, fail};
 
-mod errno;
+pub(crate) mod errno;
 mod grep;
 mod walk;
 
 use errno::{denied, errno_fail, io_fail, open_err, resolve_err};
 use grep::search;
+pub(crate) use walk::open_child_dir;
 use walk::{glob_matcher, prune_set, read_dir, walk};
 
 const FOLLOW: Opts = Opts {

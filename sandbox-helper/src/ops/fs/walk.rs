@@ -67,7 +67,7 @@ pub(super) fn read_dir(fd: &OwnedFd, stop: &Stop<'_>) -> Result<Vec<(Vec<u8>, Fi
     Ok(out)
 }
 
-pub(super) fn open_child_dir(dir: &OwnedFd, name: &[u8]) -> Result<OwnedFd, Errno> {
+pub(crate) fn open_child_dir(dir: &OwnedFd, name: &[u8]) -> Result<OwnedFd, Errno> {
     rustix::fs::openat(
         dir,
         OsStr::from_bytes(name),

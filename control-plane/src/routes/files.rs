@@ -1,0 +1,468 @@
+//! The data plane beyond DAIV's contract (ours, additive): raw files of any size anywhere the
+//! sandbox user may go (`GET`/`PUT /session/{id}/files?path=…`), and `fs/stat`, `fs/mkdir`,
+//! `fs/move`, `fs/list`. Everything goes through the session's helper as the sandbox user, so the
+//! kernel decides; the service's own directory is refused under any name.
+//!
+//! Raw files stream through the helper's channel a frame at a time: a read holds at most its
+//! request's inbox (64 frames of 64 KiB), a write the channel's outbox, whatever the file's size.
+//! Their failures are HTTP statuses with `{"detail", "code"}`: 422 `invalid_path`, 403
+//! `permission_denied`, 404 `not_found`, 409 `is_a_directory` / `not_a_directory`, 413
+//! `too_large`, 416 `invalid_range`, 507 `no_space`.
+
+use std::io::Write;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use futures::StreamExt;
+use sandbox_protocol::files::*;
+use sandbox_protocol::message::{ByteRange, Request};
+use sandbox_protocol::wire::{FsError, FsErrorCode};
+use serde::Deserialize;
+use serde_json::json;
+use tokio::sync::mpsc;
+
+use crate::error::{ApiError, ApiJson, ErrorBody};
+use crate::fleet::Fleet;
+use crate::runtime::{FS_DEADLINE, FileRead};
+
+/// An fs-level refusal as an HTTP status and `{"detail", "code"}`.
+fn refused(e: FsError) -> Response {
+    let status = match e.code {
+        FsErrorCode::InvalidPath => StatusCode::UNPROCESSABLE_ENTITY,
+        FsErrorCode::PermissionDenied => StatusCode::FORBIDDEN,
+        FsErrorCode::NotFound => StatusCode::NOT_FOUND,
+        FsErrorCode::IsADirectory
+        | FsErrorCode::NotADirectory
+        | FsErrorCode::AlreadyExists
+        | FsErrorCode::NotEmpty => StatusCode::CONFLICT,
+        FsErrorCode::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        FsErrorCode::InvalidRange => StatusCode::RANGE_NOT_SATISFIABLE,
+        FsErrorCode::NoSpace => StatusCode::INSUFFICIENT_STORAGE,
+        _ => StatusCode::UNPROCESSABLE_ENTITY,
+    };
+    (
+        status,
+        Json(json!({"detail": e.message, "code": e.code.label()})),
+    )
+        .into_response()
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+pub struct FileQuery {
+    /// Absolute path anywhere in the container, without `..`.
+    pub path: String,
+    /// `PUT`: permission bits (0..=0o777, as a decimal number); default: the replaced file's,
+    /// else 0o644.
+    #[serde(default)]
+    pub mode: Option<u32>,
+    /// `PUT`: create missing parent directories (default true).
+    #[serde(default)]
+    pub parents: Option<bool>,
+}
+
+/// `Range: bytes=first-last | first- | -suffix`; `None` for no header, a multi-range or one
+/// that is not bytes (the whole file is served, as RFC 9110 allows).
+fn parse_range(headers: &HeaderMap) -> Option<ByteRange> {
+    let v = headers.get(header::RANGE)?.to_str().ok()?.trim();
+    let spec = v.strip_prefix("bytes=")?;
+    if spec.contains(',') {
+        return None;
+    }
+    let (a, b) = spec.split_once('-')?;
+    let (a, b) = (a.trim(), b.trim());
+    let first = if a.is_empty() {
+        None
+    } else {
+        Some(a.parse().ok()?)
+    };
+    let last = if b.is_empty() {
+        None
+    } else {
+        Some(b.parse().ok()?)
+    };
+    if first.is_none() && last.is_none() {
+        return None;
+    }
+    Some(ByteRange { first, last })
+}
+
+fn accepts_gzip(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT_ENCODING)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|enc| {
+            let mut parts = enc.split(';');
+            let name = parts.next().unwrap_or("").trim();
+            let q_zero = parts.any(|p| {
+                p.trim()
+                    .strip_prefix("q=")
+                    .is_some_and(|q| q.trim().parse::<f32>().is_ok_and(|q| q == 0.0))
+            });
+            name.eq_ignore_ascii_case("gzip") && !q_zero
+        })
+}
+
+/// gzip over a byte stream, chunk by chunk (nothing but the encoder's window is held).
+fn gzip(
+    body: futures::stream::BoxStream<'static, std::io::Result<Bytes>>,
+) -> impl futures::Stream<Item = std::io::Result<Bytes>> + Send {
+    let enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    futures::stream::unfold((body, Some(enc)), |(mut body, enc)| async move {
+        let mut enc = enc?;
+        match body.next().await {
+            Some(Ok(chunk)) => {
+                let r = enc
+                    .write_all(&chunk)
+                    .map(|()| Bytes::from(std::mem::take(enc.get_mut())));
+                Some((r, (body, Some(enc))))
+            }
+            Some(Err(e)) => Some((Err(e), (body, None))),
+            None => Some((enc.finish().map(Bytes::from), (body, None))),
+        }
+    })
+}
+
+/// `GET /session/{id}/files?path=…`: the file's bytes.
+#[utoipa::path(get, path = "/session/{session_id}/files", tag = "files", operation_id = "get_file",
+    security(("api_key" = [])),
+    params(("session_id" = String, Path, description = "The session id"), FileQuery,
+        ("Range" = Option<String>, Header, description = "bytes=first-last, first- or -suffix: answered 206"),
+        ("Accept-Encoding" = Option<String>, Header, description = "gzip: the body is gzip-compressed")),
+    responses((status = 200, description = "The file's bytes", content_type = "application/octet-stream"),
+        (status = 206, description = "The range asked for", content_type = "application/octet-stream"),
+        (status = 403, description = "permission_denied"), (status = 404, description = "not_found, or no such session"),
+        (status = 409, description = "is_a_directory"), (status = 416, description = "invalid_range"),
+        (status = 422, description = "invalid_path"), (status = 503, body = ErrorBody)))]
+pub async fn get_file(
+    State(fleet): State<Arc<Fleet>>,
+    Path(id): Path<String>,
+    Query(q): Query<FileQuery>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let path = match validate_any_path(&q.path) {
+        Ok(p) => p,
+        Err(e) => return Ok(refused(e)),
+    };
+    let sessions = fleet.at(&id)?;
+    sessions.running_unlocked(&id).await?;
+    let range = parse_range(&headers);
+    let stream = match sessions.runtime().read_file(&id, &path, range).await? {
+        FileRead::Stream(s) => s,
+        FileRead::Refused(e) if e.code == FsErrorCode::InvalidRange => {
+            // 416 says how large the file is.
+            let size = stat_size(&fleet, &id, &path).await;
+            let mut r = refused(e);
+            if let Some(size) = size
+                && let Ok(v) = HeaderValue::from_str(&format!("bytes */{size}"))
+            {
+                r.headers_mut().insert(header::CONTENT_RANGE, v);
+            }
+            return Ok(r);
+        }
+        FileRead::Refused(e) => return Ok(refused(e)),
+    };
+    let partial = range.is_some();
+    let gz = accepts_gzip(&headers) && !partial;
+    let mut builder = Response::builder()
+        .status(if partial {
+            StatusCode::PARTIAL_CONTENT
+        } else {
+            StatusCode::OK
+        })
+        .header(header::CONTENT_TYPE, "application/octet-stream")
+        .header(header::ACCEPT_RANGES, "bytes");
+    if partial && stream.length > 0 {
+        builder = builder.header(
+            header::CONTENT_RANGE,
+            format!(
+                "bytes {}-{}/{}",
+                stream.start,
+                stream.start + stream.length - 1,
+                stream.size
+            ),
+        );
+    }
+    let body = if gz {
+        builder = builder
+            .header(header::CONTENT_ENCODING, "gzip")
+            .header(header::VARY, "accept-encoding");
+        Body::from_stream(gzip(stream.body))
+    } else {
+        builder = builder.header(header::CONTENT_LENGTH, stream.length);
+        Body::from_stream(stream.body)
+    };
+    builder.body(body).map_err(|e| ApiError::Internal(e.into()))
+}
+
+async fn stat_size(fleet: &Fleet, id: &str, path: &str) -> Option<u64> {
+    let sessions = fleet.at(id).ok()?;
+    let a = sessions
+        .runtime()
+        .fs(
+            id,
+            Request::Stat {
+                path: path.to_string(),
+                deadline_ms: FS_DEADLINE.as_millis() as u64,
+            },
+            None,
+        )
+        .await
+        .ok()?;
+    a.parse::<FsStatResponse>().ok()?.entry.map(|e| e.size)
+}
+
+/// `PUT /session/{id}/files?path=…&mode=…&parents=…`: the raw body becomes the file, replacing
+/// an existing one atomically.
+#[utoipa::path(put, path = "/session/{session_id}/files", tag = "files", operation_id = "put_file",
+    security(("api_key" = [])),
+    params(("session_id" = String, Path, description = "The session id"), FileQuery),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream"),
+    responses((status = 200, body = FileAnswer, description = "Written: its size"),
+        (status = 403, description = "permission_denied"), (status = 404, description = "not_found (a parent, with parents=false), or no such session"),
+        (status = 409, description = "is_a_directory, not_a_directory"),
+        (status = 413, description = "too_large: over DAIV_SANDBOX_FILE_MAX_BYTES; nothing was written"),
+        (status = 422, description = "invalid_path"), (status = 507, description = "no_space: the sandbox's disk is full"),
+        (status = 503, body = ErrorBody)))]
+pub async fn put_file(
+    State(fleet): State<Arc<Fleet>>,
+    Path(id): Path<String>,
+    Query(q): Query<FileQuery>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let path = match validate_any_path(&q.path) {
+        Ok(p) => p,
+        Err(e) => return Ok(refused(e)),
+    };
+    if q.mode.is_some_and(|m| m > 0o777) {
+        return Ok(refused(FsError::new(
+            FsErrorCode::InvalidPath,
+            format!("mode must be between 0 and 511 (0o777), got {:?}", q.mode),
+        )));
+    }
+    let sessions = fleet.at(&id)?;
+    let max = sessions.config().sessions.file_max_bytes;
+    let too_large = || {
+        refused(FsError::new(
+            FsErrorCode::TooLarge,
+            format!(
+                "the body is over the {max}-byte limit (DAIV_SANDBOX_FILE_MAX_BYTES); nothing was written"
+            ),
+        ))
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max) {
+        return Ok(too_large());
+    }
+    let _held = sessions.lock(&id).await?;
+    sessions.ensure_running(&id).await?;
+    let (tx, rx) = mpsc::channel::<std::io::Result<Bytes>>(4);
+    let over = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let pump_over = over.clone();
+    let pump = tokio::spawn(async move {
+        let mut stream = body.into_data_stream();
+        let mut total = 0u64;
+        while let Some(chunk) = stream.next().await {
+            let (msg, stop) = match chunk {
+                Ok(c) => {
+                    total += c.len() as u64;
+                    // The chunk that passes the cap still goes: the helper sees the content
+                    // is over `max_bytes`, removes its temporary file and answers `too_large`
+                    // (at the EOF that follows), so the answer comes once nothing is left.
+                    let over = total > max;
+                    if over {
+                        pump_over.store(true, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    (Ok(c), over)
+                }
+                // The client's body broke: the write is abandoned (cancelled) in the helper.
+                Err(e) => (Err(std::io::Error::other(e.to_string())), true),
+            };
+            if tx.send(msg).await.is_err() || stop {
+                return;
+            }
+        }
+    });
+    let request = Request::FileWrite {
+        path,
+        mode: q.mode,
+        parents: q.parents.unwrap_or(true),
+        max_bytes: max,
+    };
+    let r = sessions.runtime().write_file(&id, request, rx).await;
+    pump.abort();
+    match r {
+        Ok(FileAnswer { error: Some(e), .. }) => Ok(refused(e)),
+        Ok(a) => Ok(Json(a).into_response()),
+        Err(_) if over.load(std::sync::atomic::Ordering::Relaxed) => Ok(too_large()),
+        Err(crate::runtime::HelperError::ArchiveRefused) => Err(ApiError::BadRequest(
+            "the request body could not be read to its end; nothing was written".into(),
+        )),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// One op on the helper: an fs-level refusal is inside its answer (HTTP 200), as the seven
+/// ops answer theirs; writers keep the session's order with commands.
+async fn op<T: serde::de::DeserializeOwned>(
+    fleet: &Fleet,
+    id: &str,
+    request: Request,
+    writes: bool,
+) -> Result<Json<T>, ApiError> {
+    let sessions = fleet.at(id)?;
+    let _held = if writes {
+        let held = sessions.lock(id).await?;
+        sessions.ensure_running(id).await?;
+        Some(held)
+    } else {
+        sessions.running_unlocked(id).await?;
+        None
+    };
+    let answer = sessions.runtime().fs(id, request, None).await?;
+    Ok(Json(answer.parse::<T>()?))
+}
+
+fn deadline_ms() -> u64 {
+    FS_DEADLINE.as_millis() as u64
+}
+
+/// A lexically bad path as the op's own answer.
+fn bad_path<T: Default + serde::Serialize>(
+    e: FsError,
+    set: impl FnOnce(&mut T, FsError),
+) -> Json<T> {
+    let mut v = T::default();
+    set(&mut v, e);
+    Json(v)
+}
+
+#[utoipa::path(post, path = "/session/{session_id}/fs/stat", tag = "fs", operation_id = "fs_stat", request_body = FsStatRequest,
+    security(("api_key" = [])), params(("session_id" = String, Path, description = "The session id")),
+    responses((status = 200, body = FsStatResponse), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 422, body = ErrorBody), (status = 503, body = ErrorBody)))]
+pub async fn stat(
+    State(fleet): State<Arc<Fleet>>,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<FsStatRequest>,
+) -> Result<Json<FsStatResponse>, ApiError> {
+    let set = |r: &mut FsStatResponse, e| r.error = Some(e);
+    let path = match validate_any_path(&req.path) {
+        Ok(p) => p,
+        Err(e) => return Ok(bad_path(e, set)),
+    };
+    let request = Request::Stat {
+        path,
+        deadline_ms: deadline_ms(),
+    };
+    op(&fleet, &id, request, false).await
+}
+
+#[utoipa::path(post, path = "/session/{session_id}/fs/mkdir", tag = "fs", operation_id = "fs_mkdir", request_body = FsMkdirRequest,
+    security(("api_key" = [])), params(("session_id" = String, Path, description = "The session id")),
+    responses((status = 200, body = FsMkdirResponse), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, body = ErrorBody), (status = 422, body = ErrorBody), (status = 503, body = ErrorBody)))]
+pub async fn mkdir(
+    State(fleet): State<Arc<Fleet>>,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<FsMkdirRequest>,
+) -> Result<Json<FsMkdirResponse>, ApiError> {
+    let set = |r: &mut FsMkdirResponse, e| r.error = Some(e);
+    let path = match validate_any_path(&req.path) {
+        Ok(p) => p,
+        Err(e) => return Ok(bad_path(e, set)),
+    };
+    let request = Request::Mkdir {
+        path,
+        parents: req.parents,
+        deadline_ms: deadline_ms(),
+    };
+    op(&fleet, &id, request, true).await
+}
+
+#[utoipa::path(post, path = "/session/{session_id}/fs/move", tag = "fs", operation_id = "fs_move", request_body = FsMoveRequest,
+    security(("api_key" = [])), params(("session_id" = String, Path, description = "The session id")),
+    responses((status = 200, body = FsMoveResponse), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, body = ErrorBody), (status = 422, body = ErrorBody), (status = 503, body = ErrorBody)))]
+pub async fn move_entry(
+    State(fleet): State<Arc<Fleet>>,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<FsMoveRequest>,
+) -> Result<Json<FsMoveResponse>, ApiError> {
+    let set = |r: &mut FsMoveResponse, e| r.error = Some(e);
+    let (source, destination) = match (
+        validate_any_path(&req.source),
+        validate_any_path(&req.destination),
+    ) {
+        (Ok(s), Ok(d)) => (s, d),
+        (Err(e), _) | (_, Err(e)) => return Ok(bad_path(e, set)),
+    };
+    let request = Request::Move {
+        source,
+        destination,
+        deadline_ms: deadline_ms(),
+    };
+    op(&fleet, &id, request, true).await
+}
+
+#[utoipa::path(post, path = "/session/{session_id}/fs/list", tag = "fs", operation_id = "fs_list", request_body = FsListRequest,
+    security(("api_key" = [])), params(("session_id" = String, Path, description = "The session id")),
+    responses((status = 200, body = FsListResponse), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 422, body = ErrorBody), (status = 503, body = ErrorBody)))]
+pub async fn list(
+    State(fleet): State<Arc<Fleet>>,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<FsListRequest>,
+) -> Result<Json<FsListResponse>, ApiError> {
+    let set = |r: &mut FsListResponse, e| r.error = Some(e);
+    let path = match validate_any_path(&req.path) {
+        Ok(p) => p,
+        Err(e) => return Ok(bad_path(e, set)),
+    };
+    let request = Request::List {
+        path,
+        depth: req.depth.clamp(1, LIST_MAX_DEPTH),
+        deadline_ms: deadline_ms(),
+    };
+    op(&fleet, &id, request, false).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_and_encodings_are_read_from_the_headers() {
+        let h = |k: header::HeaderName, v: &str| {
+            let mut m = HeaderMap::new();
+            m.insert(
+                k,
+                HeaderValue::from_str(v).unwrap_or(HeaderValue::from_static("")),
+            );
+            m
+        };
+        let r = |first, last| Some(ByteRange { first, last });
+        assert_eq!(
+            parse_range(&h(header::RANGE, "bytes=0-9")),
+            r(Some(0), Some(9))
+        );
+        assert_eq!(parse_range(&h(header::RANGE, "bytes=5-")), r(Some(5), None));
+        assert_eq!(parse_range(&h(header::RANGE, "bytes=-5")), r(None, Some(5)));
+        assert_eq!(parse_range(&h(header::RANGE, "bytes=0-1,3-4")), None);
+        assert_eq!(parse_range(&h(header::RANGE, "items=0-1")), None);
+        assert_eq!(parse_range(&HeaderMap::new()), None);
+        assert!(accepts_gzip(&h(header::ACCEPT_ENCODING, "br, gzip;q=0.8")));
+        assert!(!accepts_gzip(&h(header::ACCEPT_ENCODING, "gzip;q=0")));
+        assert!(!accepts_gzip(&h(header::ACCEPT_ENCODING, "identity")));
+    }
+}

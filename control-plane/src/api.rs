@@ -24,7 +24,8 @@ pub struct StartSessionRequest {
     pub snapshot_id: Option<String>,
     /// Environment variables to set in the container at startup.
     #[serde(default)]
-    pub environment: Option<BTreeMap<String, String>>,
+    #[schema(value_type = Option<BTreeMap<String, String>>)]
+    pub environment: Option<Environment>,
     /// Memory in bytes to be used for the sandbox (at least 6 MiB).
     #[serde(default)]
     #[schema(minimum = 6291456)]
@@ -37,6 +38,65 @@ pub struct StartSessionRequest {
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub egress: Option<serde_json::Value>,
+}
+
+/// A sandbox's environment variables (a create's, a fork's): names not empty, without `=` or
+/// NUL; values without NUL (the engine would refuse some and take others wrongly: `A=B` becomes
+/// `A`). Checked as it is read, so a request that holds one holds a valid one; the OpenAPI
+/// document states the same rule with [`Environment::NAME_PATTERN`] and
+/// [`Environment::VALUE_PATTERN`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct Environment(BTreeMap<String, String>);
+
+/// The variable of an environment that breaks [`Environment`]'s rule.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "environment variable {0:?}: names must be non-empty without '=' or NUL, values without NUL"
+)]
+pub struct InvalidEnvironment(pub String);
+
+impl Environment {
+    /// A variable's name, as a regular expression.
+    pub const NAME_PATTERN: &str = r"^[^=\x00]+$";
+    /// A variable's value, as a regular expression.
+    pub const VALUE_PATTERN: &str = r"^[^\x00]*$";
+
+    /// `vars`, or the first variable that breaks the rule.
+    pub fn new(vars: BTreeMap<String, String>) -> Result<Self, InvalidEnvironment> {
+        match vars.iter().find(|(k, v)| !Self::valid(k, v)) {
+            Some((k, _)) => Err(InvalidEnvironment(k.clone())),
+            None => Ok(Self(vars)),
+        }
+    }
+
+    /// The variables of `vars` that follow the rule (for an environment read back from a
+    /// container, which held a valid one: anything else is not the caller's).
+    pub fn keeping_valid(mut vars: BTreeMap<String, String>) -> Self {
+        vars.retain(|k, v| Self::valid(k, v));
+        Self(vars)
+    }
+
+    fn valid(name: &str, value: &str) -> bool {
+        !name.is_empty() && !name.contains(['=', '\0']) && !value.contains('\0')
+    }
+
+    pub fn into_inner(self) -> BTreeMap<String, String> {
+        self.0
+    }
+}
+
+impl std::ops::Deref for Environment {
+    type Target = BTreeMap<String, String>;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl<'de> Deserialize<'de> for Environment {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Self::new(BTreeMap::deserialize(d)?).map_err(serde::de::Error::custom)
+    }
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -275,10 +335,37 @@ pub struct ForkRequest {
     pub count: u32,
     /// The forks' environment; the source's when omitted.
     #[serde(default)]
-    pub environment: Option<BTreeMap<String, String>>,
+    #[schema(value_type = Option<BTreeMap<String, String>>)]
+    pub environment: Option<Environment>,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct ForkResponse {
     pub session_ids: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn environments_follow_one_rule_as_they_are_read() {
+        for bad in [
+            json!({"": "x"}),
+            json!({"A=B": "x"}),
+            json!({"A\u{0}": "x"}),
+            json!({"A": "x\u{0}"}),
+        ] {
+            assert!(
+                serde_json::from_value::<Environment>(bad.clone()).is_err(),
+                "{bad}"
+            );
+        }
+        let good = json!({"A": "", "b c": "=\n"});
+        let env: Environment = serde_json::from_value(good.clone()).expect("valid");
+        assert_eq!(serde_json::to_value(&env).ok(), Some(good));
+        let err = Environment::new([("A=B".to_string(), String::new())].into());
+        assert_eq!(err, Err(InvalidEnvironment("A=B".to_string())));
+    }
 }

@@ -1,5 +1,7 @@
 //! Background processes and streaming runs: what the routes under `/processes/` and a run with
-//! `Accept: application/x-ndjson` do, over the session runtime.
+//! `Accept: application/x-ndjson` do, over the session runtime. Processes work through the
+//! session's [`Workspace`] (its helper's channel, the settings, the metrics); a streaming run
+//! through [`Sessions::run_streaming`].
 //!
 //! Processes live in the sandbox, supervised by its `init` helper (see the `sandbox-helper`
 //! crate's `procs`): every replica and every channel sees the same ones, and they
@@ -21,8 +23,7 @@ use sandbox_protocol::message::{PollInfo, ProcInfo, ProcList, ProcRequest, ProcS
 use crate::api::{ProcessInfo, ProcessList, ProcessOutput, StartProcessRequest};
 use crate::layout::{self, WORKSPACE};
 use crate::runtime::HelperError;
-use crate::sessions::{SessionError, Sessions};
-use crate::telemetry::metrics::observe_duration;
+use crate::sessions::{SessionError, SessionId, Sessions, Workspace};
 
 /// Most bytes one stdin request may carry (the helper enforces the same bound).
 pub const MAX_STDIN_BYTES: usize = 1024 * 1024;
@@ -155,21 +156,17 @@ fn process_id(raw: &str) -> Result<(), ProcessError> {
     Ok(())
 }
 
+/// One request to the session's supervisor, beside whatever else runs in the session.
 async fn call(
-    sessions: &Sessions,
-    id: &str,
+    ws: &Workspace<'_>,
     request: ProcRequest,
     input: Option<Bytes>,
 ) -> Result<crate::runtime::Answer, ProcessError> {
-    sessions.running_unlocked(id).await?;
-    Ok(sessions.runtime().process(id, request, input).await?)
+    ws.beside().await?;
+    Ok(ws.runtime.process(ws.id, request, input).await?)
 }
 
-pub async fn start(
-    sessions: &Sessions,
-    id: &str,
-    req: &StartProcessRequest,
-) -> Result<String, ProcessError> {
+pub async fn start(ws: &Workspace<'_>, req: &StartProcessRequest) -> Result<String, ProcessError> {
     if req.command.trim().is_empty() {
         return Err(ProcessError::EmptyCommand);
     }
@@ -180,20 +177,18 @@ pub async fn start(
         command: req.command.clone(),
         workdir: workdir(req.workdir.as_deref())?,
         env: environment(&req.environment)?,
-        max_live: sessions.config().sessions.max_processes,
-        buffer_bytes: sessions.config().sessions.process_output_bytes,
+        max_live: ws.config.sessions.max_processes,
+        buffer_bytes: ws.config.sessions.process_output_bytes,
     };
-    let started: ProcStarted = call(sessions, id, request, None).await?.parse()?;
-    sessions.metrics().processes_started.inc();
+    let started: ProcStarted = call(ws, request, None).await?.parse()?;
+    ws.metrics.processes_started.inc();
     Ok(started.process_id)
 }
 
-pub async fn list(sessions: &Sessions, id: &str) -> Result<ProcessList, ProcessError> {
-    let list: ProcList = call(sessions, id, ProcRequest::List, None).await?.parse()?;
+pub async fn list(ws: &Workspace<'_>) -> Result<ProcessList, ProcessError> {
+    let list: ProcList = call(ws, ProcRequest::List, None).await?.parse()?;
     let running = list.processes.iter().filter(|p| p.running).count();
-    sessions
-        .metrics()
-        .observe_processes(id, Some(running as u64));
+    ws.metrics.observe_processes(ws.id, Some(running as u64));
     Ok(ProcessList {
         processes: list.processes.into_iter().map(process_info).collect(),
     })
@@ -210,8 +205,7 @@ fn process_info(p: ProcInfo) -> ProcessInfo {
 }
 
 pub async fn poll(
-    sessions: &Sessions,
-    id: &str,
+    ws: &Workspace<'_>,
     pid: &str,
     offset: u64,
     wait: f64,
@@ -220,23 +214,22 @@ pub async fn poll(
     if !wait.is_finite() || wait < 0.0 {
         return Err(ProcessError::InvalidWait);
     }
-    let wait =
-        Duration::from_secs_f64(wait.min(3600.0)).min(sessions.config().sessions.process_wait_max);
+    let settings = &ws.config.sessions;
+    let wait = Duration::from_secs_f64(wait.min(3600.0)).min(settings.process_wait_max);
     let request = ProcRequest::Poll {
         process_id: pid.to_string(),
         offset,
         wait_ms: wait.as_millis() as u64,
-        max_bytes: sessions.config().sessions.process_output_bytes,
+        max_bytes: settings.process_output_bytes,
     };
-    let answer = call(sessions, id, request, None).await?;
+    let answer = call(ws, request, None).await?;
     let info: PollInfo = answer.parse()?;
     let running = info.running;
     let from = info.offset;
     let mut bytes: &[u8] = &answer.output;
     // A character cut at the end comes whole with the next poll; once the process ended and
     // this answer holds the rest of the buffer, the bytes are what they are.
-    let more_to_come =
-        running || bytes.len() as u64 >= sessions.config().sessions.process_output_bytes;
+    let more_to_come = running || bytes.len() as u64 >= settings.process_output_bytes;
     let cut = incomplete_tail(bytes);
     if cut > 0 && more_to_come {
         bytes = &bytes[..bytes.len() - cut];
@@ -253,8 +246,7 @@ pub async fn poll(
 }
 
 pub async fn stdin(
-    sessions: &Sessions,
-    id: &str,
+    ws: &Workspace<'_>,
     pid: &str,
     body: Bytes,
     eof: bool,
@@ -267,47 +259,38 @@ pub async fn stdin(
         process_id: pid.to_string(),
         eof,
     };
-    call(sessions, id, request, Some(body)).await.map(|_| ())
+    call(ws, request, Some(body)).await.map(|_| ())
 }
 
-pub async fn kill(sessions: &Sessions, id: &str, pid: &str) -> Result<(), ProcessError> {
+pub async fn kill(ws: &Workspace<'_>, pid: &str) -> Result<(), ProcessError> {
     process_id(pid)?;
     let request = ProcRequest::Kill {
         process_id: pid.to_string(),
     };
-    call(sessions, id, request, None).await?;
-    sessions.metrics().processes_killed.inc();
+    call(ws, request, None).await?;
+    ws.metrics.processes_killed.inc();
     Ok(())
 }
 
 /// A streaming run: its lines as the commands print and end, heartbeats in silences, `done`
 /// with the plain response's results last, or the failure that ended it (which the route words
-/// as its `error` line). `held` (the session lock) is kept until the batch ends; a client that
-/// goes away drops the receiver, which cancels the batch.
+/// as its `error` line), a heartbeat after each `heartbeat` of silence. `held` (the session
+/// lock) is kept until the batch ends; a client that goes away drops the receiver, which cancels
+/// the batch.
 pub fn stream_run(
     sessions: Arc<Sessions>,
-    id: String,
+    id: SessionId,
     spec: crate::runtime::RunSpec,
     held: crate::coordination::lock::LockGuard,
+    heartbeat: Duration,
 ) -> mpsc::Receiver<Result<Line, HelperError>> {
     let (out_tx, out_rx) = mpsc::channel::<Result<Line, HelperError>>(32);
-    let heartbeat = sessions.config().sessions.stream_heartbeat;
-    sessions.metrics().streamed_runs.inc();
     tokio::spawn(async move {
         let _held = held;
         let (ev_tx, mut ev_rx) = mpsc::channel::<RunEvent>(64);
-        let runtime = sessions.clone();
-        let run_id = id.clone();
-        let run_spec = spec.clone();
-        let mut run = Box::pin(async move {
-            runtime
-                .runtime()
-                .run_streaming(&run_id, &run_spec, Some(ev_tx))
-                .await
-        });
+        let mut run = Box::pin(sessions.run_streaming(&id, &spec, ev_tx));
         let mut carry: Option<(usize, Utf8Carry)> = None;
         let mut finished = None;
-        let started = std::time::Instant::now();
         loop {
             let next = tokio::select! {
                 biased;
@@ -340,11 +323,7 @@ pub fn stream_run(
                     None => {
                         // The run ended: every event is in; its result is the last line.
                         let r = match finished.take() { Some(r) => r, None => (&mut run).await };
-                        observe_duration(&sessions.metrics().command_batches, started.elapsed());
-                        let last = r.map(|results| {
-                            sessions.metrics().commands.inc_by(results.len() as u64);
-                            Line::Done { results }
-                        });
+                        let last = r.map(|results| Line::Done { results });
                         let _ = out_tx.send(last).await;
                         return;
                     }

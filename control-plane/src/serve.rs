@@ -78,7 +78,7 @@ where
     };
     // Every sandbox gets the helper; without it no session could run a command. The state read
     // it once; only a failure reads again, to say why.
-    if !state.sessions.has_helper() {
+    if !state.fleet.has_helper() {
         let why = crate::runtime::helper_binary(config.sessions.helper_bin.as_deref())
             .err()
             .unwrap_or_else(|| "the session helper could not be read".to_string());
@@ -156,8 +156,7 @@ fn start_runtime_probes(
                     }
                 }
                 let verdict =
-                    runtime_probe::probe(cell.sessions().engine(), &config, &image, PROBE_TIMEOUT)
-                        .await;
+                    runtime_probe::probe(&**cell.engine(), &config, &image, PROBE_TIMEOUT).await;
                 health.record(runtime, &engine_name, Some(&image), verdict);
             })
         })

@@ -12,7 +12,6 @@ use crate::coordination::lock::SessionLocks;
 use crate::engine::ContainerEngine;
 use crate::fleet::{Connector, Fleet};
 use crate::runtime::helper_binary;
-use crate::sessions::Sessions;
 use crate::telemetry::engine::MeteredEngine;
 use crate::telemetry::metrics::Metrics;
 use crate::telemetry::runtime_probe::RuntimeHealth;
@@ -23,8 +22,6 @@ pub struct AppState {
     pub config: Arc<Config>,
     /// Every engine sessions may be on, each with its own stack.
     pub fleet: Arc<Fleet>,
-    /// The sessions of the first engine: the only one without a fleet (in-process tests).
-    pub sessions: Arc<Sessions>,
     pub metrics: Arc<Metrics>,
     /// The slots of the create, seed and fs routes.
     pub admission: Arc<Admission>,
@@ -89,17 +86,11 @@ impl AppState {
     }
 
     fn over(config: Arc<Config>, fleet: Arc<Fleet>, metrics: Arc<Metrics>) -> Self {
-        let sessions = fleet
-            .cells()
-            .first()
-            .map(|c| c.sessions().clone())
-            .expect("a fleet has at least one engine");
         Self {
             admission: Arc::new(Admission::new(&config.admission, metrics.clone())),
             runtime: Arc::new(RuntimeHealth::new(&metrics)),
             config,
             fleet,
-            sessions,
             metrics,
         }
     }
@@ -108,12 +99,6 @@ impl AppState {
 impl FromRef<AppState> for Arc<Fleet> {
     fn from_ref(state: &AppState) -> Self {
         state.fleet.clone()
-    }
-}
-
-impl FromRef<AppState> for Arc<Sessions> {
-    fn from_ref(state: &AppState) -> Self {
-        state.sessions.clone()
     }
 }
 

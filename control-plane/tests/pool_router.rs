@@ -12,7 +12,6 @@ use axum::http::StatusCode;
 use control_plane::engine::fake::FakeEngine;
 use control_plane::engine::{ContainerEngine, POOL_LABEL, ROLE_EGRESS_GATEWAY, ROLE_LABEL};
 use control_plane::pool::Refill;
-use control_plane::reaper::Reaper;
 use serde_json::json;
 
 use harness::{Harness, IMAGE};
@@ -34,10 +33,7 @@ fn replica(engine: &FakeEngine, extra: &[(&str, &str)]) -> Replica {
     let mut settings = vec![("WARM_POOL", "img:1=2"), ("DEPLOYMENT", "pool-test")];
     settings.extend_from_slice(extra);
     let h = Harness::new(engine.clone(), &settings);
-    let refill = Refill::new(
-        h.state.sessions.pool().clone(),
-        h.state.sessions.locks().clone(),
-    );
+    let refill = Refill::new(h.cell().pool().clone(), h.locks.clone());
     Replica { h, refill }
 }
 
@@ -215,7 +211,9 @@ async fn dead_and_retagged_members_are_replaced_and_a_restart_adopts_the_pool() 
     let members: Vec<String> = ready(&engine).await.into_iter().collect();
     engine.kill(&members[0]);
     // The reaper leaves members alone, and wakes the refill.
-    let swept = Reaper::new(r.state.sessions.clone())
+    let swept = r
+        .cell()
+        .reaper()
         .sweep(SystemTime::now() + Duration::from_secs(86_400 * 30))
         .await
         .expect("sweep");

@@ -11,6 +11,7 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use control_plane::config::Config;
 use control_plane::coordination::activity::{LocalActivity, SessionActivity};
+use control_plane::coordination::lock::SessionLocks;
 use control_plane::egress;
 use control_plane::engine::fake::FakeEngine;
 use control_plane::engine::{
@@ -19,7 +20,7 @@ use control_plane::engine::{
 };
 use control_plane::reaper::Reaper;
 
-use harness::{Harness, KEY};
+use harness::{Harness, KEY, sid};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -51,7 +52,7 @@ fn config(extra: &[(&str, &str)]) -> Arc<Config> {
 struct World {
     h: Harness,
     activity: Arc<LocalActivity>,
-    reaper: Reaper,
+    reaper: Arc<Reaper>,
 }
 
 impl std::ops::Deref for World {
@@ -70,12 +71,11 @@ impl World {
             UNIX_EPOCH,
             config.reaper.running_session_max_idle,
         ));
-        let state = harness::state_with_activity(&engine, config, activity.clone());
-        let reaper = Reaper::new(state.sessions.clone());
+        let h = Harness::with_activity(engine, config, activity.clone());
         Self {
-            h: Harness::with_state(engine, state),
+            reaper: h.cell().reaper().clone(),
+            h,
             activity,
-            reaper,
         }
     }
 
@@ -208,7 +208,7 @@ async fn running_sessions_are_removed_once_idle_and_kept_while_busy() -> TestRes
     w.activity.record(&busy, at(NOW - 301));
     w.activity.record(&fresh, at(NOW - 10));
     // A request in flight on `busy` holds its lock.
-    let held = w.state.sessions.lock(&busy).await?;
+    let held = w.sessions().lock(&sid(&busy)).await?;
     // Taking the lock touched it: age it again, as a long command would leave it.
     w.activity.record(&busy, at(NOW - 301));
 
@@ -235,7 +235,7 @@ async fn the_lifetime_backstop_removes_old_sessions_whatever_they_do() -> TestRe
         w.activity.record(id, at(NOW - 1));
     }
     // A request holds the old session's lock for good (a command without a timeout).
-    let held = w.state.sessions.lock(&old_busy).await?;
+    let held = w.sessions().lock(&sid(&old_busy)).await?;
     let sweep = w.reaper.sweep(at(NOW)).await?;
     let mut removed = sweep.lifetime.clone();
     removed.sort();
@@ -263,10 +263,10 @@ async fn sessions_created_before_tracking_began_get_a_full_window() -> TestResul
         at(NOW - 10),
         config.reaper.running_session_max_idle,
     ));
-    let state = harness::state_with_activity(&engine, config, activity);
+    let h = Harness::with_activity(engine, config, activity);
     let w = World {
-        reaper: Reaper::new(state.sessions.clone()),
-        h: Harness::with_state(engine, state),
+        reaper: h.cell().reaper().clone(),
+        h,
         activity: Arc::new(LocalActivity::new(None)),
     };
     let ancient = w.running(10).await?;
@@ -294,19 +294,13 @@ async fn a_restarted_session_is_rechecked_under_its_lock() -> TestResult {
     let id = w.stopped(10, Some(NOW - 500)).await?;
     // Between the listing and the removal a request restarts it: simulate by holding the lock,
     // restarting, then letting the reaper try (busy), and again after the release (running).
-    let held = w.state.sessions.lock(&id).await?;
+    let held = w.sessions().lock(&sid(&id)).await?;
     let first = w.reaper.sweep(at(NOW)).await?;
     assert_eq!(first.busy, vec![id.clone()]);
     w.engine.start(&id).await?;
     drop(held);
     // Wait for the release (it happens right after the closing touch).
-    drop(
-        w.state
-            .sessions
-            .locks()
-            .acquire(&id, Duration::from_secs(5))
-            .await?,
-    );
+    drop(w.locks.acquire(&id, Duration::from_secs(5)).await?);
     let second = w.reaper.sweep(at(NOW)).await?;
     assert!(second.expired.is_empty(), "{second:?}");
     assert_eq!(w.engine.status(&id), Some(ContainerStatus::Running));
@@ -356,9 +350,7 @@ async fn an_orphan_being_built_under_its_egress_lock_is_kept() -> TestResult {
     let w = World::new(&[]);
     network(&w, "net-building", "building", NOW - 500).await?;
     let held = w
-        .state
-        .sessions
-        .locks()
+        .locks
         .acquire(&egress::lock_key("building"), Duration::ZERO)
         .await?;
     let sweep = w.reaper.sweep(at(NOW)).await?;
@@ -397,18 +389,12 @@ async fn every_operation_touches_its_session_at_start_and_end() -> TestResult {
     let resp = w.send(req).await;
     assert_eq!(resp.status(), StatusCode::NO_CONTENT);
     // The closing touch runs as the guard drops; the next lock holder sees it.
-    let _next = w.state.sessions.lock(&id).await?;
+    let _next = w.sessions().lock(&sid(&id)).await?;
     let seen = w.activity.last_seen(std::slice::from_ref(&id)).await?;
     assert!(seen[0].is_some_and(|t| t >= before), "{seen:?}");
     // The reaper forgets records of sessions that are gone.
     drop(_next);
-    drop(
-        w.state
-            .sessions
-            .locks()
-            .acquire(&id, Duration::from_secs(5))
-            .await?,
-    );
+    drop(w.locks.acquire(&id, Duration::from_secs(5)).await?);
     w.engine.remove(&id).await?;
     w.reaper.sweep(at(NOW)).await?;
     assert!(w.activity.is_empty());

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::StatusCode;
+use control_plane::coordination::lock::SessionLocks;
 use control_plane::engine::fake::FakeEngine;
 use control_plane::engine::{ContainerStatus, NetworkAttach};
 use serde_json::{Value, json};
@@ -591,13 +592,7 @@ async fn a_force_delete_does_not_wait_behind_a_busy_session() {
     };
     // The run holds the session's lock for a minute; a stop would wait 30 s, then 409.
     for _ in 0..100 {
-        if h.state
-            .sessions
-            .locks()
-            .acquire(&id, Duration::ZERO)
-            .await
-            .is_err()
-        {
+        if h.locks.acquire(&id, Duration::ZERO).await.is_err() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
+use control_plane::coordination::lock::SessionLocks;
 use control_plane::engine::fake::FakeEngine;
 use futures::StreamExt;
 use http_body_util::BodyExt;
@@ -245,12 +246,7 @@ async fn fs_writes_wait_for_the_session_lock_then_409_and_reads_do_not() {
         &[("SESSION_LOCK_WAIT_SECONDS", "0.1")],
     );
     let id = h.session().await;
-    let held = h
-        .state
-        .sessions
-        .locks()
-        .acquire(&id, Duration::from_secs(1))
-        .await;
+    let held = h.locks.acquire(&id, Duration::from_secs(1)).await;
     assert!(held.is_ok());
     for op in ["ls", "glob", "grep", "read"] {
         let body = json!({"path": "/workspace", "pattern": "x"});

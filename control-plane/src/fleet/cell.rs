@@ -14,7 +14,10 @@ use super::stack::{Shared, Stack, abort_all};
 use crate::config::EngineSpec;
 use crate::engine::ContainerEngine;
 use crate::engine::scoped::{Link, ScopedEngine};
+use crate::pool::Pool;
+use crate::reaper::Reaper;
 use crate::sessions::Sessions;
+use crate::snapshots::Snapshots;
 use crate::telemetry::engine::DEFAULT_ENGINE;
 
 /// What the health check last saw of an engine.
@@ -121,7 +124,7 @@ impl Cell {
         let engine: Arc<dyn ContainerEngine> =
             Arc::new(ScopedEngine::new(link.clone(), spec.prefix()));
         let cell = Self::new(engine, Some(link), spec.clone(), shared);
-        let pool = cell.sessions().pool();
+        let pool = cell.pool();
         for (key, _) in pool.configured() {
             pool.set_target(key, 0);
         }
@@ -178,6 +181,24 @@ impl Cell {
 
     pub fn sessions(&self) -> &Arc<Sessions> {
         self.stack.sessions()
+    }
+
+    /// Its engine (metered; scoped for a fleet's).
+    pub fn engine(&self) -> &Arc<dyn ContainerEngine> {
+        self.stack.engine()
+    }
+
+    pub fn pool(&self) -> &Arc<Pool> {
+        self.stack.pool()
+    }
+
+    pub fn snapshots(&self) -> &Arc<Snapshots> {
+        self.stack.snapshots()
+    }
+
+    /// Its reaper (started with the stack when `REAPER_ENABLED`).
+    pub fn reaper(&self) -> &Arc<Reaper> {
+        self.stack.reaper()
     }
 
     pub fn is_up(&self) -> bool {

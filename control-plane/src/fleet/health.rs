@@ -143,7 +143,7 @@ pub(super) async fn watch(cell: Weak<Cell>, probe: Arc<Probe>) {
                 tick = 1;
                 this.stack().start();
                 // Its share of the pools may be owed.
-                this.sessions().pool().wake();
+                this.pool().wake();
             }
             (true, false) => {
                 link.disconnect();

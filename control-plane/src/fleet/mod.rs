@@ -157,6 +157,11 @@ impl Fleet {
         &self.shared.metrics
     }
 
+    /// Whether sandboxes get the helper (the service refuses to start without it).
+    pub fn has_helper(&self) -> bool {
+        self.shared.helper.is_some()
+    }
+
     pub fn is_fleet(&self) -> bool {
         self.file.is_some()
     }

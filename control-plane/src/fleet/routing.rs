@@ -121,7 +121,7 @@ pub(super) fn place(
         .zip(cells)
         .map(|(r, c)| placement::View {
             has_image: r.seen.images.contains(&image),
-            warm: c.sessions().pool().has_ready(&req.base_image, egress),
+            warm: c.pool().has_ready(&req.base_image, egress),
             ..r.view(true)
         })
         .collect();
@@ -136,7 +136,7 @@ pub(super) fn spread_pools(cells: &[Arc<Cell>], need: &Need<'_>) {
     // retire members on one engine to build them on another.
     let views: Vec<placement::View<'_>> = readings.iter().map(|r| r.view(false)).collect();
     let Some(first) = cells.first() else { return };
-    for (key, size) in first.sessions().pool().configured().to_vec() {
+    for (key, size) in first.pool().configured().to_vec() {
         let shares: Vec<u32> = match &key.snapshot {
             Some(id) => {
                 let prefix = split_engine(id).0;
@@ -157,7 +157,7 @@ pub(super) fn spread_pools(cells: &[Arc<Cell>], need: &Need<'_>) {
             ),
         };
         for (cell, share) in cells.iter().zip(shares) {
-            cell.sessions().pool().set_target(&key, share);
+            cell.pool().set_target(&key, share);
         }
     }
 }

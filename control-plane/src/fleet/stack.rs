@@ -14,10 +14,11 @@ use crate::coordination::lock::SessionLocks;
 use crate::egress::Egress;
 use crate::engine::ContainerEngine;
 use crate::pool::{Pool, Refill};
-use crate::reaper::Reaper;
+use crate::reaper::{self, Reaper};
 use crate::runtime::{HelperRuntime, SessionRuntime};
 use crate::sandbox::SandboxFactory;
 use crate::sessions::Sessions;
+use crate::snapshots::Snapshots;
 use crate::telemetry::metrics::Metrics;
 
 /// What every engine's stack shares: settings, locks and activity (one set for all engines, so
@@ -34,9 +35,14 @@ pub(super) struct Shared {
 /// The sessions of one engine and the background work that keeps them (its reaper and its warm
 /// pool's refill), started once the engine can be used.
 pub(super) struct Stack {
+    engine: Arc<dyn ContainerEngine>,
     sessions: Arc<Sessions>,
+    pool: Arc<Pool>,
+    snapshots: Arc<Snapshots>,
     refill: Arc<Refill>,
-    reaper: bool,
+    reaper: Arc<Reaper>,
+    /// Whether the reaper runs (`REAPER_ENABLED`); tests sweep by hand.
+    reaping: bool,
     started: AtomicBool,
     tasks: Mutex<Vec<JoinHandle<()>>>,
 }
@@ -76,7 +82,7 @@ impl Stack {
             .with_helper(shared.helper.clone()),
         );
         let factory = Arc::new(SandboxFactory::new(
-            engine,
+            engine.clone(),
             config.clone(),
             egress,
             shared.helper.clone(),
@@ -86,6 +92,7 @@ impl Stack {
             runtime.clone(),
             shared.metrics.clone(),
         ));
+        let snapshots = factory.snapshots().clone();
         let sessions = Arc::new(Sessions::new(
             factory,
             pool.clone(),
@@ -94,10 +101,26 @@ impl Stack {
             shared.activity.clone(),
             shared.metrics.clone(),
         ));
+        let reaper = Arc::new(Reaper::new(
+            reaper::Parts {
+                engine: engine.clone(),
+                sessions: sessions.clone(),
+                pool: pool.clone(),
+                snapshots: snapshots.clone(),
+                locks: shared.locks.clone(),
+                activity: shared.activity.clone(),
+                metrics: shared.metrics.clone(),
+            },
+            reaper::Policy::from_config(&config),
+        ));
         Self {
+            engine,
             sessions,
-            refill: Refill::new(pool, shared.locks.clone()),
-            reaper: config.reaper.enabled,
+            refill: Refill::new(pool.clone(), shared.locks.clone()),
+            pool,
+            snapshots,
+            reaper,
+            reaping: config.reaper.enabled,
             started: AtomicBool::new(false),
             tasks: Mutex::default(),
         }
@@ -107,14 +130,30 @@ impl Stack {
         &self.sessions
     }
 
+    pub fn engine(&self) -> &Arc<dyn ContainerEngine> {
+        &self.engine
+    }
+
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.pool
+    }
+
+    pub fn snapshots(&self) -> &Arc<Snapshots> {
+        &self.snapshots
+    }
+
+    pub fn reaper(&self) -> &Arc<Reaper> {
+        &self.reaper
+    }
+
     /// Starts the reaper and the warm pool's refill, once.
     pub fn start(&self) {
         if self.started.swap(true, Ordering::SeqCst) {
             return;
         }
         let mut tasks = Vec::new();
-        if self.reaper {
-            tasks.push(Arc::new(Reaper::new(self.sessions.clone())).spawn());
+        if self.reaping {
+            tasks.push(self.reaper.clone().spawn());
         }
         if let Some(t) = self.refill.spawn() {
             tasks.push(t);

@@ -130,12 +130,7 @@ impl Setup {
 
     fn targets(&self, name: &str) -> u32 {
         let cell = self.cell(name);
-        cell.sessions()
-            .pool()
-            .targets()
-            .iter()
-            .map(|(_, n)| n)
-            .sum()
+        cell.pool().targets().iter().map(|(_, n)| n).sum()
     }
 }
 
@@ -174,10 +169,11 @@ async fn ids_carry_their_engine_and_route_back_to_it() {
         assert_eq!(s.fleet.cell_of(&id).expect("routed").name(), prefix);
         // The engine holds it under its own id, and only that engine's stack finds it.
         assert!(s.fakes.engine(prefix).status(raw).is_some(), "{id}");
+        let sid = crate::ids::SessionId::parse(&id).expect("a session id");
         s.fleet
             .at(&id)
             .expect("sessions")
-            .find(&id)
+            .ensure_running(&sid)
             .await
             .expect("found");
         engines.insert(prefix.to_string());
@@ -224,7 +220,7 @@ async fn an_engine_goes_down_only_after_enough_failed_checks_and_its_sessions_an
     // Its stack's calls fail at once rather than reach the engine.
     let on_b = s.cell("b");
     assert!(matches!(
-        on_b.sessions().engine().ping().await,
+        on_b.engine().ping().await,
         Err(EngineError::Unavailable(_))
     ));
     // No new session goes there.

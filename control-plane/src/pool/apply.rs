@@ -18,7 +18,7 @@ use super::Pool;
 /// variables, minus those the egress settings set (they win, as at a cold create).
 pub(crate) fn env_json(req: &StartSessionRequest, kind: Kind) -> Option<Bytes> {
     let env: Vec<(&String, &String)> =
-        crate::egress::caller_env(req.environment.as_ref(), kind == Kind::Egress).collect();
+        crate::egress::caller_env(req.environment.as_deref(), kind == Kind::Egress).collect();
     if env.is_empty() {
         return None;
     }

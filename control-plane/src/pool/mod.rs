@@ -560,12 +560,12 @@ mod tests {
     fn egress_settings_win_over_a_claims_environment() -> Result<(), Box<dyn std::error::Error>> {
         let req = StartSessionRequest {
             base_image: "img".into(),
-            environment: Some(
+            environment: Some(crate::api::Environment::new(
                 [("A", "1"), ("HTTPS_PROXY", "evil")]
                     .into_iter()
                     .map(|(k, v)| (k.to_string(), v.to_string()))
                     .collect(),
-            ),
+            )?),
             memory_bytes: None,
             cpus: None,
             egress: None,

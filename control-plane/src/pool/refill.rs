@@ -26,7 +26,7 @@ use crate::coordination::lock::{LockError, SessionLocks};
 use crate::egress::Triad;
 use crate::engine::{ContainerInfo, EngineError, POOL_SPEC_LABEL};
 use crate::ids::fnv;
-use crate::sandbox::SessionError;
+use crate::sandbox::{EgressPolicy, SessionError};
 use crate::telemetry::metrics::{KindLabels, observe_duration};
 use crate::time::unix_now;
 
@@ -325,9 +325,12 @@ impl Refill {
                     .reserve(&*self.locks, Duration::from_secs(5))
                     .await
                     .map_err(SessionError::Lock)?;
-                let policy = PolicyFile::default();
+                let deny_all = EgressPolicy {
+                    egress: egress.clone(),
+                    policy: PolicyFile::default(),
+                };
                 s.factory
-                    .build(&req, Some((&policy, &reservation)), Some(&naming), None)
+                    .build(&req, Some((&deny_all, &reservation)), Some(&naming), None)
                     .await?
             }
         };

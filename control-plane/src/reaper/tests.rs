@@ -1,4 +1,7 @@
+use std::time::UNIX_EPOCH;
+
 use super::*;
+use crate::engine::ContainerStatus;
 
 fn at(secs: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_secs(secs)

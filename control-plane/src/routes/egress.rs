@@ -1,12 +1,9 @@
 //! `PUT /session/{id}/egress/`: refresh a live session's egress policy and secrets.
 
-use axum::extract::{Path, State};
 use axum::http::StatusCode;
 
-use std::sync::Arc;
-
+use super::extract::Locked;
 use crate::error::{ApiError, ApiJson, ErrorBody};
-use crate::fleet::Fleet;
 
 /// Replace the session's egress policy (same body as `egress` on create); takes effect without
 /// restarting anything.
@@ -16,13 +13,8 @@ use crate::fleet::Fleet;
     responses((status = 204), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 409, body = ErrorBody), (status = 422, body = ErrorBody),
         (status = 503, body = ErrorBody)))]
-pub async fn refresh(
-    State(fleet): State<Arc<Fleet>>,
-    Path(id): Path<String>,
-    ApiJson(body): ApiJson<serde_json::Value>,
-) -> Result<StatusCode, ApiError> {
-    let sessions = fleet.at(&id)?;
-    let _held = sessions.lock(&id).await?;
-    sessions.refresh_egress(&id, &body).await?;
+pub async fn refresh(s: Locked<ApiJson<serde_json::Value>>) -> Result<StatusCode, ApiError> {
+    let ApiJson(body) = &s.body;
+    s.sessions.refresh_egress(&s.id, body).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::body::Body;
-use axum::extract::{Path, Query, State};
+use axum::extract::Query;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
@@ -26,9 +26,10 @@ use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::mpsc;
 
+use super::extract::Session;
 use crate::error::{ApiError, ApiJson, ErrorBody};
-use crate::fleet::Fleet;
 use crate::runtime::{FS_DEADLINE, FileRead};
+use crate::sessions::Workspace;
 
 /// An fs-level refusal as an HTTP status and `{"detail", "code"}`.
 fn refused(e: FsError) -> Response {
@@ -141,8 +142,7 @@ fn gzip(
         (status = 409, description = "is_a_directory"), (status = 416, description = "invalid_range"),
         (status = 422, description = "invalid_path"), (status = 503, body = ErrorBody)))]
 pub async fn get_file(
-    State(fleet): State<Arc<Fleet>>,
-    Path(id): Path<String>,
+    s: Session,
     Query(q): Query<FileQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
@@ -150,14 +150,14 @@ pub async fn get_file(
         Ok(p) => p,
         Err(e) => return Ok(refused(e)),
     };
-    let sessions = fleet.at(&id)?;
-    sessions.running_unlocked(&id).await?;
+    let ws = s.sessions.workspace(&s.id);
+    ws.beside().await?;
     let range = parse_range(&headers);
-    let stream = match sessions.runtime().read_file(&id, &path, range).await? {
+    let stream = match ws.runtime.read_file(ws.id, &path, range).await? {
         FileRead::Stream(s) => s,
         FileRead::Refused(e) if e.code == FsErrorCode::InvalidRange => {
             // 416 says how large the file is.
-            let size = stat_size(&fleet, &id, &path).await;
+            let size = stat_size(&ws, &path).await;
             let mut r = refused(e);
             if let Some(size) = size
                 && let Ok(v) = HeaderValue::from_str(&format!("bytes */{size}"))
@@ -201,12 +201,11 @@ pub async fn get_file(
     builder.body(body).map_err(|e| ApiError::Internal(e.into()))
 }
 
-async fn stat_size(fleet: &Fleet, id: &str, path: &str) -> Option<u64> {
-    let sessions = fleet.at(id).ok()?;
-    let a = sessions
-        .runtime()
+async fn stat_size(ws: &Workspace<'_>, path: &str) -> Option<u64> {
+    let a = ws
+        .runtime
         .fs(
-            id,
+            ws.id,
             Request::Stat {
                 path: path.to_string(),
                 deadline_ms: FS_DEADLINE.as_millis() as u64,
@@ -231,8 +230,7 @@ async fn stat_size(fleet: &Fleet, id: &str, path: &str) -> Option<u64> {
         (status = 422, description = "invalid_path"), (status = 507, description = "no_space: the sandbox's disk is full"),
         (status = 503, body = ErrorBody)))]
 pub async fn put_file(
-    State(fleet): State<Arc<Fleet>>,
-    Path(id): Path<String>,
+    s: Session,
     Query(q): Query<FileQuery>,
     headers: HeaderMap,
     body: Body,
@@ -247,8 +245,8 @@ pub async fn put_file(
             format!("mode must be between 0 and 511 (0o777), got {:?}", q.mode),
         )));
     }
-    let sessions = fleet.at(&id)?;
-    let max = sessions.config().sessions.file_max_bytes;
+    let ws = s.sessions.workspace(&s.id);
+    let max = ws.config.sessions.file_max_bytes;
     let too_large = || {
         refused(FsError::new(
             FsErrorCode::TooLarge,
@@ -264,8 +262,7 @@ pub async fn put_file(
     if declared.is_some_and(|n| n > max) {
         return Ok(too_large());
     }
-    let _held = sessions.lock(&id).await?;
-    sessions.ensure_running(&id).await?;
+    let _held = ws.ordered().await?;
     let (tx, rx) = mpsc::channel::<std::io::Result<Bytes>>(4);
     let over = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let pump_over = over.clone();
@@ -299,7 +296,7 @@ pub async fn put_file(
         parents: q.parents.unwrap_or(true),
         max_bytes: max,
     };
-    let r = sessions.runtime().write_file(&id, request, rx).await;
+    let r = ws.runtime.write_file(ws.id, request, rx).await;
     pump.abort();
     match r {
         Ok(FileAnswer { error: Some(e), .. }) => Ok(refused(e)),
@@ -315,21 +312,18 @@ pub async fn put_file(
 /// One op on the helper: an fs-level refusal is inside its answer (HTTP 200), as the seven
 /// ops answer theirs; writers keep the session's order with commands.
 async fn op<T: serde::de::DeserializeOwned>(
-    fleet: &Fleet,
-    id: &str,
+    s: &Session,
     request: Request,
     writes: bool,
 ) -> Result<Json<T>, ApiError> {
-    let sessions = fleet.at(id)?;
+    let ws = s.sessions.workspace(&s.id);
     let _held = if writes {
-        let held = sessions.lock(id).await?;
-        sessions.ensure_running(id).await?;
-        Some(held)
+        Some(ws.ordered().await?)
     } else {
-        sessions.running_unlocked(id).await?;
+        ws.beside().await?;
         None
     };
-    let answer = sessions.runtime().fs(id, request, None).await?;
+    let answer = ws.runtime.fs(ws.id, request, None).await?;
     Ok(Json(answer.parse::<T>()?))
 }
 
@@ -352,8 +346,7 @@ fn bad_path<T: Default + serde::Serialize>(
     responses((status = 200, body = FsStatResponse), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 422, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn stat(
-    State(fleet): State<Arc<Fleet>>,
-    Path(id): Path<String>,
+    s: Session,
     ApiJson(req): ApiJson<FsStatRequest>,
 ) -> Result<Json<FsStatResponse>, ApiError> {
     let set = |r: &mut FsStatResponse, e| r.error = Some(e);
@@ -365,7 +358,7 @@ pub async fn stat(
         path,
         deadline_ms: deadline_ms(),
     };
-    op(&fleet, &id, request, false).await
+    op(&s, request, false).await
 }
 
 #[utoipa::path(post, path = "/session/{session_id}/fs/mkdir", tag = "fs", operation_id = "fs_mkdir", request_body = FsMkdirRequest,
@@ -373,8 +366,7 @@ pub async fn stat(
     responses((status = 200, body = FsMkdirResponse), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 409, body = ErrorBody), (status = 422, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn mkdir(
-    State(fleet): State<Arc<Fleet>>,
-    Path(id): Path<String>,
+    s: Session,
     ApiJson(req): ApiJson<FsMkdirRequest>,
 ) -> Result<Json<FsMkdirResponse>, ApiError> {
     let set = |r: &mut FsMkdirResponse, e| r.error = Some(e);
@@ -387,7 +379,7 @@ pub async fn mkdir(
         parents: req.parents,
         deadline_ms: deadline_ms(),
     };
-    op(&fleet, &id, request, true).await
+    op(&s, request, true).await
 }
 
 #[utoipa::path(post, path = "/session/{session_id}/fs/move", tag = "fs", operation_id = "fs_move", request_body = FsMoveRequest,
@@ -395,8 +387,7 @@ pub async fn mkdir(
     responses((status = 200, body = FsMoveResponse), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 409, body = ErrorBody), (status = 422, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn move_entry(
-    State(fleet): State<Arc<Fleet>>,
-    Path(id): Path<String>,
+    s: Session,
     ApiJson(req): ApiJson<FsMoveRequest>,
 ) -> Result<Json<FsMoveResponse>, ApiError> {
     let set = |r: &mut FsMoveResponse, e| r.error = Some(e);
@@ -412,7 +403,7 @@ pub async fn move_entry(
         destination,
         deadline_ms: deadline_ms(),
     };
-    op(&fleet, &id, request, true).await
+    op(&s, request, true).await
 }
 
 #[utoipa::path(post, path = "/session/{session_id}/fs/list", tag = "fs", operation_id = "fs_list", request_body = FsListRequest,
@@ -420,8 +411,7 @@ pub async fn move_entry(
     responses((status = 200, body = FsListResponse), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 422, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn list(
-    State(fleet): State<Arc<Fleet>>,
-    Path(id): Path<String>,
+    s: Session,
     ApiJson(req): ApiJson<FsListRequest>,
 ) -> Result<Json<FsListResponse>, ApiError> {
     let set = |r: &mut FsListResponse, e| r.error = Some(e);
@@ -434,7 +424,7 @@ pub async fn list(
         depth: req.depth.clamp(1, LIST_MAX_DEPTH),
         deadline_ms: deadline_ms(),
     };
-    op(&fleet, &id, request, false).await
+    op(&s, request, false).await
 }
 
 #[cfg(test)]

@@ -8,17 +8,14 @@
 //! with commands and seeds.
 
 use axum::Json;
-use axum::extract::{Path, State};
 
-use std::sync::Arc;
-
+use super::extract::Session;
 use crate::error::{ApiError, ApiJson, ErrorBody};
-use crate::fleet::Fleet;
-use crate::telemetry::metrics::{FsLabels, observe_duration};
-use crate::workspace::fs::{Fs, OpError, respond};
+use crate::workspace::fs::{Fs, respond};
 use crate::workspace::wire::*;
 
-/// Makes sure the session runs (one inspect) before the op; writers also hold the session lock.
+/// Makes sure the session runs (one inspect) before the op, once its body is read; writers also
+/// hold the session lock ([`Workspace::ordered`](crate::sessions::Workspace::ordered)).
 macro_rules! fs_handler {
     ($name:ident, $op:ident, $req:ty, $resp:ty, $path:literal, $writes:literal) => {
         #[utoipa::path(post, path = $path, tag = "fs", request_body = $req,
@@ -31,39 +28,17 @@ macro_rules! fs_handler {
                             headers(("Retry-After" = u64, description = "Seconds to wait before retrying"))),
                         (status = 503, body = ErrorBody)))]
         pub async fn $name(
-            State(fleet): State<Arc<Fleet>>,
-            Path(id): Path<String>,
+            s: Session,
             ApiJson(req): ApiJson<$req>,
         ) -> Result<Json<$resp>, ApiError> {
-            let sessions = fleet.at(&id)?;
+            let ws = s.sessions.workspace(&s.id);
             let _held = if $writes {
-                let held = sessions.lock(&id).await?;
-                sessions.ensure_running(&id).await?;
-                Some(held)
+                Some(ws.ordered().await?)
             } else {
-                sessions.running_unlocked(&id).await?;
+                ws.beside().await?;
                 None
             };
-            let fs = Fs {
-                runtime: sessions.runtime(),
-                config: sessions.config(),
-                id: &id,
-            };
-            let started = std::time::Instant::now();
-            let r = fs.$op(&req).await;
-            let code = match &r {
-                Ok(_) => "ok".to_string(),
-                Err(OpError::Fs(e)) => e.code.label(),
-                Err(OpError::Failed(_)) => "api_error".to_string(),
-            };
-            let labels = FsLabels {
-                op: stringify!($op),
-                code,
-            };
-            observe_duration(
-                &sessions.metrics().fs_ops.get_or_create(&labels),
-                started.elapsed(),
-            );
+            let r = Fs::new(&ws).$op(&req).await;
             Ok(Json(respond(r, |v: &mut $resp, e| v.error = Some(e))?))
         }
     };

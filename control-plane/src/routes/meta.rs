@@ -31,8 +31,7 @@ pub async fn health(
             .into());
         }
     } else if let Some(cell) = cells.first() {
-        cell.sessions()
-            .engine()
+        cell.engine()
             .ping()
             .await
             .map_err(SessionError::EngineNotResponding)?;

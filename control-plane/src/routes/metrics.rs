@@ -17,12 +17,11 @@ pub async fn metrics(State(fleet): State<Arc<Fleet>>) -> impl IntoResponse {
     // every replica and restart, which no in-process counter could know. Left out of the page
     // when no engine answers.
     let cells: Vec<_> = fleet.cells().into_iter().filter(|c| c.is_up()).collect();
-    let lists = futures::future::join_all(cells.iter().map(|c| async {
-        c.sessions()
-            .engine()
-            .list(&[(ROLE_LABEL, ROLE_SANDBOX)])
-            .await
-    }))
+    let lists = futures::future::join_all(
+        cells
+            .iter()
+            .map(|c| async { c.engine().list(&[(ROLE_LABEL, ROLE_SANDBOX)]).await }),
+    )
     .await;
     let listed: Vec<_> = lists.into_iter().filter_map(Result::ok).collect();
     let gauge = (!listed.is_empty())

@@ -1,13 +1,15 @@
 //! HTTP handlers: thin, one file per resource. Each parses its request, takes the session's lock
 //! where the operation needs one, calls the domain ([`crate::sessions`], [`crate::processes`],
 //! [`crate::workspace`], [`crate::egress`]) and answers; a failure's status and body come from
-//! [`crate::error`], never from here. [`admit`] holds the admission layers the create, seed and
-//! fs routes sit behind.
+//! [`crate::error`], never from here. [`extract`] finds the session a path names (its id parsed
+//! once) and takes its lock; [`admit`] holds the admission layers the create, seed and fs routes
+//! sit behind.
 
 pub mod admit;
 pub mod docs;
 pub mod egress;
 pub mod engines;
+pub mod extract;
 pub mod files;
 pub mod fs;
 pub mod meta;

@@ -3,17 +3,31 @@
 
 use axum::Json;
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::FromRequestParts;
 use axum::http::StatusCode;
+use axum::http::request::Parts;
 
-use std::sync::Arc;
-
+use super::extract::{Session, param};
 use crate::api::{
     PollQuery, ProcessList, ProcessOutput, StartProcessRequest, StartProcessResponse, StdinQuery,
 };
 use crate::error::{ApiError, ApiJson, ApiQuery, ErrorBody};
-use crate::fleet::Fleet;
 use crate::processes;
+
+/// The path's `{process_id}` (checked by [`processes`]: one that cannot exist is 404).
+pub struct Pid(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for Pid {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        Ok(Self(
+            param(parts, state, "process_id")
+                .await
+                .ok_or(ApiError::NotFound)?,
+        ))
+    }
+}
 
 /// Start a background process; it outlives the request and dies with the session.
 #[utoipa::path(post, path = "/session/{session_id}/processes/", tag = "processes",
@@ -23,12 +37,10 @@ use crate::processes;
         (status = 404, body = ErrorBody), (status = 422, body = ErrorBody),
         (status = 429, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn start(
-    State(fleet): State<Arc<Fleet>>,
-    Path(id): Path<String>,
+    s: Session,
     ApiJson(req): ApiJson<StartProcessRequest>,
 ) -> Result<(StatusCode, Json<StartProcessResponse>), ApiError> {
-    let sessions = fleet.at(&id)?;
-    let process_id = processes::start(&sessions, &id, &req).await?;
+    let process_id = processes::start(&s.sessions.workspace(&s.id), &req).await?;
     Ok((
         StatusCode::CREATED,
         Json(StartProcessResponse { process_id }),
@@ -41,12 +53,8 @@ pub async fn start(
     params(("session_id" = String, Path, description = "The session id")),
     responses((status = 200, body = ProcessList), (status = 403, body = ErrorBody),
         (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)))]
-pub async fn list(
-    State(fleet): State<Arc<Fleet>>,
-    Path(id): Path<String>,
-) -> Result<Json<ProcessList>, ApiError> {
-    let sessions = fleet.at(&id)?;
-    Ok(Json(processes::list(&sessions, &id).await?))
+pub async fn list(s: Session) -> Result<Json<ProcessList>, ApiError> {
+    Ok(Json(processes::list(&s.sessions.workspace(&s.id)).await?))
 }
 
 /// A process's state and output from `offset`, waiting up to `wait` seconds for new output.
@@ -58,14 +66,12 @@ pub async fn list(
         (status = 404, body = ErrorBody), (status = 422, body = ErrorBody),
         (status = 503, body = ErrorBody)))]
 pub async fn poll(
-    State(fleet): State<Arc<Fleet>>,
-    Path((id, pid)): Path<(String, String)>,
+    s: Session,
+    Pid(pid): Pid,
     ApiQuery(q): ApiQuery<PollQuery>,
 ) -> Result<Json<ProcessOutput>, ApiError> {
-    let sessions = fleet.at(&id)?;
-    Ok(Json(
-        processes::poll(&sessions, &id, &pid, q.offset, q.wait).await?,
-    ))
+    let ws = s.sessions.workspace(&s.id);
+    Ok(Json(processes::poll(&ws, &pid, q.offset, q.wait).await?))
 }
 
 /// Write the raw body to the process's stdin (`eof=true` closes it afterwards).
@@ -78,13 +84,12 @@ pub async fn poll(
         (status = 409, body = ErrorBody), (status = 413, body = ErrorBody),
         (status = 503, body = ErrorBody)))]
 pub async fn stdin(
-    State(fleet): State<Arc<Fleet>>,
-    Path((id, pid)): Path<(String, String)>,
+    s: Session,
+    Pid(pid): Pid,
     ApiQuery(q): ApiQuery<StdinQuery>,
     body: Bytes,
 ) -> Result<StatusCode, ApiError> {
-    let sessions = fleet.at(&id)?;
-    processes::stdin(&sessions, &id, &pid, body, q.eof).await?;
+    processes::stdin(&s.sessions.workspace(&s.id), &pid, body, q.eof).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -95,11 +100,7 @@ pub async fn stdin(
         ("process_id" = String, Path, description = "The process id")),
     responses((status = 204), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 503, body = ErrorBody)))]
-pub async fn kill(
-    State(fleet): State<Arc<Fleet>>,
-    Path((id, pid)): Path<(String, String)>,
-) -> Result<StatusCode, ApiError> {
-    let sessions = fleet.at(&id)?;
-    processes::kill(&sessions, &id, &pid).await?;
+pub async fn kill(s: Session, Pid(pid): Pid) -> Result<StatusCode, ApiError> {
+    processes::kill(&s.sessions.workspace(&s.id), &pid).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -1,13 +1,11 @@
 //! `POST /session/{id}/seed/`: one-shot seeding of `/workspace/repo` and `/workspace/skills`.
 
-use axum::extract::{FromRequest, Multipart, Path, Request, State};
+use axum::extract::{FromRequest, Multipart, Request};
 use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
-use std::sync::Arc;
-
+use super::extract::Locked;
 use crate::error::{ApiError, ErrorBody};
-use crate::fleet::Fleet;
 use crate::telemetry::metrics::{OutcomeLabels, observe_duration};
 use crate::workspace::multipart;
 use crate::workspace::seed::{self, SKIPPED_HEADER, SeedError};
@@ -28,43 +26,29 @@ use crate::workspace::seed::{self, SKIPPED_HEADER, SeedError};
         (status = 429, body = ErrorBody, description = "Too many seeds in progress; retry after `Retry-After` seconds",
             headers(("Retry-After" = u64, description = "Seconds to wait before retrying"))),
         (status = 503, body = ErrorBody)))]
-pub async fn seed(
-    State(fleet): State<Arc<Fleet>>,
-    Path(id): Path<String>,
-    request: Request,
-) -> Result<Response, ApiError> {
-    let sessions = fleet.at(&id)?;
-    let _held = sessions.lock(&id).await?;
-    sessions.ensure_running(&id).await?;
-    let (request, tripwire) = multipart::guard_request(request);
+pub async fn seed(s: Locked<Request>) -> Result<Response, ApiError> {
+    s.sessions.ensure_running(&s.id).await?;
+    let ws = s.sessions.workspace(&s.id);
+    let (request, tripwire) = multipart::guard_request(s.body);
     let multipart = Multipart::from_request(request, &())
         .await
         .map_err(SeedError::NotMultipart)?;
     let started = std::time::Instant::now();
-    let outcome = seed::seed(
-        sessions.engine(),
-        sessions.runtime(),
-        sessions.config(),
-        &id,
-        multipart,
-    )
-    .await
-    // The parser only saw a failed stream (and the pipeline, a cut archive): say what it was.
-    .map_err(|e| match tripwire.get() {
-        Some(v) => ApiError::from(SeedError::BodyBound(v)),
-        None => e.into(),
-    });
+    let outcome = seed::seed(&ws, multipart)
+        .await
+        // The parser only saw a failed stream (and the pipeline, a cut archive): say what it was.
+        .map_err(|e| match tripwire.get() {
+            Some(v) => ApiError::from(SeedError::BodyBound(v)),
+            None => e.into(),
+        });
     let label = match &outcome {
         Ok(_) => "ok".to_string(),
         Err(e) => e.status().as_u16().to_string(),
     };
+    // Labelled by the answer's status: the one part of a seed's metrics this layer knows.
     let labels = OutcomeLabels { outcome: label };
-    observe_duration(
-        &sessions.metrics().seeds.get_or_create(&labels),
-        started.elapsed(),
-    );
+    observe_duration(&ws.metrics.seeds.get_or_create(&labels), started.elapsed());
     let outcome = outcome?;
-    sessions.metrics().seed_bytes.inc_by(outcome.bytes);
     let mut resp = StatusCode::NO_CONTENT.into_response();
     resp.headers_mut().insert(
         HeaderName::from_static(SKIPPED_HEADER),

@@ -1,18 +1,19 @@
 //! `/session/...`: create, run commands, status, close.
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 use std::sync::Arc;
 
+use super::extract::{Locked, Session};
 use crate::api::{
     CloseQuery, RunRequest, RunResponse, RunStreamLine, StartSessionRequest, StartSessionResponse,
 };
+use crate::config::Config;
 use crate::error::{ApiError, ApiJson, ApiQuery, ErrorBody};
 use crate::fleet::Fleet;
-use crate::telemetry::metrics::{ModeLabels, observe_duration};
 
 /// Start a sandbox session and return its id.
 #[utoipa::path(post, path = "/session/", tag = "session", request_body = StartSessionRequest,
@@ -30,10 +31,6 @@ pub async fn create(
     ApiJson(req): ApiJson<StartSessionRequest>,
 ) -> Result<Json<StartSessionResponse>, ApiError> {
     let session_id = fleet.create(&req).await?;
-    let sessions = fleet.at(&session_id)?;
-    // A session claimed from the warm pool was created long before: its idle time starts now.
-    sessions.activity().touch(&session_id).await;
-    sessions.metrics().sessions_created.inc();
     Ok(Json(StartSessionResponse { session_id }))
 }
 
@@ -47,17 +44,16 @@ pub async fn create(
         (status = 403, body = ErrorBody),
         (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn run(
-    State(fleet): State<Arc<Fleet>>,
-    Path(id): Path<String>,
+    State(config): State<Arc<Config>>,
     headers: HeaderMap,
-    ApiJson(req): ApiJson<RunRequest>,
+    s: Locked<ApiJson<RunRequest>>,
 ) -> Result<Response, ApiError> {
-    let sessions = fleet.at(&id)?;
+    let ApiJson(req) = &s.body;
     if wants_ndjson(&headers) {
-        let held = sessions.lock(&id).await?;
-        let spec = sessions.run_spec(&id, &req).await?;
+        let spec = s.sessions.run_spec(&s.id, req).await?;
+        let heartbeat = config.sessions.stream_heartbeat;
         let lines = match spec {
-            Some(spec) => crate::processes::stream_run(sessions.clone(), id, spec, held),
+            Some(spec) => crate::processes::stream_run(s.sessions, s.id, spec, s.held, heartbeat),
             None => {
                 let (tx, rx) = tokio::sync::mpsc::channel(1);
                 let _ = tx.try_send(Ok(RunStreamLine::Done {
@@ -68,13 +64,7 @@ pub async fn run(
         };
         return Ok(([(header::CONTENT_TYPE, NDJSON)], ndjson(lines)).into_response());
     }
-    let _held = sessions.lock(&id).await?;
-    let started = std::time::Instant::now();
-    let ran = sessions.run(&id, &req).await;
-    observe_duration(&sessions.metrics().command_batches, started.elapsed());
-    let ran = ran?;
-    sessions.metrics().commands.inc_by(ran.results.len() as u64);
-    Ok(Json(ran).into_response())
+    Ok(Json(s.sessions.run(&s.id, req).await?).into_response())
 }
 
 const NDJSON: &str = "application/x-ndjson";
@@ -117,13 +107,8 @@ fn wants_ndjson(headers: &HeaderMap) -> bool {
     params(("session_id" = String, Path, description = "The session id")),
     responses((status = 204), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 503, body = ErrorBody)))]
-pub async fn status(
-    State(fleet): State<Arc<Fleet>>,
-    Path(id): Path<String>,
-) -> Result<StatusCode, ApiError> {
-    let sessions = fleet.at(&id)?;
-    let _held = sessions.lock(&id).await?;
-    sessions.ensure_running(&id).await?;
+pub async fn status(s: Locked) -> Result<StatusCode, ApiError> {
+    s.sessions.ensure_running(&s.id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -132,25 +117,13 @@ pub async fn status(
     params(("session_id" = String, Path, description = "The session id"),
         ("force" = Option<bool>, Query, description = "Remove instead of stop")),
     responses((status = 204), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
-pub async fn close(
-    State(fleet): State<Arc<Fleet>>,
-    Path(id): Path<String>,
-    ApiQuery(q): ApiQuery<CloseQuery>,
-) -> Result<StatusCode, ApiError> {
-    let sessions = fleet.at(&id)?;
+pub async fn close(ApiQuery(q): ApiQuery<CloseQuery>, s: Session) -> Result<StatusCode, ApiError> {
+    // A removal does not wait behind a busy session (see `Sessions::lock_to_remove`).
     let _held = if q.force {
-        sessions.lock_to_remove(&id).await?
+        s.sessions.lock_to_remove(&s.id).await?
     } else {
-        Some(sessions.lock(&id).await?)
+        Some(s.lock().await?)
     };
-    sessions.close(&id, q.force).await?;
-    // Its processes died with it.
-    sessions.metrics().observe_processes(&id, None);
-    let mode = if q.force { "remove" } else { "stop" };
-    sessions
-        .metrics()
-        .sessions_closed
-        .get_or_create(&ModeLabels { mode })
-        .inc();
+    s.sessions.close(&s.id, q.force).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -4,16 +4,35 @@
 use std::sync::Arc;
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::{FromRequestParts, State};
 use axum::http::StatusCode;
+use axum::http::request::Parts;
 
+use super::extract::{Id, Locked, Session, param};
 use crate::admission::Admission;
 use crate::api::{
     ForkRequest, ForkResponse, SnapshotCreated, SnapshotInfo, SnapshotList, SnapshotRequest,
 };
 use crate::error::{ApiError, ApiJson, ErrorBody};
 use crate::fleet::Fleet;
-use crate::snapshots::Snapshot;
+use crate::ids::SnapshotId;
+use crate::sessions::ForkPlan;
+use crate::snapshots::{Snapshot, SnapshotError};
+
+/// The path's `{snapshot_id}`, or the 404 of a snapshot that does not exist.
+pub struct SnapshotPath(pub SnapshotId);
+
+impl<S: Send + Sync> FromRequestParts<S> for SnapshotPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let id = param(parts, state, "snapshot_id")
+            .await
+            .and_then(|raw| SnapshotId::parse(&raw).ok())
+            .ok_or(SnapshotError::NotFound)?;
+        Ok(Self(id))
+    }
+}
 
 /// Snapshot a session: its whole filesystem (container changes and workspace) at one instant.
 /// The session is frozen only while its container is committed and its workspace copied;
@@ -33,11 +52,9 @@ use crate::snapshots::Snapshot;
         (status = 503, body = ErrorBody),
         (status = 507, body = ErrorBody, description = "The deployment's snapshots (forks' included) leave no room under `SNAPSHOT_MAX_BYTES`")))]
 pub async fn take(
-    State(fleet): State<Arc<Fleet>>,
-    Path(id): Path<String>,
+    s: Session,
     body: axum::body::Bytes,
 ) -> Result<(StatusCode, Json<SnapshotCreated>), ApiError> {
-    let sessions = fleet.at(&id)?;
     // The body is optional: none (or blank) asks for the defaults.
     let req: SnapshotRequest = if body.iter().all(u8::is_ascii_whitespace) {
         SnapshotRequest::default()
@@ -47,19 +64,18 @@ pub async fn take(
                 .map_err(|e| ApiError::Unprocessable(format!("invalid body: {e}")))?,
         )?
     };
-    let req = sessions
-        .snapshots()
-        .validate(req.name.as_deref(), req.ttl_seconds)
-        .map_err(ApiError::from)?;
-    let _held = sessions.lock(&id).await?;
-    let (s, _) = sessions.snapshot(&id, &req).await?;
+    let req = s
+        .sessions
+        .snapshot_request(req.name.as_deref(), req.ttl_seconds)?;
+    let _held = s.lock().await?;
+    let (snapshot, _) = s.sessions.snapshot(&s.id, &req).await?;
     Ok((
         StatusCode::CREATED,
         Json(SnapshotCreated {
-            snapshot_id: s.id.clone(),
-            name: s.name.clone(),
-            created_at: rfc3339(s.created),
-            size_bytes: s.size,
+            snapshot_id: snapshot.id.clone(),
+            name: snapshot.name.clone(),
+            created_at: rfc3339(snapshot.created),
+            size_bytes: snapshot.size,
         }),
     ))
 }
@@ -72,7 +88,7 @@ pub async fn take(
 pub async fn list(State(fleet): State<Arc<Fleet>>) -> Result<Json<SnapshotList>, ApiError> {
     // Every engine's that answers (a fleet's down engine lists nothing until it is back).
     let cells: Vec<_> = fleet.cells().into_iter().filter(|c| c.is_up()).collect();
-    let lists = futures::future::join_all(cells.iter().map(|c| c.sessions().snapshots().list()));
+    let lists = futures::future::join_all(cells.iter().map(|c| c.snapshots().list()));
     let mut all = Vec::new();
     for listed in lists.await {
         all.extend(listed?);
@@ -90,10 +106,10 @@ pub async fn list(State(fleet): State<Arc<Fleet>>) -> Result<Json<SnapshotList>,
         (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn get(
     State(fleet): State<Arc<Fleet>>,
-    Path(id): Path<String>,
+    SnapshotPath(id): SnapshotPath,
 ) -> Result<Json<SnapshotInfo>, ApiError> {
-    let sessions = fleet.at(&id)?;
-    Ok(Json(info(&sessions.snapshots().get(&id).await?)))
+    let cell = fleet.cell_of(&id)?;
+    Ok(Json(info(&cell.snapshots().get(&id).await?)))
 }
 
 /// Delete a snapshot. Sessions made from it keep working; its image and data go once none
@@ -105,10 +121,9 @@ pub async fn get(
         (status = 503, body = ErrorBody)))]
 pub async fn delete(
     State(fleet): State<Arc<Fleet>>,
-    Path(id): Path<String>,
+    SnapshotPath(id): SnapshotPath,
 ) -> Result<StatusCode, ApiError> {
-    let sessions = fleet.at(&id)?;
-    sessions.snapshots().delete(&id).await?;
+    fleet.cell_of(&id)?.snapshots().delete(&id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -129,30 +144,16 @@ pub async fn delete(
 pub async fn fork(
     State(fleet): State<Arc<Fleet>>,
     State(admission): State<Arc<Admission>>,
-    Path(id): Path<String>,
+    Id(id): Id,
     ApiJson(body): ApiJson<serde_json::Value>,
 ) -> Result<(StatusCode, Json<ForkResponse>), ApiError> {
-    fleet.cell_of(&id)?;
-    let req: ForkRequest = object(body)?;
-    let cap = fleet.config().snapshots.fork_max;
-    if !(1..=cap).contains(&req.count) {
-        return Err(crate::sessions::SessionError::ForkCount(cap).into());
-    }
-    check_environment(req.environment.as_ref())?;
-    let sessions = fleet.at_for_new(&id, req.count)?;
+    // The count checked once (the environment was, as it was read), then the engine's room.
+    let plan = ForkPlan::new(object(body)?, fleet.config())?;
+    let sessions = fleet.at_for_new(&id, plan.count())?;
     // The route's layer holds one create slot; the other builds take those free now.
-    let (_more, more) = admission.more_creates(req.count.saturating_sub(1) as usize);
+    let (_more, more) = admission.more_creates(plan.count().saturating_sub(1) as usize);
     let _held = sessions.lock(&id).await?;
-    let session_ids = sessions
-        .fork(&id, req.count, req.environment, 1 + more)
-        .await?;
-    for fork in &session_ids {
-        sessions.activity().touch(fork).await;
-    }
-    sessions
-        .metrics()
-        .sessions_created
-        .inc_by(session_ids.len() as u64);
+    let session_ids = sessions.fork(&id, plan, 1 + more).await?;
     Ok((StatusCode::CREATED, Json(ForkResponse { session_ids })))
 }
 
@@ -164,13 +165,8 @@ pub async fn fork(
     responses((status = 204), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 409, body = ErrorBody, description = "The session is stopped"),
         (status = 503, body = ErrorBody)))]
-pub async fn pause(
-    State(fleet): State<Arc<Fleet>>,
-    Path(id): Path<String>,
-) -> Result<StatusCode, ApiError> {
-    let sessions = fleet.at(&id)?;
-    let _held = sessions.lock(&id).await?;
-    sessions.pause(&id).await?;
+pub async fn pause(s: Locked) -> Result<StatusCode, ApiError> {
+    s.sessions.pause(&s.id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -183,20 +179,6 @@ fn object<T: serde::de::DeserializeOwned>(body: serde_json::Value) -> Result<T, 
         ));
     }
     serde_json::from_value(body).map_err(|e| ApiError::Unprocessable(format!("invalid body: {e}")))
-}
-
-/// A fork's `environment` follows a create's rules (names not empty, without `=` or NUL; values
-/// without NUL): 422 before anything is frozen, where the engine would refuse some (a 400 after
-/// the snapshot) and take others (`A=B` becomes `A`).
-fn check_environment(
-    env: Option<&std::collections::BTreeMap<String, String>>,
-) -> Result<(), ApiError> {
-    for (k, v) in env.into_iter().flatten() {
-        if k.is_empty() || k.contains(['=', '\0']) || v.contains('\0') {
-            return Err(crate::sessions::SessionError::InvalidEnvironment(k.clone()).into());
-        }
-    }
-    Ok(())
 }
 
 fn info(s: &Snapshot) -> SnapshotInfo {
@@ -231,7 +213,7 @@ mod tests {
     /// array too), and a fork's environment reached the engine unchecked.
     #[test]
     fn bodies_are_objects_and_fork_environments_are_checked() {
-        let status = |r: Result<(), ApiError>| r.map_err(|e| e.status());
+        let status = |r: Result<ForkRequest, ApiError>| r.map(drop).map_err(|e| e.status());
         assert!(object::<SnapshotRequest>(json!([null, null])).is_err());
         assert!(object::<SnapshotRequest>(json!([])).is_err());
         assert!(object::<ForkRequest>(json!([1])).is_err());
@@ -248,15 +230,17 @@ mod tests {
             json!({"A\u{0}": "x"}),
             json!({"A": "x\u{0}"}),
         ] {
-            let env = serde_json::from_value(bad.clone()).unwrap_or_default();
             assert_eq!(
-                status(check_environment(Some(&env))),
+                status(object(json!({"count": 1, "environment": bad}))),
                 Err(StatusCode::UNPROCESSABLE_ENTITY),
                 "{bad}"
             );
         }
-        let env = serde_json::from_value(json!({"A": "", "b c": "=\n"})).unwrap_or_default();
-        assert_eq!(status(check_environment(Some(&env))), Ok(()));
-        assert_eq!(status(check_environment(None)), Ok(()));
+        let env = json!({"A": "", "b c": "=\n"});
+        assert_eq!(
+            status(object(json!({"count": 1, "environment": env}))),
+            Ok(())
+        );
+        assert_eq!(status(object(json!({"count": 1}))), Ok(()));
     }
 }

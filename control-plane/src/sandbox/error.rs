@@ -47,11 +47,10 @@ pub enum SessionError {
     MemoryTooSmall,
     #[error("cpus must be a number between 0.01 and 1024")]
     InvalidCpus,
-    /// The offending variable name.
-    #[error(
-        "environment variable {0:?}: names must be non-empty without '=' or NUL, values without NUL"
-    )]
-    InvalidEnvironment(String),
+    /// A caller's environment that breaks [`crate::api::Environment`]'s rule (an MCP tool's
+    /// arguments; a request's body is checked as it is read).
+    #[error(transparent)]
+    InvalidEnvironment(#[from] crate::api::InvalidEnvironment),
     /// The command, shortened and with its NULs shown as `\0`.
     #[error("command contains a NUL byte: {0:?}")]
     NulInCommand(String),

@@ -49,6 +49,14 @@ pub struct Naming {
     pub labels: Vec<(String, String)>,
 }
 
+/// A create's egress policy, checked, with the egress that builds its triad: whether egress is
+/// configured here is asked once per request ([`SandboxFactory::validate`], or a fork's source),
+/// never again per build.
+pub struct EgressPolicy {
+    pub egress: Arc<Egress>,
+    pub policy: PolicyFile,
+}
+
 /// Builds sandboxes (see the module docs).
 pub struct SandboxFactory {
     engine: Arc<dyn ContainerEngine>,
@@ -112,28 +120,31 @@ impl SandboxFactory {
     }
 
     /// Checks a create request before anything is asked of the engine; its egress policy, parsed
-    /// and validated, when it has one.
-    pub fn validate(&self, req: &StartSessionRequest) -> Result<Option<PolicyFile>, SessionError> {
+    /// and validated, with the egress that enforces it, when it has one.
+    pub fn validate(
+        &self,
+        req: &StartSessionRequest,
+    ) -> Result<Option<EgressPolicy>, SessionError> {
         validate_start(req)?;
         match &req.egress {
-            Some(body) => {
-                self.egress_or_400()?;
-                Ok(Some(egress::parse_policy(body)?))
-            }
+            Some(body) => Ok(Some(EgressPolicy {
+                egress: self.egress_or_400()?.clone(),
+                policy: egress::parse_policy(body)?,
+            })),
             None => Ok(None),
         }
     }
 
     /// Creates and starts a sandbox: isolated, or with its triad when `egress` gives the policy
-    /// and the reserved token naming the triad's parts; named by `naming` if given. Nothing is
-    /// left behind when a step fails.
+    /// (and its egress) and the reserved token naming the triad's parts; named by `naming` if
+    /// given. Nothing is left behind when a step fails.
     ///
     /// `from` makes the sandbox from a snapshot: its image, and a copy-on-write workspace over
     /// the snapshot's (removed again when the build fails).
     pub async fn build(
         &self,
         req: &StartSessionRequest,
-        egress: Option<(&PolicyFile, &Reservation)>,
+        egress: Option<(&EgressPolicy, &Reservation)>,
         naming: Option<&Naming>,
         from: Option<&Snapshot>,
     ) -> Result<String, SessionError> {
@@ -153,7 +164,7 @@ impl SandboxFactory {
     async fn build_on(
         &self,
         req: &StartSessionRequest,
-        egress: Option<(&PolicyFile, &Reservation)>,
+        egress: Option<(&EgressPolicy, &Reservation)>,
         naming: Option<&Naming>,
         from: Option<(&Snapshot, &Workspace)>,
     ) -> Result<String, SessionError> {
@@ -177,7 +188,7 @@ impl SandboxFactory {
             }
             spec
         };
-        let Some((policy, reservation)) = egress else {
+        let Some((plan, reservation)) = egress else {
             if from.is_none() {
                 self.ensure_base_image(&req.base_image).await?;
             }
@@ -189,15 +200,14 @@ impl SandboxFactory {
             }
             return Ok(id);
         };
-        let gateways = self.egress_or_400()?;
         if from.is_none() {
             self.ensure_base_image(&req.base_image).await?;
         }
         // A pool member's gateway gets the helper: its claim installs the policy with it.
         let helper = naming.and(self.helper.as_ref());
-        gateways
-            .create(reservation.token(), policy, helper, |plan| {
-                named(self.spec(req, Some(plan)))
+        plan.egress
+            .create(reservation.token(), &plan.policy, helper, |sandbox| {
+                named(self.spec(req, Some(sandbox)))
             })
             .await
             .map_err(Into::into)
@@ -241,7 +251,7 @@ impl SandboxFactory {
         };
         let c = &self.config;
         let mut env: Vec<(String, String)> = base_env();
-        for (k, v) in egress::caller_env(req.environment.as_ref(), plan.is_some()) {
+        for (k, v) in egress::caller_env(req.environment.as_deref(), plan.is_some()) {
             env.retain(|(ek, _)| ek != k);
             env.push((k.clone(), v.clone()));
         }
@@ -443,13 +453,7 @@ fn validate_start(req: &StartSessionRequest) -> Result<(), SessionError> {
     {
         return Err(SessionError::InvalidCpus);
     }
-    if let Some(env) = &req.environment {
-        for (k, v) in env {
-            if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
-                return Err(SessionError::InvalidEnvironment(k.clone()));
-            }
-        }
-    }
+    // The environment was checked as it was read (`api::Environment`).
     Ok(())
 }
 

@@ -2,24 +2,23 @@
 
 use super::budget::Reservation;
 use super::*;
+use crate::engine::ImageInfo;
 
 impl Snapshots {
-    /// Snapshots the session `info` (the caller holds its lock). A running session is frozen
+    /// Snapshots the session `info` (the caller holds its lock), whose image the caller
+    /// inspected (`source`: a fork reads its environment too). A running session is frozen
     /// while its container is committed and its workspace copied, side by side; a stopped one is
     /// read as it is. On error nothing of the snapshot is left.
     pub async fn take(
         &self,
         info: &ContainerInfo,
+        source: &ImageInfo,
         req: &SnapshotRequest,
         keep: Keep,
     ) -> Result<(Snapshot, Timings), SnapshotError> {
         let id = new_id(self.engine.id_prefix());
         let reservation = self.reserve(&id, info).await?;
         let base_image = info.labels.get(IMAGE_LABEL).cloned().unwrap_or_default();
-        let source_image = info
-            .image_id
-            .clone()
-            .ok_or_else(|| EngineError::Unavailable("the session has no image id".into()))?;
         let data = self
             .engine
             .create_volume(&VolumeSpec {
@@ -29,7 +28,7 @@ impl Snapshots {
             })
             .await?;
         let made = self
-            .capture(info, &id, &source_image, &base_image, &data, &reservation)
+            .capture(info, source, &id, &base_image, &data, &reservation)
             .await;
         let (image_bytes, workspace_bytes, timings) = match made {
             Ok(m) => m,
@@ -68,19 +67,18 @@ impl Snapshots {
     async fn capture(
         &self,
         info: &ContainerInfo,
+        source: &ImageInfo,
         id: &str,
-        source_image: &str,
         base_image: &str,
         data: &VolumeInfo,
         reservation: &Reservation<'_>,
     ) -> Result<(u64, u64, Timings), SnapshotError> {
-        // Everything that does not need the freeze is done before it: the source image (its
-        // environment for the commit's config, its size for ours) and the holder.
-        let source = self.engine.inspect_image(source_image).await?;
+        // Everything that does not need the freeze is done before it: the commit's config (the
+        // source image's environment; its size is ours) and the holder.
         let spec = self.commit_spec(info, id, &source.env, base_image);
         let holder = self
             .engine
-            .create(&self.holder_spec(id, source_image, &data.name))
+            .create(&self.holder_spec(id, &source.id, &data.name))
             .await?;
         let freeze = info.is_running();
         let started = std::time::Instant::now();

@@ -6,6 +6,9 @@
 //! component by component beneath `/workspace`, so a symlink a command planted can neither lead
 //! an op outside the workspace nor race it into a write as anyone but the sandbox user. Here,
 //! requests are validated (paths lexically, content decoded) before they reach the session.
+//! Each op records its duration and outcome (`fs_ops`).
+
+use std::future::Future;
 
 use base64::Engine as _;
 use bytes::Bytes;
@@ -16,6 +19,8 @@ use super::validate_path;
 use super::wire::*;
 use crate::config::Config;
 use crate::runtime::{FS_DEADLINE, HelperError, SessionRuntime};
+use crate::sessions::Workspace;
+use crate::telemetry::metrics::{FsLabels, Metrics, observe_duration};
 
 pub use super::wire::{
     EDIT_MAX_BYTES, EMPTY_FILE_SENTINEL, GREP_MAX_MATCHES, READ_MAX_BYTES, TRUNCATION_MARKER,
@@ -75,14 +80,48 @@ fn path_arg(path: &str, allow_root: bool) -> Result<String, OpError> {
     validate_path(path, allow_root).map_err(|m| fail(FsErrorCode::InvalidPath, m))
 }
 
-/// The context every op needs.
+/// The ops on one session's workspace.
 pub struct Fs<'a> {
-    pub runtime: &'a dyn SessionRuntime,
-    pub config: &'a Config,
-    pub id: &'a str,
+    runtime: &'a dyn SessionRuntime,
+    config: &'a Config,
+    metrics: &'a Metrics,
+    id: &'a str,
+}
+
+impl<'a> Fs<'a> {
+    /// The ops on the workspace `ws` (the caller made sure the session runs).
+    pub fn new(ws: &Workspace<'a>) -> Self {
+        Self {
+            runtime: ws.runtime,
+            config: ws.config,
+            metrics: ws.metrics,
+            id: ws.id,
+        }
+    }
 }
 
 impl Fs<'_> {
+    /// `run`, timed and counted by its op and outcome (the fs code, or `api_error`).
+    async fn observed<T>(
+        &self,
+        op: &'static str,
+        run: impl Future<Output = Result<T, OpError>>,
+    ) -> Result<T, OpError> {
+        let started = std::time::Instant::now();
+        let r = run.await;
+        let code = match &r {
+            Ok(_) => "ok".to_string(),
+            Err(OpError::Fs(e)) => e.code.label(),
+            Err(OpError::Failed(_)) => "api_error".to_string(),
+        };
+        let labels = FsLabels { op, code };
+        observe_duration(
+            &self.metrics.fs_ops.get_or_create(&labels),
+            started.elapsed(),
+        );
+        r
+    }
+
     /// One helper request, its answer parsed straight into the op's wire response; one whose
     /// `error` is set becomes [`OpError::Fs`] (so metrics see its code).
     async fn call<T: DeserializeOwned + HasError>(
@@ -111,119 +150,140 @@ impl Fs<'_> {
 
     /// One directory level, directories first then the rest, each sorted.
     pub async fn ls(&self, req: &FsLsRequest) -> Result<FsLsResponse, OpError> {
-        let path = path_arg(&req.path, true)?;
-        self.call(
-            Request::Ls {
-                path,
-                deadline_ms: deadline_ms(),
-            },
-            None,
-        )
+        self.observed("ls", async {
+            let path = path_arg(&req.path, true)?;
+            self.call(
+                Request::Ls {
+                    path,
+                    deadline_ms: deadline_ms(),
+                },
+                None,
+            )
+            .await
+        })
         .await
     }
 
     /// Paths under `path` matching the glob; pruned directories are never entered.
     pub async fn glob(&self, req: &FsGlobRequest) -> Result<FsGlobResponse, OpError> {
-        let path = path_arg(&req.path, true)?;
-        let prune = self.prunes(req.exclude.as_deref());
-        self.call(
-            Request::Glob {
-                pattern: req.pattern.clone(),
-                path,
-                prune,
-                deadline_ms: deadline_ms(),
-            },
-            None,
-        )
+        self.observed("glob", async {
+            let path = path_arg(&req.path, true)?;
+            let prune = self.prunes(req.exclude.as_deref());
+            self.call(
+                Request::Glob {
+                    pattern: req.pattern.clone(),
+                    path,
+                    prune,
+                    deadline_ms: deadline_ms(),
+                },
+                None,
+            )
+            .await
+        })
         .await
     }
 
     /// POSIX ERE search over regular files, stopping at the match cap.
     pub async fn grep(&self, req: &FsGrepRequest) -> Result<FsGrepResponse, OpError> {
-        let path = path_arg(&req.path, true)?;
-        let prune = self.prunes(req.exclude.as_deref());
-        let glob = req.glob.clone().filter(|g| !g.is_empty());
-        self.call(
-            Request::Grep {
-                pattern: req.pattern.clone(),
-                path,
-                glob,
-                prune,
-                deadline_ms: deadline_ms(),
-            },
-            None,
-        )
+        self.observed("grep", async {
+            let path = path_arg(&req.path, true)?;
+            let prune = self.prunes(req.exclude.as_deref());
+            let glob = req.glob.clone().filter(|g| !g.is_empty());
+            self.call(
+                Request::Grep {
+                    pattern: req.pattern.clone(),
+                    path,
+                    glob,
+                    prune,
+                    deadline_ms: deadline_ms(),
+                },
+                None,
+            )
+            .await
+        })
         .await
     }
 
     /// A page of a file by lines (base64 for binary files).
     pub async fn read(&self, req: &FsReadRequest) -> Result<FsReadResponse, OpError> {
-        let path = path_arg(&req.path, false)?;
-        self.call(
-            Request::Read {
-                path,
-                offset: req.offset,
-                limit: req.limit.max(1),
-                deadline_ms: deadline_ms(),
-            },
-            None,
-        )
+        self.observed("read", async {
+            let path = path_arg(&req.path, false)?;
+            self.call(
+                Request::Read {
+                    path,
+                    offset: req.offset,
+                    limit: req.limit.max(1),
+                    deadline_ms: deadline_ms(),
+                },
+                None,
+            )
+            .await
+        })
         .await
     }
 
     /// Create-only; missing parents are created as the sandbox user.
     pub async fn write(&self, req: &FsWriteRequest) -> Result<FsWriteResponse, OpError> {
-        // A mode out of range is the request's shape (422), whatever the path: checked first.
-        if req.mode > 0o7777 {
-            return Err(FsOpError::ModeOutOfRange(req.mode).into());
-        }
-        let path = path_arg(&req.path, false)?;
-        let content = base64::engine::general_purpose::STANDARD
-            .decode(req.content.as_bytes())
-            .map_err(FsOpError::InvalidBase64)?;
-        self.call(
-            Request::Write {
-                path,
-                mode: req.mode & 0o777,
-                deadline_ms: deadline_ms(),
-            },
-            Some(Bytes::from(content)),
-        )
+        self.observed("write", async {
+            // A mode out of range is the request's shape (422), whatever the path: checked first.
+            if req.mode > 0o7777 {
+                return Err(FsOpError::ModeOutOfRange(req.mode).into());
+            }
+            let path = path_arg(&req.path, false)?;
+            let content = base64::engine::general_purpose::STANDARD
+                .decode(req.content.as_bytes())
+                .map_err(FsOpError::InvalidBase64)?;
+            self.call(
+                Request::Write {
+                    path,
+                    mode: req.mode & 0o777,
+                    deadline_ms: deadline_ms(),
+                },
+                Some(Bytes::from(content)),
+            )
+            .await
+        })
         .await
     }
 
     /// Replaces `old` by `new` (once, or every occurrence with `replace_all`).
     pub async fn edit(&self, req: &FsEditRequest) -> Result<FsEditResponse, OpError> {
-        let path = path_arg(&req.path, false)?;
-        if req.old.is_empty() {
-            return Err(fail(
-                FsErrorCode::StringNotFound,
-                "old must not be empty: give the exact text to replace",
-            ));
-        }
-        self.call(
-            Request::Edit {
-                path,
-                old: req.old.clone(),
-                new: req.new.clone(),
-                replace_all: req.replace_all,
-                deadline_ms: deadline_ms(),
-            },
-            None,
-        )
+        self.observed("edit", async {
+            let path = path_arg(&req.path, false)?;
+            if req.old.is_empty() {
+                return Err(fail(
+                    FsErrorCode::StringNotFound,
+                    "old must not be empty: give the exact text to replace",
+                ));
+            }
+            self.call(
+                Request::Edit {
+                    path,
+                    old: req.old.clone(),
+                    new: req.new.clone(),
+                    replace_all: req.replace_all,
+                    deadline_ms: deadline_ms(),
+                },
+                None,
+            )
+            .await
+        })
         .await
     }
 
     /// Removes a file (or a symlink itself); directories are refused; absent = `removed: false`.
     pub async fn delete(&self, req: &FsDeleteRequest) -> Result<FsDeleteResponse, OpError> {
-        let path = path_arg(&req.path, false)?;
-        self.call(
-            Request::Delete {
-                path,
-                deadline_ms: deadline_ms(),
-            },
-            None,
-        )
+        self.observed("delete", async {
+            let path = path_arg(&req.path, false)?;
+            self.call(
+                Request::Delete {
+                    path,
+                    deadline_ms: deadline_ms(),
+                },
+                None,
+            )
+            .await
+        })
         .await
     }
 }

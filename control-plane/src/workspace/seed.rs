@@ -25,10 +25,11 @@ use tokio::sync::mpsc;
 use super::sanitize::{self, Budget, Options, SanitizeError};
 use super::{ChannelReader, ChannelWriter};
 use crate::config::Config;
-use crate::engine::{ContainerEngine, EngineError};
+use crate::engine::EngineError;
 use crate::layout::{self, SEED_MARKER, WORKSPACE};
 use crate::runtime::ServiceFile;
 use crate::runtime::{HelperError, SessionRuntime};
+use crate::sessions::Workspace;
 
 /// Header carrying how many archive members the sanitiser dropped.
 pub const SKIPPED_HEADER: &str = "x-seed-skipped-members";
@@ -96,15 +97,10 @@ pub struct SeedOutcome {
     pub bytes: u64,
 }
 
-/// Seeds the session from the request's archives. The caller holds the session lock and has
-/// made sure the session runs.
-pub async fn seed(
-    engine: &dyn ContainerEngine,
-    runtime: &dyn SessionRuntime,
-    config: &Config,
-    id: &str,
-    multipart: Multipart,
-) -> Result<SeedOutcome, SeedError> {
+/// Seeds the session from the request's archives (its bytes counted in `seed_bytes`). The caller
+/// holds the session lock and has made sure the session runs.
+pub async fn seed(ws: &Workspace<'_>, multipart: Multipart) -> Result<SeedOutcome, SeedError> {
+    let (engine, runtime, config, id) = (ws.engine, ws.runtime, ws.config, ws.id.as_str());
     let seeded = match runtime.seeded(id).await {
         Ok(seeded) => seeded,
         // A helper from before the `seeded` op (a session created by an older version): ask
@@ -137,6 +133,7 @@ pub async fn seed(
         cleanup(runtime, id, &written).await;
         return Err(e);
     }
+    ws.metrics.seed_bytes.inc_by(outcome.bytes);
     tracing::info!(
         session_id = %id,
         members = outcome.members,

@@ -11,8 +11,12 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::http::{Request, Response, StatusCode};
 use control_plane::config::{self, Config};
+use control_plane::coordination::activity::SessionActivity;
 use control_plane::coordination::lock::LocalLocks;
 use control_plane::engine::fake::FakeEngine;
+use control_plane::fleet::Cell;
+use control_plane::ids::SessionId;
+use control_plane::sessions::Sessions;
 use control_plane::{AppState, app};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
@@ -28,34 +32,18 @@ pub fn config(extra: &[(&str, &str)]) -> Arc<Config> {
     config::for_tests(KEY, extra)
 }
 
-/// The service's state over `engine` and in-process locks.
-pub fn state(engine: &FakeEngine, config: Arc<Config>) -> AppState {
-    AppState::new(
-        config,
-        Arc::new(engine.clone()),
-        Arc::new(LocalLocks::default()),
-    )
+/// `id` as the session id it is (a test's own ids always are).
+pub fn sid(id: &str) -> SessionId {
+    SessionId::parse(id).expect("a session id")
 }
 
-/// [`state`] with an activity tracker of the test's own.
-pub fn state_with_activity(
-    engine: &FakeEngine,
-    config: Arc<Config>,
-    activity: Arc<dyn control_plane::coordination::activity::SessionActivity>,
-) -> AppState {
-    AppState::with_coordination(
-        config,
-        Arc::new(engine.clone()),
-        Arc::new(LocalLocks::default()),
-        activity,
-    )
-}
-
-/// The app over a fake engine, and the engine to script and inspect it.
+/// The app over a fake engine, and the engine to script and inspect it, with the in-process
+/// locks it shares (to hold a session's lock from outside).
 pub struct Harness {
     pub engine: FakeEngine,
     pub state: AppState,
     pub router: axum::Router,
+    pub locks: Arc<LocalLocks>,
 }
 
 impl Default for Harness {
@@ -67,17 +55,40 @@ impl Default for Harness {
 impl Harness {
     /// The app over `engine` with `extra` settings.
     pub fn new(engine: FakeEngine, extra: &[(&str, &str)]) -> Self {
-        let state = state(&engine, config(extra));
-        Self::with_state(engine, state)
+        let locks = Arc::new(LocalLocks::default());
+        let state = AppState::new(config(extra), Arc::new(engine.clone()), locks.clone());
+        Self::over(engine, state, locks)
     }
 
-    /// The app over `state`, which runs on `engine`.
-    pub fn with_state(engine: FakeEngine, state: AppState) -> Self {
+    /// The app over `engine` with `config` and an activity tracker of the test's own.
+    pub fn with_activity(
+        engine: FakeEngine,
+        config: Arc<Config>,
+        activity: Arc<dyn SessionActivity>,
+    ) -> Self {
+        let locks = Arc::new(LocalLocks::default());
+        let state =
+            AppState::with_coordination(config, Arc::new(engine.clone()), locks.clone(), activity);
+        Self::over(engine, state, locks)
+    }
+
+    fn over(engine: FakeEngine, state: AppState, locks: Arc<LocalLocks>) -> Self {
         Self {
             engine,
             router: app(state.clone()),
             state,
+            locks,
         }
+    }
+
+    /// The one engine's cell: its sessions, warm pool and reaper.
+    pub fn cell(&self) -> Arc<Cell> {
+        self.state.fleet.default_cell().expect("one engine")
+    }
+
+    /// The one engine's sessions.
+    pub fn sessions(&self) -> Arc<Sessions> {
+        self.cell().sessions().clone()
     }
 
     /// Sends `req` through the app.

@@ -22,8 +22,8 @@
 //! - every operation that takes a JSON body or a query answers 422 for one it cannot parse;
 //! - unsigned integers are `uint64` up to `u64::MAX` (utoipa calls them `int64`, whose range
 //!   stops at `i64::MAX`);
-//! - environment names and values (`StartSessionRequest` and `ForkRequest`: no `=` or NUL;
-//!   `StartProcessRequest`: shell variable names) and commands (no NUL);
+//! - environment names and values (`StartSessionRequest` and `ForkRequest`: the rule of
+//!   [`Environment`]; `StartProcessRequest`: shell variable names) and commands (no NUL);
 //! - a create's body names `base_image` (not empty) or `snapshot_id` (a string), or both;
 //! - a fork's `count` is at most the default `DAIV_SANDBOX_FORK_MAX_COUNT` (a static document
 //!   cannot know a deployment's own setting); a snapshot's `name` has no control characters and
@@ -45,6 +45,8 @@ use utoipa::openapi::schema::{
     SchemaType, Type,
 };
 use utoipa::openapi::{Content, OpenApi, Ref, RefOr, Required, Response, ResponseBuilder};
+
+use crate::api::Environment;
 
 /// The path parameter every session route has.
 const SESSION_ID: &str = "session_id";
@@ -356,11 +358,11 @@ fn property_mut<'a>(doc: &'a mut OpenApi, schema: &str, property: &str) -> Optio
 }
 
 /// Names and values of an environment map.
-fn environment(doc: &mut OpenApi, schema: &str, names: &str) {
+fn environment(doc: &mut OpenApi, schema: &str, names: &str, values: &str) {
     if let Some(env) = property_mut(doc, schema, "environment") {
         env.property_names = Some(Box::new(pattern(names)));
         env.additional_properties = Some(Box::new(AdditionalProperties::RefOr(RefOr::T(pattern(
-            NO_NUL,
+            values,
         )))));
     }
 }
@@ -436,9 +438,20 @@ fn bounds(doc: &mut OpenApi) {
             }
         });
     }
-    environment(doc, "StartSessionRequest", r"^[^=\x00]+$");
-    environment(doc, "ForkRequest", r"^[^=\x00]+$");
-    environment(doc, "StartProcessRequest", "^[A-Za-z_][A-Za-z0-9_]*$");
+    for schema in ["StartSessionRequest", "ForkRequest"] {
+        environment(
+            doc,
+            schema,
+            Environment::NAME_PATTERN,
+            Environment::VALUE_PATTERN,
+        );
+    }
+    environment(
+        doc,
+        "StartProcessRequest",
+        "^[A-Za-z_][A-Za-z0-9_]*$",
+        NO_NUL,
+    );
     if let Some(o) = object_mut(doc, "StartSessionRequest") {
         o.extensions
             .get_or_insert_with(Default::default)

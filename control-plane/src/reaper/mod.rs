@@ -30,9 +30,15 @@
 //! (but to the lifetime backstop). Whether an idle session's background processes still run is
 //! asked of its helper within [`PROCESS_CHECK`]: a sandbox that does not answer is not in use, and
 //! the idle sessions are checked side by side, so no sandbox holds up the sweep.
-//! Sessions are removed through [`Sessions::close`] with `force`, which also tears down an egress
-//! session's gateway and network; orphans go through the same [`egress::teardown`], under the lock
-//! [`egress::lock_key`].
+//! Sessions are removed through [`Sessions::remove`] (what a force close does), which also tears
+//! down an egress session's gateway and network; orphans go through the same
+//! [`egress::teardown`], under the lock [`egress::lock_key`].
+//!
+//! A reaper is built from its engine's parts ([`Parts`]) where that engine's stack is wired (see
+//! [`crate::fleet`]).
+//!
+//! # Layout
+//! - `remove`: which sessions a sweep takes, and the guarded removal.
 //!
 //! Failures are logged and counted, never fatal: a sweep that fails (or panics) is retried at the
 //! next tick. Docker round trips per sweep: 1 list of sandboxes, 1 inspect per stopped sandbox
@@ -43,11 +49,8 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
-use crate::time::unix_secs;
-
-use futures::StreamExt;
 use tokio::task::JoinHandle;
 
 use crate::config::Config;
@@ -55,11 +58,20 @@ use crate::coordination::activity::SessionActivity;
 use crate::coordination::lock::{LockError, SessionLocks};
 use crate::egress;
 use crate::engine::{
-    ContainerInfo, ContainerStatus, DEPLOYMENT_LABEL, EGRESS_LABEL, EngineError, ROLE_LABEL,
+    ContainerEngine, ContainerInfo, DEPLOYMENT_LABEL, EGRESS_LABEL, EngineError, ROLE_LABEL,
     ROLE_SANDBOX,
 };
-use crate::sessions::{SessionError, Sessions};
+use crate::pool::Pool;
+use crate::sessions::Sessions;
+use crate::snapshots::Snapshots;
 use crate::telemetry::metrics::Metrics;
+use crate::time::unix_secs;
+
+mod remove;
+
+use remove::secs_i64;
+#[cfg(test)]
+use remove::{NANOS, idle_for, stopped_at};
 
 /// Concurrent inspects while reading stop times.
 const INSPECT_CONCURRENCY: usize = 8;
@@ -167,8 +179,24 @@ enum Why {
     Lifetime,
 }
 
+/// What one engine's reaper sweeps with: that engine's stack (its engine, sessions, warm pool
+/// and snapshots) and the locks, activity records and metrics the API beside it shares.
+pub struct Parts {
+    pub engine: Arc<dyn ContainerEngine>,
+    /// Removes sessions (as a force close does) and asks their helpers about processes.
+    pub sessions: Arc<Sessions>,
+    pub pool: Arc<Pool>,
+    pub snapshots: Arc<Snapshots>,
+    pub locks: Arc<dyn SessionLocks>,
+    pub activity: Arc<dyn SessionActivity>,
+    pub metrics: Arc<Metrics>,
+}
+
 pub struct Reaper {
+    engine: Arc<dyn ContainerEngine>,
     sessions: Arc<Sessions>,
+    pool: Arc<Pool>,
+    snapshots: Arc<Snapshots>,
     /// What the replicas take turns on: the deployment, and in a fleet the engine too (each
     /// engine is swept on its own).
     lead: String,
@@ -179,21 +207,22 @@ pub struct Reaper {
 }
 
 impl Reaper {
-    /// A reaper over `sessions`: the same engine, locks and activity records as the API it runs
-    /// beside.
-    pub fn new(sessions: Arc<Sessions>) -> Self {
-        let deployment = &sessions.config().deployment;
-        let lead = match sessions.engine().id_prefix() {
-            Some(engine) => format!("{deployment}@{engine}"),
-            None => deployment.clone(),
+    /// A reaper over `parts`, sweeping by `policy`.
+    pub fn new(parts: Parts, policy: Policy) -> Self {
+        let lead = match parts.engine.id_prefix() {
+            Some(engine) => format!("{}@{engine}", policy.deployment),
+            None => policy.deployment.clone(),
         };
         Self {
+            engine: parts.engine,
+            sessions: parts.sessions,
+            pool: parts.pool,
+            snapshots: parts.snapshots,
             lead,
-            locks: sessions.locks().clone(),
-            activity: sessions.activity().clone(),
-            policy: Policy::from_config(sessions.config()),
-            metrics: sessions.metrics().clone(),
-            sessions,
+            locks: parts.locks,
+            activity: parts.activity,
+            policy,
+            metrics: parts.metrics,
         }
     }
 
@@ -272,8 +301,7 @@ impl Reaper {
     /// One sweep as of `now` (tests pass a clock of their own).
     pub async fn sweep(&self, now: SystemTime) -> Result<Sweep, ReaperError> {
         let mut out = Sweep::default();
-        let engine = self.sessions.engine();
-        let all = engine.list(&self.mine(ROLE_SANDBOX, None)).await?;
+        let all = self.engine.list(&self.mine(ROLE_SANDBOX, None)).await?;
         // Unclaimed warm-pool members are not sessions: the pool's refill replaces those that
         // died or went stale (woken below). Their egress tokens still count as live.
         let sandboxes: Vec<ContainerInfo> = all
@@ -297,7 +325,7 @@ impl Reaper {
         self.metrics.retain_processes(&live);
         self.sweep_orphans(&all, now, &mut out).await?;
         self.sweep_snapshots(now, &mut out).await;
-        self.sessions.pool().wake();
+        self.pool.wake();
         Ok(out)
     }
 
@@ -305,7 +333,7 @@ impl Reaper {
     /// gauges. Payload younger than the grace period (at most [`PAYLOAD_GUARD`]) is left: it may
     /// belong to a snapshot or session being made.
     async fn sweep_snapshots(&self, now: SystemTime, out: &mut Sweep) {
-        let snapshots = self.sessions.snapshots();
+        let snapshots = &self.snapshots;
         let guard = self.policy.grace.min(PAYLOAD_GUARD);
         match snapshots.sweep(now, guard).await {
             Ok(deleted) => out.snapshots = deleted,
@@ -321,227 +349,6 @@ impl Reaper {
         }
     }
 
-    async fn sweep_stopped(&self, sandboxes: &[ContainerInfo], now: SystemTime, out: &mut Sweep) {
-        let engine = self.sessions.engine();
-        let ids: Vec<&str> = sandboxes
-            .iter()
-            .filter(|c| !c.is_running())
-            .map(|c| c.id.as_str())
-            .collect();
-        let mut stopped = Vec::with_capacity(ids.len());
-        for chunk in ids.chunks(INSPECT_CONCURRENCY) {
-            let found = futures::future::join_all(chunk.iter().map(|id| engine.inspect(id))).await;
-            stopped.extend(found.into_iter().filter_map(Result::ok));
-        }
-
-        let mut survivors = Vec::new();
-        for info in stopped {
-            if self.expired(&info, now).await {
-                let outcome = self.remove_guarded(&info.id, Why::Expired, now).await;
-                out.record(&info.id, Why::Expired, outcome);
-            } else if !info.is_paused() {
-                survivors.push(info);
-            }
-        }
-        if survivors.len() > self.policy.max_stopped {
-            let now_nanos = unix_nanos(now);
-            survivors.sort_by_key(|c| stopped_at(c).unwrap_or(now_nanos));
-            let excess = survivors.len() - self.policy.max_stopped;
-            for info in &survivors[..excess] {
-                let outcome = self.remove_guarded(&info.id, Why::OverCap, now).await;
-                out.record(&info.id, Why::OverCap, outcome);
-            }
-        }
-    }
-
-    async fn sweep_idle(
-        &self,
-        sandboxes: &[ContainerInfo],
-        max_idle: Duration,
-        now: SystemTime,
-        out: &mut Sweep,
-    ) {
-        let running: Vec<&ContainerInfo> = sandboxes.iter().filter(|c| c.is_running()).collect();
-        if running.is_empty() {
-            return;
-        }
-        let ids: Vec<String> = running.iter().map(|c| c.id.clone()).collect();
-        let seen = match self.activity.last_seen(&ids).await {
-            Ok(s) => s,
-            Err(e) => {
-                // Unknown is not idle: skip rather than guess.
-                tracing::warn!(error = %e, "reaper: activity unreadable; idle sessions kept this sweep");
-                return;
-            }
-        };
-        let since = match self.activity.since().await {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "reaper: activity unreadable; idle sessions kept this sweep");
-                return;
-            }
-        };
-        let idle: Vec<String> = running
-            .into_iter()
-            .zip(seen)
-            .filter(|(info, seen)| {
-                idle_for(*seen, info.created, since, now).is_some_and(|d| d >= max_idle)
-            })
-            .map(|(info, _)| info.id.clone())
-            .collect();
-        // Side by side: each asks its helper about processes, and one that does not answer
-        // costs its own check's deadline, not the others'.
-        let checks = idle.into_iter().map(|id| {
-            Box::pin(async move {
-                let outcome = self.remove_guarded(&id, Why::Idle, now).await;
-                (id, outcome)
-            })
-        });
-        let outcomes: Vec<(String, Outcome)> = futures::stream::iter(checks)
-            .buffer_unordered(IDLE_CONCURRENCY)
-            .collect()
-            .await;
-        for (id, outcome) in outcomes {
-            out.record(&id, Why::Idle, outcome);
-        }
-    }
-
-    /// Removes the sessions past the lifetime backstop; returns the others.
-    async fn sweep_lifetime(
-        &self,
-        sandboxes: Vec<ContainerInfo>,
-        max: Duration,
-        now: SystemTime,
-        out: &mut Sweep,
-    ) -> Vec<ContainerInfo> {
-        let now_secs = unix_secs(now);
-        let max = secs_i64(max);
-        let mut kept = Vec::with_capacity(sandboxes.len());
-        for info in sandboxes {
-            let old = info
-                .created
-                .is_some_and(|c| c.saturating_add(max) <= now_secs);
-            if old {
-                let outcome = self.remove_guarded(&info.id, Why::Lifetime, now).await;
-                out.record(&info.id, Why::Lifetime, outcome);
-            } else {
-                kept.push(info);
-            }
-        }
-        kept
-    }
-
-    /// Stopped (or paused, counted from its last request) for longer than the grace period.
-    async fn expired(&self, info: &ContainerInfo, now: SystemTime) -> bool {
-        if info.is_paused() {
-            let seen = self
-                .activity
-                .last_seen(std::slice::from_ref(&info.id))
-                .await;
-            let since = self.activity.since().await;
-            return match (seen, since) {
-                (Ok(seen), Ok(since)) => {
-                    let seen = seen.into_iter().next().flatten();
-                    idle_for(seen, info.created, since, now).is_some_and(|d| d >= self.policy.grace)
-                }
-                _ => false,
-            };
-        }
-        !info.is_running()
-            && stopped_at(info).is_some_and(|t| {
-                t.saturating_add(i128::from(self.policy.grace.as_secs()) * NANOS) <= unix_nanos(now)
-            })
-    }
-
-    /// Still idle, read again under the lock: a request may have come and gone since the listing.
-    async fn still_idle(&self, info: &ContainerInfo, now: SystemTime) -> bool {
-        let Some(max_idle) = self.policy.max_idle else {
-            return false;
-        };
-        let seen = self
-            .activity
-            .last_seen(std::slice::from_ref(&info.id))
-            .await;
-        let since = self.activity.since().await;
-        match (seen, since) {
-            (Ok(seen), Ok(since)) => {
-                let seen = seen.into_iter().next().flatten();
-                idle_for(seen, info.created, since, now).is_some_and(|d| d >= max_idle)
-            }
-            _ => false,
-        }
-    }
-
-    /// Removes a session if its lock is free and its condition still holds under the lock (the
-    /// lifetime backstop takes a busy session too).
-    async fn remove_guarded(&self, id: &str, why: Why, now: SystemTime) -> Outcome {
-        let held = match self.locks.acquire(id, Duration::ZERO).await {
-            Ok(h) => Some(h),
-            Err(LockError::Timeout) if matches!(why, Why::Lifetime) => None,
-            Err(LockError::Timeout) => {
-                tracing::debug!(session_id = %id, ?why, "reaper: session busy; kept");
-                return Outcome::Busy;
-            }
-            Err(e) => {
-                tracing::warn!(session_id = %id, error = %e, "reaper: cannot lock session");
-                return Outcome::Failed;
-            }
-        };
-        let info = match self.sessions.engine().inspect(id).await {
-            Ok(i) => i,
-            Err(EngineError::NotFound) => return Outcome::Kept,
-            Err(e) => {
-                tracing::warn!(session_id = %id, error = %e, "reaper: cannot re-check session");
-                return Outcome::Failed;
-            }
-        };
-        let still = match why {
-            Why::Expired => self.expired(&info, now).await,
-            Why::OverCap => !info.is_running() && !info.is_paused(),
-            Why::Idle => info.is_running() && self.still_idle(&info, now).await,
-            Why::Lifetime => true,
-        };
-        if !still {
-            tracing::debug!(session_id = %id, ?why, "reaper: session back in use; kept");
-            return Outcome::Kept;
-        }
-        // A background job still running is use, however long since the last request; a
-        // sandbox that does not say so in time is not in use.
-        if matches!(why, Why::Idle) {
-            let live = tokio::time::timeout(PROCESS_CHECK, self.sessions.live_processes(id)).await;
-            match live {
-                Ok(Ok(0)) => {}
-                Ok(Ok(n)) => {
-                    self.metrics.observe_processes(id, Some(n as u64));
-                    tracing::debug!(session_id = %id, processes = n, "reaper: background processes run; kept");
-                    self.activity.touch(id).await;
-                    return Outcome::Busy;
-                }
-                Ok(Err(e)) => {
-                    tracing::debug!(session_id = %id, error = %e, "reaper: cannot list processes")
-                }
-                Err(_) => tracing::info!(
-                    session_id = %id,
-                    "reaper: the session's helper did not say within {PROCESS_CHECK:?} whether processes run; taken as idle"
-                ),
-            }
-        }
-        let outcome = match self.sessions.close(id, true).await {
-            Ok(()) | Err(SessionError::NotFound) => {
-                tracing::info!(session_id = %id, ?why, "reaper: session removed");
-                self.activity.forget(id).await;
-                self.metrics.observe_processes(id, None);
-                Outcome::Removed
-            }
-            Err(e) => {
-                tracing::warn!(session_id = %id, error = %e, "reaper: session removal failed");
-                Outcome::Failed
-            }
-        };
-        drop(held);
-        outcome
-    }
-
     /// Removes the triads' parts ([`egress::leftovers`]) whose token no sandbox carries, once
     /// the newest of them is past the grace period, through the same [`egress::teardown`] as a
     /// session close.
@@ -551,7 +358,7 @@ impl Reaper {
         now: SystemTime,
         out: &mut Sweep,
     ) -> Result<(), ReaperError> {
-        let engine = self.sessions.engine();
+        let engine = &*self.engine;
         let leftovers = egress::leftovers(engine, &self.policy.deployment).await?;
         let live: HashSet<&str> = sandboxes
             .iter()
@@ -607,51 +414,6 @@ impl Reaper {
         }
         Ok(())
     }
-}
-
-/// How long a running session has been idle as of `now`: since its last touch, or its creation
-/// when never touched, but never since before the tracker began recording. `None` when that moment
-/// is after `now` or unknown.
-fn idle_for(
-    seen: Option<SystemTime>,
-    created: Option<i64>,
-    since: SystemTime,
-    now: SystemTime,
-) -> Option<Duration> {
-    let from = match seen {
-        Some(t) => t,
-        None => UNIX_EPOCH.checked_add(Duration::from_secs(u64::try_from(created?).ok()?))?,
-    };
-    now.duration_since(from.max(since)).ok()
-}
-
-/// When a non-running sandbox stopped, in Unix nanoseconds (several sessions stopped within one
-/// second must still sort oldest first): its `FinishedAt`, or its creation for one that never
-/// started.
-fn stopped_at(info: &ContainerInfo) -> Option<i128> {
-    let finished = info.finished_at.as_deref().and_then(|t| {
-        time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339)
-            .ok()
-            .map(|t| t.unix_timestamp_nanos())
-            .filter(|n| *n > 0)
-    });
-    match (finished, &info.status) {
-        (Some(t), _) => Some(t),
-        (None, ContainerStatus::Created) => info.created.map(|s| i128::from(s) * NANOS),
-        (None, _) => None,
-    }
-}
-
-const NANOS: i128 = 1_000_000_000;
-
-fn unix_nanos(t: SystemTime) -> i128 {
-    t.duration_since(UNIX_EPOCH)
-        .map(|d| i128::try_from(d.as_nanos()).unwrap_or(i128::MAX))
-        .unwrap_or(0)
-}
-
-fn secs_i64(d: Duration) -> i64 {
-    i64::try_from(d.as_secs()).unwrap_or(i64::MAX)
 }
 
 #[cfg(test)]

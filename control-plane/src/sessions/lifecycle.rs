@@ -199,7 +199,8 @@ impl Sessions {
         if !info.is_paused() {
             return Ok(info);
         }
-        self.started(id).await?;
+        self.start_found(id, info).await?;
+        // As it is now, running.
         self.find(id).await
     }
 

@@ -139,6 +139,15 @@ impl Sessions {
     /// [`Self::ensure_running`] on a checked id or one of the engine's.
     async fn started(&self, id: &str) -> Result<ContainerInfo, SessionError> {
         let info = self.find(id).await?;
+        self.start_found(id, info).await
+    }
+
+    /// [`Self::started`] for the session `info` just found.
+    async fn start_found(
+        &self,
+        id: &str,
+        info: ContainerInfo,
+    ) -> Result<ContainerInfo, SessionError> {
         let triad = Triad::of(&info);
         if info.is_paused() {
             let gateway = async {

@@ -11,6 +11,11 @@ pub(super) struct Ledger {
 }
 
 impl Ledger {
+    /// The snapshots being taken now.
+    pub(super) fn taking(&self) -> HashSet<String> {
+        self.in_flight.keys().cloned().collect()
+    }
+
     fn total(&self) -> u64 {
         self.in_flight
             .values()

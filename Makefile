@@ -6,6 +6,8 @@ SHELL := /bin/bash
 CARGO ?= cargo
 DEV_DIR := .dev
 PORT ?= 8000
+# E2B's API (`make run`): its control API and envd on one port of their own.
+E2B_PORT ?= 49983
 FUZZ_SECONDS ?= 60
 FUZZ_SMOKE_SECONDS ?= 10
 LEAK_BASELINE := $(DEV_DIR)/leak-baseline
@@ -62,8 +64,9 @@ registry: ## Install docker-registry and htpasswd (the private-registry tests st
 chromium: ## Install Debian's chromium (the /docs browser test drives it headless)
 	@scripts/ensure-chromium.sh >/dev/null
 
-venv: ## Make target/venv with the official MCP Python SDK (the MCP e2e tests drive the service with it)
+venv: ## Make target/venv with the official MCP Python SDK, and target/venv-e2b-* with E2B's (the e2e tests drive the service with them)
 	@scripts/ensure-python-venv.sh >/dev/null
+	@for r in integration/python/e2b-*.txt; do scripts/ensure-python-venv.sh "$$(basename "$$r" .txt)" >/dev/null; done
 
 images: images-host images-static ## Build the local images (no registry needed): sandboxes, gateway, service, Redis
 
@@ -94,11 +97,17 @@ run: docker images helper ## Build and start the service on 127.0.0.1:$(PORT) wi
 	$(CARGO) build --release -p control-plane
 	@echo "daiv-sandbox dev API key: $$(cat $(DEV_DIR)/api-key)  (stored in $(DEV_DIR)/api-key)"
 	@echo "try: curl -H \"X-API-Key: \$$(cat $(DEV_DIR)/api-key)\" http://127.0.0.1:$(PORT)/api/v1/-/health/"
+	@echo "E2B's SDK (e2b 2.45.1 to 2.63.0) against it:"
+	@echo "  export E2B_API_KEY=$$(cat $(DEV_DIR)/api-key)"
+	@echo "  export E2B_API_URL=http://127.0.0.1:$(E2B_PORT)"
+	@echo "  export E2B_SANDBOX_URL=http://127.0.0.1:$(E2B_PORT)"
+	@echo "  export E2B_VALIDATE_API_KEY=false  # older e2b releases (2.45 among them) check the key's shape"
 	MALLOC_ARENA_MAX=$${MALLOC_ARENA_MAX:-2} \
 	DAIV_SANDBOX_API_KEY="$$(cat $(DEV_DIR)/api-key)" \
 	DAIV_SANDBOX_ENVIRONMENT=local \
 	DAIV_SANDBOX_HOST="$${DAIV_SANDBOX_HOST:-127.0.0.1}" \
 	DAIV_SANDBOX_PORT=$(PORT) \
+	DAIV_SANDBOX_E2B_PORT=$(E2B_PORT) \
 	DAIV_SANDBOX_EGRESS_CA_CERT_FILE="$(CURDIR)/$(DEV_DIR)/egress-ca.crt" \
 	DAIV_SANDBOX_EGRESS_CA_KEY_FILE="$(CURDIR)/$(DEV_DIR)/egress-ca.key" \
 	exec ./target/release/daiv-sandbox
@@ -163,10 +172,10 @@ deny: ## Licenses, bans and sources (offline); RustSec advisories too where thei
 	@if $(CARGO) deny fetch >/dev/null 2>&1; then $(CARGO) deny check advisories; \
 	else echo "advisory database unreachable (offline): advisories not checked"; fi
 
-api-fuzz: docker images ## schemathesis against the served OpenAPI document, real sessions (~300 cases per operation + stateful)
+api-fuzz: docker images ## schemathesis against the served OpenAPI document, real sessions (~300 cases per operation + 600 s stateful; fails unless it follows every link)
 	@integration/schemathesis/run.sh
 
-api-fuzz-smoke: docker images ## The same, ~15 cases per operation and 30 s stateful (under 2 minutes once built)
+api-fuzz-smoke: docker images ## The same, ~15 cases per operation and 30 s stateful from POST /session/ (fails unless it follows every link of a create's answer; under 2 minutes once built)
 	@integration/schemathesis/run.sh --smoke
 
 soak: docker images ## SOAK_SESSIONS (50) busy sessions for SOAK_SECONDS (600): errors, p50/p99, RSS, Docker objects left

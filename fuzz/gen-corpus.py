@@ -179,6 +179,29 @@ def frame_seeds():
              {"ok": {"files": 1, "dirs": 0, "symlinks": 0, "bytes": 5, "skipped": 0}}]
     write("frame", b"\0" + b"".join(frame(0, 5, json.dumps(e)) for e in events)
           + b"".join(frame(3, 6, json.dumps(r)) for r in resps))
+    # Protocol 4: a split run's STDERR frames, a watch and its events, a process's events.
+    reqs4 = [
+        {"op": "run", "commands": ["echo a >&2"], "split": True},
+        {"op": "watch", "path": "/workspace/repo", "recursive": True},
+        {"op": "proc", "request": {"action": "events", "process_id": "job-1", "after": 3,
+                                   "wait_ms": 10, "max_bytes": 65536}},
+        {"op": "proc", "request": {"action": "signal", "process_id": "job-1", "signal": "TERM"}},
+        {"op": "proc", "request": {"action": "start", "command": "x", "workdir": "/", "max_live": 1,
+                                   "buffer_bytes": 64, "process_id": "a.b", "tag": "t"}},
+    ]
+    events4 = [{"type": "armed", "watches": 2},
+               {"type": "change", "change": "create", "path": "/workspace/a",
+                "entry": {"name": "a", "path": "/workspace/a", "type": "file", "size": 1, "mode": 420,
+                          "permissions": "-rw-r--r--", "owner": "root", "group": "root", "mtime": 0,
+                          "symlink_target": None}},
+               {"type": "overflow"}]
+    resps4 = [{"ok": {"events": [{"type": "start", "seq": 1, "pid": 9}, {"type": "stderr", "seq": 2, "len": 3},
+                                 {"type": "end", "seq": 3, "exit_code": 143, "signal": "TERM"}],
+                      "last_seq": 3}},
+              {"error": {"kind": "gone", "message": "x"}}]
+    write("frame", b"\0" + b"".join(frame(i + 1, 1, json.dumps(r)) for i, r in enumerate(reqs4))
+          + frame(1, 7, b"err") + b"".join(frame(2, 5, json.dumps(e)) for e in events4)
+          + b"".join(frame(3, 6, json.dumps(r)) for r in resps4))
 
 
 # === read_pager: limit, repeat, 4 read sizes, body (sandbox-helper/src/ops/text.rs tests) ===

@@ -23,6 +23,9 @@ pub fn entry_name(path: &str) -> &str {
     path.trim_start_matches('/')
 }
 
+/// The two zero blocks that end a tar archive.
+const END_MARKER: usize = 2 * 512;
+
 /// An archive being built in memory. Entry names are relative (the archive is extracted at the
 /// path given to `put_archive`, usually `/`).
 pub struct Archive {
@@ -70,6 +73,14 @@ impl Archive {
             return Err(e);
         }
         self.builder.into_inner().map(Bytes::from)
+    }
+
+    /// The archive's bytes without its end marker: the head of an archive that another one
+    /// (built with [`Archive::finish`]) completes when sent right after it.
+    pub fn finish_head(self) -> io::Result<Bytes> {
+        let whole = self.finish()?;
+        // `tar` ends an archive with two zero blocks.
+        Ok(whole.slice(..whole.len().saturating_sub(END_MARKER)))
     }
 
     fn append(
@@ -134,6 +145,23 @@ mod tests {
                 ("e".to_string(), true, 0o755, 0, 0, 0),
             ]
         );
+        Ok(())
+    }
+
+    #[test]
+    fn a_head_and_an_archive_after_it_read_as_one_archive() -> io::Result<()> {
+        let mut head = Archive::new();
+        head.dir("d", 0o755, ROOT)
+            .file("d/big", 0o644, ROOT, &[7; 700]);
+        let head = head.finish_head()?;
+        let mut tail = Archive::new();
+        tail.file("d/own", 0o644, (1, 1), b"mine");
+        let whole = [head, tail.finish()?].concat();
+        let mut names = Vec::new();
+        for entry in tar::Archive::new(&whole[..]).entries()? {
+            names.push(entry?.path()?.display().to_string());
+        }
+        assert_eq!(names, ["d/", "d/big", "d/own"]);
         Ok(())
     }
 

@@ -173,7 +173,8 @@ impl Admission {
             };
             let in_flight = self
                 .metrics
-                .admission_in_flight
+                .admission
+                .in_flight
                 .get_or_create_owned(&ClassLabels {
                     class: self.creates.class.label(),
                 });
@@ -243,7 +244,8 @@ impl Admission {
         };
         let in_flight = self
             .metrics
-            .admission_in_flight
+            .admission
+            .in_flight
             .get_or_create_owned(&ClassLabels { class: label });
         in_flight.inc();
         Ok(Held {
@@ -254,7 +256,8 @@ impl Admission {
 
     fn refuse(&self, gate: &Gate, reason: Reason) -> Refused {
         self.metrics
-            .admission_refused
+            .admission
+            .refused
             .get_or_create(&RefusedLabels {
                 class: gate.class.label(),
                 reason: reason.label(),
@@ -309,7 +312,7 @@ impl<'a> Queued<'a> {
             gate.waiting.fetch_sub(1, Ordering::SeqCst);
             return None;
         }
-        let gauge = metrics.admission_waiting.get_or_create_owned(&ClassLabels {
+        let gauge = metrics.admission.waiting.get_or_create_owned(&ClassLabels {
             class: gate.class.label(),
         });
         gauge.inc();

@@ -1,8 +1,11 @@
 //! The one place a cause becomes an HTTP status and FastAPI's `{"detail": ...}` body.
 //!
-//! Domain modules return errors named by what happened ([`SessionError`], [`EgressError`],
-//! [`HelperError`], [`ProcessError`], [`SeedError`], [`FsOpError`], admission's [`Refused`], and
-//! the engine's and locks' own); each `From<Cause> for ApiError` below picks the status class, and [`ApiError`]'s
+//! Domain modules return errors named by what happened, each defined in the layer that raises
+//! it: a request's bad values ([`ValidationError`]), a session's trouble ([`SessionError`]), the
+//! fleet's engines ([`FleetError`]), and [`EgressError`], [`HelperError`], [`ProcessError`],
+//! [`SeedError`], [`FsOpError`], admission's [`Refused`], the engine's and the locks' own (the
+//! warm pool's `PoolError` never leaves the pool). Each `From<Cause> for ApiError` below picks
+//! the status class, and [`ApiError`]'s
 //! `IntoResponse` writes the body. The extractors whose rejections must have the same shape
 //! ([`ApiJson`], [`ApiQuery`]) live here too. Two rules hold for every body: the daemon's
 //! messages never reach it (they name host paths and registries: logged here instead), and
@@ -25,9 +28,10 @@ pub use crate::api::ErrorBody;
 use crate::coordination::lock::LockError;
 use crate::egress::EgressError;
 use crate::engine::EngineError;
+use crate::fleet::FleetError;
 use crate::processes::ProcessError;
 use crate::runtime::HelperError;
-use crate::sessions::SessionError;
+use crate::sessions::{SessionError, ValidationError};
 use crate::workspace::fs::FsOpError;
 use crate::workspace::seed::SeedError;
 
@@ -66,6 +70,9 @@ pub enum ApiError {
         detail: String,
         retry_after: Option<std::time::Duration>,
     },
+    /// What was asked for existed but is no longer kept (a process's events past its buffer).
+    #[error("{0}")]
+    Gone(String),
     /// Retryable infrastructure trouble: Docker not answering, a restart that failed.
     #[error("{0}")]
     Unavailable(String),
@@ -89,6 +96,7 @@ impl ApiError {
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::InsufficientStorage(_) => StatusCode::INSUFFICIENT_STORAGE,
             ApiError::TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::Gone(_) => StatusCode::GONE,
             ApiError::Unavailable(_) | ApiError::Outage(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -162,12 +170,33 @@ impl From<LockError> for ApiError {
     }
 }
 
+/// A missing session is a 404, a stopped one a 409; a replica that cannot manage a session's
+/// egress, or a restart that failed, is retryable (503).
 impl From<SessionError> for ApiError {
     fn from(e: SessionError) -> Self {
         use SessionError as E;
         match e {
             E::NotFound => ApiError::NotFound,
             E::Lock(e) => e.into(),
+            E::NoEgressProxy | E::NotRunning => ApiError::Conflict(e.to_string()),
+            E::EgressUnavailableHere => ApiError::Unavailable(e.to_string()),
+            E::RestartFailed(e) => unavailable("session could not be restarted", &e),
+            E::Validation(e) => e.into(),
+            E::Snapshot(e) => e.into(),
+            E::Engine(e) => e.into(),
+            E::Egress(e) => e.into(),
+            E::Helper(e) => e.into(),
+        }
+    }
+}
+
+/// A request's values: 422 (FastAPI's status for a body that parsed but is unacceptable), but
+/// 400 for a request this deployment cannot serve as asked (egress where none is configured, the
+/// reference's 400; an image that is a snapshot's, or not the snapshot's).
+impl From<ValidationError> for ApiError {
+    fn from(e: ValidationError) -> Self {
+        use ValidationError as E;
+        match e {
             E::EgressNotConfigured => {
                 // The client reads the reference's sentence; the operator reads what to set.
                 tracing::warn!(
@@ -176,29 +205,33 @@ impl From<SessionError> for ApiError {
                 );
                 ApiError::BadRequest(e.to_string())
             }
-            E::NoEgressProxy => ApiError::Conflict(e.to_string()),
+            E::SnapshotImageMismatch(_) | E::SnapshotAsImage => ApiError::BadRequest(e.to_string()),
             E::InvalidImage(_)
             | E::ImageById
             | E::MemoryTooSmall
             | E::InvalidCpus
             | E::InvalidEnvironment(_)
             | E::NulInCommand(_)
-            | E::TimeoutTooLong => ApiError::Unprocessable(e.to_string()),
-            E::EgressUnavailableHere | E::MemberWithoutGateway | E::MemberRenamed => {
-                ApiError::Unavailable(e.to_string())
-            }
-            E::RestartFailed(e) => unavailable("session could not be restarted", &e),
-            E::EngineNotResponding(_) => ApiError::Unavailable(e.to_string()),
-            E::SnapshotImageMismatch(_) | E::SnapshotAsImage => ApiError::BadRequest(e.to_string()),
-            E::NotRunning => ApiError::Conflict(e.to_string()),
-            E::ForkCount(_) => ApiError::Unprocessable(e.to_string()),
+            | E::TimeoutTooLong
+            | E::SessionTimeout
+            | E::ForkCount(_) => ApiError::Unprocessable(e.to_string()),
+        }
+    }
+}
+
+/// An id naming no engine of the fleet is a missing session (404); an engine down, draining
+/// or full is an outage already reported (503, a warning per request); an engine not
+/// answering the health check is a plain 503.
+impl From<FleetError> for ApiError {
+    fn from(e: FleetError) -> Self {
+        use FleetError as E;
+        match e {
+            E::UnknownEngine => ApiError::NotFound,
             E::EngineDown(_) | E::EngineDraining(_) | E::NoEngine(_) => {
                 ApiError::Outage(e.to_string())
             }
-            E::Snapshot(e) => e.into(),
-            E::Engine(e) => e.into(),
-            E::Egress(e) => e.into(),
-            E::Helper(e) => e.into(),
+            E::EngineNotResponding(_) => ApiError::Unavailable(e.to_string()),
+            E::Session(e) => e.into(),
         }
     }
 }
@@ -246,6 +279,7 @@ impl From<HelperError> for ApiError {
                 retry_after: None,
             },
             E::Rejected(m) | E::ProcessIo(m) => ApiError::Unprocessable(m),
+            E::ProcessGone(m) => ApiError::Gone(m),
             E::ArchiveRefused => ApiError::Unprocessable(e.to_string()),
             E::Unstartable(_)
             | E::OtherProtocol(_)
@@ -264,7 +298,10 @@ impl From<ProcessError> for ApiError {
     fn from(e: ProcessError) -> Self {
         use ProcessError as E;
         match e {
-            E::InvalidWorkdir
+            E::InvalidWorkdir(_)
+            | E::InvalidProcessId
+            | E::InvalidTag
+            | E::InvalidTerminalSize
             | E::InvalidVariableName(_)
             | E::NulInVariable(_)
             | E::EmptyCommand
@@ -474,7 +511,7 @@ mod tests {
                 "redis down",
             ),
             (
-                SessionError::EgressNotConfigured.into(),
+                ValidationError::EgressNotConfigured.into(),
                 StatusCode::BAD_REQUEST,
                 "egress requires the egress proxy, which is not configured on this deployment",
             ),
@@ -484,12 +521,12 @@ mod tests {
                 "session has no egress proxy: a network-isolated session has nothing to refresh",
             ),
             (
-                SessionError::TimeoutTooLong.into(),
+                ValidationError::TimeoutTooLong.into(),
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "timeout must be at most 604800 seconds (0 = none)",
             ),
             (
-                SessionError::InvalidImage("a b".into()).into(),
+                ValidationError::InvalidImage("a b".into()).into(),
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "base_image is not a valid image reference: \"a b\"",
             ),
@@ -499,12 +536,12 @@ mod tests {
                 "egress is not configured on this instance",
             ),
             (
-                SessionError::EngineDown("b".into()).into(),
+                FleetError::EngineDown("b".into()).into(),
                 StatusCode::SERVICE_UNAVAILABLE,
                 "engine b, which holds it, is down; retry later",
             ),
             (
-                SessionError::EngineNotResponding(EngineError::Unavailable("x".into())).into(),
+                FleetError::EngineNotResponding(EngineError::Unavailable("x".into())).into(),
                 StatusCode::SERVICE_UNAVAILABLE,
                 "Docker client is not responding",
             ),

@@ -26,8 +26,9 @@
 //! 10. **HTTP:** [`routes`] (handlers, the router, and the OpenAPI document beside the routes it
 //!     lists), [`error`] (the one place a cause becomes a status and `{"detail"}` body),
 //!     [`auth`], [`admission`].
-//! 11. **MCP:** [`mcp`] (the sandbox as MCP tools at `/mcp` and over stdio, through the same
-//!     domain calls as the routes).
+//! 11. **Other APIs:** [`mcp`] (the sandbox as MCP tools at `/mcp` and over stdio, through the
+//!     same domain calls as the routes); [`e2b`] (E2B's control API and envd on a port of their
+//!     own, translated into requests to the service's own router, in-process).
 //! 12. **Composition:** [`state`] ([`AppState`] and [`app`]), [`serve`] (the service's life from
 //!     settings and a listener to shutdown); `main.rs`.
 
@@ -37,6 +38,7 @@ pub mod auth;
 pub mod backoff;
 pub mod config;
 pub mod coordination;
+pub mod e2b;
 pub mod egress;
 pub mod error;
 pub mod fleet;

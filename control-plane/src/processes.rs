@@ -18,22 +18,39 @@ use tokio::sync::mpsc;
 
 use crate::api::RunStreamLine as Line;
 use crate::runtime::RunEvent;
-use sandbox_protocol::message::{PollInfo, ProcInfo, ProcList, ProcRequest, ProcStarted};
+use sandbox_protocol::files::validate_any_path;
+use sandbox_protocol::message::{
+    PollInfo, ProcEvent, ProcEvents, ProcInfo, ProcList, ProcRequest, ProcStarted, PtySize,
+};
 
-use crate::api::{ProcessInfo, ProcessList, ProcessOutput, StartProcessRequest};
-use crate::layout::{self, WORKSPACE};
+use crate::api::{
+    OutputStream, ProcessEvent, ProcessEventType, ProcessInfo, ProcessList, ProcessOutput,
+    ProcessSignal, StartProcessRequest, TerminalSize,
+};
+use crate::layout;
 use crate::runtime::HelperError;
 use crate::sessions::{SessionError, SessionId, Sessions, Workspace};
 
 /// Most bytes one stdin request may carry (the helper enforces the same bound).
 pub const MAX_STDIN_BYTES: usize = 1024 * 1024;
+/// Output bytes one round of an event stream takes from the helper at most.
+const EVENTS_MAX_BYTES: u64 = 1024 * 1024;
+/// Longest tag.
+const MAX_TAG_CHARS: usize = 256;
 
 /// Why a process request was not done. The texts are what a client is told; the HTTP status
 /// of each is decided in [`crate::error`].
 #[derive(Debug, thiserror::Error)]
 pub enum ProcessError {
-    #[error("workdir must be {} or a directory below it, without '..'", WORKSPACE)]
-    InvalidWorkdir,
+    /// Why the workdir is not a path.
+    #[error("workdir: {0}")]
+    InvalidWorkdir(String),
+    #[error("process_id must be 1 to 64 of [A-Za-z0-9._-], not starting with a dot")]
+    InvalidProcessId,
+    #[error("tag must be at most {MAX_TAG_CHARS} characters, none a control character")]
+    InvalidTag,
+    #[error("a terminal's cols and rows must be between 1 and 1000")]
+    InvalidTerminalSize,
     /// The offending name.
     #[error(
         "environment: {0:?} is not a variable name (letters, digits, '_'; not starting with a digit)"
@@ -84,21 +101,7 @@ impl Utf8Carry {
     }
 }
 
-/// Length of an incomplete (but so far valid) UTF-8 sequence at the end of `b`, 0..=3: what
-/// the decoder reports as an unexpected end (`error_len() == None`), past any invalid bytes
-/// before it.
-pub fn incomplete_tail(b: &[u8]) -> usize {
-    let mut rest = b;
-    loop {
-        match std::str::from_utf8(rest) {
-            Ok(_) => return 0,
-            Err(e) => match e.error_len() {
-                None => return rest.len() - e.valid_up_to(),
-                Some(bad) => rest = &rest[e.valid_up_to() + bad..],
-            },
-        }
-    }
-}
+use sandbox_protocol::text::incomplete_tail;
 
 fn valid_name(name: &str) -> bool {
     let mut chars = name.chars();
@@ -108,22 +111,13 @@ fn valid_name(name: &str) -> bool {
         && chars.all(|c| c == '_' || c.is_ascii_alphanumeric())
 }
 
-/// A process's working directory: `/workspace` or below it, absolute, no `..`.
+/// A process's working directory: any absolute path without `..` (the process runs as the
+/// sandbox user, so where it may go is the user's to have).
 fn workdir(raw: Option<&str>) -> Result<String, ProcessError> {
     let Some(raw) = raw else {
         return Ok(layout::REPO.to_string());
     };
-    let ok = (raw == WORKSPACE
-        || raw
-            .strip_prefix(WORKSPACE)
-            .is_some_and(|r| r.starts_with('/')))
-        && !raw.split('/').any(|c| c == "..")
-        && !raw.contains('\0');
-    if ok {
-        Ok(raw.to_string())
-    } else {
-        Err(ProcessError::InvalidWorkdir)
-    }
+    validate_any_path(raw).map_err(|e| ProcessError::InvalidWorkdir(e.message))
 }
 
 fn environment(
@@ -145,12 +139,18 @@ fn environment(
         .collect()
 }
 
+/// Whether `raw` could be a process id: the supervisor's (`p<n>-<hex>`) or a client's.
+fn valid_process_id(raw: &str) -> bool {
+    (1..=64).contains(&raw.len())
+        && !raw.starts_with('.')
+        && raw
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
 fn process_id(raw: &str) -> Result<(), ProcessError> {
-    // Ids are the supervisor's (`p<n>-<hex>`); anything else cannot exist.
-    if raw.is_empty()
-        || raw.len() > 64
-        || !raw.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-    {
+    // Anything else cannot exist.
+    if !valid_process_id(raw) {
         return Err(ProcessError::NoSuchProcess);
     }
     Ok(())
@@ -166,12 +166,26 @@ async fn call(
     Ok(ws.runtime.process(ws.id, request, input).await?)
 }
 
-pub async fn start(ws: &Workspace<'_>, req: &StartProcessRequest) -> Result<String, ProcessError> {
+/// Starts a process; `existing` when the request named a process the session already has.
+pub async fn start(
+    ws: &Workspace<'_>,
+    req: &StartProcessRequest,
+) -> Result<ProcStarted, ProcessError> {
     if req.command.trim().is_empty() {
         return Err(ProcessError::EmptyCommand);
     }
     if req.command.contains('\0') {
         return Err(ProcessError::NulInCommand);
+    }
+    if let Some(id) = &req.process_id
+        && !valid_process_id(id)
+    {
+        return Err(ProcessError::InvalidProcessId);
+    }
+    if let Some(tag) = &req.tag
+        && (tag.chars().count() > MAX_TAG_CHARS || tag.chars().any(char::is_control))
+    {
+        return Err(ProcessError::InvalidTag);
     }
     let request = ProcRequest::Start {
         command: req.command.clone(),
@@ -179,16 +193,21 @@ pub async fn start(ws: &Workspace<'_>, req: &StartProcessRequest) -> Result<Stri
         env: environment(&req.environment)?,
         max_live: ws.config.sessions.max_processes,
         buffer_bytes: ws.config.sessions.process_output_bytes,
+        process_id: req.process_id.clone(),
+        tag: req.tag.clone(),
+        pty: req.pty.map(terminal_size).transpose()?,
     };
     let started: ProcStarted = call(ws, request, None).await?.parse()?;
-    ws.metrics.processes_started.inc();
-    Ok(started.process_id)
+    if !started.existing {
+        ws.metrics.processes.started.inc();
+    }
+    Ok(started)
 }
 
 pub async fn list(ws: &Workspace<'_>) -> Result<ProcessList, ProcessError> {
     let list: ProcList = call(ws, ProcRequest::List, None).await?.parse()?;
     let running = list.processes.iter().filter(|p| p.running).count();
-    ws.metrics.observe_processes(ws.id, Some(running as u64));
+    ws.metrics.processes.observe(ws.id, Some(running as u64));
     Ok(ProcessList {
         processes: list.processes.into_iter().map(process_info).collect(),
     })
@@ -199,8 +218,14 @@ fn process_info(p: ProcInfo) -> ProcessInfo {
     ProcessInfo {
         process_id: p.process_id,
         command: p.command,
+        pid: p.pid,
+        tag: p.tag,
+        pty: p.pty,
         running: p.running,
         exit_code: p.exit_code,
+        duration_ms: p.usage.duration_ms,
+        cpu_ms: p.usage.cpu_ms,
+        max_rss_bytes: p.usage.max_rss_bytes,
     }
 }
 
@@ -242,7 +267,40 @@ pub async fn poll(
         offset: from,
         next_offset: from + bytes.len() as u64,
         truncated: info.truncated,
+        duration_ms: info.usage.duration_ms,
+        cpu_ms: info.usage.cpu_ms,
+        max_rss_bytes: info.usage.max_rss_bytes,
     })
+}
+
+/// A poll's raw bytes (a terminal's output is not cut at characters: the terminal decodes it),
+/// with what the supervisor said of the process.
+pub async fn poll_bytes(
+    ws: &Workspace<'_>,
+    pid: &str,
+    offset: u64,
+    wait: Duration,
+) -> Result<(PollInfo, Bytes), ProcessError> {
+    process_id(pid)?;
+    let request = ProcRequest::Poll {
+        process_id: pid.to_string(),
+        offset,
+        wait_ms: wait.as_millis() as u64,
+        max_bytes: ws.config.sessions.process_output_bytes,
+    };
+    let answer = call(ws, request, None).await?;
+    let info: PollInfo = answer.parse()?;
+    Ok((info, answer.output))
+}
+
+/// Whether process `pid` exists and was started in a terminal.
+pub async fn has_terminal(ws: &Workspace<'_>, pid: &str) -> Result<bool, ProcessError> {
+    process_id(pid)?;
+    let list: ProcList = call(ws, ProcRequest::List, None).await?.parse()?;
+    match list.processes.iter().find(|p| p.process_id == pid) {
+        Some(p) => Ok(p.pty),
+        None => Err(ProcessError::NoSuchProcess),
+    }
 }
 
 pub async fn stdin(
@@ -262,13 +320,168 @@ pub async fn stdin(
     call(ws, request, Some(body)).await.map(|_| ())
 }
 
+fn terminal_size(t: TerminalSize) -> Result<PtySize, ProcessError> {
+    let ok = |n: u16| (1..=1000).contains(&n);
+    if ok(t.cols) && ok(t.rows) {
+        Ok(PtySize {
+            cols: t.cols,
+            rows: t.rows,
+        })
+    } else {
+        Err(ProcessError::InvalidTerminalSize)
+    }
+}
+
+/// Resizes the terminal of a process started in one; one without a terminal, or that ended,
+/// is a conflict.
+pub async fn resize(ws: &Workspace<'_>, pid: &str, size: TerminalSize) -> Result<(), ProcessError> {
+    process_id(pid)?;
+    let request = ProcRequest::Resize {
+        process_id: pid.to_string(),
+        size: terminal_size(size)?,
+    };
+    call(ws, request, None).await.map(|_| ())
+}
+
+/// Sends `signal` to the process's group; one that ended is a conflict.
+pub async fn signal(
+    ws: &Workspace<'_>,
+    pid: &str,
+    signal: ProcessSignal,
+) -> Result<(), ProcessError> {
+    process_id(pid)?;
+    let request = ProcRequest::Signal {
+        process_id: pid.to_string(),
+        signal: signal.name().to_string(),
+    };
+    call(ws, request, None).await.map(|_| ())
+}
+
+/// One round of a process's events, as the API shows them.
+#[derive(Debug)]
+pub struct EventBatch {
+    pub events: Vec<ProcessEvent>,
+    /// The last event's `end`.
+    pub ended: bool,
+}
+
+/// The events after `after` (every kept one without it), waiting up to `wait` while there is
+/// none newer and the process runs. Events that left the buffer: [`HelperError::ProcessGone`].
+pub async fn events(
+    ws: &Workspace<'_>,
+    pid: &str,
+    after: Option<u64>,
+    wait: Duration,
+) -> Result<EventBatch, ProcessError> {
+    process_id(pid)?;
+    let request = ProcRequest::Events {
+        process_id: pid.to_string(),
+        after,
+        wait_ms: wait.as_millis() as u64,
+        max_bytes: EVENTS_MAX_BYTES,
+    };
+    let answer = call(ws, request, None).await?;
+    let got: ProcEvents = answer.parse()?;
+    let mut data: &[u8] = &answer.output;
+    let mut events = Vec::with_capacity(got.events.len());
+    let mut ended = false;
+    for e in got.events {
+        let event = match e {
+            ProcEvent::Start { seq, pid } => ProcessEvent {
+                pid: Some(pid),
+                ..ProcessEvent::new(seq, ProcessEventType::Start)
+            },
+            ProcEvent::Stdout { seq, len } | ProcEvent::Stderr { seq, len } => {
+                let kind = if matches!(e, ProcEvent::Stderr { .. }) {
+                    ProcessEventType::Stderr
+                } else {
+                    ProcessEventType::Stdout
+                };
+                let Some((chunk, rest)) = data.split_at_checked(len as usize) else {
+                    return Err(HelperError::UnexpectedAnswer.into());
+                };
+                data = rest;
+                ProcessEvent {
+                    data: Some(String::from_utf8_lossy(chunk).into_owned()),
+                    ..ProcessEvent::new(seq, kind)
+                }
+            }
+            ProcEvent::End {
+                seq,
+                exit_code,
+                signal,
+                usage,
+            } => {
+                ended = true;
+                ProcessEvent {
+                    exit_code: Some(exit_code),
+                    signal,
+                    duration_ms: usage.duration_ms,
+                    cpu_ms: usage.cpu_ms,
+                    max_rss_bytes: usage.max_rss_bytes,
+                    ..ProcessEvent::new(seq, ProcessEventType::End)
+                }
+            }
+        };
+        events.push(event);
+    }
+    Ok(EventBatch { events, ended })
+}
+
+/// The rest of an event stream after its `first` round: with `follow`, rounds until `end`, a
+/// keepalive after each `keepalive` without an event; the stream closes when the client goes, or
+/// when the events can no longer be followed (the session went away, events left the buffer
+/// between two rounds: a resume from the last `seq` says which with its status).
+pub fn follow_events(
+    sessions: Arc<Sessions>,
+    id: SessionId,
+    pid: String,
+    first: EventBatch,
+    after: Option<u64>,
+    follow: bool,
+    keepalive: Duration,
+) -> mpsc::Receiver<ProcessEvent> {
+    let (tx, rx) = mpsc::channel::<ProcessEvent>(16);
+    tokio::spawn(async move {
+        let mut last = first.events.last().map(|e| e.seq).or(after).unwrap_or(0);
+        let mut ended = first.ended;
+        for e in first.events {
+            if tx.send(e).await.is_err() {
+                return;
+            }
+        }
+        while follow && !ended {
+            let ws = sessions.workspace(&id);
+            let round = tokio::select! {
+                _ = tx.closed() => return,
+                r = events(&ws, &pid, Some(last), keepalive) => r,
+            };
+            let Ok(batch) = round else { return };
+            ended = batch.ended;
+            if batch.events.is_empty() {
+                let alive = ProcessEvent::new(last, ProcessEventType::Keepalive);
+                if tx.send(alive).await.is_err() {
+                    return;
+                }
+            }
+            for e in batch.events {
+                last = e.seq;
+                if tx.send(e).await.is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    rx
+}
+
 pub async fn kill(ws: &Workspace<'_>, pid: &str) -> Result<(), ProcessError> {
     process_id(pid)?;
     let request = ProcRequest::Kill {
         process_id: pid.to_string(),
     };
     call(ws, request, None).await?;
-    ws.metrics.processes_killed.inc();
+    ws.metrics.processes.killed.inc();
     Ok(())
 }
 
@@ -289,28 +502,32 @@ pub fn stream_run(
         let _held = held;
         let (ev_tx, mut ev_rx) = mpsc::channel::<RunEvent>(64);
         let mut run = Box::pin(sessions.run_streaming(&id, &spec, ev_tx));
-        let mut carry: Option<(usize, Utf8Carry)> = None;
+        // The running command's index, and what is held back of its stdout and stderr.
+        let mut carry: Option<(usize, [Utf8Carry; 2])> = None;
         let mut finished = None;
         loop {
             let next = tokio::select! {
                 biased;
                 _ = out_tx.closed() => return, // the client left: dropping `run` cancels it
                 ev = ev_rx.recv() => match ev {
-                    Some(RunEvent::Output { index, data }) => {
+                    Some(RunEvent::Output { index, data, stderr }) => {
                         let c = match &mut carry {
                             Some((i, c)) if *i == index => c,
-                            _ => &mut carry.insert((index, Utf8Carry::default())).1,
+                            _ => &mut carry.insert((index, [Utf8Carry::default(), Utf8Carry::default()])).1,
                         };
-                        let text = c.push(&data);
+                        let text = c[usize::from(stderr)].push(&data);
                         if text.is_empty() { continue; }
-                        Some(Line::Output { index, data: text })
+                        Some(Line::Output { index, data: text, stream: stream_of(stderr) })
                     }
                     Some(RunEvent::Result { index, result }) => {
                         if let Some((i, mut c)) = carry.take() {
-                            let rest = c.finish();
-                            if i == index && !rest.is_empty()
-                                && out_tx.send(Ok(Line::Output { index, data: rest })).await.is_err() {
-                                return;
+                            for (k, c) in c.iter_mut().enumerate() {
+                                let rest = c.finish();
+                                let line = Line::Output { index, data: rest, stream: stream_of(k == 1) };
+                                if i == index && matches!(&line, Line::Output { data, .. } if !data.is_empty())
+                                    && out_tx.send(Ok(line)).await.is_err() {
+                                    return;
+                                }
                             }
                         }
                         Some(Line::Result {
@@ -341,6 +558,14 @@ pub fn stream_run(
     out_rx
 }
 
+fn stream_of(stderr: bool) -> OutputStream {
+    if stderr {
+        OutputStream::Stderr
+    } else {
+        OutputStream::Stdout
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -367,21 +592,23 @@ mod tests {
     }
 
     #[test]
-    fn incomplete_tails_are_measured() {
-        assert_eq!(incomplete_tail(b"abc"), 0);
-        assert_eq!(incomplete_tail("é".as_bytes()), 0);
-        assert_eq!(incomplete_tail(&"é".as_bytes()[..1]), 1);
-        assert_eq!(incomplete_tail(&"🦀".as_bytes()[..3]), 3);
-        assert_eq!(incomplete_tail(b"\x80\x80\x80"), 0);
+    fn workdirs_are_absolute_paths_without_dot_dot() {
+        assert_eq!(workdir(None).expect("default"), "/workspace/repo");
+        assert!(workdir(Some("/workspace/tmp")).is_ok());
+        assert_eq!(workdir(Some("/srv//app/")).expect("any path"), "/srv/app");
+        for bad in ["/workspace/../etc", "relative", "/a\0b", "/a\nb", ""] {
+            assert!(workdir(Some(bad)).is_err(), "{bad:?}");
+        }
     }
 
     #[test]
-    fn workdirs_stay_in_the_workspace() {
-        assert_eq!(workdir(None).expect("default"), "/workspace/repo");
-        assert!(workdir(Some("/workspace/tmp")).is_ok());
-        assert!(workdir(Some("/etc")).is_err());
-        assert!(workdir(Some("/workspace/../etc")).is_err());
-        assert!(workdir(Some("/workspacex")).is_err());
+    fn process_ids_are_the_supervisors_or_a_clients() {
+        for ok in ["p1-0a1b2c3d4e5f", "dev-server", "web_1.v2", &"a".repeat(64)] {
+            assert!(valid_process_id(ok), "{ok}");
+        }
+        for bad in ["", ".x", "a/b", "a b", "é", &"a".repeat(65)] {
+            assert!(!valid_process_id(bad), "{bad}");
+        }
     }
 
     #[test]

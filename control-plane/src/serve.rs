@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use axum::serve::ListenerExt;
 
 use crate::config::{Config, Runtime};
 use crate::coordination::Coordination;
@@ -52,6 +53,14 @@ where
     // With REDIS_URL, locks and activity share one lazy connection: the service starts while
     // Redis is down and answers 503 until it is back.
     let coordination = Coordination::from_config(&config).context("DAIV_SANDBOX_REDIS_URL")?;
+    // Every sandbox gets the helper; without it no session could run a command. Read once, here
+    // (after the single engine answered: an unreachable engine is reported first), and shared by
+    // every engine's builds.
+    let helper = || {
+        crate::runtime::helper_binary(config.sessions.helper_bin.as_deref())
+            .map(Some)
+            .map_err(SetupError)
+    };
     let state = if config.fleet.engines_file.is_some() {
         // A fleet's engines are connected in the background: one that is down at start-up is
         // marked down and joins when it answers.
@@ -64,6 +73,7 @@ where
             coordination.locks,
             coordination.activity,
             Arc::new(DockerConnector::new(credentials)),
+            helper()?,
         )
     } else {
         let engine = DockerEngine::connect(credentials)
@@ -74,16 +84,9 @@ where
             Arc::new(engine),
             coordination.locks,
             coordination.activity,
+            helper()?,
         )
     };
-    // Every sandbox gets the helper; without it no session could run a command. The state read
-    // it once; only a failure reads again, to say why.
-    if !state.fleet.has_helper() {
-        let why = crate::runtime::helper_binary(config.sessions.helper_bin.as_deref())
-            .err()
-            .unwrap_or_else(|| "the session helper could not be read".to_string());
-        return Err(SetupError(why).into());
-    }
     // Each engine's reaper and warm-pool refill (the pools fill in the background; requests go
     // cold meanwhile) and, in a fleet, its health checks and the engines file's watch.
     let fleet = state.fleet.clone();
@@ -97,10 +100,50 @@ where
         }
         Err(e) => tracing::info!(error = %e, version = crate::VERSION, "daiv-sandbox listening"),
     }
-    let served = axum::serve(listener, app(state))
-        .with_graceful_shutdown(shutdown)
+    // One shutdown for both listeners.
+    let stop = tokio_util::sync::CancellationToken::new();
+    tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            shutdown.await;
+            stop.cancel();
+        }
+    });
+    let router = app(state);
+    // E2B's API, on its own port when set: a translation over the router above.
+    let e2b = match config.e2b.port {
+        None => None,
+        Some(port) => {
+            let addr = std::net::SocketAddr::new(config.server.host, port);
+            // Streamed answers are many small writes: no Nagle delay (as on the main port).
+            let e2b_listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| SetupError(format!("cannot listen on {addr} (E2B_PORT): {e}")))?
+                .tap_io(|tcp| {
+                    if let Err(e) = tcp.set_nodelay(true) {
+                        tracing::debug!(error = %e, "TCP_NODELAY not set");
+                    }
+                });
+            tracing::info!(%addr, "E2B API listening");
+            let service = crate::e2b::router(config.clone(), router.clone());
+            let stop = stop.clone();
+            Some(tokio::spawn(async move {
+                axum::serve(e2b_listener, service)
+                    .with_graceful_shutdown(stop.cancelled_owned())
+                    .await
+            }))
+        }
+    };
+    let served = axum::serve(listener, router)
+        .with_graceful_shutdown(stop.clone().cancelled_owned())
         .await
         .context("server error");
+    stop.cancel();
+    if let Some(task) = e2b
+        && let Ok(Err(e)) = task.await
+    {
+        tracing::error!(error = %e, "E2B API listener failed");
+    }
     // A probe still running gets a moment to finish and remove its container; past it, the
     // container (role `runtime-probe`) sleeps out its own time-out.
     stop_probes.cancel();

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::FromRef;
+use bytes::Bytes;
 
 use crate::admission::Admission;
 use crate::config::Config;
@@ -11,7 +12,6 @@ use crate::coordination::activity::{LocalActivity, SessionActivity};
 use crate::coordination::lock::SessionLocks;
 use crate::engine::ContainerEngine;
 use crate::fleet::{Connector, Fleet};
-use crate::runtime::helper_binary;
 use crate::telemetry::engine::MeteredEngine;
 use crate::telemetry::metrics::Metrics;
 use crate::telemetry::runtime_probe::RuntimeHealth;
@@ -30,29 +30,32 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// The service over `engine`, with in-process activity tracking (one instance).
+    /// The service over `engine`, with in-process activity tracking (one instance), and no
+    /// helper binary to give sandboxes: the in-process tests' (their fake engine answers the
+    /// helper's calls from a host build of it).
     pub fn new(
         config: Arc<Config>,
         engine: Arc<dyn ContainerEngine>,
         locks: Arc<dyn SessionLocks>,
     ) -> Self {
         let activity = Arc::new(LocalActivity::new(config.reaper.running_session_max_idle));
-        Self::with_coordination(config, engine, locks, activity)
+        Self::with_coordination(config, engine, locks, activity, None)
     }
 
     /// The service over `engine`, with the locks and activity records replicas share (Redis).
+    /// `helper` is the binary every sandbox gets, read once at start-up (`serve`) and shared by
+    /// every build.
     pub fn with_coordination(
         config: Arc<Config>,
         engine: Arc<dyn ContainerEngine>,
         locks: Arc<dyn SessionLocks>,
         activity: Arc<dyn SessionActivity>,
+        helper: Option<Bytes>,
     ) -> Self {
         let metrics = Arc::new(Metrics::default());
         // Every engine call is counted and timed, whichever handler or task makes it.
         let engine: Arc<dyn ContainerEngine> =
             Arc::new(MeteredEngine::new(engine, metrics.clone()));
-        // main checks for the helper before serving; in-process tests run without one.
-        let helper = helper_binary(config.sessions.helper_bin.as_deref()).ok();
         let fleet = Fleet::single(
             config.clone(),
             engine,
@@ -65,15 +68,16 @@ impl AppState {
     }
 
     /// The service over the engines of `ENGINES_FILE` (see [`crate::fleet`]), reached through
-    /// `connector` (Docker's in the service, fakes in tests).
+    /// `connector` (Docker's in the service, fakes in tests); `helper` as for
+    /// [`AppState::with_coordination`].
     pub fn with_fleet(
         config: Arc<Config>,
         locks: Arc<dyn SessionLocks>,
         activity: Arc<dyn SessionActivity>,
         connector: Arc<dyn Connector>,
+        helper: Option<Bytes>,
     ) -> Self {
         let metrics = Arc::new(Metrics::default());
-        let helper = helper_binary(config.sessions.helper_bin.as_deref()).ok();
         let fleet = Fleet::from_file(
             config.clone(),
             locks,

@@ -37,7 +37,7 @@ const LAYERS: &[&[&str]] = &[
     &["workspace", "processes", "reaper"],
     &["fleet"],
     &["admission", "error", "auth", "routes"],
-    &["mcp"],
+    &["mcp", "e2b"],
     &["state", "serve"],
 ];
 

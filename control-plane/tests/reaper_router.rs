@@ -109,7 +109,7 @@ impl World {
             volumes: Vec::new(),
             named_volumes: Vec::new(),
             log_options: Vec::new(),
-            skeleton: None,
+            skeleton: Vec::new(),
         };
         let id = self.engine.create(&spec).await?;
         self.engine.start(&id).await?;

@@ -109,11 +109,47 @@ async fn create_applies_isolation_defaults_and_ignores_unknown_fields() {
     assert_eq!(spec.nano_cpus, Some(500_000_000));
     assert_eq!(spec.runtime, "runc");
     assert!(spec.pids_limit > 0);
-    assert!(spec.env.contains(&("A".into(), "1".into())));
-    // The caller's environment wins over our defaults.
-    assert!(spec.env.contains(&("HOME".into(), "/custom".into())));
-    assert!(spec.skeleton.is_some());
+    // The caller's environment is never the container's (a commit would keep it): it is the
+    // session's environment file, on a volume of its own.
+    assert!(
+        spec.env
+            .iter()
+            .all(|(k, v)| k != "A" && v != "/custom" && v != "1"),
+        "{:?}",
+        spec.env
+    );
+    assert!(spec.env.contains(&("HOME".into(), "/home/sandbox".into())));
+    assert!(
+        spec.labels.values().all(|v| v != "/custom"),
+        "{:?}",
+        spec.labels
+    );
+    assert_eq!(
+        spec.volumes,
+        [
+            control_plane::layout::WORKSPACE,
+            control_plane::layout::SESSION_DIR
+        ]
+    );
+    assert_eq!(
+        h.engine
+            .file(id, control_plane::layout::ENV_FILE)
+            .map(|f| String::from_utf8_lossy(&f).into_owned())
+            .as_deref(),
+        Some(r#"[["A","1"],["HOME","/custom"]]"#)
+    );
+    assert!(spec.skeleton_archive().is_some());
     assert_eq!(h.engine.status(id), Some(ContainerStatus::Running));
+    // Commands see it, and the caller's environment wins over our defaults.
+    let (s, ran) = h
+        .api(
+            "POST",
+            &format!("/session/{id}/"),
+            Some(json!({"commands": ["printf '%s %s' \"$A\" \"$HOME\""]})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{ran}");
+    assert_eq!(ran["results"][0]["output"], json!("1 /custom"));
 }
 
 /// A burst of creates must not build one skeleton archive (most of it the helper binary) each.
@@ -124,11 +160,25 @@ async fn isolated_sessions_share_one_skeleton_archive() {
     let skeleton = |id: &str| {
         h.engine
             .spec(id)
-            .and_then(|s| s.skeleton)
+            .and_then(|s| s.skeleton.first().cloned())
             .expect("a skeleton")
     };
     assert_eq!(skeleton(&a), skeleton(&b));
     assert_eq!(skeleton(&a).as_ptr(), skeleton(&b).as_ptr(), "one buffer");
+    // A session's environment is in its own small part; the shared one stays shared.
+    let (s, b) = h
+        .api(
+            "POST",
+            "/session/",
+            Some(json!({"base_image": "img:1", "environment": {"OWN": "value"}})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    let c = b["session_id"].as_str().expect("id");
+    assert_eq!(skeleton(c).as_ptr(), skeleton(&a).as_ptr(), "one buffer");
+    let own = h.engine.spec(c).expect("spec").skeleton;
+    assert_eq!(own.len(), 2);
+    assert!(own[1].len() < 8192, "{}", own[1].len());
 }
 
 #[tokio::test]
@@ -841,7 +891,7 @@ fn egress_body(secret: &str) -> Value {
 }
 
 fn tar_text(spec: &control_plane::engine::ContainerSpec) -> String {
-    String::from_utf8_lossy(spec.skeleton.as_deref().unwrap_or_default()).into_owned()
+    String::from_utf8_lossy(&spec.skeleton_archive().unwrap_or_default()).into_owned()
 }
 
 #[tokio::test]
@@ -869,7 +919,10 @@ async fn egress_create_builds_the_triad_and_keeps_secrets_in_the_gateway() {
             .all(|n| !n.internal || n.no_host_address)
     );
     // The workspace is a volume and the helper keeps the container alive.
-    assert_eq!(sandbox.volumes, vec!["/workspace".to_string()]);
+    assert_eq!(
+        sandbox.volumes,
+        ["/workspace", control_plane::layout::SESSION_DIR]
+    );
     assert_eq!(
         sandbox.cmd.as_deref().map(|c| &c[..2]),
         Some(
@@ -1174,6 +1227,77 @@ async fn custom_methods_do_not_grow_the_metrics() {
 
 // === egress policy installs: versioned, staged, acknowledged (the sidecar contract) ===
 
+/// A container's config is what `docker commit` keeps twice in a snapshot's image (its config,
+/// and the committing container's own as `container_config`): the caller's `environment` is in
+/// none of it, for an isolated session or an egress one. It is the session's environment file,
+/// on a volume of the session's own (which no commit keeps), and commands see it there.
+#[tokio::test]
+async fn the_callers_environment_is_in_no_containers_config_only_its_session_file() {
+    let value = "caller-value-3e9b1d";
+    let h = egress_harness(FakeEngine::default());
+    let env = json!({"CALLER_VAR": value, "HTTPS_PROXY": "http://caller.test:1"});
+    let (s, b) = h
+        .api(
+            "POST",
+            "/session/",
+            Some(json!({"base_image": "img:1", "environment": env})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    let isolated = b["session_id"].as_str().expect("id").to_string();
+    let (s, b) = h
+        .api(
+            "POST",
+            "/session/",
+            Some(
+                json!({"base_image": "img:1", "environment": env, "egress": egress_body("s3cr3t")}),
+            ),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    let egress = b["session_id"].as_str().expect("id").to_string();
+    for id in h.engine.container_ids() {
+        let spec = h.engine.spec(&id).expect("spec");
+        let config = format!(
+            "{:?} {:?} {:?} {:?} {:?}",
+            spec.env, spec.labels, spec.cmd, spec.entrypoint, spec.name
+        );
+        assert!(!config.contains(value), "{id}: {config}");
+        assert!(!config.contains("caller.test"), "{id}: {config}");
+    }
+    for (id, expected) in [
+        (
+            &isolated,
+            format!(r#"[["CALLER_VAR","{value}"],["HTTPS_PROXY","http://caller.test:1"]]"#),
+        ),
+        // The egress settings win: the caller's proxy is not in an egress session's file.
+        (&egress, format!(r#"[["CALLER_VAR","{value}"]]"#)),
+    ] {
+        let spec = h.engine.spec(id).expect("spec");
+        assert!(
+            spec.volumes
+                .iter()
+                .any(|v| v == control_plane::layout::SESSION_DIR),
+            "{:?}",
+            spec.volumes
+        );
+        let file = h
+            .engine
+            .file(id, control_plane::layout::ENV_FILE)
+            .expect("env file");
+        assert_eq!(String::from_utf8_lossy(&file), expected);
+        let (s, ran) = h
+            .api(
+                "POST",
+                &format!("/session/{id}/"),
+                Some(json!({"commands": ["printf %s \"$CALLER_VAR\""]})),
+            )
+            .await;
+        assert_eq!(s, StatusCode::OK, "{ran}");
+        assert_eq!(ran["results"][0]["output"], json!(value));
+    }
+}
+
 fn gateway_of(h: &Harness, sandbox: &str) -> String {
     h.engine
         .container_ids()
@@ -1230,7 +1354,7 @@ async fn egress_create_writes_the_sidecar_contract_and_acknowledges_the_policy()
     for name in env.keys() {
         assert!(name.starts_with("DAIV_EGRESS_"), "{name}");
     }
-    let entries = tar_entries(gateway.skeleton.as_deref().expect("skeleton"));
+    let entries = tar_entries(&gateway.skeleton_archive().expect("skeleton"));
     let policy_entry = sidecar::DEFAULT_POLICY_PATH.trim_start_matches('/');
     let (_, uid, policy) = entries
         .iter()
@@ -1316,10 +1440,13 @@ async fn put_egress_stages_the_policy_and_answers_204_only_once_acknowledged() {
         .position(|c| c == &format!("exec {gateway_id} {version}"))
         .unwrap_or_else(|| panic!("no acknowledgement: {calls:?}"));
     assert!(put < ack, "{calls:?}");
+    // The live file is the create's skeleton's, never extracted over.
+    let live = h
+        .engine
+        .file(&gateway_id, &sidecar::config_path(sidecar::POLICY_FILE))
+        .map(|f| serde_json::from_slice::<shared_policy::PolicyFile>(&f).expect("json"));
     assert!(
-        h.engine
-            .file(&gateway_id, &sidecar::config_path(sidecar::POLICY_FILE))
-            .is_none(),
+        live.is_some_and(|f| f.secrets["tok"].value.expose() == "old"),
         "the live file is never extracted over: {calls:?}"
     );
 

@@ -40,6 +40,7 @@ macro_rules! verbs {
             containers start(#[id] id: &str) -> () = "start";
             containers inspect(#[id] id: &str) -> ContainerInfo = "inspect" => info;
             containers writable_bytes(#[id] id: &str) -> Option<u64> = "writable_bytes";
+            containers stats(#[id] id: &str) -> Option<ContainerStats> = "stats";
             containers stop(#[id] id: &str, grace: Duration) -> () = "stop";
             containers remove(#[id] id: &str) -> () = "remove";
             containers rename(#[id] current: &str, new: &str) -> () = "rename";
@@ -202,7 +203,7 @@ macro_rules! decorated {
             use bytes::Bytes;
 
             use crate::{
-                CommitSpec, ContainerSpec, EngineInfo, ExecSpec, ImageInfo, NetworkInfo,
+                CommitSpec, ContainerSpec, ContainerStats, EngineInfo, ExecSpec, ImageInfo, NetworkInfo,
                 NetworkSpec, VolumeInfo, VolumeSpec,
             };
 

@@ -42,3 +42,20 @@ pub const POOL_LABEL: &str = "daiv.sandbox.pool";
 /// On a warm-pool member: a hash of everything its spec was built from (image, runtime, user,
 /// limits, helper, egress settings); a member whose hash is not the current one is replaced.
 pub const POOL_SPEC_LABEL: &str = "daiv.sandbox.pool.spec";
+/// On a sandbox: its CPU limit in nano-CPUs, when it has one (with [`MEMORY_LABEL`], what the
+/// session listing reports without an inspect per session).
+pub const CPUS_LABEL: &str = "daiv.sandbox.cpus";
+/// A session's record (a volume of this role): what a caller attached to a session after the
+/// container was made (its metadata, its deadline), where every replica and a restart see it.
+pub const ROLE_SESSION_RECORD: &str = "session-record";
+/// On a session's record: the session id.
+pub const SESSION_LABEL: &str = "daiv.sandbox.session";
+/// On a session's record: its metadata, a JSON object of strings.
+pub const METADATA_LABEL: &str = "daiv.sandbox.metadata";
+/// On a session's record: Unix seconds after which the reaper ends the session.
+pub const DEADLINE_LABEL: &str = "daiv.sandbox.deadline";
+/// On a session's record: what ending means (`remove` or `pause`).
+pub const ON_TIMEOUT_LABEL: &str = "daiv.sandbox.on-timeout";
+/// On a session's record: Unix milliseconds it was written; the newest record of a session is
+/// its record (a deadline moves by writing a new one, then removing the old).
+pub const WRITTEN_LABEL: &str = "daiv.sandbox.written";

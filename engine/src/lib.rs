@@ -44,8 +44,9 @@ pub use labels::*;
 pub use metered::{EngineMetrics, MeteredEngine};
 pub use scoped::{Link, ScopedEngine};
 pub use types::{
-    AttachedExec, CommitSpec, ContainerInfo, ContainerSpec, ContainerStatus, EngineInfo, ExecSpec,
-    ExecStream, ImageInfo, NetworkAttach, NetworkInfo, NetworkSpec, VolumeInfo, VolumeSpec,
+    AttachedExec, CommitSpec, ContainerInfo, ContainerSpec, ContainerStats, ContainerStatus,
+    EngineInfo, ExecSpec, ExecStream, ImageInfo, NetworkAttach, NetworkInfo, NetworkSpec,
+    VolumeInfo, VolumeSpec,
 };
 
 #[async_trait::async_trait]
@@ -73,6 +74,13 @@ pub trait ContainerEngine: Send + Sync + 'static {
     /// sparse file counts at its full length: what a commit or an archive of it would write).
     /// `None` when the engine cannot say. A walk of the layer: not for a hot path.
     async fn writable_bytes(&self, id: &str) -> Result<Option<u64>, EngineError> {
+        let _ = id;
+        Ok(None)
+    }
+    /// The container's CPU and memory counters now, from its cgroup as the engine reads it
+    /// (one call, no second reading: a rate is the caller's, from two samples). `None` when the
+    /// engine cannot say (a stopped container, a runtime without statistics).
+    async fn stats(&self, id: &str) -> Result<Option<ContainerStats>, EngineError> {
         let _ = id;
         Ok(None)
     }

@@ -237,6 +237,7 @@ mod tests {
             "start",
             "inspect",
             "writable_bytes",
+            "stats",
             "stop",
             "remove",
             "exec",

@@ -222,7 +222,7 @@ mod tests {
             volumes: Vec::new(),
             named_volumes: Vec::new(),
             log_options: Vec::new(),
-            skeleton: None,
+            skeleton: Vec::new(),
         }
     }
 

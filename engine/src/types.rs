@@ -53,9 +53,23 @@ pub struct ContainerSpec {
     /// `json-file` log options (`max-size`, `max-file`): what a container prints cannot fill
     /// the host's disk. Empty = the daemon's defaults.
     pub log_options: Vec<(String, String)>,
-    /// A tar archive extracted at `/` before the container starts: the workspace skeleton, with
-    /// ownership carried by the entries (no `chown` in the container, which gVisor forbids).
-    pub skeleton: Option<Bytes>,
+    /// A tar archive extracted at `/` before the container starts (none when empty): the
+    /// workspace skeleton, with ownership carried by the entries (no `chown` in the container,
+    /// which gVisor forbids). In parts sent one after the other, whose concatenation is the
+    /// archive: a part many containers share (the helper binary) is sent from its one buffer,
+    /// and only a container's own part (its environment file) is built per container.
+    pub skeleton: Vec<Bytes>,
+}
+
+impl ContainerSpec {
+    /// The skeleton's parts as one archive (a copy; `None` without a skeleton).
+    pub fn skeleton_archive(&self) -> Option<Bytes> {
+        match &self.skeleton[..] {
+            [] => None,
+            [one] => Some(one.clone()),
+            parts => Some(parts.concat().into()),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -115,10 +129,27 @@ impl ContainerInfo {
     }
 }
 
+/// A container's resource counters at one moment ([`ContainerEngine::stats`](crate::ContainerEngine::stats)).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ContainerStats {
+    /// CPU time used since the container started, in nanoseconds (user + system).
+    pub cpu_total_ns: u64,
+    /// CPUs the host offers the container (its limit, if any, is the caller's to apply).
+    pub online_cpus: u32,
+    /// Memory charged to the container, in bytes, page cache included.
+    pub mem_usage: u64,
+    /// The reclaimable page cache within `mem_usage` (inactive file pages).
+    pub mem_cache: u64,
+    /// Its memory limit; the host's memory when it has none.
+    pub mem_limit: u64,
+}
+
 /// An image made from a container by [`ContainerEngine::commit`](crate::ContainerEngine::commit). Everything the image's config
-/// says is given here: the container's own config is not carried over (its environment holds the
-/// caller's variables and the egress settings), but Docker merges the container's environment
-/// into the image's, so every name of it must be given a value here.
+/// says is given here: the container's own config is not carried over into it (its environment
+/// holds the egress settings), but Docker merges the container's environment into the image's,
+/// so every name of it must be given a value here. Docker 20.10 also keeps the container's own
+/// config beside it, as the image's `container_config` (environment, labels, command as
+/// created): nothing a snapshot must not keep may be in a container's config.
 #[derive(Debug, Clone)]
 pub struct CommitSpec {
     /// `repository:tag` the image is tagged with.

@@ -15,7 +15,7 @@ use libfuzzer_sys::fuzz_target;
 use sandbox_protocol::frame::{
     self, Frame, FrameDecoder, HEADER_LEN, MAX_PAYLOAD, ProtocolError, kind,
 };
-use sandbox_protocol::message::{Event, ExtractStats, Request, Response};
+use sandbox_protocol::message::{Event, ExtractStats, ProcEvents, Request, Response};
 
 #[global_allocator]
 static ALLOC: Counting = Counting;
@@ -152,7 +152,12 @@ fn messages(f: &Frame) {
                 let text = serde_json::to_vec(&resp).expect("serialise");
                 let again: Response = serde_json::from_slice(&text).expect("reparse");
                 assert_eq!(again, resp);
-                let _ = resp.into_result::<ExtractStats>();
+                let _ = resp.clone().into_result::<ExtractStats>();
+                if let Ok(events) = resp.into_result::<ProcEvents>() {
+                    let text = serde_json::to_vec(&events).expect("serialise");
+                    let again: ProcEvents = serde_json::from_slice(&text).expect("reparse");
+                    assert_eq!(again, events);
+                }
             }
         }
         _ => {}

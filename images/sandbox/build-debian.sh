@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build the image daiv-sandbox-debian:local: a Debian bookworm minbase rootfs made by debootstrap
 # (bash, git, curl, ca-certificates, python3, procps, iproute2, libcap2-bin) with a user
-# `sandbox` (uid/gid 1000), imported with `docker import`. The mirror is the machine's own
+# `sandbox` (uid/gid 1000) and, for E2B's SDK, `user` (the same ids, home /home/user), imported
+# with `docker import`. The mirror is the machine's own
 # (from its apt sources). The downloaded .debs are cached as a debootstrap tarball, so a rebuild
 # needs no network. Skips when the tag exists, unless FORCE=1.
 # Env: FORCE=1 to rebuild; IMAGE to change the tag; DEBIAN_MIRROR to override the mirror;
@@ -26,6 +27,11 @@ debootstrap_rootfs "$work" "$SUITE" "$VARIANT" "$INCLUDE" "$MIRROR"
 run_quiet "adding user sandbox" chroot "$root" sh -c \
     'getent group sandbox >/dev/null || groupadd -g 1000 sandbox
      getent passwd sandbox >/dev/null || useradd -m -u 1000 -g 1000 -s /bin/bash sandbox'
+# E2B's templates run as `user` in /home/user: the same uid, a second name and that home (the E2B
+# API's `base` template is this image).
+run_quiet "adding user user" chroot "$root" sh -c \
+    'getent passwd user >/dev/null || useradd -o -M -u 1000 -g 1000 -d /home/user -s /bin/bash user
+     mkdir -p /home/user && chown 1000:1000 /home/user && chmod 755 /home/user'
 
 # Keep it small, and leave to Docker what Docker mounts.
 rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/cache/apt/*.bin \

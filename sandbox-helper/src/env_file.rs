@@ -1,14 +1,16 @@
-//! The claim's environment file ([`layout::ENV_FILE`](sandbox_protocol::layout::ENV_FILE)): a
-//! JSON list of `[name, value]` pairs a warm-pool claim gave the session, which commands (read
-//! by `serve` for every run) and background processes (read by the supervisor at every start)
-//! get on top of the container's environment. It is read each time because a pool member's
-//! helpers start before the member is claimed.
+//! The caller's environment file ([`layout::ENV_FILE`](sandbox_protocol::layout::ENV_FILE)): a
+//! JSON list of `[name, value]` pairs the session's create (its skeleton) or its warm-pool claim
+//! (an exec) wrote, which commands (read by `serve` for every run) and background processes (read
+//! by the supervisor at every start) get on top of the container's environment. It is read each
+//! time because a pool member's helpers start before the member is claimed. It lives on the
+//! session's own volume, never in the container's environment or layer: a snapshot keeps none
+//! of it.
 
 use std::io;
 use std::path::Path;
 
-/// The claim's environment from `path`; none when the file is absent (a session that was not
-/// claimed from a pool). An unreadable or malformed file is reported and counts as empty, and
+/// The caller's environment from `path`; none when the file is absent (a container made by an
+/// older build that was not claimed from a pool). An unreadable or malformed file is reported and counts as empty, and
 /// names or values the kernel cannot take are dropped.
 pub fn claimed_env(path: &Path) -> Vec<(String, String)> {
     let bytes = match std::fs::read(path) {

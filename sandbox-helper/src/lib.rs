@@ -18,7 +18,7 @@
 //! - [`procs`]: background processes: the [`procs::supervisor`] (`init`'s side, which owns
 //!   them) and its [`procs::client`] (`serve`'s side, which relays requests to it).
 //! - [`identity`]: the helper's own uid, and acting for the sandbox user.
-//! - [`env_file`]: the claim's environment, read by runs and process starts.
+//! - [`env_file`]: the caller's environment, read by runs and process starts.
 //! - [`write_file`]: the `write-file` command.
 //! - [`usage`]: what a command or background process cost (time, CPU of its tree, peak memory).
 //! - `src/main.rs`: the `daiv-sandbox-helper` binary: `serve`, `init`, `write-file`,
@@ -31,7 +31,7 @@
 //! `daiv-sandbox: no shell in this image\n`. Each command: stdin `/dev/null`; stdout and stderr
 //! into one pipe (interleaved as produced); its own process group; cwd `workdir` (a
 //! `/workspace/...` workdir maps under the served root); the helper's environment, plus the
-//! claim's ([`env_file`]), plus `env`. Output past `output_cap` bytes is counted in `omitted`,
+//! caller's ([`env_file`]), plus `env`. Output past `output_cap` bytes is counted in `omitted`,
 //! not sent. A timeout (per command, from its start) SIGKILLs the whole process group: exit
 //! code 124, `timed_out` true, output so far kept, remaining commands skipped. `fail_fast` stops after the first nonzero exit. Once the
 //! shell has exited, what is already in the pipe is taken and the command is done, even if a
@@ -50,6 +50,7 @@
 //! links"). Final opens use `O_NOFOLLOW` and `O_NONBLOCK`, then `fstat`: only regular files
 //! are read. Writes create with `O_CREAT | O_EXCL | O_NOFOLLOW` from the parent's fd.
 
+pub mod disk;
 pub mod env_file;
 pub mod identity;
 pub mod ops;

@@ -71,6 +71,9 @@ fn main() -> ExitCode {
             // Exit at once: request threads may still be blocked on what EOF just cancelled.
             std::process::exit(code)
         }
+        // A background process's terminal side: a session of its own with stdin (the
+        // terminal) as its controlling terminal, then the command (see procs::pty).
+        ["pty-exec", "--", cmd @ ..] if !cmd.is_empty() => procs::pty::exec(cmd),
         ["write-file", path, mode, then @ ..] => {
             let then = match then {
                 [] => None,

@@ -6,7 +6,8 @@
 //! - CPU: once the shell has exited but before it is reaped (`waitid(WEXITED | WNOWAIT)`), its
 //!   zombie's `/proc/PID/stat` holds `utime + stime` and `cutime + cstime`, the times of every
 //!   descendant it waited for: exactly what `wait4`'s `ru_utime + ru_stime` would say.
-//! - Peak memory: `VmHWM` of each process of the command's process group, sampled while it runs
+//! - Peak memory: `VmHWM` (under gVisor, which has none, `VmRSS`) of each process of the
+//!   command's process group, sampled while it runs
 //!   (at most every [`SAMPLE_EVERY`]), the largest kept (`wait4`'s `ru_maxrss` is also the
 //!   largest process's peak). The first sample is taken right after the spawn (the shell already
 //!   exec'd), so a command that ends at once still has a figure (a lower bound); a process that
@@ -128,13 +129,17 @@ fn group_peak_kib(pgid: i32) -> Option<u64> {
     peak
 }
 
-/// `VmHWM` of `pid`, in KiB (absent for a zombie).
+/// `VmHWM` of `pid`, in KiB, else its `VmRSS` (gVisor's `/proc` has no `VmHWM`: the sampled
+/// resident size is then the peak as far as the samples saw it). Absent for a zombie.
 fn peak_kib(pid: i32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+    };
+    field("VmHWM:").or_else(|| field("VmRSS:"))
 }
 
 #[cfg(test)]

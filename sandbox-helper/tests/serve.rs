@@ -30,6 +30,8 @@ struct Reply {
     events: Vec<Event>,
     /// DATA payloads concatenated, per command index.
     output: HashMap<u32, Vec<u8>>,
+    /// STDERR payloads concatenated, per command index (a split run).
+    stderr: HashMap<u32, Vec<u8>>,
     response: Option<Response>,
 }
 
@@ -108,7 +110,16 @@ impl Helper {
         let ready = h.frames.recv_timeout(Duration::from_secs(10)).unwrap();
         assert_eq!((ready.id, ready.kind), (0, kind::EVENT));
         let ev: Event = serde_json::from_slice(&ready.payload).unwrap();
-        assert!(matches!(ev, Event::Ready { protocol: 2, .. }), "{ev:?}");
+        assert!(
+            matches!(
+                ev,
+                Event::Ready {
+                    protocol: sandbox_protocol::VERSION,
+                    ..
+                }
+            ),
+            "{ev:?}"
+        );
         h
     }
 
@@ -164,6 +175,11 @@ impl Helper {
                 }
                 kind::DATA => reply
                     .output
+                    .entry(current)
+                    .or_default()
+                    .extend_from_slice(&f.payload),
+                kind::STDERR => reply
+                    .stderr
                     .entry(current)
                     .or_default()
                     .extend_from_slice(&f.payload),
@@ -312,6 +328,25 @@ fn run_reports_exit_codes_pipefail_and_interleaved_output() {
         std::fs::canonicalize(pwd.lines().next().unwrap()).unwrap(),
         std::fs::canonicalize(_d.path()).unwrap()
     );
+}
+
+/// Protocol 4: a split run sends stderr as STDERR frames, each stream in its own order; an
+/// unsplit one keeps both in one pipe, exactly interleaved.
+#[test]
+fn a_split_run_keeps_stdout_and_stderr_apart() {
+    let (_d, mut h) = setup();
+    let script = "for i in 1 2 3; do echo out$i; echo err$i >&2; done; echo é >&2";
+    let r = h.run(&[script, "exit 4"], json!({"split": true}));
+    assert_eq!(r.ok(), json!({}));
+    assert_eq!(r.text(0), "out1\nout2\nout3\n");
+    assert_eq!(
+        String::from_utf8_lossy(&r.stderr[&0]),
+        "err1\nerr2\nerr3\né\n"
+    );
+    assert_eq!(r.finished()[1].1, 4);
+    let r = h.run(&[script], json!({}));
+    assert_eq!(r.text(0), "out1\nerr1\nout2\nerr2\nout3\nerr3\né\n");
+    assert!(r.stderr.is_empty());
 }
 
 #[test]
@@ -1257,4 +1292,155 @@ fn stat_mkdir_move_and_deep_listing() {
     // The workspace is reachable by its wire name too.
     let v = h.fs(json!({"op": "mkdir", "path": "/workspace/made"}));
     assert_eq!(v["ok"], true, "{v}");
+}
+
+// === watch (protocol 4) ===
+
+/// The next `change` (or `overflow`) event of watch `id`, as `(change, path, has_entry)`.
+fn next_change(h: &mut Helper, id: u32) -> (String, String, bool) {
+    let f = h
+        .next_for(id, Duration::from_secs(10))
+        .expect("a change within 10 s");
+    assert_eq!(
+        f.kind,
+        kind::EVENT,
+        "{:?}",
+        String::from_utf8_lossy(&f.payload)
+    );
+    let v: Value = serde_json::from_slice(&f.payload).unwrap();
+    (
+        v["change"]
+            .as_str()
+            .unwrap_or(v["type"].as_str().unwrap())
+            .to_string(),
+        v["path"].as_str().unwrap_or_default().to_string(),
+        v["entry"].is_object(),
+    )
+}
+
+#[test]
+fn a_watch_is_armed_then_sees_every_change_below_it_until_cancelled() {
+    let (_d, mut h, outside, service) = setup_anywhere();
+    let root = outside.join("w");
+    std::fs::create_dir_all(root.join("old/deeper")).unwrap();
+    let id = h.request(&json!({"op": "watch", "path": p(&root), "recursive": true}));
+    let armed = h.next_for(id, Duration::from_secs(10)).expect("armed");
+    let v: Value = serde_json::from_slice(&armed.payload).unwrap();
+    assert_eq!(v, json!({"type": "armed", "watches": 3}));
+
+    std::fs::write(root.join("a.txt"), b"one").unwrap();
+    assert_eq!(
+        next_change(&mut h, id),
+        ("create".into(), p(&root.join("a.txt")), true)
+    );
+    assert_eq!(
+        next_change(&mut h, id),
+        ("write".into(), p(&root.join("a.txt")), true)
+    );
+    // A file in a directory that existed at arming.
+    std::fs::write(root.join("old/deeper/x"), b"").unwrap();
+    assert_eq!(next_change(&mut h, id).1, p(&root.join("old/deeper/x")));
+    // A new directory is watched as it appears.
+    std::fs::create_dir(root.join("new")).unwrap();
+    assert_eq!(
+        next_change(&mut h, id),
+        ("create".into(), p(&root.join("new")), true)
+    );
+    std::fs::write(root.join("new/b"), b"").unwrap();
+    assert_eq!(next_change(&mut h, id).1, p(&root.join("new/b")));
+    std::fs::rename(root.join("a.txt"), root.join("c.txt")).unwrap();
+    assert_eq!(
+        next_change(&mut h, id),
+        ("rename".into(), p(&root.join("a.txt")), false)
+    );
+    assert_eq!(
+        next_change(&mut h, id),
+        ("create".into(), p(&root.join("c.txt")), true)
+    );
+    std::fs::set_permissions(
+        root.join("c.txt"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
+    assert_eq!(next_change(&mut h, id).0, "chmod");
+    std::fs::remove_file(root.join("c.txt")).unwrap();
+    assert_eq!(
+        next_change(&mut h, id),
+        ("remove".into(), p(&root.join("c.txt")), false)
+    );
+    h.send(id, kind::CANCEL, b"");
+    let r = h.collect(id, Duration::from_secs(10));
+    assert_eq!(r.err_kind(), "cancelled");
+    // Refused before arming: a missing path, a file, the service directory.
+    for (path, want) in [
+        (p(&outside.join("missing")), "not_found"),
+        (p(&root.join("old/deeper/x")), "not_a_directory"),
+        (p(&service), "permission_denied"),
+    ] {
+        let r = h.call(json!({"op": "watch", "path": path}));
+        assert!(r.events.is_empty(), "{path}: {:?}", r.events);
+        assert_eq!(code(&r.ok()), Some(want), "{path}");
+    }
+}
+
+#[test]
+fn a_watched_directory_that_goes_ends_its_watch() {
+    let (_d, mut h, outside, _service) = setup_anywhere();
+    let root = outside.join("gone");
+    std::fs::create_dir(&root).unwrap();
+    let id = h.request(&json!({"op": "watch", "path": p(&root)}));
+    assert_eq!(next_change(&mut h, id).0, "armed");
+    std::fs::remove_dir(&root).unwrap();
+    assert_eq!(next_change(&mut h, id), ("remove".into(), p(&root), false));
+    let r = h.collect(id, Duration::from_secs(10));
+    assert_eq!(r.ok()["bytes"], 1);
+}
+
+/// Issue 35: a move across filesystems (the workspace volume and the container's own layer) of
+/// a file copies it beside the destination, renames it over, and removes the source; a
+/// directory is refused with a message that says what to do.
+#[test]
+fn a_file_moves_across_filesystems_a_directory_is_refused_clearly() {
+    use std::os::unix::fs::MetadataExt;
+    let (_d, mut h, outside, _service) = setup_anywhere();
+    let shm = tempfile::tempdir_in("/dev/shm").expect("a tmpfs at /dev/shm");
+    assert_ne!(
+        std::fs::metadata(shm.path()).unwrap().dev(),
+        std::fs::metadata(&outside).unwrap().dev(),
+        "the test needs two filesystems"
+    );
+    let src = shm.path().join("a.bin");
+    let content: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    std::fs::write(&src, &content).unwrap();
+    std::fs::set_permissions(&src, std::os::unix::fs::PermissionsExt::from_mode(0o750)).unwrap();
+    std::fs::write(outside.join("b.bin"), b"old").unwrap();
+    let v =
+        h.fs(json!({"op": "move", "source": p(&src), "destination": p(&outside.join("b.bin"))}));
+    assert_eq!(code(&v), None, "{v}");
+    assert_eq!(std::fs::read(outside.join("b.bin")).unwrap(), content);
+    assert_eq!(
+        std::fs::metadata(outside.join("b.bin")).unwrap().mode() & 0o777,
+        0o750
+    );
+    assert!(!src.exists());
+    // No temporary file left beside it.
+    let names: Vec<_> = std::fs::read_dir(&outside)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(
+        names
+            .iter()
+            .all(|n| !n.to_string_lossy().contains("daiv-move")),
+        "{names:?}"
+    );
+    let dir = shm.path().join("d");
+    std::fs::create_dir(&dir).unwrap();
+    let v = h.fs(json!({"op": "move", "source": p(&dir), "destination": p(&outside.join("d"))}));
+    assert_eq!(code(&v), Some("exec_failed"), "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("mv"),
+        "{v}"
+    );
+    assert!(dir.exists());
 }

@@ -28,6 +28,9 @@ pub mod kind {
     pub const EVENT: u8 = 5;
     /// helper→client: JSON [`Response`](crate::message::Response), the request's last frame.
     pub const RESPONSE: u8 = 6;
+    /// helper→client: raw bytes the running command wrote to its stderr, in a `run` that asked
+    /// for its streams apart (protocol 4); its stdout stays DATA.
+    pub const STDERR: u8 = 7;
 }
 
 /// One decoded frame.

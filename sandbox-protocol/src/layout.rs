@@ -1,5 +1,5 @@
 //! Where things live inside a sandbox container. The control plane builds the skeleton, seeds
-//! the workspace, installs the helper, the claim's environment and the egress CA at these paths;
+//! the workspace, installs the helper, the caller's environment and the egress CA at these paths;
 //! the helper confines, serves and reads them. Both sides take them from here, so they cannot
 //! drift apart.
 //!
@@ -25,10 +25,15 @@ pub const TMP: &str = "/workspace/tmp";
 pub const SERVICE_DIR: &str = "/.daiv-sandbox";
 /// The helper binary (`init` keeps the container alive, `serve` runs the protocol).
 pub const HELPER: &str = "/.daiv-sandbox/daiv-sandbox-helper";
-/// The environment a warm-pool claim gave the session (a JSON list of `[name, value]` pairs):
-/// commands and processes get it on top of the container's environment. Absent in every other
-/// session.
-pub const ENV_FILE: &str = "/.daiv-sandbox/environment";
+/// The session's own state: an anonymous volume of its container, so nothing here is in the
+/// container's layer, and `docker commit` (a snapshot, a fork) never keeps it. Inside the service
+/// directory: the sandbox user can read it, never change it, and no fs op reaches it.
+pub const SESSION_DIR: &str = "/.daiv-sandbox/session";
+/// The caller's environment (a JSON list of `[name, value]` pairs): commands and processes get it
+/// on top of the container's environment, which holds only the service's own variables (home,
+/// egress proxy settings). Written by the skeleton at a create, by a warm-pool claim's exec for
+/// a claimed member; `[]` when the caller gave none.
+pub const ENV_FILE: &str = "/.daiv-sandbox/session/environment";
 /// Present once the workspace has been seeded: a second seed is refused.
 pub const SEED_MARKER: &str = "/.daiv-sandbox/seeded";
 
@@ -53,8 +58,9 @@ mod tests {
         for p in [REPO, SKILLS, TMP] {
             assert_eq!(p.rsplit_once('/').map(|(d, _)| d), Some(WORKSPACE), "{p}");
         }
-        for p in [HELPER, ENV_FILE, SEED_MARKER] {
+        for p in [HELPER, SESSION_DIR, SEED_MARKER] {
             assert_eq!(p.rsplit_once('/').map(|(d, _)| d), Some(SERVICE_DIR), "{p}");
         }
+        assert_eq!(ENV_FILE.rsplit_once('/').map(|(d, _)| d), Some(SESSION_DIR));
     }
 }

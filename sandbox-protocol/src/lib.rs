@@ -13,11 +13,12 @@
 //! - [`files`]: the data plane's wire types (`stat`, `mkdir`, `move`, `list`, raw file
 //!   answers) and [`files::validate_any_path`].
 //! - [`layout`]: the paths inside a sandbox.
+//! - [`text`]: where output may be cut without splitting a character.
 //!
 //! Feature `openapi` adds `utoipa` schemas to [`wire`]. `tests/snapshot.rs` pins the JSON of
 //! every message: a change to the protocol is never silent.
 //!
-//! # Protocol (version 2)
+//! # Protocol (version 4)
 //!
 //! The control plane (the client) opens one long-lived `docker exec -i` of
 //! `daiv-sandbox-helper serve` per session and replica, and speaks this on its stdin/stdout.
@@ -43,6 +44,7 @@
 //! | 4 | CANCEL | client→helper | empty: abandon request `id` |
 //! | 5 | EVENT | helper→client | JSON [`message::Event`]: progress |
 //! | 6 | RESPONSE | helper→client | JSON [`message::Response`]: the final answer |
+//! | 7 | STDERR | helper→client | raw bytes: the stderr of the command running in a `run` with `"split":true` (its stdout is then DATA) |
 //!
 //! Ids are picked by the client: nonzero, unique among live requests (a request is live from
 //! its REQUEST until its RESPONSE). Id 0 carries only the `ready` event. Frames of one id are in
@@ -50,7 +52,7 @@
 //!
 //! ## Lifecycle
 //! - On start the helper sends EVENT id 0
-//!   `{"type":"ready","protocol":2,"version":"<crate version>","pid":N}`. The client speaks
+//!   `{"type":"ready","protocol":4,"version":"<crate version>","pid":N}`. The client speaks
 //!   only to a helper whose `protocol` is its own [`VERSION`].
 //! - EOF on stdin (the client went away): every request is cancelled, running process groups
 //!   are killed, the helper exits 0.
@@ -71,6 +73,8 @@
 //! - `{"op":"seeded"}` → ok `{"seeded":bool}` ([`message::SeededInfo`]): whether the root-owned
 //!   seed marker exists (the one path outside `/workspace` the helper looks at; the sandbox user
 //!   can neither create nor remove it).
+//! - `{"op":"disk"}` → ok `{"total_bytes":u64,"used_bytes":u64}` ([`message::DiskInfo`]): the
+//!   workspace filesystem's size and the bytes allocated under `/workspace`.
 //! - `{"op":"run","commands":[str],"fail_fast":bool,"timeout_ms":u64|null,"output_cap":u64,
 //!   "workdir":str,"env":[[str,str]]}` (defaults: `fail_fast` false, `timeout_ms` null = none,
 //!   0 also none, `output_cap` 16 MiB, `workdir` `/workspace/repo`, `env` empty). For each
@@ -93,7 +97,9 @@
 //!   request, relayed to the container's process supervisor: `start` → ok `{"process_id"}`
 //!   ([`message::ProcStarted`]); `list` → ok `{"processes":[...]}` ([`message::ProcList`]);
 //!   `poll` → one DATA frame of output, then ok [`message::PollInfo`]; `stdin` + DATA* + EOF →
-//!   ok `{}`; `kill` → ok `{}`. Its refusals are `not_found`, `conflict`, `limit` and `io`.
+//!   ok `{}`; `kill` → ok `{}`; `events` → one DATA frame (the output events' bytes), then ok
+//!   [`message::ProcEvents`]; `signal` → ok `{}`. Its refusals are `not_found`, `conflict`,
+//!   `limit`, `gone` and `io`.
 //!
 //! - Protocol 2, the data plane (paths anywhere in the container, [`files::validate_any_path`];
 //!   the service directory refused; fs-level problems in the answer's `error` as above):
@@ -105,6 +111,10 @@
 //!   ok [`files::FileAnswer`] (a missing file, a directory, a range past the end: no event, the
 //!   answer's `error`); `{"op":"file_write","path","mode"?,"parents"?,"max_bytes"}` + DATA* +
 //!   EOF → ok [`files::FileAnswer`] (written beside, renamed over: never half a file).
+//! - Protocol 4: `{"op":"watch","path","recursive"?}` → EVENT `{"type":"armed","watches":n}`,
+//!   then `{"type":"change","change":"create"|"write"|"remove"|"rename"|"chmod","path","entry"?}`
+//!   per change and `{"type":"overflow"}` where changes were lost, until CANCEL or the directory
+//!   goes; ok [`files::FileAnswer`] (a path that cannot be watched: no event, its `error`).
 //!
 //! `prune` is the full list of directory basename globs to prune at any depth (the server's list
 //! plus the request's `exclude`, merged by the client). Every fs request (`ls` … `delete`) may
@@ -117,7 +127,7 @@
 //!
 //! ## Responses
 //! `{"ok": value}` or `{"error": {"kind": "bad_request"|"cancelled"|"deadline"|"io"|"internal"|
-//! "not_found"|"conflict"|"limit", "message": str}}`. For fs ops `ok` is the complete wire
+//! "not_found"|"conflict"|"limit"|"gone", "message": str}}`. For fs ops `ok` is the complete wire
 //! response including its `error` field: fs-level problems (`not_found`, `permission_denied`,
 //! …) are `ok` with `error` set, exactly as the HTTP API answers them. A CANCEL makes the answer
 //! `cancelled` unless the request had already been answered. A response that would exceed
@@ -125,7 +135,7 @@
 //! narrow the request).
 //!
 //! ## Events
-//! `{"type":"ready","protocol":2,"version":str,"pid":n}` (id 0) ·
+//! `{"type":"ready","protocol":4,"version":str,"pid":n}` (id 0) ·
 //! `{"type":"started","index":i}`: command `i` of a `run` began; the DATA frames that follow are
 //! its output · `{"type":"finished","index":i,"exit_code":n,"omitted":n,"timed_out":bool,"duration_ms"?:n,
 //! "cpu_ms"?:n,"max_rss_bytes"?:n}` ([`message::Usage`]; a process's list entry and poll answer
@@ -134,15 +144,18 @@
 //! ## Versions
 //! 1: the first. 2: `finished` events, list entries and poll answers carry
 //! [`message::Usage`]; the data plane's requests (`stat`, `mkdir`, `move`, `list`,
-//! `file_read`, `file_write`) and the `file` event.
+//! `file_read`, `file_write`) and the `file` event. 3: `disk`. 4: a `run`'s `split` and the
+//! STDERR frame; processes' client ids, tags, pids, `events` and `signal`; the `gone` error; `watch` and its
+//! `armed`, `change` and `overflow` events; processes in a terminal (`pty` on `start`, `resize`).
 
 pub mod files;
 pub mod frame;
 pub mod layout;
 pub mod message;
+pub mod text;
 pub mod wire;
 pub mod write_file;
 
 /// Protocol version the helper announces in its `ready` event; bumped on any change a peer of
 /// the other version would misread.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 4;

@@ -49,6 +49,9 @@ pub enum Request {
     /// Whether the session was seeded: the root-owned [`SEED_MARKER`](crate::layout::SEED_MARKER)
     /// exists (the one path outside the workspace the helper looks at). Answers [`SeededInfo`].
     Seeded,
+    /// The workspace's disk: its filesystem's size and the bytes allocated under it. Answers
+    /// [`DiskInfo`] (protocol 3).
+    Disk,
     Run {
         commands: Vec<String>,
         #[serde(default)]
@@ -64,6 +67,10 @@ pub enum Request {
         /// Overrides on top of the helper's own environment.
         #[serde(default)]
         env: Vec<(String, String)>,
+        /// stdout and stderr in pipes of their own, stderr's bytes as STDERR frames (protocol 4).
+        /// Without it both share one pipe, so their interleaving is exactly the order written.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        split: bool,
     },
     Ls {
         path: String,
@@ -186,6 +193,16 @@ pub enum Request {
         parents: bool,
         max_bytes: u64,
     },
+    /// Changes under a directory anywhere, from inotify, as the sandbox user (protocol 4): an
+    /// [`Event::Armed`] once every watch is in place (no change after it is missed), then an
+    /// [`Event::Change`] per change (an [`Event::Overflow`] where some were lost), until CANCEL
+    /// or the directory goes; then ok [`files::FileAnswer`](crate::files::FileAnswer) (`bytes`:
+    /// the changes sent). A path that cannot be watched: no event, the answer's `error`.
+    Watch {
+        path: String,
+        #[serde(default)]
+        recursive: bool,
+    },
     /// A background process request, relayed to the container's process supervisor. For
     /// `stdin`, the bytes follow as DATA frames, then EOF; a `poll` answers with one DATA frame
     /// of output before its RESPONSE.
@@ -209,6 +226,17 @@ pub enum ProcRequest {
         max_live: u32,
         /// Output kept per process; older bytes are dropped.
         buffer_bytes: u64,
+        /// The client's id for it (protocol 4): a start with the id of a known process answers
+        /// that process when the command is the same (`existing`), `conflict` otherwise.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        process_id: Option<String>,
+        /// The client's label, shown in the list (protocol 4).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tag: Option<String>,
+        /// Started in a terminal of this size (protocol 4): its stdin, stdout and stderr are the
+        /// terminal, its output comes as `stdout` events.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pty: Option<PtySize>,
     },
     List,
     Poll {
@@ -229,12 +257,99 @@ pub enum ProcRequest {
     Kill {
         process_id: String,
     },
+    /// The events after `after` (protocol 4): one DATA frame with the output events' bytes, one
+    /// after the other, then ok [`ProcEvents`]. Waits up to `wait_ms` while there is none and
+    /// the process runs. Events no longer kept: `gone`.
+    Events {
+        process_id: String,
+        #[serde(default)]
+        after: Option<u64>,
+        #[serde(default)]
+        wait_ms: u64,
+        /// Output bytes answered at most (at least one event is, whatever its size).
+        max_bytes: u64,
+    },
+    /// A new size for the terminal of a process started with one (protocol 4); one without a
+    /// terminal, or that ended: `conflict`.
+    Resize {
+        process_id: String,
+        size: PtySize,
+    },
+    /// A signal to the process's group (protocol 4): `TERM`, `KILL`, `INT` or `HUP`. One that
+    /// has ended: `conflict`.
+    Signal {
+        process_id: String,
+        signal: String,
+    },
 }
+
+/// A terminal's size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PtySize {
+    pub cols: u16,
+    pub rows: u16,
+}
+
+/// One event of a process (protocol 4): `seq` counts from 1 (its `start`); output events' bytes
+/// are in the DATA frame before the answer, `len` each, in order; `end` is the last.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ProcEvent {
+    Start {
+        seq: u64,
+        pid: u32,
+    },
+    Stdout {
+        seq: u64,
+        len: u32,
+    },
+    Stderr {
+        seq: u64,
+        len: u32,
+    },
+    End {
+        seq: u64,
+        /// The exit status; 128 + the signal when a signal ended it.
+        exit_code: i64,
+        /// The signal that ended it, by name (`KILL`, `TERM`, ...).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        signal: Option<String>,
+        #[serde(flatten)]
+        usage: Usage,
+    },
+}
+
+impl ProcEvent {
+    pub fn seq(&self) -> u64 {
+        match self {
+            Self::Start { seq, .. }
+            | Self::Stdout { seq, .. }
+            | Self::Stderr { seq, .. }
+            | Self::End { seq, .. } => *seq,
+        }
+    }
+}
+
+/// The answer to [`ProcRequest::Events`]. Every output event's bytes are whole UTF-8 characters
+/// (the supervisor holds a cut character back for the next event), unless the bytes are not
+/// UTF-8 at all.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcEvents {
+    pub events: Vec<ProcEvent>,
+    /// The newest event's `seq` so far.
+    pub last_seq: u64,
+}
+
+/// The signals a client may send, by name.
+pub const SIGNALS: [&str; 4] = ["TERM", "KILL", "INT", "HUP"];
 
 /// The answer to [`ProcRequest::Start`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcStarted {
     pub process_id: String,
+    /// A start with the client's id of a process it already has: that one (protocol 4).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub existing: bool,
 }
 
 /// The answer to [`ProcRequest::List`]: every process the supervisor remembers, oldest first.
@@ -248,6 +363,15 @@ pub struct ProcList {
 pub struct ProcInfo {
     pub process_id: String,
     pub command: String,
+    /// Its process id in the sandbox (protocol 4).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    /// The client's label (protocol 4).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tag: Option<String>,
+    /// Started in a terminal (protocol 4).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pty: bool,
     pub running: bool,
     pub exit_code: Option<i64>,
     /// Once it ended: what it cost (protocol 2).
@@ -301,6 +425,8 @@ pub enum ErrorKind {
     Conflict,
     /// A per-session limit (live background processes) is reached.
     Limit,
+    /// What was asked for is no longer kept (a process's events past its buffer; protocol 4).
+    Gone,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -378,6 +504,19 @@ pub enum Event {
     /// A `file_read` found its file: `size` bytes, of which `length` from `start` follow as
     /// DATA frames.
     File { size: u64, start: u64, length: u64 },
+    /// A `watch` is in place: `watches` directories (protocol 4).
+    Armed { watches: u32 },
+    /// A change a `watch` saw (protocol 4). `entry` where the path still exists (not for
+    /// `remove` and `rename`, which name the path that went).
+    Change {
+        change: ChangeKind,
+        path: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        entry: Option<crate::files::FileEntry>,
+    },
+    /// A `watch` lost changes (the kernel's queue overflowed, or a directory past its limit of
+    /// watches was not watched): what is there now is the truth (protocol 4).
+    Overflow,
     /// Command `index` ended.
     Finished {
         index: u32,
@@ -390,6 +529,18 @@ pub enum Event {
         #[serde(flatten)]
         usage: Usage,
     },
+}
+
+/// What changed, as a watch reports it (the names of Go's fsnotify, which E2B's envd and most
+/// watch APIs use: a move out is a `rename` of the old path, a move in a `create`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChangeKind {
+    Create,
+    Write,
+    Remove,
+    Rename,
+    Chmod,
 }
 
 /// What a command or an ended background process cost: wall time, CPU time (user + system of
@@ -417,6 +568,20 @@ pub struct ExtractStats {
     /// Members refused (a symlink or non-directory in the way, unsupported type, bad name).
     #[serde(default)]
     pub skipped: u64,
+}
+
+/// The `ok` value of [`Request::Disk`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskInfo {
+    /// The size of the filesystem holding the workspace.
+    pub total_bytes: u64,
+    /// Bytes allocated to what is under the workspace (holes not counted; a walk of at most
+    /// [`DiskInfo::MAX_ENTRIES`] entries, so a lower bound beyond that).
+    pub used_bytes: u64,
+}
+
+impl DiskInfo {
+    pub const MAX_ENTRIES: u64 = 200_000;
 }
 
 /// The `ok` value of [`Request::Seeded`].

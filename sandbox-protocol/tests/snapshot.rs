@@ -16,8 +16,8 @@ use sandbox_protocol::files::{
 use sandbox_protocol::frame::{self, kind};
 use sandbox_protocol::message::ByteRange;
 use sandbox_protocol::message::{
-    ErrorKind, Event, ExtractStats, PollInfo, ProcInfo, ProcList, ProcRequest, ProcStarted,
-    Request, Response, SeededInfo, Usage,
+    ChangeKind, DiskInfo, ErrorKind, Event, ExtractStats, PollInfo, ProcEvent, ProcEvents,
+    ProcInfo, ProcList, ProcRequest, ProcStarted, PtySize, Request, Response, SeededInfo, Usage,
 };
 use sandbox_protocol::wire::{
     FsDeleteResponse, FsEditResponse, FsEntry, FsError, FsErrorCode, FsGlobResponse, FsGrepMatch,
@@ -56,6 +56,7 @@ fn request_name(r: &Request) -> &'static str {
     match r {
         Request::Ping => "ping",
         Request::Seeded => "seeded",
+        Request::Disk => "disk",
         Request::Run { .. } => "run",
         Request::Ls { .. } => "ls",
         Request::Read { .. } => "read",
@@ -73,12 +74,14 @@ fn request_name(r: &Request) -> &'static str {
         Request::List { .. } => "list",
         Request::FileRead { .. } => "file_read",
         Request::FileWrite { .. } => "file_write",
+        Request::Watch { .. } => "watch",
     }
 }
 
 const REQUESTS: &[&str] = &[
     "ping",
     "seeded",
+    "disk",
     "run",
     "ls",
     "read",
@@ -96,6 +99,7 @@ const REQUESTS: &[&str] = &[
     "list",
     "file_read",
     "file_write",
+    "watch",
 ];
 
 fn path(p: &str) -> String {
@@ -107,6 +111,7 @@ fn every_request_has_its_json() {
     let cases: Vec<(Request, &str)> = vec![
         (Request::Ping, r#"{"op":"ping"}"#),
         (Request::Seeded, r#"{"op":"seeded"}"#),
+        (Request::Disk, r#"{"op":"disk"}"#),
         (
             Request::Run {
                 commands: vec!["make test".into(), "echo done".into()],
@@ -115,8 +120,21 @@ fn every_request_has_its_json() {
                 output_cap: 1024,
                 workdir: "/workspace/repo/sub".into(),
                 env: vec![("CI".into(), "1".into())],
+                split: false,
             },
             r#"{"op":"run","commands":["make test","echo done"],"fail_fast":true,"timeout_ms":600000,"output_cap":1024,"workdir":"/workspace/repo/sub","env":[["CI","1"]]}"#,
+        ),
+        (
+            Request::Run {
+                commands: vec!["echo a; echo b >&2".into()],
+                fail_fast: false,
+                timeout_ms: None,
+                output_cap: 1024,
+                workdir: "/workspace/repo".into(),
+                env: vec![],
+                split: true,
+            },
+            r#"{"op":"run","commands":["echo a; echo b >&2"],"fail_fast":false,"timeout_ms":null,"output_cap":1024,"workdir":"/workspace/repo","env":[],"split":true}"#,
         ),
         (
             Request::Ls {
@@ -248,6 +266,13 @@ fn every_request_has_its_json() {
             },
             r#"{"op":"file_write","path":"/tmp/big","mode":null,"parents":false,"max_bytes":1073741824}"#,
         ),
+        (
+            Request::Watch {
+                path: "/workspace/repo".into(),
+                recursive: true,
+            },
+            r#"{"op":"watch","path":"/workspace/repo","recursive":true}"#,
+        ),
     ];
     for (value, json) in &cases {
         pinned(value, json);
@@ -268,6 +293,7 @@ fn omitted_request_fields_take_their_defaults() {
             output_cap: 16 * 1024 * 1024,
             workdir: "/workspace/repo".into(),
             env: vec![],
+            split: false,
         }
     );
     assert_eq!(
@@ -330,6 +356,9 @@ fn proc_name(r: &ProcRequest) -> &'static str {
         ProcRequest::Poll { .. } => "poll",
         ProcRequest::Stdin { .. } => "stdin",
         ProcRequest::Kill { .. } => "kill",
+        ProcRequest::Events { .. } => "events",
+        ProcRequest::Signal { .. } => "signal",
+        ProcRequest::Resize { .. } => "resize",
     }
 }
 
@@ -343,8 +372,50 @@ fn every_process_request_has_its_json() {
                 env: vec![("PORT".into(), "3000".into())],
                 max_live: 8,
                 buffer_bytes: 1_048_576,
+                process_id: None,
+                tag: None,
+                pty: None,
             },
             r#"{"action":"start","command":"npm run dev","workdir":"/workspace/repo","env":[["PORT","3000"]],"max_live":8,"buffer_bytes":1048576}"#,
+        ),
+        (
+            ProcRequest::Start {
+                command: "npm run dev".into(),
+                workdir: "/srv".into(),
+                env: vec![],
+                max_live: 8,
+                buffer_bytes: 1_048_576,
+                process_id: Some("dev-server".into()),
+                tag: Some("web".into()),
+                pty: Some(PtySize { cols: 80, rows: 24 }),
+            },
+            r#"{"action":"start","command":"npm run dev","workdir":"/srv","env":[],"max_live":8,"buffer_bytes":1048576,"process_id":"dev-server","tag":"web","pty":{"cols":80,"rows":24}}"#,
+        ),
+        (
+            ProcRequest::Resize {
+                process_id: "dev-server".into(),
+                size: PtySize {
+                    cols: 120,
+                    rows: 40,
+                },
+            },
+            r#"{"action":"resize","process_id":"dev-server","size":{"cols":120,"rows":40}}"#,
+        ),
+        (
+            ProcRequest::Events {
+                process_id: "dev-server".into(),
+                after: Some(3),
+                wait_ms: 10_000,
+                max_bytes: 65_536,
+            },
+            r#"{"action":"events","process_id":"dev-server","after":3,"wait_ms":10000,"max_bytes":65536}"#,
+        ),
+        (
+            ProcRequest::Signal {
+                process_id: "dev-server".into(),
+                signal: "TERM".into(),
+            },
+            r#"{"action":"signal","process_id":"dev-server","signal":"TERM"}"#,
         ),
         (ProcRequest::List, r#"{"action":"list"}"#),
         (
@@ -375,7 +446,9 @@ fn every_process_request_has_its_json() {
     }
     covers(
         cases.iter().map(|(r, _)| proc_name(r)),
-        &["start", "list", "poll", "stdin", "kill"],
+        &[
+            "start", "list", "poll", "stdin", "kill", "events", "signal", "resize",
+        ],
     );
     // Wrapped in a REQUEST, and with its defaults left out.
     pinned(
@@ -407,7 +480,45 @@ fn every_process_request_has_its_json() {
             env: vec![],
             max_live: 1,
             buffer_bytes: 1,
+            process_id: None,
+            tag: None,
+            pty: None,
         }
+    );
+}
+
+#[test]
+fn process_events_have_their_json() {
+    let cases: Vec<(ProcEvents, &str)> = vec![(
+        ProcEvents {
+            events: vec![
+                ProcEvent::Start { seq: 1, pid: 42 },
+                ProcEvent::Stdout { seq: 2, len: 2 },
+                ProcEvent::Stderr { seq: 3, len: 2 },
+                ProcEvent::End {
+                    seq: 4,
+                    exit_code: 143,
+                    signal: Some("TERM".into()),
+                    usage: Usage {
+                        duration_ms: Some(5),
+                        cpu_ms: None,
+                        max_rss_bytes: None,
+                    },
+                },
+            ],
+            last_seq: 4,
+        },
+        r#"{"events":[{"type":"start","seq":1,"pid":42},{"type":"stdout","seq":2,"len":2},{"type":"stderr","seq":3,"len":2},{"type":"end","seq":4,"exit_code":143,"signal":"TERM","duration_ms":5}],"last_seq":4}"#,
+    )];
+    for (value, json) in &cases {
+        pinned(value, json);
+    }
+    pinned(
+        &ProcStarted {
+            process_id: "dev-server".into(),
+            existing: true,
+        },
+        r#"{"process_id":"dev-server","existing":true}"#,
     );
 }
 
@@ -417,6 +528,9 @@ fn event_name(e: &Event) -> &'static str {
         Event::Started { .. } => "started",
         Event::Finished { .. } => "finished",
         Event::File { .. } => "file",
+        Event::Armed { .. } => "armed",
+        Event::Change { .. } => "change",
+        Event::Overflow => "overflow",
     }
 }
 
@@ -467,13 +581,28 @@ fn every_event_has_its_json() {
             },
             r#"{"type":"file","size":1000,"start":500,"length":500}"#,
         ),
+        (
+            Event::Armed { watches: 3 },
+            r#"{"type":"armed","watches":3}"#,
+        ),
+        (
+            Event::Change {
+                change: ChangeKind::Rename,
+                path: "/workspace/repo/a".into(),
+                entry: None,
+            },
+            r#"{"type":"change","change":"rename","path":"/workspace/repo/a"}"#,
+        ),
+        (Event::Overflow, r#"{"type":"overflow"}"#),
     ];
     for (value, json) in &cases {
         pinned(value, json);
     }
     covers(
         cases.iter().map(|(e, _)| event_name(e)),
-        &["ready", "started", "finished", "file"],
+        &[
+            "ready", "started", "finished", "file", "armed", "change", "overflow",
+        ],
     );
 }
 
@@ -487,6 +616,7 @@ fn kind_name(k: ErrorKind) -> &'static str {
         ErrorKind::NotFound => "not_found",
         ErrorKind::Conflict => "conflict",
         ErrorKind::Limit => "limit",
+        ErrorKind::Gone => "gone",
     }
 }
 
@@ -506,6 +636,7 @@ fn responses_and_every_error_kind_have_their_json() {
         ErrorKind::NotFound,
         ErrorKind::Conflict,
         ErrorKind::Limit,
+        ErrorKind::Gone,
     ];
     for k in kinds {
         let name = kind_name(k);
@@ -526,6 +657,7 @@ fn responses_and_every_error_kind_have_their_json() {
             "not_found",
             "conflict",
             "limit",
+            "gone",
         ],
     );
     // The client reads the envelope once and the `ok` value later, as the op's own type.
@@ -575,8 +707,16 @@ fn every_ok_value_has_its_json() {
     );
     pinned(&SeededInfo { seeded: false }, r#"{"seeded":false}"#);
     pinned(
+        &DiskInfo {
+            total_bytes: 10,
+            used_bytes: 4,
+        },
+        r#"{"total_bytes":10,"used_bytes":4}"#,
+    );
+    pinned(
         &ProcStarted {
             process_id: "p1-0a1b2c3d4e5f".into(),
+            existing: false,
         },
         r#"{"process_id":"p1-0a1b2c3d4e5f"}"#,
     );
@@ -586,6 +726,9 @@ fn every_ok_value_has_its_json() {
                 ProcInfo {
                     process_id: "p1-0a1b2c3d4e5f".into(),
                     command: "npm run dev".into(),
+                    pid: Some(17),
+                    tag: Some("web".into()),
+                    pty: true,
                     running: true,
                     exit_code: None,
                     usage: Usage::default(),
@@ -593,6 +736,9 @@ fn every_ok_value_has_its_json() {
                 ProcInfo {
                     process_id: "p2-ffffffffffff".into(),
                     command: "sleep 1".into(),
+                    pid: None,
+                    tag: None,
+                    pty: false,
                     running: false,
                     exit_code: Some(137),
                     usage: Usage {
@@ -603,7 +749,7 @@ fn every_ok_value_has_its_json() {
                 },
             ],
         },
-        r#"{"processes":[{"process_id":"p1-0a1b2c3d4e5f","command":"npm run dev","running":true,"exit_code":null},{"process_id":"p2-ffffffffffff","command":"sleep 1","running":false,"exit_code":137,"duration_ms":1002,"cpu_ms":3,"max_rss_bytes":1048576}]}"#,
+        r#"{"processes":[{"process_id":"p1-0a1b2c3d4e5f","command":"npm run dev","pid":17,"tag":"web","pty":true,"running":true,"exit_code":null},{"process_id":"p2-ffffffffffff","command":"sleep 1","running":false,"exit_code":137,"duration_ms":1002,"cpu_ms":3,"max_rss_bytes":1048576}]}"#,
     );
     pinned(
         &PollInfo {
@@ -845,7 +991,7 @@ fn frames_have_their_bytes() {
         },
         &mut out,
     );
-    let payload = br#"{"type":"ready","protocol":2,"version":"0.1.0","pid":7}"#;
+    let payload = br#"{"type":"ready","protocol":4,"version":"0.1.0","pid":7}"#;
     let mut expected = vec![0, 0, 0, payload.len() as u8 + 5, 0, 0, 0, 0, 5];
     expected.extend_from_slice(payload);
     assert_eq!(out, expected);
@@ -860,9 +1006,10 @@ fn frames_have_their_bytes() {
             kind::EOF,
             kind::CANCEL,
             kind::EVENT,
-            kind::RESPONSE
+            kind::RESPONSE,
+            kind::STDERR
         ],
-        [1, 2, 3, 4, 5, 6]
+        [1, 2, 3, 4, 5, 6, 7]
     );
-    assert_eq!(sandbox_protocol::VERSION, 2);
+    assert_eq!(sandbox_protocol::VERSION, 4);
 }

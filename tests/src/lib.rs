@@ -27,6 +27,8 @@ pub mod fake_sentry;
 
 pub mod scan;
 
+pub mod python;
+
 use std::io::Read;
 use std::net::TcpListener;
 use std::path::PathBuf;

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::{Result, ensure};
-use e2e::{ControlPlane, DEBIAN, require_image};
+use e2e::{BUSYBOX, ControlPlane, DEBIAN, require_image};
 use futures::StreamExt;
 use reqwest::Method;
 
@@ -183,5 +183,243 @@ async fn ranges_and_refusals() -> Result<()> {
         .send()
         .await?;
     ensure!(r.status().as_u16() == 403, "{}", r.status());
+    Ok(())
+}
+
+// === watches (issue 35 #5) ===
+
+/// Lines of a watch's stream as they come.
+struct Lines {
+    body: futures::stream::BoxStream<'static, reqwest::Result<Vec<u8>>>,
+    buf: Vec<u8>,
+}
+
+impl Lines {
+    async fn next(&mut self) -> Result<Option<serde_json::Value>> {
+        loop {
+            if let Some(nl) = self.buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=nl).collect();
+                return Ok(Some(serde_json::from_slice(&line[..nl])?));
+            }
+            match tokio::time::timeout(Duration::from_secs(30), self.body.next()).await {
+                Ok(Some(chunk)) => self.buf.extend_from_slice(&chunk?),
+                Ok(None) => return Ok(None),
+                Err(_) => anyhow::bail!("no line in 30 s"),
+            }
+        }
+    }
+}
+
+async fn watch(cp: &ControlPlane, sid: &str, query: &str) -> Result<(u16, Lines)> {
+    let resp = cp
+        .request(Method::GET, &format!("/session/{sid}/watch?{query}"))
+        .send()
+        .await?;
+    let status = resp.status().as_u16();
+    Ok((
+        status,
+        Lines {
+            body: resp.bytes_stream().map(|r| r.map(|b| b.to_vec())).boxed(),
+            buf: Vec::new(),
+        },
+    ))
+}
+
+/// A recursive watch, armed before a command creates 1,000 files and a directory with a file
+/// in it: every create is seen, none lost; the refusals are statuses with their codes.
+async fn a_watch_sees_every_create(image: &str, runtime: &str) -> Result<()> {
+    require_image(image);
+    let cp = ControlPlane::start_with(&[("RUNTIME", runtime)]).await?;
+    let s = cp.session_of(image).await?;
+    let (code, out) = cp
+        .sh(
+            &s,
+            "mkdir -p /workspace/tmp/w/old && echo x > /workspace/tmp/f",
+        )
+        .await?;
+    ensure!(code == 0, "{out}");
+    let (status, mut lines) = watch(&cp, &s.id, "path=/workspace/tmp/w&recursive=true").await?;
+    ensure!(status == 200, "watch: {status}");
+    let armed = lines.next().await?.unwrap_or_default();
+    ensure!(armed["type"] == "armed" && armed["watches"] == 2, "{armed}");
+    let (code, out) = cp
+        .sh(
+            &s,
+            "cd /workspace/tmp/w && i=0; while [ $i -lt 1000 ]; do : > f$i; i=$((i+1)); done; \
+             mkdir sub && echo hi > sub/x && echo more >> old/y",
+        )
+        .await?;
+    ensure!(code == 0, "{out}");
+    let mut seen = std::collections::BTreeSet::new();
+    let want = |p: &str| {
+        p.starts_with("/workspace/tmp/w/f")
+            || p == "/workspace/tmp/w/sub/x"
+            || p == "/workspace/tmp/w/old/y"
+    };
+    while seen.len() < 1002 {
+        let Some(l) = lines.next().await? else {
+            anyhow::bail!("the stream ended after {} creates", seen.len());
+        };
+        ensure!(
+            l["type"] != "overflow",
+            "changes lost after {} creates",
+            seen.len()
+        );
+        let path = l["path"].as_str().unwrap_or_default().to_string();
+        if l["type"] == "create" && want(&path) {
+            ensure!(l["entry"]["path"] == path, "{l}");
+            seen.insert(path);
+        }
+    }
+    drop(lines);
+    // Refusals, before the body: a missing path, a file, a relative path.
+    for (query, want, code) in [
+        ("path=/workspace/tmp/missing", 404, "not_found"),
+        ("path=/workspace/tmp/f", 409, "not_a_directory"),
+        ("path=tmp", 422, "invalid_path"),
+    ] {
+        let resp = cp
+            .request(Method::GET, &format!("/session/{}/watch?{query}", s.id))
+            .send()
+            .await?;
+        ensure!(resp.status().as_u16() == want, "{query}: {}", resp.status());
+        let body: serde_json::Value = resp.json().await?;
+        ensure!(body["code"] == code, "{query}: {body}");
+    }
+    // The session still serves.
+    let (code, out) = cp.sh(&s, "ls /workspace/tmp/w | wc -l").await?;
+    ensure!(code == 0 && out.trim() == "1002", "{out}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_watch_sees_a_thousand_creates_from_a_command() -> Result<()> {
+    a_watch_sees_every_create(DEBIAN, "runc").await
+}
+
+#[tokio::test]
+async fn a_watch_sees_a_thousand_creates_under_gvisor() -> Result<()> {
+    // Busybox: this runsc fails coreutils' `ls` (statx), see the gVisor notes.
+    a_watch_sees_every_create(BUSYBOX, "runsc").await
+}
+
+/// A watch whose client stops reading never holds the session up nor grows the service: its
+/// changes are dropped past a bounded queue (an `overflow` says so when it reads again), and
+/// commands go on. The client's receive buffer is kept small, so the kernel's buffers do not
+/// hide the service's.
+#[tokio::test]
+async fn a_watch_that_is_not_read_does_not_hold_the_session_up() -> Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    require_image(DEBIAN);
+    let cp = ControlPlane::start().await?;
+    let s = cp.session_of(DEBIAN).await?;
+    cp.sh(&s, "mkdir -p /workspace/tmp/flood").await?;
+    let url = cp.url(&format!(
+        "/session/{}/watch?path=/workspace/tmp/flood",
+        s.id
+    ));
+    let rest = url.strip_prefix("http://").unwrap_or(&url);
+    let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let sock = tokio::net::TcpSocket::new_v4()?;
+    sock.set_recv_buffer_size(4096)?;
+    let mut conn = sock.connect(host.parse()?).await?;
+    let req = format!(
+        "GET /{path} HTTP/1.1\r\nHost: {host}\r\nX-API-Key: {}\r\n\r\n",
+        cp.key
+    );
+    conn.write_all(req.as_bytes()).await?;
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    let has = |got: &[u8], what: &str| got.windows(what.len()).any(|w| w == what.as_bytes());
+    while !has(&got, r#""type":"armed""#) {
+        let n = tokio::time::timeout(Duration::from_secs(30), conn.read(&mut buf)).await??;
+        ensure!(
+            n > 0,
+            "closed before armed: {}",
+            String::from_utf8_lossy(&got)
+        );
+        got.extend_from_slice(&buf[..n]);
+    }
+    // 15,000 changes of ~750 bytes each (11 MB of lines) nobody reads.
+    let (code, out) = cp
+        .sh(
+            &s,
+            "cd /workspace/tmp/flood && n=$(printf '%0200d' 0) && i=0; \
+             while [ $i -lt 15000 ]; do : > ${n}_$i; i=$((i+1)); done; echo done",
+        )
+        .await?;
+    ensure!(code == 0 && out.ends_with("done\n"), "{out}");
+    let (code, out) = cp.sh(&s, "echo still").await?;
+    ensure!(code == 0 && out == "still\n", "{out}");
+    // Reading again: what was queued, then the overflow.
+    let (mut total, mut tail) = (0usize, Vec::new());
+    loop {
+        let n = tokio::time::timeout(Duration::from_secs(30), conn.read(&mut buf))
+            .await
+            .map_err(|_| anyhow::anyhow!("no overflow after {total} bytes"))??;
+        ensure!(
+            n > 0,
+            "the stream ended after {total} bytes without an overflow"
+        );
+        total += n;
+        tail.extend_from_slice(&buf[..n]);
+        if has(&tail, r#""type":"overflow""#) {
+            break;
+        }
+        let keep = tail.len().saturating_sub(64);
+        tail.drain(..keep);
+    }
+    ensure!(total < 11_000_000, "every change was kept: {total} bytes");
+    Ok(())
+}
+
+/// A download whose client stops reading holds up the session's other requests for a bounded
+/// time only (the service gives the download up), instead of for as long as the client waits.
+#[tokio::test]
+async fn a_download_nobody_reads_does_not_hold_the_session_up() -> Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    require_image(DEBIAN);
+    let cp = ControlPlane::start().await?;
+    let s = cp.session_of(DEBIAN).await?;
+    let (code, out) = cp
+        .sh(
+            &s,
+            "head -c 134217728 /dev/zero > /workspace/tmp/big && echo made",
+        )
+        .await?;
+    ensure!(code == 0, "{out}");
+    let url = cp.url(&format!("/session/{}/files?path=/workspace/tmp/big", s.id));
+    let rest = url.strip_prefix("http://").unwrap_or(&url);
+    let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let sock = tokio::net::TcpSocket::new_v4()?;
+    sock.set_recv_buffer_size(4096)?;
+    let mut conn = sock.connect(host.parse()?).await?;
+    let req = format!(
+        "GET /{path} HTTP/1.1\r\nHost: {host}\r\nX-API-Key: {}\r\n\r\n",
+        cp.key
+    );
+    conn.write_all(req.as_bytes()).await?;
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(30), conn.read(&mut buf)).await??;
+    ensure!(
+        buf[..n].starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&buf[..n])
+    );
+    // Nobody reads on: the session still answers a command (after the download is given up).
+    let answered = tokio::time::timeout(Duration::from_secs(120), cp.sh(&s, "echo still")).await;
+    let Ok(Ok((0, out))) = answered else {
+        anyhow::bail!("the session did not answer while a download stalled: {answered:?}");
+    };
+    ensure!(out == "still\n", "{out}");
+    // The download was cut short: reading on ends before its 128 MiB.
+    let mut total = n;
+    loop {
+        match tokio::time::timeout(Duration::from_secs(30), conn.read(&mut buf)).await? {
+            Ok(0) | Err(_) => break,
+            Ok(k) => total += k,
+        }
+    }
+    ensure!(total < 128 << 20, "the whole file came: {total}");
     Ok(())
 }

@@ -230,6 +230,9 @@ done
 echo "helpers:$helpers"
 for pid in $helpers; do echo "pid $pid: $(probe "$pid" | tr '\n' ' ')"; done
 sleep 30 > /workspace/tmp/probe.out & mine=$!
+# The child redirects its stdout before it execs: wait for that, or the probe races it.
+i=0; until [ "$(readlink "/proc/$mine/fd/1")" = /workspace/tmp/probe.out ] || [ $i -ge 100 ]; do
+  sleep 0.05; i=$((i+1)); done
 echo "own child: $(probe "$mine" | tr '\n' ' ')"
 kill "$mine"
 if command -v python3 >/dev/null; then

@@ -15,6 +15,7 @@ use std::sync::OnceLock;
 
 use anyhow::{Context, Result, bail};
 use e2e::egress::EgressStack;
+use e2e::python::{repo_root, venv_python};
 use e2e::{
     BUSYBOX, ControlPlane, DEBIAN, DeploymentGuard, Session, containers_with, docker,
     networks_with, require_image, volumes_with,
@@ -52,39 +53,10 @@ const EDITED: &str = "GREETING = 'bonjour'\nprint(GREETING)";
 /// JSON-RPC's invalid params.
 const INVALID_PARAMS: i64 = -32602;
 
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_default()
-}
-
-/// The venv's python with the pinned SDK, from scripts/ensure-python-venv.sh (made once per
-/// test process; the script serialises concurrent runs). Panics with how to make it.
+/// The venv's python with the pinned SDK (made once per test process).
 fn python() -> &'static Path {
     static PYTHON: OnceLock<PathBuf> = OnceLock::new();
-    PYTHON.get_or_init(|| {
-        let script = repo_root().join("scripts/ensure-python-venv.sh");
-        let out = Command::new(&script)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
-        let path = String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .last()
-            .unwrap_or_default()
-            .trim()
-            .to_string();
-        assert!(
-            out.status.success() && Path::new(&path).is_file(),
-            "the Python venv with the official MCP SDK could not be made ({}):\n{}\n\
-             make it with `scripts/ensure-python-venv.sh` (or `make venv`); it needs python3 \
-             with venv (Debian: python3-venv) and PyPI for integration/python/requirements.txt",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-        PathBuf::from(path)
-    })
+    PYTHON.get_or_init(|| venv_python(None))
 }
 
 /// The service's binary, as the harness finds it (`DAIV_SANDBOX_BIN`, else beside this test's

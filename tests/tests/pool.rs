@@ -128,7 +128,10 @@ async fn pool_claim_gets_environment_and_limits_and_matches_a_cold_session() -> 
     assert_eq!(polled["output"], json!("bg:claimed value\n"), "{polled}");
     // The sandbox user cannot rewrite the claim's environment.
     let (code, _) = cp
-        .sh(&s, "echo '[[\"X\",\"y\"]]' > /.daiv-sandbox/environment")
+        .sh(
+            &s,
+            "echo '[[\"X\",\"y\"]]' > /.daiv-sandbox/session/environment",
+        )
         .await?;
     assert_ne!(code, 0);
 

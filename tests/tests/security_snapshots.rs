@@ -1,14 +1,18 @@
 //! Snapshots and forks as hostile input, on real Docker: another deployment's snapshot image is
 //! no `base_image` by any name (its tag, its id, a prefix of the id); a capped engine counts
 //! creates from a snapshot and forks as it counts creates; a fork takes a create slot per build
-//! it runs at once; sparse files cannot become host disk past the size caps.
+//! it runs at once; sparse files cannot become host disk past the size caps; no snapshot image
+//! (every byte of its `docker save`) holds a caller's `environment` value or an egress secret.
 
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
+use e2e::egress::{EgressSettings, start_upstream};
 use e2e::fleet::{EnginesFile, local_engine};
+use e2e::scan::{dir_contains, saved_image_contains};
 use e2e::{
-    BUSYBOX, ControlPlane, DeploymentGuard, containers_with, docker, eventually, require_image,
+    BUSYBOX, ControlPlane, DeploymentGuard, containers_with, docker, eventually, inspect,
+    require_image,
 };
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -377,4 +381,210 @@ async fn the_deployments_byte_cap_refuses_the_newest_and_counts_forks() -> Resul
     ensure!(s == 204, "{s} {b}");
     snapshot(&cp, &id).await?;
     Ok(())
+}
+
+// === the caller's environment and the egress secret in no snapshot image ===
+
+/// The variable every session below is given, each with a value of its own.
+const CALLER_VAR: &str = "CALLER_TOKEN";
+
+/// The value of [`CALLER_VAR`] a command in `id` sees.
+async fn caller_var_in(cp: &ControlPlane, id: &str) -> Result<String> {
+    sh(cp, id, &format!("printf %s \"${{{CALLER_VAR}:-unset}}\"")).await
+}
+
+/// `POST /session/{id}/fork/` of one, insisting on 201: the fork's id.
+async fn fork_one(cp: &ControlPlane, id: &str) -> Result<String> {
+    let (s, b) = fork(cp, id, 1).await?;
+    ensure!(s == 201, "fork: {s} {b}");
+    b["session_ids"][0]
+        .as_str()
+        .map(String::from)
+        .context("no fork id")
+}
+
+/// The snapshot image a session was made from (its `daiv.sandbox.snapshot` label).
+fn made_from(id: &str) -> Result<String> {
+    let c = inspect(id).context("the fork is gone")?;
+    let snap = c["Config"]["Labels"]["daiv.sandbox.snapshot"]
+        .as_str()
+        .filter(|s| !s.is_empty())
+        .with_context(|| format!("{id} has no snapshot label"))?;
+    Ok(format!("daiv-sandbox-snapshot:{snap}"))
+}
+
+/// The host directory of volume `name`.
+fn volume_dir(name: &str) -> Result<std::path::PathBuf> {
+    let dir = docker(&["volume", "inspect", "--format", "{{.Mountpoint}}", name])?;
+    Ok(dir.trim().into())
+}
+
+/// A cold create, a warm-pool claim and an egress session (whose policy holds a secret), each
+/// given a distinctive `environment` value: each is snapshotted, forked (the fork sees its
+/// source's value) and its fork snapshotted too. Every snapshot image, the forks' own included,
+/// is `docker save`d and every byte of it scanned (configs, `container_config` among them, and
+/// every layer): no caller value and no secret anywhere, while a marker written in the home
+/// directory is found (the scan read the layers). The recorded snapshots' data volumes hold none
+/// either, and no session container's config (`docker inspect`: environment, labels, command)
+/// holds a caller value.
+async fn no_caller_value_in_a_snapshot(runtime: &str) -> Result<()> {
+    require_image(BUSYBOX);
+    let pid = std::process::id();
+    let up = start_upstream()?;
+    let settings = EgressSettings::for_upstream(&up)?;
+    let cp = ControlPlane::start_with(&settings.env(&[("RUNTIME", runtime)])).await?;
+    let _guard = DeploymentGuard(cp.deployment.clone());
+    // The claim on a service of its own: with a pool of its image, a create there is a claim.
+    let pooled = format!("{BUSYBOX}=1");
+    let pool = ControlPlane::start_with(&[("RUNTIME", runtime), ("WARM_POOL", &pooled)]).await?;
+    let _pool_guard = DeploymentGuard(pool.deployment.clone());
+
+    let secret = format!("egress-secret-{pid}-c41d7e");
+    let cold_value = format!("cold-value-{pid}-9f2a6b");
+    let claimed_value = format!("claimed-value-{pid}-1d8e3c");
+    let egress_value = format!("egress-value-{pid}-7b5f0a");
+    let with_env = |value: &str| json!({"base_image": BUSYBOX, "environment": {CALLER_VAR: value}});
+
+    let cold = session(&cp, with_env(&cold_value)).await?;
+    let mut egress_body = with_env(&egress_value);
+    egress_body["egress"] = json!({
+        "policy": {
+            "default": "deny",
+            "rules": [{"host": "api.upstream.test", "methods": ["GET"], "inject": "tok"}]
+        },
+        "secrets": {"tok": {"header": "Authorization", "value": secret}}
+    });
+    let egress = session(&cp, egress_body).await?;
+    let label = format!("daiv.sandbox.deployment={}", pool.deployment);
+    eventually("a ready pool member", Duration::from_secs(90), || async {
+        let ready = containers_with(&[&label, "daiv.sandbox.role=sandbox", "daiv.sandbox.pool"])
+            .into_iter()
+            .any(|id| {
+                inspect(&id).is_some_and(|c| {
+                    c["State"]["Running"] == true
+                        && c["Name"]
+                            .as_str()
+                            .is_some_and(|n| n.starts_with("/daiv-pool-"))
+                })
+            });
+        Ok(ready.then_some(()))
+    })
+    .await?;
+    let claimed = session(&pool, with_env(&claimed_value)).await?;
+    let name = inspect(&claimed).context("claimed")?["Name"].clone();
+    ensure!(
+        name.as_str()
+            .is_some_and(|n| n.starts_with("/daiv-claimed-")),
+        "not claimed from the pool: {name}"
+    );
+
+    let values = [
+        cold_value.as_str(),
+        claimed_value.as_str(),
+        egress_value.as_str(),
+    ];
+    let mut leaks = Vec::new();
+    let mut images = Vec::new();
+    for (what, cp, id, value) in [
+        ("cold", &cp, &cold, &cold_value),
+        ("claimed", &pool, &claimed, &claimed_value),
+        ("egress", &cp, &egress, &egress_value),
+    ] {
+        ensure!(&caller_var_in(cp, id).await? == value, "{what}: not seen");
+        let mark = format!("home-mark-{what}-{pid}");
+        sh(
+            cp,
+            id,
+            &format!("echo {mark} > $HOME/mark && echo {mark} > /workspace/repo/mark"),
+        )
+        .await?;
+        let snap = snapshot(cp, id).await?;
+        images.push((
+            format!("{what}'s snapshot"),
+            payload_image(&snap),
+            mark.clone(),
+        ));
+        let data = format!("daiv-snapshot-{snap}-data");
+        let mut needles: Vec<&str> = values.to_vec();
+        needles.extend([secret.as_str(), mark.as_str()]);
+        let (found, files) = dir_contains(&volume_dir(&data)?, &needles)?;
+        ensure!(
+            found[needles.len() - 1],
+            "{what}: the workspace marker is not in {data} ({files} files): nothing was scanned"
+        );
+        if found[..needles.len() - 1].iter().any(|f| *f) {
+            leaks.push(format!("{what}'s snapshot data volume {data}: {found:?}"));
+        }
+        // A session from the snapshot without an environment has none of the source's.
+        let from = session(cp, json!({"snapshot_id": snap})).await?;
+        ensure!(
+            caller_var_in(cp, &from).await? == "unset",
+            "{what}: a session from its snapshot has the source's environment"
+        );
+        // A fork has its source's environment; its own snapshot (alive while the fork is) and a
+        // snapshot of the fork keep none of it.
+        let fork = fork_one(cp, id).await?;
+        ensure!(
+            &caller_var_in(cp, &fork).await? == value,
+            "{what}: the fork does not see its source's environment"
+        );
+        images.push((
+            format!("{what}'s fork's snapshot"),
+            made_from(&fork)?,
+            mark.clone(),
+        ));
+        let of_fork = snapshot(cp, &fork).await?;
+        images.push((
+            format!("{what}'s fork, snapshotted"),
+            payload_image(&of_fork),
+            mark,
+        ));
+        for (whose, container) in [(what.to_string(), id), (format!("{what}'s fork"), &fork)] {
+            let config = inspect(container).context("inspect")?["Config"].to_string();
+            if values.iter().any(|v| config.contains(v)) {
+                leaks.push(format!("{whose}'s container config: {config}"));
+            }
+        }
+        for (whose, image, mark) in images.iter().rev().take(3) {
+            let mut needles: Vec<&str> = values.to_vec();
+            needles.extend([secret.as_str(), mark.as_str()]);
+            let found = saved_image_contains(image, &needles)?;
+            ensure!(
+                found[needles.len() - 1],
+                "{whose} ({image}): the home marker is not in its docker save: nothing was scanned"
+            );
+            if found[..needles.len() - 1].iter().any(|f| *f) {
+                leaks.push(format!(
+                    "{whose} ({image}) holds {:?}",
+                    needles[..needles.len() - 1]
+                        .iter()
+                        .zip(&found)
+                        .filter(|(_, f)| **f)
+                        .map(|(n, _)| *n)
+                        .collect::<Vec<_>>()
+                ));
+            }
+        }
+    }
+    ensure!(images.len() == 9, "{images:?}");
+    ensure!(
+        leaks.is_empty(),
+        "caller values kept:\n{}",
+        leaks.join("\n")
+    );
+    Ok(())
+}
+
+fn payload_image(snapshot: &str) -> String {
+    format!("daiv-sandbox-snapshot:{snapshot}")
+}
+
+#[tokio::test]
+async fn no_snapshot_image_holds_a_callers_environment_or_secret() -> Result<()> {
+    no_caller_value_in_a_snapshot("runc").await
+}
+
+#[tokio::test]
+async fn no_snapshot_image_holds_a_callers_environment_or_secret_under_gvisor() -> Result<()> {
+    no_caller_value_in_a_snapshot("runsc").await
 }

@@ -27,6 +27,7 @@
 
 mod admission;
 mod coordination;
+mod e2b;
 mod egress;
 mod fleet;
 mod mcp;
@@ -42,6 +43,7 @@ mod tests;
 
 pub use admission::AdmissionConfig;
 pub use coordination::CoordinationConfig;
+pub use e2b::{DefaultNetwork, E2bConfig};
 pub use egress::{EgressCa, EgressConfig};
 pub use fleet::{
     Endpoint, EngineSpec, FleetConfig, TlsFiles, endpoint_kind, parse_engines, read_engines,
@@ -79,6 +81,8 @@ pub struct Config {
     pub fleet: FleetConfig,
     /// The MCP endpoint (`/mcp`).
     pub mcp: McpConfig,
+    /// E2B's API on its own port.
+    pub e2b: E2bConfig,
 }
 
 /// Every invalid variable, one per line.
@@ -101,11 +105,18 @@ pub fn load(src: &dyn Source) -> Result<Config, ConfigError> {
     let snapshots = SnapshotConfig::load(&mut p);
     let fleet = FleetConfig::load(&mut p);
     let mcp = McpConfig::load(&mut p);
+    let e2b = E2bConfig::load(&mut p);
 
     // Across groups: a warm egress session is a whole triad, so it needs the CA.
     if !pool.egress.is_empty() && egress.ca.is_none() {
         p.errors.push(format!(
             "{PREFIX}WARM_POOL_EGRESS: egress sessions need {PREFIX}EGRESS_CA_CERT_FILE and {PREFIX}EGRESS_CA_KEY_FILE"
+        ));
+    }
+
+    if e2b.default_network == DefaultNetwork::Allow && egress.ca.is_none() {
+        p.errors.push(format!(
+            "{PREFIX}E2B_DEFAULT_NETWORK=allow: the gateway needs {PREFIX}EGRESS_CA_CERT_FILE and {PREFIX}EGRESS_CA_KEY_FILE"
         ));
     }
 
@@ -123,6 +134,7 @@ pub fn load(src: &dyn Source) -> Result<Config, ConfigError> {
         snapshots,
         fleet,
         mcp,
+        e2b,
     })
 }
 

@@ -99,6 +99,12 @@ pub struct SessionsConfig {
     pub process_wait_max: Duration,
     /// Most silence on a streaming run before a heartbeat line.
     pub stream_heartbeat: Duration,
+    /// How often each running session's CPU, memory and disk are sampled
+    /// (`SESSION_METRICS_INTERVAL_SECONDS`; `None`: never, `GET .../metrics/` then answers one
+    /// sample taken as it is asked).
+    pub metrics_interval: Option<Duration>,
+    /// Samples kept per session (`SESSION_METRICS_SAMPLES`): the window is this many intervals.
+    pub metrics_samples: usize,
 }
 
 impl SessionsConfig {
@@ -186,6 +192,24 @@ impl SessionsConfig {
             let raw = stream_heartbeat.to_string();
             p.fail("STREAM_HEARTBEAT_SECONDS", &raw, "must be between 1 and 10");
         }
+        let metrics_interval = p.parse_or::<u64>("SESSION_METRICS_INTERVAL_SECONDS", 5);
+        if metrics_interval > 3600 {
+            let raw = metrics_interval.to_string();
+            p.fail(
+                "SESSION_METRICS_INTERVAL_SECONDS",
+                &raw,
+                "must be at most 3600 (0: off)",
+            );
+        }
+        let metrics_samples = p.parse_or::<usize>("SESSION_METRICS_SAMPLES", 120);
+        if !(1..=10_000).contains(&metrics_samples) {
+            let raw = metrics_samples.to_string();
+            p.fail(
+                "SESSION_METRICS_SAMPLES",
+                &raw,
+                "must be between 1 and 10000",
+            );
+        }
 
         Self {
             runtime,
@@ -208,6 +232,8 @@ impl SessionsConfig {
             max_processes,
             process_wait_max: Duration::from_secs(process_wait_max),
             stream_heartbeat: Duration::from_secs(stream_heartbeat),
+            metrics_interval: (metrics_interval > 0).then(|| Duration::from_secs(metrics_interval)),
+            metrics_samples,
         }
     }
 }

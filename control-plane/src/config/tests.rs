@@ -277,3 +277,36 @@ fn admission_defaults_and_bounds() -> Result<(), ConfigError> {
     }
     Ok(())
 }
+
+#[test]
+fn the_e2b_api_is_off_by_default_and_its_templates_are_checked() {
+    let c = load(&env(&[("API_KEY", "k")])).expect("defaults");
+    assert_eq!(c.e2b.port, None);
+    assert_eq!(
+        c.e2b.templates.get("base").map(String::as_str),
+        Some(e2b::DEFAULT_BASE_IMAGE)
+    );
+    assert_eq!(c.e2b.default_network, DefaultNetwork::None);
+    let c = load(&env(&[
+        ("API_KEY", "k"),
+        ("E2B_PORT", "49983"),
+        ("E2B_TEMPLATES", r#"{"py": "python:3.12"}"#),
+    ]))
+    .expect("valid");
+    assert_eq!(c.e2b.port, Some(49983));
+    assert_eq!(c.e2b.templates.len(), 1);
+    // `allow` needs the gateway, so the egress CA.
+    let e = errors(&[("API_KEY", "k"), ("E2B_DEFAULT_NETWORK", "allow")]);
+    assert!(e.iter().any(|l| l.contains("EGRESS_CA")), "{e:?}");
+    for (k, v) in [
+        ("E2B_PORT", "0"),
+        ("E2B_PORT", "http"),
+        ("E2B_TEMPLATES", "[1]"),
+        ("E2B_TEMPLATES", r#"{"bad name": "x"}"#),
+        ("E2B_TEMPLATES", r#"{"base": " "}"#),
+        ("E2B_DEFAULT_NETWORK", "open"),
+    ] {
+        let e = errors(&[("API_KEY", "k"), (k, v)]);
+        assert!(e.iter().any(|l| l.contains(k)), "{k}={v}: {e:?}");
+    }
+}

@@ -205,7 +205,7 @@ impl Egress {
                 ("max-size".to_string(), "10m".to_string()),
                 ("max-file".to_string(), "3".to_string()),
             ],
-            skeleton: Some(config_tar(&files, helper)),
+            skeleton: vec![config_tar(&files, helper)],
         })
     }
 }

@@ -66,8 +66,8 @@ pub fn sets_env(name: &str) -> bool {
 }
 
 /// The caller's environment as a session takes it: for an egress session, without the
-/// variables its own settings set (those win). The one rule a cold create (the container's
-/// environment) and a warm-pool claim (the environment file) both apply.
+/// variables its own settings set (those win). The one rule a create (the skeleton's
+/// environment file) and a warm-pool claim (the same file, written at the claim) both apply.
 pub fn caller_env(
     env: Option<&std::collections::BTreeMap<String, String>>,
     egress: bool,

@@ -36,7 +36,7 @@ pub(super) struct EnginesFile {
 impl EnginesFile {
     /// The file at `path`, whose list (as read at start-up) the fleet already has.
     pub fn new(path: PathBuf, metrics: Arc<Metrics>) -> Self {
-        metrics.engines_file_valid.set(1);
+        metrics.fleet.file_valid.set(1);
         Self {
             seen: Mutex::new(std::fs::read(&path).ok()),
             path,
@@ -66,7 +66,7 @@ impl EnginesFile {
         }
         match parse_engines(&text) {
             Ok(specs) => {
-                self.metrics.engines_file_valid.set(1);
+                self.metrics.fleet.file_valid.set(1);
                 Some(specs)
             }
             Err(why) => {
@@ -80,8 +80,8 @@ impl EnginesFile {
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         // Said once per bad content (or once per spell of an unreadable file), not every look.
         if text.is_some() || seen.is_some() {
-            self.metrics.engines_file_errors.inc();
-            self.metrics.engines_file_valid.set(0);
+            self.metrics.fleet.file_errors.inc();
+            self.metrics.fleet.file_valid.set(0);
             tracing::error!(file = %self.path.display(), error = why, "engines file refused; keeping the last good list");
         }
         *seen = text;

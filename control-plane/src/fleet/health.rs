@@ -97,7 +97,8 @@ pub(super) async fn watch(cell: Weak<Cell>, probe: Arc<Probe>) {
     let mut health = Health::new(link.is_up(), probe.down_after, probe.up_after);
     let metrics = &probe.metrics;
     metrics
-        .engine_up
+        .fleet
+        .up
         .get_or_create(&labels)
         .set(u64::from(health.is_up()));
     let mut tick = 0u32;
@@ -132,9 +133,10 @@ pub(super) async fn watch(cell: Weak<Cell>, probe: Arc<Probe>) {
         let flipped = health.observe(ok);
         let up = health.is_up();
         link.set_up(up);
-        metrics.engine_up.get_or_create(&labels).set(u64::from(up));
+        metrics.fleet.up.get_or_create(&labels).set(u64::from(up));
         metrics
-            .engine_draining
+            .fleet
+            .draining
             .get_or_create(&labels)
             .set(u64::from(this.spec().drain));
         match (flipped, up) {
@@ -212,7 +214,8 @@ async fn count(cell: &Cell, engine: &dyn ContainerEngine, probe: &Probe, labels:
     cell.saw_count(sessions, memory_used);
     probe
         .metrics
-        .engine_sessions
+        .fleet
+        .sessions
         .get_or_create(labels)
         .set(u64::from(sessions));
 }

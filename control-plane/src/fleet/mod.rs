@@ -20,10 +20,13 @@
 //!   applies at once, a bad file keeps the last good list;
 //! - [`placement`]: pure, the engine a session goes to and how a pool's size is spread;
 //! - `connector`: how an engine is reached (Docker, or fakes in tests).
+//! - [`FleetError`]: what the fleet refuses about its engines (an unknown one's ids, one down,
+//!   draining or full), defined here rather than among the sessions' errors below.
 
 mod cell;
 mod connector;
 mod discovery;
+mod error;
 mod health;
 pub mod placement;
 mod routing;
@@ -40,6 +43,7 @@ use tokio::task::JoinHandle;
 
 pub use cell::{Cell, EngineState, EngineStatus};
 pub use connector::{Connector, DockerConnector};
+pub use error::FleetError;
 pub use health::{HEALTH_EVERY, PING_TIMEOUT};
 
 use crate::api::StartSessionRequest;
@@ -47,8 +51,7 @@ use crate::config::{Config, EngineSpec};
 use crate::coordination::activity::SessionActivity;
 use crate::coordination::lock::SessionLocks;
 use crate::engine::ContainerEngine;
-use crate::sandbox::SessionError;
-use crate::sessions::Sessions;
+use crate::sessions::{Listed, Sessions};
 use crate::telemetry::metrics::{EngineLabels, Metrics};
 use discovery::EnginesFile;
 use health::Probe;
@@ -157,11 +160,6 @@ impl Fleet {
         &self.shared.metrics
     }
 
-    /// Whether sandboxes get the helper (the service refuses to start without it).
-    pub fn has_helper(&self) -> bool {
-        self.shared.helper.is_some()
-    }
-
     pub fn is_fleet(&self) -> bool {
         self.file.is_some()
     }
@@ -266,26 +264,42 @@ impl Fleet {
             tracing::info!(engine = %name, "engine removed from the fleet");
             let labels = EngineLabels { engine: name };
             let metrics = &self.shared.metrics;
-            metrics.engine_up.remove(&labels);
-            metrics.engine_sessions.remove(&labels);
-            metrics.engine_draining.remove(&labels);
+            metrics.fleet.up.remove(&labels);
+            metrics.fleet.sessions.remove(&labels);
+            metrics.fleet.draining.remove(&labels);
         }
     }
 
     /// The cell an id (of a session or a snapshot) names: 404 for an engine not in the fleet,
     /// 503 while it is down.
-    pub fn cell_of(&self, id: &str) -> Result<Arc<Cell>, SessionError> {
+    pub fn cell_of(&self, id: &str) -> Result<Arc<Cell>, FleetError> {
         self.cells.route(id)
     }
 
+    /// Every session of the deployment on every engine that answers (a fleet's down engine
+    /// lists nothing until it is back), in no order.
+    pub async fn inventory(&self) -> Result<Vec<Listed>, FleetError> {
+        let cells: Vec<_> = self.cells().into_iter().filter(|c| c.is_up()).collect();
+        let lists = futures::future::join_all(
+            cells
+                .iter()
+                .map(|c| async move { c.sessions().inventory(&c.name()).await }),
+        );
+        let mut all = Vec::new();
+        for listed in lists.await {
+            all.extend(listed?);
+        }
+        Ok(all)
+    }
+
     /// The sessions of the engine holding session `id`.
-    pub fn at(&self, id: &str) -> Result<Arc<Sessions>, SessionError> {
+    pub fn at(&self, id: &str) -> Result<Arc<Sessions>, FleetError> {
         Ok(self.cell_of(id)?.sessions().clone())
     }
 
     /// [`Fleet::at`] for an operation that makes `count` new sessions there (a fork): the
     /// engine must be able to take them all, as placement would decide for a create.
-    pub fn at_for_new(&self, id: &str, count: u32) -> Result<Arc<Sessions>, SessionError> {
+    pub fn at_for_new(&self, id: &str, count: u32) -> Result<Arc<Sessions>, FleetError> {
         let cell = self.admit_at(id, None, count)?;
         cell.place(count);
         Ok(cell.sessions().clone())
@@ -294,20 +308,15 @@ impl Fleet {
     /// The cell holding `id` (a snapshot or a session to fork), if that engine can take
     /// `count` sessions of `memory` now: the checks (and the 503) of placement, on that engine
     /// alone.
-    fn admit_at(
-        &self,
-        id: &str,
-        memory: Option<i64>,
-        count: u32,
-    ) -> Result<Arc<Cell>, SessionError> {
+    fn admit_at(&self, id: &str, memory: Option<i64>, count: u32) -> Result<Arc<Cell>, FleetError> {
         let cell = self.cell_of(id)?;
         let need = routing::need(self.runtime(), memory, count);
         match routing::admit(&cell, &need)? {
             Some(why) if self.is_fleet() => {
                 let no = placement::NoEngine(vec![why]);
-                self.shared.metrics.placements_refused.inc();
+                self.shared.metrics.fleet.placements_refused.inc();
                 tracing::warn!(reason = %no, "session refused: its engine cannot take it");
-                Err(SessionError::NoEngine(no.to_string()))
+                Err(FleetError::NoEngine(no.to_string()))
             }
             _ => Ok(cell),
         }
@@ -319,7 +328,7 @@ impl Fleet {
 
     /// Creates a session where it should go: a snapshot's engine for a session from a
     /// snapshot, else an engine with a warm member for it, else where placement says.
-    pub async fn create(&self, req: &StartSessionRequest) -> Result<String, SessionError> {
+    pub async fn create(&self, req: &StartSessionRequest) -> Result<String, FleetError> {
         let cell = match &req.snapshot_id {
             Some(id) => self.admit_at(id, req.memory_bytes, 1)?,
             None => self.place(req)?,
@@ -329,23 +338,23 @@ impl Fleet {
         if made.is_err() {
             cell.unplace(1);
         }
-        made
+        Ok(made?)
     }
 
     /// The engine a new session goes to.
-    fn place(&self, req: &StartSessionRequest) -> Result<Arc<Cell>, SessionError> {
+    fn place(&self, req: &StartSessionRequest) -> Result<Arc<Cell>, FleetError> {
         let cells = self.cells.all();
         if !self.is_fleet() {
             return cells
                 .first()
                 .cloned()
-                .ok_or(SessionError::NoEngine("no engine".into()));
+                .ok_or(FleetError::NoEngine("no engine".into()));
         }
         let need = routing::need(self.runtime(), req.memory_bytes, 1);
         routing::place(&cells, req, &need).map_err(|no| {
-            self.shared.metrics.placements_refused.inc();
+            self.shared.metrics.fleet.placements_refused.inc();
             tracing::warn!(reason = %no, "session refused: no engine can take it");
-            SessionError::NoEngine(no.to_string())
+            FleetError::NoEngine(no.to_string())
         })
     }
 

@@ -7,12 +7,12 @@ use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 
+use super::FleetError;
 use super::cell::{Cell, Reading};
 use super::placement::{self, Need, NoEngine};
 use crate::api::StartSessionRequest;
 use crate::config::EngineSpec;
 use crate::ids::{fnv, split_engine};
-use crate::sandbox::SessionError;
 
 /// The fleet's cells, in the file's order.
 pub(super) struct Roster {
@@ -45,12 +45,12 @@ impl Roster {
 
     /// The cell an id (of a session or a snapshot) names: 404 for an engine not in the fleet,
     /// 503 while it is down.
-    pub fn route(&self, id: &str) -> Result<Arc<Cell>, SessionError> {
+    pub fn route(&self, id: &str) -> Result<Arc<Cell>, FleetError> {
         let cell = self
             .by_prefix(split_engine(id).0)
-            .ok_or(SessionError::NotFound)?;
+            .ok_or(FleetError::UnknownEngine)?;
         if !cell.is_up() {
-            return Err(SessionError::EngineDown(cell.name()));
+            return Err(FleetError::EngineDown(cell.name()));
         }
         Ok(cell)
     }
@@ -99,10 +99,10 @@ pub(super) fn need(runtime: &str, memory: Option<i64>, count: u32) -> Need<'_> {
 
 /// Whether `cell` (a snapshot's, a session's to fork) can take what `need` asks now: the checks
 /// of placement on that engine alone. `Err` for a draining engine; `Ok(Some(why))` for a refusal.
-pub(super) fn admit(cell: &Cell, need: &Need<'_>) -> Result<Option<String>, SessionError> {
+pub(super) fn admit(cell: &Cell, need: &Need<'_>) -> Result<Option<String>, FleetError> {
     let reading = cell.reading();
     if reading.spec.drain {
-        return Err(SessionError::EngineDraining(cell.name()));
+        return Err(FleetError::EngineDraining(cell.name()));
     }
     Ok(placement::refusal(&reading.view(true), need))
 }

@@ -158,6 +158,9 @@ impl Stack {
         if let Some(t) = self.refill.spawn() {
             tasks.push(t);
         }
+        if let Some(every) = self.sessions.config_metrics_interval() {
+            tasks.push(self.sessions.clone().spawn_sampler(every));
+        }
         self.tasks
             .lock()
             .unwrap_or_else(|e| e.into_inner())

@@ -81,13 +81,12 @@ impl Setup {
         settings.extend_from_slice(extra);
         let config = crate::config::for_tests("key", &settings);
         let fakes = Arc::new(Fakes::default());
-        let helper = crate::runtime::helper_binary(config.sessions.helper_bin.as_deref()).ok();
         let fleet = Fleet::from_file(
             config.clone(),
             Arc::new(LocalLocks::default()),
             Arc::new(LocalActivity::new(config.reaper.running_session_max_idle)),
             Arc::new(Metrics::default()),
-            helper,
+            None,
             fakes.clone(),
         );
         Self {
@@ -182,7 +181,7 @@ async fn ids_carry_their_engine_and_route_back_to_it() {
     // An engine not in the fleet, and an unprefixed id without a default engine: 404.
     for id in [id_on("zz"), "0123456789abcdef".repeat(4)] {
         assert!(
-            matches!(s.fleet.cell_of(&id), Err(SessionError::NotFound)),
+            matches!(s.fleet.cell_of(&id), Err(FleetError::UnknownEngine)),
             "{id}"
         );
     }
@@ -215,8 +214,8 @@ async fn an_engine_goes_down_only_after_enough_failed_checks_and_its_sessions_an
     }
     tokio::time::sleep(HEALTH_EVERY).await;
     assert_eq!(s.state("b"), EngineState::Down);
-    assert!(matches!(s.fleet.cell_of(&id), Err(SessionError::EngineDown(e)) if e == "b"));
-    assert!(matches!(s.fleet.at(&id), Err(SessionError::EngineDown(_))));
+    assert!(matches!(s.fleet.cell_of(&id), Err(FleetError::EngineDown(e)) if e == "b"));
+    assert!(matches!(s.fleet.at(&id), Err(FleetError::EngineDown(_))));
     // Its stack's calls fail at once rather than reach the engine.
     let on_b = s.cell("b");
     assert!(matches!(
@@ -234,11 +233,7 @@ async fn an_engine_goes_down_only_after_enough_failed_checks_and_its_sessions_an
     let statuses = s.fleet.statuses();
     assert_eq!(statuses[1].state, EngineState::Down);
     assert_eq!(
-        s.fleet
-            .metrics()
-            .engine_up
-            .get_or_create(&labels("b"))
-            .get(),
+        s.fleet.metrics().fleet.up.get_or_create(&labels("b")).get(),
         0
     );
 
@@ -303,7 +298,7 @@ async fn a_drained_engine_takes_no_new_sessions_and_keeps_its_own() {
     assert_eq!(s.fleet.cell_of(&on_a).expect("routed").name(), "a");
     assert!(matches!(
         s.fleet.at_for_new(&on_a, 1),
-        Err(SessionError::EngineDraining(e)) if e == "a"
+        Err(FleetError::EngineDraining(e)) if e == "a"
     ));
     // Both drained: a create is refused, saying why.
     write(
@@ -315,7 +310,7 @@ async fn a_drained_engine_takes_no_new_sessions_and_keeps_its_own() {
     );
     s.fleet.reload();
     match s.fleet.place(&request("img:1")) {
-        Err(SessionError::NoEngine(why)) => {
+        Err(FleetError::NoEngine(why)) => {
             assert!(
                 why.contains("a is draining") && why.contains("b is draining"),
                 "{why}"
@@ -329,7 +324,7 @@ async fn a_drained_engine_takes_no_new_sessions_and_keeps_its_own() {
 async fn a_rewritten_file_adds_and_removes_engines_and_a_bad_one_is_kept_out() {
     let s = Setup::named(&["a", "b"], &[]);
     let metrics = s.fleet.metrics().clone();
-    assert_eq!(metrics.engines_file_valid.get(), 1);
+    assert_eq!(metrics.fleet.file_valid.get(), 1);
     s.bring_up("a");
     let a = s.cell("a");
     // Unchanged content: nothing happens.
@@ -355,11 +350,11 @@ async fn a_rewritten_file_adds_and_removes_engines_and_a_bad_one_is_kept_out() {
     );
     assert!(matches!(
         s.fleet.cell_of(&id_on("b")),
-        Err(SessionError::NotFound)
+        Err(FleetError::UnknownEngine)
     ));
 
     // Bad files change nothing, and each is counted once.
-    let errors = metrics.engines_file_errors.get();
+    let errors = metrics.fleet.file_errors.get();
     for bad in [
         &b"{\"engines\": [{\"name\": \"a\", \"endpoint\": \"nowhere\"}]}"[..],
         b"not json",
@@ -368,14 +363,14 @@ async fn a_rewritten_file_adds_and_removes_engines_and_a_bad_one_is_kept_out() {
         s.fleet.reload();
         s.fleet.reload();
         assert_eq!(s.names(), ["a", "c"]);
-        assert_eq!(metrics.engines_file_valid.get(), 0);
+        assert_eq!(metrics.fleet.file_valid.get(), 0);
     }
-    assert_eq!(metrics.engines_file_errors.get(), errors + 2);
+    assert_eq!(metrics.fleet.file_errors.get(), errors + 2);
     // So is a file gone missing, once until it is back.
     std::fs::remove_file(&s.path).expect("remove");
     s.fleet.reload();
     s.fleet.reload();
-    assert_eq!(metrics.engines_file_errors.get(), errors + 3);
+    assert_eq!(metrics.fleet.file_errors.get(), errors + 3);
     assert_eq!(s.names(), ["a", "c"]);
 
     // A good file again; a changed endpoint gets a new cell.
@@ -387,7 +382,7 @@ async fn a_rewritten_file_adds_and_removes_engines_and_a_bad_one_is_kept_out() {
         ],
     );
     s.fleet.reload();
-    assert_eq!(metrics.engines_file_valid.get(), 1);
+    assert_eq!(metrics.fleet.file_valid.get(), 1);
     assert_eq!(s.names(), ["a", "c"]);
     assert!(!Arc::ptr_eq(&a, &s.cell("a")), "a reconnected");
 }
@@ -484,4 +479,36 @@ async fn a_warm_pool_is_spread_over_the_engines_that_can_take_it() {
     s.cell("b").link().expect("link").set_up(false);
     s.fleet.spread_pools();
     assert_eq!(["a", "b", "c"].map(|n| s.targets(n)), [0, 0, 4]);
+}
+
+#[tokio::test]
+async fn the_inventory_lists_every_engines_sessions_with_its_engine_and_metadata() {
+    let s = Setup::named(&["a", "b"], &[]);
+    s.fleet.start();
+    until("every engine up", || {
+        ["a", "b"].iter().all(|n| s.state(n) == EngineState::Up)
+    })
+    .await;
+    let mut made = HashSet::new();
+    for i in 0..10 {
+        let req: StartSessionRequest = serde_json::from_value(
+            json!({ "base_image": "img:1", "metadata": {"i": i.to_string()} }),
+        )
+        .expect("request");
+        made.insert(s.fleet.create(&req).await.expect("created"));
+    }
+    let listed = s.fleet.inventory().await.expect("listed");
+    let ids: HashSet<String> = listed.iter().map(|l| l.info.session_id.clone()).collect();
+    assert_eq!(ids, made);
+    let engines: HashSet<&str> = listed.iter().map(|l| l.info.engine.as_str()).collect();
+    assert_eq!(
+        engines,
+        HashSet::from(["a", "b"]),
+        "both engines hold sessions"
+    );
+    for l in &listed {
+        let (prefix, _) = l.info.session_id.split_once('.').expect("prefixed");
+        assert_eq!(l.info.engine, prefix, "{l:?}");
+        assert!(l.info.metadata.contains_key("i"), "{l:?}");
+    }
 }

@@ -84,6 +84,11 @@ impl From<ApiError> for ToolFailure {
                 cause,
                 "Fix the argument the cause names and call again.",
             ),
+            ApiError::Gone(_) => Self::new(
+                "gone",
+                cause,
+                "What was asked for is no longer kept; read what is still there and go on from it.",
+            ),
             ApiError::PayloadTooLarge(_) => Self::new(
                 "too_large",
                 cause,
@@ -136,6 +141,8 @@ macro_rules! via_api_error {
 
 via_api_error!(
     crate::sessions::SessionError,
+    crate::sessions::ValidationError,
+    crate::fleet::FleetError,
     crate::runtime::HelperError,
     crate::workspace::fs::FsOpError,
     crate::admission::Refused,

@@ -6,27 +6,21 @@ use bytes::Bytes;
 use shared_policy::PolicyFile;
 
 use super::{Kind, Member, Prepared};
+use super::{Pool, PoolError};
 use crate::api::StartSessionRequest;
 use crate::engine::EngineError;
 use crate::layout::ENV_FILE;
 use crate::runtime::ServiceFile;
-use crate::sandbox::SessionError;
-
-use super::Pool;
 
 /// The claim's environment as the helper reads it (a JSON list of pairs): the caller's
-/// variables, minus those the egress settings set (they win, as at a cold create).
+/// variables, minus those the egress settings set (they win, as at a cold create). `None` when
+/// there are none: the member's skeleton wrote an empty file.
 pub(crate) fn env_json(req: &StartSessionRequest, kind: Kind) -> Option<Bytes> {
-    let env: Vec<(&String, &String)> =
-        crate::egress::caller_env(req.environment.as_deref(), kind == Kind::Egress).collect();
-    if env.is_empty() {
-        return None;
-    }
-    serde_json::to_vec(&env).ok().map(Bytes::from)
+    crate::sandbox::env_json(req.environment.as_deref(), kind == Kind::Egress)
 }
 
-/// The environment file in the service directory: root's, world-readable (the sandbox user
-/// reads it, never replaces it).
+/// The environment file on the session's own volume: root's, world-readable (the sandbox user
+/// reads it, never replaces it), never in a snapshot.
 fn env_file() -> ServiceFile {
     ServiceFile::root(ENV_FILE, 0o644)
 }
@@ -58,7 +52,7 @@ impl Pool {
         policy: Option<&PolicyFile>,
         kind: Kind,
         prepared: Prepared,
-    ) -> Result<(), SessionError> {
+    ) -> Result<(), PoolError> {
         let id = member.id.as_str();
         let Prepared {
             env: env_writer,
@@ -71,7 +65,7 @@ impl Pool {
             env_file()
                 .write(self.engine(), id, &json, &[], env_writer)
                 .await?;
-            Ok::<_, SessionError>(())
+            Ok::<_, PoolError>(())
         };
         let limits = async {
             if req.memory_bytes.is_none() && req.cpus.is_none() {
@@ -88,7 +82,7 @@ impl Pool {
                     if !matches!(e, EngineError::NotFound) {
                         self.limits_refused.store(true, Ordering::Relaxed);
                     }
-                    Err(SessionError::from(e))
+                    Err(PoolError::from(e))
                 }
             }
         };
@@ -98,7 +92,7 @@ impl Pool {
                 (Some(policy), Some(triad), Some(egress)) => {
                     Ok(egress.install(triad, policy, installer).await?)
                 }
-                _ => Err(SessionError::MemberWithoutGateway),
+                _ => Err(PoolError::MemberWithoutGateway),
             }
         };
         let (env, limits, policy) = tokio::join!(env, limits, policy);

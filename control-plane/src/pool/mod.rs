@@ -71,8 +71,12 @@ use crate::sandbox::{Naming, SandboxFactory};
 use crate::telemetry::metrics::{Metrics, PoolLabels, PoolMissLabels};
 
 mod apply;
+mod claim;
+mod error;
 mod refill;
 
+pub use claim::Claim;
+pub use error::PoolError;
 pub use refill::Refill;
 
 pub(crate) const BUILDING: &str = "daiv-building-";
@@ -215,13 +219,13 @@ impl Pool {
         ] {
             for (image, count) in list {
                 let key = Key::image(kind, image);
-                metrics.pool_size.get_or_create(&key.labels()).set(0);
+                metrics.pool.size.get_or_create(&key.labels()).set(0);
                 targets.push((key, *count));
             }
         }
         for (id, count) in &config.pool.snapshots {
             let key = Key::snapshot(id);
-            metrics.pool_size.get_or_create(&key.labels()).set(0);
+            metrics.pool.size.get_or_create(&key.labels()).set(0);
             targets.push((key, *count));
         }
         let sandbox = format!(
@@ -397,7 +401,8 @@ impl Pool {
 
     fn miss(&self, key: &Key, why: &'static str) {
         self.metrics
-            .pool_misses
+            .pool
+            .misses
             .get_or_create(&PoolMissLabels {
                 image: key.image.clone(),
                 kind: key.kind.as_str(),
@@ -408,9 +413,10 @@ impl Pool {
 
     fn claimed(&self, key: &Key) {
         let labels = key.labels();
-        self.metrics.pool_claims.get_or_create(&labels).inc();
+        self.metrics.pool.claims.get_or_create(&labels).inc();
         self.metrics
-            .pool_members(&labels, self.engine_name(), None, -1);
+            .pool
+            .members(&labels, self.engine_name(), None, -1);
     }
 }
 
@@ -443,7 +449,7 @@ impl Pool {
             return None;
         }
         let started = Instant::now();
-        let Some(member) = self.take(&key).await else {
+        let Some(member) = self.take(&key, &Claim::for_request(req)).await else {
             pool.miss(&key, "empty");
             pool.wake();
             return None;
@@ -467,7 +473,7 @@ impl Pool {
 
     /// Takes a member by renaming it to its claimed name; a lost race tries the next one. The
     /// replica's own list comes first, then the engine's (members other replicas built).
-    async fn take(&self, key: &Key) -> Option<Member> {
+    async fn take(&self, key: &Key, claim: &Claim) -> Option<Member> {
         let mut listed = false;
         for _ in 0..CLAIM_TRIES {
             let member = match self.pop(key) {
@@ -481,7 +487,7 @@ impl Pool {
                 None => return None,
             };
             let from = format!("{READY}{}", member.token);
-            let to = format!("{CLAIMED}{}", member.token);
+            let to = claim.name(&member.token);
             match self.engine().rename(&from, &to).await {
                 Ok(()) => return Some(member),
                 // Another replica claimed (or the refill retired) it first.
@@ -570,6 +576,7 @@ mod tests {
             cpus: None,
             egress: None,
             snapshot_id: None,
+            ..Default::default()
         };
         let read = |b: Option<Bytes>| String::from_utf8_lossy(&b.unwrap_or_default()).into_owned();
         let isolated = read(apply::env_json(&req, Kind::Isolated));

@@ -20,13 +20,13 @@ use shared_policy::PolicyFile;
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
-use super::{BUILDING, CLAIMED, Key, Kind, Member, Pool, READY, RETIRED};
+use super::{BUILDING, CLAIMED, Key, Kind, Member, Pool, PoolError, READY, RETIRED};
 use crate::api::StartSessionRequest;
 use crate::coordination::lock::{LockError, SessionLocks};
 use crate::egress::Triad;
 use crate::engine::{ContainerInfo, EngineError, POOL_SPEC_LABEL};
 use crate::ids::fnv;
-use crate::sandbox::{EgressPolicy, SessionError};
+use crate::sandbox::EgressPolicy;
 use crate::telemetry::metrics::{KindLabels, observe_duration};
 use crate::time::unix_now;
 
@@ -92,7 +92,8 @@ impl Refill {
         tracing::warn!(image = %key.image, kind = key.kind.as_str(), error = %e, "warm pool: {what}");
         self.pool
             .metrics
-            .pool_refill_failures
+            .pool
+            .refill_failures
             .get_or_create(&key.labels())
             .inc();
     }
@@ -209,7 +210,8 @@ impl Refill {
     fn set_size(&self, key: &Key, n: usize) {
         self.pool
             .metrics
-            .pool_members(&key.labels(), self.pool.engine_name(), Some(n as u64), 0);
+            .pool
+            .members(&key.labels(), self.pool.engine_name(), Some(n as u64), 0);
     }
 
     /// Builds the members missing from `have` to `target`.
@@ -258,9 +260,7 @@ impl Refill {
         let limit = Duration::from_secs(BUILD_TIMEOUT_SECS.unsigned_abs());
         let built = match tokio::time::timeout(limit, self.build_member(key, &token)).await {
             Ok(built) => built,
-            Err(_) => Err(SessionError::Engine(EngineError::Unavailable(format!(
-                "a member's build took over {BUILD_TIMEOUT_SECS} s"
-            )))),
+            Err(_) => Err(PoolError::BuildTimedOut(BUILD_TIMEOUT_SECS)),
         };
         if let Ok(mut b) = s.building.lock() {
             b.remove(&token);
@@ -276,11 +276,12 @@ impl Refill {
                     kind: key.kind.as_str(),
                 };
                 observe_duration(
-                    &s.metrics.pool_refill.get_or_create(&kind),
+                    &s.metrics.pool.refills.get_or_create(&kind),
                     started.elapsed(),
                 );
                 s.metrics
-                    .pool_members(&key.labels(), s.engine_name(), None, 1);
+                    .pool
+                    .members(&key.labels(), s.engine_name(), None, 1);
                 tracing::debug!(container = %member.id, image = %key.image, kind = key.kind.as_str(), "warm pool: member ready");
                 // The claim then costs writes on open streams, and its first command finds the
                 // helper's channel open.
@@ -293,7 +294,7 @@ impl Refill {
         }
     }
 
-    async fn build_member(&self, key: &Key, token: &str) -> Result<Member, SessionError> {
+    async fn build_member(&self, key: &Key, token: &str) -> Result<Member, PoolError> {
         let s = &*self.pool;
         let snapshot = match &key.snapshot {
             Some(id) => Some(s.factory.snapshots().get(id).await?),
@@ -308,6 +309,7 @@ impl Refill {
             cpus: None,
             egress: None,
             snapshot_id: key.snapshot.clone(),
+            ..Default::default()
         };
         let naming = s.member_naming(key, token);
         let id = match key.kind {
@@ -324,7 +326,7 @@ impl Refill {
                 let reservation = egress
                     .reserve(&*self.locks, Duration::from_secs(5))
                     .await
-                    .map_err(SessionError::Lock)?;
+                    .map_err(PoolError::Lock)?;
                 let deny_all = EgressPolicy {
                     egress: egress.clone(),
                     policy: PolicyFile::default(),
@@ -343,7 +345,7 @@ impl Refill {
         .await;
         match ready.map(|info| Member::of(&info)) {
             Ok(Some(member)) => Ok(member),
-            Ok(None) => Err(SessionError::MemberRenamed),
+            Ok(None) => Err(PoolError::MemberRenamed),
             Err(e) => {
                 let triad = s.engine().inspect(&id).await.ok();
                 let triad = triad.as_ref().and_then(Triad::of);

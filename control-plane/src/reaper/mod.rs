@@ -13,7 +13,10 @@
 //!    gateway before its sandbox);
 //! 5. with `SESSION_MAX_LIFETIME_SECONDS`, sessions created longer ago than that, whatever they do
 //!    (a backstop: taken even while a request holds their lock);
-//! 6. snapshots past their TTL, then the oldest beyond `SNAPSHOT_MAX_COUNT` and
+//! 6. sessions past their own deadline (`timeout_seconds`): removed, or paused when their
+//!    `on_timeout` says so (then reaped as any paused session); records of sessions that are gone
+//!    (see [`crate::sessions`]'s `record`);
+//! 7. snapshots past their TTL, then the oldest beyond `SNAPSHOT_MAX_COUNT` and
 //!    `SNAPSHOT_MAX_BYTES`, and the payload of snapshots without a record (deleted ones, forks'
 //!    once the forks are gone) and workspaces of sessions that are gone (see
 //!    [`Snapshots::sweep`](crate::snapshots::Snapshots::sweep)).
@@ -119,6 +122,9 @@ pub struct Sweep {
     pub idle: Vec<String>,
     /// Removed for their age (`SESSION_MAX_LIFETIME_SECONDS`).
     pub lifetime: Vec<String>,
+    /// Past their own deadline: removed, and paused.
+    pub timed_out: Vec<String>,
+    pub paused: Vec<String>,
     pub orphans: Vec<String>,
     /// Snapshots removed by retention.
     pub snapshots: Vec<String>,
@@ -134,6 +140,7 @@ impl Sweep {
             + self.over_cap.len()
             + self.idle.len()
             + self.lifetime.len()
+            + self.timed_out.len()
             + self.orphans.len()
     }
 
@@ -146,7 +153,9 @@ impl Sweep {
                 Why::OverCap => self.over_cap.push(id),
                 Why::Idle => self.idle.push(id),
                 Why::Lifetime => self.lifetime.push(id),
+                Why::Deadline => self.timed_out.push(id),
             },
+            Outcome::Paused => self.paused.push(id),
             Outcome::Busy => self.busy.push(id),
             Outcome::Failed => self.failed += 1,
             Outcome::Kept => {}
@@ -158,6 +167,8 @@ impl Sweep {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Outcome {
     Removed,
+    /// Paused at its deadline (`on_timeout: pause`).
+    Paused,
     /// A request held its lock, or it is in use: kept until the next sweep.
     Busy,
     /// Back in use, or gone already.
@@ -177,6 +188,8 @@ enum Why {
     OverCap,
     Idle,
     Lifetime,
+    /// Its own deadline passed.
+    Deadline,
 }
 
 /// What one engine's reaper sweeps with: that engine's stack (its engine, sessions, warm pool
@@ -261,26 +274,42 @@ impl Reaper {
         let swept = self.sweep(SystemTime::now()).await;
         match &swept {
             Ok(s) => {
-                let reaped = s.expired.len() + s.over_cap.len() + s.idle.len() + s.lifetime.len();
-                self.metrics.sessions_reaped.inc_by(reaped as u64);
-                self.metrics.reaper_failures.inc_by(s.failed as u64);
+                let reaped = s.expired.len()
+                    + s.over_cap.len()
+                    + s.idle.len()
+                    + s.lifetime.len()
+                    + s.timed_out.len();
+                self.metrics.sessions.reaped.inc_by(reaped as u64);
+                self.metrics
+                    .sessions
+                    .reaper_failures
+                    .inc_by(s.failed as u64);
             }
             Err(_) => {
-                self.metrics.reaper_failures.inc();
+                self.metrics.sessions.reaper_failures.inc();
             }
         }
         match swept {
-            Ok(s) if s.removed() > 0 || !s.snapshots.is_empty() || s.failed > 0 => tracing::info!(
-                expired = ?s.expired,
-                over_cap = ?s.over_cap,
-                idle = ?s.idle,
-                lifetime = ?s.lifetime,
-                orphans = ?s.orphans,
-                snapshots = ?s.snapshots,
-                busy = s.busy.len(),
-                failed = s.failed,
-                "reaper: sweep done"
-            ),
+            Ok(s)
+                if s.removed() > 0
+                    || !s.paused.is_empty()
+                    || !s.snapshots.is_empty()
+                    || s.failed > 0 =>
+            {
+                tracing::info!(
+                    expired = ?s.expired,
+                    over_cap = ?s.over_cap,
+                    idle = ?s.idle,
+                    lifetime = ?s.lifetime,
+                    timed_out = ?s.timed_out,
+                    paused = ?s.paused,
+                    orphans = ?s.orphans,
+                    snapshots = ?s.snapshots,
+                    busy = s.busy.len(),
+                    failed = s.failed,
+                    "reaper: sweep done"
+                )
+            }
             Ok(s) => tracing::debug!(busy = s.busy.len(), "reaper: nothing to remove"),
             Err(e) => tracing::warn!(error = %e, "reaper: sweep failed"),
         }
@@ -314,6 +343,7 @@ impl Reaper {
             Some(max) => self.sweep_lifetime(sandboxes, max, now, &mut out).await,
             None => sandboxes,
         };
+        let sandboxes = self.sweep_deadlines(sandboxes, now, &mut out).await;
         self.sweep_stopped(&sandboxes, now, &mut out).await;
         if let Some(max_idle) = self.policy.max_idle {
             self.sweep_idle(&sandboxes, max_idle, now, &mut out).await;
@@ -322,7 +352,7 @@ impl Reaper {
         self.activity.retain(&live).await;
         // Sessions removed by anyone (a force delete racing a process list, by hand) leave the
         // running-processes gauge here.
-        self.metrics.retain_processes(&live);
+        self.metrics.processes.retain(&live);
         self.sweep_orphans(&all, now, &mut out).await?;
         self.sweep_snapshots(now, &mut out).await;
         self.pool.wake();
@@ -343,9 +373,9 @@ impl Reaper {
             }
         }
         if let Ok(all) = snapshots.list().await {
-            self.metrics.snapshots_held.set(all.len() as u64);
+            self.metrics.snapshots.held.set(all.len() as u64);
             let bytes: u64 = all.iter().map(|s| s.size).sum();
-            self.metrics.snapshot_bytes.set(bytes);
+            self.metrics.snapshots.bytes.set(bytes);
         }
     }
 

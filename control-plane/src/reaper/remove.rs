@@ -128,6 +128,73 @@ impl Reaper {
         kept
     }
 
+    /// Ends the sessions past their own deadline (removed, or paused: a paused one stays in the
+    /// list, for the grace period's reaping) and removes the records of sessions that are gone;
+    /// returns the sessions left.
+    pub(super) async fn sweep_deadlines(
+        &self,
+        sandboxes: Vec<ContainerInfo>,
+        now: SystemTime,
+        out: &mut Sweep,
+    ) -> Vec<ContainerInfo> {
+        let volumes = match self.sessions.record_volumes_all().await {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(error = %e, "reaper: session records unreadable; deadlines not enforced this sweep");
+                out.failed += 1;
+                return sandboxes;
+            }
+        };
+        let records = crate::sessions::Sessions::newest_of(&volumes);
+        let now_secs = unix_secs(now);
+        let mut kept = Vec::with_capacity(sandboxes.len());
+        for info in sandboxes {
+            let due = records
+                .get(&info.id)
+                .is_some_and(|r| r.deadline.is_some_and(|d| d <= now_secs));
+            // A paused session stays paused: its deadline did its work.
+            if !due
+                || info.is_paused()
+                || (!info.is_running() && self.pauses_at(&records, &info.id))
+            {
+                kept.push(info);
+                continue;
+            }
+            let outcome = self.remove_guarded(&info.id, Why::Deadline, now).await;
+            out.record(&info.id, Why::Deadline, outcome);
+            if outcome != Outcome::Removed {
+                kept.push(info);
+            }
+        }
+        // Records of sessions that are gone, once past the grace a create in flight needs (its
+        // container exists before its record, but this sweep listed containers first).
+        let live: std::collections::HashSet<&str> = kept.iter().map(|c| c.id.as_str()).collect();
+        let guard_ms = i64::try_from(self.policy.grace.min(super::PAYLOAD_GUARD).as_millis())
+            .unwrap_or(i64::MAX);
+        let now_ms = unix_secs(now).saturating_mul(1000);
+        for (session, volume, record) in volumes {
+            if live.contains(session.as_str())
+                || record.written_ms.saturating_add(guard_ms) > now_ms
+            {
+                continue;
+            }
+            if let Err(e) = self.sessions.remove_record_volume(&volume).await {
+                tracing::debug!(volume, error = %e, "reaper: a gone session's record not removed");
+            }
+        }
+        kept
+    }
+
+    fn pauses_at(
+        &self,
+        records: &std::collections::HashMap<String, crate::sessions::Record>,
+        id: &str,
+    ) -> bool {
+        records
+            .get(id)
+            .is_some_and(|r| r.on_timeout == crate::api::OnTimeout::Pause)
+    }
+
     /// Stopped (or paused, counted from its last request) for longer than the grace period.
     async fn expired(&self, info: &ContainerInfo, now: SystemTime) -> bool {
         if info.is_paused() {
@@ -148,6 +215,14 @@ impl Reaper {
             && stopped_at(info).is_some_and(|t| {
                 t.saturating_add(i128::from(self.policy.grace.as_secs()) * NANOS) <= unix_nanos(now)
             })
+    }
+
+    /// Still past its deadline, read again under the lock: it may have been moved since.
+    async fn past_deadline(&self, id: &str, now: SystemTime) -> bool {
+        matches!(
+            self.sessions.record(id).await,
+            Ok(Some(r)) if r.deadline.is_some_and(|d| d <= unix_secs(now))
+        )
     }
 
     /// Still idle, read again under the lock: a request may have come and gone since the listing.
@@ -197,6 +272,7 @@ impl Reaper {
             Why::OverCap => !info.is_running() && !info.is_paused(),
             Why::Idle => info.is_running() && self.still_idle(&info, now).await,
             Why::Lifetime => true,
+            Why::Deadline => self.past_deadline(id, now).await,
         };
         if !still {
             tracing::debug!(session_id = %id, ?why, "reaper: session back in use; kept");
@@ -209,7 +285,7 @@ impl Reaper {
             match live {
                 Ok(Ok(0)) => {}
                 Ok(Ok(n)) => {
-                    self.metrics.observe_processes(id, Some(n as u64));
+                    self.metrics.processes.observe(id, Some(n as u64));
                     tracing::debug!(session_id = %id, processes = n, "reaper: background processes run; kept");
                     self.activity.touch(id).await;
                     return Outcome::Busy;
@@ -223,11 +299,32 @@ impl Reaper {
                 ),
             }
         }
+        if matches!(why, Why::Deadline)
+            && matches!(self.sessions.record(id).await, Ok(Some(r)) if r.on_timeout == crate::api::OnTimeout::Pause)
+        {
+            let outcome = match self.sessions.pause_at_deadline(id).await {
+                Ok(()) => {
+                    tracing::info!(session_id = %id, "reaper: session paused at its deadline");
+                    // Done: a request that thaws it is not to see it paused again.
+                    if let Err(e) = self.sessions.clear_deadline(id).await {
+                        tracing::warn!(session_id = %id, error = %e, "reaper: a paused session's deadline not cleared");
+                    }
+                    Outcome::Paused
+                }
+                Err(SessionError::NotFound) => Outcome::Kept,
+                Err(e) => {
+                    tracing::warn!(session_id = %id, error = %e, "reaper: pausing at the deadline failed");
+                    Outcome::Failed
+                }
+            };
+            drop(held);
+            return outcome;
+        }
         let outcome = match self.sessions.remove(id).await {
             Ok(()) | Err(SessionError::NotFound) => {
                 tracing::info!(session_id = %id, ?why, "reaper: session removed");
                 self.activity.forget(id).await;
-                self.metrics.observe_processes(id, None);
+                self.metrics.processes.observe(id, None);
                 Outcome::Removed
             }
             Err(e) => {

@@ -7,6 +7,16 @@
 //! Content-Security-Policy: scripts, styles and requests from this origin only, no inline
 //! script. The page names its files and the document relatively, so it works at the root and
 //! under the prefix alike, and behind a proxy that mounts the service elsewhere.
+//!
+//! # Why by hand, not `utoipa-swagger-ui`
+//! Its page would meet the CSP (Swagger UI's own `index.html` loads files, no inline script)
+//! with the headers added by a layer, but not the routes: it serves the UI at `{path}/` and
+//! redirects `{path}` there with an absolute `Location`, and names the document by an absolute
+//! URL it serves a copy of itself, so under the prefix or behind a proxy's mount the page
+//! breaks, and `GET /docs` (200 here, as the reference's) would change. Its initialiser would
+//! need our settings anyway (the base layout, no public validator, the key kept in memory
+//! only). What remains is the files, which `build.rs` already takes from the crate that vendors
+//! them, with no download at build time.
 
 use axum::Router;
 use axum::http::{HeaderValue, StatusCode, header};

@@ -14,7 +14,6 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::body::Body;
-use axum::extract::Query;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
@@ -27,12 +26,12 @@ use serde_json::json;
 use tokio::sync::mpsc;
 
 use super::extract::Session;
-use crate::error::{ApiError, ApiJson, ErrorBody};
+use crate::error::{ApiError, ApiJson, ApiQuery, ErrorBody};
 use crate::runtime::{FS_DEADLINE, FileRead};
 use crate::sessions::Workspace;
 
 /// An fs-level refusal as an HTTP status and `{"detail", "code"}`.
-fn refused(e: FsError) -> Response {
+pub(super) fn refused(e: FsError) -> Response {
     let status = match e.code {
         FsErrorCode::InvalidPath => StatusCode::UNPROCESSABLE_ENTITY,
         FsErrorCode::PermissionDenied => StatusCode::FORBIDDEN,
@@ -54,12 +53,15 @@ fn refused(e: FsError) -> Response {
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct FileQuery {
     /// Absolute path anywhere in the container, without `..`.
+    #[param(pattern = r"^(/(?!\.\.(/|$))[^/\x00\n\r]*)+$")]
     pub path: String,
     /// `PUT`: permission bits (0..=0o777, as a decimal number); default: the replaced file's,
     /// else 0o644.
     #[serde(default)]
+    #[param(minimum = 0, maximum = 511)]
     pub mode: Option<u32>,
     /// `PUT`: create missing parent directories (default true).
     #[serde(default)]
@@ -143,7 +145,7 @@ fn gzip(
         (status = 422, description = "invalid_path"), (status = 503, body = ErrorBody)))]
 pub async fn get_file(
     s: Session,
-    Query(q): Query<FileQuery>,
+    ApiQuery(q): ApiQuery<FileQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let path = match validate_any_path(&q.path) {
@@ -231,7 +233,7 @@ async fn stat_size(ws: &Workspace<'_>, path: &str) -> Option<u64> {
         (status = 503, body = ErrorBody)))]
 pub async fn put_file(
     s: Session,
-    Query(q): Query<FileQuery>,
+    ApiQuery(q): ApiQuery<FileQuery>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {

@@ -8,8 +8,7 @@ use std::sync::Arc;
 use crate::api::{HealthResponse, VersionResponse};
 use crate::engine::EngineError;
 use crate::error::ApiError;
-use crate::fleet::Fleet;
-use crate::sessions::SessionError;
+use crate::fleet::{Fleet, FleetError};
 use crate::telemetry::runtime_probe::RuntimeHealth;
 
 /// Healthcheck: 200 while Docker answers (in a fleet: while an engine is up), 503 otherwise.
@@ -25,7 +24,7 @@ pub async fn health(
     if fleet.is_fleet() {
         // The health checks already ping every engine each second.
         if !cells.iter().any(|c| c.is_up()) {
-            return Err(SessionError::EngineNotResponding(EngineError::Unavailable(
+            return Err(FleetError::EngineNotResponding(EngineError::Unavailable(
                 "no engine of the fleet is up".into(),
             ))
             .into());
@@ -34,7 +33,7 @@ pub async fn health(
         cell.engine()
             .ping()
             .await
-            .map_err(SessionError::EngineNotResponding)?;
+            .map_err(FleetError::EngineNotResponding)?;
     }
     Ok(Json(HealthResponse {
         status: "ok".to_string(),

@@ -12,6 +12,7 @@ pub mod engines;
 pub mod extract;
 pub mod files;
 pub mod fs;
+pub mod inventory;
 pub mod meta;
 pub mod metrics;
 pub mod observe;
@@ -20,6 +21,7 @@ pub mod processes;
 pub mod seed;
 pub mod session;
 pub mod snapshots;
+pub mod watch;
 
 use std::sync::Arc;
 
@@ -69,6 +71,18 @@ where
             .delete(session::close),
     );
     api = both(api, "/session/{session_id}/egress/", put(egress::refresh));
+    api = both(api, "/sessions/", get(inventory::list));
+    api = both(api, "/session/{session_id}/info/", get(inventory::info));
+    api = both(
+        api,
+        "/session/{session_id}/metrics/",
+        get(inventory::metrics),
+    );
+    api = both(
+        api,
+        "/session/{session_id}/timeout/",
+        post(inventory::timeout),
+    );
     // A snapshot and a fork take a create slot: each builds Docker objects as a create does.
     let create_slot = || middleware::from_fn_with_state(admission.clone(), admit::create);
     api = both(
@@ -137,6 +151,7 @@ where
             handler.layer(middleware::from_fn_with_state(admission.clone(), admit::fs)),
         );
     }
+    api = both(api, "/session/{session_id}/watch", get(watch::watch));
     api = both(
         api,
         "/session/{session_id}/processes/",
@@ -151,6 +166,26 @@ where
         api,
         "/session/{session_id}/processes/{process_id}/stdin",
         post(processes::stdin),
+    );
+    api = both(
+        api,
+        "/session/{session_id}/processes/{process_id}/events",
+        get(processes::events),
+    );
+    api = both(
+        api,
+        "/session/{session_id}/processes/{process_id}/signal",
+        post(processes::signal),
+    );
+    api = both(
+        api,
+        "/session/{session_id}/processes/{process_id}/resize",
+        post(processes::resize),
+    );
+    api = both(
+        api,
+        "/session/{session_id}/processes/{process_id}/pty",
+        get(processes::pty),
     );
     let api = api.route_layer(middleware::from_fn_with_state(
         config.clone(),
@@ -198,7 +233,9 @@ where
 }
 
 /// Registers `path` with and without its trailing slash: clients use both, and redirects would
-/// turn a POST into a GET in some of them.
+/// turn a POST into a GET in some of them. Not tower-http's `NormalizePathLayer`: it rewrites the
+/// path before routing, so the matched route (the `route` label of the metrics and the request
+/// log, which dashboards key on) would lose the documented trailing slash.
 fn both<S: Clone + Send + Sync + 'static>(
     router: Router<S>,
     path: &str,

@@ -93,7 +93,7 @@ pub async fn observe(
         status,
     };
     observe_duration(
-        &observed.metrics.http_requests.get_or_create(&labels),
+        &observed.metrics.http.requests.get_or_create(&labels),
         elapsed,
     );
     tracing::info!(

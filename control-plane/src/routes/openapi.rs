@@ -1,7 +1,8 @@
 //! The OpenAPI document (`GET {api}/openapi.json`): [`ApiDoc`], beside the routes it lists, and
-//! its post-processing ([`links`]: the links between operations and the bounds the type
+//! its post-processing ([`links`]: the links between operations; `bounds`: what the type
 //! attributes cannot say).
 
+mod bounds;
 pub mod links;
 
 use std::sync::Arc;
@@ -31,6 +32,10 @@ pub async fn document(State(fleet): State<Arc<Fleet>>) -> impl IntoResponse {
         crate::routes::session::run,
         crate::routes::session::status,
         crate::routes::session::close,
+        crate::routes::inventory::list,
+        crate::routes::inventory::info,
+        crate::routes::inventory::timeout,
+        crate::routes::inventory::metrics,
         crate::routes::egress::refresh,
         crate::routes::seed::seed,
         crate::routes::fs::ls,
@@ -46,10 +51,15 @@ pub async fn document(State(fleet): State<Arc<Fleet>>) -> impl IntoResponse {
         crate::routes::files::mkdir,
         crate::routes::files::move_entry,
         crate::routes::files::list,
+        crate::routes::watch::watch,
         crate::routes::processes::start,
         crate::routes::processes::list,
         crate::routes::processes::poll,
         crate::routes::processes::stdin,
+        crate::routes::processes::events,
+        crate::routes::processes::signal,
+        crate::routes::processes::resize,
+        crate::routes::processes::pty,
         crate::routes::processes::kill,
         crate::routes::snapshots::take,
         crate::routes::snapshots::list,

@@ -1,16 +1,21 @@
 //! `/session/{id}/processes/...`: background processes. None of these waits for a running
 //! command of the same session (see [`crate::processes`]).
 
+use std::sync::Arc;
+
 use axum::Json;
-use axum::body::Bytes;
-use axum::extract::FromRequestParts;
-use axum::http::StatusCode;
+use axum::body::{Body, Bytes};
+use axum::extract::{FromRequestParts, State};
 use axum::http::request::Parts;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
 
 use super::extract::{Session, param};
 use crate::api::{
-    PollQuery, ProcessList, ProcessOutput, StartProcessRequest, StartProcessResponse, StdinQuery,
+    EventsQuery, PollQuery, ProcessEvent, ProcessList, ProcessOutput, PtyQuery, SignalRequest,
+    StartProcessRequest, StartProcessResponse, StdinQuery, TerminalSize,
 };
+use crate::config::Config;
 use crate::error::{ApiError, ApiJson, ApiQuery, ErrorBody};
 use crate::processes;
 
@@ -29,22 +34,110 @@ impl<S: Send + Sync> FromRequestParts<S> for Pid {
     }
 }
 
-/// Start a background process; it outlives the request and dies with the session.
+/// Start a background process; it outlives the request and dies with the session. With your
+/// own `process_id`, a start repeated answers the same process (200).
 #[utoipa::path(post, path = "/session/{session_id}/processes/", tag = "processes",
     request_body = StartProcessRequest, security(("api_key" = [])),
     params(("session_id" = String, Path, description = "The session id")),
-    responses((status = 201, body = StartProcessResponse), (status = 403, body = ErrorBody),
-        (status = 404, body = ErrorBody), (status = 422, body = ErrorBody),
+    responses((status = 201, body = StartProcessResponse),
+        (status = 200, body = StartProcessResponse, description = "The process of that `process_id`, already started"),
+        (status = 403, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody),
+        (status = 422, body = ErrorBody),
         (status = 429, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn start(
     s: Session,
     ApiJson(req): ApiJson<StartProcessRequest>,
 ) -> Result<(StatusCode, Json<StartProcessResponse>), ApiError> {
-    let process_id = processes::start(&s.sessions.workspace(&s.id), &req).await?;
+    let started = processes::start(&s.sessions.workspace(&s.id), &req).await?;
+    let status = if started.existing {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
     Ok((
-        StatusCode::CREATED,
-        Json(StartProcessResponse { process_id }),
+        status,
+        Json(StartProcessResponse {
+            process_id: started.process_id,
+            existing: started.existing,
+        }),
     ))
+}
+
+/// A process's events as NDJSON, one `ProcessEvent` per line: `start`, its `stdout` and
+/// `stderr` chunks apart, `end`; with `follow=true` until `end`, keepalives in silences. After a
+/// disconnect, `after=` the last `seq` seen resumes with nothing lost or repeated; 410 once
+/// those events have left the process's bounded buffer (`PROCESS_OUTPUT_BYTES`).
+#[utoipa::path(get, path = "/session/{session_id}/processes/{process_id}/events",
+    tag = "processes", security(("api_key" = [])),
+    params(("session_id" = String, Path, description = "The session id"),
+        ("process_id" = String, Path, description = "The process id"), EventsQuery),
+    responses((status = 200, body = ProcessEvent, content_type = "application/x-ndjson"),
+        (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 410, body = ErrorBody), (status = 422, body = ErrorBody),
+        (status = 503, body = ErrorBody)))]
+pub async fn events(
+    State(config): State<Arc<Config>>,
+    s: Session,
+    Pid(pid): Pid,
+    ApiQuery(q): ApiQuery<EventsQuery>,
+) -> Result<Response, ApiError> {
+    // The first round answers before the body starts: a missing process or lost events are a
+    // status, not a cut stream.
+    let first = processes::events(
+        &s.sessions.workspace(&s.id),
+        &pid,
+        q.after,
+        std::time::Duration::ZERO,
+    )
+    .await?;
+    let keepalive = config.sessions.stream_heartbeat;
+    let rx = processes::follow_events(s.sessions, s.id, pid, first, q.after, q.follow, keepalive);
+    let stream = futures::stream::unfold(rx, |mut rx| async move {
+        let event = rx.recv().await?;
+        let mut bytes = serde_json::to_vec(&event).unwrap_or_default();
+        bytes.push(b'\n');
+        Some((Ok::<_, std::convert::Infallible>(bytes), rx))
+    });
+    Ok((
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        Body::from_stream(stream),
+    )
+        .into_response())
+}
+
+/// Resize the terminal of a process started with `pty`.
+#[utoipa::path(post, path = "/session/{session_id}/processes/{process_id}/resize",
+    tag = "processes", request_body = TerminalSize, security(("api_key" = [])),
+    params(("session_id" = String, Path, description = "The session id"),
+        ("process_id" = String, Path, description = "The process id")),
+    responses((status = 204), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, body = ErrorBody, description = "Not started in a terminal, or ended"),
+        (status = 422, body = ErrorBody), (status = 503, body = ErrorBody)))]
+pub async fn resize(
+    s: Session,
+    Pid(pid): Pid,
+    ApiJson(size): ApiJson<TerminalSize>,
+) -> Result<StatusCode, ApiError> {
+    processes::resize(&s.sessions.workspace(&s.id), &pid, size).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Send a signal (`TERM`, `KILL`, `INT`, `HUP`) to the process's whole process group.
+#[utoipa::path(post, path = "/session/{session_id}/processes/{process_id}/signal",
+    tag = "processes", request_body = SignalRequest, security(("api_key" = [])),
+    params(("session_id" = String, Path, description = "The session id"),
+        ("process_id" = String, Path, description = "The process id")),
+    responses((status = 204), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, body = ErrorBody, description = "The process has ended"),
+        (status = 422, body = ErrorBody), (status = 503, body = ErrorBody)))]
+pub async fn signal(
+    s: Session,
+    Pid(pid): Pid,
+    ApiJson(req): ApiJson<SignalRequest>,
+) -> Result<StatusCode, ApiError> {
+    processes::signal(&s.sessions.workspace(&s.id), &pid, req.signal).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// The session's background processes, running and recently ended, oldest first.
@@ -103,4 +196,118 @@ pub async fn stdin(
 pub async fn kill(s: Session, Pid(pid): Pid) -> Result<StatusCode, ApiError> {
     processes::kill(&s.sessions.workspace(&s.id), &pid).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// How long a terminal's WebSocket client may leave output unread before it is closed.
+const TERMINAL_STALL: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The terminal of a process started with `pty`, over a WebSocket, both ways: the terminal's
+/// output as binary messages, what the client sends (binary or text) typed into it. `since`
+/// replays the output from that byte offset (a reconnect passes the bytes it has seen); without
+/// it, output from now on. Closed with 1000 when the process ends; a client that stops reading
+/// for 30 s is closed with 1008 (nothing is held for it meanwhile).
+#[utoipa::path(get, path = "/session/{session_id}/processes/{process_id}/pty",
+    tag = "processes", security(("api_key" = [])),
+    params(("session_id" = String, Path, description = "The session id"),
+        ("process_id" = String, Path, description = "The process id"), PtyQuery),
+    responses((status = 101, description = "Switching to the WebSocket protocol"),
+        (status = 400, body = ErrorBody, description = "Not a WebSocket upgrade request"),
+        (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, body = ErrorBody, description = "Not started in a terminal"),
+        (status = 422, body = ErrorBody), (status = 503, body = ErrorBody)))]
+pub async fn pty(
+    State(config): State<Arc<Config>>,
+    s: Session,
+    Pid(pid): Pid,
+    ApiQuery(q): ApiQuery<PtyQuery>,
+    upgrade: Result<
+        axum::extract::ws::WebSocketUpgrade,
+        axum::extract::ws::rejection::WebSocketUpgradeRejection,
+    >,
+) -> Result<Response, ApiError> {
+    let ws = s.sessions.workspace(&s.id);
+    if !processes::has_terminal(&ws, &pid).await? {
+        return Err(ApiError::Conflict(
+            "the process was not started in a terminal (start it with \"pty\")".into(),
+        ));
+    }
+    let upgrade = upgrade.map_err(|r| {
+        ApiError::BadRequest(format!(
+            "connect with a WebSocket (Upgrade: websocket): {}",
+            r.body_text()
+        ))
+    })?;
+    // From now on: where its output is at.
+    let since = match q.since {
+        Some(n) => n,
+        None => {
+            let (info, _) =
+                processes::poll_bytes(&ws, &pid, u64::MAX, std::time::Duration::ZERO).await?;
+            info.next_offset
+        }
+    };
+    let wait = config.sessions.stream_heartbeat;
+    let (sessions, id) = (s.sessions, s.id);
+    Ok(upgrade
+        .max_message_size(1 << 20)
+        .on_upgrade(move |socket| async move {
+            terminal(socket, sessions, id, pid, since, wait).await;
+        }))
+}
+
+async fn terminal(
+    socket: axum::extract::ws::WebSocket,
+    sessions: Arc<crate::sessions::Sessions>,
+    id: crate::sessions::SessionId,
+    pid: String,
+    mut offset: u64,
+    wait: std::time::Duration,
+) {
+    use axum::extract::ws::{CloseFrame, Message};
+    use futures::{SinkExt, StreamExt};
+    let (mut tx, mut rx) = socket.split();
+    let close = |code: u16, why: &'static str| {
+        Message::Close(Some(CloseFrame {
+            code,
+            reason: why.into(),
+        }))
+    };
+    loop {
+        let ws = sessions.workspace(&id);
+        tokio::select! {
+            msg = rx.next() => {
+                let input = match msg {
+                    Some(Ok(Message::Binary(b))) => b,
+                    Some(Ok(Message::Text(t))) => Bytes::copy_from_slice(t.as_bytes()),
+                    Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
+                    _ => return, // closed, or gone
+                };
+                if processes::stdin(&ws, &pid, input, false).await.is_err() {
+                    let _ = tx.send(close(1011, "the terminal does not take input")).await;
+                    return;
+                }
+            }
+            polled = processes::poll_bytes(&ws, &pid, offset, wait) => {
+                let Ok((info, bytes)) = polled else {
+                    let _ = tx.send(close(1011, "the process is gone")).await;
+                    return;
+                };
+                offset = info.offset + bytes.len() as u64;
+                if !bytes.is_empty() {
+                    let sent = tokio::time::timeout(TERMINAL_STALL, tx.send(Message::Binary(bytes))).await;
+                    match sent {
+                        Ok(Ok(())) => {}
+                        Ok(Err(_)) => return,
+                        Err(_) => {
+                            let _ = tx.send(close(1008, "the client stopped reading")).await;
+                            return;
+                        }
+                    }
+                } else if !info.running {
+                    let _ = tx.send(close(1000, "the process ended")).await;
+                    return;
+                }
+            }
+        }
+    }
 }

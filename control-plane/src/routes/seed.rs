@@ -47,7 +47,10 @@ pub async fn seed(s: Locked<Request>) -> Result<Response, ApiError> {
     };
     // Labelled by the answer's status: the one part of a seed's metrics this layer knows.
     let labels = OutcomeLabels { outcome: label };
-    observe_duration(&ws.metrics.seeds.get_or_create(&labels), started.elapsed());
+    observe_duration(
+        &ws.metrics.workspace.seeds.get_or_create(&labels),
+        started.elapsed(),
+    );
     let outcome = outcome?;
     let mut resp = StatusCode::NO_CONTENT.into_response();
     resp.headers_mut().insert(

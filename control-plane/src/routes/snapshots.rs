@@ -194,15 +194,7 @@ fn info(s: &Snapshot) -> SnapshotInfo {
     }
 }
 
-fn rfc3339(unix: i64) -> String {
-    time::OffsetDateTime::from_unix_timestamp(unix)
-        .ok()
-        .and_then(|t| {
-            t.format(&time::format_description::well_known::Rfc3339)
-                .ok()
-        })
-        .unwrap_or_default()
-}
+use crate::time::rfc3339;
 
 #[cfg(test)]
 mod tests {

@@ -7,7 +7,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use sandbox_protocol::frame::{MAX_DATA_CHUNK, MAX_PAYLOAD};
 use sandbox_protocol::message::{
-    ErrorKind, Event, ExtractStats, ProcRequest, Request, Response, ResponseError, SeededInfo,
+    DiskInfo, ErrorKind, Event, ExtractStats, ProcRequest, Request, Response, ResponseError,
+    SeededInfo,
 };
 use serde_json::value::RawValue;
 use tokio::sync::mpsc;
@@ -56,6 +57,7 @@ fn process_error(e: ResponseError) -> HelperError {
         K::Conflict => HelperError::ProcessConflict(e.message),
         K::Limit => HelperError::ProcessLimit(e.message),
         K::Io => HelperError::ProcessIo(e.message),
+        K::Gone => HelperError::ProcessGone(e.message),
         _ => op_error(e),
     }
 }
@@ -101,7 +103,7 @@ async fn response(
                     return Ok(Answer { ok, output });
                 }
                 Ok(Incoming::Data(d)) => output = d,
-                Ok(Incoming::Event(_)) => {}
+                Ok(Incoming::Event(_) | Incoming::Stderr(_)) => {}
                 Err(e) => return Err(lost(e, false)),
             }
         }
@@ -153,6 +155,9 @@ impl SessionRuntime for HelperRuntime {
             output_cap: spec.output_cap.min(spec.run_output_cap) as u64,
             workdir: spec.workdir.clone(),
             env: spec.env.clone(),
+            // Streamed, each stream is its own; the plain answer keeps one pipe, so its output
+            // interleaves them exactly as written.
+            split: events.is_some(),
         });
         let caps = Caps {
             data: MAX_DATA_CHUNK,
@@ -211,8 +216,9 @@ impl SessionRuntime for HelperRuntime {
                         }
                     };
                     reached = true;
+                    let stderr = matches!(msg, Incoming::Stderr(_));
                     match msg {
-                        Incoming::Data(bytes) => {
+                        Incoming::Data(bytes) | Incoming::Stderr(bytes) => {
                             if let Some((index, out, dropped)) = current.as_mut() {
                                 // The helper caps each command (this bound only guards against
                                 // a bad one); the request's budget is kept here.
@@ -231,6 +237,7 @@ impl SessionRuntime for HelperRuntime {
                                         .send(RunEvent::Output {
                                             index: *index,
                                             data,
+                                            stderr,
                                         })
                                         .await;
                                 }
@@ -262,7 +269,11 @@ impl SessionRuntime for HelperRuntime {
                                 }
                                 results.push(result);
                             }
-                            Event::Ready { .. } | Event::File { .. } => {}
+                            Event::Ready { .. }
+                            | Event::File { .. }
+                            | Event::Armed { .. }
+                            | Event::Change { .. }
+                            | Event::Overflow => {}
                         },
                         Incoming::Response(payload) => {
                             answer(&h, &payload, op_error)?;
@@ -311,6 +322,15 @@ impl SessionRuntime for HelperRuntime {
         range: Option<sandbox_protocol::message::ByteRange>,
     ) -> Result<super::FileRead, HelperError> {
         HelperRuntime::read_file(self, id, path, range).await
+    }
+
+    async fn watch(
+        &self,
+        id: &str,
+        path: &str,
+        recursive: bool,
+    ) -> Result<super::WatchOpen, HelperError> {
+        HelperRuntime::watch(self, id, path, recursive).await
     }
 
     async fn write_file(
@@ -367,7 +387,10 @@ impl SessionRuntime for HelperRuntime {
         // Starting twice or writing stdin twice is not harmless; the rest may be retried.
         let idempotent = matches!(
             request,
-            ProcRequest::List | ProcRequest::Poll { .. } | ProcRequest::Kill { .. }
+            ProcRequest::List
+                | ProcRequest::Poll { .. }
+                | ProcRequest::Events { .. }
+                | ProcRequest::Kill { .. }
         );
         let (caps, within) = match &request {
             ProcRequest::Poll {
@@ -376,6 +399,19 @@ impl SessionRuntime for HelperRuntime {
                 Caps {
                     data: usize::try_from(*max_bytes).unwrap_or(usize::MAX),
                     response: Caps::SMALL.response,
+                },
+                Duration::from_millis(*wait_ms) + SHORT_CALL,
+            ),
+            // Output up to `max_bytes` (more when its first event alone is larger), and a line
+            // per event (thousands, for a process writing a few bytes at a time).
+            ProcRequest::Events {
+                wait_ms, max_bytes, ..
+            } => (
+                Caps {
+                    data: usize::try_from(*max_bytes)
+                        .unwrap_or(usize::MAX)
+                        .max(MAX_DATA_CHUNK),
+                    response: MAX_PAYLOAD,
                 },
                 Duration::from_millis(*wait_ms) + SHORT_CALL,
             ),
@@ -424,6 +460,17 @@ impl SessionRuntime for HelperRuntime {
                 let mut h = start(chan, &Request::Seeded, Caps::SMALL, None).await?;
                 let a = response(&mut h, SHORT_CALL, op_error).await?;
                 Ok(a.parse::<SeededInfo>()?.seeded)
+            })
+        })
+        .await
+    }
+
+    async fn disk(&self, id: &str) -> Result<DiskInfo, HelperError> {
+        self.with_retry(id, true, |chan| {
+            Box::pin(async move {
+                let mut h = start(chan, &Request::Disk, Caps::SMALL, None).await?;
+                let a = response(&mut h, DISK_CALL, op_error).await?;
+                Ok(a.parse::<DiskInfo>()?)
             })
         })
         .await

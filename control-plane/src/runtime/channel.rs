@@ -35,8 +35,9 @@ const OUTBOX: usize = 64;
 const INBOX: usize = 64;
 /// How long a fresh helper may take to say it is ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(15);
-/// Largest event: `ready`, `started` and `finished` are a few dozen bytes.
-const EVENT_MAX: usize = 1024;
+/// Largest event: `ready`, `started` and `finished` are a few dozen bytes; a watch's `change`
+/// names a path (4 KiB at most) twice, with its entry's owner and group.
+const EVENT_MAX: usize = 16 * 1024;
 /// Bytes of frames for ended requests the channel skips before it calls the traffic a
 /// violation: a cancelled command is killed within milliseconds, so its last output is far less.
 /// The count restarts with every frame for a live request.
@@ -64,6 +65,8 @@ impl Caps {
 pub enum Incoming {
     Event(Event),
     Data(Bytes),
+    /// What the running command of a split `run` wrote to its stderr.
+    Stderr(Bytes),
     /// The RESPONSE payload, still JSON: the caller parses it into the op's own type.
     Response(Bytes),
 }
@@ -114,6 +117,9 @@ pub enum ChannelError {
 struct Inbox {
     tx: mpsc::Sender<Incoming>,
     caps: Caps,
+    /// How long its consumer may leave a full inbox before the request is given up (see
+    /// [`Channel::request_abandoned_after`]); `None`: the reader waits for it.
+    stall: Option<Duration>,
 }
 
 #[derive(Default)]
@@ -136,8 +142,9 @@ pub struct Channel {
 
 /// Where a frame's payload goes.
 enum Route {
-    /// To this request's inbox (`None`: the ready event, taken by the reader itself).
-    Keep(Option<mpsc::Sender<Incoming>>),
+    /// To this request's inbox (`None`: the ready event, taken by the reader itself), with how
+    /// long its consumer may stall.
+    Keep(Option<(mpsc::Sender<Incoming>, Option<Duration>)>),
     /// Nowhere: its request ended. Counted down as it streams by, never stored.
     Skip,
 }
@@ -188,6 +195,7 @@ impl Channel {
 
         let reader = Reader {
             book: book.clone(),
+            outbox: outbox.clone(),
             ready: Some(ready_tx),
             skipped: 0,
         };
@@ -245,11 +253,24 @@ impl Channel {
     }
 
     /// Starts a request taking at most `caps` from the helper. The returned handle cancels it in
-    /// the helper if dropped unfinished.
+    /// the helper if dropped unfinished. A consumer that stops taking its frames slows the
+    /// reader, so every request of the channel (a run's output is worth waiting for).
     pub async fn request(
         self: &Arc<Self>,
         body: &Request,
         caps: Caps,
+    ) -> Result<RequestHandle, ChannelError> {
+        self.request_abandoned_after(body, caps, None).await
+    }
+
+    /// [`Self::request`], but a consumer that leaves its inbox full for `stall` loses the
+    /// request instead: it is cancelled in the helper, its frames are skipped, its inbox ends.
+    /// For a download whose client stopped reading: the session's other requests go on.
+    pub async fn request_abandoned_after(
+        self: &Arc<Self>,
+        body: &Request,
+        caps: Caps,
+        stall: Option<Duration>,
     ) -> Result<RequestHandle, ChannelError> {
         if self.is_closed() {
             return Err(ChannelError::Closed);
@@ -266,7 +287,7 @@ impl Channel {
                 }
             };
             book.next = book.next.max(id.wrapping_add(1));
-            book.live.insert(id, Inbox { tx, caps });
+            book.live.insert(id, Inbox { tx, caps, stall });
             id
         };
         let mut handle = RequestHandle {
@@ -283,6 +304,8 @@ impl Channel {
 /// The reader's side: the frame currently streaming in, and what it decided about it.
 struct Reader {
     book: Shared,
+    /// To cancel a request whose consumer stalled.
+    outbox: mpsc::Sender<Vec<u8>>,
     ready: Option<tokio::sync::oneshot::Sender<Result<(), ChannelError>>>,
     /// Bytes skipped for ended requests since the last frame for a live one.
     skipped: u64,
@@ -345,7 +368,7 @@ impl Reader {
         let n = len as usize - 5;
         let id = u32::from_be_bytes([h[4], h[5], h[6], h[7]]);
         let k = h[8];
-        if !matches!(k, kind::DATA | kind::EVENT | kind::RESPONSE) {
+        if !matches!(k, kind::DATA | kind::STDERR | kind::EVENT | kind::RESPONSE) {
             return Err(Violation::Kind(k));
         }
         let within = |what, cap: usize| {
@@ -388,11 +411,11 @@ impl Reader {
             return Ok(pending(Route::Skip));
         };
         match k {
-            kind::DATA => within("a data frame", inbox.caps.data)?,
+            kind::DATA | kind::STDERR => within("a data frame", inbox.caps.data)?,
             kind::RESPONSE => within("a response", inbox.caps.response.min(MAX_PAYLOAD))?,
             _ => {}
         }
-        let to = inbox.tx.clone();
+        let to = (inbox.tx.clone(), inbox.stall);
         drop(book);
         self.skipped = 0;
         let mut frame = pending(Route::Keep(Some(to)));
@@ -414,6 +437,7 @@ impl Reader {
         };
         let msg = match k {
             kind::DATA => Incoming::Data(Bytes::from(payload)),
+            kind::STDERR => Incoming::Stderr(Bytes::from(payload)),
             kind::RESPONSE => Incoming::Response(Bytes::from(payload)),
             _ => Incoming::Event(
                 serde_json::from_slice::<Event>(&payload).map_err(|_| Violation::BadEvent)?,
@@ -446,9 +470,27 @@ impl Reader {
             // The request's last frame: it is no longer live.
             lock(&self.book).live.remove(&id);
         }
-        if let Some(to) = to {
-            // A consumer that went away has cancelled; its frames are dropped.
+        let Some((to, stall)) = to else {
+            return Ok(());
+        };
+        // A consumer that went away has cancelled; its frames are dropped.
+        let Some(stall) = stall else {
             let _ = to.send(msg).await;
+            return Ok(());
+        };
+        if tokio::time::timeout(stall, to.send(msg)).await.is_err() {
+            tracing::warn!(
+                request = id,
+                stalled_s = stall.as_secs(),
+                "a request's consumer stopped taking its frames: the request is given up"
+            );
+            lock(&self.book).live.remove(&id);
+            let mut frame = Vec::with_capacity(HEADER_LEN);
+            encode(id, kind::CANCEL, &[], &mut frame);
+            let outbox = self.outbox.clone();
+            tokio::spawn(async move {
+                let _ = outbox.send(frame).await;
+            });
         }
         Ok(())
     }
@@ -654,7 +696,7 @@ mod tests {
             .request(&Request::Ping, Caps::SMALL)
             .await
             .expect("sent");
-        helper.frame(1, kind::EVENT, &[b' '; 2048]).await;
+        helper.frame(1, kind::EVENT, &[b' '; EVENT_MAX + 1]).await;
         assert!(matches!(
             closed_with(&chan).await,
             Some(Violation::Oversize { .. })
@@ -716,6 +758,39 @@ mod tests {
             helper.big(1, kind::DATA, 16 << 20).await;
         }
         assert_eq!(closed_with(&chan).await, Some(Violation::Flood));
+    }
+
+    /// A download whose client stopped reading: its request is given up after its stall, and
+    /// the session's other requests are answered; a request without one is waited for.
+    #[tokio::test]
+    async fn a_stalled_consumer_loses_its_request_not_the_channel() {
+        let (chan, helper) = open().await;
+        let caps = Caps {
+            data: 1024,
+            response: 1024,
+        };
+        let mut stalled = chan
+            .request_abandoned_after(&Request::Ping, caps, Some(Duration::from_millis(200)))
+            .await
+            .expect("sent");
+        let mut other = chan.request(&Request::Ping, caps).await.expect("sent");
+        // More than its inbox holds, never read.
+        for _ in 0..INBOX + 8 {
+            helper.frame(1, kind::DATA, b"chunk").await;
+        }
+        helper.frame(2, kind::RESPONSE, br#"{"ok":{}}"#).await;
+        let answered = tokio::time::timeout(Duration::from_secs(5), other.recv()).await;
+        assert!(
+            matches!(answered, Ok(Ok(Incoming::Response(_)))),
+            "{answered:?}"
+        );
+        assert!(!chan.is_closed());
+        // What it had queued, then the end of its inbox.
+        let mut got = 0;
+        while let Ok(Incoming::Data(_)) = stalled.recv().await {
+            got += 1;
+        }
+        assert!((INBOX..INBOX + 8).contains(&got), "{got}");
     }
 
     #[tokio::test]

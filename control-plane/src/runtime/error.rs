@@ -61,4 +61,7 @@ pub enum HelperError {
     /// The supervisor could not do what was asked (the working directory is missing, ...).
     #[error("{0}")]
     ProcessIo(String),
+    /// The process's events asked for have left its bounded buffer.
+    #[error("{0}")]
+    ProcessGone(String),
 }

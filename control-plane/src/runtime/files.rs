@@ -32,6 +32,10 @@ pub enum FileRead {
     Refused(sandbox_protocol::wire::FsError),
 }
 
+/// How long a download's client may stop reading (with every buffer on the way full) before the
+/// download is cut: meanwhile the session's other requests wait, as they share its channel.
+const DOWNLOAD_STALL: std::time::Duration = std::time::Duration::from_secs(30);
+
 fn io_error(what: &str) -> std::io::Error {
     std::io::Error::other(what.to_string())
 }
@@ -52,8 +56,9 @@ impl HelperRuntime {
             data: MAX_DATA_CHUNK,
             response: Caps::SMALL.response,
         };
+        // A client that stops reading must not hold up the session's other requests.
         let mut h = chan
-            .request(&request, caps)
+            .request_abandoned_after(&request, caps, Some(DOWNLOAD_STALL))
             .await
             .map_err(|_| HelperError::Lost)?;
         let first = tokio::time::timeout(EXTRACT_STALL, h.recv())
@@ -122,7 +127,7 @@ impl HelperRuntime {
 }
 
 /// A RESPONSE of a raw file op as its [`FileAnswer`]; anything else condemns the channel.
-fn parse(h: &RequestHandle, payload: &[u8]) -> Result<FileAnswer, HelperError> {
+pub(super) fn parse(h: &RequestHandle, payload: &[u8]) -> Result<FileAnswer, HelperError> {
     use sandbox_protocol::message::Response;
     match serde_json::from_slice::<Response<FileAnswer>>(payload) {
         Ok(Response::Ok(a)) => Ok(a),
@@ -195,7 +200,7 @@ fn body(h: RequestHandle, length: u64) -> BoxStream<'static, std::io::Result<Byt
                             _ => Some((Err(io_error("the file ended early")), (h, got, true))),
                         };
                     }
-                    Incoming::Event(_) => {}
+                    Incoming::Event(_) | Incoming::Stderr(_) => {}
                 }
             }
         },

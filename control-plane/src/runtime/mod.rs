@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use sandbox_protocol::files::FileAnswer;
-use sandbox_protocol::message::{ByteRange, ExtractStats, ProcRequest, Request};
+use sandbox_protocol::message::{ByteRange, DiskInfo, ExtractStats, ProcRequest, Request};
 use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
 use tokio::sync::mpsc;
@@ -37,12 +37,14 @@ mod error;
 mod files;
 mod helper;
 mod helper_bin;
+mod watch;
 mod writer;
 
 pub use error::HelperError;
 pub use files::{FileRead, FileStream};
 pub use helper::{HelperRuntime, own_helper_path};
 pub use helper_bin::helper_binary;
+pub use watch::{WATCH_QUEUE, WatchOpen};
 pub use writer::{ServiceFile, Writer, Written};
 
 /// Exit code reported for a command whose helper vanished under it (it was killed, or the
@@ -58,6 +60,8 @@ const ANSWER_GRACE: Duration = Duration::from_secs(10);
 const ENGINE_CHECK: Duration = Duration::from_secs(3);
 /// Longest a process request (but a poll's wait) or a `seeded` check may take.
 const SHORT_CALL: Duration = Duration::from_secs(20);
+/// Longest the workspace's disk walk may take (a sample skips its disk past it).
+const DISK_CALL: Duration = Duration::from_secs(10);
 /// Longest an emptying of a failed seed's destination may take.
 const CLEAR_DEADLINE: Duration = Duration::from_secs(120);
 /// Longest a seed's extraction may go without taking a chunk or, at the end, answering.
@@ -85,7 +89,12 @@ pub struct RunSpec {
 #[derive(Debug)]
 pub enum RunEvent {
     /// Output of command `index`, as the helper forwarded it (within the output cap).
-    Output { index: usize, data: Bytes },
+    Output {
+        index: usize,
+        data: Bytes,
+        /// From the command's stderr (else its stdout).
+        stderr: bool,
+    },
     /// Command `index` ended; `result` is its entry of the final results.
     Result { index: usize, result: RunResult },
 }
@@ -153,6 +162,9 @@ pub trait SessionRuntime: Send + Sync + 'static {
         request: Request,
         body: mpsc::Receiver<std::io::Result<Bytes>>,
     ) -> Result<FileAnswer, HelperError>;
+    /// Watches directory `path` (anywhere, as the sandbox user; `recursive`: everything below
+    /// it too): armed when this answers. Dropping the changes' receiver ends the watch.
+    async fn watch(&self, id: &str, path: &str, recursive: bool) -> Result<WatchOpen, HelperError>;
     /// Extracts a (sanitised) tar stream under `dest`, as the sandbox user.
     /// A producer that fails sends `Err` (and its own error is what the caller reports).
     async fn extract(
@@ -165,6 +177,8 @@ pub trait SessionRuntime: Send + Sync + 'static {
     async fn clear(&self, id: &str, dest: &str) -> Result<(), HelperError>;
     /// Whether the session was seeded (its root-owned marker exists).
     async fn seeded(&self, id: &str) -> Result<bool, HelperError>;
+    /// The workspace's filesystem size and the bytes allocated under it.
+    async fn disk(&self, id: &str) -> Result<DiskInfo, HelperError>;
     /// Opens the session's channel ahead of its first use (best effort).
     async fn warm(&self, id: &str);
     /// Drops the session's channel (the session is being removed or stopped).

@@ -249,7 +249,7 @@ mod tests {
     -> Result<(), Box<dyn std::error::Error>> {
         let mut file = ServiceFile::root(crate::layout::ENV_FILE, 0o644);
         let (dir, tar) = file.archive(b"[]")?;
-        assert_eq!(dir, crate::layout::SERVICE_DIR);
+        assert_eq!(dir, crate::layout::SESSION_DIR);
         let mut archive = tar::Archive::new(&tar[..]);
         let mut entries = archive.entries()?;
         let entry = entries.next().ok_or("empty")??;

@@ -9,6 +9,14 @@
 //! A sandbox is one container labelled [`MANAGED_LABEL`]; its id is the session id. Everything
 //! the service needs to know about it is on its labels. Docker round trips of a build: inspect
 //! image + create + put skeleton + start (4); for egress, see [`crate::egress`].
+//!
+//! The caller's `environment` is never in the container's config (its `Env`, its labels), which
+//! a `docker commit` keeps in the image twice (the image's config, and the committing
+//! container's own as `container_config`), nor in its layer: it is a file
+//! ([`layout::ENV_FILE`]) on the session's own anonymous volume ([`layout::SESSION_DIR`]), written
+//! by the skeleton at a create (no round trip of its own) and by the claim of a warm-pool member,
+//! read by the helper for every command and background process. A snapshot keeps none of it; a
+//! fork reads it from the source's file and gets a file of its own.
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -21,16 +29,19 @@ use crate::archive::{Archive, ROOT, entry_name};
 use crate::config::Config;
 use crate::egress::{self, Egress, Reservation, SandboxPlan};
 use crate::engine::{
-    ContainerEngine, ContainerSpec, DEPLOYMENT_LABEL, HELPER_USER_LABEL, IMAGE_LABEL,
+    CPUS_LABEL, ContainerEngine, ContainerSpec, DEPLOYMENT_LABEL, HELPER_USER_LABEL, IMAGE_LABEL,
     MANAGED_LABEL, MEMORY_LABEL, NetworkAttach, ROLE_LABEL, ROLE_SANDBOX, ROLE_SNAPSHOT,
-    SANDBOX_USER_LABEL, SNAPSHOT_LABEL, WORKSPACE_LABEL, reference,
+    SANDBOX_USER_LABEL, SNAPSHOT_LABEL, WORKSPACE_LABEL,
 };
 use crate::layout;
 use crate::snapshots::{Snapshot, Snapshots, Workspace};
 
 mod error;
+mod validation;
 
 pub use error::SessionError;
+pub use validation::ValidationError;
+use validation::validate_start;
 
 /// Home of the sandbox user: writable, outside the workspace so seeds and `git status` stay clean.
 pub const HOME: &str = "/home/sandbox";
@@ -67,11 +78,15 @@ pub struct SandboxFactory {
     /// The static helper binary every sandbox gets in its skeleton (`None` only in-process
     /// tests, whose fake engine runs a host build of the helper).
     helper: Option<Bytes>,
-    /// The skeleton of every sandbox without files of its own (all but egress ones), built on
-    /// first use and shared: the helper binary is most of it (~3 MB, ~6 MB while the archive
-    /// grows), and a burst of creates each building its own copy made the service's peak memory
-    /// grow with the burst. Its entries carry the time it was built, not the session's.
+    /// The head of every sandbox's skeleton (its directories and the helper), built on first use
+    /// and shared: the helper binary is most of it (~3 MB, ~6 MB while the archive grows), and a
+    /// burst of creates each building its own copy made the service's peak memory grow with the
+    /// burst. A sandbox's own files (its environment, egress files) follow it in a small tail
+    /// ([`ContainerSpec::skeleton`]'s parts). Its entries carry the time it was built, not the
+    /// session's.
     shared_skeleton: OnceLock<Bytes>,
+    /// The same for a sandbox from a snapshot (whose image has the rest).
+    snapshot_skeleton: OnceLock<Bytes>,
 }
 
 impl SandboxFactory {
@@ -88,6 +103,7 @@ impl SandboxFactory {
             egress,
             helper,
             shared_skeleton: OnceLock::new(),
+            snapshot_skeleton: OnceLock::new(),
         }
     }
 
@@ -113,10 +129,10 @@ impl SandboxFactory {
     }
 
     /// The egress of this instance, or the 400 of a request for egress where none is configured.
-    pub fn egress_or_400(&self) -> Result<&Arc<Egress>, SessionError> {
+    pub fn egress_or_400(&self) -> Result<&Arc<Egress>, ValidationError> {
         self.egress
             .as_ref()
-            .ok_or(SessionError::EgressNotConfigured)
+            .ok_or(ValidationError::EgressNotConfigured)
     }
 
     /// Checks a create request before anything is asked of the engine; its egress policy, parsed
@@ -171,7 +187,7 @@ impl SandboxFactory {
         let named = |mut spec: ContainerSpec| {
             if let Some((snapshot, workspace)) = from {
                 spec.image = snapshot.image();
-                spec.volumes.clear();
+                spec.volumes.retain(|v| v != layout::WORKSPACE);
                 spec.named_volumes =
                     vec![(workspace.merged.clone(), layout::WORKSPACE.to_string())];
                 spec.labels
@@ -180,7 +196,9 @@ impl SandboxFactory {
                     .insert(WORKSPACE_LABEL.to_string(), workspace.token.clone());
                 // The snapshot's workspace is already there: its directories keep their owners
                 // and modes. Only the helper (this build's) and the service's files are put.
-                spec.skeleton = Some(self.snapshot_skeleton(&spec));
+                if let Some(head) = spec.skeleton.first_mut() {
+                    *head = self.snapshot_skeleton();
+                }
             }
             if let Some(n) = naming {
                 spec.name = Some(n.name.clone());
@@ -223,7 +241,7 @@ impl SandboxFactory {
                 .get(SNAPSHOT_LABEL)
                 .is_some_and(|v| !v.is_empty());
         if snapshot {
-            return Err(SessionError::SnapshotAsImage);
+            return Err(ValidationError::SnapshotAsImage.into());
         }
         Ok(())
     }
@@ -243,7 +261,9 @@ impl SandboxFactory {
     }
 
     /// The container spec of a sandbox: isolation defaults, workspace skeleton and environment.
-    /// `extra_env` (the egress proxy settings) wins over the caller's environment.
+    /// The container's own environment is the service's (home, and `extra_env`: the egress proxy
+    /// settings); the caller's is in the skeleton's environment file (see the module's doc),
+    /// on top of it, where the egress settings still win.
     pub fn spec(&self, req: &StartSessionRequest, plan: Option<&SandboxPlan>) -> ContainerSpec {
         let (network, extra_env, extra_labels, extra_files) = match plan {
             Some(p) => (p.network.clone(), &p.env[..], &p.labels[..], &p.files[..]),
@@ -251,10 +271,6 @@ impl SandboxFactory {
         };
         let c = &self.config;
         let mut env: Vec<(String, String)> = base_env();
-        for (k, v) in egress::caller_env(req.environment.as_deref(), plan.is_some()) {
-            env.retain(|(ek, _)| ek != k);
-            env.push((k.clone(), v.clone()));
-        }
         for (k, v) in extra_env {
             env.retain(|(ek, _)| ek != k);
             env.push((k.clone(), v.clone()));
@@ -269,6 +285,10 @@ impl SandboxFactory {
         ]);
         if let Some(m) = req.memory_bytes {
             labels.insert(MEMORY_LABEL.to_string(), m.to_string());
+        }
+        let nano_cpus = req.cpus.map(|c| (c * 1e9).round() as i64);
+        if let Some(c) = nano_cpus {
+            labels.insert(CPUS_LABEL.to_string(), c.to_string());
         }
         labels.extend(extra_labels.iter().cloned());
         ContainerSpec {
@@ -303,64 +323,63 @@ impl SandboxFactory {
             init: true,
             runtime: c.sessions.runtime.as_str().to_string(),
             memory_bytes: req.memory_bytes,
-            nano_cpus: req.cpus.map(|c| (c * 1e9).round() as i64),
+            nano_cpus,
             pids_limit: c.sessions.pids_limit,
             network,
             // The workspace on a volume: no copy-up, no overlay lookups (on fuse-overlayfs, grep
-            // and extraction are 5-20x faster there). Anonymous: removed with the container.
-            volumes: vec![layout::WORKSPACE.to_string()],
+            // and extraction are 5-20x faster there). The session's own state (the caller's
+            // environment) on another, outside the layer a snapshot commits. Anonymous: removed
+            // with the container.
+            volumes: vec![
+                layout::WORKSPACE.to_string(),
+                layout::SESSION_DIR.to_string(),
+            ],
             named_volumes: Vec::new(),
             log_options: Vec::new(),
-            skeleton: Some(self.skeleton(extra_files)),
+            skeleton: vec![
+                self.shared_skeleton(),
+                skeleton_tail(
+                    &env_json(req.environment.as_deref(), plan.is_some()).unwrap_or_default(),
+                    extra_files,
+                ),
+            ],
         }
     }
 
-    /// The skeleton of a sandbox from a snapshot: the workspace's root (a fresh overlay's root
-    /// is root's), the service's directory with this build's helper, and the egress files the
-    /// spec's skeleton has. The workspace's own directories come from the snapshot.
-    fn snapshot_skeleton(&self, spec: &ContainerSpec) -> Bytes {
+    /// The head of the skeleton of a sandbox from a snapshot: the workspace's root (a fresh
+    /// overlay's root is root's), the service's directories and this build's helper. The
+    /// workspace's own directories come from the snapshot; the tail is any sandbox's.
+    fn snapshot_skeleton(&self) -> Bytes {
         let (uid, gid) = (self.config.sessions.run_uid, self.config.sessions.run_gid);
-        let mut tar = Archive::new();
-        tar.dir(entry_name(layout::WORKSPACE), 0o755, (uid, gid));
-        tar.dir(entry_name(layout::SERVICE_DIR), 0o755, ROOT);
-        if let Some(bin) = &self.helper {
-            tar.file(entry_name(layout::HELPER), 0o755, ROOT, bin);
-        }
-        // The source's claimed environment (a warm-pool member's) is not this session's.
-        tar.file(entry_name(layout::ENV_FILE), 0o644, ROOT, b"[]");
-        // The egress files of the full skeleton (CA bundle and the like), as it put them.
-        if let Some(full) = &spec.skeleton {
-            let mut archive = tar::Archive::new(&full[..]);
-            if let Ok(entries) = archive.entries() {
-                for mut entry in entries.flatten() {
-                    let Ok(path) = entry.path().map(|p| p.display().to_string()) else {
-                        continue;
-                    };
-                    if !entry.header().entry_type().is_file()
-                        || path.starts_with(entry_name(layout::SERVICE_DIR))
-                    {
-                        continue;
-                    }
-                    let mut data = Vec::new();
-                    if std::io::Read::read_to_end(&mut entry, &mut data).is_ok() {
-                        tar.file(&path, 0o644, ROOT, &data);
-                    }
-                }
-            }
-        }
-        tar.finish().unwrap_or_default()
+        let build = || {
+            let mut tar = Archive::new();
+            tar.dir(entry_name(layout::WORKSPACE), 0o755, (uid, gid));
+            service_dirs(&mut tar, self.helper.as_ref());
+            tar.finish_head().unwrap_or_default()
+        };
+        self.snapshot_skeleton.get_or_init(build).clone()
     }
 
-    /// The skeleton archive of a sandbox with `extra_files` (the shared one when there are none).
-    fn skeleton(&self, extra_files: &[(String, Bytes)]) -> Bytes {
+    /// The head of every other sandbox's skeleton (see [`skeleton_head`]).
+    fn shared_skeleton(&self) -> Bytes {
         let (uid, gid) = (self.config.sessions.run_uid, self.config.sessions.run_gid);
-        let build = || skeleton_tar(uid, gid, extra_files, self.helper.as_ref());
-        if extra_files.is_empty() {
-            self.shared_skeleton.get_or_init(build).clone()
-        } else {
-            build()
-        }
+        let build = || skeleton_head(uid, gid, self.helper.as_ref());
+        self.shared_skeleton.get_or_init(build).clone()
     }
+}
+
+/// The caller's environment as the helper reads it from [`layout::ENV_FILE`] (a JSON list of
+/// pairs), minus what the egress settings set for an egress session (they win); `None` when
+/// that leaves nothing. The one rule a create's skeleton and a warm-pool claim both apply.
+pub fn env_json(
+    environment: Option<&std::collections::BTreeMap<String, String>>,
+    egress: bool,
+) -> Option<Bytes> {
+    let env: Vec<(&String, &String)> = egress::caller_env(environment, egress).collect();
+    if env.is_empty() {
+        return None;
+    }
+    serde_json::to_vec(&env).ok().map(Bytes::from)
 }
 
 /// The names [`base_env`] sets.
@@ -386,15 +405,11 @@ fn base_env() -> Vec<(String, String)> {
     .collect()
 }
 
-/// `/workspace/{repo,skills,tmp}` and the home directory, owned by the sandbox user through the
-/// archive entries themselves: no `chown` runs in the container (gVisor gives `exec -u root` no
-/// capabilities).
-pub fn skeleton_tar(
-    uid: u32,
-    gid: u32,
-    root_files: &[(String, Bytes)],
-    helper: Option<&Bytes>,
-) -> Bytes {
+/// The head of a sandbox's skeleton, the same for every sandbox: `/workspace/{repo,skills,tmp}`
+/// and the home directory, owned by the sandbox user through the archive entries themselves (no
+/// `chown` runs in the container: gVisor gives `exec -u root` no capabilities), and the service's
+/// directories with the helper. Without its end: [`skeleton_tail`] follows it.
+pub fn skeleton_head(uid: u32, gid: u32, helper: Option<&Bytes>) -> Bytes {
     let dirs = [
         layout::WORKSPACE,
         layout::REPO,
@@ -411,50 +426,34 @@ pub fn skeleton_tar(
     for dir in dirs {
         tar.dir(entry_name(dir), 0o755, (uid, gid));
     }
-    // The service's own directory and the helper: root-owned, so the sandbox user can run the
-    // helper but never replace it (it serves every fs op).
+    service_dirs(&mut tar, helper);
+    // The names are constants: nothing `tar` refuses.
+    tar.finish_head().unwrap_or_default()
+}
+
+/// The service's own directory and the helper: root-owned, so the sandbox user can run the
+/// helper but never replace it (it serves every fs op); and the session's directory (its own
+/// volume), root-owned too.
+fn service_dirs(tar: &mut Archive, helper: Option<&Bytes>) {
     tar.dir(entry_name(layout::SERVICE_DIR), 0o755, ROOT);
+    tar.dir(entry_name(layout::SESSION_DIR), 0o755, ROOT);
     if let Some(bin) = helper {
         tar.file(entry_name(layout::HELPER), 0o755, ROOT, bin);
     }
-    // Empty until a claim writes it: whatever the image holds there (a committed claim's
-    // environment, say) is never this session's.
-    tar.file(entry_name(layout::ENV_FILE), 0o644, ROOT, b"[]");
-    // Root-owned, world-readable: the sandbox user can read but not replace them.
+}
+
+/// The tail of a sandbox's skeleton, its own: the caller's environment `env_json` (`[]` when
+/// empty: whatever the image holds there is never this session's) and `root_files` (the egress
+/// plan's), root-owned and world-readable: the sandbox user can read but not replace them.
+pub fn skeleton_tail(env_json: &[u8], root_files: &[(String, Bytes)]) -> Bytes {
+    let env: &[u8] = if env_json.is_empty() { b"[]" } else { env_json };
+    let mut tar = Archive::new();
+    tar.file(entry_name(layout::ENV_FILE), 0o644, ROOT, env);
     for (path, data) in root_files {
         tar.file(path, 0o644, ROOT, data);
     }
     // The names are constants or the egress plan's paths: nothing `tar` refuses.
     tar.finish().unwrap_or_default()
-}
-
-fn validate_start(req: &StartSessionRequest) -> Result<(), SessionError> {
-    let image = req.base_image.trim();
-    if image.is_empty()
-        || image.len() > 512
-        || image.chars().any(|c| c.is_whitespace() || c.is_control())
-    {
-        return Err(SessionError::InvalidImage(req.base_image.clone()));
-    }
-    if reference::is_image_id(image) {
-        return Err(SessionError::ImageById);
-    }
-    if reference::repository(image) == crate::snapshots::IMAGE_REPOSITORY {
-        return Err(SessionError::SnapshotAsImage);
-    }
-    if let Some(m) = req.memory_bytes
-        && m < MIN_MEMORY_BYTES
-    {
-        return Err(SessionError::MemoryTooSmall);
-    }
-    // Docker takes nano-CPUs: anything that rounds to 0 would mean "unlimited".
-    if let Some(c) = req.cpus
-        && !(c.is_finite() && (0.01..=1024.0).contains(&c))
-    {
-        return Err(SessionError::InvalidCpus);
-    }
-    // The environment was checked as it was read (`api::Environment`).
-    Ok(())
 }
 
 #[cfg(test)]
@@ -463,12 +462,21 @@ mod tests {
 
     #[test]
     fn skeleton_entries_carry_the_sandbox_owner() -> std::io::Result<()> {
-        let tar_bytes = skeleton_tar(1234, 5678, &[], Some(&Bytes::from_static(b"bin")));
+        let tar_bytes = [
+            skeleton_head(1234, 5678, Some(&Bytes::from_static(b"bin"))),
+            skeleton_tail(br#"[["A","1"]]"#, &[]),
+        ]
+        .concat();
         let mut archive = tar::Archive::new(&tar_bytes[..]);
         let mut names = Vec::new();
         for entry in archive.entries()? {
-            let entry = entry?;
+            let mut entry = entry?;
             let name = entry.path()?.display().to_string();
+            if name == entry_name(layout::ENV_FILE) {
+                let mut env = String::new();
+                std::io::Read::read_to_string(&mut entry, &mut env)?;
+                assert_eq!(env, r#"[["A","1"]]"#);
+            }
             if name.starts_with(entry_name(layout::SERVICE_DIR)) {
                 // The helper and its directory stay root's: the sandbox cannot swap them.
                 assert_eq!(entry.header().uid()?, 0, "{name}");
@@ -478,9 +486,11 @@ mod tests {
             }
             names.push(name);
         }
-        for service_file in [layout::HELPER, layout::ENV_FILE] {
+        for service_file in [layout::HELPER, layout::SESSION_DIR, layout::ENV_FILE] {
             assert!(
-                names.iter().any(|n| n == entry_name(service_file)),
+                names
+                    .iter()
+                    .any(|n| n.trim_end_matches('/') == entry_name(service_file)),
                 "{names:?}"
             );
         }
@@ -495,6 +505,16 @@ mod tests {
                 "{names:?}"
             );
         }
+        // Nothing the caller gave: the file is still written, empty.
+        let tail = skeleton_tail(b"", &[]);
+        let mut archive = tar::Archive::new(&tail[..]);
+        let mut entry = archive
+            .entries()?
+            .next()
+            .ok_or(std::io::ErrorKind::NotFound)??;
+        let mut env = String::new();
+        std::io::Read::read_to_string(&mut entry, &mut env)?;
+        assert_eq!(env, "[]");
         Ok(())
     }
 }

@@ -15,7 +15,11 @@ use crate::runtime::RunSpec;
 use crate::sandbox::EgressPolicy;
 use crate::snapshots::{Keep, Snapshot, SnapshotRequest, Timings};
 
-use super::{SessionError, SessionId, Sessions};
+use super::{Lifetime, SessionError, SessionId, Sessions, ValidationError};
+
+/// Where a container made by an older build kept a warm-pool claim's environment: in its layer
+/// (kept for forks of such a container; see `runtime::writer` on such fallbacks).
+const LEGACY_ENV_FILE: &str = "/.daiv-sandbox/environment";
 
 /// A fork request, checked once before anything is asked of the engine: `count` within
 /// `FORK_MAX_COUNT` (its environment was checked as it was read).
@@ -23,17 +27,21 @@ use super::{SessionError, SessionId, Sessions};
 pub struct ForkPlan {
     count: u32,
     environment: Option<Environment>,
+    /// Each fork's metadata (the source's when `None`), timeout and `on_timeout`.
+    lifetime: Lifetime,
 }
 
 impl ForkPlan {
-    pub fn new(req: ForkRequest, config: &Config) -> Result<Self, SessionError> {
+    pub fn new(req: ForkRequest, config: &Config) -> Result<Self, ValidationError> {
         let cap = config.snapshots.fork_max;
         if !(1..=cap).contains(&req.count) {
-            return Err(SessionError::ForkCount(cap));
+            return Err(ValidationError::ForkCount(cap));
         }
+        let lifetime = Lifetime::new(req.metadata, req.timeout_seconds, req.on_timeout)?;
         Ok(Self {
             count: req.count,
             environment: req.environment,
+            lifetime,
         })
     }
 
@@ -66,7 +74,7 @@ impl Sessions {
             .snapshots()
             .take(&info, &source, req, Keep::Recorded)
             .await?;
-        self.metrics.snapshots_taken.inc();
+        self.metrics.snapshots.taken.inc();
         tracing::info!(
             session_id = %id,
             snapshot_id = %snapshot.id,
@@ -118,6 +126,7 @@ impl Sessions {
             memory_bytes: info.memory_bytes,
             cpus: info.nano_cpus.map(|n| n as f64 / 1e9),
             egress: None,
+            ..Default::default()
         };
         // As many at a time as the request holds create slots for (see `Admission`).
         let builds = (0..plan.count).map(|_| self.build(&req, egress.as_ref(), Some(&snapshot)));
@@ -127,7 +136,11 @@ impl Sessions {
             .await;
         let (made, failed): (Vec<_>, Vec<_>) = results.into_iter().partition(Result::is_ok);
         let made: Vec<String> = made.into_iter().filter_map(Result::ok).collect();
-        if let Some(Err(e)) = failed.into_iter().next() {
+        let mut failed = failed.into_iter().filter_map(Result::err).next();
+        if failed.is_none() {
+            failed = self.record_forks(id, &made, plan.lifetime).await.err();
+        }
+        if let Some(e) = failed {
             for fork in &made {
                 if let Err(e) = self.shut(fork, true).await {
                     tracing::warn!(session_id = %fork, error = %e, "fork: a made fork not removed");
@@ -138,12 +151,27 @@ impl Sessions {
         }
         // Its payload goes once the forks are gone (the reaper's sweep).
         self.snapshots().release(&snapshot.id).await;
-        self.metrics.forks.inc_by(u64::from(plan.count));
+        self.metrics.snapshots.forks.inc_by(u64::from(plan.count));
         for fork in &made {
             self.made(fork).await;
         }
         tracing::info!(session_id = %id, forks = ?made, "session forked");
         Ok(made)
+    }
+
+    /// The forks' records: their own lifetime, and the source's metadata unless they were given
+    /// their own.
+    async fn record_forks(
+        &self,
+        source: &str,
+        forks: &[String],
+        mut lifetime: Lifetime,
+    ) -> Result<(), SessionError> {
+        if lifetime.metadata.is_none() {
+            lifetime.metadata = self.record(source).await?.map(|r| r.metadata);
+        }
+        let writes = forks.iter().map(|fork| self.record_new(fork, &lifetime));
+        futures::future::try_join_all(writes).await.map(drop)
     }
 
     /// The image the session `info` runs, inspected (its environment and size).
@@ -196,8 +224,10 @@ impl Sessions {
         }
     }
 
-    /// What the caller asked for in the environment of the session `info`: its container's
-    /// variables without its image's (`image_env`), the sandbox's own and the egress settings.
+    /// What the caller asked for in the environment of the session `info`: its environment
+    /// file (on the session's own volume, see [`crate::sandbox`]). A container made by an older
+    /// build also had it in its own variables (those without its image's, `image_env`, the
+    /// sandbox's own and the egress settings), and a claimed one in a file of its layer.
     async fn caller_env(
         &self,
         info: &ContainerInfo,
@@ -206,12 +236,14 @@ impl Sessions {
         // A variable of the image, as the image sets it (one the caller gave another value,
         // including one a snapshot's image blanked, is the caller's).
         let in_image = |kv: &str| image_env.iter().any(|ie| ie == kv);
-        // A claimed warm-pool member's environment is in its environment file, applied on top.
-        let claimed: Vec<(String, String)> =
-            crate::engine::read_file(self.engine(), &info.id, layout::ENV_FILE, 1024 * 1024)
-                .await?
-                .and_then(|json| serde_json::from_slice(&json).ok())
-                .unwrap_or_default();
+        let read = |path| crate::engine::read_file(self.engine(), &info.id, path, 1024 * 1024);
+        let file = match read(layout::ENV_FILE).await? {
+            Some(json) => Some(json),
+            None => read(LEGACY_ENV_FILE).await?,
+        };
+        let claimed: Vec<(String, String)> = file
+            .and_then(|json| serde_json::from_slice(&json).ok())
+            .unwrap_or_default();
         let mut env: BTreeMap<String, String> = info
             .env
             .iter()

@@ -8,7 +8,7 @@ use crate::sandbox::EgressPolicy;
 use crate::snapshots::Snapshot;
 use crate::telemetry::metrics::ModeLabels;
 
-use super::{SessionError, SessionId, Sessions};
+use super::{Lifetime, SessionError, SessionId, Sessions, ValidationError};
 
 impl Sessions {
     /// Creates and starts a session: validate, then a ready warm-pool member when one matches
@@ -19,12 +19,26 @@ impl Sessions {
     /// With `snapshot_id`, the session starts from that snapshot (see [`crate::snapshots`]):
     /// `base_image` may be omitted, and when given must be the snapshot's.
     pub async fn create(&self, req: &StartSessionRequest) -> Result<String, SessionError> {
+        let lifetime = Lifetime::of(req)?;
+        let id = self.create_any(req).await?;
+        if let Err(e) = self.record_new(&id, &lifetime).await {
+            // All or nothing: a session without the record its request asked for is removed.
+            if let Err(e) = self.shut(&id, true).await {
+                tracing::warn!(session_id = %id, error = %e, "a session whose record failed was not removed");
+            }
+            return Err(e);
+        }
+        Ok(id)
+    }
+
+    /// From a snapshot or an image: the session's container.
+    async fn create_any(&self, req: &StartSessionRequest) -> Result<String, SessionError> {
         let Some(snapshot_id) = &req.snapshot_id else {
             return self.create_from(req, None).await;
         };
         let snapshot = self.snapshots().get(snapshot_id).await?;
         if !req.base_image.is_empty() && req.base_image != snapshot.base_image {
-            return Err(SessionError::SnapshotImageMismatch(snapshot.base_image));
+            return Err(ValidationError::SnapshotImageMismatch(snapshot.base_image).into());
         }
         let req = StartSessionRequest {
             base_image: snapshot.base_image.clone(),
@@ -33,6 +47,7 @@ impl Sessions {
             memory_bytes: req.memory_bytes,
             cpus: req.cpus,
             egress: req.egress.clone(),
+            ..Default::default()
         };
         self.create_from(&req, Some(&snapshot)).await
     }
@@ -71,7 +86,7 @@ impl Sessions {
     pub(super) async fn made(&self, id: &str) {
         self.warm(id);
         self.activity.touch(id).await;
-        self.metrics.sessions_created.inc();
+        self.metrics.sessions.created.inc();
     }
 
     /// A cold build: for egress, with a token reserved for the triad's parts.
@@ -100,10 +115,11 @@ impl Sessions {
     /// with `force`. Its processes died with it.
     pub async fn close(&self, id: &SessionId, force: bool) -> Result<(), SessionError> {
         self.shut(id, force).await?;
-        self.metrics.observe_processes(id, None);
+        self.metrics.processes.observe(id, None);
         let mode = if force { "remove" } else { "stop" };
         self.metrics
-            .sessions_closed
+            .sessions
+            .closed
             .get_or_create(&ModeLabels { mode })
             .inc();
         Ok(())
@@ -144,6 +160,9 @@ impl Sessions {
         if force && let Some(token) = info.label(WORKSPACE_LABEL) {
             self.snapshots().remove_workspace(token).await;
         }
+        if force {
+            self.remove_records(id).await;
+        }
         // Removal needs only the engine, so it happens even where egress is not configured.
         match (triad, self.egress()) {
             (Some(triad), _) if force => {
@@ -158,6 +177,16 @@ impl Sessions {
     /// `POST /session/{id}/pause/` (the caller holds the lock): the sandbox and its gateway,
     /// frozen side by side with their memory and processes. A paused session answers 204 at once.
     pub async fn pause(&self, id: &SessionId) -> Result<(), SessionError> {
+        self.pause_id(id).await
+    }
+
+    /// The reaper's pause of a session whose deadline passed with `on_timeout: pause` (it holds
+    /// the lock).
+    pub async fn pause_at_deadline(&self, id: &str) -> Result<(), SessionError> {
+        self.pause_id(id).await
+    }
+
+    async fn pause_id(&self, id: &str) -> Result<(), SessionError> {
         let info = self.find(id).await?;
         if info.is_paused() {
             return Ok(());
@@ -187,7 +216,7 @@ impl Sessions {
             sandbox?;
             gateway?;
         }
-        self.metrics.pauses.inc();
+        self.metrics.snapshots.pauses.inc();
         tracing::info!(session_id = %id, "session paused");
         Ok(())
     }

@@ -54,9 +54,9 @@ impl Sessions {
             .locks
             .acquire(id, self.config().coordination.lock_wait)
             .await;
-        observe_duration(&self.metrics.lock_waits, waiting.elapsed());
+        observe_duration(&self.metrics.locks.waits, waiting.elapsed());
         if let Err(LockError::Timeout) = &held {
-            self.metrics.lock_busy.inc();
+            self.metrics.locks.busy.inc();
         }
         let held = held?;
         self.activity.touch(id).await;

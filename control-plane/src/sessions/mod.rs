@@ -21,6 +21,9 @@
 //! - `run`: commands, and the [`Workspace`] handle of the operations inside a session.
 //! - `fork`: snapshots and forks.
 //! - `lock`: the session's lock and its activity.
+//! - `record`: what a caller attached to a session (metadata, deadline), kept beside it.
+//! - `inventory`: the sessions as the listing shows them.
+//! - `samples`: each running session's CPU, memory and disk, sampled.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,13 +42,18 @@ use crate::snapshots::Snapshots;
 use crate::telemetry::metrics::Metrics;
 
 mod fork;
+mod inventory;
 mod lifecycle;
 mod lock;
+mod record;
 mod run;
+mod samples;
 
 pub use crate::ids::SessionId;
-pub use crate::sandbox::{MAX_TIMEOUT_SECS, SessionError};
+pub use crate::sandbox::{MAX_TIMEOUT_SECS, SessionError, ValidationError};
 pub use fork::ForkPlan;
+pub use inventory::Listed;
+pub use record::{Lifetime, Record, check_timeout};
 pub use run::Workspace;
 
 /// Longest a force delete waits for a busy session's lock before it removes the session anyway.
@@ -59,6 +67,8 @@ pub struct Sessions {
     /// Touched by [`Sessions::lock`] at the start and end of every session operation.
     activity: Arc<dyn SessionActivity>,
     metrics: Arc<Metrics>,
+    /// This replica's samples of each running session (`GET .../metrics/`).
+    samples: samples::Samples,
 }
 
 impl Sessions {
@@ -77,11 +87,17 @@ impl Sessions {
             locks,
             activity,
             metrics,
+            samples: samples::Samples::default(),
         }
     }
 
     fn engine(&self) -> &dyn ContainerEngine {
         &**self.factory.engine()
+    }
+
+    /// How often the sampler reads each running session (`None`: it does not run).
+    pub fn config_metrics_interval(&self) -> Option<Duration> {
+        self.config().sessions.metrics_interval
     }
 
     fn config(&self) -> &Config {

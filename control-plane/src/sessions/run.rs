@@ -14,7 +14,7 @@ use crate::runtime::{HelperError, RunEvent, RunSpec, SessionRuntime};
 use crate::telemetry::metrics::{Metrics, observe_duration};
 use sandbox_protocol::message::{ProcList, ProcRequest};
 
-use super::{MAX_TIMEOUT_SECS, SessionError, SessionId, Sessions};
+use super::{MAX_TIMEOUT_SECS, SessionError, SessionId, Sessions, ValidationError};
 
 /// What an operation inside session `id` reaches: its helper's channel (and the engine, for
 /// what predates the helper), the settings, and the metrics it records. Made by
@@ -70,9 +70,9 @@ impl Sessions {
             Ok::<_, SessionError>(self.runtime.run(id, &spec).await?)
         }
         .await;
-        observe_duration(&self.metrics.command_batches, started.elapsed());
+        observe_duration(&self.metrics.sessions.command_batches, started.elapsed());
         let results = ran?;
-        self.metrics.commands.inc_by(results.len() as u64);
+        self.metrics.sessions.commands.inc_by(results.len() as u64);
         Ok(RunResponse { results })
     }
 
@@ -84,15 +84,16 @@ impl Sessions {
         req: &RunRequest,
     ) -> Result<Option<RunSpec>, SessionError> {
         if let Some(bad) = req.commands.iter().find(|c| c.contains('\0')) {
-            return Err(SessionError::NulInCommand(crate::text::shown(
+            return Err(ValidationError::NulInCommand(crate::text::shown(
                 &bad.replace('\0', "\\0"),
-            )));
+            ))
+            .into());
         }
         let sessions = &self.config().sessions;
         let timeout = match req.timeout {
             Some(0) => None,
             Some(secs) if secs > MAX_TIMEOUT_SECS => {
-                return Err(SessionError::TimeoutTooLong);
+                return Err(ValidationError::TimeoutTooLong.into());
             }
             Some(secs) => Some(Duration::from_secs(secs)),
             None => sessions.command_timeout,
@@ -121,12 +122,12 @@ impl Sessions {
         spec: &RunSpec,
         events: mpsc::Sender<RunEvent>,
     ) -> Result<Vec<RunResult>, HelperError> {
-        self.metrics.streamed_runs.inc();
+        self.metrics.processes.streamed_runs.inc();
         let started = std::time::Instant::now();
         let ran = self.runtime.run_streaming(id, spec, Some(events)).await;
-        observe_duration(&self.metrics.command_batches, started.elapsed());
+        observe_duration(&self.metrics.sessions.command_batches, started.elapsed());
         if let Ok(results) = &ran {
-            self.metrics.commands.inc_by(results.len() as u64);
+            self.metrics.sessions.commands.inc_by(results.len() as u64);
         }
         ran
     }

@@ -154,13 +154,16 @@ impl Snapshots {
             volumes: Vec::new(),
             named_volumes: vec![(volume.to_string(), layout::WORKSPACE.to_string())],
             log_options: Vec::new(),
-            skeleton: None,
+            skeleton: Vec::new(),
         }
     }
 
     /// The image's config: the base image's environment plus the sandbox's own variables, and
-    /// every other variable of the container's (the caller's, the egress settings) blanked,
-    /// because Docker merges the container's environment into a committed image's.
+    /// every other variable of the container's (the egress settings; a container of an older
+    /// build had the caller's there too) blanked, because Docker merges the container's
+    /// environment into a committed image's. The caller's environment is on the session's own
+    /// volume, which no commit keeps (see the `sandbox` module); the container's own config, which
+    /// Docker keeps as the image's `container_config`, holds none of it either.
     fn commit_spec(
         &self,
         info: &ContainerInfo,

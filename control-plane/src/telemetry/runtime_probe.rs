@@ -51,6 +51,17 @@ check ls ls /
 check stat stat /
 "#;
 
+/// How long the checks' output may stall once one of them failed.
+const STALLED: Duration = Duration::from_secs(10);
+
+/// Whether a check's line in `output` says it failed.
+fn any_failed(output: &str) -> bool {
+    output.lines().any(|l| {
+        let mut parts = l.split('\t');
+        matches!((parts.next(), parts.next()), (Some(name), Some(rc)) if CHECKS.contains(&name) && rc != "0")
+    })
+}
+
 /// The commands the probe runs, by the name its output gives them.
 pub const CHECKS: [&str; 2] = ["ls", "stat"];
 
@@ -73,7 +84,17 @@ pub fn judge(output: &str) -> Verdict {
     let mut failed: Vec<(String, String, String)> = Vec::new();
     for name in CHECKS {
         let line = output.lines().find(|l| l.split('\t').next() == Some(name));
+        // A check that failed took the sandbox with it (seen: this runsc dies answering `stat`
+        // after `ls` failed): what failed decides, and the checks that never answered fail too.
         let Some(line) = line else {
+            if !failed.is_empty() {
+                failed.push((
+                    name.to_string(),
+                    "?".to_string(),
+                    "no answer: the sandbox stopped answering".to_string(),
+                ));
+                continue;
+            }
             return Verdict::Unknown {
                 reason: format!(
                     "the probe's output has no result for `{name}`: {:?}",
@@ -167,7 +188,18 @@ pub async fn probe(
         };
         let mut stream = engine.exec(&id, &exec).await?;
         let mut out = Vec::new();
-        while let Some(chunk) = stream.output.next().await {
+        loop {
+            // Once a check failed, a sandbox that stops answering has said enough (a runtime
+            // that dies under a check can leave the exec hanging).
+            let next = if any_failed(&String::from_utf8_lossy(&out)) {
+                match tokio::time::timeout(STALLED, stream.output.next()).await {
+                    Ok(next) => next,
+                    Err(_) => break,
+                }
+            } else {
+                stream.output.next().await
+            };
+            let Some(chunk) = next else { break };
             out.extend_from_slice(&chunk?);
             if out.len() > 64 * 1024 {
                 break;
@@ -232,7 +264,7 @@ fn probe_spec(config: &Config, name: &str, image: &str, user: &str) -> Container
         volumes: Vec::new(),
         named_volumes: Vec::new(),
         log_options: Vec::new(),
-        skeleton: None,
+        skeleton: Vec::new(),
     }
 }
 
@@ -256,7 +288,7 @@ impl RuntimeHealth {
     pub fn new(metrics: &Metrics) -> Self {
         Self {
             seen: Mutex::default(),
-            gauge: metrics.runtime_sound.clone(),
+            gauge: metrics.runtime.sound.clone(),
         }
     }
 
@@ -426,6 +458,21 @@ mod tests {
             "{reason}"
         );
         assert!(reason.contains("release-20230227.0"), "{reason}");
+    }
+
+    #[test]
+    fn a_sandbox_that_dies_after_a_failed_check_is_unsound_not_unknown() {
+        let out = "ls\t2\tls: cannot access '/': Invalid argument\nwaiting on pid 3: urpc method \"containerManager.WaitPID\" failed: EOF\n";
+        assert!(any_failed(out));
+        let Verdict::Unsound { reason, failing } = judge(out) else {
+            panic!("{:?}", judge(out))
+        };
+        assert_eq!(failing, ["ls", "stat"]);
+        assert!(
+            reason.starts_with("gVisor's statx returns EINVAL"),
+            "{reason}"
+        );
+        assert!(!any_failed("ls\t0\t\n"));
     }
 
     #[test]

@@ -116,7 +116,7 @@ impl Fs<'_> {
         };
         let labels = FsLabels { op, code };
         observe_duration(
-            &self.metrics.fs_ops.get_or_create(&labels),
+            &self.metrics.workspace.fs_ops.get_or_create(&labels),
             started.elapsed(),
         );
         r

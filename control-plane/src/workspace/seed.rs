@@ -133,7 +133,7 @@ pub async fn seed(ws: &Workspace<'_>, multipart: Multipart) -> Result<SeedOutcom
         cleanup(runtime, id, &written).await;
         return Err(e);
     }
-    ws.metrics.seed_bytes.inc_by(outcome.bytes);
+    ws.metrics.workspace.seed_bytes.inc_by(outcome.bytes);
     tracing::info!(
         session_id = %id,
         members = outcome.members,

@@ -67,8 +67,13 @@ impl Harness {
         activity: Arc<dyn SessionActivity>,
     ) -> Self {
         let locks = Arc::new(LocalLocks::default());
-        let state =
-            AppState::with_coordination(config, Arc::new(engine.clone()), locks.clone(), activity);
+        let state = AppState::with_coordination(
+            config,
+            Arc::new(engine.clone()),
+            locks.clone(),
+            activity,
+            None,
+        );
         Self::over(engine, state, locks)
     }
 

@@ -13,7 +13,9 @@ use crate::{EngineError, EngineInfo};
 
 impl DockerEngine {
     /// Connects through `DOCKER_HOST` or the local socket, and negotiates the API version so an
-    /// older daemon (20.10 speaks 1.41) accepts our requests. Pulls use the credentials of
+    /// older daemon (20.10 speaks 1.41) accepts our requests. A `DOCKER_HOST` over TLS (`https://`,
+    /// or `DOCKER_TLS_VERIFY` with `DOCKER_CERT_PATH`'s certificates) goes through bollard's own
+    /// TLS transport (its `ssl` feature), as the Docker CLI's would. Pulls use the credentials of
     /// `credentials` (the process's Docker client config in production).
     pub async fn connect(credentials: CredentialStore) -> Result<Self, EngineError> {
         let docker =

@@ -46,7 +46,8 @@ macro_rules! by_area {
             use futures::stream::BoxStream;
 
             use crate::{
-                AttachedExec, CommitSpec, ContainerInfo, ContainerSpec, EngineError, EngineInfo,
+                AttachedExec, CommitSpec, ContainerInfo, ContainerSpec, ContainerStats,
+                EngineError, EngineInfo,
                 ExecSpec, ExecStream, ImageInfo, NetworkInfo, NetworkSpec, VolumeInfo,
                 VolumeSpec,
             };

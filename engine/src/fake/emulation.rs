@@ -54,7 +54,7 @@ impl ContainerEngine for FakeEngine {
 
     async fn create(&self, spec: &ContainerSpec) -> Result<String, EngineError> {
         self.check_up(format!("create {}", spec.image)).await?;
-        self.with(|s| {
+        let id = self.with(|s| {
             if let Some(name) = &spec.name
                 && s.names.values().any(|n| n == name)
             {
@@ -71,8 +71,13 @@ impl ContainerEngine for FakeEngine {
             s.container_images.insert(id.clone(), image_id);
             s.containers
                 .insert(id.clone(), (spec.clone(), ContainerStatus::Created));
-            Ok(id)
-        })
+            Ok::<_, EngineError>(id)
+        })?;
+        // The skeleton is extracted before the start, as Docker does.
+        if let Some(skeleton) = spec.skeleton_archive() {
+            self.extracted(&id, "/", &skeleton)?;
+        }
+        Ok(id)
     }
 
     async fn start(&self, id: &str) -> Result<(), EngineError> {
@@ -101,6 +106,23 @@ impl ContainerEngine for FakeEngine {
                 nano_cpus: spec.nano_cpus,
                 env: spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect(),
             }),
+            None => Err(EngineError::NotFound),
+        })
+    }
+
+    async fn stats(&self, id: &str) -> Result<Option<crate::ContainerStats>, EngineError> {
+        self.check_up(format!("stats {id}")).await?;
+        self.with(|s| match s.containers.get(id) {
+            Some((_, ContainerStatus::Running | ContainerStatus::Paused)) => Ok(Some(
+                s.stats.get(id).copied().unwrap_or(crate::ContainerStats {
+                    cpu_total_ns: 1,
+                    online_cpus: 2,
+                    mem_usage: 8 << 20,
+                    mem_cache: 1 << 20,
+                    mem_limit: 1 << 30,
+                }),
+            )),
+            Some(_) => Ok(None),
             None => Err(EngineError::NotFound),
         })
     }
@@ -229,36 +251,7 @@ impl ContainerEngine for FakeEngine {
         while let Some(chunk) = tar.next().await {
             whole.extend_from_slice(&chunk.map_err(|e| EngineError::Rejected(e.to_string()))?);
         }
-        // Remember what was extracted, so get_archive can serve it back (seed markers, fs ops).
-        let mut archive = tar::Archive::new(&whole[..]);
-        let entries = archive
-            .entries()
-            .map_err(|e| EngineError::Rejected(e.to_string()))?;
-        for entry in entries {
-            let mut entry = entry.map_err(|e| EngineError::Rejected(e.to_string()))?;
-            let name = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
-            let full = format!(
-                "{}/{}",
-                path.trim_end_matches('/'),
-                name.trim_end_matches('/')
-            );
-            let h = entry.header();
-            let meta = (
-                h.mode().unwrap_or(0o644),
-                h.uid().unwrap_or(0),
-                h.gid().unwrap_or(0),
-            );
-            let content = if entry.header().entry_type().is_dir() {
-                None
-            } else {
-                let mut buf = Vec::new();
-                std::io::Read::read_to_end(&mut entry, &mut buf)
-                    .map_err(|e| EngineError::Rejected(e.to_string()))?;
-                Some(buf)
-            };
-            self.with(|s| s.files.insert((id.to_string(), full), (content, meta)));
-        }
-        Ok(())
+        self.extracted(id, path, &whole)
     }
 
     async fn get_archive(
@@ -430,24 +423,53 @@ impl ContainerEngine for FakeEngine {
     async fn create_volume(&self, spec: &VolumeSpec) -> Result<VolumeInfo, EngineError> {
         self.check_up(format!("create_volume {}", spec.name))
             .await?;
-        Err(EngineError::Rejected(
-            "the fake engine makes no volumes".into(),
-        ))
+        if !spec.driver_opts.is_empty() {
+            return Err(EngineError::Rejected(
+                "the fake engine makes no volumes with driver options".into(),
+            ));
+        }
+        // As Docker: a volume of that name is answered as it is.
+        Ok(self.with(|s| {
+            s.volumes
+                .entry(spec.name.clone())
+                .or_insert_with(|| VolumeInfo {
+                    name: spec.name.clone(),
+                    mountpoint: format!("/fake/volumes/{}", spec.name),
+                    labels: spec.labels.clone(),
+                    created: Some(sandbox_common::time::unix_now()),
+                })
+                .clone()
+        }))
     }
 
     async fn inspect_volume(&self, name: &str) -> Result<VolumeInfo, EngineError> {
         self.check_up(format!("inspect_volume {name}")).await?;
-        Err(EngineError::NotFound)
+        self.with(|s| s.volumes.get(name).cloned().ok_or(EngineError::NotFound))
     }
 
-    async fn list_volumes(&self, _labels: &[(&str, &str)]) -> Result<Vec<VolumeInfo>, EngineError> {
+    async fn list_volumes(&self, labels: &[(&str, &str)]) -> Result<Vec<VolumeInfo>, EngineError> {
         self.check_up("list_volumes".into()).await?;
-        Ok(Vec::new())
+        Ok(self.with(|s| {
+            s.volumes
+                .values()
+                .filter(|v| {
+                    labels
+                        .iter()
+                        .all(|(k, val)| v.labels.get(*k).map(String::as_str) == Some(*val))
+                })
+                .cloned()
+                .collect()
+        }))
     }
 
     async fn remove_volume(&self, name: &str) -> Result<(), EngineError> {
         self.check_up(format!("remove_volume {name}")).await?;
-        Err(EngineError::NotFound)
+        self.with(|s| {
+            s.volumes
+                .remove(name)
+                .map(drop)
+                .ok_or(EngineError::NotFound)
+        })
     }
 }
 
@@ -478,4 +500,40 @@ fn image_id_of(s: &State, image: &str) -> String {
         .get(image)
         .cloned()
         .unwrap_or_else(|| format!("sha256:{image}"))
+}
+
+impl FakeEngine {
+    /// Remembers what an archive extracted at `path` holds, so get_archive can serve it back
+    /// (seed markers, fs ops) and the helper finds the service's files.
+    fn extracted(&self, id: &str, path: &str, whole: &[u8]) -> Result<(), EngineError> {
+        let mut archive = tar::Archive::new(whole);
+        let entries = archive
+            .entries()
+            .map_err(|e| EngineError::Rejected(e.to_string()))?;
+        for entry in entries {
+            let mut entry = entry.map_err(|e| EngineError::Rejected(e.to_string()))?;
+            let name = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
+            let full = format!(
+                "{}/{}",
+                path.trim_end_matches('/'),
+                name.trim_end_matches('/')
+            );
+            let h = entry.header();
+            let meta = (
+                h.mode().unwrap_or(0o644),
+                h.uid().unwrap_or(0),
+                h.gid().unwrap_or(0),
+            );
+            let content = if entry.header().entry_type().is_dir() {
+                None
+            } else {
+                let mut buf = Vec::new();
+                std::io::Read::read_to_end(&mut entry, &mut buf)
+                    .map_err(|e| EngineError::Rejected(e.to_string()))?;
+                Some(buf)
+            };
+            self.with(|s| s.files.insert((id.to_string(), full), (content, meta)));
+        }
+        Ok(())
+    }
 }

@@ -38,9 +38,10 @@ impl FakeEngine {
                 let key = (id.to_string(), file.to_string());
                 s.files.get(&key).and_then(|(content, _)| content.clone())
             });
-            let host = service_dir.join(file.rsplit('/').next().unwrap_or(file));
+            let host = service_dir.join(service_relative(file));
             match claimed {
-                Some(content) => std::fs::write(&host, content),
+                Some(content) => std::fs::create_dir_all(host.parent().unwrap_or(&service_dir))
+                    .and_then(|()| std::fs::write(&host, content)),
                 None => std::fs::remove_file(&host).or(Ok(())),
             }
             .map_err(|e| EngineError::Unavailable(e.to_string()))?;
@@ -140,9 +141,12 @@ impl FakeEngine {
             if reader.read_exact(&mut content).await.is_ok() {
                 // An open channel reads these as they are now (the environment per run, the
                 // seed marker per seed), from the host directory the serving helper was given.
-                if let Some(name) = path.strip_prefix(&format!("{}/", layout::SERVICE_DIR)) {
+                if path.starts_with(&format!("{}/", layout::SERVICE_DIR)) {
                     let Ok(dir) = me.service_dir(&id) else { return };
-                    if std::fs::write(dir.join(name), &content).is_err() {
+                    let host = dir.join(service_relative(&path));
+                    let written = std::fs::create_dir_all(host.parent().unwrap_or(&dir))
+                        .and_then(|()| std::fs::write(&host, &content));
+                    if written.is_err() {
                         return;
                     }
                 }
@@ -165,6 +169,13 @@ impl FakeEngine {
             input: Box::pin(input),
         })
     }
+}
+
+/// A path of the service directory relative to it (as the helper's `--service-dir` maps it).
+fn service_relative(path: &str) -> &str {
+    path.strip_prefix(layout::SERVICE_DIR)
+        .unwrap_or(path)
+        .trim_start_matches('/')
 }
 
 /// The host build of `daiv-sandbox-helper` next to the test binary (`target/<profile>/`).

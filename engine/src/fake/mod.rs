@@ -64,6 +64,10 @@ struct State {
     container_images: HashMap<String, String>,
     /// Image reference → the id it resolves to (default `sha256:<reference>`).
     image_ids: HashMap<String, String>,
+    /// Named volumes (their labels and names only: no content).
+    volumes: HashMap<String, crate::VolumeInfo>,
+    /// Container id → the counters `stats` answers (default: a quiet container).
+    stats: HashMap<String, crate::ContainerStats>,
 }
 
 #[derive(Clone)]
@@ -102,6 +106,11 @@ impl FakeEngine {
 
     pub fn spec(&self, id: &str) -> Option<ContainerSpec> {
         self.with(|s| s.containers.get(id).map(|(spec, _)| spec.clone()))
+    }
+
+    /// Sets what `stats` answers for container `id` while it runs.
+    pub fn set_stats(&self, id: &str, stats: crate::ContainerStats) {
+        self.with(|s| s.stats.insert(id.to_string(), stats));
     }
 
     pub fn status(&self, id: &str) -> Option<ContainerStatus> {

@@ -135,7 +135,7 @@ fn name_of(db: &str, id: u32) -> String {
 }
 
 /// An entry from its `lstat` (and, for a symlink, its target read from `dir`).
-fn entry(path: &str, dir: &OwnedFd, name: Option<&OsStr>, st: &Stat) -> FileEntry {
+pub(crate) fn entry(path: &str, dir: &OwnedFd, name: Option<&OsStr>, st: &Stat) -> FileEntry {
     let ft = FileType::from_raw_mode(st.st_mode);
     let symlink_target = (ft == FileType::Symlink)
         .then(|| {
@@ -245,12 +245,33 @@ impl Files<'_> {
         let Some(dst_name) = dst.name.as_ref() else {
             return Err(errno_err(Errno::EXIST, destination_shown));
         };
-        rustix::fs::renameat(&src.dir, src_name.as_os_str(), &dst.dir, dst_name.as_os_str())
-            .map_err(|e| match e {
+        let renamed = rustix::fs::renameat(
+            &src.dir,
+            src_name.as_os_str(),
+            &dst.dir,
+            dst_name.as_os_str(),
+        );
+        // Across filesystems (the workspace volume and the container's own layer): a file is
+        // copied beside its destination, renamed over it, then the source goes.
+        let renamed = match (renamed, src.file_type()) {
+            (Err(Errno::XDEV), Some(FileType::RegularFile)) => {
+                let src_mode = src.stat.map_or(0o644, |st| st.st_mode & 0o7777);
+                self.copy_across(
+                    (&src.dir, src_name, source_shown),
+                    (&dst.dir, dst_name, destination_shown),
+                    src_mode,
+                )?;
+                rustix::fs::unlinkat(&src.dir, src_name.as_os_str(), AtFlags::empty())
+                    .map_err(|e| errno_err(e, source_shown))?;
+                Ok(())
+            }
+            (r, _) => r,
+        };
+        renamed.map_err(|e| match e {
                 Errno::XDEV => fail(
                     FsErrorCode::ExecFailed,
                     format!(
-                        "cannot move {source_shown} to {destination_shown}: they are on different filesystems"
+                        "cannot move {source_shown} to {destination_shown}: they are on different filesystems, and only a file is copied across (move a directory with a command's `mv`)"
                     ),
                 ),
                 Errno::INVAL => fail(
@@ -264,6 +285,52 @@ impl Files<'_> {
             ok: true,
             error: None,
         })
+    }
+
+    /// Copies regular file `from` (never through a symlink) to a temporary file beside `to`, with
+    /// mode `mode`, then renames it over `to`: a reader of `to` sees the old or the new file.
+    fn copy_across(
+        &self,
+        (from_dir, from, from_shown): (&OwnedFd, &OsString, &str),
+        (to_dir, to, to_shown): (&OwnedFd, &OsString, &str),
+        mode: u32,
+    ) -> Result<(), OpError> {
+        let src = rustix::fs::openat(
+            from_dir,
+            from.as_os_str(),
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| errno_err(e, from_shown))?;
+        let tmp = OsString::from(format!(
+            ".{}.daiv-move-{}-{}",
+            String::from_utf8_lossy(to.as_bytes()),
+            std::process::id(),
+            TMP_SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        let fd = rustix::fs::openat(
+            to_dir,
+            tmp.as_os_str(),
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(mode & 0o777),
+        )
+        .map_err(|e| errno_err(e, to_shown))?;
+        let copied = (|| -> Result<(), OpError> {
+            self.stop.check()?;
+            rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode & 0o777))
+                .map_err(|e| errno_err(e, to_shown))?;
+            let (mut r, mut w) = (File::from(src), File::from(fd));
+            std::io::copy(&mut r, &mut w).map_err(|e| match e.raw_os_error() {
+                Some(n) => errno_err(Errno::from_raw_os_error(n), to_shown),
+                None => io_fail(e, to_shown),
+            })?;
+            rustix::fs::renameat(to_dir, tmp.as_os_str(), to_dir, to.as_os_str())
+                .map_err(|e| errno_err(e, to_shown))
+        })();
+        if copied.is_err() {
+            let _ = rustix::fs::unlinkat(to_dir, tmp.as_os_str(), AtFlags::empty());
+        }
+        copied
     }
 
     /// Entries `depth` levels down, never through a symlink nor into the service directory,

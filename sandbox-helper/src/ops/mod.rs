@@ -9,6 +9,7 @@
 //! - [`extract`]: `extract` (a seed tar) and `clear`.
 //! - [`files`]: the data plane on paths anywhere: `stat`, `mkdir`, `move`, `list`, raw reads
 //!   and atomic writes.
+//! - [`watch`]: a directory's changes, from inotify.
 
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,6 +26,7 @@ pub mod fs;
 pub mod resolve;
 pub mod run;
 pub mod text;
+pub mod watch;
 
 /// How often blocked waits look at the cancel flag and the deadline.
 pub(crate) const TICK: Duration = Duration::from_millis(20);

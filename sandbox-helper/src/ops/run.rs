@@ -1,5 +1,6 @@
 //! `run`: a request's commands in order, each in its own process group with stdout and stderr in
-//! one pipe, output streamed as it is produced.
+//! one pipe (their interleaving exactly as written), or two when the request splits them, output
+//! streamed as it is produced.
 //!
 //! Waiting is a `poll` on the pipe and, where the kernel has it, a pidfd of the shell, so a
 //! command's end is seen at once even when a background child keeps the pipe open: once the
@@ -55,7 +56,10 @@ fn oom_kills() -> Option<u64> {
 /// What a `run` sends while it works.
 pub enum Emit<'a> {
     Event(Event),
+    /// Output: stdout, or both streams when they share a pipe.
     Data(&'a [u8]),
+    /// stderr, when the run splits the streams.
+    Stderr(&'a [u8]),
 }
 
 /// What one `run` request asks for.
@@ -66,6 +70,8 @@ pub struct RunSpec<'a> {
     pub output_cap: u64,
     pub workdir: &'a Path,
     pub env: &'a [(String, String)],
+    /// stdout and stderr in pipes of their own.
+    pub split: bool,
     /// Whom the commands run as.
     pub identity: &'a Identity,
 }
@@ -149,10 +155,14 @@ struct Capped<'e> {
 }
 
 impl Capped<'_> {
-    fn push(&mut self, data: &[u8]) {
+    fn push(&mut self, data: &[u8], stderr: bool) {
         let take = (data.len() as u64).min(self.room) as usize;
         for chunk in data[..take].chunks(MAX_DATA_CHUNK) {
-            (self.emit)(Emit::Data(chunk));
+            (self.emit)(if stderr {
+                Emit::Stderr(chunk)
+            } else {
+                Emit::Data(chunk)
+            });
         }
         self.room -= take as u64;
         self.omitted += (data.len() - take) as u64;
@@ -220,7 +230,7 @@ fn run_one(
         omitted: 0,
     };
     let Some((program, flags)) = shell(spec.identity).argv() else {
-        out.push(NO_SHELL);
+        out.push(NO_SHELL, spec.split);
         return Ok(Outcome {
             exit_code: 127,
             omitted: out.omitted,
@@ -235,14 +245,20 @@ fn run_one(
             spec.workdir.display()
         ))
     };
-    let (mut reader, writer) = io::pipe().map_err(spawn_err)?;
+    let (reader, writer) = io::pipe().map_err(spawn_err)?;
+    let (err_reader, err_writer) = if spec.split {
+        let (r, w) = io::pipe().map_err(spawn_err)?;
+        (Some(r), w)
+    } else {
+        (None, writer.try_clone().map_err(spawn_err)?)
+    };
     let child = {
         let mut cmd = spec.identity.sandbox_command(program);
         cmd.args(flags)
             .arg(command)
             .stdin(Stdio::null())
-            .stdout(writer.try_clone().map_err(spawn_err)?)
-            .stderr(writer)
+            .stdout(writer)
+            .stderr(err_writer)
             .current_dir(spec.workdir)
             .envs(spec.env.iter().map(|(k, v)| (k, v)))
             .process_group(0);
@@ -252,7 +268,9 @@ fn run_one(
     let pid = child.id();
     pgid.store(i32::try_from(pid).unwrap_or(0), Ordering::Relaxed);
     let ooms_before = oom_kills();
-    let result = wait(child, &mut reader, spec, stop, &mut out);
+    let mut pipes = vec![Pipe::new(reader, false)];
+    pipes.extend(err_reader.map(|r| Pipe::new(r, true)));
+    let result = wait(child, &mut pipes, spec, stop, &mut out);
     pgid.store(0, Ordering::Relaxed);
     // SIGKILL with a new OOM kill in the cgroup: say so, or "137" is all the agent sees.
     if let Ok(o) = &result
@@ -261,7 +279,7 @@ fn run_one(
         && let (Some(before), Some(after)) = (ooms_before, oom_kills())
         && after > before
     {
-        out.push(OOM_NOTE);
+        out.push(OOM_NOTE, false);
         return Ok(Outcome {
             omitted: out.omitted,
             ..*o
@@ -270,9 +288,45 @@ fn run_one(
     result
 }
 
+/// One of a command's output pipes.
+struct Pipe {
+    reader: io::PipeReader,
+    stderr: bool,
+    open: bool,
+}
+
+impl Pipe {
+    fn new(reader: io::PipeReader, stderr: bool) -> Self {
+        Self {
+            reader,
+            stderr,
+            open: true,
+        }
+    }
+
+    /// One read of what is there; the end or an error closes it.
+    fn take(&mut self, buf: &mut [u8], out: &mut Capped<'_>) -> usize {
+        match self.reader.read(buf) {
+            Ok(0) => {
+                self.open = false;
+                0
+            }
+            Ok(n) => {
+                out.push(&buf[..n], self.stderr);
+                n
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => 0,
+            Err(_) => {
+                self.open = false;
+                0
+            }
+        }
+    }
+}
+
 fn wait(
     mut child: Child,
-    reader: &mut io::PipeReader,
+    pipes: &mut [Pipe],
     spec: &RunSpec<'_>,
     stop: &Stop<'_>,
     out: &mut Capped<'_>,
@@ -284,7 +338,6 @@ fn wait(
         .and_then(|p| rustix::process::pidfd_open(p, PidfdFlags::empty()).ok());
     let deadline = spec.timeout.map(|t| Instant::now() + t);
     let mut buf = vec![0u8; MAX_DATA_CHUNK];
-    let mut pipe_open = true;
     let raw_pid = i32::try_from(pid).unwrap_or(0);
     let mut meter = Meter::start(raw_pid);
     loop {
@@ -295,7 +348,7 @@ fn wait(
         if exited(raw_pid, false) {
             let usage = meter.finish(raw_pid);
             let code = child.wait().map_or(-1, exit_code);
-            drain(reader, pipe_open, &mut buf, out);
+            drain(pipes, &mut buf, out);
             return Ok(Outcome {
                 exit_code: code,
                 omitted: out.omitted,
@@ -316,7 +369,7 @@ fn wait(
             exited(raw_pid, true);
             let usage = meter.finish(raw_pid);
             let _ = child.wait();
-            drain(reader, pipe_open, &mut buf, out);
+            drain(pipes, &mut buf, out);
             return Ok(Outcome {
                 exit_code: TIMEOUT_EXIT,
                 omitted: out.omitted,
@@ -329,47 +382,49 @@ fn wait(
             tv_sec: wait_for.as_secs() as _,
             tv_nsec: wait_for.subsec_nanos() as _,
         };
-        let mut readable = false;
+        let mut readable = [false; 2];
         {
-            let mut fds: Vec<PollFd<'_>> = Vec::with_capacity(2);
-            if pipe_open {
-                fds.push(PollFd::new(reader, PollFlags::IN));
+            let open: Vec<usize> = (0..pipes.len()).filter(|&i| pipes[i].open).collect();
+            let mut fds: Vec<PollFd<'_>> = Vec::with_capacity(3);
+            for &i in &open {
+                fds.push(PollFd::new(&pipes[i].reader, PollFlags::IN));
             }
             if let Some(p) = &pidfd {
                 fds.push(PollFd::new(p, PollFlags::IN));
             }
             if fds.is_empty() {
                 std::thread::sleep(wait_for);
-            } else if rustix::event::poll(&mut fds, Some(&ts)).is_ok() && pipe_open {
-                readable = !fds[0].revents().is_empty();
+            } else if rustix::event::poll(&mut fds, Some(&ts)).is_ok() {
+                for (k, &i) in open.iter().enumerate() {
+                    readable[i] = !fds[k].revents().is_empty();
+                }
             }
         }
-        if readable {
-            match reader.read(&mut buf) {
-                Ok(0) => pipe_open = false,
-                Ok(n) => out.push(&buf[..n]),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => pipe_open = false,
+        for (i, pipe) in pipes.iter_mut().enumerate() {
+            if readable[i] {
+                pipe.take(&mut buf, out);
             }
         }
     }
 }
 
-/// Takes what is already in the pipe without waiting for writers that outlive the shell.
-fn drain(reader: &mut io::PipeReader, open: bool, buf: &mut [u8], out: &mut Capped<'_>) {
-    if !open || rustix::io::ioctl_fionbio(&*reader, true).is_err() {
-        return;
-    }
-    let mut taken = 0;
-    while taken < DRAIN_MAX {
-        match reader.read(buf) {
-            Ok(0) => return,
-            Ok(n) => {
-                taken += n;
-                out.push(&buf[..n]);
+/// Takes what is already in the pipes without waiting for writers that outlive the shell.
+fn drain(pipes: &mut [Pipe], buf: &mut [u8], out: &mut Capped<'_>) {
+    for pipe in pipes {
+        if !pipe.open || rustix::io::ioctl_fionbio(&pipe.reader, true).is_err() {
+            continue;
+        }
+        let mut taken = 0;
+        while taken < DRAIN_MAX && pipe.open {
+            match pipe.reader.read(buf) {
+                Ok(0) => pipe.open = false,
+                Ok(n) => {
+                    taken += n;
+                    out.push(&buf[..n], pipe.stderr);
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => pipe.open = false,
             }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(_) => return,
         }
     }
 }

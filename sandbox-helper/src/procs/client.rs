@@ -32,7 +32,9 @@ fn connect(name: &str, identity: &Identity, req: &ProcRequest) -> io::Result<Uni
         ));
     }
     let waits = match req {
-        ProcRequest::Poll { wait_ms, .. } => Duration::from_millis(*wait_ms).min(MAX_WAIT),
+        ProcRequest::Poll { wait_ms, .. } | ProcRequest::Events { wait_ms, .. } => {
+            Duration::from_millis(*wait_ms).min(MAX_WAIT)
+        }
         ProcRequest::Stdin { .. } => STDIN_WAIT,
         _ => Duration::ZERO,
     };

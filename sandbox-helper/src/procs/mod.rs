@@ -20,6 +20,7 @@ use std::os::unix::net::SocketAddr;
 use std::time::Duration;
 
 pub mod client;
+pub mod pty;
 pub mod supervisor;
 
 /// How long a `stdin` write may wait for a process that does not read.

@@ -19,12 +19,12 @@ use crate::env_file::claimed_env;
 use crate::ops::files::{Files, range_of};
 use crate::ops::fs::Fs;
 use crate::ops::run::{self, Emit, RunError, RunSpec};
-use crate::ops::{Halt, Input, OpError, Stop, extract};
+use crate::ops::{Halt, Input, OpError, Stop, extract, watch};
 use crate::procs::client;
 
-/// A run's environment: the claim's, then the request's (which wins). The claim's
+/// A run's environment: the caller's, then the request's (which wins). The caller's
 /// ([`layout::ENV_FILE`]) is read for every run: a warm-pool member's channel is opened before
-/// the member is claimed, so the file may appear after serving started (the control plane
+/// the member is claimed, so the file may change after serving started (the control plane
 /// writes it before the claim answers). A few microseconds a run.
 fn run_env(config: &Config, request: Vec<(String, String)>) -> Vec<(String, String)> {
     let mut env = claimed_env(&config.service_file(layout::ENV_FILE));
@@ -49,7 +49,9 @@ pub(super) fn touches_workspace(req: &Request) -> bool {
         | Request::Move { .. }
         | Request::List { .. }
         | Request::FileRead { .. }
-        | Request::FileWrite { .. } => true,
+        | Request::FileWrite { .. }
+        | Request::Watch { .. }
+        | Request::Disk => true,
         Request::Ping | Request::Seeded | Request::Run { .. } | Request::Proc { .. } => false,
     }
 }
@@ -122,9 +124,13 @@ pub(super) fn handle(
         | Request::Mkdir { deadline_ms, .. }
         | Request::Move { deadline_ms, .. }
         | Request::List { deadline_ms, .. } => Some(*deadline_ms),
-        Request::FileRead { .. } | Request::FileWrite { .. } => None,
+        Request::FileRead { .. } | Request::FileWrite { .. } | Request::Watch { .. } => None,
         Request::Extract { deadline_ms, .. } | Request::Clear { deadline_ms, .. } => *deadline_ms,
-        Request::Ping | Request::Seeded | Request::Run { .. } | Request::Proc { .. } => None,
+        Request::Ping
+        | Request::Seeded
+        | Request::Disk
+        | Request::Run { .. }
+        | Request::Proc { .. } => None,
     };
     let stop = Stop {
         cancelled: &live.cancelled,
@@ -138,6 +144,10 @@ pub(super) fn handle(
         Request::Seeded => Response::ok(&SeededInfo {
             seeded: server.config.service_file(layout::SEED_MARKER).exists(),
         }),
+        Request::Disk => match crate::disk::usage(&server.config.root) {
+            Ok(info) => Response::ok(&info),
+            Err(e) => Response::error(ErrorKind::Io, e.to_string()),
+        },
         Request::Run {
             commands,
             fail_fast,
@@ -145,6 +155,7 @@ pub(super) fn handle(
             output_cap,
             workdir,
             env,
+            split,
         } => {
             let workdir = host_path(&server.config.root, &workdir);
             let env = run_env(&server.config, env);
@@ -155,11 +166,13 @@ pub(super) fn handle(
                 output_cap,
                 workdir: &workdir,
                 env: &env,
+                split,
                 identity: &server.config.identity,
             };
             let mut emit = |e: Emit<'_>| match e {
                 Emit::Event(ev) => out.event(id, &ev),
                 Emit::Data(d) => out.frame(id, kind::DATA, d),
+                Emit::Stderr(d) => out.frame(id, kind::STDERR, d),
             };
             // One batch at a time: the control plane's session lock orders runs, but it is
             // released as soon as a client leaves, while the cancelled batch's process group
@@ -253,7 +266,8 @@ pub(super) fn handle(
         | Request::Move { .. }
         | Request::List { .. }
         | Request::FileRead { .. }
-        | Request::FileWrite { .. } => data_plane(id, req, input, server, live, &stop),
+        | Request::FileWrite { .. }
+        | Request::Watch { .. } => data_plane(id, req, input, server, live, &stop),
         Request::Clear { dest, .. } => match extract::clear(root, &dest, &stop) {
             Ok(()) => Response::empty(),
             Err(OpError::Halt(h)) => halted(h, live, dl),
@@ -385,6 +399,17 @@ fn data_plane(
             }
             fs_response(r, |r, e| r.error = Some(e), live, dl)
         }
+        Request::Watch { path, recursive } => {
+            let (host, shown) = path_or_answer!(&path, FileAnswer);
+            let mut emit = |e: Event| server.out.event(id, &e);
+            let r = watch::watch(root, &host, &shown, recursive, stop, &mut emit).map(|sent| {
+                FileAnswer {
+                    bytes: sent,
+                    error: None,
+                }
+            });
+            fs_response(r, |r, e| r.error = Some(e), live, dl)
+        }
         _ => Response::error(ErrorKind::Internal, "not a data-plane request"),
     }
 }
@@ -427,7 +452,11 @@ fn proc_request(
             .to_string_lossy()
             .into_owned();
     }
-    let is_poll = matches!(request, ProcRequest::Poll { .. });
+    // A poll's and an events request's output: one DATA frame before the answer.
+    let is_poll = matches!(
+        request,
+        ProcRequest::Poll { .. } | ProcRequest::Events { .. }
+    );
     let (output, response) = client::call(
         &config.processes,
         &config.identity,
@@ -451,7 +480,10 @@ mod tests {
             service_dir: dir.path().to_path_buf(),
             ..Config::default()
         };
-        let file = dir.path().join("environment");
+        // Where a sandbox has it: the session's own volume inside the service directory.
+        std::fs::create_dir(dir.path().join("session")).expect("mkdir");
+        let file = dir.path().join("session/environment");
+        assert_eq!(config.service_file(layout::ENV_FILE), file);
         assert!(run_env(&config, Vec::new()).is_empty(), "no claim, no file");
         std::fs::write(
             &file,

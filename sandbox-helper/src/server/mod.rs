@@ -34,7 +34,7 @@ pub struct Config {
     /// The directory served as `/workspace` (`--root`; tests serve a tempdir).
     pub root: PathBuf,
     /// Where the service's root-owned files are (`--service-dir`; the fake engine's tests use
-    /// their own): the claim's environment and the seed marker.
+    /// their own): the caller's environment and the seed marker.
     pub service_dir: PathBuf,
     /// The process supervisor's abstract socket (`--processes`).
     pub processes: String,
@@ -55,10 +55,11 @@ impl Default for Config {
 }
 
 impl Config {
-    /// `layout_path` (a file of [`layout::SERVICE_DIR`]) where this server finds it.
+    /// `layout_path` (a file under [`layout::SERVICE_DIR`]) where this server finds it.
     fn service_file(&self, layout_path: &str) -> PathBuf {
+        let path = Path::new(layout_path);
         self.service_dir
-            .join(Path::new(layout_path).file_name().unwrap_or_default())
+            .join(path.strip_prefix(layout::SERVICE_DIR).unwrap_or(path))
     }
 }
 

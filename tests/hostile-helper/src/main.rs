@@ -1,7 +1,8 @@
 //! A session helper that turns hostile on demand, for the end-to-end tests of the control
 //! plane's helper channel (never shipped). Given to sandboxes as `DAIV_SANDBOX_HELPER_BIN`, in an
-//! image that carries the real helper at [`REAL`]: it runs the real helper unless the container's
-//! environment has `DAIV_E2E_FLOOD`, in which case its `serve` says it is ready and then floods
+//! image that carries the real helper at [`REAL`]: it runs the real helper unless the session's
+//! environment (the caller's, in its environment file) has `DAIV_E2E_FLOOD`, in which case its
+//! `serve` says it is ready and then floods
 //! the channel the way a sandbox that took over its helper's pipes did in the hostile review:
 //! frames for request ids nobody waits on, tiny and 16 MiB ones, as fast as the pipe takes them.
 //! With `DAIV_E2E_OTHER_PROTOCOL`, the helper at the path sessions are created with plays a
@@ -76,19 +77,24 @@ fn other_protocol() -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// Whether the session's caller gave variable `name` (the environment file the real helper reads
+/// for every command: a JSON list of `[name, value]` pairs).
+fn asked_for(name: &str) -> bool {
+    std::fs::read_to_string(sandbox_protocol::layout::ENV_FILE)
+        .is_ok_and(|env| env.contains(&format!("[\"{name}\",")))
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let at_session_path = std::env::current_exe()
         .is_ok_and(|p| p == std::path::Path::new(sandbox_protocol::layout::HELPER));
     if args.first().map(String::as_str) == Some("serve")
-        && std::env::var_os("DAIV_E2E_OTHER_PROTOCOL").is_some()
+        && asked_for("DAIV_E2E_OTHER_PROTOCOL")
         && at_session_path
     {
         return other_protocol();
     }
-    if args.first().map(String::as_str) == Some("serve")
-        && std::env::var_os("DAIV_E2E_FLOOD").is_some()
-    {
+    if args.first().map(String::as_str) == Some("serve") && asked_for("DAIV_E2E_FLOOD") {
         return flood();
     }
     let err = std::process::Command::new(REAL).args(&args).exec();

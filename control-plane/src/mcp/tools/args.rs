@@ -179,7 +179,7 @@ pub struct ProcessStartArgs {
     /// Variables added to the session's environment for this process.
     #[serde(default)]
     pub environment: Option<BTreeMap<String, String>>,
-    /// Working directory under /workspace; default /workspace/repo.
+    /// Working directory (an absolute path the sandbox user may enter); default /workspace/repo.
     #[serde(default)]
     pub workdir: Option<String>,
 }

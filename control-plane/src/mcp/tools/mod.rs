@@ -28,7 +28,7 @@ use crate::fleet::Fleet;
 use crate::ids::SessionId;
 use crate::layout;
 use crate::processes;
-use crate::sessions::{ForkPlan, SessionError, Sessions};
+use crate::sessions::{ForkPlan, SessionError, Sessions, ValidationError};
 use crate::workspace::fs::{Fs, OpError};
 use crate::workspace::wire::*;
 
@@ -150,6 +150,7 @@ impl Tools {
             memory_bytes: a.memory_bytes,
             cpus: a.cpus,
             egress: a.egress,
+            ..Default::default()
         };
         let _slot = self.admission.create().await?;
         let session_id = self.fleet.create(&req).await?;
@@ -340,9 +341,12 @@ impl Tools {
             command: a.command,
             environment: a.environment,
             workdir: a.workdir,
+            process_id: None,
+            tag: None,
+            pty: None,
         };
-        let process_id = processes::start(&sessions.workspace(&id), &req).await?;
-        Ok(Answer::json(json!({ "process_id": process_id })))
+        let started = processes::start(&sessions.workspace(&id), &req).await?;
+        Ok(Answer::json(json!({ "process_id": started.process_id })))
     }
 
     async fn process_output(&self, a: ProcessOutputArgs) -> Result<Answer, ToolFailure> {
@@ -387,6 +391,9 @@ impl Tools {
         let req = ForkRequest {
             count: a.count,
             environment: environment(a.environment)?,
+            metadata: None,
+            timeout_seconds: None,
+            on_timeout: None,
         };
         let plan = ForkPlan::new(req, &self.config)?;
         let sessions = self.fleet.at_for_new(&id, plan.count())?;
@@ -427,7 +434,7 @@ fn environment(env: Option<BTreeMap<String, String>>) -> Result<Option<Environme
     Ok(env
         .map(Environment::new)
         .transpose()
-        .map_err(SessionError::from)?)
+        .map_err(ValidationError::from)?)
 }
 
 /// An fs op's outcome: its answer, or why not (about the path: the fs code).
@@ -530,15 +537,7 @@ fn chunks(s: &str, max: usize) -> impl Iterator<Item = &str> {
     })
 }
 
-fn rfc3339(unix: i64) -> String {
-    time::OffsetDateTime::from_unix_timestamp(unix)
-        .ok()
-        .and_then(|t| {
-            t.format(&time::format_description::well_known::Rfc3339)
-                .ok()
-        })
-        .unwrap_or_default()
-}
+use crate::time::rfc3339;
 
 #[cfg(test)]
 mod tests {

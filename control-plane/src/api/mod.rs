@@ -8,7 +8,10 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-#[derive(Debug, Deserialize, ToSchema)]
+mod processes;
+pub use processes::*;
+
+#[derive(Debug, Default, Deserialize, ToSchema)]
 pub struct StartSessionRequest {
     /// Docker image to be used as the base image for the sandbox. Required unless
     /// `snapshot_id` is given; with it, it must be the snapshot's base image.
@@ -38,6 +41,208 @@ pub struct StartSessionRequest {
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub egress: Option<serde_json::Value>,
+    /// Strings of your choosing kept with the session, returned by the listing and filterable
+    /// there; never interpreted, never in the sandbox's environment.
+    #[serde(default)]
+    #[schema(value_type = Option<BTreeMap<String, String>>)]
+    pub metadata: Option<Metadata>,
+    /// The session ends this long after it is created unless `POST /session/{id}/timeout/`
+    /// moves its deadline; none when omitted (the deployment's idle and lifetime limits apply).
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 2592000)]
+    pub timeout_seconds: Option<u64>,
+    /// What ending at the deadline means: `remove` (the default) or `pause`.
+    #[serde(default)]
+    pub on_timeout: Option<OnTimeout>,
+}
+
+/// Longest `timeout_seconds` a session may be given (30 days).
+pub const MAX_SESSION_TIMEOUT_SECS: u64 = 30 * 24 * 3600;
+
+/// What a session's deadline does to it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OnTimeout {
+    /// Removed, as a force close does.
+    #[default]
+    Remove,
+    /// Paused (then reaped as a paused session is, after the grace period from its pause).
+    Pause,
+}
+
+impl OnTimeout {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Remove => "remove",
+            Self::Pause => "pause",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "remove" => Some(Self::Remove),
+            "pause" => Some(Self::Pause),
+            _ => None,
+        }
+    }
+}
+
+/// A session's metadata: at most [`Metadata::MAX_PAIRS`] pairs, keys of 1 to 64 bytes of
+/// `[A-Za-z0-9._-]`, values of at most 512 bytes. Checked as it is read.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct Metadata(BTreeMap<String, String>);
+
+impl Metadata {
+    pub const MAX_PAIRS: usize = 32;
+    pub const MAX_KEY: usize = 64;
+    pub const MAX_VALUE: usize = 512;
+    pub const KEY_PATTERN: &str = r"^[A-Za-z0-9._-]{1,64}$";
+
+    pub fn new(pairs: BTreeMap<String, String>) -> Result<Self, String> {
+        if pairs.len() > Self::MAX_PAIRS {
+            return Err(format!("metadata: at most {} pairs", Self::MAX_PAIRS));
+        }
+        for (k, v) in &pairs {
+            if !Self::valid_key(k) {
+                return Err(format!(
+                    "metadata key {k:?}: 1 to {} bytes of [A-Za-z0-9._-]",
+                    Self::MAX_KEY
+                ));
+            }
+            if v.len() > Self::MAX_VALUE {
+                return Err(format!(
+                    "metadata value of {k:?}: at most {} bytes",
+                    Self::MAX_VALUE
+                ));
+            }
+        }
+        Ok(Self(pairs))
+    }
+
+    pub fn valid_key(k: &str) -> bool {
+        !k.is_empty()
+            && k.len() <= Self::MAX_KEY
+            && k.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    }
+
+    pub fn into_inner(self) -> BTreeMap<String, String> {
+        self.0
+    }
+}
+
+impl std::ops::Deref for Metadata {
+    type Target = BTreeMap<String, String>;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl<'de> Deserialize<'de> for Metadata {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Self::new(BTreeMap::deserialize(d)?).map_err(serde::de::Error::custom)
+    }
+}
+
+/// A session as the listing and `GET /session/{id}/info/` show it.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SessionInfo {
+    pub session_id: String,
+    /// The image it was created from (a snapshot's base image for a session from a snapshot).
+    pub base_image: String,
+    /// The snapshot it was created from, if any.
+    pub snapshot_id: Option<String>,
+    /// `running`, `paused` or `stopped`.
+    pub state: SessionState,
+    /// RFC 3339: when the session was created (a warm-pool member: when it was claimed).
+    pub created_at: String,
+    /// RFC 3339: its deadline; null without one.
+    pub expires_at: Option<String>,
+    /// What the deadline does: `remove` or `pause`.
+    pub on_timeout: OnTimeout,
+    /// Its CPU limit; null without one.
+    pub cpus: Option<f64>,
+    /// Its memory limit; null without one.
+    pub memory_bytes: Option<i64>,
+    /// Whether it has an egress gateway.
+    pub egress: bool,
+    #[schema(value_type = BTreeMap<String, String>)]
+    pub metadata: Metadata,
+    /// The engine it runs on (`default` without a fleet).
+    pub engine: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionState {
+    Running,
+    Paused,
+    Stopped,
+}
+
+impl SessionState {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "running" => Some(Self::Running),
+            "paused" => Some(Self::Paused),
+            "stopped" => Some(Self::Stopped),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct SessionList {
+    /// Oldest first (by `created_at`, then `session_id`).
+    pub sessions: Vec<SessionInfo>,
+    /// Pass as `?next=` for the following page; null on the last page.
+    pub next: Option<String>,
+}
+
+/// One reading of a session's resources (E2B's metric names, in snake case).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct MetricsSample {
+    /// Unix seconds it was taken.
+    pub timestamp_unix: i64,
+    /// CPUs the session may use: its limit, else the host's.
+    pub cpu_count: f64,
+    /// CPU used since the previous sample, as a percentage of `cpu_count`.
+    pub cpu_used_pct: f64,
+    /// Memory in use, the reclaimable page cache excluded (as `docker stats` counts it), in bytes.
+    pub mem_used: u64,
+    /// Its memory limit, else the host's memory.
+    pub mem_total: u64,
+    /// Reclaimable page cache charged to it (inactive file pages).
+    pub mem_cache: u64,
+    /// Bytes allocated under `/workspace`.
+    pub disk_used: u64,
+    /// The size of the filesystem holding `/workspace`.
+    pub disk_total: u64,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct SessionMetrics {
+    /// Oldest first.
+    pub samples: Vec<MetricsSample>,
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct MetricsQuery {
+    /// Only samples taken at or after this Unix second.
+    #[serde(default)]
+    pub start: Option<i64>,
+    /// Only samples taken at or before this Unix second.
+    #[serde(default)]
+    pub end: Option<i64>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct TimeoutRequest {
+    /// The session's deadline becomes now plus this (shorter or longer than before).
+    #[schema(minimum = 1, maximum = 2592000)]
+    pub timeout_seconds: u64,
 }
 
 /// A sandbox's environment variables (a create's, a fork's): names not empty, without `=` or
@@ -151,8 +356,13 @@ pub struct RunResponse {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum RunStreamLine {
     /// Output of command `index` as it is printed (UTF-8, lossy; a character split across
-    /// chunks is never broken).
-    Output { index: usize, data: String },
+    /// chunks is never broken), from its `stream`. Streamed, stdout and stderr are read from
+    /// pipes of their own: each in order, their interleaving in `done` as they were read.
+    Output {
+        index: usize,
+        data: String,
+        stream: OutputStream,
+    },
     /// Command `index` ended; the fields are its entry of `done.results`.
     Result {
         index: usize,
@@ -166,77 +376,6 @@ pub enum RunStreamLine {
     Done { results: Vec<RunResult> },
     /// The run could not go on (the session went away); the last line instead of `done`.
     Error { detail: String },
-}
-
-#[derive(Debug, Deserialize, ToSchema)]
-pub struct StartProcessRequest {
-    /// Shell command, run in the background like a command of a run (same shell, user, limits).
-    /// Not blank, no NUL.
-    #[schema(
-        pattern = r"^[^\x00]*[^\x00\t\n\x0b\x0c\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000][^\x00]*$"
-    )]
-    pub command: String,
-    /// Variables added to the session's environment for this process.
-    #[serde(default)]
-    pub environment: Option<BTreeMap<String, String>>,
-    /// Working directory: /workspace or below it, without '..' (default /workspace/repo).
-    #[serde(default)]
-    #[schema(pattern = r"^/workspace(/(?!\.\.(/|$))[^/\x00]*)*$")]
-    pub workdir: Option<String>,
-}
-
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct StartProcessResponse {
-    pub process_id: String,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub struct ProcessInfo {
-    pub process_id: String,
-    pub command: String,
-    pub running: bool,
-    /// `null` while it runs; 128 + the signal when a signal ended it (137 once killed).
-    pub exit_code: Option<i64>,
-}
-
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct ProcessList {
-    pub processes: Vec<ProcessInfo>,
-}
-
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct ProcessOutput {
-    pub process_id: String,
-    pub running: bool,
-    pub exit_code: Option<i64>,
-    /// Output from `offset` on (UTF-8, lossy; a character is never split at the end).
-    pub output: String,
-    /// Byte offset `output` starts at: later than asked when older bytes were dropped.
-    pub offset: u64,
-    /// Pass it as the next poll's `offset`.
-    pub next_offset: u64,
-    /// Output before `offset` was dropped from the bounded buffer.
-    pub truncated: bool,
-}
-
-#[derive(Debug, Deserialize, utoipa::IntoParams)]
-#[into_params(parameter_in = Query)]
-pub struct PollQuery {
-    /// Byte offset to read from (a previous `next_offset`).
-    #[serde(default)]
-    pub offset: u64,
-    /// Seconds to wait for new output when there is none yet (capped by the server).
-    #[serde(default)]
-    #[param(minimum = 0.0)]
-    pub wait: f64,
-}
-
-#[derive(Debug, Deserialize, utoipa::IntoParams)]
-#[into_params(parameter_in = Query)]
-pub struct StdinQuery {
-    /// Close the process's stdin after writing the body.
-    #[serde(default)]
-    pub eof: bool,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -337,6 +476,17 @@ pub struct ForkRequest {
     #[serde(default)]
     #[schema(value_type = Option<BTreeMap<String, String>>)]
     pub environment: Option<Environment>,
+    /// The forks' metadata; the source's when omitted.
+    #[serde(default)]
+    #[schema(value_type = Option<BTreeMap<String, String>>)]
+    pub metadata: Option<Metadata>,
+    /// Each fork's lifetime, as at create; none when omitted.
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 2592000)]
+    pub timeout_seconds: Option<u64>,
+    /// What each fork's deadline does (`remove` by default).
+    #[serde(default)]
+    pub on_timeout: Option<OnTimeout>,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]

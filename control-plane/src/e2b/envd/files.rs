@@ -1,0 +1,226 @@
+//! envd's `/files`: `GET` answers a file's bytes (`Range` and `Accept-Encoding: gzip` passed on to
+//! the native route), `POST` writes one (`application/octet-stream`, gzip allowed) or several
+//! (`multipart/form-data`, each part's file name its path when the query has none), replacing
+//! what is there and creating parents; both streamed through the native `/files` route, so a
+//! file's size is bounded by `FILE_MAX_BYTES` and the disk, not by memory. A signed URL
+//! (`signature`, `signature_expiration`) stands in for the access token.
+
+use std::collections::HashMap;
+
+use axum::body::Body;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use futures::TryStreamExt;
+use serde_json::{Value, json};
+
+use super::super::native::{Refusal, query, refusal};
+use super::super::state::E2b;
+use super::super::token::SignedUrl;
+use super::{absolute, basic_user, check_user, http_error, sandbox_id};
+
+/// The caller of a `/files` request: its sandbox id once the token or the signature holds.
+fn authorize(
+    e: &E2b,
+    headers: &HeaderMap,
+    params: &HashMap<String, String>,
+    operation: &str,
+) -> Result<String, Refusal> {
+    let id = sandbox_id(headers).map_err(|e| Refusal::new(StatusCode::NOT_FOUND, e.message))?;
+    let user = params
+        .get("username")
+        .cloned()
+        .or_else(|| basic_user(headers));
+    check_user(user.as_deref()).map_err(|e| Refusal::new(StatusCode::FORBIDDEN, e.message))?;
+    let token = headers
+        .get("x-access-token")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if e.tokens.check(&id, token) {
+        return Ok(id);
+    }
+    if let Some(sig) = params.get("signature") {
+        let expiration = params
+            .get("signature_expiration")
+            .and_then(|v| v.parse::<i64>().ok());
+        let now = time::OffsetDateTime::now_utc().unix_timestamp();
+        let url = SignedUrl {
+            signature: sig,
+            path: params.get("path").map(String::as_str).unwrap_or(""),
+            operation,
+            username: user.as_deref().unwrap_or(""),
+            expiration,
+        };
+        if e.tokens.check_signature(&id, &url, now) {
+            return Ok(id);
+        }
+    }
+    Err(Refusal::new(
+        StatusCode::UNAUTHORIZED,
+        "invalid or missing access token (X-Access-Token) or signature",
+    ))
+}
+
+/// `GET /files?path=`.
+pub async fn download(
+    State(e): State<E2b>,
+    headers: HeaderMap,
+    Query(params): Query<HashMap<String, String>>,
+) -> Response {
+    let id = match authorize(&e, &headers, &params, "read") {
+        Ok(id) => id,
+        Err(r) => return http_error(&r),
+    };
+    let path = absolute(params.get("path").map(String::as_str).unwrap_or(""));
+    let mut pass = HeaderMap::new();
+    for h in [header::RANGE, header::ACCEPT_ENCODING] {
+        if let Some(v) = headers.get(&h) {
+            pass.insert(h, v.clone());
+        }
+    }
+    let uri = format!("/session/{id}/files?{}", query(&[("path", &path)]));
+    let resp = e
+        .native
+        .send_with(Method::GET, &uri, Body::empty(), pass, None)
+        .await;
+    if resp.status().is_success() {
+        return resp;
+    }
+    let status = resp.status();
+    let body = axum::body::to_bytes(resp.into_body(), 64 * 1024)
+        .await
+        .unwrap_or_default();
+    http_error(&refusal(status, &body))
+}
+
+/// `POST /files?path=`.
+pub async fn upload(
+    State(e): State<E2b>,
+    headers: HeaderMap,
+    Query(params): Query<HashMap<String, String>>,
+    body: Body,
+) -> Response {
+    match upload_inner(&e, &headers, &params, body).await {
+        Ok(written) => (StatusCode::OK, axum::Json(written)).into_response(),
+        Err(r) => http_error(&r),
+    }
+}
+
+async fn upload_inner(
+    e: &E2b,
+    headers: &HeaderMap,
+    params: &HashMap<String, String>,
+    body: Body,
+) -> Result<Vec<Value>, Refusal> {
+    let id = authorize(e, headers, params, "write")?;
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    let query_path = params.get("path").filter(|p| !p.is_empty());
+    if ct.starts_with("multipart/form-data") {
+        let boundary = multer::parse_boundary(&ct)
+            .map_err(|err| Refusal::new(StatusCode::BAD_REQUEST, format!("multipart: {err}")))?;
+        let mut form = multer::Multipart::new(body.into_data_stream(), boundary);
+        let mut written = Vec::new();
+        while let Some(field) = form
+            .next_field()
+            .await
+            .map_err(|err| Refusal::new(StatusCode::BAD_REQUEST, format!("multipart: {err}")))?
+        {
+            let path = match (query_path, field.file_name()) {
+                (Some(p), _) if written.is_empty() => p.clone(),
+                (_, Some(name)) if !name.is_empty() => name.to_string(),
+                _ => {
+                    return Err(Refusal::new(
+                        StatusCode::BAD_REQUEST,
+                        "a file part without a path (give ?path= or the part's file name)",
+                    ));
+                }
+            };
+            let stream = field.map_err(std::io::Error::other);
+            written.push(put(e, &id, &absolute(&path), Body::from_stream(stream), None).await?);
+        }
+        if written.is_empty() {
+            return Err(Refusal::new(StatusCode::BAD_REQUEST, "no file in the form"));
+        }
+        Ok(written)
+    } else {
+        let path = query_path.ok_or_else(|| {
+            Refusal::new(
+                StatusCode::BAD_REQUEST,
+                "an octet-stream upload needs ?path=",
+            )
+        })?;
+        let encoding = headers.get(header::CONTENT_ENCODING).cloned();
+        Ok(vec![put(e, &id, &absolute(path), body, encoding).await?])
+    }
+}
+
+/// One file written through the native route, answered as envd's `{name, type, path}`.
+async fn put(
+    e: &E2b,
+    id: &str,
+    path: &str,
+    body: Body,
+    encoding: Option<HeaderValue>,
+) -> Result<Value, Refusal> {
+    let body = match encoding {
+        Some(enc) if enc.as_bytes().eq_ignore_ascii_case(b"gzip") => gunzip(body),
+        Some(enc) if !enc.as_bytes().eq_ignore_ascii_case(b"identity") => {
+            return Err(Refusal::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                format!("Content-Encoding {enc:?}: only gzip"),
+            ));
+        }
+        _ => body,
+    };
+    let uri = format!("/session/{id}/files?{}", query(&[("path", path)]));
+    let resp = e
+        .native
+        .send(
+            Method::PUT,
+            &uri,
+            body,
+            Some("application/octet-stream"),
+            None,
+        )
+        .await;
+    let status = resp.status();
+    if !status.is_success() {
+        let bytes = axum::body::to_bytes(resp.into_body(), 64 * 1024)
+            .await
+            .unwrap_or_default();
+        return Err(refusal(status, &bytes));
+    }
+    let name = path.rsplit('/').next().unwrap_or(path);
+    Ok(json!({ "name": name, "type": "file", "path": path }))
+}
+
+/// A gzip body decoded as it is read, on a blocking thread (flate2's decoder is synchronous); a
+/// corrupt stream ends the body with an error, so the native write keeps nothing of it.
+fn gunzip(body: Body) -> Body {
+    let reader =
+        tokio_util::io::StreamReader::new(body.into_data_stream().map_err(std::io::Error::other));
+    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<bytes::Bytes>>(4);
+    tokio::task::spawn_blocking(move || {
+        let sync = tokio_util::io::SyncIoBridge::new(reader);
+        let mut decoder = flate2::read::GzDecoder::new(sync);
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let item = match std::io::Read::read(&mut decoder, &mut buf) {
+                Ok(0) => return,
+                Ok(n) => Ok(bytes::Bytes::copy_from_slice(&buf[..n])),
+                Err(err) => Err(std::io::Error::other(format!("gzip: {err}"))),
+            };
+            let failed = item.is_err();
+            if tx.blocking_send(item).is_err() || failed {
+                return;
+            }
+        }
+    });
+    Body::from_stream(futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    }))
+}

@@ -1,0 +1,218 @@
+//! envd's `filesystem.Filesystem` service over the native fs routes on paths anywhere (`stat`,
+//! `mkdir`, `move`, `list`, `watch`), as the sandbox user. `Remove` has no native route outside
+//! `/workspace`: it is a `rm -rf` run as the user, after a `stat` that answers `not_found`.
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, Method};
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
+use sandbox_protocol::files::{
+    FileEntry, FsListResponse, FsMkdirResponse, FsMoveResponse, FsStatResponse,
+};
+use sandbox_protocol::wire::{FsError, FsErrorCode};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::super::connect::{self, Code, RpcError};
+use super::super::state::E2b;
+use super::watch::{WatchRequest, entry_info, watch, watch_message};
+use super::{absolute, caller, message, watchers};
+use crate::api::RunResponse;
+
+#[derive(Debug, Deserialize)]
+struct PathRequest {
+    #[serde(default)]
+    path: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct MoveRequest {
+    #[serde(default)]
+    source: String,
+    #[serde(default)]
+    destination: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct ListRequest {
+    #[serde(default)]
+    path: String,
+    #[serde(default)]
+    depth: u32,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WatcherId {
+    #[serde(default)]
+    watcher_id: String,
+}
+
+/// `POST /filesystem.Filesystem/{method}`.
+pub async fn call(
+    State(e): State<E2b>,
+    Path(method): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let streaming = connect::is_streaming(&headers);
+    let result = async {
+        connect::check_codec(&headers)?;
+        let who = caller(&e, &headers)?;
+        let id = who.id.as_str();
+        match method.as_str() {
+            "Stat" => {
+                let req: PathRequest = message(&headers, &body)?;
+                let entry = stat(&e, id, &absolute(&req.path)).await?;
+                Ok(connect::unary(json!({ "entry": entry_info(&entry) })))
+            }
+            "MakeDir" => {
+                let req: PathRequest = message(&headers, &body)?;
+                let path = absolute(&req.path);
+                let made: FsMkdirResponse =
+                    op(&e, id, "mkdir", json!({ "path": path, "parents": true })).await?;
+                fs_error(made.error)?;
+                if !made.created {
+                    return Err(RpcError::new(
+                        Code::AlreadyExists,
+                        format!("directory {path} already exists"),
+                    ));
+                }
+                let entry = stat(&e, id, &path).await?;
+                Ok(connect::unary(json!({ "entry": entry_info(&entry) })))
+            }
+            "Move" => {
+                let req: MoveRequest = message(&headers, &body)?;
+                let (src, dst) = (absolute(&req.source), absolute(&req.destination));
+                let moved: FsMoveResponse =
+                    op(&e, id, "move", json!({ "source": src, "destination": dst })).await?;
+                fs_error(moved.error)?;
+                let entry = stat(&e, id, &dst).await?;
+                Ok(connect::unary(json!({ "entry": entry_info(&entry) })))
+            }
+            "ListDir" => {
+                let req: ListRequest = message(&headers, &body)?;
+                let listed: FsListResponse = op(
+                    &e,
+                    id,
+                    "list",
+                    json!({ "path": absolute(&req.path), "depth": req.depth.max(1) }),
+                )
+                .await?;
+                fs_error(listed.error)?;
+                let entries: Vec<Value> = listed.entries.iter().map(entry_info).collect();
+                Ok(connect::unary(json!({ "entries": entries })))
+            }
+            "Remove" => {
+                let req: PathRequest = message(&headers, &body)?;
+                remove(&e, id, &absolute(&req.path)).await?;
+                Ok(connect::unary(json!({})))
+            }
+            "WatchDir" => {
+                let req: WatchRequest = message(&headers, &body)?;
+                let events = watch(&e, id, &req).await?;
+                let root = absolute(&req.path);
+                let messages = events.filter_map(move |ev| {
+                    let root = root.clone();
+                    async move {
+                        match ev {
+                            Err(err) => Some(Err(err)),
+                            Ok(ev) => watch_message(&ev, &root).map(Ok),
+                        }
+                    }
+                });
+                Ok(connect::stream(messages))
+            }
+            "CreateWatcher" => {
+                let req: WatchRequest = message(&headers, &body)?;
+                let watcher = watchers::create(&e, id, req).await?;
+                Ok(connect::unary(json!({ "watcherId": watcher })))
+            }
+            "GetWatcherEvents" => {
+                let req: WatcherId = message(&headers, &body)?;
+                let events = e.watchers.drain(id, &req.watcher_id)?;
+                Ok(connect::unary(json!({ "events": events })))
+            }
+            "RemoveWatcher" => {
+                let req: WatcherId = message(&headers, &body)?;
+                e.watchers.remove(id, &req.watcher_id)?;
+                Ok(connect::unary(json!({})))
+            }
+            other => Err(RpcError::new(
+                Code::Unimplemented,
+                format!("filesystem.Filesystem/{other} is not served"),
+            )),
+        }
+    }
+    .await;
+    match result {
+        Ok(r) => r,
+        Err(err) if streaming => connect::stream_error(err),
+        Err(err) => err.into_response(),
+    }
+}
+
+async fn op<T: serde::de::DeserializeOwned>(
+    e: &E2b,
+    id: &str,
+    name: &str,
+    body: Value,
+) -> Result<T, RpcError> {
+    Ok(e.native
+        .json(
+            Method::POST,
+            &format!("/session/{id}/fs/{name}/"),
+            Some(&body),
+            None,
+        )
+        .await?)
+}
+
+/// An fs op's error as the Connect code the SDK expects (`not_found` → its `NotFoundException`).
+fn fs_error(error: Option<FsError>) -> Result<(), RpcError> {
+    let Some(err) = error else { return Ok(()) };
+    let code = match err.code {
+        FsErrorCode::NotFound => Code::NotFound,
+        FsErrorCode::PermissionDenied => Code::PermissionDenied,
+        FsErrorCode::AlreadyExists => Code::AlreadyExists,
+        FsErrorCode::InvalidPath | FsErrorCode::NotADirectory | FsErrorCode::IsADirectory => {
+            Code::InvalidArgument
+        }
+        _ => Code::FailedPrecondition,
+    };
+    Err(RpcError::new(code, err.message))
+}
+
+pub async fn stat(e: &E2b, id: &str, path: &str) -> Result<FileEntry, RpcError> {
+    let r: FsStatResponse = op(e, id, "stat", json!({ "path": path })).await?;
+    fs_error(r.error)?;
+    r.entry
+        .ok_or_else(|| RpcError::new(Code::NotFound, format!("{path} not found")))
+}
+
+async fn remove(e: &E2b, id: &str, path: &str) -> Result<(), RpcError> {
+    stat(e, id, path).await?;
+    let command = format!("rm -rf -- '{}'", path.replace('\'', r"'\''"));
+    let run: RunResponse = e
+        .native
+        .json(
+            Method::POST,
+            &format!("/session/{id}/"),
+            Some(&json!({ "commands": [command] })),
+            None,
+        )
+        .await?;
+    match run.results.first() {
+        Some(r) if r.exit_code == 0 => Ok(()),
+        Some(r) if r.output.contains("Permission denied") => Err(RpcError::new(
+            Code::PermissionDenied,
+            format!("cannot remove {path}: permission denied"),
+        )),
+        Some(r) => Err(RpcError::new(
+            Code::Internal,
+            format!("cannot remove {path}: {}", r.output.trim()),
+        )),
+        None => Err(RpcError::new(Code::Internal, "the removal did not run")),
+    }
+}

@@ -1,0 +1,99 @@
+//! E2B's API over this service, so a program written against E2B's SDK runs here with only
+//! `E2B_API_KEY`, `E2B_API_URL` and `E2B_SANDBOX_URL` changed. One listener of its own
+//! (`DAIV_SANDBOX_E2B_PORT`) serves both of E2B's planes, told apart by the `E2b-Sandbox-Id`
+//! header envd calls carry: the control API (sandboxes, their lifetime, metrics, snapshots)
+//! and envd (processes, the filesystem, `/files`).
+//!
+//! It is a translation and nothing else: every call becomes requests to the native routes,
+//! in-process through the service's own router ([`native`]), so the key check, admission, the
+//! session lock, metrics and the error classes are the native API's. It sits beside the MCP
+//! endpoint, above the routes, and reaches nothing below them.
+//!
+//! # Layout
+//! - [`control`]: `/sandboxes`, `/v2/sandboxes`, `/snapshots`, `/templates`; [`network`]: E2B's
+//!   network settings as an egress policy and secrets.
+//! - [`envd`]: `process.Process` and `filesystem.Filesystem` over [`connect`] (the Connect
+//!   protocol, JSON codec), `/files` and `/health`; [`token`]: the per-sandbox access token.
+
+pub mod connect;
+pub mod control;
+pub mod envd;
+pub mod native;
+pub mod network;
+pub mod polled;
+pub mod snapshots;
+pub mod state;
+pub mod token;
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Request};
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::Response;
+use axum::routing::{delete, get, post, put};
+use tower::ServiceExt;
+
+use crate::config::Config;
+pub use state::{E2b, ENVD_VERSION};
+
+/// E2B's API over `app`, the service's own router (see [`native`]).
+pub fn router(config: Arc<Config>, app: Router) -> Router {
+    let key = config.server.api_key.expose();
+    let state = E2b {
+        native: native::Native::new(
+            app,
+            HeaderValue::from_str(key).unwrap_or(HeaderValue::from_static("")),
+        ),
+        tokens: token::Tokens::new(key),
+        watchers: Arc::default(),
+        config,
+    };
+    let control = Router::new()
+        .route("/sandboxes", post(control::create).get(control::list))
+        .route("/v2/sandboxes", post(control::create).get(control::list))
+        .route("/sandboxes/{id}", get(control::get).delete(control::kill))
+        .route("/sandboxes/{id}/connect", post(control::connect))
+        .route("/v2/sandboxes/{id}/connect", post(control::connect))
+        .route("/sandboxes/{id}/resume", post(control::connect))
+        .route("/sandboxes/{id}/timeout", post(control::timeout))
+        .route("/sandboxes/{id}/pause", post(control::pause))
+        .route("/sandboxes/{id}/metrics", get(control::metrics))
+        .route("/sandboxes/{id}/fork", post(snapshots::fork))
+        .route("/sandboxes/{id}/snapshots", post(snapshots::snapshot))
+        .route("/sandboxes/{id}/network", put(control::update_network))
+        .route("/snapshots", get(snapshots::snapshots))
+        .route("/templates/{id}", delete(snapshots::delete_template))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            control::require_key,
+        ))
+        .fallback(|| async {
+            control::ApiFailure(native::Refusal::new(
+                StatusCode::NOT_FOUND,
+                "no such route in E2B's API as this service serves it",
+            ))
+        })
+        .with_state(state.clone());
+    let envd = envd::router()
+        .layer(DefaultBodyLimit::max(connect::MAX_MESSAGE + 64 * 1024))
+        .fallback(|| async {
+            connect::RpcError::new(connect::Code::Unimplemented, "no such envd route")
+        })
+        .with_state(state);
+    Router::new().fallback_service(tower::service_fn(move |req: Request| {
+        let (control, envd) = (control.clone(), envd.clone());
+        async move {
+            let to = if req.headers().contains_key("e2b-sandbox-id") {
+                envd
+            } else {
+                control
+            };
+            Ok::<Response, Infallible>(match to.oneshot(req).await {
+                Ok(r) => r,
+                Err(never) => match never {},
+            })
+        }
+    }))
+}

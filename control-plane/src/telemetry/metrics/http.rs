@@ -1,0 +1,31 @@
+//! The request middleware's group (`routes::observe`).
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::registry::Registry;
+
+use super::{Histograms, add, histograms};
+
+/// `http_request_duration_seconds`: the route is the matched template (bounded), never the path.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HttpLabels {
+    pub method: String,
+    pub route: String,
+    pub status: u16,
+}
+
+pub struct HttpMetrics {
+    pub requests: Histograms<HttpLabels>,
+}
+
+impl HttpMetrics {
+    pub(super) fn new(r: &mut Registry) -> Self {
+        Self {
+            requests: add(
+                r,
+                "http_request_duration_seconds",
+                "HTTP requests by method, route template and status",
+                histograms(),
+            ),
+        }
+    }
+}

@@ -1,0 +1,341 @@
+"""Programs written against E2B's Python SDK, as its users write them, for tests/tests/e2b.rs.
+
+Run as `python e2b_driver.py SCENARIO` with the SDK's own settings in the environment
+(E2B_API_KEY, E2B_API_URL, E2B_SANDBOX_URL; E2B_VALIDATE_API_KEY=false for the SDKs that check
+the key's shape) and the scenario's parameters as JSON in E2B_PARAMS. Each scenario prints one
+JSON line: what the program saw, for the test to assert on. Nothing here knows it is not E2B.
+"""
+
+import hashlib
+import io
+import json
+import os
+import sys
+import time
+
+import e2b
+from e2b import Sandbox
+from e2b.exceptions import (
+    AuthenticationException,
+    NotFoundException,
+    SandboxException,
+)
+
+try:  # where the SDKs keep it varies
+    from e2b import CommandExitException
+except ImportError:  # pragma: no cover
+    from e2b.sandbox.commands.command_handle import CommandExitException
+
+P = json.loads(os.environ.get("E2B_PARAMS") or "{}")
+
+
+def err(e):
+    return {"type": type(e).__name__, "message": str(e)}
+
+
+def create(**kw):
+    return Sandbox.create(
+        template=P.get("template", "base"),
+        timeout=P.get("timeout", 300),
+        metadata={"suite": P.get("tag", "e2b")},
+        **kw,
+    )
+
+
+def turn():
+    """Create, commands (foreground, streamed, failing, background with stdin, kill), files,
+    info, list, metrics, kill."""
+    out = {"sdk": e2b.__version__ if hasattr(e2b, "__version__") else None}
+    sbx = create(envs={"GREETING": "bonjour"})
+    out["id"] = sbx.sandbox_id
+    # gVisor's kernel says its name in its log; runc's host kernel log is not readable.
+    out["kernel_log"] = sbx.commands.run("dmesg 2>&1 | head -n 3 || true").stdout
+    r = sbx.commands.run("echo $GREETING; echo oops >&2; pwd; id -u")
+    out["run"] = {"stdout": r.stdout, "stderr": r.stderr, "exit_code": r.exit_code}
+    try:
+        sbx.commands.run("echo partial; exit 3")
+        out["exit3"] = None
+    except CommandExitException as e:
+        out["exit3"] = {"exit_code": e.exit_code, "stdout": e.stdout}
+    chunks = []
+    sbx.commands.run(
+        "for i in 1 2 3; do echo line$i; sleep 0.3; done",
+        on_stdout=lambda d: chunks.append((round(time.monotonic(), 2), d)),
+    )
+    out["streamed"] = [c[1] for c in chunks]
+    out["streamed_spread_s"] = chunks[-1][0] - chunks[0][0] if len(chunks) > 1 else 0
+    h = sbx.commands.run("cat; echo done", background=True, stdin=True)
+    sbx.commands.send_stdin(h.pid, "hello stdin\n")
+    sbx.commands.close_stdin(h.pid)
+    out["stdin_echo"] = h.wait().stdout
+    # Reattached from another handle: the command's output, its end.
+    bg = sbx.commands.run("sleep 1; echo from-background", background=True)
+    out["reconnected"] = sbx.commands.connect(bg.pid).wait().stdout
+    if hasattr(sbx.commands, "stream_input"):  # the newer SDKs' client stream
+        h = sbx.commands.run("cat", background=True, stdin=True)
+        sbx.commands.stream_input(h.pid, iter(["streamed ", b"input\n"]))
+        sbx.commands.close_stdin(h.pid)
+        out["stream_input"] = h.wait().stdout
+    sleeper = sbx.commands.run("sleep 300", background=True)
+    out["listed"] = sleeper.pid in [p.pid for p in sbx.commands.list()]
+    out["killed"] = sbx.commands.kill(sleeper.pid)
+    out["kill_unknown"] = sbx.commands.kill(999999)
+    try:
+        sbx.commands.run("id", user="root")
+        out["as_root"] = None
+    except SandboxException as e:
+        out["as_root"] = err(e)
+    # Files: absolute and relative (the user's home), text and bytes, the fs calls.
+    sbx.files.write("/home/user/dir/a.txt", "first line\n")
+    out["read"] = sbx.files.read("/home/user/dir/a.txt")
+    sbx.files.write("rel.bin", b"\x00\x01\xffbinary")
+    out["read_rel"] = list(sbx.files.read("rel.bin", format="bytes"))
+    out["cat_rel"] = sbx.commands.run("cat /home/user/rel.bin | od -An -tx1 | tr -d ' \\n'").stdout
+    out["exists"] = sbx.files.exists("/home/user/dir/a.txt")
+    out["exists_missing"] = sbx.files.exists("/home/user/nope")
+    out["list"] = sorted(e.name for e in sbx.files.list("/home/user/dir"))
+    out["mkdir"] = sbx.files.make_dir("/home/user/newdir/sub")
+    out["mkdir_again"] = sbx.files.make_dir("/home/user/newdir/sub")
+    moved = sbx.files.rename("/home/user/dir/a.txt", "/home/user/dir/b.txt")
+    out["moved"] = moved.path
+    info = sbx.files.get_info("/home/user/dir/b.txt")
+    out["info_file"] = {"type": str(info.type), "size": info.size, "owner": info.owner}
+    sbx.files.remove("/home/user/dir/b.txt")
+    out["after_remove"] = sbx.files.exists("/home/user/dir/b.txt")
+    try:
+        sbx.files.read("/home/user/dir/b.txt")
+        out["read_missing"] = None
+    except NotFoundException as e:
+        out["read_missing"] = err(e)
+    multi = sbx.files.write_files(
+        [
+            {"path": "/home/user/m/one.txt", "data": "1"},
+            {"path": "/home/user/m/two.txt", "data": "2"},
+        ]
+    )
+    out["write_files"] = sorted(w.path for w in multi)
+    out["multi_cat"] = sbx.commands.run("cat /home/user/m/one.txt /home/user/m/two.txt").stdout
+    # The sandbox as the control API shows it.
+    i = sbx.get_info()
+    out["info"] = {
+        "sandbox_id": i.sandbox_id,
+        "template_id": i.template_id,
+        "metadata": i.metadata,
+        "state": str(i.state),
+        "ends_after_start_s": (i.end_at - i.started_at).total_seconds(),
+    }
+    sbx.set_timeout(600)
+    i2 = sbx.get_info()
+    out["timeout_moved_s"] = (i2.end_at - i.end_at).total_seconds()
+    listed = Sandbox.list(query=e2b.SandboxQuery(metadata={"suite": P.get("tag", "e2b")}))
+    out["list_ids"] = [s.sandbox_id for s in listed.next_items()]
+    out["is_running"] = sbx.is_running()
+    deadline = time.time() + 20
+    metrics = []
+    while time.time() < deadline and not metrics:
+        metrics = sbx.get_metrics()
+        if not metrics:
+            time.sleep(1)
+    out["metrics"] = [
+        {"cpu_count": m.cpu_count, "mem_total": m.mem_total, "disk_total": m.disk_total}
+        for m in metrics[:1]
+    ]
+    out["kill"] = sbx.kill()
+    out["kill_again"] = Sandbox.kill(out["id"])
+    try:
+        Sandbox.connect(out["id"])
+        out["connect_killed"] = None
+    except SandboxException as e:
+        out["connect_killed"] = err(e)
+    return out
+
+
+def big_files():
+    """A file of P["mb"] MiB up (streamed from a file-like object) and down (streamed)."""
+    size = P.get("mb", 100) * 1024 * 1024
+    sbx = create()
+    out = {"id": sbx.sandbox_id}
+    block = hashlib.sha256(b"seed").digest() * 2048  # 64 KiB
+
+    class Source(io.RawIOBase):
+        def __init__(self):
+            self.left = size
+
+        def readable(self):
+            return True
+
+        def readinto(self, b):
+            n = min(len(b), self.left, len(block))
+            b[:n] = block[:n]
+            self.left -= n
+            return n
+
+    up = hashlib.sha256()
+    left = size
+    while left:
+        n = min(left, len(block))
+        up.update(block[:n])
+        left -= n
+    t = time.monotonic()
+    sbx.files.write("/home/user/big.bin", io.BufferedReader(Source(), 1 << 20))
+    out["up_s"] = time.monotonic() - t
+    t = time.monotonic()
+    down = hashlib.sha256()
+    got = 0
+    for chunk in sbx.files.read("/home/user/big.bin", format="stream"):
+        down.update(chunk)
+        got += len(chunk)
+    out["down_s"] = time.monotonic() - t
+    out["size"] = got
+    out["same"] = up.hexdigest() == down.hexdigest()
+    out["in_sandbox"] = sbx.commands.run("sha256sum /home/user/big.bin | cut -c1-64").stdout.strip()
+    out["sha256"] = up.hexdigest()
+    sbx.kill()
+    return out
+
+
+def watch():
+    """The synchronous watch (polled watchers) seeing a command's creates."""
+    sbx = create()
+    out = {"id": sbx.sandbox_id}
+    sbx.files.make_dir("/home/user/w")
+    handle = sbx.files.watch_dir("/home/user/w", recursive=True)
+    n = P.get("files", 200)
+    sbx.commands.run(f"mkdir -p /home/user/w/d && for i in $(seq 1 {n}); do : > /home/user/w/d/f$i; done")
+    seen = set()
+    deadline = time.time() + 20
+    while time.time() < deadline and len(seen) < n:
+        for ev in handle.get_new_events():
+            if str(ev.type).endswith("CREATE") and ev.name.startswith("d/f"):
+                seen.add(ev.name)
+        time.sleep(0.2)
+    handle.stop()
+    out["created_seen"] = len(seen)
+    try:
+        sbx.files.watch_dir("/home/user/missing")
+        out["missing"] = None
+    except SandboxException as e:
+        out["missing"] = err(e)
+    sbx.kill()
+    return out
+
+
+def pty():
+    """A terminal: a shell prompt, `stty size`, a resize, input typed into it."""
+    from e2b import PtySize
+
+    sbx = create()
+    out = {"id": sbx.sandbox_id}
+    data = bytearray()
+    h = sbx.pty.create(PtySize(rows=24, cols=80))
+    sbx.pty.send_stdin(h.pid, b"stty size\n")
+    events = iter(h)
+    # The first size seen before the resize, as a user at the terminal would wait for it.
+    deadline = time.time() + 20
+    while b"24 80" not in data and time.time() < deadline:
+        _, _, chunk = next(events)
+        if chunk:
+            data.extend(chunk)
+    sbx.pty.resize(h.pid, PtySize(rows=40, cols=120))
+    sbx.pty.send_stdin(h.pid, b"stty size; exit\n")
+    for _, _, chunk in events:
+        if chunk:
+            data.extend(chunk)
+    r = h.wait()
+    text = data.decode("utf-8", "replace")
+    out["sizes"] = [s for s in ("24 80", "40 120") if s in text]
+    out["exit_code"] = r.exit_code
+    sbx.kill()
+    return out
+
+
+def lifecycle():
+    """Pause and connect (resumes), fork, snapshots, a create from a snapshot."""
+    sbx = create()
+    out = {"id": sbx.sandbox_id}
+    sbx.files.write("/home/user/state.txt", "kept")
+    out["pause"] = sbx.pause()
+    out["pause_again"] = sbx.pause()
+    out["state_paused"] = str(sbx.get_info().state)
+    resumed = Sandbox.connect(sbx.sandbox_id)
+    out["after_connect"] = resumed.commands.run("cat /home/user/state.txt").stdout
+    out["state_resumed"] = str(resumed.get_info().state)
+    forks = sbx.fork()
+    fork = forks[0]
+    out["fork_reads"] = fork.files.read("/home/user/state.txt")
+    out["fork_is_other"] = fork.sandbox_id != sbx.sandbox_id
+    fork.kill()
+    snap = sbx.create_snapshot()
+    out["snapshot_id"] = snap.snapshot_id
+    out["snapshots"] = [s.snapshot_id for s in sbx.list_snapshots().next_items()]
+    from_snap = Sandbox.create(template=snap.snapshot_id, timeout=120)
+    out["from_snapshot_reads"] = from_snap.files.read("/home/user/state.txt")
+    from_snap.kill()
+    out["snapshot_deleted"] = Sandbox.delete_snapshot(snap.snapshot_id)
+    out["snapshot_deleted_again"] = Sandbox.delete_snapshot(snap.snapshot_id)
+    sbx.kill()
+    return out
+
+
+def network():
+    """A header injected by the gateway for one host (E2B's network rules), the sandbox never
+    seeing its value; other hosts refused."""
+    secret = P["secret"]
+    sbx = create(
+        network={
+            "deny_out": ["0.0.0.0/0"],
+            "allow_out": [P["host"]],
+            "rules": {P["host"]: [{"transform": {"headers": {"X-Token": secret}}}]},
+        }
+    )
+    out = {"id": sbx.sandbox_id}
+    r = sbx.commands.run(f"curl -sS --max-time 20 https://{P['host']}/hello", timeout=60)
+    out["upstream"] = r.stdout
+    try:
+        sbx.commands.run(f"curl -sS --max-time 10 https://{P['other']}/", timeout=60)
+        out["other"] = None
+    except CommandExitException as e:
+        out["other"] = {"exit_code": e.exit_code}
+    out["env_has_secret"] = secret in sbx.commands.run("env").stdout
+    found = sbx.commands.run(
+        f"grep -rlsF {secret} /home /tmp /etc /workspace /root 2>/dev/null | head -1 || true"
+    )
+    out["secret_in_files"] = found.stdout.strip()
+    sbx.kill()
+    return out
+
+
+def faults():
+    """A wrong key, an unknown sandbox, an unknown template."""
+    out = {}
+    try:
+        Sandbox.create(template="base", api_key="e2b_0000")
+        out["bad_key"] = None
+    except AuthenticationException as e:
+        out["bad_key"] = err(e)
+    try:
+        Sandbox.connect("0" * 64)
+        out["unknown_connect"] = None
+    except SandboxException as e:
+        out["unknown_connect"] = err(e)
+    out["unknown_kill"] = Sandbox.kill("0" * 64)
+    try:
+        Sandbox.create(template="no-such-template")
+        out["unknown_template"] = None
+    except SandboxException as e:
+        out["unknown_template"] = err(e)
+    return out
+
+
+SCENARIOS = {
+    "turn": turn,
+    "big_files": big_files,
+    "watch": watch,
+    "pty": pty,
+    "lifecycle": lifecycle,
+    "network": network,
+    "faults": faults,
+}
+
+if __name__ == "__main__":
+    print(json.dumps(SCENARIOS[sys.argv[1]](), default=str))

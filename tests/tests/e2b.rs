@@ -1,0 +1,404 @@
+//! E2B's Python SDK, unchanged, against the service's E2B API (`DAIV_SANDBOX_E2B_PORT`): the
+//! oldest and the newest supported `e2b` (pinned in integration/python/e2b-*.txt, each in its own
+//! venv from scripts/ensure-python-venv.sh) run the programs of integration/python/e2b_driver.py
+//! with only E2B_API_KEY, E2B_API_URL and E2B_SANDBOX_URL pointing here, and each test asserts on
+//! what the program saw and on what Docker shows afterwards.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use anyhow::{Context, Result, bail};
+use e2e::egress::EgressStack;
+use e2e::python::{repo_root, venv_python};
+use e2e::{ControlPlane, DEBIAN, DeploymentGuard, containers_with, free_port, require_image};
+use serde_json::{Value, json};
+
+const NEWEST: &str = "e2b-2.63.0";
+const OLDEST: &str = "e2b-2.45.1";
+
+/// The venv's python for `sdk` (e2b-VERSION).
+fn python(sdk: &str) -> PathBuf {
+    venv_python(Some(sdk))
+}
+
+/// A service with its E2B API on a port of its own.
+struct E2bService {
+    cp: ControlPlane,
+    url: String,
+}
+
+async fn service(extra: &[(&str, &str)]) -> Result<E2bService> {
+    require_image(DEBIAN);
+    let port = free_port().to_string();
+    let mut env: Vec<(&str, &str)> = vec![("E2B_PORT", &port)];
+    env.extend_from_slice(extra);
+    let cp = ControlPlane::start_with(&env).await?;
+    Ok(E2bService {
+        url: format!("http://127.0.0.1:{port}"),
+        cp,
+    })
+}
+
+/// Runs `scenario` of e2b_driver.py with `sdk` against `url`; the JSON it printed.
+async fn drive(sdk: &str, url: &str, key: &str, scenario: &str, params: Value) -> Result<Value> {
+    let python = python(sdk);
+    let script = repo_root().join("integration/python/e2b_driver.py");
+    let (url, key, scenario, sdk) = (
+        url.to_string(),
+        key.to_string(),
+        scenario.to_string(),
+        sdk.to_string(),
+    );
+    tokio::task::spawn_blocking(move || {
+        let out = Command::new(&python)
+            .arg(&script)
+            .arg(&scenario)
+            .env("E2B_API_KEY", &key)
+            .env("E2B_API_URL", &url)
+            .env("E2B_SANDBOX_URL", &url)
+            // The older SDKs check the key's shape (e2b_<hex>); the service's keys are its own.
+            .env("E2B_VALIDATE_API_KEY", "false")
+            .env("E2B_PARAMS", params.to_string())
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| format!("spawn {}", python.display()))?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if !out.status.success() {
+            bail!(
+                "{sdk} e2b_driver.py {scenario}: {}\nstderr:\n{stderr}\nstdout:\n{stdout}",
+                out.status
+            );
+        }
+        let last = stdout.lines().last().unwrap_or_default();
+        serde_json::from_str(last)
+            .with_context(|| format!("{sdk} {scenario}: not JSON: {stdout}\nstderr:\n{stderr}"))
+    })
+    .await?
+}
+
+/// Nothing of the deployment left running once the program killed its sandboxes.
+fn assert_nothing_left(cp: &ControlPlane) {
+    let label = format!("daiv.deployment={}", cp.deployment);
+    let left = containers_with(&[&label]);
+    assert!(left.is_empty(), "containers left: {left:?}");
+}
+
+async fn a_turn(sdk: &str, extra: &[(&str, &str)]) -> Result<()> {
+    let svc = service(extra).await?;
+    let _guard = DeploymentGuard(svc.cp.deployment.clone());
+    let tag = format!("turn-{}", free_port());
+    let v = drive(sdk, &svc.url, &svc.cp.key, "turn", json!({ "tag": tag })).await?;
+    let id = v["id"].as_str().context("id")?;
+    let gvisor = extra.contains(&("RUNTIME", "runsc"));
+    assert_eq!(
+        v["kernel_log"]
+            .as_str()
+            .is_some_and(|l| l.contains("gVisor")),
+        gvisor,
+        "the sandbox ran under the runtime asked for: {v}"
+    );
+
+    // Commands: the environment, both streams apart, the home as the directory, the run uid.
+    assert_eq!(v["run"]["stdout"], "bonjour\n/home/user\n1000\n", "{v}");
+    assert_eq!(v["run"]["stderr"], "oops\n", "{v}");
+    assert_eq!(v["run"]["exit_code"], 0, "{v}");
+    assert_eq!(
+        v["exit3"],
+        json!({"exit_code": 3, "stdout": "partial\n"}),
+        "{v}"
+    );
+    // Streamed as it ran: three chunks over most of a second, not one at the end.
+    assert_eq!(
+        v["streamed"],
+        json!(["line1\n", "line2\n", "line3\n"]),
+        "{v}"
+    );
+    assert!(v["streamed_spread_s"].as_f64().unwrap_or(0.0) > 0.3, "{v}");
+    assert_eq!(v["stdin_echo"], "hello stdin\ndone\n", "{v}");
+    assert_eq!(v["reconnected"], "from-background\n", "{v}");
+    if sdk == NEWEST {
+        assert_eq!(v["stream_input"], "streamed input\n", "{v}");
+    }
+    assert_eq!(v["listed"], true, "{v}");
+    assert_eq!(v["killed"], true, "{v}");
+    assert_eq!(v["kill_unknown"], false, "{v}");
+    assert!(
+        v["as_root"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("root")),
+        "a command as root is refused: {v}"
+    );
+
+    // Files.
+    assert_eq!(v["read"], "first line\n", "{v}");
+    assert_eq!(
+        v["read_rel"],
+        json!([0, 1, 255, 98, 105, 110, 97, 114, 121]),
+        "{v}"
+    );
+    assert_eq!(v["cat_rel"], "0001ff62696e617279", "{v}");
+    assert_eq!(v["exists"], true, "{v}");
+    assert_eq!(v["exists_missing"], false, "{v}");
+    assert_eq!(v["list"], json!(["a.txt"]), "{v}");
+    assert_eq!(v["mkdir"], true, "{v}");
+    assert_eq!(v["mkdir_again"], false, "{v}");
+    assert_eq!(v["moved"], "/home/user/dir/b.txt", "{v}");
+    assert!(
+        v["info_file"]["type"]
+            .as_str()
+            .is_some_and(|t| t.contains("FILE")),
+        "{v}"
+    );
+    assert_eq!(v["info_file"]["size"], 11, "{v}");
+    assert_eq!(v["after_remove"], false, "{v}");
+    assert!(
+        v["read_missing"]["type"]
+            .as_str()
+            .is_some_and(|t| t.contains("NotFound")),
+        "{v}"
+    );
+    assert_eq!(
+        v["write_files"],
+        json!(["/home/user/m/one.txt", "/home/user/m/two.txt"]),
+        "{v}"
+    );
+    assert_eq!(v["multi_cat"], "12", "{v}");
+
+    // The control API.
+    assert_eq!(v["info"]["sandbox_id"], id, "{v}");
+    assert_eq!(v["info"]["template_id"], "base", "{v}");
+    assert_eq!(v["info"]["metadata"], json!({ "suite": tag }), "{v}");
+    assert!(
+        v["info"]["state"]
+            .as_str()
+            .is_some_and(|s| s.contains("RUNNING") || s.contains("running")),
+        "{v}"
+    );
+    let lifetime = v["info"]["ends_after_start_s"].as_f64().unwrap_or(0.0);
+    assert!(
+        (290.0..=310.0).contains(&lifetime),
+        "the create's timeout: {v}"
+    );
+    assert!(v["timeout_moved_s"].as_f64().unwrap_or(0.0) > 200.0, "{v}");
+    assert_eq!(v["list_ids"], json!([id]), "{v}");
+    assert_eq!(v["is_running"], true, "{v}");
+    let m = &v["metrics"][0];
+    assert!(m["cpu_count"].as_u64().is_some_and(|c| c >= 1), "{v}");
+    assert!(m["mem_total"].as_u64().is_some_and(|t| t > 0), "{v}");
+    assert_eq!(v["kill"], true, "{v}");
+    assert_eq!(v["kill_again"], false, "{v}");
+    assert!(v["connect_killed"]["type"].as_str().is_some(), "{v}");
+    assert_nothing_left(&svc.cp);
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_newest_sdk_runs_a_turn() -> Result<()> {
+    a_turn(NEWEST, &[]).await
+}
+
+#[tokio::test]
+async fn the_oldest_sdk_runs_a_turn() -> Result<()> {
+    a_turn(OLDEST, &[]).await
+}
+
+#[tokio::test]
+async fn the_newest_sdk_runs_a_turn_on_gvisor() -> Result<()> {
+    a_turn(NEWEST, &[("RUNTIME", "runsc")]).await
+}
+
+async fn big_files(sdk: &str) -> Result<()> {
+    let svc = service(&[]).await?;
+    let _guard = DeploymentGuard(svc.cp.deployment.clone());
+    let before = svc.cp.rss_kib().unwrap_or(0);
+    let v = drive(
+        sdk,
+        &svc.url,
+        &svc.cp.key,
+        "big_files",
+        json!({ "mb": 100 }),
+    )
+    .await?;
+    assert_eq!(v["size"], 100 * 1024 * 1024, "{v}");
+    assert_eq!(v["same"], true, "{v}");
+    assert_eq!(v["in_sandbox"], v["sha256"], "{v}");
+    // Streamed both ways: the service did not hold the file.
+    let peak = svc.cp.peak_rss_kib().unwrap_or(0);
+    assert!(
+        peak < before + 64 * 1024,
+        "peak RSS {peak} KiB from {before} KiB for a 100 MiB file"
+    );
+    eprintln!(
+        "{sdk}: 100 MiB up {:.2} s, down {:.2} s",
+        v["up_s"].as_f64().unwrap_or(0.0),
+        v["down_s"].as_f64().unwrap_or(0.0)
+    );
+    assert_nothing_left(&svc.cp);
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_newest_sdk_moves_100_mib_each_way() -> Result<()> {
+    big_files(NEWEST).await
+}
+
+#[tokio::test]
+async fn the_oldest_sdk_moves_100_mib_each_way() -> Result<()> {
+    big_files(OLDEST).await
+}
+
+async fn watch(sdk: &str) -> Result<()> {
+    let svc = service(&[]).await?;
+    let _guard = DeploymentGuard(svc.cp.deployment.clone());
+    let v = drive(sdk, &svc.url, &svc.cp.key, "watch", json!({ "files": 200 })).await?;
+    assert_eq!(v["created_seen"], 200, "{v}");
+    assert!(
+        v["missing"]["type"]
+            .as_str()
+            .is_some_and(|t| t.contains("NotFound")),
+        "{v}"
+    );
+    assert_nothing_left(&svc.cp);
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_newest_sdk_watches_a_directory() -> Result<()> {
+    watch(NEWEST).await
+}
+
+#[tokio::test]
+async fn the_oldest_sdk_watches_a_directory() -> Result<()> {
+    watch(OLDEST).await
+}
+
+#[tokio::test]
+async fn the_sdk_drives_a_terminal() -> Result<()> {
+    for sdk in [NEWEST, OLDEST] {
+        let svc = service(&[]).await?;
+        let _guard = DeploymentGuard(svc.cp.deployment.clone());
+        let v = drive(sdk, &svc.url, &svc.cp.key, "pty", json!({})).await?;
+        assert_eq!(v["sizes"], json!(["24 80", "40 120"]), "{sdk}: {v}");
+        assert_eq!(v["exit_code"], 0, "{sdk}: {v}");
+        assert_nothing_left(&svc.cp);
+    }
+    Ok(())
+}
+
+async fn lifecycle(sdk: &str) -> Result<()> {
+    let svc = service(&[]).await?;
+    let _guard = DeploymentGuard(svc.cp.deployment.clone());
+    let v = drive(sdk, &svc.url, &svc.cp.key, "lifecycle", json!({})).await?;
+    assert_eq!(v["pause"], true, "{v}");
+    assert_eq!(v["pause_again"], false, "already paused: {v}");
+    assert!(
+        v["state_paused"]
+            .as_str()
+            .is_some_and(|s| s.to_lowercase().contains("paused")),
+        "{v}"
+    );
+    assert_eq!(v["after_connect"], "kept", "{v}");
+    assert!(
+        v["state_resumed"]
+            .as_str()
+            .is_some_and(|s| s.to_lowercase().contains("running")),
+        "{v}"
+    );
+    assert_eq!(v["fork_reads"], "kept", "{v}");
+    assert_eq!(v["fork_is_other"], true, "{v}");
+    let snap = v["snapshot_id"].as_str().context("snapshot_id")?;
+    assert!(
+        v["snapshots"]
+            .as_array()
+            .is_some_and(|s| s.iter().any(|x| x == snap)),
+        "{v}"
+    );
+    assert_eq!(v["from_snapshot_reads"], "kept", "{v}");
+    assert_eq!(v["snapshot_deleted"], true, "{v}");
+    assert_eq!(v["snapshot_deleted_again"], false, "{v}");
+    assert_nothing_left(&svc.cp);
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_newest_sdk_pauses_resumes_forks_and_snapshots() -> Result<()> {
+    lifecycle(NEWEST).await
+}
+
+#[tokio::test]
+async fn the_oldest_sdk_pauses_resumes_forks_and_snapshots() -> Result<()> {
+    lifecycle(OLDEST).await
+}
+
+#[tokio::test]
+async fn bad_keys_unknown_sandboxes_and_templates_are_the_sdks_errors() -> Result<()> {
+    let svc = service(&[]).await?;
+    let _guard = DeploymentGuard(svc.cp.deployment.clone());
+    for sdk in [NEWEST, OLDEST] {
+        let v = drive(sdk, &svc.url, &svc.cp.key, "faults", json!({})).await?;
+        assert_eq!(
+            v["bad_key"]["type"], "AuthenticationException",
+            "{sdk}: {v}"
+        );
+        assert!(
+            v["unknown_connect"]["type"]
+                .as_str()
+                .is_some_and(|t| t.contains("NotFound")),
+            "{sdk}: {v}"
+        );
+        assert_eq!(v["unknown_kill"], false, "{sdk}: {v}");
+        assert!(
+            v["unknown_template"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("no-such-template")),
+            "{sdk}: {v}"
+        );
+    }
+    assert_nothing_left(&svc.cp);
+    Ok(())
+}
+
+/// E2B's network rules through the egress gateway: the header reaches the upstream, the
+/// sandbox never holds the value, a host outside `allow_out` is refused.
+#[tokio::test]
+async fn network_rules_inject_a_header_the_sandbox_never_sees() -> Result<()> {
+    let port = free_port().to_string();
+    let EgressStack { up, cp } = EgressStack::start_with(&[("E2B_PORT", &port)]).await?;
+    let _guard = DeploymentGuard(cp.deployment.clone());
+    let url = format!("http://127.0.0.1:{port}");
+    let secret = "e2b-rule-secret-0123456789abcdef";
+    for sdk in [NEWEST, OLDEST] {
+        let v = drive(
+            sdk,
+            &url,
+            &cp.key,
+            "network",
+            json!({ "host": "api.upstream.test", "other": "denied.upstream.test", "secret": secret }),
+        )
+        .await?;
+        assert!(
+            v["upstream"].as_str().is_some_and(|s| !s.is_empty()),
+            "{sdk}: {v}"
+        );
+        assert!(
+            v["other"]["exit_code"].as_i64().is_some_and(|c| c != 0),
+            "{sdk}: {v}"
+        );
+        assert_eq!(v["env_has_secret"], false, "{sdk}: {v}");
+        assert_eq!(
+            v["secret_in_files"], "",
+            "{sdk}: the secret is in the sandbox: {v}"
+        );
+        let seen = up.requests()?;
+        assert!(
+            seen.iter().any(|r| r.to_string().contains(secret)),
+            "{sdk}: the upstream saw the header: {seen:?}"
+        );
+    }
+    assert!(
+        !cp.logs().contains(secret),
+        "the secret is in the service's log"
+    );
+    Ok(())
+}

@@ -31,6 +31,10 @@ use super::{OpError, Stop, TICK, fail};
 /// Most directories one watch holds (and file descriptors it keeps open).
 pub const MAX_WATCHES: usize = 8192;
 
+/// Most entries a watch remembers from scanning new directories (to tell a scanned entry from
+/// the kernel's later report of the same one); past it, such an entry may be reported twice.
+const MAX_SCANNED: usize = 65_536;
+
 const FOLLOW: Opts = Opts {
     follow_final: true,
     create_parents: false,
@@ -65,11 +69,15 @@ struct Watcher<'a> {
     sent: u64,
     /// An `overflow` was sent for the watch limit (once is enough).
     full: bool,
+    /// Entries a scan of a new directory reported as created, by inode: one created between the
+    /// watch's arming and the scan is also in the kernel's queue, and that report is dropped.
+    scanned: HashMap<(WatchDescriptor, OsString), u64>,
 }
 
-fn stat_entry(dir: &OwnedFd, name: &OsStr, path: &str) -> Option<FileEntry> {
+/// Entry `name` of `dir` and its inode.
+fn stat_entry(dir: &OwnedFd, name: &OsStr, path: &str) -> Option<(FileEntry, u64)> {
     let st = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).ok()?;
-    Some(entry(path, dir, Some(name), &st))
+    Some((entry(path, dir, Some(name), &st), st.st_ino))
 }
 
 fn child(shown: &str, name: &OsStr) -> String {
@@ -118,7 +126,13 @@ impl Watcher<'_> {
                     }
                     let path = child(&dir.shown, &name);
                     if scan {
-                        let entry = stat_entry(&fd, &name, &path);
+                        let found = stat_entry(&fd, &name, &path);
+                        if let Some((_, ino)) = &found
+                            && self.scanned.len() < MAX_SCANNED
+                        {
+                            self.scanned.insert((wd.clone(), name.clone()), *ino);
+                        }
+                        let entry = found.map(|(e, _)| e);
                         self.change(ChangeKind::Create, path.clone(), entry, emit);
                     }
                     if self.recursive
@@ -197,6 +211,7 @@ pub fn watch(
         recursive,
         sent: 0,
         full: false,
+        scanned: HashMap::new(),
     };
     let dir = Dir {
         host: path.to_string(),
@@ -237,6 +252,7 @@ pub fn watch(
             }
             if m.contains(EventMask::IGNORED) {
                 w.dirs.remove(&wd);
+                w.scanned.retain(|(d, _), _| d != &wd);
                 if wd == top {
                     return Ok(w.sent);
                 }
@@ -278,7 +294,17 @@ pub fn watch(
                 _ => w.reopen(dir),
             };
             let host = child(&dir.host, &name);
-            let entry = fd.as_ref().and_then(|fd| stat_entry(fd, &name, &path));
+            let found = fd.as_ref().and_then(|fd| stat_entry(fd, &name, &path));
+            // A scan's entry leaves the memory with the first later report of its name: the
+            // kernel's report of the very same creation is dropped, anything else is news.
+            let scanned = w.scanned.remove(&(wd.clone(), name.clone()));
+            if kind == ChangeKind::Create
+                && scanned.is_some()
+                && scanned == found.as_ref().map(|(_, ino)| *ino)
+            {
+                continue;
+            }
+            let entry = found.map(|(e, _)| e);
             let new_dir = kind == ChangeKind::Create && w.recursive && m.contains(EventMask::ISDIR);
             let sub = fd
                 .as_ref()

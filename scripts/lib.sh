@@ -185,18 +185,32 @@ debootstrap_rootfs() {
     unmount_under "$root"
 }
 
-# build_once IMAGE LOCK: exit the calling script when IMAGE exists (unless FORCE=1); else take the
-# lock LOCK (root), then check again: someone else may have built it while we waited.
+# build_once IMAGE LOCK [RECIPE]: exit the calling script when IMAGE exists (unless FORCE=1) and,
+# given RECIPE, carries it as its daiv.recipe label (an image built by an older script is built
+# again); else take the lock LOCK (root), then check again: someone else may have built it while
+# we waited.
 build_once() {
     "$(dirname "${BASH_SOURCE[0]}")/ensure-docker.sh"
-    if [ "${FORCE:-0}" != 1 ] && image_exists "$1"; then
+    if [ "${FORCE:-0}" != 1 ] && image_current "$1" "${3:-}"; then
         exit 0
     fi
     need_root
     take_lock "$2"
-    if [ "${FORCE:-0}" != 1 ] && image_exists "$1"; then
+    if [ "${FORCE:-0}" != 1 ] && image_current "$1" "${3:-}"; then
         exit 0
     fi
+}
+
+# image_current IMAGE [RECIPE]: IMAGE exists and, given RECIPE, is labelled daiv.recipe=RECIPE.
+image_current() {
+    image_exists "$1" || return 1
+    [ -z "${2:-}" ] && return 0
+    [ "$(docker image inspect --format '{{ index .Config.Labels "daiv.recipe" }}' "$1" 2>/dev/null)" = "$2" ]
+}
+
+# recipe_of FILE...: a short digest of the files an image is built from.
+recipe_of() {
+    cat "$@" | sha256sum | cut -c1-12
 }
 
 # debootstrap_workdir NAME: set work (a new directory under /var/tmp) and root (work/rootfs), and

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Build the image daiv-sandbox-debian:local: a Debian bookworm minbase rootfs made by debootstrap
-# (bash, git, curl, ca-certificates, python3, procps, iproute2, libcap2-bin) with a user
+# (bash, git, curl, ca-certificates, python3, procps, iproute2, libcap2-bin, vim-tiny) with a user
 # `sandbox` (uid/gid 1000) and, for E2B's SDK, `user` (the same ids, home /home/user), imported
 # with `docker import`. The mirror is the machine's own
 # (from its apt sources). The downloaded .debs are cached as a debootstrap tarball, so a rebuild
-# needs no network. Skips when the tag exists, unless FORCE=1.
+# needs no network. Skips when the tag exists, built by this very script (its daiv.recipe label),
+# unless FORCE=1.
 # Env: FORCE=1 to rebuild; IMAGE to change the tag; DEBIAN_MIRROR to override the mirror;
 #      DAIV_CACHE_DIR (default /var/cache/daiv-sandbox).
 set -euo pipefail
@@ -15,9 +16,11 @@ here=$(dirname "$(readlink -f "$0")")
 IMAGE=${IMAGE:-daiv-sandbox-debian:local}
 SUITE=bookworm
 VARIANT=minbase
-INCLUDE=bash,git,curl,ca-certificates,python3,procps,iproute2,libcap2-bin
+INCLUDE=bash,git,curl,ca-certificates,python3,procps,iproute2,libcap2-bin,vim-tiny
 
-build_once "$IMAGE" build-debian
+# An image built by an older version of this script is built again.
+RECIPE=$(recipe_of "$0")
+build_once "$IMAGE" build-debian "$RECIPE"
 apt_ensure debootstrap
 
 debootstrap_workdir daiv-debian
@@ -49,5 +52,6 @@ printf 'deb %s %s main\n' "$MIRROR" "$SUITE" >"$root/etc/apt/sources.list"
 run_quiet "docker import $IMAGE" sh -c '
     tar -C "$1" --numeric-owner -cf - . | docker import \
         --change "CMD [\"/bin/bash\"]" \
+        --change "LABEL daiv.recipe=$3" \
         --change "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" \
-        - "$2"' sh "$root" "$IMAGE"
+        - "$2"' sh "$root" "$IMAGE" "$RECIPE"

@@ -29,6 +29,8 @@ pub mod scan;
 
 pub mod python;
 
+pub mod dataplane;
+
 use std::io::Read;
 use std::net::TcpListener;
 use std::path::PathBuf;

@@ -2,108 +2,24 @@
 //! the service's memory sampled while it streams), ranges, and the refusals (422, 416, 413, permission_denied, the service's own
 //! directory).
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::{Result, ensure};
 use e2e::{BUSYBOX, ControlPlane, DEBIAN, require_image};
-use futures::StreamExt;
 use reqwest::Method;
-
-const GIB: u64 = 1024 * 1024 * 1024;
-const CHUNK: usize = 1024 * 1024;
-
-/// Chunk `i` of the test file: its index in every 8 bytes, so any misplaced byte shows.
-fn chunk(i: u64) -> Vec<u8> {
-    let mut v = Vec::with_capacity(CHUNK);
-    while v.len() < CHUNK {
-        v.extend_from_slice(&i.to_le_bytes());
-    }
-    v
-}
-
-/// Samples the service's resident memory every 50 ms until stopped; the peak (KiB).
-fn sample(
-    cp: &ControlPlane,
-    stop: Arc<AtomicBool>,
-) -> (Arc<AtomicU64>, std::thread::JoinHandle<()>) {
-    let peak = Arc::new(AtomicU64::new(0));
-    let pid = cp.pid();
-    let p = peak.clone();
-    let t = std::thread::spawn(move || {
-        while !stop.load(Ordering::Relaxed) {
-            if let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/status"))
-                && let Some(kib) = s
-                    .lines()
-                    .find(|l| l.starts_with("VmRSS:"))
-                    .and_then(|l| l.split_whitespace().nth(1))
-                    .and_then(|v| v.parse::<u64>().ok())
-            {
-                p.fetch_max(kib, Ordering::Relaxed);
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    });
-    (peak, t)
-}
 
 #[tokio::test]
 async fn a_gib_goes_up_and_down_in_frames_and_the_service_memory_stays_flat() -> Result<()> {
     require_image(DEBIAN);
     let cp = ControlPlane::start().await?;
     let s = cp.session_of(DEBIAN).await?;
-    let path = format!("/session/{}/files?path=/home/sandbox/big.bin", s.id);
-    let before = cp.rss_kib().unwrap_or(0);
-    let stop = Arc::new(AtomicBool::new(false));
-    let (peak, sampler) = sample(&cp, stop.clone());
-
-    let n = GIB / CHUNK as u64;
-    let body = futures::stream::iter((0..n).map(|i| Ok::<_, std::io::Error>(chunk(i))));
-    let r = cp
-        .request(Method::PUT, &path)
-        .header("content-length", GIB.to_string())
-        .body(reqwest::Body::wrap_stream(body))
-        .send()
-        .await?;
-    let status = r.status().as_u16();
-    let text = r.text().await?;
-    ensure!(status == 200, "PUT: {status} {text}");
-    let up_peak = peak.swap(0, Ordering::Relaxed);
-
-    let r = cp.request(Method::GET, &path).send().await?;
-    ensure!(r.status().as_u16() == 200, "GET: {}", r.status());
-    ensure!(r.content_length() == Some(GIB), "{:?}", r.content_length());
-    let mut stream = r.bytes_stream();
-    let (mut at, mut pending) = (0u64, Vec::new());
-    while let Some(b) = stream.next().await {
-        pending.extend_from_slice(&b?);
-        while pending.len() >= CHUNK {
-            let rest = pending.split_off(CHUNK);
-            ensure!(pending == chunk(at), "chunk {at} differs");
-            pending = rest;
-            at += 1;
-        }
-    }
-    ensure!(
-        at == n && pending.is_empty(),
-        "{at} chunks, {} bytes over",
-        pending.len()
-    );
-    let down_peak = peak.load(Ordering::Relaxed);
-    stop.store(true, Ordering::Relaxed);
-    let _ = sampler.join();
-    println!(
-        "1 GiB: service RSS before {before} KiB, peak while uploading {up_peak} KiB, while downloading {down_peak} KiB"
-    );
+    let t = e2e::dataplane::round_trip(&cp, &s.id, "/home/sandbox/big.bin", 1024).await?;
+    println!("1 GiB: {t:?}");
     // The file never lives in the service: its memory grows by far less than the file.
+    ensure!(t.up_peak_kib < t.before_kib + 128 * 1024, "upload: {t:?}");
     ensure!(
-        up_peak < before + 128 * 1024,
-        "upload: {up_peak} KiB from {before}"
-    );
-    ensure!(
-        down_peak < before + 128 * 1024,
-        "download: {down_peak} KiB from {before}"
+        t.down_peak_kib < t.before_kib + 128 * 1024,
+        "download: {t:?}"
     );
     Ok(())
 }
@@ -188,90 +104,15 @@ async fn ranges_and_refusals() -> Result<()> {
 
 // === watches (issue 35 #5) ===
 
-/// Lines of a watch's stream as they come.
-struct Lines {
-    body: futures::stream::BoxStream<'static, reqwest::Result<Vec<u8>>>,
-    buf: Vec<u8>,
-}
-
-impl Lines {
-    async fn next(&mut self) -> Result<Option<serde_json::Value>> {
-        loop {
-            if let Some(nl) = self.buf.iter().position(|b| *b == b'\n') {
-                let line: Vec<u8> = self.buf.drain(..=nl).collect();
-                return Ok(Some(serde_json::from_slice(&line[..nl])?));
-            }
-            match tokio::time::timeout(Duration::from_secs(30), self.body.next()).await {
-                Ok(Some(chunk)) => self.buf.extend_from_slice(&chunk?),
-                Ok(None) => return Ok(None),
-                Err(_) => anyhow::bail!("no line in 30 s"),
-            }
-        }
-    }
-}
-
-async fn watch(cp: &ControlPlane, sid: &str, query: &str) -> Result<(u16, Lines)> {
-    let resp = cp
-        .request(Method::GET, &format!("/session/{sid}/watch?{query}"))
-        .send()
-        .await?;
-    let status = resp.status().as_u16();
-    Ok((
-        status,
-        Lines {
-            body: resp.bytes_stream().map(|r| r.map(|b| b.to_vec())).boxed(),
-            buf: Vec::new(),
-        },
-    ))
-}
-
 /// A recursive watch, armed before a command creates 1,000 files and a directory with a file
 /// in it: every create is seen, none lost; the refusals are statuses with their codes.
 async fn a_watch_sees_every_create(image: &str, runtime: &str) -> Result<()> {
     require_image(image);
     let cp = ControlPlane::start_with(&[("RUNTIME", runtime)]).await?;
     let s = cp.session_of(image).await?;
-    let (code, out) = cp
-        .sh(
-            &s,
-            "mkdir -p /workspace/tmp/w/old && echo x > /workspace/tmp/f",
-        )
-        .await?;
+    e2e::dataplane::a_watch_sees_a_thousand_creates(&cp, &s.id, "/workspace/tmp/w").await?;
+    let (code, out) = cp.sh(&s, "echo x > /workspace/tmp/f").await?;
     ensure!(code == 0, "{out}");
-    let (status, mut lines) = watch(&cp, &s.id, "path=/workspace/tmp/w&recursive=true").await?;
-    ensure!(status == 200, "watch: {status}");
-    let armed = lines.next().await?.unwrap_or_default();
-    ensure!(armed["type"] == "armed" && armed["watches"] == 2, "{armed}");
-    let (code, out) = cp
-        .sh(
-            &s,
-            "cd /workspace/tmp/w && i=0; while [ $i -lt 1000 ]; do : > f$i; i=$((i+1)); done; \
-             mkdir sub && echo hi > sub/x && echo more >> old/y",
-        )
-        .await?;
-    ensure!(code == 0, "{out}");
-    let mut seen = std::collections::BTreeSet::new();
-    let want = |p: &str| {
-        p.starts_with("/workspace/tmp/w/f")
-            || p == "/workspace/tmp/w/sub/x"
-            || p == "/workspace/tmp/w/old/y"
-    };
-    while seen.len() < 1002 {
-        let Some(l) = lines.next().await? else {
-            anyhow::bail!("the stream ended after {} creates", seen.len());
-        };
-        ensure!(
-            l["type"] != "overflow",
-            "changes lost after {} creates",
-            seen.len()
-        );
-        let path = l["path"].as_str().unwrap_or_default().to_string();
-        if l["type"] == "create" && want(&path) {
-            ensure!(l["entry"]["path"] == path, "{l}");
-            seen.insert(path);
-        }
-    }
-    drop(lines);
     // Refusals, before the body: a missing path, a file, a relative path.
     for (query, want, code) in [
         ("path=/workspace/tmp/missing", 404, "not_found"),

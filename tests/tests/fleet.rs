@@ -231,34 +231,111 @@ async fn sessions_spread_over_engines_work_on_each_and_leave_nothing() -> Result
     assert_clean(&["local", "a", "b", "c"], &cp.deployment)
 }
 
-#[tokio::test]
-async fn an_egress_session_on_a_remote_engine_has_its_gateway_there() -> Result<()> {
-    require_image(DEBIAN);
-    let all = e2e::fleet::up()?;
-    // The upstream runs inside engine b, on a network of its own there, under made-up names.
-    let up = RemoteUpstream::start("b")?;
-    // Removed when the test ends, however it ends.
-    let dir = tempfile::Builder::new()
-        .prefix("daiv-e2e-fleet-egress-")
-        .tempdir()?;
-    let settings = e2e::egress::EgressSettings::on_network(dir.path(), &up.network)?
-        .with_upstream(dir.path(), &up.ca.cert_pem, &up.subnet)?;
-    let file = EnginesFile::new(&[engine(&all, "b", json!({}))])?;
-    let cp = start(&file, &settings.env(&[])).await?;
-    let _guard = FleetGuard::new(&cp.deployment, &["b"]);
-    wait_state(&cp, "b", "up", Duration::from_secs(15)).await?;
+/// A service whose only engine is the fleet's engine b, with egress on: an upstream inside
+/// engine b under made-up names, its CA trusted by the gateway.
+struct EgressOnB {
+    // Dropped in this order (as the fields are declared): what the deployment left on engine b,
+    // the service, its engines file, the settings' files, the upstream.
+    _guard: FleetGuard,
+    cp: ControlPlane,
+    _file: EnginesFile,
+    _dir: tempfile::TempDir,
+    up: RemoteUpstream,
+}
 
-    let id = create(
-        &cp,
-        json!({
-            "base_image": DEBIAN,
-            "egress": {"policy": {"default": "deny", "intercept": "all", "rules": [
-                {"host": "api.upstream.test", "methods": ["GET"], "inject": "tok"}
-            ]}, "secrets": {"tok": {"header": "Authorization", "value": "Bearer s3cret-fleet"}}}
-        }),
+impl EgressOnB {
+    async fn start() -> Result<Self> {
+        require_image(DEBIAN);
+        let all = e2e::fleet::up()?;
+        // The upstream runs inside engine b, on a network of its own there, under made-up names.
+        let up = RemoteUpstream::start("b")?;
+        // Removed when the test ends, however it ends.
+        let dir = tempfile::Builder::new()
+            .prefix("daiv-e2e-fleet-egress-")
+            .tempdir()?;
+        let settings = e2e::egress::EgressSettings::on_network(dir.path(), &up.network)?
+            .with_upstream(dir.path(), &up.ca.cert_pem, &up.subnet)?;
+        let file = EnginesFile::new(&[engine(&all, "b", json!({}))])?;
+        let cp = start(&file, &settings.env(&[])).await?;
+        let guard = FleetGuard::new(&cp.deployment, &["b"]);
+        wait_state(&cp, "b", "up", Duration::from_secs(15)).await?;
+        Ok(Self {
+            _guard: guard,
+            cp,
+            _file: file,
+            _dir: dir,
+            up,
+        })
+    }
+
+    /// A Debian session on engine b whose egress allows `GET api.upstream.test`, injecting a
+    /// secret.
+    async fn session(&self) -> Result<String> {
+        let id = create(
+            &self.cp,
+            json!({
+                "base_image": DEBIAN,
+                "egress": {"policy": {"default": "deny", "intercept": "all", "rules": [
+                    {"host": "api.upstream.test", "methods": ["GET"], "inject": "tok"}
+                ]}, "secrets": {"tok": {"header": "Authorization", "value": "Bearer s3cret-fleet"}}}
+            }),
+        )
+        .await?;
+        ensure!(engine_of(&id) == "b", "{id}");
+        Ok(id)
+    }
+}
+
+/// Issue 35 through the fleet, with egress on: on a session of engine b, a file of
+/// `FLEET_FILE_MIB` MiB (64 unless set) up and down with the service's memory sampled and
+/// compared byte for byte, a process's stdout and stderr apart, a watch seeing a thousand
+/// creates, and a real terminal (bash, `stty size`, `top`, `vi`) over the WebSocket; the
+/// session's egress in force throughout.
+#[tokio::test]
+async fn the_data_plane_works_on_a_remote_engine_with_egress_on() -> Result<()> {
+    use e2e::dataplane;
+    let fleet = EgressOnB::start().await?;
+    let (cp, up) = (&fleet.cp, &fleet.up);
+    let id = fleet.session().await?;
+    let mib = std::env::var("FLEET_FILE_MIB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(64);
+    let t = dataplane::round_trip(cp, &id, "/home/sandbox/big.bin", mib).await?;
+    println!("{mib} MiB through engine b: {t:?}");
+    ensure!(t.up_peak_kib < t.before_kib + 128 * 1024, "upload: {t:?}");
+    ensure!(
+        t.down_peak_kib < t.before_kib + 128 * 1024,
+        "download: {t:?}"
+    );
+    dataplane::a_process_keeps_its_streams_apart(cp, &id, "two").await?;
+    dataplane::a_watch_sees_a_thousand_creates(cp, &id, "/tmp/w").await?;
+    dataplane::a_terminal_over_a_websocket(cp, &id, false).await?;
+    // Egress in force: the allowed host answers with the secret injected, another is refused.
+    let out = output(
+        cp,
+        &id,
+        "curl -sS --fail https://api.upstream.test/dataplane && \
+         ! curl -sS --fail https://other.upstream.test/denied 2>/dev/null && echo refused",
     )
     .await?;
-    ensure!(engine_of(&id) == "b", "{id}");
+    ensure!(out.trim_end().ends_with("refused"), "{out}");
+    let seen = up.requests()?;
+    ensure!(
+        seen.iter()
+            .any(|r| r["path"] == "/dataplane"
+                && r["headers"]["authorization"] == "Bearer s3cret-fleet"),
+        "{seen:?}"
+    );
+    remove(cp, &id).await?;
+    assert_clean(&["b"], &cp.deployment)
+}
+
+#[tokio::test]
+async fn an_egress_session_on_a_remote_engine_has_its_gateway_there() -> Result<()> {
+    let fleet = EgressOnB::start().await?;
+    let (cp, up) = (&fleet.cp, &fleet.up);
+    let id = fleet.session().await?;
     let raw = id.rsplit('.').next().unwrap_or(&id);
     let token = engine_docker(
         "b",
@@ -303,7 +380,7 @@ async fn an_egress_session_on_a_remote_engine_has_its_gateway_there() -> Result<
         .to_string();
     ensure!(auth == "Bearer s3cret-fleet", "upstream saw {auth:?}");
     let (_, env) = sh(
-        &cp,
+        cp,
         &id,
         "env; cat /proc/1/environ 2>/dev/null | tr '\\0' '\\n'",
     )
@@ -313,7 +390,7 @@ async fn an_egress_session_on_a_remote_engine_has_its_gateway_there() -> Result<
         "the secret reached the sandbox"
     );
 
-    remove(&cp, &id).await?;
+    remove(cp, &id).await?;
     assert_clean(&["b"], &cp.deployment)
 }
 

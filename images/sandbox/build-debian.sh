@@ -48,6 +48,8 @@ rm -f "$root/etc/hostname" "$root/etc/resolv.conf"
 : >"$root/etc/machine-id"
 printf 'deb %s %s main\n' "$MIRROR" "$SUITE" >"$root/etc/apt/sources.list"
 
+# The build this one replaces, removed once the tag moves (unless a container still uses it).
+old=$(docker image inspect -f '{{.Id}}' "$IMAGE" 2>/dev/null || true)
 # shellcheck disable=SC2016 # expanded by the inner sh
 run_quiet "docker import $IMAGE" sh -c '
     tar -C "$1" --numeric-owner -cf - . | docker import \
@@ -55,3 +57,6 @@ run_quiet "docker import $IMAGE" sh -c '
         --change "LABEL daiv.recipe=$3" \
         --change "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" \
         - "$2"' sh "$root" "$IMAGE" "$RECIPE"
+if [ -n "$old" ] && [ "$old" != "$(docker image inspect -f '{{.Id}}' "$IMAGE")" ]; then
+    docker image rm "$old" >/dev/null 2>&1 || true
+fi

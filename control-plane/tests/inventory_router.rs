@@ -462,3 +462,46 @@ async fn a_page_holds_up_to_a_thousand_sessions() {
     assert_eq!(last["next"], Value::Null);
     println!("a page of 1,000 over the fake engine: {took:?}");
 }
+
+/// `order=desc` walks the same sessions newest first, page by page (its cursors its own);
+/// `created_after` keeps those created at or after a second.
+#[tokio::test]
+async fn a_walk_newest_first_and_a_floor_on_creation() {
+    let h = Harness::default();
+    let mut made = Vec::new();
+    for _ in 0..5 {
+        made.push(h.session().await);
+    }
+    let asc = ids(&walk(&h, "", 2).await);
+    assert_eq!(asc.len(), 5);
+    let mut desc = ids(&walk(&h, "&order=desc", 2).await);
+    assert_eq!(desc.len(), 5);
+    desc.reverse();
+    assert_eq!(desc, asc, "newest first is oldest first reversed");
+    // A cursor of one order is not the other's.
+    let (_, first) = h.api("GET", "/sessions/?limit=2", None).await;
+    let next = first["next"].as_str().expect("a next page");
+    let (status, body) = h
+        .api(
+            "GET",
+            &format!("/sessions/?limit=2&order=desc&next={next}"),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+
+    // At the newest session's second: it and any of that second; a second later: none.
+    let (_, newest) = h.api("GET", "/sessions/?order=desc&limit=1", None).await;
+    let at = newest["sessions"][0]["created_at"]
+        .as_str()
+        .expect("created_at");
+    let at = time::OffsetDateTime::parse(at, &time::format_description::well_known::Rfc3339)
+        .expect("RFC 3339")
+        .unix_timestamp();
+    let from_then = ids(&walk(&h, &format!("&created_after={at}"), 100).await);
+    assert!(from_then.contains(&desc[4]), "{from_then:?}");
+    let from_later = walk(&h, &format!("&created_after={}", at + 1), 100).await;
+    assert!(from_later.is_empty(), "{from_later:?}");
+    let from_before = walk(&h, &format!("&created_after={}", at - 3600), 100).await;
+    assert_eq!(from_before.len(), 5);
+}

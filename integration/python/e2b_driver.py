@@ -6,6 +6,7 @@ the key's shape) and the scenario's parameters as JSON in E2B_PARAMS. Each scena
 JSON line: what the program saw, for the test to assert on. Nothing here knows it is not E2B.
 """
 
+import datetime
 import hashlib
 import io
 import json
@@ -19,6 +20,7 @@ from e2b.exceptions import (
     AuthenticationException,
     NotFoundException,
     SandboxException,
+    TimeoutException,
 )
 
 try:  # where the SDKs keep it varies
@@ -99,9 +101,22 @@ def turn():
     moved = sbx.files.rename("/home/user/dir/a.txt", "/home/user/dir/b.txt")
     out["moved"] = moved.path
     info = sbx.files.get_info("/home/user/dir/b.txt")
-    out["info_file"] = {"type": str(info.type), "size": info.size, "owner": info.owner}
+    out["info_file"] = {
+        "type": str(info.type),
+        "size": info.size,
+        "owner": info.owner,
+        "group": info.group,
+    }
+    # A symlink's info is what it leads to, and where (envd's Stat).
+    sbx.commands.run("ln -s b.txt /home/user/dir/link")
+    link = sbx.files.get_info("/home/user/dir/link")
+    out["info_link"] = {"type": str(link.type), "target": link.symlink_target}
+    sbx.files.remove("/home/user/dir/link")
     sbx.files.remove("/home/user/dir/b.txt")
     out["after_remove"] = sbx.files.exists("/home/user/dir/b.txt")
+    # Removing what is not there is no error (envd's Remove).
+    sbx.files.remove("/home/user/dir/b.txt")
+    out["remove_missing"] = "ok"
     try:
         sbx.files.read("/home/user/dir/b.txt")
         out["read_missing"] = None
@@ -129,6 +144,21 @@ def turn():
     out["timeout_moved_s"] = (i2.end_at - i.end_at).total_seconds()
     listed = Sandbox.list(query=e2b.SandboxQuery(metadata={"suite": P.get("tag", "e2b")}))
     out["list_ids"] = [s.sandbox_id for s in listed.next_items()]
+    # Filters by start and template: a second after its start, and another template, list none.
+    q = lambda **kw: [  # noqa: E731
+        s.sandbox_id
+        for s in Sandbox.list(
+            query=e2b.SandboxQuery(metadata={"suite": P.get("tag", "e2b")}, **kw)
+        ).next_items()
+    ]
+    out["list_started_after"] = [
+        q(started_after=i.started_at),
+        q(started_after=i.started_at + datetime.timedelta(seconds=1)),
+    ]
+    out["list_template"] = [q(template=i.template_id), q(template="unknown-template")]
+    # A connect's timeout never shortens a running sandbox's life.
+    Sandbox.connect(sbx.sandbox_id, timeout=10)
+    out["connect_kept_end"] = Sandbox.get_info(sbx.sandbox_id).end_at == i2.end_at
     out["is_running"] = sbx.is_running()
     deadline = time.time() + 20
     metrics = []
@@ -140,7 +170,16 @@ def turn():
         {"cpu_count": m.cpu_count, "mem_total": m.mem_total, "disk_total": m.disk_total}
         for m in metrics[:1]
     ]
+    # A command running when its sandbox is killed ends in the SDK's timeout error.
+    running = sbx.commands.run("sleep 60", background=True)
     out["kill"] = sbx.kill()
+    try:
+        running.wait()
+        out["killed_while_running"] = None
+    except TimeoutException as e:  # the newest SDKs raise a subclass, SandboxNotRunningException
+        out["killed_while_running"] = "timeout"
+        out["killed_type"] = type(e).__name__
+    out["is_running_killed"] = sbx.is_running()
     out["kill_again"] = Sandbox.kill(out["id"])
     try:
         Sandbox.connect(out["id"])
@@ -211,6 +250,17 @@ def watch():
         time.sleep(0.2)
     handle.stop()
     out["created_seen"] = len(seen)
+    # A file the SDK writes is written in place: the watcher sees its own create and write.
+    handle = sbx.files.watch_dir("/home/user/w")
+    sbx.files.write("/home/user/w/note.txt", "one")
+    sbx.files.write("/home/user/w/note.txt", "two")
+    events = []
+    deadline = time.time() + 10
+    while time.time() < deadline and ("write", "note.txt") not in events:
+        events += [(str(ev.type.value), ev.name) for ev in handle.get_new_events()]
+        time.sleep(0.2)
+    handle.stop()
+    out["written_events"] = sorted(set(events))
     try:
         sbx.files.watch_dir("/home/user/missing")
         out["missing"] = None
@@ -257,6 +307,7 @@ def lifecycle():
     out["pause"] = sbx.pause()
     out["pause_again"] = sbx.pause()
     out["state_paused"] = str(sbx.get_info().state)
+    out["is_running_paused"] = sbx.is_running()
     resumed = Sandbox.connect(sbx.sandbox_id)
     out["after_connect"] = resumed.commands.run("cat /home/user/state.txt").stdout
     out["state_resumed"] = str(resumed.get_info().state)

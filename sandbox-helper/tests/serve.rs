@@ -1117,6 +1117,54 @@ fn p(path: &Path) -> String {
     path.to_str().unwrap().to_string()
 }
 
+/// `in_place`: the file itself is written (its inode kept, so a watcher sees its own events and
+/// one who holds it open sees the new content); a new file gets the mode, an existing one keeps
+/// its bits unless a mode is asked for; no temporary file is ever made beside it.
+#[test]
+fn a_write_in_place_keeps_the_file_and_its_watchers() {
+    use std::os::unix::fs::MetadataExt;
+    let (_d, mut h, outside, _service) = setup_anywhere();
+    let target = outside.join("in/place.txt");
+    let r = h.with_input(
+        json!({"op": "file_write", "path": p(&target), "max_bytes": 100, "in_place": true, "mode": 0o640}),
+        b"first version",
+        4,
+    );
+    assert_eq!(r.ok(), json!({"bytes": 13, "error": null}));
+    let meta = std::fs::metadata(&target).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o777, 0o640);
+    let held = std::fs::File::open(&target).unwrap();
+    let id = h.request(&json!({"op": "watch", "path": p(&outside.join("in"))}));
+    assert_eq!(next_change(&mut h, id).0, "armed");
+    let r = h.with_input(
+        json!({"op": "file_write", "path": p(&target), "max_bytes": 100, "in_place": true}),
+        b"second",
+        3,
+    );
+    assert_eq!(r.ok()["error"], Value::Null);
+    assert_eq!(std::fs::read(&target).unwrap(), b"second");
+    let now = std::fs::metadata(&target).unwrap();
+    assert_eq!(now.ino(), meta.ino(), "the same file");
+    assert_eq!(now.permissions().mode() & 0o777, 0o640, "its bits kept");
+    assert_eq!(
+        held.metadata().unwrap().len(),
+        6,
+        "the open file is the new one"
+    );
+    // The watcher sees the file's own write, nothing of a temporary file.
+    let (change, path, _) = next_change(&mut h, id);
+    assert_eq!((change.as_str(), path), ("write", p(&target)));
+    h.send(id, kind::CANCEL, b"");
+    // Over the cap: refused (what came before the cap stays, as a shell's `>` leaves it).
+    let r = h.with_input(
+        json!({"op": "file_write", "path": p(&target), "max_bytes": 4, "in_place": true}),
+        b"too long",
+        3,
+    );
+    assert_eq!(code(&r.ok()), Some("too_large"));
+    assert_eq!(std::fs::read_dir(outside.join("in")).unwrap().count(), 1);
+}
+
 #[test]
 fn raw_files_anywhere_round_trip_in_chunks_and_replace_atomically() {
     let (_d, mut h, outside, _service) = setup_anywhere();

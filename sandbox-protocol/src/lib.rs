@@ -52,7 +52,7 @@
 //!
 //! ## Lifecycle
 //! - On start the helper sends EVENT id 0
-//!   `{"type":"ready","protocol":4,"version":"<crate version>","pid":N}`. The client speaks
+//!   `{"type":"ready","protocol":5,"version":"<crate version>","pid":N}`. The client speaks
 //!   only to a helper whose `protocol` is its own [`VERSION`].
 //! - EOF on stdin (the client went away): every request is cancelled, running process groups
 //!   are killed, the helper exits 0.
@@ -135,7 +135,7 @@
 //! narrow the request).
 //!
 //! ## Events
-//! `{"type":"ready","protocol":4,"version":str,"pid":n}` (id 0) ·
+//! `{"type":"ready","protocol":5,"version":str,"pid":n}` (id 0) ·
 //! `{"type":"started","index":i}`: command `i` of a `run` began; the DATA frames that follow are
 //! its output · `{"type":"finished","index":i,"exit_code":n,"omitted":n,"timed_out":bool,"duration_ms"?:n,
 //! "cpu_ms"?:n,"max_rss_bytes"?:n}` ([`message::Usage`]; a process's list entry and poll answer
@@ -147,6 +147,7 @@
 //! `file_read`, `file_write`) and the `file` event. 3: `disk`. 4: a `run`'s `split` and the
 //! STDERR frame; processes' client ids, tags, pids, `events` and `signal`; the `gone` error; `watch` and its
 //! `armed`, `change` and `overflow` events; processes in a terminal (`pty` on `start`, `resize`).
+//! 5: `file_write`'s `in_place`.
 
 pub mod files;
 pub mod frame;
@@ -158,4 +159,4 @@ pub mod write_file;
 
 /// Protocol version the helper announces in its `ready` event; bumped on any change a peer of
 /// the other version would misread.
-pub const VERSION: u32 = 4;
+pub const VERSION: u32 = 5;

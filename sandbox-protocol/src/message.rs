@@ -183,8 +183,10 @@ pub enum Request {
     /// A file's new content as DATA frames, then EOF: written to a temporary file beside it and
     /// renamed over it (a reader sees the old or the new file, never half), as the sandbox user.
     /// `mode` null keeps an existing file's permission bits (else 0o644); more than `max_bytes`
-    /// is refused (`too_large`) and nothing is left behind. Answers
-    /// [`files::FileAnswer`](crate::files::FileAnswer).
+    /// is refused (`too_large`) and nothing is left behind. `in_place` (protocol 5) writes the
+    /// file itself instead, truncated first, as a shell's `>` does: a watcher sees the file's
+    /// own create and write, a reader may see it half-written, and content over `max_bytes`
+    /// leaves what was written. Answers [`files::FileAnswer`](crate::files::FileAnswer).
     FileWrite {
         path: String,
         #[serde(default)]
@@ -192,6 +194,8 @@ pub enum Request {
         #[serde(default = "default_true")]
         parents: bool,
         max_bytes: u64,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        in_place: bool,
     },
     /// Changes under a directory anywhere, from inotify, as the sandbox user (protocol 4): an
     /// [`Event::Armed`] once every watch is in place (no change after it is missed), then an

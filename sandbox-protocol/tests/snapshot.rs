@@ -263,8 +263,19 @@ fn every_request_has_its_json() {
                 mode: None,
                 parents: false,
                 max_bytes: 1_073_741_824,
+                in_place: false,
             },
             r#"{"op":"file_write","path":"/tmp/big","mode":null,"parents":false,"max_bytes":1073741824}"#,
+        ),
+        (
+            Request::FileWrite {
+                path: "/tmp/watched".into(),
+                mode: Some(0o600),
+                parents: true,
+                max_bytes: 1024,
+                in_place: true,
+            },
+            r#"{"op":"file_write","path":"/tmp/watched","mode":384,"parents":true,"max_bytes":1024,"in_place":true}"#,
         ),
         (
             Request::Watch {
@@ -991,7 +1002,7 @@ fn frames_have_their_bytes() {
         },
         &mut out,
     );
-    let payload = br#"{"type":"ready","protocol":4,"version":"0.1.0","pid":7}"#;
+    let payload = br#"{"type":"ready","protocol":5,"version":"0.1.0","pid":7}"#;
     let mut expected = vec![0, 0, 0, payload.len() as u8 + 5, 0, 0, 0, 0, 5];
     expected.extend_from_slice(payload);
     assert_eq!(out, expected);
@@ -1011,5 +1022,5 @@ fn frames_have_their_bytes() {
         ],
         [1, 2, 3, 4, 5, 6, 7]
     );
-    assert_eq!(sandbox_protocol::VERSION, 4);
+    assert_eq!(sandbox_protocol::VERSION, 5);
 }

@@ -151,7 +151,24 @@ async fn a_turn(sdk: &str, extra: &[(&str, &str)]) -> Result<()> {
         "{v}"
     );
     assert_eq!(v["info_file"]["size"], 11, "{v}");
+    // The sandbox user is E2B's `user`, by name too.
+    assert_eq!(
+        (&v["info_file"]["owner"], &v["info_file"]["group"]),
+        (&json!("user"), &json!("user")),
+        "{v}"
+    );
+    // envd's `type` is what the link leads to, its `is_symlink` marks the link: the oldest
+    // SDKs read the first (a file), the newest the second (a symlink).
+    let link_type = if sdk == NEWEST { "SYMLINK" } else { "FILE" };
+    assert!(
+        v["info_link"]["type"]
+            .as_str()
+            .is_some_and(|t| t.contains(link_type)),
+        "{sdk}: {v}"
+    );
+    assert_eq!(v["info_link"]["target"], "/home/user/dir/b.txt", "{v}");
     assert_eq!(v["after_remove"], false, "{v}");
+    assert_eq!(v["remove_missing"], "ok", "{v}");
     assert!(
         v["read_missing"]["type"]
             .as_str()
@@ -182,11 +199,16 @@ async fn a_turn(sdk: &str, extra: &[(&str, &str)]) -> Result<()> {
     );
     assert!(v["timeout_moved_s"].as_f64().unwrap_or(0.0) > 200.0, "{v}");
     assert_eq!(v["list_ids"], json!([id]), "{v}");
+    assert_eq!(v["list_started_after"], json!([[id], []]), "{v}");
+    assert_eq!(v["list_template"], json!([[id], []]), "{v}");
+    assert_eq!(v["connect_kept_end"], true, "{v}");
     assert_eq!(v["is_running"], true, "{v}");
     let m = &v["metrics"][0];
     assert!(m["cpu_count"].as_u64().is_some_and(|c| c >= 1), "{v}");
     assert!(m["mem_total"].as_u64().is_some_and(|t| t > 0), "{v}");
     assert_eq!(v["kill"], true, "{v}");
+    assert_eq!(v["killed_while_running"], "timeout", "{v}");
+    assert_eq!(v["is_running_killed"], false, "{v}");
     assert_eq!(v["kill_again"], false, "{v}");
     assert!(v["connect_killed"]["type"].as_str().is_some(), "{v}");
     assert_nothing_left(&svc.cp);
@@ -253,6 +275,17 @@ async fn watch(sdk: &str) -> Result<()> {
     let _guard = DeploymentGuard(svc.cp.deployment.clone());
     let v = drive(sdk, &svc.url, &svc.cp.key, "watch", json!({ "files": 200 })).await?;
     assert_eq!(v["created_seen"], 200, "{v}");
+    // Written in place, as envd writes: the file's own events (its bits set once, when new),
+    // no temporary file's.
+    assert_eq!(
+        v["written_events"],
+        json!([
+            ["chmod", "note.txt"],
+            ["create", "note.txt"],
+            ["write", "note.txt"]
+        ]),
+        "{v}"
+    );
     assert!(
         v["missing"]["type"]
             .as_str()
@@ -292,6 +325,7 @@ async fn lifecycle(sdk: &str) -> Result<()> {
     let v = drive(sdk, &svc.url, &svc.cp.key, "lifecycle", json!({})).await?;
     assert_eq!(v["pause"], true, "{v}");
     assert_eq!(v["pause_again"], false, "already paused: {v}");
+    assert_eq!(v["is_running_paused"], false, "{v}");
     assert!(
         v["state_paused"]
             .as_str()

@@ -80,6 +80,9 @@ impl Code {
 pub struct RpcError {
     pub code: Code,
     pub message: String,
+    /// A stream answering it is cut (no end-of-stream envelope): what a client sees when the
+    /// sandbox goes mid-stream, which E2B's SDK checks against the sandbox's health.
+    pub cut: bool,
 }
 
 impl RpcError {
@@ -87,6 +90,15 @@ impl RpcError {
         Self {
             code,
             message: message.into(),
+            cut: false,
+        }
+    }
+
+    /// The sandbox went while a stream was answering: the connection is dropped, as envd's is.
+    pub fn cut(message: impl Into<String>) -> Self {
+        Self {
+            cut: true,
+            ..Self::new(Code::Unavailable, message)
         }
     }
 
@@ -251,7 +263,7 @@ pub fn end(error: Option<&RpcError>) -> Bytes {
 }
 
 /// A server stream's answer: each message enveloped as it comes, the first error (or the
-/// stream's end) closing it with the end-of-stream envelope.
+/// stream's end) closing it with the end-of-stream envelope; a [`RpcError::cut`] drops it.
 pub fn stream<S>(messages: S) -> Response
 where
     S: Stream<Item = Result<Value, RpcError>> + Send + 'static,
@@ -263,13 +275,15 @@ where
                 return None;
             }
             match messages.next().await {
-                Some(Ok(v)) => Some((frame(0, v.to_string().as_bytes()), (messages, false))),
-                Some(Err(e)) => Some((end(Some(&e)), (messages, true))),
-                None => Some((end(None), (messages, true))),
+                Some(Ok(v)) => Some((Ok(frame(0, v.to_string().as_bytes())), (messages, false))),
+                Some(Err(e)) if e.cut => {
+                    Some((Err(std::io::Error::other(e.message)), (messages, true)))
+                }
+                Some(Err(e)) => Some((Ok(end(Some(&e))), (messages, true))),
+                None => Some((Ok(end(None)), (messages, true))),
             }
         },
-    )
-    .map(Ok::<_, std::convert::Infallible>);
+    );
     (
         StatusCode::OK,
         [(header::CONTENT_TYPE, "application/connect+json")],

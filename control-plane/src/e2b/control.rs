@@ -343,7 +343,9 @@ pub async fn connect(
             .json(Method::GET, &format!("/session/{id}/"), None, None)
             .await?;
     }
-    if let Some(t) = req.timeout {
+    if let Some(t) = req.timeout
+        && (resumed || ends_before(&s, t))
+    {
         set_timeout(&e, id, t).await?;
     }
     let status = if resumed {
@@ -354,12 +356,28 @@ pub async fn connect(
     Ok((status, Json(sandbox(&e, id, &template_of(&e, &s)))).into_response())
 }
 
+/// Whether running session `s` would end within `seconds` from now: a connect's timeout only
+/// ever lengthens a running sandbox's life, as E2B's does (one without a deadline has none to
+/// lengthen).
+fn ends_before(s: &SessionInfo, seconds: u64) -> bool {
+    let Some(end) = s.expires_at.as_deref() else {
+        return false;
+    };
+    let Ok(end) = time::OffsetDateTime::parse(end, &time::format_description::well_known::Rfc3339)
+    else {
+        return true;
+    };
+    let wanted = crate::time::unix_now().saturating_add_unsigned(seconds);
+    end.unix_timestamp() < wanted
+}
+
 /// `GET /v2/sandboxes` (and v1's `GET /sandboxes`): `metadata` (`k=v&k2=v2`, URL-encoded),
-/// `state` (repeated or comma-separated), `limit`, `nextToken`; the next page's token in
-/// `x-next-token`.
+/// `state` (repeated or comma-separated), `startedAfter`, `template`, `order` (newest first
+/// unless `asc`), `limit`, `nextToken`; the next page's token in `x-next-token`.
 pub async fn list(State(e): State<E2b>, RawQuery(q): RawQuery) -> Answer {
     let mut native: Vec<(String, String)> = Vec::new();
     let mut states: Vec<String> = Vec::new();
+    let (mut order, mut template) = (String::new(), None::<String>);
     for (k, v) in form_urlencoded::parse(q.unwrap_or_default().as_bytes()) {
         match &*k {
             "metadata" | "query" => {
@@ -372,7 +390,33 @@ pub async fn list(State(e): State<E2b>, RawQuery(q): RawQuery) -> Answer {
             "state" => states.extend(v.split(',').map(|s| s.trim().to_string())),
             "limit" => native.push(("limit".into(), v.into_owned())),
             "nextToken" => native.push(("next".into(), v.into_owned())),
+            "order" => order = v.into_owned(),
+            "startedAfter" => {
+                let at =
+                    time::OffsetDateTime::parse(&v, &time::format_description::well_known::Rfc3339)
+                        .map_err(|err| {
+                            ApiFailure(Refusal::new(
+                                StatusCode::BAD_REQUEST,
+                                format!("startedAfter {v:?}: not an RFC 3339 time: {err}"),
+                            ))
+                        })?;
+                // Started at or after it: a whole second of creation from the next one on.
+                let secs = at.unix_timestamp() + i64::from(at.nanosecond() > 0);
+                native.push(("created_after".into(), secs.to_string()));
+            }
+            "template" => template = Some(v.into_owned()),
             _ => {}
+        }
+    }
+    // E2B lists the newest first unless told otherwise.
+    match order.as_str() {
+        "" | "desc" => native.push(("order".into(), "desc".into())),
+        "asc" => {}
+        other => {
+            return Err(ApiFailure(Refusal::new(
+                StatusCode::BAD_REQUEST,
+                format!("order {other:?}: expected asc or desc"),
+            )));
         }
     }
     // E2B's states are running and paused; ours add stopped, which E2B shows as paused.
@@ -406,6 +450,7 @@ pub async fn list(State(e): State<E2b>, RawQuery(q): RawQuery) -> Answer {
         .sessions
         .iter()
         .filter(|s| wanted.is_empty() || wanted.contains(&state(s.state)))
+        .filter(|s| template.as_ref().is_none_or(|t| *t == template_of(&e, s)))
         .map(|s| detail(&e, s, false))
         .collect();
     let mut resp = Json(sandboxes).into_response();

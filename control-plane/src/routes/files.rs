@@ -66,6 +66,12 @@ pub struct FileQuery {
     /// `PUT`: create missing parent directories (default true).
     #[serde(default)]
     pub parents: Option<bool>,
+    /// `PUT`: `false` writes the file in place, truncated first, as a shell's `>` does (a
+    /// watcher sees the file's own create and write; a reader may see it half-written, and a
+    /// body cut short or over the limit leaves what was written). Default true: a temporary
+    /// file renamed over it, so a reader sees the old file or the new one, never half.
+    #[serde(default)]
+    pub atomic: Option<bool>,
 }
 
 /// `Range: bytes=first-last | first- | -suffix`; `None` for no header, a multi-range or one
@@ -297,6 +303,7 @@ pub async fn put_file(
         mode: q.mode,
         parents: q.parents.unwrap_or(true),
         max_bytes: max,
+        in_place: !q.atomic.unwrap_or(true),
     };
     let r = ws.runtime.write_file(ws.id, request, rx).await;
     pump.abort();

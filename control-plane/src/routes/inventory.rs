@@ -1,12 +1,14 @@
 //! The deployment's sessions: `GET /sessions/` (filtered, paged), `GET /session/{id}/info/`, and
 //! `POST /session/{id}/timeout/` (a session's deadline moved), `GET /session/{id}/metrics/`.
 //!
-//! Pages are ordered by (`created_at`, `session_id`) and the cursor (`next`) is the last key a
-//! page gave, so a walk is stable while sessions come and go: one that lives through the walk is
-//! listed exactly once; one made meanwhile sorts after every earlier one. The cursor is opaque
+//! Pages are ordered by (`created_at`, `session_id`), oldest first unless `order=desc`, and the
+//! cursor (`next`) is the last key a page gave, so a walk is stable while sessions come and go:
+//! one that lives through the walk is listed exactly once; one made meanwhile sorts after every
+//! earlier one (oldest first; newest first, a walk begun before it never reaches it). The cursor is opaque
 //! and signed with a key derived from the API key and the deployment, over the filters it was
 //! made for: a cursor of another deployment or key, or of other filters, is refused (422).
 
+use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -28,13 +30,15 @@ use crate::fleet::Fleet;
 const DEFAULT_LIMIT: usize = 100;
 const MAX_LIMIT: usize = 1000;
 
-/// List the deployment's sessions, on every engine that answers, oldest first.
+/// List the deployment's sessions, on every engine that answers, oldest first (or newest).
 #[utoipa::path(get, path = "/sessions/", tag = "session", operation_id = "list_sessions",
     security(("api_key" = [])),
     params(
         ("state" = Option<SessionState>, Query, description = "Only sessions in this state (repeat for several)"),
         ("metadata" = Option<String>, Query, pattern = r"^[A-Za-z0-9._-]{1,64}=", description = "`key=value`: only sessions whose metadata has it (repeat: all of them)"),
         ("image" = Option<String>, Query, min_length = 1, description = "Only sessions of this base image"),
+        ("created_after" = Option<i64>, Query, description = "Only sessions created (or claimed) at or after this Unix second"),
+        ("order" = Option<String>, Query, pattern = "^(asc|desc)$", description = "`asc` (oldest first, the default) or `desc`"),
         ("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "Sessions per page (100)"),
         ("next" = Option<String>, Query, description = "The `next` of the previous page")),
     responses((status = 200, body = SessionList), (status = 403, body = ErrorBody),
@@ -55,14 +59,24 @@ pub async fn list(
         .await?
         .into_iter()
         .map(|l| (l.created, l.info))
-        .filter(|(_, s)| query.admits(s))
-        .filter(|(created, s)| {
-            after
-                .as_ref()
-                .is_none_or(|(ac, aid)| (*created, s.session_id.as_str()) > (*ac, aid.as_str()))
-        })
+        .filter(|(created, s)| query.admits(*created, s))
         .collect();
+    if let Some((ac, aid)) = &after {
+        let past = |(created, s): &(i64, SessionInfo)| {
+            let order = (*created, s.session_id.as_str()).cmp(&(*ac, aid.as_str()));
+            order
+                == if query.desc {
+                    Ordering::Less
+                } else {
+                    Ordering::Greater
+                }
+        };
+        all.retain(past);
+    }
     all.sort_by(|a, b| (a.0, &a.1.session_id).cmp(&(b.0, &b.1.session_id)));
+    if query.desc {
+        all.reverse();
+    }
     let more = all.len() > query.limit;
     all.truncate(query.limit);
     let next = match all.last() {
@@ -132,6 +146,8 @@ struct ListQuery {
     states: Vec<SessionState>,
     metadata: BTreeMap<String, String>,
     image: Option<String>,
+    created_after: Option<i64>,
+    desc: bool,
     limit: usize,
     next: Option<String>,
 }
@@ -165,6 +181,15 @@ impl ListQuery {
                 }
                 "image" if !v.is_empty() => q.image = Some(v.clone()),
                 "image" => return bad("image: empty".into()),
+                "created_after" => match v.parse::<i64>() {
+                    Ok(t) => q.created_after = Some(t),
+                    Err(_) => return bad(format!("created_after: {v:?} is not a Unix second")),
+                },
+                "order" => match v.as_str() {
+                    "asc" => q.desc = false,
+                    "desc" => q.desc = true,
+                    _ => return bad(format!("order: {v:?} is not asc or desc")),
+                },
                 "limit" => match v.parse::<usize>() {
                     Ok(n) if (1..=MAX_LIMIT).contains(&n) => q.limit = n,
                     _ => {
@@ -176,7 +201,7 @@ impl ListQuery {
                 "next" => q.next = Some(v.clone()),
                 other => {
                     return bad(format!(
-                        "unknown parameter {other:?}: the listing takes state, metadata, image, limit and next"
+                        "unknown parameter {other:?}: the listing takes state, metadata, image, created_after, order, limit and next"
                     ));
                 }
             }
@@ -186,8 +211,9 @@ impl ListQuery {
         Ok(q)
     }
 
-    fn admits(&self, s: &SessionInfo) -> bool {
+    fn admits(&self, created: i64, s: &SessionInfo) -> bool {
         (self.states.is_empty() || self.states.contains(&s.state))
+            && self.created_after.is_none_or(|t| created >= t)
             && self.image.as_ref().is_none_or(|i| *i == s.base_image)
             && self
                 .metadata
@@ -201,6 +227,8 @@ impl ListQuery {
             "state": self.states,
             "metadata": self.metadata,
             "image": self.image,
+            "created_after": self.created_after,
+            "desc": self.desc,
         })
         .to_string()
     }
@@ -268,6 +296,8 @@ mod tests {
             (vec![("limit", "0")], "limit"),
             (vec![("limit", "1001")], "limit"),
             (vec![("limit", "-1")], "limit"),
+            (vec![("order", "up")], "order"),
+            (vec![("created_after", "yesterday")], "created_after"),
         ] {
             match ListQuery::parse(&pairs(&q)) {
                 Err(ApiError::Unprocessable(m)) => assert!(m.contains(named), "{m}"),

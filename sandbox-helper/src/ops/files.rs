@@ -448,16 +448,21 @@ impl Files<'_> {
         Ok(sent)
     }
 
-    /// Writes the input to a temporary file beside `path` and renames it over `path`.
+    /// Writes the input to a temporary file beside `path` and renames it over `path`, or, with
+    /// `in_place`, to `path` itself (truncated first).
     pub fn write(
         &self,
         path: &str,
         shown: &str,
-        mode: Option<u32>,
-        parents: bool,
-        max_bytes: u64,
+        how: WriteHow,
         input: &mut Input,
     ) -> Result<FileAnswer, OpError> {
+        let WriteHow {
+            mode,
+            parents,
+            max_bytes,
+            in_place,
+        } = how;
         let opts = Opts {
             follow_final: true,
             create_parents: parents,
@@ -495,22 +500,32 @@ impl Files<'_> {
                 ));
             }
         };
-        let mode = mode.or(existing_mode).unwrap_or(0o644) & 0o777;
-        let tmp = OsString::from(format!(
-            ".{}.daiv-put-{}-{}",
-            String::from_utf8_lossy(name.as_bytes()),
-            std::process::id(),
-            TMP_SEQ.fetch_add(1, Ordering::Relaxed)
-        ));
+        let new_mode = mode.or(existing_mode).unwrap_or(0o644) & 0o777;
+        // In place: the file itself; its bits set when it is new or a mode was asked for.
+        let (target, flags) = if in_place {
+            (name.clone(), OFlags::TRUNC)
+        } else {
+            let tmp = OsString::from(format!(
+                ".{}.daiv-put-{}-{}",
+                String::from_utf8_lossy(name.as_bytes()),
+                std::process::id(),
+                TMP_SEQ.fetch_add(1, Ordering::Relaxed)
+            ));
+            (tmp, OFlags::EXCL)
+        };
         let fd = rustix::fs::openat(
             &res.dir,
-            tmp.as_os_str(),
-            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::from_raw_mode(mode),
+            target.as_os_str(),
+            OFlags::WRONLY | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC | flags,
+            Mode::from_raw_mode(new_mode),
         )
         .map_err(|e| errno_err(e, shown))?;
+        let set_mode = !in_place || existing_mode.is_none() || mode.is_some();
         let written = (|| -> Result<u64, OpError> {
-            rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode)).map_err(|e| errno_err(e, shown))?;
+            if set_mode {
+                rustix::fs::fchmod(&fd, Mode::from_raw_mode(new_mode))
+                    .map_err(|e| errno_err(e, shown))?;
+            }
             let mut file = File::from(fd);
             let mut total = 0u64;
             while let Some(chunk) = input.next(self.stop)? {
@@ -526,18 +541,31 @@ impl Files<'_> {
                     None => io_fail(e, shown),
                 })?;
             }
-            rustix::fs::renameat(&res.dir, tmp.as_os_str(), &res.dir, name.as_os_str())
-                .map_err(|e| errno_err(e, shown))?;
+            if !in_place {
+                rustix::fs::renameat(&res.dir, target.as_os_str(), &res.dir, name.as_os_str())
+                    .map_err(|e| errno_err(e, shown))?;
+            }
             Ok(total)
         })();
         match written {
             Ok(bytes) => Ok(FileAnswer { bytes, error: None }),
             Err(e) => {
-                let _ = rustix::fs::unlinkat(&res.dir, tmp.as_os_str(), AtFlags::empty());
+                if !in_place {
+                    let _ = rustix::fs::unlinkat(&res.dir, target.as_os_str(), AtFlags::empty());
+                }
                 Err(e)
             }
         }
     }
+}
+
+/// How [`Files::write`] writes: the request's `mode`, `parents`, `max_bytes` and `in_place`.
+#[derive(Debug, Clone, Copy)]
+pub struct WriteHow {
+    pub mode: Option<u32>,
+    pub parents: bool,
+    pub max_bytes: u64,
+    pub in_place: bool,
 }
 
 /// The part of a `size`-byte file a range names: `(start, length)`, or `invalid_range`.

@@ -380,6 +380,7 @@ fn data_plane(
             mode,
             parents,
             max_bytes,
+            in_place,
         } => {
             let Some(mut input) = input else {
                 return Response::error(ErrorKind::Internal, "no input stream");
@@ -390,7 +391,13 @@ fn data_plane(
             }
             let r = match arg(&path) {
                 Ok((host, shown)) => {
-                    files.write(&host, &shown, mode, parents, max_bytes, &mut input)
+                    let how = super::super::ops::files::WriteHow {
+                        mode,
+                        parents,
+                        max_bytes,
+                        in_place,
+                    };
+                    files.write(&host, &shown, how, &mut input)
                 }
                 Err(e) => Err(OpError::Fs(e)),
             };

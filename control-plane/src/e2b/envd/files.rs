@@ -1,7 +1,8 @@
 //! envd's `/files`: `GET` answers a file's bytes (`Range` and `Accept-Encoding: gzip` passed on to
 //! the native route), `POST` writes one (`application/octet-stream`, gzip allowed) or several
 //! (`multipart/form-data`, each part's file name its path when the query has none), replacing
-//! what is there and creating parents; both streamed through the native `/files` route, so a
+//! what is there in place (as envd does: a watcher sees the file's own events) and creating
+//! parents; both streamed through the native `/files` route, so a
 //! file's size is bounded by `FILE_MAX_BYTES` and the disk, not by memory. A signed URL
 //! (`signature`, `signature_expiration`) stands in for the access token.
 
@@ -176,7 +177,12 @@ async fn put(
         }
         _ => body,
     };
-    let uri = format!("/session/{id}/files?{}", query(&[("path", path)]));
+    // In place, as envd writes: a watcher sees the file's own create and write events (a body
+    // cut short leaves what came, as envd's does).
+    let uri = format!(
+        "/session/{id}/files?{}",
+        query(&[("path", path), ("atomic", "false")])
+    );
     let resp = e
         .native
         .send(

@@ -8,7 +8,7 @@ use axum::http::{HeaderMap, Method};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use sandbox_protocol::files::{
-    FileEntry, FsListResponse, FsMkdirResponse, FsMoveResponse, FsStatResponse,
+    EntryType, FileEntry, FsListResponse, FsMkdirResponse, FsMoveResponse, FsStatResponse,
 };
 use sandbox_protocol::wire::{FsError, FsErrorCode};
 use serde::Deserialize;
@@ -64,7 +64,7 @@ pub async fn call(
         match method.as_str() {
             "Stat" => {
                 let req: PathRequest = message(&headers, &body)?;
-                let entry = stat(&e, id, &absolute(&req.path)).await?;
+                let entry = followed(&e, id, stat(&e, id, &absolute(&req.path)).await?).await;
                 Ok(connect::unary(json!({ "entry": entry_info(&entry) })))
             }
             "MakeDir" => {
@@ -191,8 +191,58 @@ pub async fn stat(e: &E2b, id: &str, path: &str) -> Result<FileEntry, RpcError> 
         .ok_or_else(|| RpcError::new(Code::NotFound, format!("{path} not found")))
 }
 
+/// A symlink's entry as envd's `Stat` gives it: the type of what it leads to and the absolute
+/// path it resolves to (a dangling or looping link keeps its own entry).
+async fn followed(e: &E2b, id: &str, link: FileEntry) -> FileEntry {
+    let mut at = link.clone();
+    for _ in 0..8 {
+        let (EntryType::Symlink, Some(target)) = (at.entry_type, at.symlink_target.as_deref())
+        else {
+            if at.path == link.path {
+                return link;
+            }
+            return FileEntry {
+                entry_type: at.entry_type,
+                symlink_target: Some(at.path),
+                ..link
+            };
+        };
+        let dir = at.path.rsplit_once('/').map_or("", |(d, _)| d);
+        let next = lexical(&if target.starts_with('/') {
+            target.to_string()
+        } else {
+            format!("{dir}/{target}")
+        });
+        match stat(e, id, &next).await {
+            Ok(entry) => at = entry,
+            Err(_) => return link,
+        }
+    }
+    link
+}
+
+/// `path` with `.` and `..` components resolved by name.
+fn lexical(path: &str) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    for c in path.split('/') {
+        match c {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            c => parts.push(c),
+        }
+    }
+    format!("/{}", parts.join("/"))
+}
+
+/// Removes `path` and what is below it; a path that is not there is removed already (envd's
+/// `Remove` does not fail on it).
 async fn remove(e: &E2b, id: &str, path: &str) -> Result<(), RpcError> {
-    stat(e, id, path).await?;
+    match stat(e, id, path).await {
+        Err(err) if err.code == Code::NotFound => return Ok(()),
+        other => other?,
+    };
     let command = format!("rm -rf -- '{}'", path.replace('\'', r"'\''"));
     let run: RunResponse = e
         .native

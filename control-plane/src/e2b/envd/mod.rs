@@ -42,8 +42,9 @@ pub fn router() -> Router<E2b> {
         .route("/files", get(files::download).post(files::upload))
 }
 
-/// `GET /health`: 204 while the sandbox exists, 502 "not found" once it is gone (what the SDK's
-/// `is_running` and its error classification read).
+/// `GET /health`: 204 while the sandbox runs; 502 once it is gone, paused, or past its deadline
+/// though the reaper has yet to act (what the SDK's `is_running` and its error classification
+/// read: E2B's proxy answers 502 for a sandbox that is not running).
 async fn health(
     axum::extract::State(e): axum::extract::State<E2b>,
     headers: HeaderMap,
@@ -53,7 +54,7 @@ async fn health(
         Ok(c) => c.id,
         Err(err) => return err.into_response(),
     };
-    let found: Result<serde_json::Value, Refusal> = e
+    let found: Result<crate::api::SessionInfo, Refusal> = e
         .native
         .json(
             axum::http::Method::GET,
@@ -62,10 +63,26 @@ async fn health(
             None,
         )
         .await;
+    let not_running = |why: &str| {
+        http_error(&Refusal::new(
+            StatusCode::BAD_GATEWAY,
+            format!("the sandbox is not running: {why}"),
+        ))
+    };
     match found {
+        Ok(s) if s.state != crate::api::SessionState::Running => not_running("it is paused"),
+        Ok(s) if past(s.expires_at.as_deref()) => not_running("it is past its timeout"),
         Ok(_) => StatusCode::NO_CONTENT.into_response(),
         Err(r) => http_error(&r),
     }
+}
+
+/// Whether RFC 3339 time `at` has passed.
+fn past(at: Option<&str>) -> bool {
+    at.and_then(|t| {
+        time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok()
+    })
+    .is_some_and(|t| t.unix_timestamp() <= crate::time::unix_now())
 }
 
 /// The header's sandbox id, checked to be one a native path can carry.

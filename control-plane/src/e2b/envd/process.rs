@@ -411,12 +411,31 @@ async fn events(
         .await;
     let lines = ndjson::<ProcessEvent>(resp).await?;
     let pty = p.pty;
-    let messages = lines.filter_map(move |ev| async move {
-        match ev {
-            Err(err) => Some(Err(err)),
-            Ok(ev) => event(&ev, pty).map(|v| Ok(json!({ "event": v }))),
-        }
-    });
+    let ended = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let seen = ended.clone();
+    let messages = lines
+        .filter_map(move |ev| {
+            let seen = seen.clone();
+            async move {
+                match ev {
+                    Err(err) => Some(Err(err)),
+                    Ok(ev) => {
+                        if ev.kind == ProcessEventType::End {
+                            seen.store(true, std::sync::atomic::Ordering::Relaxed);
+                        }
+                        event(&ev, pty).map(|v| Ok(json!({ "event": v })))
+                    }
+                }
+            }
+        })
+        // The events stopped before the process's end: its sandbox went (killed, or past its
+        // timeout) and the stream is cut, as envd's connection is.
+        .chain(futures::stream::iter([()]).filter_map(move |()| {
+            let ended = ended.load(std::sync::atomic::Ordering::Relaxed);
+            async move {
+                (!ended).then(|| Err(RpcError::cut("the sandbox went before the process ended")))
+            }
+        }));
     let until = deadline.map(|d| tokio::time::Instant::now() + d);
     let (e, id, pid) = (e.clone(), id.to_string(), p.process_id.clone());
     Ok(futures::stream::unfold(

@@ -76,6 +76,12 @@ pub fn filesystem_event(ev: &WatchEvent, root: &str) -> Option<Value> {
     Some(v)
 }
 
+/// The sandbox user's name as E2B knows it: the Debian image gives uid and gid 1000 both
+/// names, `sandbox` first (the native API's), `user` (E2B's templates').
+fn e2b_name(name: &str) -> &str {
+    if name == "sandbox" { "user" } else { name }
+}
+
 /// A native entry as envd's `EntryInfo` (proto3 JSON: int64 as a string, a timestamp in RFC 3339).
 pub fn entry_info(e: &FileEntry) -> Value {
     let kind = match e.entry_type {
@@ -98,8 +104,8 @@ pub fn entry_info(e: &FileEntry) -> Value {
         "size": e.size.to_string(),
         "mode": e.mode,
         "permissions": e.permissions,
-        "owner": e.owner,
-        "group": e.group,
+        "owner": e2b_name(&e.owner),
+        "group": e2b_name(&e.group),
         "modifiedTime": mtime,
     });
     if let Some(t) = &e.symlink_target {

@@ -363,8 +363,7 @@ fn ends_before(s: &SessionInfo, seconds: u64) -> bool {
     let Some(end) = s.expires_at.as_deref() else {
         return false;
     };
-    let Ok(end) = time::OffsetDateTime::parse(end, &time::format_description::well_known::Rfc3339)
-    else {
+    let Some(end) = crate::time::parse_rfc3339(end) else {
         return true;
     };
     let wanted = crate::time::unix_now().saturating_add_unsigned(seconds);
@@ -392,14 +391,12 @@ pub async fn list(State(e): State<E2b>, RawQuery(q): RawQuery) -> Answer {
             "nextToken" => native.push(("next".into(), v.into_owned())),
             "order" => order = v.into_owned(),
             "startedAfter" => {
-                let at =
-                    time::OffsetDateTime::parse(&v, &time::format_description::well_known::Rfc3339)
-                        .map_err(|err| {
-                            ApiFailure(Refusal::new(
-                                StatusCode::BAD_REQUEST,
-                                format!("startedAfter {v:?}: not an RFC 3339 time: {err}"),
-                            ))
-                        })?;
+                let at = crate::time::parse_rfc3339(&v).ok_or_else(|| {
+                    ApiFailure(Refusal::new(
+                        StatusCode::BAD_REQUEST,
+                        format!("startedAfter {v:?}: not an RFC 3339 time"),
+                    ))
+                })?;
                 // Started at or after it: a whole second of creation from the next one on.
                 let secs = at.unix_timestamp() + i64::from(at.nanosecond() > 0);
                 native.push(("created_after".into(), secs.to_string()));
@@ -492,15 +489,8 @@ fn unescape(s: &str) -> String {
 }
 
 fn metric(m: &MetricsSample) -> Value {
-    let ts = time::OffsetDateTime::from_unix_timestamp(m.timestamp_unix)
-        .ok()
-        .and_then(|t| {
-            t.format(&time::format_description::well_known::Rfc3339)
-                .ok()
-        })
-        .unwrap_or_default();
     json!({
-        "timestamp": ts,
+        "timestamp": crate::time::rfc3339(m.timestamp_unix),
         "timestampUnix": m.timestamp_unix,
         "cpuCount": m.cpu_count.ceil() as u64,
         "cpuUsedPct": m.cpu_used_pct,

@@ -357,12 +357,12 @@ pub(super) fn idle_for(
 /// second must still sort oldest first): its `FinishedAt`, or its creation for one that never
 /// started.
 pub(super) fn stopped_at(info: &ContainerInfo) -> Option<i128> {
-    let finished = info.finished_at.as_deref().and_then(|t| {
-        time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339)
-            .ok()
-            .map(|t| t.unix_timestamp_nanos())
-            .filter(|n| *n > 0)
-    });
+    let finished = info
+        .finished_at
+        .as_deref()
+        .and_then(crate::time::parse_rfc3339)
+        .map(|t| t.unix_timestamp_nanos())
+        .filter(|n| *n > 0);
     match (finished, &info.status) {
         (Some(t), _) => Some(t),
         (None, ContainerStatus::Created) => info.created.map(|s| i128::from(s) * NANOS),

@@ -79,10 +79,8 @@ async fn health(
 
 /// Whether RFC 3339 time `at` has passed.
 fn past(at: Option<&str>) -> bool {
-    at.and_then(|t| {
-        time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok()
-    })
-    .is_some_and(|t| t.unix_timestamp() <= crate::time::unix_now())
+    at.and_then(crate::time::parse_rfc3339)
+        .is_some_and(|t| t.unix_timestamp() <= crate::time::unix_now())
 }
 
 /// The header's sandbox id, checked to be one a native path can carry.

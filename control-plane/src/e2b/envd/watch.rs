@@ -90,12 +90,8 @@ pub fn entry_info(e: &FileEntry) -> Value {
         EntryType::Symlink => "FILE_TYPE_SYMLINK",
         EntryType::Other => "FILE_TYPE_UNSPECIFIED",
     };
-    let mtime = time::OffsetDateTime::from_unix_timestamp(e.mtime)
-        .ok()
-        .and_then(|t| {
-            t.format(&time::format_description::well_known::Rfc3339)
-                .ok()
-        })
+    let mtime = Some(crate::time::rfc3339(e.mtime))
+        .filter(|t| !t.is_empty())
         .unwrap_or_else(|| "1970-01-01T00:00:00Z".to_string());
     let mut v = json!({
         "name": e.name,

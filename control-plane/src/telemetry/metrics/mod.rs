@@ -315,147 +315,9 @@ mod tests {
         assert!(!text.contains("s2"), "session ids are not label values");
     }
 
-    /// The wire contract: every family's name and type, as dashboards and alerts query them.
-    #[test]
-    fn every_family_keeps_its_name_and_type() {
+    /// A registry with one series in every family (a family's series come in hash order).
+    fn filled(d: Duration) -> Metrics {
         let m = Metrics::default();
-        let d = Duration::from_millis(1);
-        let pool = PoolLabels {
-            image: "img:1".into(),
-            kind: "isolated",
-        };
-        let fs = ClassLabels { class: "fs" };
-        let engine = EngineLabels { engine: "b".into() };
-        m.fleet.up.get_or_create(&engine).set(1);
-        m.fleet.draining.get_or_create(&engine).set(0);
-        m.fleet.sessions.get_or_create(&engine).set(3);
-        observe_duration(
-            &m.http.requests.get_or_create(&HttpLabels {
-                method: "GET".into(),
-                route: "/metrics".into(),
-                status: 200,
-            }),
-            d,
-        );
-        m.sessions
-            .closed
-            .get_or_create(&ModeLabels { mode: "stop" })
-            .inc();
-        observe_duration(
-            &m.workspace.fs_ops.get_or_create(&FsLabels {
-                op: "read",
-                code: "ok".into(),
-            }),
-            d,
-        );
-        observe_duration(
-            &m.workspace.seeds.get_or_create(&OutcomeLabels {
-                outcome: "ok".into(),
-            }),
-            d,
-        );
-        observe_duration(
-            &m.engine.calls.get_or_create(&OpLabels {
-                op: "list",
-                engine: "default".into(),
-            }),
-            d,
-        );
-        m.engine
-            .errors
-            .get_or_create(&EngineErrorLabels {
-                op: "list",
-                kind: "unavailable",
-                engine: "default".into(),
-            })
-            .inc();
-        m.pool.size.get_or_create(&pool).set(1);
-        m.pool.claims.get_or_create(&pool).inc();
-        m.pool
-            .misses
-            .get_or_create(&PoolMissLabels {
-                image: "img:1".into(),
-                kind: "isolated",
-                reason: "empty",
-            })
-            .inc();
-        m.pool.refill_failures.get_or_create(&pool).inc();
-        observe_duration(
-            &m.pool
-                .refills
-                .get_or_create(&KindLabels { kind: "isolated" }),
-            d,
-        );
-        m.admission.in_flight.get_or_create(&fs).inc();
-        m.admission.waiting.get_or_create(&fs).inc();
-        m.admission
-            .refused
-            .get_or_create(&RefusedLabels {
-                class: "fs",
-                reason: "timeout",
-            })
-            .inc();
-        let text = m.render(Some(SessionGauge::default()));
-        let types: Vec<&str> = text
-            .lines()
-            .filter_map(|l| l.strip_prefix("# TYPE daiv_sandbox_"))
-            .collect();
-        assert_eq!(
-            types,
-            [
-                "http_request_duration_seconds histogram",
-                "sessions_created_total counter",
-                "sessions_closed_total counter",
-                "sessions_reaped_total counter",
-                "reaper_failures_total counter",
-                "commands_total counter",
-                "command_batch_duration_seconds histogram",
-                "fs_op_duration_seconds histogram",
-                "seed_duration_seconds histogram",
-                "seed_bytes_total counter",
-                "session_lock_wait_seconds histogram",
-                "session_lock_busy_total counter",
-                "engine_call_duration_seconds histogram",
-                "engine_errors_total counter",
-                "engine_up gauge",
-                "engine_draining gauge",
-                "engine_sessions gauge",
-                "placements_refused_total counter",
-                "engines_file_valid gauge",
-                "engines_file_errors_total counter",
-                "streamed_runs_total counter",
-                "processes_started_total counter",
-                "processes_killed_total counter",
-                "processes_live gauge",
-                "snapshots_taken_total counter",
-                "forks_total counter",
-                "pauses_total counter",
-                "snapshots_held gauge",
-                "snapshot_bytes gauge",
-                "pool_size gauge",
-                "pool_claims_total counter",
-                "pool_misses_total counter",
-                "pool_refill_failures_total counter",
-                "pool_refill_duration_seconds histogram",
-                "admission_in_flight gauge",
-                "admission_waiting gauge",
-                "admission_refused_total counter",
-                "sessions gauge",
-            ]
-        );
-        // One HELP per TYPE, each a sentence.
-        let helps: Vec<&str> = text.lines().filter(|l| l.starts_with("# HELP ")).collect();
-        assert_eq!(helps.len(), types.len());
-        assert!(helps.iter().all(|h| h.ends_with('.')), "{helps:?}");
-    }
-
-    /// The whole page, byte for byte: names, help texts, label sets, bucket bounds and order, as
-    /// they were before the families were grouped (issue 32). A change here is a change of the
-    /// wire format. One series per family, since a family's series come in hash order.
-    #[test]
-    fn the_page_is_pinned() {
-        let m = Metrics::default();
-        let d = Duration::from_millis(7);
         let pool = PoolLabels {
             image: "img:1".into(),
             kind: "isolated",
@@ -555,6 +417,74 @@ mod tests {
             .sound
             .get_or_create(&RuntimeLabels { runtime: "runsc" })
             .set(1);
+        m
+    }
+
+    /// The wire contract: every family's name and type, as dashboards and alerts query them.
+    #[test]
+    fn every_family_keeps_its_name_and_type() {
+        let m = filled(Duration::from_millis(1));
+        let text = m.render(Some(SessionGauge::default()));
+        let types: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE daiv_sandbox_"))
+            .collect();
+        assert_eq!(
+            types,
+            [
+                "http_request_duration_seconds histogram",
+                "sessions_created_total counter",
+                "sessions_closed_total counter",
+                "sessions_reaped_total counter",
+                "reaper_failures_total counter",
+                "commands_total counter",
+                "command_batch_duration_seconds histogram",
+                "fs_op_duration_seconds histogram",
+                "seed_duration_seconds histogram",
+                "seed_bytes_total counter",
+                "session_lock_wait_seconds histogram",
+                "session_lock_busy_total counter",
+                "engine_call_duration_seconds histogram",
+                "engine_errors_total counter",
+                "engine_up gauge",
+                "engine_draining gauge",
+                "engine_sessions gauge",
+                "placements_refused_total counter",
+                "engines_file_valid gauge",
+                "engines_file_errors_total counter",
+                "streamed_runs_total counter",
+                "processes_started_total counter",
+                "processes_killed_total counter",
+                "processes_live gauge",
+                "snapshots_taken_total counter",
+                "forks_total counter",
+                "pauses_total counter",
+                "snapshots_held gauge",
+                "snapshot_bytes gauge",
+                "runtime_sound gauge",
+                "pool_size gauge",
+                "pool_claims_total counter",
+                "pool_misses_total counter",
+                "pool_refill_failures_total counter",
+                "pool_refill_duration_seconds histogram",
+                "admission_in_flight gauge",
+                "admission_waiting gauge",
+                "admission_refused_total counter",
+                "sessions gauge",
+            ]
+        );
+        // One HELP per TYPE, each a sentence.
+        let helps: Vec<&str> = text.lines().filter(|l| l.starts_with("# HELP ")).collect();
+        assert_eq!(helps.len(), types.len());
+        assert!(helps.iter().all(|h| h.ends_with('.')), "{helps:?}");
+    }
+
+    /// The whole page, byte for byte: names, help texts, label sets, bucket bounds and order, as
+    /// they were before the families were grouped (issue 32). A change here is a change of the
+    /// wire format. One series per family, since a family's series come in hash order.
+    #[test]
+    fn the_page_is_pinned() {
+        let m = filled(Duration::from_millis(7));
         assert_eq!(m.render(None), include_str!("page.txt"));
     }
 }

@@ -182,6 +182,8 @@ impl From<SessionError> for ApiError {
             E::EgressUnavailableHere => ApiError::Unavailable(e.to_string()),
             E::RestartFailed(e) => unavailable("session could not be restarted", &e),
             E::Validation(e) => e.into(),
+            E::User(crate::sandbox::UserError::Exhausted) => ApiError::Unavailable(e.to_string()),
+            E::User(crate::sandbox::UserError::Engine(e)) => e.into(),
             E::Snapshot(e) => e.into(),
             E::Engine(e) => e.into(),
             E::Egress(e) => e.into(),

@@ -157,10 +157,11 @@ async fn create_applies_isolation_defaults_and_ignores_unknown_fields() {
 async fn isolated_sessions_share_one_skeleton_archive() {
     let h = Harness::default();
     let (a, b) = (h.session().await, h.session().await);
+    // The sandbox user's directories, then the service's part (the helper), then its own files.
     let skeleton = |id: &str| {
         h.engine
             .spec(id)
-            .and_then(|s| s.skeleton.first().cloned())
+            .and_then(|s| s.skeleton.get(1).cloned())
             .expect("a skeleton")
     };
     assert_eq!(skeleton(&a), skeleton(&b));
@@ -177,8 +178,48 @@ async fn isolated_sessions_share_one_skeleton_archive() {
     let c = b["session_id"].as_str().expect("id");
     assert_eq!(skeleton(c).as_ptr(), skeleton(&a).as_ptr(), "one buffer");
     let own = h.engine.spec(c).expect("spec").skeleton;
-    assert_eq!(own.len(), 2);
-    assert!(own[1].len() < 8192, "{}", own[1].len());
+    assert_eq!(own.len(), 3);
+    assert!(own[0].len() < 8192, "{}", own[0].len());
+    assert!(own[2].len() < 8192, "{}", own[2].len());
+}
+
+/// With `RUN_UID_RANGE`, each sandbox runs as a uid of the range that no other sandbox on the
+/// engine holds, says so on its label and owns its directories; without one, `RUN_UID`.
+#[tokio::test]
+async fn a_uid_range_gives_each_sandbox_a_uid_of_its_own() {
+    let h = Harness::new(
+        FakeEngine::default(),
+        &[("RUN_UID_RANGE", "7000-7002"), ("RUN_GID", "3000")],
+    );
+    let mut uids = std::collections::BTreeSet::new();
+    for _ in 0..3 {
+        let id = h.session().await;
+        let spec = h.engine.spec(&id).expect("created");
+        let label = spec.labels["daiv.sandbox.sandbox-user"].clone();
+        let (uid, gid) = label.split_once(':').expect("uid:gid");
+        assert_eq!(gid, "3000");
+        let uid: u32 = uid.parse().expect("a uid");
+        assert!((7000..=7002).contains(&uid), "{label}");
+        assert!(uids.insert(uid), "{label} twice");
+        assert_eq!(
+            spec.cmd.as_deref().map(|c| c[2..4].join(" ")),
+            Some(format!("--user {label}"))
+        );
+        let mut dirs = tar::Archive::new(&spec.skeleton[0][..]);
+        for entry in dirs.entries().expect("entries") {
+            let header = entry.expect("entry").header().clone();
+            assert_eq!(header.uid().expect("uid"), u64::from(uid));
+        }
+    }
+    // Every uid is held: a fourth create is told to come back later.
+    let (s, b) = h
+        .api("POST", "/session/", Some(json!({"base_image": "img:1"})))
+        .await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{b}");
+    assert!(
+        b["detail"].as_str().unwrap_or("").contains("RUN_UID_RANGE"),
+        "{b}"
+    );
 }
 
 #[tokio::test]

@@ -24,8 +24,33 @@ pub const EGRESS_LABEL: &str = "daiv.sandbox.egress";
 /// [`SANDBOX_USER_LABEL`]. Sandboxes without it (created by earlier versions) run their helper as
 /// the sandbox user.
 pub const HELPER_USER_LABEL: &str = "daiv.sandbox.helper-user";
-/// `uid:gid` commands run as in the sandbox.
+/// `uid:gid` commands run as in the sandbox ([`SandboxUser`]); on a snapshot's record, the user
+/// its files belong to.
 pub const SANDBOX_USER_LABEL: &str = "daiv.sandbox.sandbox-user";
+
+/// The user a sandbox's commands run as, as [`SANDBOX_USER_LABEL`] says it: `uid:gid`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SandboxUser {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl SandboxUser {
+    /// The user of a [`SANDBOX_USER_LABEL`] value.
+    pub fn parse(label: &str) -> Option<Self> {
+        let (u, g) = label.split_once(':')?;
+        Some(Self {
+            uid: u.parse().ok()?,
+            gid: g.parse().ok()?,
+        })
+    }
+}
+
+impl std::fmt::Display for SandboxUser {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.uid, self.gid)
+    }
+}
 /// On a snapshot's Docker objects: the snapshot id; on a session made from a snapshot: the
 /// snapshot it was made from (see the control plane's `snapshots`).
 pub const SNAPSHOT_LABEL: &str = "daiv.sandbox.snapshot";

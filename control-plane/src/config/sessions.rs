@@ -67,6 +67,12 @@ pub struct SessionsConfig {
     pub runtime_probe_image: Option<String>,
     pub run_uid: u32,
     pub run_gid: u32,
+    /// `RUN_UID_RANGE` (`FIRST-LAST`, inclusive): each new sandbox's commands run as a uid of
+    /// this range that no other sandbox on its engine has, instead of `RUN_UID`. Under runc
+    /// every sandbox of one uid shares that uid's kernel limits (inotify instances and watches,
+    /// processes, POSIX message queue bytes) host-wide; a uid of its own gives each session its
+    /// own. `None`: every sandbox runs as `RUN_UID`.
+    pub run_uid_range: Option<(u32, u32)>,
     /// The uid (and gid) the in-sandbox helper takes for itself (`HELPER_UID`): one commands do
     /// not share, so they cannot signal, trace or impersonate it.
     pub helper_uid: u32,
@@ -124,6 +130,27 @@ impl SessionsConfig {
                 "must be neither 0 nor RUN_UID: commands must not share the helper's uid",
             );
         }
+        let run_uid_range = p.get("RUN_UID_RANGE").filter(|r| !r.trim().is_empty());
+        let run_uid_range = run_uid_range.and_then(|raw| {
+            let range = raw.trim().split_once('-').and_then(|(a, b)| {
+                Some((a.trim().parse::<u32>().ok()?, b.trim().parse::<u32>().ok()?))
+            });
+            let why = match range {
+                None => Some("expected FIRST-LAST, two uids (for example 200000-265535)"),
+                Some((first, last)) if first == 0 || last < first => {
+                    Some("FIRST must be at least 1 and LAST at least FIRST")
+                }
+                Some((first, last)) if (first..=last).contains(&helper_uid) => {
+                    Some("must not contain HELPER_UID: commands must not share the helper's uid")
+                }
+                Some(_) => None,
+            };
+            if let Some(why) = why {
+                p.fail("RUN_UID_RANGE", &raw, why);
+                return None;
+            }
+            range
+        });
         let network = p.get("NETWORK");
         let runtime_probe_image = p
             .get("RUNTIME_PROBE_IMAGE")
@@ -216,6 +243,7 @@ impl SessionsConfig {
             runtime_probe_image,
             run_uid,
             run_gid,
+            run_uid_range,
             helper_uid,
             network,
             helper_bin,

@@ -310,3 +310,30 @@ fn the_e2b_api_is_off_by_default_and_its_templates_are_checked() {
         assert!(e.iter().any(|l| l.contains(k)), "{k}={v}: {e:?}");
     }
 }
+
+#[test]
+fn a_uid_range_is_two_uids_and_never_holds_root_or_the_helper() {
+    let c = load(&env(&[("API_KEY", "k")])).expect("defaults");
+    assert_eq!(c.sessions.run_uid_range, None);
+    let c = load(&env(&[
+        ("API_KEY", "k"),
+        ("RUN_UID_RANGE", " 200000-265535 "),
+    ]))
+    .expect("valid");
+    assert_eq!(c.sessions.run_uid_range, Some((200_000, 265_535)));
+    for bad in [
+        "200000",
+        "0-10",
+        "20-10",
+        "a-b",
+        "1-",
+        "65000-66000",
+        "-5-10",
+    ] {
+        let e = errors(&[("API_KEY", "k"), ("RUN_UID_RANGE", bad)]);
+        assert!(
+            e.iter().any(|e| e.contains("RUN_UID_RANGE")),
+            "{bad}: {e:?}"
+        );
+    }
+}

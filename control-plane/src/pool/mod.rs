@@ -229,10 +229,11 @@ impl Pool {
             targets.push((key, *count));
         }
         let sandbox = format!(
-            "{}|{}:{}|{}|{}|{}|{}",
+            "{}|{}:{}|{:?}|{}|{}|{}|{}",
             config.sessions.runtime.as_str(),
             config.sessions.run_uid,
             config.sessions.run_gid,
+            config.sessions.run_uid_range,
             config.sessions.helper_uid,
             config.sessions.pids_limit,
             helper.map_or(0, |h| fnv(h)),

@@ -34,6 +34,9 @@ pub enum SessionError {
     NotRunning,
     #[error(transparent)]
     Validation(#[from] ValidationError),
+    /// No user for a new sandbox (`RUN_UID_RANGE` used up, or the engine's listing failed).
+    #[error(transparent)]
+    User(#[from] super::UserError),
     #[error(transparent)]
     Snapshot(#[from] crate::snapshots::SnapshotError),
     #[error(transparent)]

@@ -31,15 +31,17 @@ use crate::egress::{self, Egress, Reservation, SandboxPlan};
 use crate::engine::{
     CPUS_LABEL, ContainerEngine, ContainerSpec, DEPLOYMENT_LABEL, HELPER_USER_LABEL, IMAGE_LABEL,
     MANAGED_LABEL, MEMORY_LABEL, NetworkAttach, ROLE_LABEL, ROLE_SANDBOX, ROLE_SNAPSHOT,
-    SANDBOX_USER_LABEL, SNAPSHOT_LABEL, WORKSPACE_LABEL,
+    SANDBOX_USER_LABEL, SNAPSHOT_LABEL, SandboxUser, WORKSPACE_LABEL,
 };
 use crate::layout;
 use crate::snapshots::{Snapshot, Snapshots, Workspace};
 
 mod error;
+mod users;
 mod validation;
 
 pub use error::SessionError;
+pub use users::{SandboxUsers, UserError};
 pub use validation::ValidationError;
 use validation::validate_start;
 
@@ -78,15 +80,16 @@ pub struct SandboxFactory {
     /// The static helper binary every sandbox gets in its skeleton (`None` only in-process
     /// tests, whose fake engine runs a host build of the helper).
     helper: Option<Bytes>,
-    /// The head of every sandbox's skeleton (its directories and the helper), built on first use
-    /// and shared: the helper binary is most of it (~3 MB, ~6 MB while the archive grows), and a
-    /// burst of creates each building its own copy made the service's peak memory grow with the
-    /// burst. A sandbox's own files (its environment, egress files) follow it in a small tail
+    /// Who each new sandbox's commands run as.
+    users: SandboxUsers,
+    /// The service's part of every sandbox's skeleton (its directories and the helper), built on
+    /// first use and shared: the helper binary is most of it (~3 MB, ~6 MB while the archive
+    /// grows), and a burst of creates each building its own copy made the service's peak memory
+    /// grow with the burst. The sandbox user's directories go before it and the sandbox's own
+    /// files (its environment, egress files) after it, each a small part of its own
     /// ([`ContainerSpec::skeleton`]'s parts). Its entries carry the time it was built, not the
     /// session's.
-    shared_skeleton: OnceLock<Bytes>,
-    /// The same for a sandbox from a snapshot (whose image has the rest).
-    snapshot_skeleton: OnceLock<Bytes>,
+    service_skeleton: OnceLock<Bytes>,
 }
 
 impl SandboxFactory {
@@ -96,14 +99,22 @@ impl SandboxFactory {
         egress: Option<Arc<Egress>>,
         helper: Option<Bytes>,
     ) -> Self {
+        let sessions = &config.sessions;
+        let users = SandboxUsers::new(
+            SandboxUser {
+                uid: sessions.run_uid,
+                gid: sessions.run_gid,
+            },
+            sessions.run_uid_range,
+        );
         Self {
             snapshots: Arc::new(Snapshots::new(engine.clone(), config.clone())),
             engine,
             config,
             egress,
             helper,
-            shared_skeleton: OnceLock::new(),
-            snapshot_skeleton: OnceLock::new(),
+            users,
+            service_skeleton: OnceLock::new(),
         }
     }
 
@@ -184,6 +195,11 @@ impl SandboxFactory {
         naming: Option<&Naming>,
         from: Option<(&Snapshot, &Workspace)>,
     ) -> Result<String, SessionError> {
+        // A snapshot's files are its source's user's: sessions from it run as that user.
+        let user = match from {
+            Some((s, _)) => s.user.unwrap_or(self.users.fixed()),
+            None => self.users.pick(&*self.engine).await?,
+        };
         let named = |mut spec: ContainerSpec| {
             if let Some((snapshot, workspace)) = from {
                 spec.image = snapshot.image();
@@ -197,7 +213,7 @@ impl SandboxFactory {
                 // The snapshot's workspace is already there: its directories keep their owners
                 // and modes. Only the helper (this build's) and the service's files are put.
                 if let Some(head) = spec.skeleton.first_mut() {
-                    *head = self.snapshot_skeleton();
+                    *head = snapshot_user_dirs(user);
                 }
             }
             if let Some(n) = naming {
@@ -210,7 +226,7 @@ impl SandboxFactory {
             if from.is_none() {
                 self.ensure_base_image(&req.base_image).await?;
             }
-            let spec = named(self.spec(req, None));
+            let spec = named(self.spec(req, None, user));
             let id = self.engine.create(&spec).await?;
             if let Err(e) = self.engine.start(&id).await {
                 let _ = self.engine.remove(&id).await;
@@ -225,7 +241,7 @@ impl SandboxFactory {
         let helper = naming.and(self.helper.as_ref());
         plan.egress
             .create(reservation.token(), &plan.policy, helper, |sandbox| {
-                named(self.spec(req, Some(sandbox)))
+                named(self.spec(req, Some(sandbox), user))
             })
             .await
             .map_err(Into::into)
@@ -246,14 +262,6 @@ impl SandboxFactory {
         Ok(())
     }
 
-    /// `uid:gid` commands run as.
-    fn user(&self) -> String {
-        format!(
-            "{}:{}",
-            self.config.sessions.run_uid, self.config.sessions.run_gid
-        )
-    }
-
     /// `uid:gid` the helper takes for itself.
     fn helper_user(&self) -> String {
         let h = self.config.sessions.helper_uid;
@@ -264,7 +272,12 @@ impl SandboxFactory {
     /// The container's own environment is the service's (home, and `extra_env`: the egress proxy
     /// settings); the caller's is in the skeleton's environment file (see the module's doc),
     /// on top of it, where the egress settings still win.
-    pub fn spec(&self, req: &StartSessionRequest, plan: Option<&SandboxPlan>) -> ContainerSpec {
+    pub fn spec(
+        &self,
+        req: &StartSessionRequest,
+        plan: Option<&SandboxPlan>,
+        user: SandboxUser,
+    ) -> ContainerSpec {
         let (network, extra_env, extra_labels, extra_files) = match plan {
             Some(p) => (p.network.clone(), &p.env[..], &p.labels[..], &p.files[..]),
             None => (NetworkAttach::None, &[][..], &[][..], &[][..]),
@@ -281,7 +294,7 @@ impl SandboxFactory {
             (IMAGE_LABEL.to_string(), req.base_image.clone()),
             (DEPLOYMENT_LABEL.to_string(), c.deployment.clone()),
             (HELPER_USER_LABEL.to_string(), self.helper_user()),
-            (SANDBOX_USER_LABEL.to_string(), self.user()),
+            (SANDBOX_USER_LABEL.to_string(), user.to_string()),
         ]);
         if let Some(m) = req.memory_bytes {
             labels.insert(MEMORY_LABEL.to_string(), m.to_string());
@@ -301,7 +314,7 @@ impl SandboxFactory {
                 layout::HELPER.into(),
                 "init".into(),
                 "--user".into(),
-                self.user(),
+                user.to_string(),
                 "--helper-user".into(),
                 self.helper_user(),
             ]),
@@ -337,7 +350,8 @@ impl SandboxFactory {
             named_volumes: Vec::new(),
             log_options: Vec::new(),
             skeleton: vec![
-                self.shared_skeleton(),
+                user_dirs(user),
+                self.service_skeleton(),
                 skeleton_tail(
                     &env_json(req.environment.as_deref(), plan.is_some()).unwrap_or_default(),
                     extra_files,
@@ -346,26 +360,20 @@ impl SandboxFactory {
         }
     }
 
-    /// The head of the skeleton of a sandbox from a snapshot: the workspace's root (a fresh
-    /// overlay's root is root's), the service's directories and this build's helper. The
-    /// workspace's own directories come from the snapshot; the tail is any sandbox's.
-    fn snapshot_skeleton(&self) -> Bytes {
-        let (uid, gid) = (self.config.sessions.run_uid, self.config.sessions.run_gid);
-        let build = || {
-            let mut tar = Archive::new();
-            tar.dir(entry_name(layout::WORKSPACE), 0o755, (uid, gid));
-            service_dirs(&mut tar, self.helper.as_ref());
-            tar.finish_head().unwrap_or_default()
-        };
-        self.snapshot_skeleton.get_or_init(build).clone()
+    /// The service's part of every sandbox's skeleton (see [`service_skeleton`]).
+    fn service_skeleton(&self) -> Bytes {
+        let build = || service_skeleton(self.helper.as_ref());
+        self.service_skeleton.get_or_init(build).clone()
     }
+}
 
-    /// The head of every other sandbox's skeleton (see [`skeleton_head`]).
-    fn shared_skeleton(&self) -> Bytes {
-        let (uid, gid) = (self.config.sessions.run_uid, self.config.sessions.run_gid);
-        let build = || skeleton_head(uid, gid, self.helper.as_ref());
-        self.shared_skeleton.get_or_init(build).clone()
-    }
+/// The first part of the skeleton of a sandbox from a snapshot: the workspace's root (a fresh
+/// overlay's root is root's). The workspace's own directories come from the snapshot; the
+/// service's part and the tail are any sandbox's.
+fn snapshot_user_dirs(user: SandboxUser) -> Bytes {
+    let mut tar = Archive::new();
+    tar.dir(entry_name(layout::WORKSPACE), 0o755, (user.uid, user.gid));
+    tar.finish_head().unwrap_or_default()
 }
 
 /// The caller's environment as the helper reads it from [`layout::ENV_FILE`] (a JSON list of
@@ -405,11 +413,22 @@ fn base_env() -> Vec<(String, String)> {
     .collect()
 }
 
-/// The head of a sandbox's skeleton, the same for every sandbox: `/workspace/{repo,skills,tmp}`
-/// and the home directory, owned by the sandbox user through the archive entries themselves (no
-/// `chown` runs in the container: gVisor gives `exec -u root` no capabilities), and the service's
-/// directories with the helper. Without its end: [`skeleton_tail`] follows it.
+/// The head of a sandbox's skeleton: [`user_dirs`], then [`service_skeleton`]. Without its end:
+/// [`skeleton_tail`] follows it.
 pub fn skeleton_head(uid: u32, gid: u32, helper: Option<&Bytes>) -> Bytes {
+    [
+        user_dirs(SandboxUser { uid, gid }),
+        service_skeleton(helper),
+    ]
+    .concat()
+    .into()
+}
+
+/// The first part of a sandbox's skeleton: `/workspace/{repo,skills,tmp}` and the home
+/// directory, owned by the sandbox user through the archive entries themselves (no `chown` runs
+/// in the container: gVisor gives `exec -u root` no capabilities). Without its end.
+fn user_dirs(user: SandboxUser) -> Bytes {
+    let (uid, gid) = (user.uid, user.gid);
     let dirs = [
         layout::WORKSPACE,
         layout::REPO,
@@ -426,8 +445,14 @@ pub fn skeleton_head(uid: u32, gid: u32, helper: Option<&Bytes>) -> Bytes {
     for dir in dirs {
         tar.dir(entry_name(dir), 0o755, (uid, gid));
     }
-    service_dirs(&mut tar, helper);
     // The names are constants: nothing `tar` refuses.
+    tar.finish_head().unwrap_or_default()
+}
+
+/// The service's part of a sandbox's skeleton, the same for every sandbox. Without its end.
+fn service_skeleton(helper: Option<&Bytes>) -> Bytes {
+    let mut tar = Archive::new();
+    service_dirs(&mut tar, helper);
     tar.finish_head().unwrap_or_default()
 }
 

@@ -38,7 +38,8 @@ use crate::config::Config;
 use crate::engine::{
     CommitSpec, ContainerEngine, ContainerInfo, ContainerSpec, DEPLOYMENT_LABEL, EngineError,
     IMAGE_LABEL, MANAGED_LABEL, NetworkAttach, ROLE_LABEL, ROLE_SANDBOX, ROLE_SNAPSHOT,
-    ROLE_SNAPSHOT_DATA, ROLE_WORKSPACE, SNAPSHOT_LABEL, VolumeInfo, VolumeSpec, WORKSPACE_LABEL,
+    ROLE_SNAPSHOT_DATA, ROLE_WORKSPACE, SANDBOX_USER_LABEL, SNAPSHOT_LABEL, SandboxUser,
+    VolumeInfo, VolumeSpec, WORKSPACE_LABEL,
 };
 use crate::layout;
 use crate::time::unix_now;
@@ -117,6 +118,9 @@ pub struct Snapshot {
     pub expires: Option<i64>,
     /// Bytes held: the image's own layer and the workspace copy.
     pub size: u64,
+    /// Whom its files belong to: its source's sandbox user (`None` for a snapshot recorded
+    /// before snapshots said it: `RUN_UID`'s). Sessions from it run as this user.
+    pub user: Option<SandboxUser>,
 }
 
 impl Snapshot {

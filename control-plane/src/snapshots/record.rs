@@ -15,6 +15,9 @@ impl Snapshots {
         if let Some(e) = s.expires {
             labels.insert(EXPIRES_LABEL.to_string(), e.to_string());
         }
+        if let Some(u) = s.user {
+            labels.insert(SANDBOX_USER_LABEL.to_string(), u.to_string());
+        }
         self.engine
             .create_volume(&VolumeSpec {
                 name: record_volume(&s.id),
@@ -58,6 +61,9 @@ impl Snapshots {
             created: l.get(CREATED_LABEL)?.parse().ok()?,
             expires: l.get(EXPIRES_LABEL).and_then(|e| e.parse().ok()),
             size: l.get(SIZE_LABEL).and_then(|s| s.parse().ok()).unwrap_or(0),
+            user: l
+                .get(SANDBOX_USER_LABEL)
+                .and_then(|u| SandboxUser::parse(u)),
             id,
         })
     }

@@ -48,6 +48,10 @@ impl Snapshots {
                 .ttl
                 .map(|t| created.saturating_add(i64::try_from(t.as_secs()).unwrap_or(i64::MAX))),
             size: image_bytes.saturating_add(workspace_bytes),
+            user: info
+                .labels
+                .get(SANDBOX_USER_LABEL)
+                .and_then(|l| SandboxUser::parse(l)),
         };
         if keep == Keep::Recorded
             && let Err(e) = self.write_record(&snapshot).await

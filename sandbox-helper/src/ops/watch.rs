@@ -184,9 +184,12 @@ impl Watcher<'_> {
 }
 
 /// Watches directory `path` (`shown` in messages) until `stop` says the client went, or the
-/// directory itself is removed or moved. `emit` sends events. Answers the changes sent.
+/// directory itself is removed or moved. `emit` sends events. Answers the changes sent. `ino` is
+/// the instance to watch with, created by the caller as the helper's own uid (its per-uid
+/// limits are then out of the sandbox's reach), or why it could not be.
 pub fn watch(
     root: &Root,
+    ino: std::io::Result<Inotify>,
     path: &str,
     shown: &str,
     recursive: bool,
@@ -203,7 +206,7 @@ pub fn watch(
         ));
     }
     let fd = res.open_dir().map_err(|e| open_err(e, shown))?;
-    let ino = Inotify::init().map_err(|e| io_fail(e, shown))?;
+    let ino = ino.map_err(|e| io_fail(e, shown))?;
     let mut w = Watcher {
         root,
         ino,

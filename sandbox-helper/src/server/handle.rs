@@ -101,10 +101,31 @@ fn host_path(root_dir: &Path, wire: &str) -> PathBuf {
     }
 }
 
+/// What a request takes from the helper's own uid before its thread acts as the sandbox user.
+#[derive(Default)]
+pub(super) struct Prepared {
+    /// A watch's inotify instance. The kernel counts an instance, and every watch added to it,
+    /// against the per-uid limits (`fs.inotify.max_user_instances`, `max_user_watches`) of the
+    /// uid that created it: the helper's, which no code in any sandbox runs as. Created as the
+    /// sandbox user, a session's code holding that user's instances (shared by every runc
+    /// sandbox of the same uid on the host) would fail every other session's watches.
+    inotify: Option<std::io::Result<inotify::Inotify>>,
+}
+
+impl Prepared {
+    /// Call it on the request's thread before it takes the sandbox user's ids.
+    pub(super) fn for_request(req: &Request) -> Self {
+        Self {
+            inotify: matches!(req, Request::Watch { .. }).then(inotify::Inotify::init),
+        }
+    }
+}
+
 /// Runs request `id` to its response (the caller sends it).
 pub(super) fn handle(
     id: u32,
     req: Request,
+    prepared: Prepared,
     input: Option<Input>,
     server: &Server,
     live: &Live,
@@ -267,7 +288,7 @@ pub(super) fn handle(
         | Request::List { .. }
         | Request::FileRead { .. }
         | Request::FileWrite { .. }
-        | Request::Watch { .. } => data_plane(id, req, input, server, live, &stop),
+        | Request::Watch { .. } => data_plane(id, req, prepared, input, server, live, &stop),
         Request::Clear { dest, .. } => match extract::clear(root, &dest, &stop) {
             Ok(()) => Response::empty(),
             Err(OpError::Halt(h)) => halted(h, live, dl),
@@ -282,6 +303,7 @@ pub(super) fn handle(
 fn data_plane(
     id: u32,
     req: Request,
+    prepared: Prepared,
     input: Option<Input>,
     server: &Server,
     live: &Live,
@@ -409,12 +431,16 @@ fn data_plane(
         Request::Watch { path, recursive } => {
             let (host, shown) = path_or_answer!(&path, FileAnswer);
             let mut emit = |e: Event| server.out.event(id, &e);
-            let r = watch::watch(root, &host, &shown, recursive, stop, &mut emit).map(|sent| {
-                FileAnswer {
-                    bytes: sent,
-                    error: None,
-                }
-            });
+            let ino = prepared
+                .inotify
+                .unwrap_or_else(|| Err(std::io::Error::other("no inotify instance prepared")));
+            let r =
+                watch::watch(root, ino, &host, &shown, recursive, stop, &mut emit).map(|sent| {
+                    FileAnswer {
+                        bytes: sent,
+                        error: None,
+                    }
+                });
             fs_response(r, |r, e| r.error = Some(e), live, dl)
         }
         _ => Response::error(ErrorKind::Internal, "not a data-plane request"),

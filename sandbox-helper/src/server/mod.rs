@@ -210,6 +210,7 @@ fn dispatch(frame: Frame, server: &Arc<Server>) {
                 .spawn(move || {
                     let server = t_server;
                     let response = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                        let prepared = handle::Prepared::for_request(&req);
                         // Workspace operations act with the sandbox user's rights: this thread
                         // becomes that user (commands and processes are started as it instead).
                         if handle::touches_workspace(&req)
@@ -220,7 +221,7 @@ fn dispatch(frame: Frame, server: &Arc<Server>) {
                                 format!("cannot act as the sandbox user: {e}"),
                             );
                         }
-                        handle::handle(id, req, input, &server, &live)
+                        handle::handle(id, req, prepared, input, &server, &live)
                     }))
                     .unwrap_or_else(|_| {
                         Response::error(ErrorKind::Internal, "the helper panicked")

@@ -11,8 +11,8 @@ use crate::config::Config;
 use crate::coordination::activity::{LocalActivity, SessionActivity};
 use crate::coordination::lock::SessionLocks;
 use crate::engine::ContainerEngine;
+use crate::engine::metered::MeteredEngine;
 use crate::fleet::{Connector, Fleet};
-use crate::telemetry::engine::MeteredEngine;
 use crate::telemetry::metrics::Metrics;
 use crate::telemetry::runtime_probe::RuntimeHealth;
 

@@ -8,6 +8,7 @@ use anyhow::Context;
 use clap::Parser;
 use egress_gateway::config::{Cli, Command, PolicyCommand};
 use egress_gateway::{Gateway, audit::StdoutSink, cli};
+use shared_policy::sidecar;
 use tracing::Instrument;
 use tracing_subscriber::EnvFilter;
 
@@ -115,7 +116,8 @@ async fn serve(
             },
         ));
     }
-    tracing::info!(listen = %args.listen, health_listen = %args.health_listen, policy = %args.policy_file.display(), "egress gateway listening");
+    // The control plane waits for this line before it lets the sandbox use the gateway.
+    tracing::info!(listen = %args.listen, health_listen = %args.health_listen, policy = %args.policy_file.display(), "{}", sidecar::READY_LINE);
     gateway.serve(listener, health, shutdown_signal()).await?;
     let _ = stop_metrics.send(());
     Ok(())

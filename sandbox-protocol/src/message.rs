@@ -347,6 +347,21 @@ pub struct ProcEvents {
 /// The signals a client may send, by name.
 pub const SIGNALS: [&str; 4] = ["TERM", "KILL", "INT", "HUP"];
 
+/// Longest process id, in bytes.
+pub const PROCESS_ID_MAX: usize = 64;
+
+/// Whether `id` can name a process: 1 to [`PROCESS_ID_MAX`] of `[A-Za-z0-9._-]`, not starting
+/// with a dot (so never `.` or `..`, which a URL path would collapse). The supervisor takes a
+/// client's id (protocol 4) only if it is one, and its own (`p<n>-<hex>`) always are, so a peer
+/// may answer "no such process" for anything else without asking.
+pub fn valid_process_id(id: &str) -> bool {
+    (1..=PROCESS_ID_MAX).contains(&id.len())
+        && !id.starts_with('.')
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
 /// The answer to [`ProcRequest::Start`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcStarted {
@@ -592,4 +607,29 @@ impl DiskInfo {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SeededInfo {
     pub seeded: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn process_ids_are_the_supervisors_or_a_clients() {
+        let longest = "a".repeat(PROCESS_ID_MAX);
+        for ok in [
+            "p1-0a1b2c3d4e5f",
+            "dev-server",
+            "web_1.v2",
+            "a..b",
+            &longest,
+        ] {
+            assert!(valid_process_id(ok), "{ok}");
+        }
+        let too_long = "a".repeat(PROCESS_ID_MAX + 1);
+        for bad in [
+            "", ".", "..", ".x", "a/b", "a b", "a\0b", "a%2fb", "é", &too_long,
+        ] {
+            assert!(!valid_process_id(bad), "{bad}");
+        }
+    }
 }

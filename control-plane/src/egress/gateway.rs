@@ -20,8 +20,6 @@ use crate::engine::{
     ROLE_EGRESS_GATEWAY, ROLE_LABEL,
 };
 
-/// What the gateway logs once it accepts connections.
-const GATEWAY_READY_LINE: &str = sidecar::READY_LINE;
 const GATEWAY_READY_TIMEOUT: Duration = Duration::from_secs(20);
 const GATEWAY_PIDS_LIMIT: i64 = 256;
 /// Largest policy file read back from a gateway.
@@ -30,7 +28,7 @@ const POLICY_MAX: usize = 16 * 1024 * 1024;
 impl Egress {
     pub(super) async fn wait_ready(&self, gateway: &str) -> Result<(), EgressError> {
         self.engine
-            .wait_for_log(gateway, GATEWAY_READY_LINE, GATEWAY_READY_TIMEOUT)
+            .wait_for_log(gateway, sidecar::READY_LINE, GATEWAY_READY_TIMEOUT)
             .await
             .map_err(EgressError::gateway("egress gateway did not become ready"))
     }

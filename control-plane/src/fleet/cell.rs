@@ -13,12 +13,12 @@ use super::placement;
 use super::stack::{Shared, Stack, abort_all};
 use crate::config::EngineSpec;
 use crate::engine::ContainerEngine;
+use crate::engine::metered::DEFAULT_ENGINE;
 use crate::engine::scoped::{Link, ScopedEngine};
 use crate::pool::Pool;
 use crate::reaper::Reaper;
 use crate::sessions::Sessions;
 use crate::snapshots::Snapshots;
-use crate::telemetry::engine::DEFAULT_ENGINE;
 
 /// What the health check last saw of an engine.
 #[derive(Debug, Default, Clone)]

@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use super::cell::Cell;
 use super::connector::Connector;
+use crate::engine::metered::MeteredEngine;
 use crate::engine::scoped::Link;
 use crate::engine::{
     ContainerEngine, ContainerStatus, DEPLOYMENT_LABEL, MEMORY_LABEL, ROLE_LABEL, ROLE_SANDBOX,
 };
-use crate::telemetry::engine::MeteredEngine;
 use crate::telemetry::metrics::{EngineLabels, Metrics};
 
 /// How often each engine is pinged.

@@ -2,12 +2,10 @@
 //!
 //! # Layout
 //! - [`metrics`]: the Prometheus registry on `prometheus-client`, in the text format.
-//! - [`engine`]: [`engine::MeteredEngine`], counting and timing every container-engine call.
 //! - [`probe`]: the `healthcheck` subcommand the container image runs.
 //! - [`runtime_probe`]: the start-up probe of the sandboxes' runtime (`runsc`).
 //! - [`reporting`]: Sentry options and which log events become Sentry events.
 
-pub mod engine;
 pub mod metrics;
 pub mod probe;
 pub mod reporting;

@@ -24,8 +24,8 @@ use rustix::process::{Pid, PidfdFlags, Signal};
 use sandbox_protocol::frame::{encode, encode_json, kind, read_frame};
 use sandbox_protocol::layout;
 use sandbox_protocol::message::{
-    ErrorKind, PollInfo, ProcEvent, ProcEvents, ProcInfo, ProcList, ProcRequest, ProcStarted,
-    PtySize, Response, SIGNALS, Usage,
+    ErrorKind, PROCESS_ID_MAX, PollInfo, ProcEvent, ProcEvents, ProcInfo, ProcList, ProcRequest,
+    ProcStarted, PtySize, Response, SIGNALS, Usage, valid_process_id,
 };
 use sandbox_protocol::text::incomplete_tail;
 
@@ -415,15 +415,6 @@ struct Start<'a> {
     pty: Option<PtySize>,
 }
 
-/// A client's process id: 1 to 64 of `[A-Za-z0-9._-]`, not starting with a dot.
-fn valid_id(id: &str) -> bool {
-    (1..=64).contains(&id.len())
-        && !id.starts_with('.')
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
-}
-
 fn start(config: &Config, table: &Mutex<Table>, ask: Start<'_>) -> Result<ProcStarted, Response> {
     let Start {
         command,
@@ -443,10 +434,12 @@ fn start(config: &Config, table: &Mutex<Table>, ask: Start<'_>) -> Result<ProcSt
     };
     let mut t = lock(table);
     if let Some(id) = &wanted {
-        if !valid_id(id) {
+        if !valid_process_id(id) {
             return Err(Response::error(
                 ErrorKind::BadRequest,
-                format!("process id {id:?} is not 1 to 64 of [A-Za-z0-9._-]"),
+                format!(
+                    "process id {id:?} is not 1 to {PROCESS_ID_MAX} of [A-Za-z0-9._-], not starting with a dot"
+                ),
             ));
         }
         if let Some(p) = t.procs.get(id) {

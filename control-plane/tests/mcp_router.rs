@@ -1,11 +1,12 @@
 //! In-process tests of the MCP endpoint over the fake engine: the key check, the tool list, a
 //! turn through the tools (the same sessions the REST routes see), tool failures as results,
-//! bad arguments as protocol errors, the body bound and the DNS-rebinding guard.
+//! bad arguments as protocol errors, the body bound and the DNS-rebinding guard; in the stateful
+//! mode, the cap on MCP sessions and their idle expiry.
 
 mod harness;
 
 use axum::body::Body;
-use axum::http::{Request, StatusCode};
+use axum::http::{Request, Response, StatusCode, header};
 use control_plane::engine::fake::FakeEngine;
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
@@ -191,4 +192,134 @@ async fn an_oversized_body_is_413_and_a_foreign_host_is_refused() {
         ))
         .expect("request");
     assert_eq!(h.send(req).await.status(), StatusCode::FORBIDDEN);
+}
+
+/// A request of the stateful mode: `method` to `/mcp`, in `session` if given.
+fn stateful_request(method: &str, session: Option<&str>, body: Option<Value>) -> Request<Body> {
+    let mut req = Request::builder()
+        .method(method)
+        .uri("/mcp")
+        .header("host", "127.0.0.1:8000")
+        .header("x-api-key", KEY)
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2025-06-18");
+    if let Some(id) = session {
+        req = req.header("mcp-session-id", id);
+    }
+    match body {
+        Some(b) => req
+            .header("content-type", "application/json")
+            .body(Body::from(b.to_string())),
+        None => req.body(Body::empty()),
+    }
+    .expect("request")
+}
+
+fn initialize_request() -> Request<Body> {
+    stateful_request(
+        "POST",
+        None,
+        Some(
+            json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "mcp-router-test", "version": "0"}}}),
+        ),
+    )
+}
+
+/// A new MCP session's id.
+async fn initialize(h: &Harness) -> String {
+    let resp = h.send(initialize_request()).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    resp.headers()
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .expect("mcp-session-id")
+        .to_string()
+}
+
+/// `tools/list` in `session`, read to its end: the status.
+async fn list_in(h: &Harness, session: &str) -> StatusCode {
+    let resp = h
+        .send(stateful_request(
+            "POST",
+            Some(session),
+            Some(json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})),
+        ))
+        .await;
+    let status = resp.status();
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    if status == StatusCode::OK {
+        assert!(
+            String::from_utf8_lossy(&body).contains("session_create"),
+            "{body:?}"
+        );
+    }
+    status
+}
+
+/// The session's standalone `GET` stream, held open for as long as the response is kept (a
+/// connected client's, as the Python SDK holds it).
+async fn open_stream(h: &Harness, session: &str) -> Response<Body> {
+    let resp = h.send(stateful_request("GET", Some(session), None)).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    resp
+}
+
+#[tokio::test]
+async fn past_the_session_cap_the_least_recently_used_idle_session_goes() {
+    let h = Harness::new(FakeEngine::default(), &[("MCP_MAX_SESSIONS", "2")]);
+    let a = initialize(&h).await;
+    let b = initialize(&h).await;
+    // `a` used after `b` was made: `b` is the least recently used.
+    assert_eq!(list_in(&h, &a).await, StatusCode::OK);
+    let c = initialize(&h).await;
+    // The spec's answer for a session the server ended: 404, so the client starts a new one.
+    assert_eq!(list_in(&h, &b).await, StatusCode::NOT_FOUND);
+    assert_eq!(list_in(&h, &a).await, StatusCode::OK);
+    assert_eq!(list_in(&h, &c).await, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_session_with_a_stream_open_is_kept_and_a_full_cap_of_them_is_503() {
+    let h = Harness::new(FakeEngine::default(), &[("MCP_MAX_SESSIONS", "1")]);
+    let a = initialize(&h).await;
+    let stream = open_stream(&h, &a).await;
+    let refused = h.send(initialize_request()).await;
+    assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(refused.headers().contains_key(header::RETRY_AFTER));
+    let body = refused
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    let v: Value = serde_json::from_slice(&body).expect("json");
+    assert!(
+        v["detail"]
+            .as_str()
+            .unwrap_or("")
+            .contains("too many MCP sessions"),
+        "{v}"
+    );
+    // The connected client works on.
+    assert_eq!(list_in(&h, &a).await, StatusCode::OK);
+    // Once its stream is closed it is idle, and a new client takes its place.
+    drop(stream);
+    let b = initialize(&h).await;
+    assert_eq!(list_in(&h, &a).await, StatusCode::NOT_FOUND);
+    assert_eq!(list_in(&h, &b).await, StatusCode::OK);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_session_expires_and_a_connected_one_does_not() {
+    let h = Harness::new(FakeEngine::default(), &[("MCP_SESSION_IDLE_SECONDS", "1")]);
+    let idle = initialize(&h).await;
+    let connected = initialize(&h).await;
+    let stream = open_stream(&h, &connected).await;
+    // The paused clock runs through the idle time and the sweeps after it.
+    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    assert_eq!(list_in(&h, &idle).await, StatusCode::NOT_FOUND);
+    assert_eq!(list_in(&h, &connected).await, StatusCode::OK);
+    drop(stream);
 }

@@ -1,5 +1,8 @@
 //! The MCP endpoint (`/mcp`): its transport mode, the DNS-rebinding guard's hosts and origins,
-//! and the bounds of a request and of a tool's answer.
+//! how many sessions it keeps and for how long, and the bounds of a request and of a tool's
+//! answer.
+
+use std::time::Duration;
 
 use super::parse::Parser;
 
@@ -9,6 +12,14 @@ pub struct McpConfig {
     /// behind load balancers, or replicas that share nothing. Default: sessions
     /// (`Mcp-Session-Id`), kept in this process.
     pub stateless: bool,
+    /// MCP sessions this process keeps at once (`MCP_MAX_SESSIONS`): past it a new session
+    /// replaces the least recently used idle one, or is refused with 503 when none is idle.
+    /// Each costs about 55 KiB (see docs/operations/admission.md).
+    pub max_sessions: usize,
+    /// How long a session with no request in flight and no stream open is kept
+    /// (`MCP_SESSION_IDLE_SECONDS`). A connected client holds its `GET` stream open, so this
+    /// ends the sessions of clients that went without closing theirs.
+    pub session_idle: Duration,
     /// `Host` values (`name` or `name:port`) the endpoint answers (`MCP_ALLOWED_HOSTS`, comma
     /// separated); a request naming any other host is a 403, so a web page cannot reach the
     /// service through DNS rebinding. Default: loopback only. `*` alone turns the check off.
@@ -38,6 +49,22 @@ pub const LOOPBACK_ORIGINS: [&str; 6] = [
 impl McpConfig {
     pub(super) fn load(p: &mut Parser<'_>) -> Self {
         let stateless = p.bool_or("MCP_STATELESS", false);
+        let max_sessions = p.parse_or::<usize>("MCP_MAX_SESSIONS", 1000);
+        if !(1..=1_000_000).contains(&max_sessions) {
+            p.fail(
+                "MCP_MAX_SESSIONS",
+                &max_sessions.to_string(),
+                "must be between 1 and 1000000",
+            );
+        }
+        let session_idle = p.seconds_or("MCP_SESSION_IDLE_SECONDS", 120);
+        if !(1..=86_400).contains(&session_idle.as_secs()) {
+            p.fail(
+                "MCP_SESSION_IDLE_SECONDS",
+                &session_idle.as_secs().to_string(),
+                "must be between 1 and 86400",
+            );
+        }
         let allowed_hosts = list(p, "MCP_ALLOWED_HOSTS", &LOOPBACK_HOSTS);
         let allowed_origins = list(p, "MCP_ALLOWED_ORIGINS", &LOOPBACK_ORIGINS);
         for o in &allowed_origins {
@@ -68,6 +95,8 @@ impl McpConfig {
         }
         Self {
             stateless,
+            max_sessions: max_sessions.clamp(1, 1_000_000),
+            session_idle: session_idle.clamp(Duration::from_secs(1), Duration::from_secs(86_400)),
             allowed_hosts,
             allowed_origins,
             max_request_bytes: max_request_bytes.max(1024),

@@ -279,6 +279,25 @@ fn admission_defaults_and_bounds() -> Result<(), ConfigError> {
 }
 
 #[test]
+fn mcp_sessions_are_capped_and_expire_by_default() -> Result<(), ConfigError> {
+    let c = load(&env(&[("API_KEY", "k")]))?;
+    assert_eq!(c.mcp.max_sessions, 1000);
+    assert_eq!(c.mcp.session_idle, Duration::from_secs(120));
+    let e = errors(&[
+        ("API_KEY", "k"),
+        ("MCP_MAX_SESSIONS", "0"),
+        ("MCP_SESSION_IDLE_SECONDS", "0"),
+    ]);
+    for name in ["MCP_MAX_SESSIONS", "MCP_SESSION_IDLE_SECONDS"] {
+        assert!(
+            e.iter().any(|l| l.starts_with(&format!("{PREFIX}{name}"))),
+            "{name} not reported: {e:?}"
+        );
+    }
+    Ok(())
+}
+
+#[test]
 fn the_e2b_api_is_off_by_default_and_its_templates_are_checked() {
     let c = load(&env(&[("API_KEY", "k")])).expect("defaults");
     assert_eq!(c.e2b.port, None);

@@ -1,18 +1,19 @@
-//! `/mcp` over HTTP: rmcp's streamable HTTP service (stateful sessions in this process, or
-//! stateless), behind the deployment's API key (`X-API-Key` or `Authorization: Bearer`), a
-//! request body bound and the SDK's DNS-rebinding guard (allowed `Host` and `Origin` values).
+//! `/mcp` over HTTP: rmcp's streamable HTTP service (stateful sessions in this process, at most
+//! `MCP_MAX_SESSIONS` of them, or stateless), behind the deployment's API key (`X-API-Key` or
+//! `Authorization: Bearer`), a request body bound and the SDK's DNS-rebinding guard (allowed
+//! `Host` and `Origin` values).
 
 use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::{Request, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use subtle::ConstantTimeEq;
 
+use super::sessions::McpSessions;
 use super::{McpServer, Tools};
 use crate::admission::Admission;
 use crate::api::ErrorBody;
@@ -21,6 +22,21 @@ use crate::fleet::Fleet;
 
 /// The path the endpoint answers at (and under the API prefix).
 pub const PATH: &str = "/mcp";
+
+/// The header naming a request's MCP session.
+const SESSION_HEADER: &str = "mcp-session-id";
+
+/// What a 503 for a new session asks the client to wait: a slot comes free when a busy
+/// session's call or stream ends, which is rarely at once.
+const FULL_RETRY_AFTER_SECONDS: u64 = 10;
+
+/// What the key check and the session cap need.
+#[derive(Clone)]
+struct Guard {
+    config: Arc<Config>,
+    /// `None` in the stateless mode (no sessions).
+    sessions: Option<McpSessions>,
+}
 
 /// `/mcp` and `{API_V1_STR}/mcp`, over `fleet` and `admission` (the state's own).
 pub fn router<S: Clone + Send + Sync + 'static>(
@@ -34,16 +50,21 @@ pub fn router<S: Clone + Send + Sync + 'static>(
         config: config.clone(),
     });
     let server = McpServer::new(tools);
-    let service: StreamableHttpService<McpServer, LocalSessionManager> = StreamableHttpService::new(
+    let sessions = McpSessions::new(&config.mcp);
+    let service: StreamableHttpService<McpServer, McpSessions> = StreamableHttpService::new(
         move || Ok(server.clone()),
-        Arc::new(LocalSessionManager::default()),
+        Arc::new(sessions.clone()),
         transport_config(config),
     );
+    let state = Guard {
+        config: config.clone(),
+        sessions: (!config.mcp.stateless).then_some(sessions),
+    };
     let mcp = Router::new()
         .nest_service(PATH, service)
         // A route layer: merged into the API's router, a plain layer would also guard its
         // fallback, and an unknown path would answer 401 instead of 404.
-        .route_layer(middleware::from_fn_with_state(config.clone(), guard));
+        .route_layer(middleware::from_fn_with_state(state, guard));
     let prefix = &config.server.api_v1_str;
     if prefix.is_empty() {
         mcp
@@ -74,9 +95,11 @@ pub fn transport_config(config: &Config) -> StreamableHttpServerConfig {
 }
 
 /// The key check (401 without a key, 403 with a wrong one: nothing of the server, its tools
-/// included, is shown before it) and a body that says it is too large (413 before reading it;
-/// the SDK bounds the rest as it reads).
-async fn guard(State(config): State<Arc<Config>>, req: Request, next: Next) -> Response {
+/// included, is shown before it), a body that says it is too large (413 before reading it;
+/// the SDK bounds the rest as it reads), and a new session when every slot is busy (503 with
+/// `Retry-After`; the SDK would make a session manager's refusal a 500).
+async fn guard(State(guard): State<Guard>, req: Request, next: Next) -> Response {
+    let config = &guard.config;
     let headers = req.headers();
     let given = headers
         .get(crate::auth::HEADER)
@@ -120,6 +143,26 @@ async fn guard(State(config): State<Arc<Config>>, req: Request, next: Next) -> R
                 config.mcp.max_request_bytes
             ),
         );
+    }
+    // A POST without a session id opens one (`initialize`; a `server/discover`, answered
+    // without a session, waits too when every session is busy).
+    let opens_session = req.method() == Method::POST && !req.headers().contains_key(SESSION_HEADER);
+    if let Some(sessions) = &guard.sessions
+        && opens_session
+        && !sessions.admits_new()
+    {
+        let mut r = refuse(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &format!(
+                "too many MCP sessions in use (at most {}); retry in {FULL_RETRY_AFTER_SECONDS} s",
+                config.mcp.max_sessions
+            ),
+        );
+        r.headers_mut().insert(
+            header::RETRY_AFTER,
+            HeaderValue::from(FULL_RETRY_AFTER_SECONDS),
+        );
+        return r;
     }
     next.run(req).await
 }

@@ -11,10 +11,12 @@
 //! - [`tools`]: each tool's arguments (schema and descriptions) and what it does.
 //! - [`errors`]: a tool's own failure, `{code, cause, remediation}`.
 //! - [`http`]: the streamable HTTP service, its key check, body bound and host/origin guard.
+//! - [`sessions`]: the MCP sessions kept in this process, their cap and idle expiry.
 //! - [`stdio`]: `daiv-sandbox mcp --url … --key-file …`, stdio bridged to a running service.
 
 pub mod errors;
 pub mod http;
+pub mod sessions;
 pub mod stdio;
 pub mod tools;
 

@@ -259,14 +259,12 @@ async fn slow_readers_of_event_streams_and_streaming_runs_cost_no_memory() -> Re
     Ok(())
 }
 
-/// FINDING: a streaming run's request on the session's helper channel has no stall limit (a
-/// download's has): once its client stops reading, the run's events fill `stream_run`'s queues,
-/// then the request's inbox, and the channel's reader waits on it, so every other request of
-/// the session (a file read, the process list, a watch) waits, then fails with 503 "the
-/// session's helper did not answer in time", until the client reads or leaves.
-/// Any request of the session's own caller can do it; another session is not touched.
+/// A streaming run whose client stops reading: the run's events fill `stream_run`'s queues, then
+/// the request's inbox on the session's helper channel, whose reader then waits on it. Found in
+/// this pass: with no stall limit on that request (a download's had one), every other request
+/// of the session (a file read, the process list, a watch) waited, then failed with 503, for as
+/// long as the client stayed. Now the run is given up after its stall and the session answers.
 #[tokio::test]
-#[ignore = "finding: an unread streaming run blocks its session's channel (control-plane/src/runtime/calls.rs:174, channel.rs:460-466)"]
 async fn an_unread_streaming_run_leaves_the_sessions_other_requests_answered() -> Result<()> {
     require_image(BUSYBOX);
     let cp = ControlPlane::start().await?;
@@ -975,13 +973,10 @@ async fn the_stdio_bridge_survives_malformed_and_oversized_lines_and_never_write
     Ok(())
 }
 
-/// FINDING: the bridge's 64 MiB line cap (`MAX_LINE_BYTES`) is checked after `next_line` has
-/// buffered the whole line: a client writing 512 MiB without a newline grows the bridge to
-/// 512 MiB and more (a 1 GiB line to over 1 GiB) before it refuses. Reading with a bound
-/// (`read_until` on `take(MAX_LINE_BYTES + 1)`, or tokio-util's `LinesCodec::new_with_max_length`)
-/// keeps it under the cap.
+/// The bridge's 64 MiB line cap (`MAX_LINE_BYTES`) holds before the line is buffered: a client
+/// writing 512 MiB without a newline never grows the bridge past the cap. (Found in this pass:
+/// the cap was checked after the whole line was read, so 512 MiB cost 527 MiB.)
 #[tokio::test]
-#[ignore = "finding: the stdio bridge buffers a line whole before its cap (control-plane/src/mcp/stdio.rs:149-159)"]
 async fn a_line_over_the_stdio_bridges_cap_is_refused_before_it_is_buffered() -> Result<()> {
     let cp = ControlPlane::start().await?;
     let mut bridge = StdioBridge::start(&cp)?;

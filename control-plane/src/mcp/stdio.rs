@@ -19,7 +19,7 @@ use futures::StreamExt;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 
 const USAGE: &str = "usage: daiv-sandbox mcp --url http://HOST:PORT/mcp [--key-file FILE]\n\
@@ -28,6 +28,46 @@ const USAGE: &str = "usage: daiv-sandbox mcp --url http://HOST:PORT/mcp [--key-f
 
 /// Most bytes of one line read from the client.
 const MAX_LINE_BYTES: usize = 64 * 1024 * 1024;
+
+/// What [`read_line`] read.
+enum Line {
+    /// A line (its newline removed) is in the buffer.
+    Message,
+    /// Over [`MAX_LINE_BYTES`]: skipped up to its newline, never held whole.
+    TooLong,
+    End,
+}
+
+/// Reads the next line of `input` into `buf`, holding at most [`MAX_LINE_BYTES`] + 1 bytes of
+/// it: a client cannot make the bridge buffer a line of any size before it is refused.
+async fn read_line<R>(input: &mut R, buf: &mut Vec<u8>) -> std::io::Result<Line>
+where
+    R: tokio::io::AsyncBufRead + Unpin,
+{
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt};
+    buf.clear();
+    let cap = MAX_LINE_BYTES as u64 + 1;
+    if (&mut *input).take(cap).read_until(b'\n', buf).await? == 0 {
+        return Ok(Line::End);
+    }
+    if buf.last() == Some(&b'\n') {
+        buf.pop();
+        return Ok(Line::Message);
+    }
+    if buf.len() <= MAX_LINE_BYTES {
+        // The last line, without a newline.
+        return Ok(Line::Message);
+    }
+    // Skip the rest of the line, a bounded chunk at a time.
+    loop {
+        buf.clear();
+        let n = (&mut *input).take(64 * 1024).read_until(b'\n', buf).await?;
+        if n == 0 || buf.last() == Some(&b'\n') {
+            buf.clear();
+            return Ok(Line::TooLong);
+        }
+    }
+}
 
 #[derive(Debug, PartialEq)]
 pub struct Args {
@@ -138,20 +178,28 @@ pub async fn bridge(
         out,
     });
     let mut calls: HashMap<String, tokio::task::AbortHandle> = HashMap::new();
-    let mut lines = tokio::io::BufReader::new(input).lines();
+    let mut input = tokio::io::BufReader::new(input);
+    let mut buf = Vec::new();
     loop {
-        let line = match lines.next_line().await {
-            Ok(Some(l)) => l,
-            Ok(None) => break,
+        let line = match read_line(&mut input, &mut buf).await {
+            Ok(Line::Message) => &buf[..],
+            Ok(Line::End) => break,
+            Ok(Line::TooLong) => {
+                let why = format!("a message over {MAX_LINE_BYTES} bytes");
+                let _ = bridge.out.send(error_line(&Value::Null, -32600, &why)).await;
+                continue;
+            }
             Err(e) => return Err(format!("stdin: {e}")),
         };
-        if line.trim().is_empty() {
+        if line.trim_ascii().is_empty() {
             continue;
         }
-        if line.len() > MAX_LINE_BYTES {
-            return Err(format!("a message over {MAX_LINE_BYTES} bytes"));
-        }
-        let message: Value = match serde_json::from_str(&line) {
+        // JSON is UTF-8: a line that parses is one.
+        let parsed = serde_json::from_slice::<Value>(line).and_then(|v| {
+            let text = String::from_utf8(line.to_vec()).map_err(serde::de::Error::custom)?;
+            Ok((v, text))
+        });
+        let (message, line) = match parsed {
             Ok(v) => v,
             Err(e) => {
                 let _ = bridge

@@ -171,8 +171,11 @@ impl SessionRuntime for HelperRuntime {
             let events = events.clone();
             let engine = engine.clone();
             Box::pin(async move {
+                // A streamed run's consumer is a client: one that stops reading must not hold
+                // up the session's channel, so its run is given up after a stall, as a download.
+                let stall = events.is_some().then_some(STREAM_STALL);
                 let mut h = chan
-                    .request(&request, caps)
+                    .request_abandoned_after(&request, caps, stall)
                     .await
                     .map_err(|e| lost(e, false))?;
                 let mut results = Vec::with_capacity(spec.commands.len());

@@ -66,6 +66,9 @@ const DISK_CALL: Duration = Duration::from_secs(10);
 const CLEAR_DEADLINE: Duration = Duration::from_secs(120);
 /// Longest a seed's extraction may go without taking a chunk or, at the end, answering.
 const EXTRACT_STALL: Duration = Duration::from_secs(60);
+/// Longest a streamed run's client may leave its output unread before the run is given up
+/// (cancelled in the helper): until then the session's other requests wait behind it.
+const STREAM_STALL: Duration = Duration::from_secs(10);
 /// After a helper broke the protocol, how long its session gets 503s before a channel is
 /// opened again (a flooding helper costs one open per period).
 const QUIET_AFTER_VIOLATION: Duration = Duration::from_secs(30);

@@ -153,8 +153,9 @@ where
     served
 }
 
-/// Under `runsc`, one probe per engine (a fleet's as each comes up): see
-/// [`runtime_probe`]. Nothing under `runc`.
+/// Under `runsc`, one start-up probe per engine (a fleet's as each comes up) in
+/// `RUNTIME_PROBE_IMAGE` or the first warm-pool image: see [`runtime_probe`]. Nothing under
+/// `runc`; the images sessions use are probed as they are used.
 /// A probe still waiting for its engine when `stop` is cancelled gives up.
 fn start_runtime_probes(
     state: &AppState,
@@ -167,15 +168,15 @@ fn start_runtime_probes(
     let runtime = config.sessions.runtime.as_str();
     let health: Arc<RuntimeHealth> = state.runtime.clone();
     let Some(image) = runtime_probe::probe_image(&config) else {
+        // Each image sessions use is probed on its first use; until the first, nothing is known.
         for cell in state.fleet.cells() {
             health.record(
                 runtime,
                 &cell.name(),
                 None,
                 Verdict::Unknown {
-                    reason: "not probed: no image to probe with; set \
-                             DAIV_SANDBOX_RUNTIME_PROBE_IMAGE to an image sessions use (or \
-                             configure a WARM_POOL)"
+                    reason: "no image probed yet: each image is probed when a session first \
+                             uses it (DAIV_SANDBOX_RUNTIME_PROBE_IMAGE probes one at start-up)"
                         .to_string(),
                 },
             );
@@ -198,8 +199,14 @@ fn start_runtime_probes(
                         _ = tokio::time::sleep(ENGINE_UP_POLL) => {}
                     }
                 }
-                let verdict =
-                    runtime_probe::probe(&**cell.engine(), &config, &image, PROBE_TIMEOUT).await;
+                // Through the engine's image probes, so that a session of the image finds the
+                // verdict.
+                let verdict = match cell.image_probes() {
+                    Some(probes) => probes.probe_reference(&image).await,
+                    None => {
+                        runtime_probe::probe(&**cell.engine(), &config, &image, PROBE_TIMEOUT).await
+                    }
+                };
                 health.record(runtime, &engine_name, Some(&image), verdict);
             })
         })

@@ -25,7 +25,7 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// The slots of the create, seed and fs routes.
     pub admission: Arc<Admission>,
-    /// What the start-up probes found of the sandboxes' runtime (see `serve`).
+    /// What the probes found of the sandboxes' runtime (the fleet's, shared by its engines).
     pub runtime: Arc<RuntimeHealth>,
 }
 
@@ -92,7 +92,7 @@ impl AppState {
     fn over(config: Arc<Config>, fleet: Arc<Fleet>, metrics: Arc<Metrics>) -> Self {
         Self {
             admission: Arc::new(Admission::new(&config.admission, metrics.clone())),
-            runtime: Arc::new(RuntimeHealth::new(&metrics)),
+            runtime: fleet.runtime_health().clone(),
             config,
             fleet,
             metrics,

@@ -241,6 +241,107 @@ async fn runtime_setting_reaches_the_container() {
     );
 }
 
+/// Under `runsc`, with no probe image and no pool (the defaults): the first session of an image
+/// has it probed in the background; then `/-/health/` lists the image and its verdict, the
+/// session's info carries a warning, and a failed command's answer a header saying why, while
+/// its output stays the command's.
+#[tokio::test]
+async fn under_runsc_each_sessions_image_is_probed_and_an_unsound_one_is_told() {
+    // Answers the probe as coreutils 9.1 on runsc release-20221219 does.
+    let engine = FakeEngine::new(|cmd| control_plane::engine::fake::FakeExec {
+        chunks: if cmd.contains("check ls ls /") {
+            vec![
+                b"ls\t2\tls: cannot access '/': Invalid argument\n".to_vec(),
+                b"stat\t1\tstat: cannot statx '/': Invalid argument\n".to_vec(),
+            ]
+        } else {
+            Vec::new()
+        },
+        exit_code: 0,
+    });
+    let h = Harness::new(engine, &[("RUNTIME", "runsc")]);
+    let (s, b) = h.call("GET", "/-/health/", None, None).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(b["runtime"]["runsc"]["sound"], Value::Null, "{b}");
+    assert!(b["runtime"]["runsc"].get("images").is_none(), "{b}");
+
+    let id = h.session().await;
+    let other = h.session().await;
+    let mut health = Value::Null;
+    for _ in 0..2000 {
+        let (_, b) = h.call("GET", "/-/health/", None, None).await;
+        health = b["runtime"]["runsc"].clone();
+        if health["sound"].is_boolean() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(health["sound"], false, "{health}");
+    assert_eq!(health["failing"], json!(["ls", "stat"]));
+    let images = health["images"].as_array().expect("images");
+    assert_eq!(images.len(), 1, "one image, probed once: {health}");
+    assert_eq!(images[0]["image"], harness::IMAGE);
+    assert_eq!(images[0]["engine"], "default");
+    assert_eq!(images[0]["sound"], false);
+    assert!(
+        images[0]["image_id"]
+            .as_str()
+            .is_some_and(|i| !i.is_empty())
+    );
+    let probes = h
+        .engine
+        .calls()
+        .iter()
+        .filter(|c| c.starts_with("create sha256:"))
+        .count();
+    assert_eq!(probes, 1, "{:?}", h.engine.calls());
+
+    // The client: the session's info says what fails and the fix.
+    let (s, info) = h.api("GET", &format!("/session/{id}/info/"), None).await;
+    assert_eq!(s, StatusCode::OK, "{info}");
+    let warning = info["runtime_warning"].as_str().expect("runtime_warning");
+    assert!(warning.contains("ls, stat fail"), "{warning}");
+    assert!(warning.contains("release-20230227.0"), "{warning}");
+    let (_, list) = h.api("GET", "/sessions/", None).await;
+    let listed = list["sessions"].as_array().expect("sessions");
+    assert!(
+        listed
+            .iter()
+            .all(|s| s["runtime_warning"] == info["runtime_warning"]),
+        "{list}"
+    );
+
+    // A failed command: its output is its own, the warning is a header beside it.
+    let run = |cmd: &str| {
+        axum::http::Request::builder()
+            .method("POST")
+            .uri(format!("/session/{other}/"))
+            .header("x-api-key", harness::KEY)
+            .header("content-type", "application/json")
+            .body(axum::body::Body::from(
+                json!({"commands": [cmd]}).to_string(),
+            ))
+            .expect("request")
+    };
+    let resp = h.send(run("echo out; exit 3")).await;
+    let header = resp
+        .headers()
+        .get("x-daiv-sandbox-warning")
+        .map(|v| v.to_str().expect("ascii").to_string());
+    let body = harness::json_body(resp).await;
+    assert_eq!(body["results"][0]["exit_code"], 3, "{body}");
+    assert_eq!(body["results"][0]["output"], "out\n");
+    assert!(
+        header
+            .as_deref()
+            .is_some_and(|h| h.contains("ls, stat fail")),
+        "{header:?}"
+    );
+    // A command that worked needs no warning.
+    let resp = h.send(run("true")).await;
+    assert!(resp.headers().get("x-daiv-sandbox-warning").is_none());
+}
+
 #[tokio::test]
 async fn bad_requests_are_rejected_before_touching_the_engine() {
     let h = Harness::default();

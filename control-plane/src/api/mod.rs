@@ -171,6 +171,11 @@ pub struct SessionInfo {
     pub metadata: Metadata,
     /// The engine it runs on (`default` without a fleet).
     pub engine: String,
+    /// Beyond the reference: present when the probe of the sandboxes' runtime found commands
+    /// agents run failing in this session's image (gVisor's `statx` bug breaks `ls` and `stat`
+    /// of GNU coreutils 9): what fails, and the fix.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_warning: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -381,17 +386,19 @@ pub enum RunStreamLine {
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct HealthResponse {
     pub status: String,
-    /// Beyond the reference: what the start-up probe found of the sandboxes' runtime, by
-    /// runtime (`runsc`); absent when none was probed (runc).
+    /// Beyond the reference: what the probes found of the sandboxes' runtime, by runtime
+    /// (`runsc`); absent when none was probed (runc).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub runtime: BTreeMap<String, RuntimeSoundness>,
 }
 
-/// Whether the commands agents run work under a runtime, as its start-up probe found.
+/// Whether the commands agents run work under a runtime, as its probes found: the start-up
+/// probe's and each image's that sessions used.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct RuntimeSoundness {
-    /// `true`: `ls` and `stat` worked; `false`: they failed (see `reason`); `null`: not known
-    /// (the probe is running, could not run, or had no image).
+    /// `true`: `ls` and `stat` worked in every image probed; `false`: they failed in one (see
+    /// `reason` and `images`); `null`: not known (a probe is running, could not run, or nothing
+    /// was probed yet).
     pub sound: Option<bool>,
     /// Why it is not sound, or not known; absent when sound.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -399,9 +406,32 @@ pub struct RuntimeSoundness {
     /// The probe's commands that failed (`ls`, `stat`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub failing: Vec<String>,
-    /// The image it probed with.
+    /// The image it probed with: the start-up probe's, else the first one found unsound, else
+    /// the first one probed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
+    /// Each image sessions used (and the start-up probe's), probed on its first use on each
+    /// engine; absent before the first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub images: Vec<ImageSoundness>,
+}
+
+/// What the probe found in one image on one engine.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ImageSoundness {
+    /// The image as sessions named it (their `base_image`).
+    pub image: String,
+    /// The image's id: what the verdict is kept by (a tag moved to another image is probed
+    /// again).
+    pub image_id: String,
+    /// The engine it was probed on (`default` without a fleet).
+    pub engine: String,
+    /// As for the runtime: `null` while the probe runs or when it could not tell.
+    pub sound: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failing: Vec<String>,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]

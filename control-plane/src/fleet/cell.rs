@@ -19,6 +19,7 @@ use crate::pool::Pool;
 use crate::reaper::Reaper;
 use crate::sessions::Sessions;
 use crate::snapshots::Snapshots;
+use crate::telemetry::runtime_probe::ImageProbes;
 
 /// What the health check last saw of an engine.
 #[derive(Debug, Default, Clone)]
@@ -190,6 +191,11 @@ impl Cell {
 
     pub fn pool(&self) -> &Arc<Pool> {
         self.stack.pool()
+    }
+
+    /// The probes of the images its sessions use (under `runsc` only).
+    pub fn image_probes(&self) -> Option<&Arc<ImageProbes>> {
+        self.stack.image_probes()
     }
 
     pub fn snapshots(&self) -> &Arc<Snapshots> {

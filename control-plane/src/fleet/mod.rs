@@ -53,6 +53,7 @@ use crate::coordination::lock::SessionLocks;
 use crate::engine::ContainerEngine;
 use crate::sessions::{Listed, Sessions};
 use crate::telemetry::metrics::{EngineLabels, Metrics};
+use crate::telemetry::runtime_probe::RuntimeHealth;
 use discovery::EnginesFile;
 use health::Probe;
 use routing::Roster;
@@ -90,6 +91,7 @@ impl Fleet {
         helper: Option<Bytes>,
     ) -> Arc<Self> {
         let shared = Shared {
+            runtime: Arc::new(RuntimeHealth::new(&metrics)),
             config,
             locks,
             activity,
@@ -130,6 +132,7 @@ impl Fleet {
             up_after: config.fleet.up_after,
         });
         let shared = Shared {
+            runtime: Arc::new(RuntimeHealth::new(&metrics)),
             config: config.clone(),
             locks,
             activity,
@@ -158,6 +161,11 @@ impl Fleet {
 
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.shared.metrics
+    }
+
+    /// What the probes of the sandboxes' runtime found, on every engine.
+    pub fn runtime_health(&self) -> &Arc<RuntimeHealth> {
+        &self.shared.runtime
     }
 
     pub fn is_fleet(&self) -> bool {

@@ -20,6 +20,10 @@ use crate::sandbox::SandboxFactory;
 use crate::sessions::Sessions;
 use crate::snapshots::Snapshots;
 use crate::telemetry::metrics::Metrics;
+use crate::telemetry::runtime_probe::{ImageProbes, RuntimeHealth};
+
+/// How long shutting down waits for the image probes still running.
+const PROBE_SHUTDOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// What every engine's stack shares: settings, locks and activity (one set for all engines, so
 /// a session's lock is the same whichever engine holds it), metrics and the helper binary.
@@ -30,6 +34,8 @@ pub(super) struct Shared {
     pub activity: Arc<dyn SessionActivity>,
     pub metrics: Arc<Metrics>,
     pub helper: Option<Bytes>,
+    /// What the probes of the sandboxes' runtime found, on every engine.
+    pub runtime: Arc<RuntimeHealth>,
 }
 
 /// The sessions of one engine and the background work that keeps them (its reaper and its warm
@@ -41,6 +47,8 @@ pub(super) struct Stack {
     snapshots: Arc<Snapshots>,
     refill: Arc<Refill>,
     reaper: Arc<Reaper>,
+    /// The probes of the images its sessions use (under `runsc` only).
+    probes: Option<Arc<ImageProbes>>,
     /// Whether the reaper runs (`REAPER_ENABLED`); tests sweep by hand.
     reaping: bool,
     started: AtomicBool,
@@ -93,14 +101,18 @@ impl Stack {
             shared.metrics.clone(),
         ));
         let snapshots = factory.snapshots().clone();
-        let sessions = Arc::new(Sessions::new(
-            factory,
-            pool.clone(),
-            runtime,
-            shared.locks.clone(),
-            shared.activity.clone(),
-            shared.metrics.clone(),
-        ));
+        let probes = ImageProbes::new(engine.clone(), config.clone(), name, shared.runtime.clone());
+        let sessions = Arc::new(
+            Sessions::new(
+                factory,
+                pool.clone(),
+                runtime,
+                shared.locks.clone(),
+                shared.activity.clone(),
+                shared.metrics.clone(),
+            )
+            .with_image_probes(probes.clone()),
+        );
         let reaper = Arc::new(Reaper::new(
             reaper::Parts {
                 engine: engine.clone(),
@@ -120,6 +132,7 @@ impl Stack {
             pool,
             snapshots,
             reaper,
+            probes,
             reaping: config.reaper.enabled,
             started: AtomicBool::new(false),
             tasks: Mutex::default(),
@@ -146,6 +159,10 @@ impl Stack {
         &self.reaper
     }
 
+    pub fn image_probes(&self) -> Option<&Arc<ImageProbes>> {
+        self.probes.as_ref()
+    }
+
     /// Starts the reaper and the warm pool's refill, once.
     pub fn start(&self) {
         if self.started.swap(true, Ordering::SeqCst) {
@@ -167,8 +184,14 @@ impl Stack {
             .extend(tasks);
     }
 
-    /// A clean stop of the refill: builds in flight finish.
+    /// A clean stop of the refill: builds in flight finish; so do the image probes running
+    /// (for a while: each removes its container).
     pub async fn shutdown(&self) {
-        self.refill.shutdown().await;
+        let probes = async {
+            if let Some(p) = &self.probes {
+                p.shutdown(PROBE_SHUTDOWN_WAIT).await;
+            }
+        };
+        tokio::join!(self.refill.shutdown(), probes);
     }
 }

@@ -39,8 +39,10 @@ pub async fn create(
 #[utoipa::path(post, path = "/session/{session_id}/", tag = "session", request_body = RunRequest,
     security(("api_key" = [])),
     params(("session_id" = String, Path, description = "The session id")),
-    responses((status = 200, body = RunResponse, content_type = "application/json"),
-        (status = 200, body = RunStreamLine, content_type = "application/x-ndjson"),
+    responses((status = 200, body = RunResponse, content_type = "application/json",
+            headers(("X-Daiv-Sandbox-Warning" = String, description = "Present when a command failed and the probe of the sandboxes' runtime found commands failing in this session's image (see `runtime_warning` in the session's info)"))),
+        (status = 200, body = RunStreamLine, content_type = "application/x-ndjson",
+            headers(("X-Daiv-Sandbox-Warning" = String, description = "Present when the probe of the sandboxes' runtime found commands failing in this session's image"))),
         (status = 403, body = ErrorBody),
         (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn run(
@@ -51,6 +53,8 @@ pub async fn run(
     let ApiJson(req) = &s.body;
     if wants_ndjson(&headers) {
         let spec = s.sessions.run_spec(&s.id, req).await?;
+        // The results are still to come: said whenever the image is known unsound.
+        let warning = s.sessions.runtime_warning(&s.id).await;
         let heartbeat = config.sessions.stream_heartbeat;
         let lines = match spec {
             Some(spec) => crate::processes::stream_run(s.sessions, s.id, spec, s.held, heartbeat),
@@ -62,9 +66,43 @@ pub async fn run(
                 rx
             }
         };
-        return Ok(([(header::CONTENT_TYPE, NDJSON)], ndjson(lines)).into_response());
+        let mut resp = ([(header::CONTENT_TYPE, NDJSON)], ndjson(lines)).into_response();
+        if let Some(w) = warning {
+            warn(&mut resp, &w);
+        }
+        return Ok(resp);
     }
-    Ok(Json(s.sessions.run(&s.id, req).await?).into_response())
+    let ran = s.sessions.run(&s.id, req).await?;
+    let failed = ran.results.iter().any(|r| r.exit_code != 0);
+    let mut resp = Json(ran).into_response();
+    // The output stays the commands' own; the warning travels beside it.
+    if failed && let Some(w) = s.sessions.runtime_warning(&s.id).await {
+        warn(&mut resp, &w);
+    }
+    Ok(resp)
+}
+
+/// The response header that carries the runtime's warning about the session's image.
+pub const WARNING_HEADER: &str = "x-daiv-sandbox-warning";
+
+/// Sets [`WARNING_HEADER`] to `warning`, as visible ASCII (the reason quotes what the sandbox's
+/// own tools printed).
+fn warn(resp: &mut Response, warning: &str) {
+    let ascii: String = warning
+        .chars()
+        .map(|c| {
+            if c == ' ' || c.is_ascii_graphic() {
+                c
+            } else {
+                '?'
+            }
+        })
+        .take(1024)
+        .collect();
+    if let Ok(v) = header::HeaderValue::from_str(&ascii) {
+        resp.headers_mut()
+            .insert(header::HeaderName::from_static(WARNING_HEADER), v);
+    }
 }
 
 const NDJSON: &str = "application/x-ndjson";

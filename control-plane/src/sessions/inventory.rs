@@ -34,14 +34,16 @@ impl Sessions {
         Ok(containers?
             .iter()
             .filter(|c| is_session(c, &self.config().deployment))
-            .map(|c| listed(c, records.remove(&c.id), engine))
+            .map(|c| listed(c, records.remove(&c.id), engine, self.warning_of(c)))
             .collect())
     }
 
     /// `GET /session/{id}/info/`: the session as the listing shows it.
     pub async fn info(&self, id: &SessionId, engine: &str) -> Result<Listed, SessionError> {
         let (info, record) = tokio::join!(self.find(id), self.record(id));
-        Ok(listed(&info?, record?, engine))
+        let info = info?;
+        let warning = self.warning_of(&info);
+        Ok(listed(&info, record?, engine, warning))
     }
 }
 
@@ -61,7 +63,12 @@ pub(super) fn limits(c: &ContainerInfo) -> (Option<i64>, Option<i64>) {
     }
 }
 
-fn listed(c: &ContainerInfo, record: Option<Record>, engine: &str) -> Listed {
+fn listed(
+    c: &ContainerInfo,
+    record: Option<Record>,
+    engine: &str,
+    runtime_warning: Option<String>,
+) -> Listed {
     let claim = Claim::of(c);
     let created = claim
         .map(|k| k.at)
@@ -92,6 +99,7 @@ fn listed(c: &ContainerInfo, record: Option<Record>, engine: &str) -> Listed {
             egress: c.label(EGRESS_LABEL).is_some(),
             metadata: record.metadata,
             engine: engine.to_string(),
+            runtime_warning,
         },
     }
 }

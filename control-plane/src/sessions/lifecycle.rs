@@ -81,10 +81,13 @@ impl Sessions {
         Ok(id)
     }
 
-    /// A new session's bookkeeping: its channel opened in the background, its idle time
-    /// started, counted.
+    /// A new session's bookkeeping: its channel opened in the background, its image probed in
+    /// the background on its first use under `runsc`, its idle time started, counted.
     pub(super) async fn made(&self, id: &str) {
         self.warm(id);
+        if let Some(probes) = &self.probes {
+            probes.on_session(id);
+        }
         self.activity.touch(id).await;
         self.metrics.sessions.created.inc();
     }

@@ -40,6 +40,7 @@ use crate::runtime::SessionRuntime;
 use crate::sandbox::SandboxFactory;
 use crate::snapshots::Snapshots;
 use crate::telemetry::metrics::Metrics;
+use crate::telemetry::runtime_probe::ImageProbes;
 
 mod fork;
 mod inventory;
@@ -69,6 +70,9 @@ pub struct Sessions {
     metrics: Arc<Metrics>,
     /// This replica's samples of each running session (`GET .../metrics/`).
     samples: samples::Samples,
+    /// Under `runsc`: each new session's image probed on its first use, and the warning of a
+    /// session whose image was found unsound.
+    probes: Option<Arc<ImageProbes>>,
 }
 
 impl Sessions {
@@ -88,7 +92,29 @@ impl Sessions {
             activity,
             metrics,
             samples: samples::Samples::default(),
+            probes: None,
         }
+    }
+
+    /// With the probes of the runtime (`None`: no probing, as under `runc`).
+    pub fn with_image_probes(mut self, probes: Option<Arc<ImageProbes>>) -> Self {
+        self.probes = probes;
+        self
+    }
+
+    /// The runtime's warning for session `info` (see [`ImageProbes::warning`]).
+    fn warning_of(&self, info: &ContainerInfo) -> Option<String> {
+        let probes = self.probes.as_ref()?;
+        probes.warning(info.image_id.as_deref()?)
+    }
+
+    /// The runtime's warning for session `id`, when its image was found unsound: one inspect,
+    /// and none while no image of this engine was.
+    pub async fn runtime_warning(&self, id: &SessionId) -> Option<String> {
+        if !self.probes.as_ref()?.any_unsound() {
+            return None;
+        }
+        self.warning_of(&self.find(id).await.ok()?)
     }
 
     fn engine(&self) -> &dyn ContainerEngine {

@@ -47,7 +47,7 @@ pub use http::{HttpLabels, HttpMetrics};
 pub use locks::LockMetrics;
 pub use pool::{KindLabels, PoolLabels, PoolMetrics, PoolMissLabels};
 pub use processes::ProcessMetrics;
-pub use runtime::{RuntimeLabels, RuntimeMetrics};
+pub use runtime::{ImageVerdictLabels, RuntimeLabels, RuntimeMetrics};
 pub use sessions::{ModeLabels, SessionMetrics};
 pub use snapshots::SnapshotMetrics;
 pub use workspace::{FsLabels, OutcomeLabels, WorkspaceMetrics};
@@ -417,6 +417,13 @@ mod tests {
             .sound
             .get_or_create(&RuntimeLabels { runtime: "runsc" })
             .set(1);
+        m.runtime
+            .images
+            .get_or_create(&ImageVerdictLabels {
+                runtime: "runsc",
+                verdict: "unsound",
+            })
+            .set(1);
         m
     }
 
@@ -462,6 +469,7 @@ mod tests {
                 "snapshots_held gauge",
                 "snapshot_bytes gauge",
                 "runtime_sound gauge",
+                "runtime_probed_images gauge",
                 "pool_size gauge",
                 "pool_claims_total counter",
                 "pool_misses_total counter",

@@ -178,7 +178,7 @@ impl From<SessionError> for ApiError {
         match e {
             E::NotFound => ApiError::NotFound,
             E::Lock(e) => e.into(),
-            E::NoEgressProxy | E::NotRunning => ApiError::Conflict(e.to_string()),
+            E::NoEgressProxy | E::NotRunning | E::Paused => ApiError::Conflict(e.to_string()),
             E::EgressUnavailableHere => ApiError::Unavailable(e.to_string()),
             E::RestartFailed(e) => unavailable("session could not be restarted", &e),
             E::Validation(e) => e.into(),

@@ -434,7 +434,9 @@ pub fn follow_events(
     keepalive: Duration,
 ) -> mpsc::Receiver<ProcessEvent> {
     let (tx, rx) = mpsc::channel::<ProcessEvent>(16);
-    tokio::spawn(async move {
+    // A caller that keeps paused sessions paused (E2B's envd) does so while it follows too.
+    let keep_paused = crate::sessions::keeping_paused();
+    tokio::spawn(crate::sessions::keep_paused_if(keep_paused, async move {
         let mut last = first.events.last().map(|e| e.seq).or(after).unwrap_or(0);
         let mut ended = first.ended;
         for e in first.events {
@@ -463,7 +465,7 @@ pub fn follow_events(
                 }
             }
         }
-    });
+    }));
     rx
 }
 

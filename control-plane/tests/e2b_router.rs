@@ -1,7 +1,9 @@
 //! In-process tests of E2B's API over the fake engine: the control API's shapes and statuses as
 //! E2B's SDK parses them (201 on create, `{code, message}` errors, the list's double-encoded
 //! metadata filter, 409 for a second pause), envd's token check and the Connect protocol's
-//! refusals (a malformed, compressed or oversized envelope is an error, never a hang).
+//! refusals (a malformed, compressed or oversized envelope is an error, never a hang), a signed
+//! upload URL confined to its path, the polled watchers' caps, and a paused sandbox that envd
+//! leaves paused until `connect`.
 
 mod harness;
 
@@ -15,16 +17,17 @@ use tower::ServiceExt;
 
 use harness::{Harness, IMAGE, KEY};
 
-/// E2B's API over the app of a [`Harness`] (the app holds everything the harness made).
+/// E2B's API over the app of a [`Harness`] (the harness kept, for its reaper and native API).
 struct E2b {
     router: axum::Router,
+    h: Harness,
 }
 
 fn service() -> E2b {
     let templates = format!(r#"{{"base": "{IMAGE}"}}"#);
     let h = Harness::new(FakeEngine::default(), &[("E2B_TEMPLATES", &templates)]);
     let router = e2b::router(h.state.config.clone(), h.router.clone());
-    E2b { router }
+    E2b { router, h }
 }
 
 impl E2b {
@@ -398,4 +401,381 @@ async fn envd_needs_the_sandboxs_own_token_and_refuses_bad_envelopes() {
             .as_str()
             .is_some_and(|m| m.contains("was not found"))
     );
+}
+
+/// `POST /files` of `parts` (file name, content) as multipart, for sandbox `id`, with the token
+/// (`token` non-empty) or without (a signed URL's query says who may).
+async fn upload(
+    e: &E2b,
+    id: &str,
+    token: &str,
+    query: &str,
+    parts: &[(&str, &str)],
+) -> (StatusCode, Value) {
+    let boundary = "xBOUNDARYx";
+    let mut body = String::new();
+    for (name, content) in parts {
+        body.push_str(&format!(
+            "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{name}\"\r\n\
+             Content-Type: application/octet-stream\r\n\r\n{content}\r\n"
+        ));
+    }
+    body.push_str(&format!("--{boundary}--\r\n"));
+    let (s, bytes, _) = e
+        .envd_with(
+            "POST",
+            &format!("/files?{query}"),
+            id,
+            token,
+            &format!("multipart/form-data; boundary={boundary}"),
+            body.into_bytes(),
+        )
+        .await;
+    (s, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+}
+
+/// The SDK's signature of a `/files` URL (e2b's `get_signature`, no expiration, default user).
+fn signature(path: &str, operation: &str, token: &str) -> String {
+    use base64::Engine;
+    let raw = format!("{path}:{operation}::{token}");
+    let sum = ring::digest::digest(&ring::digest::SHA256, raw.as_bytes());
+    let sig = format!(
+        "v1_{}",
+        base64::engine::general_purpose::STANDARD_NO_PAD.encode(sum.as_ref())
+    );
+    // As the SDK puts it in the query: percent-encoded.
+    sig.replace('+', "%2B").replace('/', "%2F")
+}
+
+impl E2b {
+    /// [`E2b::envd`] with any method; no `X-Access-Token` when `token` is empty.
+    async fn envd_with(
+        &self,
+        method: &str,
+        path: &str,
+        sandbox: &str,
+        token: &str,
+        content_type: &str,
+        body: Vec<u8>,
+    ) -> (StatusCode, Vec<u8>, axum::http::HeaderMap) {
+        let mut req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("e2b-sandbox-id", sandbox)
+            .header("content-type", content_type);
+        if !token.is_empty() {
+            req = req.header("x-access-token", token);
+        }
+        self.send(req.body(Body::from(body)).expect("request"))
+            .await
+    }
+
+    /// A file of the sandbox through the native API: its status and bytes.
+    async fn native_file(&self, id: &str, path: &str) -> (StatusCode, Vec<u8>) {
+        let req = Request::builder()
+            .uri(format!("/api/v1/session/{id}/files?path={path}"))
+            .header("x-api-key", KEY)
+            .body(Body::empty())
+            .expect("request");
+        let resp = self.h.send(req).await;
+        let status = resp.status();
+        let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+        (status, bytes.to_vec())
+    }
+
+    /// A unary envd call's status and answer.
+    async fn unary(&self, method: &str, id: &str, token: &str, body: Value) -> (StatusCode, Value) {
+        let (s, bytes, _) = self
+            .envd(
+                method,
+                id,
+                token,
+                "application/json",
+                body.to_string().into_bytes(),
+            )
+            .await;
+        (s, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    }
+}
+
+/// A URL signed for one path writes that path and no other: every part of a multipart body goes
+/// to it (as envd writes them), whatever the parts' file names say; a signed URL without a path
+/// is refused. The access token, which may do anything the sandbox user may, still writes each
+/// part to its own name.
+#[tokio::test]
+async fn a_signed_upload_url_writes_the_path_it_was_signed_for_and_no_other() {
+    let e = service();
+    let v = e.create(json!({"templateID": "base"})).await;
+    let id = v["sandboxID"].as_str().expect("id");
+    let token = v["envdAccessToken"].as_str().expect("token");
+    let signed = "/workspace/repo/up.txt";
+    // In a real sandbox the second part would be `/home/user/.bashrc`, which E2B's `bash -l`
+    // runs before every later command (here paths outside /workspace are the host's).
+    let elsewhere = "/workspace/repo/elsewhere.txt";
+    let sig = signature(signed, "write", token);
+
+    let (s, answer) = upload(
+        &e,
+        id,
+        "",
+        &format!("path={signed}&signature={sig}"),
+        &[("a.txt", "first"), (elsewhere, "second")],
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{answer}");
+    assert_eq!(
+        e.native_file(id, signed).await,
+        (StatusCode::OK, b"second".to_vec())
+    );
+    assert_eq!(
+        e.native_file(id, elsewhere).await.0,
+        StatusCode::NOT_FOUND,
+        "written outside the signed path"
+    );
+    assert_eq!(
+        e.native_file(id, "/workspace/repo/a.txt").await.0,
+        StatusCode::NOT_FOUND
+    );
+
+    // Signed over no path: the body does not get to choose one.
+    let (s, answer) = upload(
+        &e,
+        id,
+        "",
+        &format!("signature={}", signature("", "write", token)),
+        &[(elsewhere, "third")],
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{answer}");
+    assert_eq!(e.native_file(id, elsewhere).await.0, StatusCode::NOT_FOUND);
+
+    // A signature over another path, or for reading, opens nothing.
+    for sig in [
+        signature("/workspace/repo/x", "write", token),
+        signature(signed, "read", token),
+    ] {
+        let (s, _) = upload(
+            &e,
+            id,
+            "",
+            &format!("path={signed}&signature={sig}"),
+            &[("x", "y")],
+        )
+        .await;
+        assert_eq!(s, StatusCode::UNAUTHORIZED);
+    }
+
+    // The token: each part to its own name, as envd writes a `write_files`.
+    let (s, answer) = upload(
+        &e,
+        id,
+        token,
+        "",
+        &[(elsewhere, "fourth"), ("/workspace/repo/b.txt", "fifth")],
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{answer}");
+    assert_eq!(
+        e.native_file(id, elsewhere).await,
+        (StatusCode::OK, b"fourth".to_vec())
+    );
+    assert_eq!(
+        e.native_file(id, "/workspace/repo/b.txt").await,
+        (StatusCode::OK, b"fifth".to_vec())
+    );
+}
+
+/// A sandbox has at most 16 polled watchers (a clear `resource_exhausted` past them), and a
+/// killed sandbox's watchers go with it.
+#[tokio::test]
+async fn polled_watchers_are_capped_per_sandbox_and_go_with_their_sandbox() {
+    let e = service();
+    let v = e.create(json!({"templateID": "base"})).await;
+    let id = v["sandboxID"].as_str().expect("id");
+    let token = v["envdAccessToken"].as_str().expect("token");
+    let watch = json!({"path": "/workspace/repo"});
+    let mut watchers = Vec::new();
+    for _ in 0..16 {
+        let (s, w) = e
+            .unary(
+                "/filesystem.Filesystem/CreateWatcher",
+                id,
+                token,
+                watch.clone(),
+            )
+            .await;
+        assert_eq!(s, StatusCode::OK, "{w}");
+        watchers.push(w["watcherId"].as_str().expect("watcherId").to_string());
+    }
+    let (s, refused) = e
+        .unary(
+            "/filesystem.Filesystem/CreateWatcher",
+            id,
+            token,
+            watch.clone(),
+        )
+        .await;
+    assert_eq!(
+        (s, refused["code"].clone()),
+        (StatusCode::TOO_MANY_REQUESTS, json!("resource_exhausted")),
+        "{refused}"
+    );
+    assert!(
+        refused["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("16")),
+        "{refused}"
+    );
+    // Removing one makes room.
+    let (s, _) = e
+        .unary(
+            "/filesystem.Filesystem/RemoveWatcher",
+            id,
+            token,
+            json!({"watcherId": watchers.pop()}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    let (s, w) = e
+        .unary("/filesystem.Filesystem/CreateWatcher", id, token, watch)
+        .await;
+    assert_eq!(s, StatusCode::OK, "{w}");
+    watchers.push(w["watcherId"].as_str().expect("watcherId").to_string());
+    let (s, events) = e
+        .unary(
+            "/filesystem.Filesystem/GetWatcherEvents",
+            id,
+            token,
+            json!({"watcherId": watchers[0]}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{events}");
+
+    let (s, _, _) = e
+        .control("DELETE", &format!("/sandboxes/{id}"), None, KEY)
+        .await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    for w in &watchers {
+        let (s, gone) = e
+            .unary(
+                "/filesystem.Filesystem/GetWatcherEvents",
+                id,
+                token,
+                json!({"watcherId": w}),
+            )
+            .await;
+        assert_eq!(
+            (s, gone["code"].clone()),
+            (StatusCode::NOT_FOUND, json!("not_found")),
+            "{gone}"
+        );
+        assert!(
+            gone["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("watcher")),
+            "{gone}"
+        );
+    }
+}
+
+/// A sandbox paused at its timeout (`autoPause`) is not running to envd, as on E2B: its calls
+/// answer "not running" and leave it paused; `connect` alone resumes it, with a deadline again.
+#[tokio::test]
+async fn an_auto_paused_sandbox_stays_paused_to_envd_until_connect_gives_it_a_deadline() {
+    let e = service();
+    let v = e
+        .create(json!({"templateID": "base", "timeout": 5, "autoPause": true}))
+        .await;
+    let id = v["sandboxID"].as_str().expect("id");
+    let token = v["envdAccessToken"].as_str().expect("token");
+    let swept =
+        e.h.cell()
+            .reaper()
+            .clone()
+            .sweep(std::time::SystemTime::now() + std::time::Duration::from_secs(60))
+            .await
+            .expect("sweep");
+    assert_eq!(swept.paused, vec![id.to_string()], "{swept:?}");
+
+    let (s, answer) = e
+        .unary(
+            "/filesystem.Filesystem/Stat",
+            id,
+            token,
+            json!({"path": "/workspace"}),
+        )
+        .await;
+    assert_eq!(
+        (s, answer["code"].clone()),
+        (StatusCode::SERVICE_UNAVAILABLE, json!("unavailable")),
+        "{answer}"
+    );
+    assert!(
+        answer["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("paused")),
+        "{answer}"
+    );
+    let (s, answer) = e.unary("/process.Process/List", id, token, json!({})).await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{answer}");
+    let (s, bytes, _) = e
+        .envd_with(
+            "GET",
+            "/files?path=/workspace/repo/x",
+            id,
+            token,
+            "",
+            Vec::new(),
+        )
+        .await;
+    assert_eq!(
+        s,
+        StatusCode::BAD_GATEWAY,
+        "{}",
+        String::from_utf8_lossy(&bytes)
+    );
+    let (s, _) = upload(&e, id, token, "path=/workspace/repo/x", &[("x", "y")]).await;
+    assert_eq!(s, StatusCode::BAD_GATEWAY);
+    let (s, _, _) = e
+        .envd_with("GET", "/health", id, token, "", Vec::new())
+        .await;
+    assert_eq!(s, StatusCode::BAD_GATEWAY);
+    let (_, info, _) = e
+        .control("GET", &format!("/sandboxes/{id}"), None, KEY)
+        .await;
+    assert_eq!(info["state"], "paused", "envd thawed it: {info}");
+    assert_eq!(info["endAt"], "9999-12-31T23:59:59Z", "{info}");
+
+    let (s, v, _) = e
+        .control(
+            "POST",
+            &format!("/sandboxes/{id}/connect"),
+            Some(json!({"timeout": 120})),
+            KEY,
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let (_, info, _) = e
+        .control("GET", &format!("/sandboxes/{id}"), None, KEY)
+        .await;
+    assert_eq!(info["state"], "running", "{info}");
+    let end = time::OffsetDateTime::parse(
+        info["endAt"].as_str().expect("endAt"),
+        &time::format_description::well_known::Rfc3339,
+    )
+    .expect("an RFC 3339 endAt");
+    let left = end - time::OffsetDateTime::now_utc();
+    assert!(
+        left > time::Duration::seconds(60) && left <= time::Duration::seconds(121),
+        "{info}"
+    );
+    let (s, answer) = e
+        .unary(
+            "/filesystem.Filesystem/Stat",
+            id,
+            token,
+            json!({"path": "/workspace"}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{answer}");
 }

@@ -346,6 +346,89 @@ async fn deadlines_end_pause_or_spare_sessions_as_set() {
     assert_eq!(records(&h.engine).await, 2);
 }
 
+/// Seconds from now to an `expires_at`.
+fn left(info: &Value) -> i64 {
+    let at = time::OffsetDateTime::parse(
+        info["expires_at"].as_str().expect("a deadline"),
+        &time::format_description::well_known::Rfc3339,
+    )
+    .expect("rfc3339");
+    (at - time::OffsetDateTime::now_utc()).whole_seconds()
+}
+
+/// A session its deadline paused gets a deadline again when a request thaws it (its last
+/// timeout, from then), so it cannot run on without one; the new deadline pauses it again.
+#[tokio::test]
+async fn a_thaw_after_the_deadline_paused_a_session_arms_a_new_deadline() {
+    let h = Harness::default();
+    let id = h
+        .create(json!({"base_image": IMAGE, "timeout_seconds": 30, "on_timeout": "pause"}))
+        .await;
+    let extended = h
+        .create(json!({"base_image": IMAGE, "timeout_seconds": 5, "on_timeout": "pause"}))
+        .await;
+    // The last timeout set is the one armed again.
+    let (status, _) = h
+        .api(
+            "POST",
+            &format!("/session/{extended}/timeout/"),
+            Some(json!({"timeout_seconds": 600})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let reaper = h.cell().reaper().clone();
+    let swept = reaper
+        .sweep(SystemTime::now() + Duration::from_secs(700))
+        .await
+        .expect("sweep");
+    let mut paused = swept.paused.clone();
+    paused.sort();
+    let mut both = vec![id.clone(), extended.clone()];
+    both.sort();
+    assert_eq!(paused, both, "{swept:?}");
+    let (_, info) = h.api("GET", &format!("/session/{id}/info/"), None).await;
+    assert_eq!(
+        (info["state"].clone(), info["expires_at"].clone()),
+        (json!("paused"), Value::Null),
+        "{info}"
+    );
+
+    // Any request thaws it (the native API's rule), and it has a deadline again.
+    for (session, timeout) in [(&id, 30), (&extended, 600)] {
+        let (status, _) = h.api("GET", &format!("/session/{session}/"), None).await;
+        assert_eq!(status, StatusCode::NO_CONTENT);
+        let (_, info) = h
+            .api("GET", &format!("/session/{session}/info/"), None)
+            .await;
+        assert_eq!(info["state"], json!("running"), "{info}");
+        let left = left(&info);
+        assert!(
+            left > timeout - 30 && left <= timeout,
+            "{left} s left: {info}"
+        );
+    }
+    // Which it keeps: the next deadline pauses it again.
+    let swept = reaper
+        .sweep(SystemTime::now() + Duration::from_secs(60))
+        .await
+        .expect("sweep");
+    assert_eq!(swept.paused, vec![id.clone()], "{swept:?}");
+    // A session paused by hand keeps the deadline it had through a thaw.
+    let (status, _) = h
+        .api("POST", &format!("/session/{extended}/pause/"), None)
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (_, before) = h
+        .api("GET", &format!("/session/{extended}/info/"), None)
+        .await;
+    let (status, _) = h.api("GET", &format!("/session/{extended}/"), None).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (_, after) = h
+        .api("GET", &format!("/session/{extended}/info/"), None)
+        .await;
+    assert_eq!(after["expires_at"], before["expires_at"], "{after}");
+}
+
 #[tokio::test]
 async fn a_claimed_member_is_listed_from_its_claim() {
     let engine = FakeEngine::default();

@@ -81,6 +81,12 @@ pub const METADATA_LABEL: &str = "daiv.sandbox.metadata";
 pub const DEADLINE_LABEL: &str = "daiv.sandbox.deadline";
 /// On a session's record: what ending means (`remove` or `pause`).
 pub const ON_TIMEOUT_LABEL: &str = "daiv.sandbox.on-timeout";
+/// On a session's record: the length in seconds of the deadline last set (at create or by a
+/// timeout), what a thaw arms again after the deadline paused the session.
+pub const TIMEOUT_LABEL: &str = "daiv.sandbox.timeout";
+/// On a session's record: `true` once its deadline paused it (the deadline is then cleared; the
+/// thaw that follows arms a new one).
+pub const DEADLINE_PAUSED_LABEL: &str = "daiv.sandbox.deadline-paused";
 /// On a session's record: Unix milliseconds it was written; the newest record of a session is
 /// its record (a deadline moves by writing a new one, then removing the old).
 pub const WRITTEN_LABEL: &str = "daiv.sandbox.written";

@@ -266,6 +266,50 @@ def watch():
         out["missing"] = None
     except SandboxException as e:
         out["missing"] = err(e)
+    # A sandbox's watchers are capped; they go when it is killed.
+    handles = []
+    try:
+        for _ in range(P.get("watchers", 17)):
+            handles.append(sbx.files.watch_dir("/home/user/w"))
+        out["over_cap"] = None
+    except SandboxException as e:
+        out["over_cap"] = err(e)
+    out["watchers_kept"] = len(handles)
+    sbx.kill()
+    try:
+        handles[0].get_new_events()
+        out["after_kill"] = None
+    except SandboxException as e:
+        out["after_kill"] = err(e)
+    return out
+
+
+def signed_upload():
+    """A URL signed for one file (`upload_url`), posted by someone who holds only the URL with
+    two parts, the second named ~/.bashrc (which `bash -l` runs before every command): nothing
+    is written but the signed path. A URL signed without a path is refused."""
+    import httpx
+
+    sbx = create()
+    out = {"id": sbx.sandbox_id}
+    bashrc = "/home/user/.bashrc"
+    digest = f"sha256sum {bashrc} 2>&1 || true"
+    before = sbx.commands.run(digest).stdout
+    # The sandbox is named by the header E2B_SANDBOX_URL's road needs; the URL is all else.
+    headers = {"E2b-Sandbox-Id": sbx.sandbox_id}
+    evil = b"touch /tmp/pwned\n"
+    r = httpx.post(
+        sbx.upload_url("/home/user/upload.txt"),
+        files=[("file", ("a.txt", b"first")), ("file", (bashrc, evil))],
+        headers=headers,
+    )
+    out["status"] = r.status_code
+    out["upload"] = sbx.files.read("/home/user/upload.txt")
+    out["a_written"] = sbx.files.exists("/home/user/a.txt")
+    r = httpx.post(sbx.upload_url(""), files=[("file", (bashrc, evil))], headers=headers)
+    out["no_path_status"] = r.status_code
+    out["bashrc_kept"] = sbx.commands.run(digest).stdout == before
+    out["pwned"] = sbx.files.exists("/tmp/pwned")
     sbx.kill()
     return out
 
@@ -308,6 +352,17 @@ def lifecycle():
     out["pause_again"] = sbx.pause()
     out["state_paused"] = str(sbx.get_info().state)
     out["is_running_paused"] = sbx.is_running()
+    # envd does not resume a paused sandbox (only connect does): not running, as on E2B.
+    for name, call in [
+        ("read_paused", lambda: sbx.files.read("/home/user/state.txt")),
+        ("run_paused", lambda: sbx.commands.run("true")),
+    ]:
+        try:
+            call()
+            out[name] = None
+        except SandboxException as e:
+            out[name] = err(e)
+    out["state_after_envd"] = str(sbx.get_info().state)
     resumed = Sandbox.connect(sbx.sandbox_id)
     out["after_connect"] = resumed.commands.run("cat /home/user/state.txt").stdout
     out["state_resumed"] = str(resumed.get_info().state)
@@ -382,6 +437,7 @@ SCENARIOS = {
     "turn": turn,
     "big_files": big_files,
     "watch": watch,
+    "signed_upload": signed_upload,
     "pty": pty,
     "lifecycle": lifecycle,
     "network": network,

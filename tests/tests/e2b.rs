@@ -292,8 +292,45 @@ async fn watch(sdk: &str) -> Result<()> {
             .is_some_and(|t| t.contains("NotFound")),
         "{v}"
     );
+    // 16 watchers a sandbox, the 17th refused with the reason; all gone with the sandbox.
+    assert_eq!(v["watchers_kept"], 16, "{v}");
+    assert!(
+        v["over_cap"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("16 watchers")),
+        "{v}"
+    );
+    assert!(
+        v["after_kill"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("watcher") && m.contains("not found")),
+        "{v}"
+    );
     assert_nothing_left(&svc.cp);
     Ok(())
+}
+
+/// A URL signed for one path writes that path only: a second part named ~/.bashrc is not
+/// written there (it would run before every later command), and a URL signed without a path
+/// is refused.
+async fn signed_upload(sdk: &str) -> Result<()> {
+    let svc = service(&[]).await?;
+    let _guard = DeploymentGuard(svc.cp.deployment.clone());
+    let v = drive(sdk, &svc.url, &svc.cp.key, "signed_upload", json!({})).await?;
+    assert_eq!(v["status"], 200, "{v}");
+    // Every part to the signed path, as envd writes them: the last one stays.
+    assert_eq!(v["upload"], "touch /tmp/pwned\n", "{v}");
+    assert_eq!(v["a_written"], false, "{v}");
+    assert_eq!(v["no_path_status"], 400, "{v}");
+    assert_eq!(v["bashrc_kept"], true, "{v}");
+    assert_eq!(v["pwned"], false, "{v}");
+    assert_nothing_left(&svc.cp);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_signed_upload_url_writes_its_own_path_only() -> Result<()> {
+    signed_upload(NEWEST).await
 }
 
 #[tokio::test]
@@ -328,6 +365,21 @@ async fn lifecycle(sdk: &str) -> Result<()> {
     assert_eq!(v["is_running_paused"], false, "{v}");
     assert!(
         v["state_paused"]
+            .as_str()
+            .is_some_and(|s| s.to_lowercase().contains("paused")),
+        "{v}"
+    );
+    // envd's calls found it not running (the SDK's timeout error) and left it paused.
+    for call in ["read_paused", "run_paused"] {
+        assert!(
+            v[call]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("paused")),
+            "{call}: {v}"
+        );
+    }
+    assert!(
+        v["state_after_envd"]
             .as_str()
             .is_some_and(|s| s.to_lowercase().contains("paused")),
         "{v}"

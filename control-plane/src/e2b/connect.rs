@@ -107,6 +107,10 @@ impl RpcError {
     }
 }
 
+/// What envd answers for a paused sandbox (E2B's proxy: it is not running).
+pub const PAUSED: &str =
+    "the sandbox is paused: it is not running until Sandbox.connect resumes it";
+
 /// A native refusal as the Connect code the SDK turns into the matching exception.
 impl From<Refusal> for RpcError {
     fn from(r: Refusal) -> Self {
@@ -117,6 +121,10 @@ impl From<Refusal> for RpcError {
                 Code::Unavailable,
                 "the sandbox was not found: it is not running (killed, or past its timeout)",
             );
+        }
+        // Paused (by the caller or at its timeout): not running until `connect` resumes it.
+        if super::native::is_paused(&r) {
+            return RpcError::new(Code::Unavailable, PAUSED);
         }
         let code = match r.status.as_u16() {
             400 | 422 => Code::InvalidArgument,

@@ -259,10 +259,10 @@ pub async fn get(State(e): State<E2b>, SandboxId(id): SandboxId) -> Answer {
 }
 
 /// `DELETE /sandboxes/{id}`: the session removed (a native close without `force` would only stop
-/// it); 204, or 404 (the SDK's `kill` answers `False`).
+/// it) and its polled watchers with it; 204, or 404 (the SDK's `kill` answers `False`).
 pub async fn kill(State(e): State<E2b>, SandboxId(id): SandboxId) -> Answer {
     let id = id.as_str();
-    let _: Value = e
+    let removed: Result<Value, Refusal> = e
         .native
         .json(
             Method::DELETE,
@@ -270,7 +270,15 @@ pub async fn kill(State(e): State<E2b>, SandboxId(id): SandboxId) -> Answer {
             None,
             None,
         )
-        .await?;
+        .await;
+    if removed.is_ok()
+        || removed
+            .as_ref()
+            .is_err_and(|r| r.status == StatusCode::NOT_FOUND)
+    {
+        e.watchers.remove_sandbox(id);
+    }
+    removed?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 

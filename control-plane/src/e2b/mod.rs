@@ -76,12 +76,17 @@ pub fn router(config: Arc<Config>, app: Router) -> Router {
             ))
         })
         .with_state(state.clone());
+    // envd never thaws a paused sandbox: E2B's is not running until `connect` resumes it.
+    let envd_state = E2b {
+        native: state.native.clone().keeping_paused(),
+        ..state
+    };
     let envd = envd::router()
         .layer(DefaultBodyLimit::max(connect::MAX_MESSAGE + 64 * 1024))
         .fallback(|| async {
             connect::RpcError::new(connect::Code::Unimplemented, "no such envd route")
         })
-        .with_state(state);
+        .with_state(envd_state);
     Router::new().fallback_service(tower::service_fn(move |req: Request| {
         let (control, envd) = (control.clone(), envd.clone());
         async move {

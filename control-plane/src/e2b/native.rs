@@ -34,11 +34,26 @@ impl Refusal {
 pub struct Native {
     app: Router,
     key: HeaderValue,
+    /// Paused sessions stay paused: a call that would thaw one is refused instead (envd's: a
+    /// paused E2B sandbox is not running until `connect` resumes it).
+    keep_paused: bool,
 }
 
 impl Native {
     pub fn new(app: Router, key: HeaderValue) -> Self {
-        Self { app, key }
+        Self {
+            app,
+            key,
+            keep_paused: false,
+        }
+    }
+
+    /// The same router, keeping paused sessions paused (see [`crate::sessions::keep_paused`]).
+    pub fn keeping_paused(self) -> Self {
+        Self {
+            keep_paused: true,
+            ..self
+        }
     }
 
     /// One request; the key is the deployment's unless `key` (a control-API caller's own, which
@@ -78,7 +93,8 @@ impl Native {
                 return error_response(StatusCode::BAD_REQUEST, &format!("bad request: {e}"));
             }
         };
-        match self.app.clone().oneshot(req).await {
+        let answer = self.app.clone().oneshot(req);
+        match crate::sessions::keep_paused_if(self.keep_paused, answer).await {
             Ok(r) => r,
             Err(never) => match never {},
         }
@@ -116,6 +132,11 @@ impl Native {
             )
         })
     }
+}
+
+/// Whether `r` is the native refusal of a paused session to a caller that keeps it paused.
+pub fn is_paused(r: &Refusal) -> bool {
+    r.status == StatusCode::CONFLICT && r.detail.starts_with("Session is paused")
 }
 
 /// The refusal a native error body carries (`{"detail"}`), else the status's reason.

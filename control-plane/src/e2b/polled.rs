@@ -3,25 +3,93 @@
 //! answers for the watchers it made). A buffer that fills between two polls fails the next poll
 //! rather than losing events silently; a watch that ended (the sandbox gone, the directory
 //! removed) fails it with the reason. `envd/watchers.rs` fills them.
+//!
+//! Their memory is bounded: each buffer holds at most [`MAX_BUFFER_BYTES`] of events (as the JSON
+//! the poll answers), a sandbox has at most [`MAX_PER_SANDBOX`] watchers and the replica
+//! [`MAX_WATCHERS`], a watcher nobody polled for [`IDLE`] is removed, and a killed sandbox's go
+//! with it. At most `MAX_WATCHERS × MAX_BUFFER_BYTES` (64 MiB) of events, whatever clients do.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use serde_json::value::RawValue;
 
 use super::connect::{Code, RpcError};
 
-/// Watchers kept at once (ended ones are dropped first to make room).
-const MAX_WATCHERS: usize = 1024;
-/// Events kept between two polls of one watcher.
-pub const MAX_EVENTS: usize = 4096;
+/// Watchers kept at once in this replica (ended and idle ones are dropped first to make room).
+pub const MAX_WATCHERS: usize = 256;
+/// Watchers of one sandbox at once.
+pub const MAX_PER_SANDBOX: usize = 16;
+/// Bytes of events kept between two polls of one watcher: their JSON and a slot each.
+pub const MAX_BUFFER_BYTES: usize = 256 * 1024;
+/// What one kept event costs beside its JSON (its box and its slot in the queue).
+const EVENT_OVERHEAD: usize = 32;
+/// A watcher not polled for this long is removed (its watch stopped, its events dropped): the
+/// SDK polls while its caller watches, so one left behind does not hold memory for good.
+pub const IDLE: Duration = Duration::from_secs(60);
 
 /// What a watcher's task has read and not yet been polled.
-#[derive(Default)]
 pub struct Buffer {
-    pub events: VecDeque<Value>,
-    pub overflowed: bool,
-    pub ended: Option<RpcError>,
+    events: VecDeque<Box<RawValue>>,
+    bytes: usize,
+    overflowed: bool,
+    ended: Option<RpcError>,
+    /// The last poll, or the watcher's creation.
+    polled: Instant,
+}
+
+impl Default for Buffer {
+    fn default() -> Self {
+        Self {
+            events: VecDeque::new(),
+            bytes: 0,
+            overflowed: false,
+            ended: None,
+            polled: Instant::now(),
+        }
+    }
+}
+
+impl Buffer {
+    /// Keeps `event` for the next poll; past [`MAX_BUFFER_BYTES`] it is dropped and the next poll
+    /// fails (events were lost).
+    pub fn push(&mut self, event: &Value) {
+        if self.overflowed {
+            return;
+        }
+        let Ok(raw) = serde_json::value::to_raw_value(event) else {
+            return;
+        };
+        let cost = raw.get().len() + EVENT_OVERHEAD;
+        if self.bytes + cost > MAX_BUFFER_BYTES {
+            self.overflowed = true;
+            self.events.clear();
+            self.bytes = 0;
+            return;
+        }
+        self.bytes += cost;
+        self.events.push_back(raw);
+    }
+
+    /// The watch lost events before they reached this buffer (the native watch overflowed).
+    pub fn overflow(&mut self) {
+        self.overflowed = true;
+        self.events.clear();
+        self.bytes = 0;
+    }
+
+    /// The watch ended, for `why`.
+    pub fn end(&mut self, why: RpcError) {
+        self.ended = Some(why);
+    }
+
+    /// The bytes held.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
 }
 
 struct Watcher {
@@ -30,16 +98,24 @@ struct Watcher {
     task: tokio::task::AbortHandle,
 }
 
+impl Watcher {
+    fn stop(&self) {
+        self.task.abort();
+    }
+}
+
 #[derive(Default)]
 pub struct Watchers {
     inner: Mutex<HashMap<String, Watcher>>,
+    /// Whether the task that removes idle watchers runs.
+    sweeping: AtomicBool,
 }
 
 impl Drop for Watchers {
     fn drop(&mut self) {
         if let Ok(map) = self.inner.get_mut() {
             for w in map.values() {
-                w.task.abort();
+                w.stop();
             }
         }
     }
@@ -50,28 +126,43 @@ pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Watchers {
-    /// Keeps a new watcher of `sandbox` (its buffer, filled by `task`); its id.
+    /// Keeps a new watcher of `sandbox` (its buffer, filled by `task`); its id. Past a cap, the
+    /// ended and idle watchers go first; then it is refused.
     pub fn insert(
-        &self,
+        self: &Arc<Self>,
         sandbox: &str,
         buffer: Arc<Mutex<Buffer>>,
         task: tokio::task::AbortHandle,
     ) -> Result<String, RpcError> {
+        self.ensure_sweeper();
         let watcher_id = {
             use rand::Rng;
             let bytes: [u8; 16] = rand::rng().random();
             bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()
         };
         let mut map = lock(&self.inner);
-        if map.len() >= MAX_WATCHERS {
-            let ended: Vec<String> = map
-                .iter()
-                .filter(|(_, w)| lock(&w.buffer).ended.is_some())
-                .map(|(k, _)| k.clone())
-                .collect();
-            for k in ended {
-                map.remove(&k);
-            }
+        let of_sandbox =
+            |map: &HashMap<String, Watcher>| map.values().filter(|w| w.sandbox == sandbox).count();
+        if map.len() >= MAX_WATCHERS || of_sandbox(&map) >= MAX_PER_SANDBOX {
+            let now = Instant::now();
+            map.retain(|_, w| {
+                let b = lock(&w.buffer);
+                let keep = b.ended.is_none() && !idle(&b, now);
+                drop(b);
+                if !keep {
+                    w.stop();
+                }
+                keep
+            });
+        }
+        if of_sandbox(&map) >= MAX_PER_SANDBOX {
+            return Err(RpcError::new(
+                Code::ResourceExhausted,
+                format!(
+                    "this sandbox has {MAX_PER_SANDBOX} watchers, the most it may have: remove \
+                     some first"
+                ),
+            ));
         }
         if map.len() >= MAX_WATCHERS {
             return Err(RpcError::new(
@@ -107,15 +198,19 @@ impl Watchers {
     }
 
     /// The events since the last poll.
-    pub fn drain(&self, sandbox: &str, watcher: &str) -> Result<Vec<Value>, RpcError> {
+    pub fn drain(&self, sandbox: &str, watcher: &str) -> Result<Vec<Box<RawValue>>, RpcError> {
         self.with(sandbox, watcher, |w| {
             let mut b = lock(&w.buffer);
+            b.polled = Instant::now();
             if b.overflowed {
                 b.overflowed = false;
-                b.events.clear();
                 return Err(RpcError::new(
                     Code::ResourceExhausted,
-                    "more events than the watcher keeps between two polls: some were lost",
+                    format!(
+                        "more events than the watcher keeps between two polls ({} KiB): some \
+                         were lost",
+                        MAX_BUFFER_BYTES / 1024
+                    ),
                 ));
             }
             if b.events.is_empty()
@@ -123,13 +218,185 @@ impl Watchers {
             {
                 return Err(err.clone());
             }
+            b.bytes = 0;
             Ok(b.events.drain(..).collect())
         })?
     }
 
     pub fn remove(&self, sandbox: &str, watcher: &str) -> Result<(), RpcError> {
-        self.with(sandbox, watcher, |w| w.task.abort())?;
+        self.with(sandbox, watcher, Watcher::stop)?;
         lock(&self.inner).remove(watcher);
         Ok(())
+    }
+
+    /// Every watcher of `sandbox` stopped and dropped (it was killed).
+    pub fn remove_sandbox(&self, sandbox: &str) {
+        lock(&self.inner).retain(|_, w| {
+            let keep = w.sandbox != sandbox;
+            if !keep {
+                w.stop();
+            }
+            keep
+        });
+    }
+
+    /// Drops the watchers not polled for [`IDLE`] as of `now`; how many went.
+    pub fn sweep(&self, now: Instant) -> usize {
+        let mut map = lock(&self.inner);
+        let before = map.len();
+        map.retain(|_, w| {
+            let keep = !idle(&lock(&w.buffer), now);
+            if !keep {
+                w.stop();
+            }
+            keep
+        });
+        before - map.len()
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        lock(&self.inner).len()
+    }
+
+    /// Starts the task that sweeps idle watchers, once; it ends with the last handle on `self`.
+    fn ensure_sweeper(self: &Arc<Self>) {
+        if self.sweeping.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let weak: Weak<Self> = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(IDLE / 4);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(watchers) = weak.upgrade() else {
+                    return;
+                };
+                let gone = watchers.sweep(Instant::now());
+                if gone > 0 {
+                    tracing::debug!(watchers = gone, "e2b: idle polled watchers removed");
+                }
+            }
+        });
+    }
+}
+
+/// Not polled for [`IDLE`] as of `now`.
+fn idle(b: &Buffer, now: Instant) -> bool {
+    now.saturating_duration_since(b.polled) >= IDLE
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn event(i: usize) -> Value {
+        json!({"name": format!("file-{i}"), "type": "EVENT_TYPE_CREATE",
+               "entry": {"path": format!("/home/user/dir/file-{i}"), "size": "0"}})
+    }
+
+    fn idle_task() -> tokio::task::AbortHandle {
+        tokio::spawn(std::future::pending::<()>()).abort_handle()
+    }
+
+    #[test]
+    fn a_buffer_holds_a_bounded_number_of_bytes_then_reports_the_loss() {
+        let mut b = Buffer::default();
+        let mut kept = 0;
+        for i in 0..100_000 {
+            b.push(&event(i));
+            assert!(b.bytes() <= MAX_BUFFER_BYTES);
+            if b.overflowed {
+                break;
+            }
+            kept += 1;
+        }
+        assert!(b.overflowed, "the buffer never filled");
+        assert!(kept > 100, "only {kept} events fit");
+        // Nothing more is kept until a poll has reported the loss.
+        b.push(&event(0));
+        assert_eq!(b.bytes(), 0);
+    }
+
+    #[tokio::test]
+    async fn an_overflow_fails_the_next_poll_then_events_flow_again() {
+        let w = Arc::new(Watchers::default());
+        let buffer = Arc::new(Mutex::new(Buffer::default()));
+        let id = w
+            .insert("s", buffer.clone(), idle_task())
+            .expect("a watcher");
+        for i in 0..100_000 {
+            lock(&buffer).push(&event(i));
+        }
+        let err = w.drain("s", &id).expect_err("the loss is reported");
+        assert_eq!(err.code, Code::ResourceExhausted);
+        lock(&buffer).push(&event(1));
+        assert_eq!(w.drain("s", &id).expect("events").len(), 1);
+        assert!(w.drain("s", &id).expect("none").is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_sandbox_has_a_bounded_number_of_watchers() {
+        let w = Arc::new(Watchers::default());
+        for _ in 0..MAX_PER_SANDBOX {
+            w.insert("s", Arc::default(), idle_task())
+                .expect("a watcher");
+        }
+        let err = w
+            .insert("s", Arc::default(), idle_task())
+            .expect_err("over the cap");
+        assert_eq!(err.code, Code::ResourceExhausted);
+        assert!(err.message.contains("this sandbox"), "{}", err.message);
+        // Another sandbox is not held back by this one.
+        w.insert("t", Arc::default(), idle_task())
+            .expect("another sandbox's watcher");
+        // An ended watcher makes room.
+        let ended = Arc::new(Mutex::new(Buffer::default()));
+        w.remove_sandbox("s");
+        let first = w.insert("s", ended.clone(), idle_task()).expect("room");
+        lock(&ended).end(RpcError::new(Code::NotFound, "gone"));
+        for _ in 1..MAX_PER_SANDBOX {
+            w.insert("s", Arc::default(), idle_task())
+                .expect("a watcher");
+        }
+        w.insert("s", Arc::default(), idle_task())
+            .expect("the ended one made room");
+        assert_eq!(
+            w.drain("s", &first).expect_err("dropped").code,
+            Code::NotFound
+        );
+    }
+
+    #[tokio::test]
+    async fn idle_watchers_and_a_killed_sandboxs_are_dropped_with_their_tasks() {
+        let w = Arc::new(Watchers::default());
+        let task = tokio::spawn(std::future::pending::<()>());
+        let polled = w
+            .insert("s", Arc::default(), task.abort_handle())
+            .expect("a watcher");
+        let unpolled = w
+            .insert("s", Arc::default(), idle_task())
+            .expect("a watcher");
+        let other = w
+            .insert("t", Arc::default(), idle_task())
+            .expect("a watcher");
+        assert_eq!(w.sweep(Instant::now()), 0);
+        // Polled now: it is idle only IDLE after this poll.
+        w.drain("s", &polled).expect("polled");
+        let later = Instant::now() + IDLE;
+        assert_eq!(w.sweep(later), 3);
+        assert_eq!(w.len(), 0);
+        assert!(task.await.expect_err("stopped").is_cancelled());
+        for (s, id) in [("s", &polled), ("s", &unpolled), ("t", &other)] {
+            assert_eq!(w.drain(s, id).expect_err("gone").code, Code::NotFound);
+        }
+
+        let a = w.insert("s", Arc::default(), idle_task()).expect("a");
+        let b = w.insert("t", Arc::default(), idle_task()).expect("b");
+        w.remove_sandbox("s");
+        assert_eq!(w.drain("s", &a).expect_err("gone").code, Code::NotFound);
+        assert!(w.drain("t", &b).is_ok());
     }
 }

@@ -305,7 +305,8 @@ impl Reaper {
             let outcome = match self.sessions.pause_at_deadline(id).await {
                 Ok(()) => {
                     tracing::info!(session_id = %id, "reaper: session paused at its deadline");
-                    // Done: a request that thaws it is not to see it paused again.
+                    // Done: a request that thaws it is not to see it paused again; the thaw
+                    // arms a new deadline (see `Sessions::clear_deadline`).
                     if let Err(e) = self.sessions.clear_deadline(id).await {
                         tracing::warn!(session_id = %id, error = %e, "reaper: a paused session's deadline not cleared");
                     }

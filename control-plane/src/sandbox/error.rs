@@ -32,6 +32,10 @@ pub enum SessionError {
     /// Pause (or another operation that needs a running session) on a stopped one.
     #[error("Session is not running")]
     NotRunning,
+    /// A paused session reached through a front door that must not thaw it (E2B's envd: only
+    /// E2B's `connect` resumes a sandbox); see `sessions::keep_paused`.
+    #[error("Session is paused: resume it first")]
+    Paused,
     #[error(transparent)]
     Validation(#[from] ValidationError),
     /// No user for a new sandbox (`RUN_UID_RANGE` used up, or the engine's listing failed).

@@ -60,6 +60,29 @@ pub use run::Workspace;
 /// Longest a force delete waits for a busy session's lock before it removes the session anyway.
 pub const FORCE_LOCK_WAIT: Duration = Duration::from_secs(1);
 
+tokio::task_local! {
+    /// Set while a front door whose sandboxes are not running while paused calls in (E2B's
+    /// envd: there only `connect` resumes a sandbox): a paused session then answers
+    /// [`SessionError::Paused`] instead of being thawed.
+    static KEEP_PAUSED: ();
+}
+
+/// Runs `f` with paused sessions kept paused (see [`KEEP_PAUSED`]).
+pub async fn keep_paused<F: std::future::Future>(f: F) -> F::Output {
+    KEEP_PAUSED.scope((), f).await
+}
+
+/// Whether the running task keeps paused sessions paused: a task it spawns to go on with its
+/// work (a process's events, followed) carries it on with [`keep_paused_if`].
+pub fn keeping_paused() -> bool {
+    KEEP_PAUSED.try_with(|_| ()).is_ok()
+}
+
+/// Runs `f` keeping paused sessions paused when `keep` (what [`keeping_paused`] said).
+pub async fn keep_paused_if<F: std::future::Future>(keep: bool, f: F) -> F::Output {
+    if keep { keep_paused(f).await } else { f.await }
+}
+
 pub struct Sessions {
     factory: Arc<SandboxFactory>,
     pool: Arc<Pool>,
@@ -173,7 +196,8 @@ impl Sessions {
     ///
     /// A paused session is thawed: its gateway (by [`Egress::ensure_gateway`]) and itself, side
     /// by side (the request waits for both; a process that resumes first and reaches for a
-    /// still-frozen gateway has its connection queued by the kernel, not refused).
+    /// still-frozen gateway has its connection queued by the kernel, not refused). One its
+    /// deadline paused gets a deadline again first: its last timeout, from now.
     pub async fn ensure_running(&self, id: &SessionId) -> Result<ContainerInfo, SessionError> {
         self.started(id).await
     }
@@ -192,6 +216,11 @@ impl Sessions {
     ) -> Result<ContainerInfo, SessionError> {
         let triad = Triad::of(&info);
         if info.is_paused() {
+            if keeping_paused() {
+                return Err(SessionError::Paused);
+            }
+            // Paused by its deadline: the deadline is armed again before anything thaws.
+            self.rearm_deadline(id).await?;
             let gateway = async {
                 match &triad {
                     Some(triad) => self

@@ -14,8 +14,9 @@ use std::collections::{BTreeMap, HashMap};
 
 use crate::api::{MAX_SESSION_TIMEOUT_SECS, Metadata, OnTimeout, StartSessionRequest};
 use crate::engine::{
-    DEADLINE_LABEL, DEPLOYMENT_LABEL, EngineError, MANAGED_LABEL, METADATA_LABEL, ON_TIMEOUT_LABEL,
-    ROLE_LABEL, ROLE_SESSION_RECORD, SESSION_LABEL, VolumeInfo, VolumeSpec, WRITTEN_LABEL,
+    DEADLINE_LABEL, DEADLINE_PAUSED_LABEL, DEPLOYMENT_LABEL, EngineError, MANAGED_LABEL,
+    METADATA_LABEL, ON_TIMEOUT_LABEL, ROLE_LABEL, ROLE_SESSION_RECORD, SESSION_LABEL,
+    TIMEOUT_LABEL, VolumeInfo, VolumeSpec, WRITTEN_LABEL,
 };
 use crate::time::unix_now;
 
@@ -73,6 +74,11 @@ pub struct Record {
     /// Unix seconds.
     pub deadline: Option<i64>,
     pub on_timeout: OnTimeout,
+    /// The length of the deadline last set, in seconds (what a thaw after the deadline paused
+    /// the session arms again).
+    pub timeout_secs: Option<u64>,
+    /// The deadline paused the session (and was cleared): the next thaw arms a new one.
+    pub deadline_paused: bool,
     /// Unix milliseconds it was written.
     pub written_ms: i64,
 }
@@ -110,6 +116,8 @@ impl Sessions {
                 .timeout_secs
                 .map(|t| unix_now().saturating_add(t as i64)),
             on_timeout: lifetime.on_timeout.unwrap_or_default(),
+            timeout_secs: lifetime.timeout_secs,
+            deadline_paused: false,
             written_ms: 0,
         };
         self.write_record(id, &record).await
@@ -141,6 +149,12 @@ impl Sessions {
         ]);
         if let Some(d) = record.deadline {
             labels.insert(DEADLINE_LABEL.to_string(), d.to_string());
+        }
+        if let Some(t) = record.timeout_secs {
+            labels.insert(TIMEOUT_LABEL.to_string(), t.to_string());
+        }
+        if record.deadline_paused {
+            labels.insert(DEADLINE_PAUSED_LABEL.to_string(), "true".to_string());
         }
         self.engine()
             .create_volume(&VolumeSpec {
@@ -208,13 +222,42 @@ impl Sessions {
         out
     }
 
-    /// The session's deadline cleared (it paused the session: a thaw must not pause it again).
+    /// The session's deadline cleared once it paused the session (a thaw must not find it
+    /// past its deadline), and marked so the thaw arms a new one ([`Self::rearm_deadline`]).
     pub async fn clear_deadline(&self, id: &str) -> Result<(), SessionError> {
         let Some(mut record) = self.record(id).await? else {
             return Ok(());
         };
+        // A record written before its timeout's length was kept: the deadline it set, counted
+        // from when it was written.
+        if record.timeout_secs.is_none()
+            && let Some(d) = record.deadline
+        {
+            let ms = d.saturating_mul(1000).saturating_sub(record.written_ms);
+            let secs = u64::try_from(ms.saturating_add(999) / 1000).unwrap_or(0);
+            record.timeout_secs = Some(secs.clamp(1, MAX_SESSION_TIMEOUT_SECS));
+        }
         record.deadline = None;
+        record.deadline_paused = true;
         self.write_record(id, &record).await
+    }
+
+    /// Before a thaw (the caller holds the lock): a session its deadline paused gets a deadline
+    /// again, its last timeout from now, so it cannot run on without one.
+    pub(super) async fn rearm_deadline(&self, id: &str) -> Result<(), SessionError> {
+        let Some(mut record) = self.record(id).await? else {
+            return Ok(());
+        };
+        if !record.deadline_paused {
+            return Ok(());
+        }
+        record.deadline_paused = false;
+        if let Some(t) = record.timeout_secs {
+            record.deadline = Some(unix_now().saturating_add(t as i64));
+        }
+        self.write_record(id, &record).await?;
+        tracing::info!(session_id = %id, deadline = ?record.deadline, "a session its deadline paused got a deadline again");
+        Ok(())
     }
 
     /// Removes a record volume (the reaper's, for a session that is gone).
@@ -244,6 +287,8 @@ impl Sessions {
         self.find(id).await?;
         let mut record = self.record(id).await?.unwrap_or_default();
         record.deadline = Some(unix_now().saturating_add(secs as i64));
+        record.timeout_secs = Some(secs);
+        record.deadline_paused = false;
         self.write_record(id, &record).await
     }
 
@@ -276,6 +321,11 @@ impl Sessions {
                     .get(ON_TIMEOUT_LABEL)
                     .and_then(|o| OnTimeout::parse(o))
                     .unwrap_or_default(),
+                timeout_secs: l
+                    .get(TIMEOUT_LABEL)
+                    .and_then(|t| t.parse::<u64>().ok())
+                    .filter(|t| check_timeout(*t).is_ok()),
+                deadline_paused: l.get(DEADLINE_PAUSED_LABEL).map(String::as_str) == Some("true"),
                 written_ms: written,
             },
         ))

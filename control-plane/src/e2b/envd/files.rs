@@ -1,10 +1,14 @@
 //! envd's `/files`: `GET` answers a file's bytes (`Range` and `Accept-Encoding: gzip` passed on to
 //! the native route), `POST` writes one (`application/octet-stream`, gzip allowed) or several
-//! (`multipart/form-data`, each part's file name its path when the query has none), replacing
-//! what is there in place (as envd does: a watcher sees the file's own events) and creating
-//! parents; both streamed through the native `/files` route, so a
-//! file's size is bounded by `FILE_MAX_BYTES` and the disk, not by memory. A signed URL
-//! (`signature`, `signature_expiration`) stands in for the access token.
+//! (`multipart/form-data`: every part to `?path=` when the query names one, as envd writes them,
+//! else each part to its own file name), replacing what is there in place (as envd does: a
+//! watcher sees the file's own events) and creating parents; both streamed through the native
+//! `/files` route, so a file's size is bounded by `FILE_MAX_BYTES` and the disk, not by memory.
+//!
+//! A signed URL (`signature`, `signature_expiration`) stands in for the access token for the one
+//! path it was signed over: its holder (a browser, a less trusted party: the reason to sign URLs)
+//! writes that path and no other, so a signed upload must carry `?path=` and no part's file name
+//! is read.
 
 use std::collections::HashMap;
 
@@ -20,13 +24,22 @@ use super::super::state::E2b;
 use super::super::token::SignedUrl;
 use super::{absolute, basic_user, check_user, http_error, sandbox_id};
 
+/// How a `/files` caller proved it may act on the sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Proof {
+    /// The access token: anything the sandbox user may do.
+    Token,
+    /// A signed URL: the signed `?path=` only.
+    Signature,
+}
+
 /// The caller of a `/files` request: its sandbox id once the token or the signature holds.
 fn authorize(
     e: &E2b,
     headers: &HeaderMap,
     params: &HashMap<String, String>,
     operation: &str,
-) -> Result<String, Refusal> {
+) -> Result<(String, Proof), Refusal> {
     let id = sandbox_id(headers).map_err(|e| Refusal::new(StatusCode::NOT_FOUND, e.message))?;
     let user = params
         .get("username")
@@ -38,7 +51,7 @@ fn authorize(
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
     if e.tokens.check(&id, token) {
-        return Ok(id);
+        return Ok((id, Proof::Token));
     }
     if let Some(sig) = params.get("signature") {
         let expiration = params
@@ -53,7 +66,7 @@ fn authorize(
             expiration,
         };
         if e.tokens.check_signature(&id, &url, now) {
-            return Ok(id);
+            return Ok((id, Proof::Signature));
         }
     }
     Err(Refusal::new(
@@ -69,7 +82,7 @@ pub async fn download(
     Query(params): Query<HashMap<String, String>>,
 ) -> Response {
     let id = match authorize(&e, &headers, &params, "read") {
-        Ok(id) => id,
+        Ok((id, _)) => id,
         Err(r) => return http_error(&r),
     };
     let path = absolute(params.get("path").map(String::as_str).unwrap_or(""));
@@ -113,13 +126,20 @@ async fn upload_inner(
     params: &HashMap<String, String>,
     body: Body,
 ) -> Result<Vec<Value>, Refusal> {
-    let id = authorize(e, headers, params, "write")?;
+    let (id, proof) = authorize(e, headers, params, "write")?;
     let ct = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
         .to_string();
     let query_path = params.get("path").filter(|p| !p.is_empty());
+    if proof == Proof::Signature && query_path.is_none() {
+        return Err(Refusal::new(
+            StatusCode::BAD_REQUEST,
+            "a signed upload URL writes the path it was signed over: it needs ?path= (a part's \
+             file name never chooses the path of a signed upload)",
+        ));
+    }
     if ct.starts_with("multipart/form-data") {
         let boundary = multer::parse_boundary(&ct)
             .map_err(|err| Refusal::new(StatusCode::BAD_REQUEST, format!("multipart: {err}")))?;
@@ -130,9 +150,11 @@ async fn upload_inner(
             .await
             .map_err(|err| Refusal::new(StatusCode::BAD_REQUEST, format!("multipart: {err}")))?
         {
+            // `?path=` takes every part, as envd writes them (the last one stays): a URL signed
+            // over one path never writes another.
             let path = match (query_path, field.file_name()) {
-                (Some(p), _) if written.is_empty() => p.clone(),
-                (_, Some(name)) if !name.is_empty() => name.to_string(),
+                (Some(p), _) => p.clone(),
+                (None, Some(name)) if !name.is_empty() => name.to_string(),
                 _ => {
                     return Err(Refusal::new(
                         StatusCode::BAD_REQUEST,

@@ -216,6 +216,12 @@ pub fn http_error(r: &Refusal) -> Response {
             "the sandbox was not found: it is not running (killed, or past its timeout)",
         ));
     }
+    if super::native::is_paused(r) {
+        return http_error(&Refusal::new(
+            StatusCode::BAD_GATEWAY,
+            super::connect::PAUSED,
+        ));
+    }
     let mut resp = Response::new(Body::from(
         serde_json::json!({ "code": r.status.as_u16(), "message": r.detail }).to_string(),
     ));

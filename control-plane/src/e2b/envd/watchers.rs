@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use futures::StreamExt;
 
 use super::super::connect::{Code, RpcError};
-use super::super::polled::{Buffer, MAX_EVENTS, lock};
+use super::super::polled::{Buffer, lock};
 use super::super::state::E2b;
 use super::absolute;
 use super::watch::{WatchRequest, filesystem_event, watch};
@@ -27,23 +27,19 @@ pub async fn create(e: &E2b, id: &str, req: WatchRequest) -> Result<String, RpcE
         while let Some(ev) = events.next().await {
             let mut b = lock(&filler);
             match ev {
-                Ok(ev) if ev.kind == WatchEventType::Overflow => b.overflowed = true,
+                Ok(ev) if ev.kind == WatchEventType::Overflow => b.overflow(),
                 Ok(ev) => {
                     if let Some(v) = filesystem_event(&ev, &root) {
-                        if b.events.len() >= MAX_EVENTS {
-                            b.overflowed = true;
-                        } else {
-                            b.events.push_back(v);
-                        }
+                        b.push(&v);
                     }
                 }
                 Err(err) => {
-                    b.ended = Some(err);
+                    b.end(err);
                     return;
                 }
             }
         }
-        lock(&filler).ended = Some(RpcError::new(
+        lock(&filler).end(RpcError::new(
             Code::NotFound,
             "the watch ended (the directory or the sandbox is gone)",
         ));

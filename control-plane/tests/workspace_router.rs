@@ -377,3 +377,53 @@ async fn endless_part_headers_give_422() {
         assert!(text.contains(wants), "{n}: {text}");
     }
 }
+
+/// Issue 41 #7: `ls` and `glob` answer every entry (the helper's listing streams through the
+/// service), and a listing over `FS_LIST_MAX_BYTES` is `too_large` with no entry.
+#[tokio::test]
+async fn fs_listings_answer_every_entry_up_to_their_byte_bound() {
+    // 5,000 of `{"path":"/workspace/repo/m/f00000.py","is_dir":false}` and a comma: 54 bytes.
+    let h = Harness::new(FakeEngine::default(), &[("FS_LIST_MAX_BYTES", "270000")]);
+    let id = h.session().await;
+    let dir = h.engine.workspace_dir(&id).join("repo/m");
+    assert!(std::fs::create_dir_all(&dir).is_ok());
+    for i in 0..5_000 {
+        assert!(std::fs::write(dir.join(format!("f{i:05}.py")), "").is_ok());
+    }
+    let want: Vec<Value> = (0..5_000)
+        .map(|i| json!({"path": format!("/workspace/repo/m/f{i:05}.py"), "is_dir": false}))
+        .collect();
+    let (s, r) = h
+        .fs(
+            &id,
+            "glob",
+            json!({"path": "/workspace/repo", "pattern": "**/*.py"}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(r, json!({"matches": want, "error": null}));
+    let (s, r) = h.fs(&id, "ls", json!({"path": "/workspace/repo/m"})).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(r, json!({"entries": want, "error": null}));
+    // One more entry is over the bound.
+    assert!(std::fs::write(dir.join("g.py"), "").is_ok());
+    for (op, key) in [("glob", "matches"), ("ls", "entries")] {
+        let body = json!({"path": "/workspace/repo/m", "pattern": "*"});
+        let (s, r) = h.fs(&id, op, body).await;
+        assert_eq!(s, StatusCode::OK);
+        assert_eq!(r[key], json!([]), "{op}");
+        assert_eq!(r["error"]["code"], "too_large", "{op}: {r}");
+    }
+    // The service still answers small listings on the session.
+    let (_, r) = h
+        .fs(
+            &id,
+            "glob",
+            json!({"path": "/workspace/repo", "pattern": "m"}),
+        )
+        .await;
+    assert_eq!(
+        r,
+        json!({"matches": [{"path": "/workspace/repo/m", "is_dir": true}], "error": null})
+    );
+}

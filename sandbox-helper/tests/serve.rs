@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use sandbox_protocol::frame::{Frame, encode, kind, read_frame};
 use sandbox_protocol::message::{Event, Response};
-use sandbox_protocol::wire::LIST_MAX_ENTRIES;
+use sandbox_protocol::wire::LISTING_CHUNK;
 use serde_json::{Value, json};
 
 struct Helper {
@@ -32,6 +32,8 @@ struct Reply {
     output: HashMap<u32, Vec<u8>>,
     /// STDERR payloads concatenated, per command index (a split run).
     stderr: HashMap<u32, Vec<u8>>,
+    /// Every DATA payload as it came (a listing's chunks).
+    chunks: Vec<Vec<u8>>,
     response: Option<Response>,
 }
 
@@ -173,11 +175,14 @@ impl Helper {
                     }
                     reply.events.push(ev);
                 }
-                kind::DATA => reply
-                    .output
-                    .entry(current)
-                    .or_default()
-                    .extend_from_slice(&f.payload),
+                kind::DATA => {
+                    reply
+                        .output
+                        .entry(current)
+                        .or_default()
+                        .extend_from_slice(&f.payload);
+                    reply.chunks.push(f.payload);
+                }
                 kind::STDERR => reply
                     .stderr
                     .entry(current)
@@ -197,9 +202,19 @@ impl Helper {
         self.collect(id, Duration::from_secs(30))
     }
 
-    /// An fs op's `ok` value.
+    /// An fs op's `ok` value; a streamed listing (`ls`, `glob`) as the one value the control
+    /// plane makes of it, after checking it holds what its `listing` event announced.
     fn fs(&mut self, req: Value) -> Value {
-        self.call(req).ok()
+        let key = if req["op"] == "glob" {
+            "matches"
+        } else {
+            "entries"
+        };
+        let reply = self.call(req);
+        listing(&reply).map_or_else(
+            || reply.ok(),
+            |entries| json!({key: entries, "error": null}),
+        )
     }
 
     /// An op with input: the request, `data` in frames of `chunk` bytes, EOF.
@@ -234,6 +249,27 @@ impl Drop for Helper {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A streamed listing's entries, checked against its `listing` event; `None` if it was not one.
+fn listing(reply: &Reply) -> Option<Vec<Value>> {
+    let (count, bytes) = reply.events.iter().find_map(|e| match e {
+        Event::Listing { entries, bytes } => Some((*entries, *bytes)),
+        _ => None,
+    })?;
+    assert_eq!(reply.ok(), json!({}));
+    let mut all = Vec::new();
+    let mut sent = 0;
+    for c in &reply.chunks {
+        let chunk: Vec<Value> = serde_json::from_slice(c).unwrap();
+        assert!(!chunk.is_empty());
+        assert!(c.len() <= LISTING_CHUNK || chunk.len() == 1, "{}", c.len());
+        sent += c.len() - 1;
+        all.extend(chunk);
+    }
+    assert_eq!(all.len() as u64, count);
+    assert_eq!(sent as u64, bytes);
+    Some(all)
 }
 
 fn code(v: &Value) -> Option<&str> {
@@ -519,7 +555,7 @@ fn ls_glob_and_their_errors() {
             {"path": "/workspace/repo/a.rs", "is_dir": false},
             {"path": "/workspace/repo/b.txt", "is_dir": false},
             {"path": "/workspace/repo/zlink", "is_dir": false},
-        ], "error": null, "truncated": false})
+        ], "error": null})
     );
     // ls through a link to a directory lists the directory.
     let v = h.fs(json!({"op": "ls", "path": "/workspace/repo/zlink"}));
@@ -921,45 +957,55 @@ fn names_that_are_not_utf8_work() {
 }
 
 #[test]
-fn listings_stop_at_their_cap_and_say_so() {
-    // A sandbox can prepare a directory of any size; an answer stays bounded.
+fn listings_answer_every_entry_within_their_byte_bound() {
+    // A directory of any size is listed whole, in chunks; only a listing over the request's
+    // bound is refused, as an error with nothing of it sent.
     let (d, mut h) = setup();
     std::fs::create_dir(d.path().join("big")).unwrap();
     for i in 0..10_000 {
-        std::fs::write(d.path().join(format!("big/f{i:05}")), "").unwrap();
+        std::fs::write(d.path().join(format!("big/f{i:05}.py")), "").unwrap();
     }
     std::fs::create_dir(d.path().join("big/subdir")).unwrap();
     let v = h.fs(json!({"op": "ls", "path": "/workspace/big"}));
     let entries = v["entries"].as_array().unwrap();
-    assert_eq!(entries.len(), LIST_MAX_ENTRIES);
-    assert_eq!(v["truncated"], true);
+    assert_eq!(entries.len(), 10_001);
+    assert_eq!(v.get("truncated"), None);
     // Directories first, then the rest, each sorted.
     assert_eq!(entries[0]["path"], "/workspace/big/subdir");
-    assert_eq!(entries[1]["path"], "/workspace/big/f00000");
-    assert_eq!(
-        entries[LIST_MAX_ENTRIES - 1]["path"],
-        format!("/workspace/big/f{:05}", LIST_MAX_ENTRIES - 2)
-    );
-    let v = h.fs(json!({"op": "glob", "pattern": "f*", "path": "/workspace/big", "prune": []}));
-    let matches = v["matches"].as_array().unwrap();
-    assert_eq!(matches.len(), LIST_MAX_ENTRIES);
-    assert_eq!(v["truncated"], true);
-    let mut sorted: Vec<&str> = matches
+    assert_eq!(entries[1]["path"], "/workspace/big/f00000.py");
+    assert_eq!(entries[10_000]["path"], "/workspace/big/f09999.py");
+    let v = h.fs(json!({"op": "glob", "pattern": "**/*.py", "path": "/workspace", "prune": []}));
+    let matches: Vec<&str> = v["matches"]
+        .as_array()
+        .unwrap()
         .iter()
         .map(|m| m["path"].as_str().unwrap())
         .collect();
-    sorted.sort();
-    assert_eq!(
-        sorted,
-        matches
-            .iter()
-            .map(|m| m["path"].as_str().unwrap())
-            .collect::<Vec<_>>()
+    let want: Vec<String> = (0..10_000)
+        .map(|i| format!("/workspace/big/f{i:05}.py"))
+        .collect();
+    assert_eq!(matches, want);
+
+    // The bound: each entry's JSON and its comma. 10,000 of
+    // `{"path":"/workspace/big/f00000.py","is_dir":false}` are 510,000 bytes.
+    let glob = |max: u64| json!({"op": "glob", "pattern": "f*", "path": "/workspace/big", "prune": [], "max_bytes": max});
+    let r = h.call(glob(510_000));
+    assert_eq!(listing(&r).unwrap().len(), 10_000);
+    let r = h.call(glob(509_999));
+    assert!(listing(&r).is_none() && r.chunks.is_empty(), "{r:?}");
+    let v = r.ok();
+    assert_eq!(code(&v), Some("too_large"), "{v}");
+    assert_eq!(v["matches"], json!([]));
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("/workspace/big is over the 509999-byte limit"),
+        "{v}"
     );
-    // Under the cap: everything, not truncated.
-    let v = h.fs(json!({"op": "glob", "pattern": "f0000*", "path": "/workspace/big", "prune": []}));
-    assert_eq!(v["matches"].as_array().unwrap().len(), 10);
-    assert_eq!(v["truncated"], false);
+    let r = h.call(json!({"op": "ls", "path": "/workspace/big", "max_bytes": 100_000}));
+    assert!(listing(&r).is_none() && r.chunks.is_empty(), "{r:?}");
+    assert_eq!(code(&r.ok()), Some("too_large"));
 }
 
 #[test]

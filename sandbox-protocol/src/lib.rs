@@ -18,7 +18,7 @@
 //! Feature `openapi` adds `utoipa` schemas to [`wire`]. `tests/snapshot.rs` pins the JSON of
 //! every message: a change to the protocol is never silent.
 //!
-//! # Protocol (version 4)
+//! # Protocol (version 6)
 //!
 //! The control plane (the client) opens one long-lived `docker exec -i` of
 //! `daiv-sandbox-helper serve` per session and replica, and speaks this on its stdin/stdout.
@@ -31,7 +31,7 @@
 //! ```
 //!
 //! `len = 5 + payload.len()` and `payload.len() <= MAX_PAYLOAD` (16 MiB: the largest answer, a
-//! listing or a page of matches, as the shell-script implementation allowed). A frame with
+//! data-plane listing or a page of matches, as the shell-script implementation allowed). A frame with
 //! `len < 5` or a larger payload is a protocol error: the helper writes a diagnostic to stderr
 //! and exits with status 2 (so does a stream that ends inside a frame). The helper never sends a
 //! frame over the limit either (see RESPONSE).
@@ -39,7 +39,7 @@
 //! | kind | name | direction | payload |
 //! | --- | --- | --- | --- |
 //! | 1 | REQUEST | client→helper | JSON [`message::Request`]; starts request `id` |
-//! | 2 | DATA | both | raw bytes: client→helper the request's input (write content, seed tar, a process's stdin); helper→client the output of the command running in that `run` (≤ 64 KiB per frame) or a poll's output |
+//! | 2 | DATA | both | raw bytes: client→helper the request's input (write content, seed tar, a process's stdin); helper→client the output of the command running in that `run` (≤ 64 KiB per frame), a poll's output, a `file_read`'s bytes or a chunk of an `ls` or `glob` listing |
 //! | 3 | EOF | client→helper | empty: end of the request's input |
 //! | 4 | CANCEL | client→helper | empty: abandon request `id` |
 //! | 5 | EVENT | helper→client | JSON [`message::Event`]: progress |
@@ -52,7 +52,7 @@
 //!
 //! ## Lifecycle
 //! - On start the helper sends EVENT id 0
-//!   `{"type":"ready","protocol":5,"version":"<crate version>","pid":N}`. The client speaks
+//!   `{"type":"ready","protocol":6,"version":"<crate version>","pid":N}`. The client speaks
 //!   only to a helper whose `protocol` is its own [`VERSION`].
 //! - EOF on stdin (the client went away): every request is cancelled, running process groups
 //!   are killed, the helper exits 0.
@@ -80,11 +80,18 @@
 //!   0 also none, `output_cap` 16 MiB, `workdir` `/workspace/repo`, `env` empty). For each
 //!   command a `started` event, its output as DATA frames, a `finished` event; then RESPONSE ok
 //!   `{}`. How commands run is the helper's to document.
-//! - `{"op":"ls","path"}` → ok [`wire::FsLsResponse`].
+//! - `{"op":"ls","path","max_bytes"?}` (default [`wire::LIST_MAX_BYTES`]) → EVENT
+//!   `{"type":"listing","entries":n,"bytes":n}`, then the entries as DATA frames, each a JSON
+//!   array of whole [`wire::FsEntry`] values of at most [`wire::LISTING_CHUNK`] bytes (one
+//!   larger entry alone, up to [`wire::LISTING_FRAME_MAX`]), in the listing's order, then ok
+//!   `{}` (protocol 6). The helper finds every entry before it sends the first: a problem
+//!   (`not_found`, a listing over `max_bytes`: `too_large`, ...) is ok [`wire::FsLsResponse`]
+//!   with its `error` and no event, so the answer is all of the listing or an error.
 //! - `{"op":"read","path","offset"?,"limit"?}` (defaults 0, 2000) → ok [`wire::FsReadResponse`].
 //! - `{"op":"grep","pattern","path","glob":str|null,"prune":[str]}` → ok
 //!   [`wire::FsGrepResponse`].
-//! - `{"op":"glob","pattern","path","prune":[str]}` → ok [`wire::FsGlobResponse`].
+//! - `{"op":"glob","pattern","path","prune":[str],"max_bytes"?}` → as `ls` (its error answer
+//!   an [`wire::FsGlobResponse`]).
 //! - `{"op":"write","path","mode"?}` (default 0o644) + DATA* + EOF → ok
 //!   [`wire::FsWriteResponse`]. `mode` over 0o7777 → `bad_request`.
 //! - `{"op":"edit","path","old","new","replace_all"?}` → ok [`wire::FsEditResponse`].
@@ -131,11 +138,11 @@
 //! response including its `error` field: fs-level problems (`not_found`, `permission_denied`,
 //! …) are `ok` with `error` set, exactly as the HTTP API answers them. A CANCEL makes the answer
 //! `cancelled` unless the request had already been answered. A response that would exceed
-//! `MAX_PAYLOAD` is replaced by an `io` error saying so (a listing or glob of a huge tree:
-//! narrow the request).
+//! `MAX_PAYLOAD` is replaced by an `io` error saying so (a `grep` page or a data-plane `list`
+//! of huge lines or paths).
 //!
 //! ## Events
-//! `{"type":"ready","protocol":5,"version":str,"pid":n}` (id 0) ·
+//! `{"type":"ready","protocol":6,"version":str,"pid":n}` (id 0) ·
 //! `{"type":"started","index":i}`: command `i` of a `run` began; the DATA frames that follow are
 //! its output · `{"type":"finished","index":i,"exit_code":n,"omitted":n,"timed_out":bool,"duration_ms"?:n,
 //! "cpu_ms"?:n,"max_rss_bytes"?:n}` ([`message::Usage`]; a process's list entry and poll answer
@@ -147,7 +154,8 @@
 //! `file_read`, `file_write`) and the `file` event. 3: `disk`. 4: a `run`'s `split` and the
 //! STDERR frame; processes' client ids, tags, pids, `events` and `signal`; the `gone` error; `watch` and its
 //! `armed`, `change` and `overflow` events; processes in a terminal (`pty` on `start`, `resize`).
-//! 5: `file_write`'s `in_place`.
+//! 5: `file_write`'s `in_place`. 6: `ls` and `glob` stream every entry (the `listing` event,
+//! DATA chunks) up to their `max_bytes`, instead of one answer capped at 1,000 entries.
 
 pub mod files;
 pub mod frame;
@@ -159,4 +167,4 @@ pub mod write_file;
 
 /// Protocol version the helper announces in its `ready` event; bumped on any change a peer of
 /// the other version would misread.
-pub const VERSION: u32 = 5;
+pub const VERSION: u32 = 6;

@@ -28,6 +28,10 @@ fn default_output_cap() -> u64 {
     16 * 1024 * 1024
 }
 
+fn default_list_max_bytes() -> u64 {
+    crate::wire::LIST_MAX_BYTES
+}
+
 fn default_depth() -> u32 {
     1
 }
@@ -72,8 +76,15 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         split: bool,
     },
+    /// One directory level, streamed (protocol 6): an [`Event::Listing`], the entries as DATA
+    /// frames (each a JSON array of [`FsEntry`](crate::wire::FsEntry)), then ok `{}`; or,
+    /// before any of that, ok [`FsLsResponse`](crate::wire::FsLsResponse) with its `error`.
     Ls {
         path: String,
+        /// Largest listing sent, in bytes of its entries' JSON (with a comma each); a larger
+        /// one is the error `too_large` and nothing of it is sent (protocol 6).
+        #[serde(default = "default_list_max_bytes")]
+        max_bytes: u64,
         #[serde(default = "default_deadline")]
         deadline_ms: u64,
     },
@@ -97,11 +108,16 @@ pub enum Request {
         #[serde(default = "default_deadline")]
         deadline_ms: u64,
     },
+    /// Paths matching a glob, streamed as [`Request::Ls`] streams (protocol 6); its error
+    /// answer is an [`FsGlobResponse`](crate::wire::FsGlobResponse).
     Glob {
         pattern: String,
         path: String,
         #[serde(default)]
         prune: Vec<String>,
+        /// As [`Request::Ls`]'s.
+        #[serde(default = "default_list_max_bytes")]
+        max_bytes: u64,
         #[serde(default = "default_deadline")]
         deadline_ms: u64,
     },
@@ -523,6 +539,9 @@ pub enum Event {
     /// A `file_read` found its file: `size` bytes, of which `length` from `start` follow as
     /// DATA frames.
     File { size: u64, start: u64, length: u64 },
+    /// An `ls` or `glob` found everything it answers (protocol 6): `entries` entries follow as
+    /// DATA frames, `bytes` of JSON (each entry's, with a comma each).
+    Listing { entries: u64, bytes: u64 },
     /// A `watch` is in place: `watches` directories (protocol 4).
     Armed { watches: u32 },
     /// A change a `watch` saw (protocol 4). `entry` where the path still exists (not for

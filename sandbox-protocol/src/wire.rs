@@ -82,9 +82,6 @@ pub struct FsLsRequest {
 pub struct FsLsResponse {
     pub entries: Vec<FsEntry>,
     pub error: Option<FsError>,
-    /// More than [`LIST_MAX_ENTRIES`] entries: these are the first by the listing's order.
-    #[serde(default)]
-    pub truncated: bool,
 }
 
 fn default_limit() -> u64 {
@@ -167,9 +164,6 @@ pub struct FsGlobRequest {
 pub struct FsGlobResponse {
     pub matches: Vec<FsEntry>,
     pub error: Option<FsError>,
-    /// More than [`LIST_MAX_ENTRIES`] matched: the walk stopped there.
-    #[serde(default)]
-    pub truncated: bool,
 }
 
 fn default_mode() -> u32 {
@@ -238,11 +232,19 @@ pub const EMPTY_FILE_SENTINEL: &str = "System reminder: File exists but has empt
 pub const TRUNCATION_MARKER: &str = "\n\n[... output truncated: this page exceeded the 512000-byte read limit. Continue reading from `end_line` (offset=end_line) or use a smaller limit.]";
 /// Most matches one grep returns; more sets `truncated`.
 pub const GREP_MAX_MATCHES: usize = 200;
-/// Most entries an `ls` answers and matches a `glob` does, with `truncated: true` past it: far
-/// more than an agent reads in one answer (a thousand names are about 60 KB of JSON; narrow the
-/// path or the pattern past that), and a bound on the answer whatever a sandbox prepared (a
-/// directory of 110,000 files was a 16.7 MB answer): even at 4,096-byte paths, 4 MB.
+/// Most entries the data plane's `list` answers (ours, with `truncated: true` past it). `ls` and
+/// `glob` answer every entry, as the reference does, streamed, up to [`LIST_MAX_BYTES`].
 pub const LIST_MAX_ENTRIES: usize = 1000;
+/// Default bound on an `ls` or `glob` answer, in bytes of its entries' JSON (each with its
+/// comma): a repository of 100,000 files with 100-byte paths is about 13 MB. Past it the
+/// answer is the error `too_large` and nothing of the listing is sent.
+pub const LIST_MAX_BYTES: u64 = 64 * 1024 * 1024;
+/// What an `ls` or `glob` packs into one DATA frame: whole entries, this many bytes of JSON
+/// at most (one larger entry goes alone).
+pub const LISTING_CHUNK: usize = 64 * 1024;
+/// Largest DATA frame of a listing: one entry with a path this long is `too_large` (paths are
+/// at most 4,096 bytes where the kernel resolves them; a walk below can go deeper).
+pub const LISTING_FRAME_MAX: usize = 1024 * 1024;
 /// Largest file `edit` rewrites: edits are read-modify-write in memory.
 pub const EDIT_MAX_BYTES: u64 = 16 * 1024 * 1024;
 

@@ -139,9 +139,10 @@ fn every_request_has_its_json() {
         (
             Request::Ls {
                 path: path("src"),
+                max_bytes: 67_108_864,
                 deadline_ms: 30_000,
             },
-            r#"{"op":"ls","path":"/workspace/repo/src","deadline_ms":30000}"#,
+            r#"{"op":"ls","path":"/workspace/repo/src","max_bytes":67108864,"deadline_ms":30000}"#,
         ),
         (
             Request::Read {
@@ -167,9 +168,10 @@ fn every_request_has_its_json() {
                 pattern: "**/*.rs".into(),
                 path: path(""),
                 prune: vec![".git".into()],
+                max_bytes: 1_000,
                 deadline_ms: 30_000,
             },
-            r#"{"op":"glob","pattern":"**/*.rs","path":"/workspace/repo/","prune":[".git"],"deadline_ms":30000}"#,
+            r#"{"op":"glob","pattern":"**/*.rs","path":"/workspace/repo/","prune":[".git"],"max_bytes":1000,"deadline_ms":30000}"#,
         ),
         (
             Request::Write {
@@ -542,6 +544,7 @@ fn event_name(e: &Event) -> &'static str {
         Event::Armed { .. } => "armed",
         Event::Change { .. } => "change",
         Event::Overflow => "overflow",
+        Event::Listing { .. } => "listing",
     }
 }
 
@@ -605,6 +608,13 @@ fn every_event_has_its_json() {
             r#"{"type":"change","change":"rename","path":"/workspace/repo/a"}"#,
         ),
         (Event::Overflow, r#"{"type":"overflow"}"#),
+        (
+            Event::Listing {
+                entries: 5000,
+                bytes: 290_000,
+            },
+            r#"{"type":"listing","entries":5000,"bytes":290000}"#,
+        ),
     ];
     for (value, json) in &cases {
         pinned(value, json);
@@ -612,7 +622,7 @@ fn every_event_has_its_json() {
     covers(
         cases.iter().map(|(e, _)| event_name(e)),
         &[
-            "ready", "started", "finished", "file", "armed", "change", "overflow",
+            "ready", "started", "finished", "file", "armed", "change", "overflow", "listing",
         ],
     );
 }
@@ -919,9 +929,8 @@ fn fs_answers_have_their_json() {
         &FsLsResponse {
             entries: vec![entry.clone()],
             error: None,
-            truncated: false,
         },
-        r#"{"entries":[{"path":"/workspace/repo/src","is_dir":true}],"error":null,"truncated":false}"#,
+        r#"{"entries":[{"path":"/workspace/repo/src","is_dir":true}],"error":null}"#,
     );
     sent_as(
         &FsReadResponse {
@@ -960,9 +969,8 @@ fn fs_answers_have_their_json() {
         &FsGlobResponse {
             matches: vec![entry],
             error: None,
-            truncated: false,
         },
-        r#"{"matches":[{"path":"/workspace/repo/src","is_dir":true}],"error":null,"truncated":false}"#,
+        r#"{"matches":[{"path":"/workspace/repo/src","is_dir":true}],"error":null}"#,
     );
     sent_as(
         &FsWriteResponse {
@@ -1002,7 +1010,7 @@ fn frames_have_their_bytes() {
         },
         &mut out,
     );
-    let payload = br#"{"type":"ready","protocol":5,"version":"0.1.0","pid":7}"#;
+    let payload = br#"{"type":"ready","protocol":6,"version":"0.1.0","pid":7}"#;
     let mut expected = vec![0, 0, 0, payload.len() as u8 + 5, 0, 0, 0, 0, 5];
     expected.extend_from_slice(payload);
     assert_eq!(out, expected);
@@ -1022,5 +1030,5 @@ fn frames_have_their_bytes() {
         ],
         [1, 2, 3, 4, 5, 6, 7]
     );
-    assert_eq!(sandbox_protocol::VERSION, 5);
+    assert_eq!(sandbox_protocol::VERSION, 6);
 }

@@ -6,6 +6,9 @@ use base64::Engine as _;
 use e2e::workspace::{Member, code, fs, fs_ok, gzip, seed, tar_of};
 use e2e::{BUSYBOX, ControlPlane, DEBIAN, Session, require_image};
 use serde_json::{Value, json};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
 
 const R: &str = "/workspace/repo";
 
@@ -513,4 +516,166 @@ async fn fs_ops_busybox() -> Result<()> {
 #[tokio::test]
 async fn fs_ops_debian() -> Result<()> {
     all_ops(DEBIAN).await
+}
+
+/// A session seeded with `n` Python files in 50 directories (and as many READMEs beside them),
+/// and a directory of `n` entries of its own: a repository the size DAIV works on.
+async fn repository(cp: &ControlPlane, n: usize) -> Result<Session> {
+    let names: Vec<String> = (0..n)
+        .flat_map(|i| {
+            [
+                format!("pkg{:02}/mod_{i:05}.py", i % 50),
+                format!("pkg{:02}/README_{i:05}.md", i % 50),
+                format!("flat/f{i:05}.txt"),
+            ]
+        })
+        .collect();
+    let members: Vec<Member<'_>> = names
+        .iter()
+        .map(|name| Member::File(name, b"x = 1\n", 0o644))
+        .collect();
+    let s = cp.session_of(BUSYBOX).await?;
+    let r = seed(cp, &s, vec![("repo_archive", gzip(&tar_of(&members)?)?)]).await?;
+    anyhow::ensure!(r.status == 204, "seed: {r:?}");
+    Ok(s)
+}
+
+/// Issue 41 #7: DAIV's agent globs `**/*.py` in a 5,000-file repository and gets all 5,000, as
+/// the reference answers (it was 1,000 and a `truncated` DAIV's client does not read); an ls of
+/// a 5,000-entry directory answers all of them too.
+#[tokio::test]
+async fn listings_answer_every_entry() -> Result<()> {
+    require_image(BUSYBOX);
+    let cp = ControlPlane::start().await?;
+    let s = repository(&cp, 5_000).await?;
+    let r = fs_ok(&cp, &s, "glob", json!({"path": R, "pattern": "**/*.py"})).await?;
+    let got = paths(&r, "matches");
+    let mut want: Vec<String> = (0..5_000)
+        .map(|i| format!("{R}/pkg{:02}/mod_{i:05}.py", i % 50))
+        .collect();
+    want.sort();
+    assert_eq!(got.len(), 5_000);
+    assert_eq!(got, want);
+    assert_eq!(
+        r.get("truncated"),
+        None,
+        "DAIV's FsGlobResponse has no such field"
+    );
+    assert_eq!(r["error"], Value::Null);
+
+    let r = fs_ok(&cp, &s, "ls", json!({"path": format!("{R}/flat")})).await?;
+    let got = paths(&r, "entries");
+    let want: Vec<String> = (0..5_000)
+        .map(|i| format!("{R}/flat/f{i:05}.txt"))
+        .collect();
+    assert_eq!(got, want);
+    assert_eq!(r.get("truncated"), None);
+    // The whole repository: 50 directories, 10,000 files below them, the flat one's 5,000.
+    let r = fs_ok(&cp, &s, "glob", json!({"path": R, "pattern": "**"})).await?;
+    assert_eq!(paths(&r, "matches").len(), 15_051, "{}", r["error"]);
+    Ok(())
+}
+
+/// A listing over `FS_LIST_MAX_BYTES` is the error `too_large`, with nothing of it answered;
+/// one within it is whole.
+#[tokio::test]
+async fn a_listing_over_its_byte_bound_is_too_large() -> Result<()> {
+    require_image(BUSYBOX);
+    // 5,000 entries of `{"path":"/workspace/repo/flat/f00000.txt","is_dir":false}` and a
+    // comma: 58 bytes each, 290,000 in all (the Python files' are 61 bytes each).
+    let cp = ControlPlane::start_with(&[("FS_LIST_MAX_BYTES", "290000")]).await?;
+    let s = repository(&cp, 5_000).await?;
+    let flat = json!({"path": format!("{R}/flat")});
+    let r = fs_ok(&cp, &s, "ls", flat.clone()).await?;
+    assert_eq!(paths(&r, "entries").len(), 5_000, "{}", r["error"]);
+    let r = fs_ok(&cp, &s, "glob", json!({"path": R, "pattern": "flat/*"})).await?;
+    assert_eq!(paths(&r, "matches").len(), 5_000, "{}", r["error"]);
+    // Over it: the error, no entry.
+    let r = fs_ok(&cp, &s, "glob", json!({"path": R, "pattern": "**/*.py"})).await?;
+    assert_eq!(code(&r), Some("too_large"), "{}", r["error"]);
+    assert_eq!(r["matches"], json!([]));
+    let message = r["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("290000-byte limit"), "{message}");
+    assert!(
+        message.contains("narrow the path or the pattern"),
+        "{message}"
+    );
+    let (c, out) = cp.sh(&s, "touch /workspace/repo/flat/g.txt").await?;
+    assert_eq!((c, out.as_str()), (0, ""));
+    let r = fs_ok(&cp, &s, "ls", flat).await?;
+    assert_eq!(code(&r), Some("too_large"), "{}", r["error"]);
+    assert_eq!(r["entries"], json!([]));
+    Ok(())
+}
+
+/// The service's memory while a listing of about 25 MB streams through it (100,000 files with
+/// 200-character names): the answer passes a chunk at a time, so its resident memory grows by a
+/// few MiB, not by the answer. The numbers are printed (`--nocapture`).
+#[tokio::test]
+async fn a_huge_listing_streams_through_flat_memory() -> Result<()> {
+    require_image(BUSYBOX);
+    let cp = ControlPlane::start().await?;
+    let s = cp.session_of(BUSYBOX).await?;
+    let long = "n".repeat(200);
+    let (c, out) = cp
+        .sh(
+            &s,
+            &format!(
+                "mkdir -p /workspace/tmp/huge && cd /workspace/tmp/huge && seq 100000 | sed 's/$/_{long}/' | xargs touch && ls | wc -l"
+            ),
+        )
+        .await?;
+    assert_eq!((c, out.trim()), (0, "100000"), "{out}");
+    // Warm: one listing first, so what is measured is the streaming, not first allocations.
+    let small = json!({"path": "/workspace/tmp", "pattern": "*"});
+    fs_ok(&cp, &s, "glob", small).await?;
+    let before = cp.rss_kib().unwrap_or(0);
+    let stop = Arc::new(AtomicBool::new(false));
+    let peak = Arc::new(AtomicU64::new(before));
+    let sampler = {
+        let (stop, peak, pid) = (stop.clone(), peak.clone(), cp.pid());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                if let Some(kib) = std::fs::read_to_string(format!("/proc/{pid}/status"))
+                    .ok()
+                    .and_then(|s| {
+                        s.lines()
+                            .find(|l| l.starts_with("VmRSS:"))
+                            .and_then(|l| l.split_whitespace().nth(1))
+                            .and_then(|v| v.parse::<u64>().ok())
+                    })
+                {
+                    peak.fetch_max(kib, Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        })
+    };
+    let started = std::time::Instant::now();
+    let (status, body) = cp
+        .call(
+            reqwest::Method::POST,
+            &format!("/session/{}/fs/glob", s.id),
+            Some(json!({"path": "/workspace/tmp/huge", "pattern": "*"})),
+        )
+        .await?;
+    let took = started.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    let _ = sampler.join();
+    assert_eq!(status, 200);
+    let matches = body["matches"].as_array().cloned().unwrap_or_default();
+    assert_eq!(matches.len(), 100_000, "{}", body["error"]);
+    let answer = serde_json::to_vec(&body)?.len() as u64;
+    let peak = peak.load(Ordering::Relaxed);
+    eprintln!(
+        "glob of 100,000 entries: {answer} bytes in {took:?}; service RSS {before} KiB before, {peak} KiB peak (+{} KiB)",
+        peak.saturating_sub(before)
+    );
+    // Flat: the growth is a small part of the answer (which held whole would be all of it,
+    // and more as parsed entries).
+    assert!(
+        (peak.saturating_sub(before)) * 1024 < answer / 3,
+        "RSS grew from {before} to {peak} KiB for a {answer}-byte answer"
+    );
+    Ok(())
 }

@@ -84,6 +84,10 @@ pub struct SessionsConfig {
     pub command_timeout: Option<Duration>,
     pub stop_timeout: Duration,
     pub fs_prune_dirs: Vec<String>,
+    /// Largest `fs/ls` or `fs/glob` answer, in bytes of its entries' JSON (`FS_LIST_MAX_BYTES`);
+    /// a larger one is `too_large`. The answer streams: this bounds what a client receives, not
+    /// the service's memory.
+    pub fs_list_max_bytes: u64,
     // Beyond the reference: limits that keep the service's memory independent of what sandboxes do.
     /// Bytes of output kept per command; the rest is counted and replaced by a marker.
     pub output_max_bytes: usize,
@@ -176,6 +180,11 @@ impl SessionsConfig {
             }
         }
 
+        let fs_list_max_bytes = p.parse_or::<u64>("FS_LIST_MAX_BYTES", 64 * 1024 * 1024);
+        if fs_list_max_bytes == 0 {
+            p.fail("FS_LIST_MAX_BYTES", "0", "must be at least 1");
+        }
+
         let command_timeout = Some(p.seconds_or("COMMAND_TIMEOUT", 0)).filter(|d| !d.is_zero());
         let stop_timeout = p.seconds_or("STOP_TIMEOUT_SECONDS", 2);
         let helper_bin = p.get("HELPER_BIN").map(PathBuf::from);
@@ -250,6 +259,7 @@ impl SessionsConfig {
             command_timeout,
             stop_timeout,
             fs_prune_dirs,
+            fs_list_max_bytes,
             output_max_bytes,
             run_output_max_bytes,
             pids_limit,

@@ -6,18 +6,25 @@
 //! `ls`, `read`, `grep` and `glob` change nothing, so they run beside a command of the same
 //! session instead of waiting for its lock; `write`, `edit` and `delete` keep the session's order
 //! with commands and seeds.
+//!
+//! `ls` and `glob` answer every entry; their body is written as the entries stream from the
+//! session ([`listing_body`]), so a listing of any size costs the service a chunk at a time.
 
 use axum::Json;
+use axum::body::Body;
+use axum::http::header::CONTENT_TYPE;
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use futures::StreamExt;
 
 use super::extract::Session;
 use crate::error::{ApiError, ApiJson, ErrorBody};
-use crate::workspace::fs::{Fs, respond};
+use crate::workspace::fs::{Entries, Fs, respond};
 use crate::workspace::wire::*;
 
-/// Makes sure the session runs (one inspect) before the op, once its body is read; writers also
-/// hold the session lock ([`Workspace::ordered`](crate::sessions::Workspace::ordered)).
-macro_rules! fs_handler {
-    ($name:ident, $op:ident, $req:ty, $resp:ty, $path:literal, $writes:literal) => {
+/// The OpenAPI entry every fs route shares, on `$item`.
+macro_rules! fs_doc {
+    ($req:ty, $resp:ty, $path:literal, $item:item) => {
         #[utoipa::path(post, path = $path, tag = "fs", request_body = $req,
                     security(("api_key" = [])),
                     params(("session_id" = String, Path, description = "The session id")),
@@ -27,30 +34,101 @@ macro_rules! fs_handler {
                         (status = 429, body = ErrorBody, description = "Too many fs operations in progress (on this session or in total); retry after `Retry-After` seconds",
                             headers(("Retry-After" = u64, description = "Seconds to wait before retrying"))),
                         (status = 503, body = ErrorBody)))]
-        pub async fn $name(
-            s: Session,
-            ApiJson(req): ApiJson<$req>,
-        ) -> Result<Json<$resp>, ApiError> {
-            let ws = s.sessions.workspace(&s.id);
-            let _held = if $writes {
-                Some(ws.ordered().await?)
-            } else {
-                ws.beside().await?;
-                None
-            };
-            let r = Fs::new(&ws).$op(&req).await;
-            Ok(Json(respond(r, |v: &mut $resp, e| v.error = Some(e))?))
-        }
+        $item
     };
 }
 
-fs_handler!(
+/// Makes sure the session runs (one inspect) before the op, once its body is read; writers also
+/// hold the session lock ([`Workspace::ordered`](crate::sessions::Workspace::ordered)).
+macro_rules! fs_handler {
+    ($name:ident, $op:ident, $req:ty, $resp:ty, $path:literal, $writes:literal) => {
+        fs_doc!(
+            $req,
+            $resp,
+            $path,
+            pub async fn $name(
+                s: Session,
+                ApiJson(req): ApiJson<$req>,
+            ) -> Result<Json<$resp>, ApiError> {
+                let ws = s.sessions.workspace(&s.id);
+                let _held = if $writes {
+                    Some(ws.ordered().await?)
+                } else {
+                    ws.beside().await?;
+                    None
+                };
+                let r = Fs::new(&ws).$op(&req).await;
+                Ok(Json(respond(r, |v: &mut $resp, e| v.error = Some(e))?))
+            }
+        );
+    };
+}
+
+/// `ls` and `glob`: the entries streamed into `$key` of the op's response, or its fs error.
+macro_rules! fs_listing_handler {
+    ($name:ident, $op:ident, $req:ty, $resp:ty, $key:literal, $path:literal) => {
+        fs_doc!(
+            $req,
+            $resp,
+            $path,
+            pub async fn $name(
+                s: Session,
+                ApiJson(req): ApiJson<$req>,
+            ) -> Result<Response, ApiError> {
+                let ws = s.sessions.workspace(&s.id);
+                ws.beside().await?;
+                match Fs::new(&ws).$op(&req).await {
+                    Ok(entries) => Ok(listing_body($key, entries)),
+                    Err(e) => {
+                        let v = respond(Err(e), |v: &mut $resp, e| v.error = Some(e))?;
+                        Ok(Json(v).into_response())
+                    }
+                }
+            }
+        );
+    };
+}
+
+/// `{"<key>":[entries],"error":null}`, written as the entries arrive. The helper found them all
+/// before the first left it (a listing over the bound is an fs error, answered above), so this
+/// is the whole listing; only a helper lost mid-way cuts the body, which the client then sees
+/// as a broken response, never as a shorter list.
+fn listing_body(key: &'static str, entries: Entries) -> Response {
+    let head = Bytes::from(format!("{{\"{key}\":["));
+    let mut first = true;
+    let chunks = entries.chunks.map(move |chunk| {
+        let chunk = chunk.map_err(|e| {
+            tracing::warn!(error = %e, "a listing was cut short");
+            std::io::Error::other(e.to_string())
+        })?;
+        let mut buf = Vec::with_capacity(chunk.len() * 64);
+        for e in &chunk {
+            if !std::mem::take(&mut first) {
+                buf.push(b',');
+            }
+            serde_json::to_writer(&mut buf, e).map_err(std::io::Error::other)?;
+        }
+        Ok::<_, std::io::Error>(Bytes::from(buf))
+    });
+    let body = futures::stream::once(async move { Ok(head) })
+        .chain(chunks)
+        .chain(futures::stream::once(async {
+            Ok(Bytes::from_static(b"],\"error\":null}"))
+        }));
+    (
+        [(CONTENT_TYPE, "application/json")],
+        Body::from_stream(body),
+    )
+        .into_response()
+}
+
+fs_listing_handler!(
     ls,
-    ls,
+    ls_entries,
     FsLsRequest,
     FsLsResponse,
-    "/session/{session_id}/fs/ls",
-    false
+    "entries",
+    "/session/{session_id}/fs/ls"
 );
 fs_handler!(
     read,
@@ -68,13 +146,13 @@ fs_handler!(
     "/session/{session_id}/fs/grep",
     false
 );
-fs_handler!(
+fs_listing_handler!(
     glob,
-    glob,
+    glob_entries,
     FsGlobRequest,
     FsGlobResponse,
-    "/session/{session_id}/fs/glob",
-    false
+    "matches",
+    "/session/{session_id}/fs/glob"
 );
 fs_handler!(
     write,

@@ -21,7 +21,7 @@ use crate::engine::EngineError;
 
 /// A RESPONSE payload as the op's `ok` value, or the helper's error in `map`'s words. A payload
 /// that is no reply at all condemns the channel.
-fn answer(
+pub(super) fn answer(
     h: &RequestHandle,
     payload: &[u8],
     map: fn(ResponseError) -> HelperError,
@@ -37,7 +37,7 @@ fn answer(
 }
 
 /// The helper's refusal of an fs op, a run, a seed.
-fn op_error(e: ResponseError) -> HelperError {
+pub(super) fn op_error(e: ResponseError) -> HelperError {
     use ErrorKind as K;
     match e.kind {
         K::BadRequest => HelperError::Rejected(e.message),
@@ -80,7 +80,7 @@ async fn start(
     Ok(h)
 }
 
-fn lost(e: ChannelError, reached: bool) -> CallError {
+pub(super) fn lost(e: ChannelError, reached: bool) -> CallError {
     match e {
         ChannelError::Closed => CallError::Lost { reached },
         other => CallError::Helper(HelperError::Channel(other)),
@@ -114,13 +114,12 @@ async fn response(
     }
 }
 
-/// What one fs op may take from the helper: listings and matches are capped by count in the
-/// helper, a read by bytes; the rest answer a few fields.
+/// What one fs op may take from the helper: a page of matches and a data-plane listing are
+/// capped by count in the helper, a read by bytes; the rest answer a few fields (`ls` and
+/// `glob` stream: see `listing`).
 fn fs_caps(request: &Request) -> Caps {
     let response = match request {
-        Request::Ls { .. } | Request::Glob { .. } | Request::Grep { .. } | Request::List { .. } => {
-            MAX_PAYLOAD
-        }
+        Request::Grep { .. } | Request::List { .. } => MAX_PAYLOAD,
         Request::Read { .. } => READ_ANSWER_MAX,
         _ => Caps::SMALL.response,
     };
@@ -276,7 +275,8 @@ impl SessionRuntime for HelperRuntime {
                             | Event::File { .. }
                             | Event::Armed { .. }
                             | Event::Change { .. }
-                            | Event::Overflow => {}
+                            | Event::Overflow
+                            | Event::Listing { .. } => {}
                         },
                         Incoming::Response(payload) => {
                             answer(&h, &payload, op_error)?;
@@ -316,6 +316,10 @@ impl SessionRuntime for HelperRuntime {
             })
         })
         .await
+    }
+
+    async fn listing(&self, id: &str, request: Request) -> Result<super::Listing, HelperError> {
+        HelperRuntime::listing(self, id, request).await
     }
 
     async fn read_file(

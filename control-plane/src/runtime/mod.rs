@@ -37,6 +37,7 @@ mod error;
 mod files;
 mod helper;
 mod helper_bin;
+mod listing;
 mod watch;
 mod writer;
 
@@ -44,6 +45,7 @@ pub use error::HelperError;
 pub use files::{FileRead, FileStream};
 pub use helper::{HelperRuntime, own_helper_path};
 pub use helper_bin::helper_binary;
+pub use listing::{Listing, ListingStream};
 pub use watch::{WATCH_QUEUE, WatchOpen};
 pub use writer::{ServiceFile, Writer, Written};
 
@@ -142,7 +144,7 @@ pub trait SessionRuntime: Send + Sync + 'static {
         request: ProcRequest,
         input: Option<Bytes>,
     ) -> Result<Answer, HelperError>;
-    /// One fs op (`ls`, `read`, `grep`, `glob`, `write`, `edit`, `delete`), `input` its content
+    /// One fs op (`read`, `grep`, `write`, `edit`, `delete`), `input` its content
     /// (write). The answer is the op's complete wire response (with its own `error` field).
     async fn fs(
         &self,
@@ -150,6 +152,10 @@ pub trait SessionRuntime: Send + Sync + 'static {
         request: Request,
         input: Option<Bytes>,
     ) -> Result<Answer, HelperError>;
+    /// An `ls` or `glob` (`request`): the listing streaming, or the helper's answer without one
+    /// (the op's wire response with its `error`). The helper found every entry first, within the
+    /// request's `max_bytes`.
+    async fn listing(&self, id: &str, request: Request) -> Result<Listing, HelperError>;
     /// A raw read of `path` (anywhere in the container, as the sandbox user), streamed.
     async fn read_file(
         &self,

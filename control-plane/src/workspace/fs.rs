@@ -6,19 +6,27 @@
 //! component by component beneath `/workspace`, so a symlink a command planted can neither lead
 //! an op outside the workspace nor race it into a write as anyone but the sandbox user. Here,
 //! requests are validated (paths lexically, content decoded) before they reach the session.
-//! Each op records its duration and outcome (`fs_ops`).
+//! Each op records its duration and outcome (`fs_ops`; for `ls` and `glob`, until their
+//! listing starts).
+//!
+//! `ls` and `glob` answer every entry, as the reference does: the helper finds them all (within
+//! `FS_LIST_MAX_BYTES` of JSON, else `too_large`) before it sends the first, and they stream
+//! through here a chunk at a time ([`Entries`]), so the service's memory does not depend on a
+//! listing's size.
 
 use std::future::Future;
 
 use base64::Engine as _;
 use bytes::Bytes;
+use futures::StreamExt;
+use futures::stream::BoxStream;
 use sandbox_protocol::message::Request;
 use serde::de::DeserializeOwned;
 
 use super::validate_path;
 use super::wire::*;
 use crate::config::Config;
-use crate::runtime::{FS_DEADLINE, HelperError, SessionRuntime};
+use crate::runtime::{FS_DEADLINE, HelperError, Listing, SessionRuntime};
 use crate::sessions::Workspace;
 use crate::telemetry::metrics::{FsLabels, Metrics, observe_duration};
 
@@ -74,6 +82,43 @@ pub fn respond<T: Default>(
         }
         Err(OpError::Failed(e)) => Err(e),
     }
+}
+
+/// An `ls` or `glob` answer as it streams from the helper: `count` entries, a chunk at a time,
+/// in the listing's order, each checked to lie under the path asked for. The stream ends with an
+/// error if the helper stopped early or broke the protocol; dropping it cancels the listing.
+pub struct Entries {
+    pub count: u64,
+    pub chunks: BoxStream<'static, Result<Vec<FsEntry>, HelperError>>,
+}
+
+impl Entries {
+    /// Every entry in one list (bounded by `FS_LIST_MAX_BYTES`), for front doors that answer a
+    /// whole JSON value (MCP).
+    pub async fn collect(mut self) -> Result<Vec<FsEntry>, HelperError> {
+        let mut all = Vec::with_capacity(usize::try_from(self.count.min(65_536)).unwrap_or(0));
+        while let Some(chunk) = self.chunks.next().await {
+            all.extend(chunk?);
+        }
+        Ok(all)
+    }
+}
+
+/// `chunks` with every entry checked to be below `path` (the helper names nothing else).
+fn under(
+    path: &str,
+    chunks: BoxStream<'static, Result<Vec<FsEntry>, HelperError>>,
+) -> BoxStream<'static, Result<Vec<FsEntry>, HelperError>> {
+    let prefix = format!("{}/", path.trim_end_matches('/'));
+    Box::pin(chunks.map(move |chunk| {
+        let chunk = chunk?;
+        if chunk.iter().all(|e| e.path.starts_with(&prefix)) {
+            Ok(chunk)
+        } else {
+            tracing::warn!("session helper listed a path outside the one asked for");
+            Err(HelperError::UnexpectedAnswer)
+        }
+    }))
 }
 
 fn path_arg(path: &str, allow_root: bool) -> Result<String, OpError> {
@@ -148,39 +193,81 @@ impl Fs<'_> {
         v
     }
 
-    /// One directory level, directories first then the rest, each sorted.
-    pub async fn ls(&self, req: &FsLsRequest) -> Result<FsLsResponse, OpError> {
+    /// An `ls` or `glob` on the helper: its entries streaming, or its fs error (`T` the op's
+    /// wire response, `list` its entries when the helper answered them at once).
+    async fn entries<T: DeserializeOwned + HasError>(
+        &self,
+        request: Request,
+        path: &str,
+        list: fn(T) -> Vec<FsEntry>,
+    ) -> Result<Entries, OpError> {
+        match self.runtime.listing(self.id, request).await? {
+            Listing::Answer(a) => {
+                let mut answer: T = a.parse()?;
+                if let Some(e) = answer.take_error() {
+                    return Err(OpError::Fs(e));
+                }
+                let entries = list(answer);
+                Ok(Entries {
+                    count: entries.len() as u64,
+                    chunks: under(path, Box::pin(futures::stream::iter([Ok(entries)]))),
+                })
+            }
+            Listing::Stream(s) => Ok(Entries {
+                count: s.entries,
+                chunks: under(path, s.chunks),
+            }),
+        }
+    }
+
+    /// One directory level, every entry, directories first then the rest, each sorted.
+    pub async fn ls_entries(&self, req: &FsLsRequest) -> Result<Entries, OpError> {
         self.observed("ls", async {
             let path = path_arg(&req.path, true)?;
-            self.call(
-                Request::Ls {
-                    path,
-                    deadline_ms: deadline_ms(),
-                },
-                None,
-            )
-            .await
+            let request = Request::Ls {
+                path: path.clone(),
+                max_bytes: self.config.sessions.fs_list_max_bytes,
+                deadline_ms: deadline_ms(),
+            };
+            self.entries(request, &path, |r: FsLsResponse| r.entries)
+                .await
         })
         .await
     }
 
-    /// Paths under `path` matching the glob; pruned directories are never entered.
-    pub async fn glob(&self, req: &FsGlobRequest) -> Result<FsGlobResponse, OpError> {
+    /// Every path under `path` matching the glob, sorted; pruned directories are never entered.
+    pub async fn glob_entries(&self, req: &FsGlobRequest) -> Result<Entries, OpError> {
         self.observed("glob", async {
             let path = path_arg(&req.path, true)?;
-            let prune = self.prunes(req.exclude.as_deref());
-            self.call(
-                Request::Glob {
-                    pattern: req.pattern.clone(),
-                    path,
-                    prune,
-                    deadline_ms: deadline_ms(),
-                },
-                None,
-            )
-            .await
+            let request = Request::Glob {
+                pattern: req.pattern.clone(),
+                path: path.clone(),
+                prune: self.prunes(req.exclude.as_deref()),
+                max_bytes: self.config.sessions.fs_list_max_bytes,
+                deadline_ms: deadline_ms(),
+            };
+            self.entries(request, &path, |r: FsGlobResponse| r.matches)
+                .await
         })
         .await
+    }
+
+    /// [`Self::ls_entries`], collected.
+    pub async fn ls(&self, req: &FsLsRequest) -> Result<FsLsResponse, OpError> {
+        let entries = self.ls_entries(req).await?.collect().await?;
+        Ok(FsLsResponse {
+            entries,
+            error: None,
+        })
+    }
+
+    /// [`Self::glob_entries`], collected.
+    pub async fn glob(&self, req: &FsGlobRequest) -> Result<FsGlobResponse, OpError> {
+        let matches = self.glob_entries(req).await?.collect().await?;
+        Ok(FsGlobResponse {
+            matches,
+            error: None,
+        })
     }
 
     /// POSIX ERE search over regular files, stopping at the match cap.

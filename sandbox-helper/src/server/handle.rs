@@ -10,14 +10,14 @@ use sandbox_protocol::files::{
 use sandbox_protocol::frame::kind;
 use sandbox_protocol::layout::{self, WORKSPACE};
 use sandbox_protocol::message::{ErrorKind, Event, ProcRequest, Request, Response, SeededInfo};
-use sandbox_protocol::wire::FsError;
+use sandbox_protocol::wire::{FsError, FsGlobResponse, FsLsResponse};
 use serde::Serialize;
 
 use super::out::Out;
 use super::{Config, Live, Server, lock};
 use crate::env_file::claimed_env;
 use crate::ops::files::{Files, range_of};
-use crate::ops::fs::Fs;
+use crate::ops::fs::{Fs, Listing};
 use crate::ops::run::{self, Emit, RunError, RunSpec};
 use crate::ops::{Halt, Input, OpError, Stop, extract, watch};
 use crate::procs::client;
@@ -88,6 +88,35 @@ fn fs_response<T: Serialize + Default>(
         }
         Err(OpError::Halt(h)) => halted(h, live, deadline_ms),
         Err(OpError::Fail(kind, m)) => Response::error(kind, m),
+    }
+}
+
+/// An `ls` or `glob`: the `listing` event and its chunks, then ok `{}`; or its fs error in the
+/// op's wire type (`T`), nothing streamed.
+fn listing_response<T: Serialize + Default>(
+    id: u32,
+    r: Result<Listing, OpError>,
+    set: impl FnOnce(&mut T, FsError),
+    server: &Server,
+    live: &Live,
+    deadline_ms: Option<u64>,
+) -> Response {
+    match r {
+        Ok(listing) => {
+            let out = &server.out;
+            out.event(
+                id,
+                &Event::Listing {
+                    entries: listing.count(),
+                    bytes: listing.bytes(),
+                },
+            );
+            match listing.send(&mut |d| out.frame(id, kind::DATA, d), &live.cancelled) {
+                Ok(()) => Response::empty(),
+                Err(h) => halted(h, live, deadline_ms),
+            }
+        }
+        Err(e) => fs_response(Err::<T, _>(e), set, live, deadline_ms),
     }
 }
 
@@ -205,7 +234,16 @@ pub(super) fn handle(
                 Err(RunError::Spawn(m)) => Response::error(ErrorKind::Io, m),
             }
         }
-        Request::Ls { path, .. } => fs_response(fs.ls(&path), |r, e| r.error = Some(e), live, dl),
+        Request::Ls {
+            path, max_bytes, ..
+        } => listing_response(
+            id,
+            fs.ls(&path, max_bytes),
+            |r: &mut FsLsResponse, e| r.error = Some(e),
+            server,
+            live,
+            dl,
+        ),
         Request::Read {
             path,
             offset,
@@ -233,10 +271,13 @@ pub(super) fn handle(
             pattern,
             path,
             prune,
+            max_bytes,
             ..
-        } => fs_response(
-            fs.glob(&pattern, &path, &prune),
-            |r, e| r.error = Some(e),
+        } => listing_response(
+            id,
+            fs.glob(&pattern, &path, &prune, max_bytes),
+            |r: &mut FsGlobResponse, e| r.error = Some(e),
+            server,
             live,
             dl,
         ),

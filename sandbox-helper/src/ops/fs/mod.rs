@@ -3,7 +3,8 @@
 //! [`Root::resolve`]. Messages name only the wire path the client gave.
 //!
 //! The ops are here; by mechanism: `walk` (trees, never through a symlink, and their globs),
-//! `grep` (matching one file), `errno` (what a failed syscall tells the client).
+//! `grep` (matching one file), `listing` (the bounded, chunked answer of `ls` and `glob`),
+//! `errno` (what a failed syscall tells the client).
 
 use std::ffi::OsStr;
 use std::fs::File;
@@ -26,12 +27,14 @@ use super::{Input, OpError, Stop, fail};
 
 pub(crate) mod errno;
 mod grep;
+mod listing;
 mod walk;
 
 use errno::{denied, errno_fail, io_fail, open_err, resolve_err};
 use grep::search;
+pub use listing::Listing;
 pub(crate) use walk::open_child_dir;
-use walk::{glob_matcher, prune_set, read_dir, walk};
+use walk::{glob_matcher, prune_set, read_dir_within, walk};
 
 const FOLLOW: Opts = Opts {
     follow_final: true,
@@ -99,41 +102,38 @@ impl Fs<'_> {
 
     // === ls ===
 
-    /// One directory level, directories first then the rest, each sorted.
-    pub fn ls(&self, path: &str) -> Result<FsLsResponse, OpError> {
+    /// One directory level, every entry, directories first then the rest, each sorted; more
+    /// than `max_bytes` of JSON is `too_large`.
+    pub fn ls(&self, path: &str, max_bytes: u64) -> Result<Listing, OpError> {
         let path = path_arg(path, true)?;
         let fd = self.open_dir_op(&path)?;
-        let (mut dirs, mut others): (Vec<FsEntry>, Vec<FsEntry>) = (Vec::new(), Vec::new());
-        for (name, ft) in read_dir(&fd, self.stop)? {
-            let is_dir = ft == FileType::Directory;
-            let e = FsEntry {
+        let mut listing = Listing::new(&path, max_bytes);
+        let names =
+            read_dir_within(&fd, self.stop, max_bytes)?.ok_or_else(|| listing.too_large())?;
+        for (name, ft) in names {
+            listing.push(FsEntry {
                 path: join(&path, &name),
-                is_dir,
-            };
-            if is_dir { dirs.push(e) } else { others.push(e) }
+                is_dir: ft == FileType::Directory,
+            })?;
         }
-        dirs.sort_by(|a, b| a.path.cmp(&b.path));
-        others.sort_by(|a, b| a.path.cmp(&b.path));
-        dirs.extend(others);
-        let truncated = dirs.len() > LIST_MAX_ENTRIES;
-        dirs.truncate(LIST_MAX_ENTRIES);
-        Ok(FsLsResponse {
-            entries: dirs,
-            error: None,
-            truncated,
-        })
+        listing
+            .entries
+            .sort_by(|a, b| b.is_dir.cmp(&a.is_dir).then_with(|| a.path.cmp(&b.path)));
+        Ok(listing)
     }
 
     // === glob ===
 
-    /// Paths under `path` matching the glob, relative to `path`; pruned directories are never
-    /// entered. Sorted by path.
+    /// Every path under `path` matching the glob, relative to `path`; pruned directories are
+    /// never entered. Sorted by path. More than `max_bytes` of JSON is `too_large` (the walk
+    /// stops there).
     pub fn glob(
         &self,
         pattern: &str,
         path: &str,
         prune: &[String],
-    ) -> Result<FsGlobResponse, OpError> {
+        max_bytes: u64,
+    ) -> Result<Listing, OpError> {
         let path = path_arg(path, true)?;
         let pattern = pattern
             .trim_start_matches(&format!("{path}/"))
@@ -141,25 +141,18 @@ impl Fs<'_> {
         let matcher = glob_matcher(pattern)?;
         let prunes = prune_set(prune);
         let fd = self.open_dir_op(&path)?;
-        let mut matches = Vec::new();
+        let mut listing = Listing::new(&path, max_bytes);
         walk(fd, &prunes, self.stop, |_, rel, _, ft| {
             if matcher.is_match(Path::new(OsStr::from_bytes(rel))) {
-                matches.push(FsEntry {
+                listing.push(FsEntry {
                     path: join(&path, rel),
                     is_dir: ft == FileType::Directory,
-                });
+                })?;
             }
-            // One past the cap says there are more; the walk stops there.
-            Ok(matches.len() <= LIST_MAX_ENTRIES)
+            Ok(true)
         })?;
-        let truncated = matches.len() > LIST_MAX_ENTRIES;
-        matches.truncate(LIST_MAX_ENTRIES);
-        matches.sort_by(|a, b| a.path.cmp(&b.path));
-        Ok(FsGlobResponse {
-            matches,
-            error: None,
-            truncated,
-        })
+        listing.entries.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(listing)
     }
 
     // === grep ===

@@ -41,16 +41,34 @@ pub(super) fn prune_set(prune: &[String]) -> GlobSet {
     b.build().unwrap_or_else(|_| GlobSet::empty())
 }
 
+/// A directory's entries: each name and its type.
+pub(super) type Names = Vec<(Vec<u8>, FileType)>;
+
 /// A directory's entries (without `.` and `..`), sorted by name; types not reported by
 /// `readdir` are looked up without following links.
-pub(super) fn read_dir(fd: &OwnedFd, stop: &Stop<'_>) -> Result<Vec<(Vec<u8>, FileType)>, OpError> {
+pub(super) fn read_dir(fd: &OwnedFd, stop: &Stop<'_>) -> Result<Names, OpError> {
+    Ok(read_dir_within(fd, stop, u64::MAX)?.unwrap_or_default())
+}
+
+/// [`read_dir`], or `None` as soon as the names come to more than `max_name_bytes` (a listing
+/// of them would be larger still): a huge directory is not read whole to be refused.
+pub(super) fn read_dir_within(
+    fd: &OwnedFd,
+    stop: &Stop<'_>,
+    max_name_bytes: u64,
+) -> Result<Option<Names>, OpError> {
     let mut dir = Dir::read_from(fd).map_err(|e| errno_fail(e, "directory"))?;
     let mut out = Vec::new();
+    let mut names = 0u64;
     while let Some(entry) = dir.read() {
         let Ok(entry) = entry else { break };
         let name = entry.file_name().to_bytes();
         if name == b"." || name == b".." {
             continue;
+        }
+        names += name.len() as u64;
+        if names > max_name_bytes {
+            return Ok(None);
         }
         let mut ft = entry.file_type();
         if ft == FileType::Unknown {
@@ -64,7 +82,7 @@ pub(super) fn read_dir(fd: &OwnedFd, stop: &Stop<'_>) -> Result<Vec<(Vec<u8>, Fi
         }
     }
     out.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-    Ok(out)
+    Ok(Some(out))
 }
 
 pub(crate) fn open_child_dir(dir: &OwnedFd, name: &[u8]) -> Result<OwnedFd, Errno> {

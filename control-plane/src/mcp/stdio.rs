@@ -186,7 +186,10 @@ pub async fn bridge(
             Ok(Line::End) => break,
             Ok(Line::TooLong) => {
                 let why = format!("a message over {MAX_LINE_BYTES} bytes");
-                let _ = bridge.out.send(error_line(&Value::Null, -32600, &why)).await;
+                let _ = bridge
+                    .out
+                    .send(error_line(&Value::Null, -32600, &why))
+                    .await;
                 continue;
             }
             Err(e) => return Err(format!("stdin: {e}")),

@@ -250,6 +250,17 @@ pub struct TimeoutRequest {
     pub timeout_seconds: u64,
 }
 
+/// A request's `cpus` as the engine counts them (billionths of a CPU): the one conversion
+/// from the API to the engine.
+pub fn nano_cpus(cpus: f64) -> i64 {
+    (cpus * 1e9).round() as i64
+}
+
+/// The engine's billionths of a CPU as the API's `cpus`: the one conversion back.
+pub fn cpus_of(nano_cpus: i64) -> f64 {
+    nano_cpus as f64 / 1e9
+}
+
 /// A sandbox's environment variables (a create's, a fork's): names not empty, without `=` or
 /// NUL; values without NUL (the engine would refuse some and take others wrongly: `A=B` becomes
 /// `A`). Checked as it is read, so a request that holds one holds a valid one; the OpenAPI

@@ -190,7 +190,7 @@ impl Egress {
             init: false,
             runtime: c.egress.proxy_runtime.as_str().to_string(),
             memory_bytes: c.egress.proxy_memory_bytes,
-            nano_cpus: c.egress.proxy_cpus.map(|n| (n * 1e9).round() as i64),
+            nano_cpus: c.egress.proxy_cpus.map(crate::api::nano_cpus),
             pids_limit: GATEWAY_PIDS_LIMIT,
             network: NetworkAttach::Network {
                 name: egress_network,

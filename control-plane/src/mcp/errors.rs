@@ -7,7 +7,7 @@
 use serde::Serialize;
 
 use crate::error::ApiError;
-use crate::workspace::wire::{FsError, FsErrorCode};
+use sandbox_protocol::wire::{FsError, FsErrorCode};
 
 /// Why a tool call did not do its work.
 #[derive(Debug, Clone, PartialEq, Serialize)]

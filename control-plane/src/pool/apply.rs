@@ -71,7 +71,7 @@ impl Pool {
             if req.memory_bytes.is_none() && req.cpus.is_none() {
                 return Ok(());
             }
-            let nano_cpus = req.cpus.map(|c| (c * 1e9).round() as i64);
+            let nano_cpus = req.cpus.map(crate::api::nano_cpus);
             match self
                 .engine()
                 .update_limits(id, req.memory_bytes, nano_cpus)

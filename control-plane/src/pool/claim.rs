@@ -22,7 +22,7 @@ impl Claim {
         Self {
             at: crate::time::unix_now(),
             memory_bytes: req.memory_bytes,
-            nano_cpus: req.cpus.map(|c| (c * 1e9).round() as i64),
+            nano_cpus: req.cpus.map(crate::api::nano_cpus),
         }
     }
 

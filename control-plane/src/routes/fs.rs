@@ -20,7 +20,7 @@ use futures::StreamExt;
 use super::extract::Session;
 use crate::error::{ApiError, ApiJson, ErrorBody};
 use crate::workspace::fs::{Entries, Fs, respond};
-use crate::workspace::wire::*;
+use sandbox_protocol::wire::*;
 
 /// The OpenAPI entry every fs route shares, on `$item`.
 macro_rules! fs_doc {

@@ -299,7 +299,7 @@ impl SandboxFactory {
         if let Some(m) = req.memory_bytes {
             labels.insert(MEMORY_LABEL.to_string(), m.to_string());
         }
-        let nano_cpus = req.cpus.map(|c| (c * 1e9).round() as i64);
+        let nano_cpus = req.cpus.map(crate::api::nano_cpus);
         if let Some(c) = nano_cpus {
             labels.insert(CPUS_LABEL.to_string(), c.to_string());
         }

@@ -124,7 +124,7 @@ impl Sessions {
             snapshot_id: Some(snapshot.id.clone()),
             environment: Some(environment),
             memory_bytes: info.memory_bytes,
-            cpus: info.nano_cpus.map(|n| n as f64 / 1e9),
+            cpus: info.nano_cpus.map(crate::api::cpus_of),
             egress: None,
             ..Default::default()
         };

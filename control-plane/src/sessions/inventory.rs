@@ -94,7 +94,7 @@ fn listed(
             created_at: rfc3339(created),
             expires_at: record.deadline.map(rfc3339),
             on_timeout: record.on_timeout,
-            cpus: nano_cpus.map(|n| n as f64 / 1e9),
+            cpus: nano_cpus.map(crate::api::cpus_of),
             memory_bytes,
             egress: c.label(EGRESS_LABEL).is_some(),
             metadata: record.metadata,

@@ -116,7 +116,7 @@ impl Sessions {
         let at = unix_millis();
         let (_, nano_cpus) = super::inventory::limits(c);
         let cpu_count = match nano_cpus {
-            Some(n) if n > 0 => n as f64 / 1e9,
+            Some(n) if n > 0 => crate::api::cpus_of(n),
             _ => f64::from(stats.online_cpus.max(1)),
         };
         self.samples.with(|s| {

@@ -24,13 +24,13 @@ use sandbox_protocol::message::Request;
 use serde::de::DeserializeOwned;
 
 use super::validate_path;
-use super::wire::*;
 use crate::config::Config;
 use crate::runtime::{FS_DEADLINE, HelperError, Listing, SessionRuntime};
 use crate::sessions::Workspace;
 use crate::telemetry::metrics::{FsLabels, Metrics, observe_duration};
+use sandbox_protocol::wire::*;
 
-pub use super::wire::{
+pub use sandbox_protocol::wire::{
     EDIT_MAX_BYTES, EMPTY_FILE_SENTINEL, GREP_MAX_MATCHES, READ_MAX_BYTES, TRUNCATION_MARKER,
 };
 

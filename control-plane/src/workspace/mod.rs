@@ -4,7 +4,8 @@
 //! sandbox controls). `/workspace` is a per-session volume.
 //!
 //! # Layout
-//! - [`wire`]: request and response types (DAIV validates responses against its schemas).
+//! - The request and response types (DAIV validates responses against its schemas) are
+//!   `sandbox_protocol::wire`'s: the helper answers with them and the API serves them as they are.
 //! - [`sanitize`]: the synchronous tar sanitiser behind seeding.
 //! - [`seed`]: the streaming seed pipeline and its one-shot marker.
 //! - [`fs`]: `ls`, `read`, `grep`, `glob`, `write`, `edit`, `delete`.
@@ -18,7 +19,6 @@ pub mod fs;
 pub mod multipart;
 pub mod sanitize;
 pub mod seed;
-pub mod wire;
 
 pub use crate::text::shown;
 pub use sandbox_protocol::wire::validate_path;

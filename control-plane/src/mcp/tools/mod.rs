@@ -30,7 +30,7 @@ use crate::layout;
 use crate::processes;
 use crate::sessions::{ForkPlan, SessionError, Sessions, ValidationError};
 use crate::workspace::fs::{Fs, OpError};
-use crate::workspace::wire::*;
+use sandbox_protocol::wire::*;
 
 pub mod args;
 

@@ -109,6 +109,7 @@ where
             stop.cancel();
         }
     });
+    let metrics = state.metrics.clone();
     let router = app(state);
     // E2B's API, on its own port when set: a translation over the router above.
     let e2b = match config.e2b.port {
@@ -125,7 +126,7 @@ where
                     }
                 });
             tracing::info!(%addr, "E2B API listening");
-            let service = crate::e2b::router(config.clone(), router.clone());
+            let service = crate::e2b::router(config.clone(), router.clone(), &metrics);
             let stop = stop.clone();
             Some(tokio::spawn(async move {
                 axum::serve(e2b_listener, service)

@@ -125,12 +125,13 @@ impl FromRef<AppState> for Arc<Config> {
 }
 
 /// The whole HTTP surface over `state`; tests drive it in-process with a fake engine.
+/// Every door on this listener (the REST API and `/mcp`) is inside the request observer and the
+/// panic catcher, its traffic labelled by door.
 pub fn app(state: AppState) -> Router {
+    use crate::routes::observe::{Door, observed};
+    let prefix = &state.config.server.api_v1_str;
+    let mcp = crate::mcp::router(&state.config, &state.fleet, &state.admission);
     crate::routes::router(&state.config, &state.metrics, &state.admission)
-        .merge(crate::mcp::router(
-            &state.config,
-            &state.fleet,
-            &state.admission,
-        ))
+        .merge(observed(mcp, &state.metrics, prefix, Door::Mcp))
         .with_state(state)
 }

@@ -26,7 +26,7 @@ struct E2b {
 fn service() -> E2b {
     let templates = format!(r#"{{"base": "{IMAGE}"}}"#);
     let h = Harness::new(FakeEngine::default(), &[("E2B_TEMPLATES", &templates)]);
-    let router = e2b::router(h.state.config.clone(), h.router.clone());
+    let router = e2b::router(h.state.config.clone(), h.router.clone(), &h.state.metrics);
     E2b { router, h }
 }
 
@@ -778,4 +778,25 @@ async fn an_auto_paused_sandbox_stays_paused_to_envd_until_connect_gives_it_a_de
         )
         .await;
     assert_eq!(s, StatusCode::OK, "{answer}");
+}
+
+/// E2B's listener is inside the request observer, and the requests its translation sends to the
+/// service's own router count as the E2B door's, not the REST API's.
+#[tokio::test]
+async fn e2b_traffic_is_observed_as_the_e2b_doors() {
+    let e = service();
+    let created = e.create(json!({"templateID": "base"})).await;
+    assert!(created["sandboxID"].is_string(), "{created}");
+    let (_, body) = e.h.call("GET", "/metrics", None, Some(KEY)).await;
+    let text = body.as_str().unwrap_or_default();
+    let series = |door: &str, route: &str| {
+        text.lines().any(|l| {
+            l.starts_with("daiv_sandbox_http_request_duration_seconds_count{")
+                && l.contains(&format!("door=\"{door}\""))
+                && l.contains(&format!("route=\"{route}\""))
+        })
+    };
+    assert!(series("e2b", "/v2/sandboxes"), "{text}");
+    assert!(series("e2b", "/session/"), "the translated create: {text}");
+    assert!(!series("rest", "/session/"), "{text}");
 }

@@ -323,3 +323,24 @@ async fn an_idle_session_expires_and_a_connected_one_does_not() {
     assert_eq!(list_in(&h, &connected).await, StatusCode::OK);
     drop(stream);
 }
+
+/// `/mcp` is inside the request observer: its requests are in the request metric and log as the
+/// MCP door's, apart from the REST API's.
+#[tokio::test]
+async fn mcp_requests_are_observed_as_the_mcp_doors() {
+    let h = Harness::new(FakeEngine::default(), &[("METRICS_PUBLIC", "true")]);
+    initialize(&h).await;
+    let _ = h.call("GET", "/api/v1/-/version/", None, None).await;
+    let (_, body) = h.call("GET", "/metrics", None, None).await;
+    let text = body.as_str().unwrap_or_default();
+    let series = |door: &str, route: &str| {
+        text.lines().any(|l| {
+            l.starts_with("daiv_sandbox_http_request_duration_seconds_count{")
+                && l.contains(&format!("door=\"{door}\""))
+                && l.contains(&format!("route=\"{route}\""))
+        })
+    };
+    assert!(series("mcp", "/mcp"), "{text}");
+    assert!(series("rest", "/-/version/"), "{text}");
+    assert!(!series("rest", "/mcp"), "{text}");
+}

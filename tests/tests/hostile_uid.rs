@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use e2e::dataplane::{Lines, watch};
-use e2e::{ControlPlane, DEBIAN, Session, require_image};
+use e2e::{ControlPlane, DEBIAN, DeploymentGuard, Session, require_image};
 use reqwest::Method;
 use serde_json::json;
 
@@ -115,8 +115,13 @@ async fn a_session_holding_its_uids_inotify_instances_starves_no_other_session()
     require_image(DEBIAN);
     // Deployment A: every session one uid, as by default (not 1000: suites beside this one use it).
     let a = ControlPlane::start_with(&[("RUN_UID", "30731"), ("RUN_GID", "30731")]).await?;
-    // Deployment B, on the same engine: a uid of its own for each session.
-    let b = ControlPlane::start_with(&[("RUN_UID_RANGE", "30740-30799")]).await?;
+    // Deployment B, on the same engine: a uid of its own for each session. Its forks' and
+    // snapshots' payloads outlive their sessions (the reaper's to collect, off in tests): the
+    // guard removes everything labelled with the deployment.
+    let dep_b = format!("e2e-{}-uid-range", std::process::id());
+    let _guard = DeploymentGuard(dep_b.clone());
+    let b = ControlPlane::start_with(&[("DEPLOYMENT", &dep_b), ("RUN_UID_RANGE", "30740-30799")])
+        .await?;
 
     let hostile = a.session_of(DEBIAN).await?;
     let victim = a.session_of(DEBIAN).await?;

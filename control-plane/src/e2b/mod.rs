@@ -38,8 +38,14 @@ use tower::ServiceExt;
 use crate::config::Config;
 pub use state::{E2b, ENVD_VERSION};
 
-/// E2B's API over `app`, the service's own router (see [`native`]).
-pub fn router(config: Arc<Config>, app: Router) -> Router {
+/// E2B's API over `app`, the service's own router (see [`native`]); its requests observed as the
+/// E2B door's (`metrics`), and so are those it sends to `app`.
+pub fn router(
+    config: Arc<Config>,
+    app: Router,
+    metrics: &Arc<crate::telemetry::metrics::Metrics>,
+) -> Router {
+    use crate::routes::observe::{Door, observed};
     let key = config.server.api_key.expose();
     let state = E2b {
         native: native::Native::new(
@@ -74,8 +80,8 @@ pub fn router(config: Arc<Config>, app: Router) -> Router {
                 StatusCode::NOT_FOUND,
                 "no such route in E2B's API as this service serves it",
             ))
-        })
-        .with_state(state.clone());
+        });
+    let control = observed(control, metrics, "", Door::E2b).with_state(state.clone());
     // envd never thaws a paused sandbox: E2B's is not running until `connect` resumes it.
     let envd_state = E2b {
         native: state.native.clone().keeping_paused(),
@@ -85,8 +91,8 @@ pub fn router(config: Arc<Config>, app: Router) -> Router {
         .layer(DefaultBodyLimit::max(connect::MAX_MESSAGE + 64 * 1024))
         .fallback(|| async {
             connect::RpcError::new(connect::Code::Unimplemented, "no such envd route")
-        })
-        .with_state(envd_state);
+        });
+    let envd = observed(envd, metrics, "", Door::E2b).with_state(envd_state);
     Router::new().fallback_service(tower::service_fn(move |req: Request| {
         let (control, envd) = (control.clone(), envd.clone());
         async move {

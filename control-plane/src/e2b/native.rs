@@ -87,6 +87,8 @@ impl Native {
             h.extend(headers);
             h.insert(API_KEY, key.unwrap_or(&self.key).clone());
         }
+        // Counted as the E2B door's traffic, not the REST API's.
+        let req = req.extension(crate::routes::observe::Door::E2b);
         let req = match req.body(body) {
             Ok(r) => r,
             Err(e) => {

@@ -216,20 +216,12 @@ where
             auth::require_api_key,
         ));
     }
-    // Layers added with `Router::layer` run after routing, so the middleware sees the matched
-    // route template. Panics are caught inside it, so a panic is still logged as a 500.
-    router
-        .merge(scrape)
-        .layer(tower_http::catch_panic::CatchPanicLayer::custom(
-            observe::panic_response,
-        ))
-        .layer(middleware::from_fn_with_state(
-            observe::Observed {
-                metrics: metrics.clone(),
-                prefix: config.server.api_v1_str.clone(),
-            },
-            observe::observe,
-        ))
+    observe::observed(
+        router.merge(scrape),
+        metrics,
+        &config.server.api_v1_str,
+        observe::Door::Rest,
+    )
 }
 
 /// Registers `path` with and without its trailing slash: clients use both, and redirects would

@@ -17,11 +17,57 @@ use crate::telemetry::metrics::{HttpLabels, observe_duration};
 
 pub use crate::telemetry::reporting::PANIC_TARGET;
 
-/// What the observer records into, and the API prefix its route labels leave out.
+/// What the observer records into, the API prefix its route labels leave out, and the door its
+/// requests come in by unless they say otherwise.
 #[derive(Clone)]
 pub struct Observed {
     pub metrics: std::sync::Arc<crate::telemetry::metrics::Metrics>,
     pub prefix: String,
+    pub door: Door,
+}
+
+/// The front door a request came in by: a label of the request metric and a field of the log
+/// line, so each door's traffic is told apart. A request a door sends to the service's own
+/// router carries its door as an extension (E2B's translation does), so it is not counted as
+/// the REST API's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Door {
+    Rest,
+    Mcp,
+    E2b,
+}
+
+impl Door {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Door::Rest => "rest",
+            Door::Mcp => "mcp",
+            Door::E2b => "e2b",
+        }
+    }
+}
+
+/// `router` inside the request observer and the panic catcher, its requests counted as `door`'s.
+/// Layers added with `Router::layer` run after routing, so the middleware sees the matched route
+/// template. Panics are caught inside it, so a panic is still logged as a 500.
+pub fn observed<S: Clone + Send + Sync + 'static>(
+    router: axum::Router<S>,
+    metrics: &std::sync::Arc<crate::telemetry::metrics::Metrics>,
+    prefix: &str,
+    door: Door,
+) -> axum::Router<S> {
+    router
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(
+            panic_response,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            Observed {
+                metrics: metrics.clone(),
+                prefix: prefix.to_string(),
+                door,
+            },
+            observe,
+        ))
 }
 
 /// The method as a metrics label and log field: the standard ones by name, anything else (an
@@ -58,6 +104,12 @@ pub async fn observe(
         .as_ref()
         .map(|m| route_label(m.as_str(), &observed.prefix).to_string())
         .unwrap_or_else(|| "unmatched".to_string());
+    let door = req
+        .extensions()
+        .get::<Door>()
+        .copied()
+        .unwrap_or(observed.door)
+        .as_str();
     let session_id = params.ok().and_then(|p| {
         p.iter()
             .find(|(k, _)| *k == "session_id")
@@ -65,6 +117,7 @@ pub async fn observe(
     });
     let span = tracing::info_span!(
         "request",
+        door = %door,
         method = %method,
         route = %route,
         session_id = session_id.as_deref().unwrap_or("")
@@ -74,6 +127,7 @@ pub async fn observe(
         // A hub per request: tags set here stay on this request's events only.
         let hub = std::sync::Arc::new(sentry::Hub::new_from_top(sentry::Hub::main()));
         hub.configure_scope(|scope| {
+            scope.set_tag("door", door);
             scope.set_tag("http.method", method);
             scope.set_tag("route", &route);
             scope.set_transaction(Some(&format!("{method} {route}")));
@@ -88,6 +142,7 @@ pub async fn observe(
     let elapsed = started.elapsed();
     let status = response.status().as_u16();
     let labels = HttpLabels {
+        door: door.to_string(),
         method: method.to_string(),
         route: route.clone(),
         status,
@@ -97,6 +152,7 @@ pub async fn observe(
         elapsed,
     );
     tracing::info!(
+        door = %door,
         method = %method,
         route = %route,
         status,

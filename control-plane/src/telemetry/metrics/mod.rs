@@ -329,6 +329,7 @@ mod tests {
         m.fleet.sessions.get_or_create(&engine).set(3);
         observe_duration(
             &m.http.requests.get_or_create(&HttpLabels {
+                door: "rest".into(),
                 method: "GET".into(),
                 route: "/metrics".into(),
                 status: 200,

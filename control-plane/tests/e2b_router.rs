@@ -789,13 +789,7 @@ async fn e2b_traffic_is_observed_as_the_e2b_doors() {
     assert!(created["sandboxID"].is_string(), "{created}");
     let (_, body) = e.h.call("GET", "/metrics", None, Some(KEY)).await;
     let text = body.as_str().unwrap_or_default();
-    let series = |door: &str, route: &str| {
-        text.lines().any(|l| {
-            l.starts_with("daiv_sandbox_http_request_duration_seconds_count{")
-                && l.contains(&format!("door=\"{door}\""))
-                && l.contains(&format!("route=\"{route}\""))
-        })
-    };
+    let series = |door: &str, route: &str| harness::has_request_series(text, door, route);
     assert!(series("e2b", "/v2/sandboxes"), "{text}");
     assert!(series("e2b", "/session/"), "the translated create: {text}");
     assert!(!series("rest", "/session/"), "{text}");

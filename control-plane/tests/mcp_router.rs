@@ -333,13 +333,7 @@ async fn mcp_requests_are_observed_as_the_mcp_doors() {
     let _ = h.call("GET", "/api/v1/-/version/", None, None).await;
     let (_, body) = h.call("GET", "/metrics", None, None).await;
     let text = body.as_str().unwrap_or_default();
-    let series = |door: &str, route: &str| {
-        text.lines().any(|l| {
-            l.starts_with("daiv_sandbox_http_request_duration_seconds_count{")
-                && l.contains(&format!("door=\"{door}\""))
-                && l.contains(&format!("route=\"{route}\""))
-        })
-    };
+    let series = |door: &str, route: &str| harness::has_request_series(text, door, route);
     assert!(series("mcp", "/mcp"), "{text}");
     assert!(series("rest", "/-/version/"), "{text}");
     assert!(!series("rest", "/mcp"), "{text}");

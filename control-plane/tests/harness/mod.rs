@@ -148,6 +148,15 @@ impl Harness {
 }
 
 /// A response body as JSON: `Null` when empty, a JSON string when it is not JSON.
+/// Whether the metrics page `text` has a request series of `door` for `route`.
+pub fn has_request_series(text: &str, door: &str, route: &str) -> bool {
+    text.lines().any(|l| {
+        l.starts_with("daiv_sandbox_http_request_duration_seconds_count{")
+            && l.contains(&format!("door=\"{door}\""))
+            && l.contains(&format!("route=\"{route}\""))
+    })
+}
+
 pub async fn json_body(resp: Response<Body>) -> Value {
     let bytes = resp.into_body().collect().await.expect("body").to_bytes();
     if bytes.is_empty() {

@@ -109,6 +109,7 @@ impl World {
             volumes: Vec::new(),
             named_volumes: Vec::new(),
             log_options: Vec::new(),
+            auto_remove: false,
             skeleton: Vec::new(),
         };
         let id = self.engine.create(&spec).await?;

@@ -53,6 +53,9 @@ pub struct ContainerSpec {
     /// `json-file` log options (`max-size`, `max-file`): what a container prints cannot fill
     /// the host's disk. Empty = the daemon's defaults.
     pub log_options: Vec<(String, String)>,
+    /// Removed by the engine once it exits (a throwaway the service may not live to remove: a
+    /// runtime probe's).
+    pub auto_remove: bool,
     /// A tar archive extracted at `/` before the container starts (none when empty): the
     /// workspace skeleton, with ownership carried by the entries (no `chown` in the container,
     /// which gVisor forbids). In parts sent one after the other, whose concatenation is the

@@ -203,6 +203,7 @@ impl Egress {
                 ("max-size".to_string(), "10m".to_string()),
                 ("max-file".to_string(), "3".to_string()),
             ],
+            auto_remove: false,
             skeleton: vec![config_tar(&files, helper)],
         })
     }

@@ -349,6 +349,7 @@ impl SandboxFactory {
             ],
             named_volumes: Vec::new(),
             log_options: Vec::new(),
+            auto_remove: false,
             skeleton: vec![
                 user_dirs(user),
                 self.service_skeleton(),

@@ -122,6 +122,7 @@ mod tests {
             volumes: Vec::new(),
             named_volumes: Vec::new(),
             log_options: Vec::new(),
+            auto_remove: false,
             skeleton: Vec::new(),
         };
         engine.create(&spec).await.expect("created");

@@ -158,6 +158,7 @@ impl Snapshots {
             volumes: Vec::new(),
             named_volumes: vec![(volume.to_string(), layout::WORKSPACE.to_string())],
             log_options: Vec::new(),
+            auto_remove: false,
             skeleton: Vec::new(),
         }
     }

@@ -343,6 +343,9 @@ fn probe_spec(config: &Config, name: &str, image: &str, user: &str) -> Container
         volumes: Vec::new(),
         named_volumes: Vec::new(),
         log_options: Vec::new(),
+        // Removed by the engine when it ends (its own sleep, or a runtime that died under the
+        // checks), should the service not live to remove it.
+        auto_remove: true,
         skeleton: Vec::new(),
     }
 }

@@ -183,6 +183,7 @@ pub(super) fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
         security_opt: Some(vec!["no-new-privileges:true".to_string()]),
         runtime: Some(spec.runtime.clone()),
         init: Some(spec.init),
+        auto_remove: spec.auto_remove.then_some(true),
         log_config: (!spec.log_options.is_empty()).then(|| HostConfigLogConfig {
             typ: Some("json-file".to_string()),
             config: Some(spec.log_options.iter().cloned().collect()),

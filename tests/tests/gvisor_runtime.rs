@@ -64,19 +64,7 @@ async fn the_gvisor_probe_says_what_a_debian_session_then_sees() -> Result<()> {
         "the metric disagrees with /-/health/ ({verdict})"
     );
     // The probe leaves no container behind.
-    eventually(
-        "the probe's container gone",
-        Duration::from_secs(30),
-        || async {
-            Ok(e2e::containers_with(&[
-                &format!("daiv.sandbox.deployment={}", cp.deployment),
-                "daiv.sandbox.role=runtime-probe",
-            ])
-            .is_empty()
-            .then_some(()))
-        },
-    )
-    .await?;
+    no_probe_container_left(&cp).await?;
 
     let (s, b) = cp
         .call(
@@ -213,19 +201,7 @@ async fn with_default_settings_each_sessions_image_is_probed_and_told() -> Resul
         "the metric disagrees with /-/health/ ({runsc})"
     );
     // The probes leave no container behind.
-    eventually(
-        "the probes' containers gone",
-        Duration::from_secs(30),
-        || async {
-            Ok(e2e::containers_with(&[
-                &format!("daiv.sandbox.deployment={}", cp.deployment),
-                "daiv.sandbox.role=runtime-probe",
-            ])
-            .is_empty()
-            .then_some(()))
-        },
-    )
-    .await?;
+    no_probe_container_left(&cp).await?;
 
     // What the client sees: the session's info, and the answer of a command that failed.
     let busybox_info = info(&cp, busybox).await?;
@@ -298,4 +274,21 @@ async fn with_default_settings_each_sessions_image_is_probed_and_told() -> Resul
         "no error naming the image, the failing tools and the fix in the service's log"
     );
     Ok(())
+}
+
+/// Waits until no runtime-probe container of `cp`'s deployment is left.
+async fn no_probe_container_left(cp: &ControlPlane) -> Result<()> {
+    eventually(
+        "the probes' containers gone",
+        Duration::from_secs(30),
+        || async {
+            Ok(e2e::containers_with(&[
+                &format!("daiv.sandbox.deployment={}", cp.deployment),
+                "daiv.sandbox.role=runtime-probe",
+            ])
+            .is_empty()
+            .then_some(()))
+        },
+    )
+    .await
 }

@@ -41,15 +41,7 @@ const MIB: u64 = 1024 * 1024;
 
 // === helpers ===
 
-/// `VmRSS` (or another field) of process `pid`, KiB.
-fn status_kib(pid: u32, field: &str) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find(|l| l.starts_with(field))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-}
+use integration::cp::rss_kib as status_kib;
 
 /// Samples a process's resident memory every 50 ms; the peak seen (KiB).
 struct Sampler {

@@ -8,9 +8,10 @@
 #                                        $FLEET_DIR/engines.json; an engine that answers is left alone
 #   fleet-engines.sh endpoint NAME       print tcp://IP:2376
 #   fleet-engines.sh docker NAME ARGS... the docker CLI against that engine, with the client's TLS
-#   fleet-engines.sh kill NAME           docker kill the engine (sudden death)
+#   fleet-engines.sh kill NAME           docker kill the engine (sudden death); returns once it is dead
 #   fleet-engines.sh stop NAME           docker stop the engine (its dockerd stops its containers)
-#   fleet-engines.sh start NAME          start it again (unpause it if paused) and wait until it answers
+#   fleet-engines.sh start NAME          start it again (unpause it if paused) and wait until it answers;
+#                                        one that dies while starting is started again (3 tries)
 #   fleet-engines.sh pause NAME          freeze it: it accepts TCP connections but never answers
 #   fleet-engines.sh unpause NAME        thaw it
 #   fleet-engines.sh status [NAME...]    one line per engine: name, state, endpoint, answering or not
@@ -120,13 +121,22 @@ answers() {
 }
 
 # wait_answering NAME...: wait (FLEET_WAIT s in all) until every engine answers `docker info`.
+# RESTARTS (default 0): how many times an engine found exited is started again instead of failing.
 wait_answering() {
-    local deadline=$((SECONDS + FLEET_WAIT)) pending=("$@") left n s
+    local deadline=$((SECONDS + FLEET_WAIT)) pending=("$@") left n s restarts=${RESTARTS:-0}
     while [ "${#pending[@]}" -gt 0 ]; do
         left=()
         for n in "${pending[@]}"; do
             answers "$n" && continue
             s=$(state "$n")
+            if [ "$s" = exited ] && [ "$restarts" -gt 0 ]; then
+                restarts=$((restarts - 1))
+                echo "$(basename "$0"): engine $n exited while starting; starting it again" >&2
+                docker logs --tail 10 "$(container "$n")" >&2 2>&1 || true
+                run_quiet "docker start $(container "$n")" docker start "$(container "$n")"
+                left+=("$n")
+                continue
+            fi
             if [ "$s" != running ]; then
                 echo "error: $(basename "$0"): engine $n is $s, not running; its last log lines:" >&2
                 docker logs --tail 30 "$(container "$n")" >&2 2>&1 || true
@@ -361,12 +371,35 @@ cmd_start() {
     local n=$1
     exists_or_die "$n"
     take_lock fleet-engines
+    # A container killed a moment ago may still read `running` while its processes die: wait for
+    # it to settle before deciding whether it needs a start.
+    settle "$n"
     case $(state "$n") in
     running | restarting) ;;
     paused) run_quiet "docker unpause $(container "$n")" docker unpause "$(container "$n")" ;;
     *) run_quiet "docker start $(container "$n")" docker start "$(container "$n")" ;;
     esac
-    wait_answering "$n"
+    RESTARTS=3 wait_answering "$n"
+}
+
+# settle NAME: if the engine's container is running but its engine does not answer, give it a few
+# seconds to either answer or finish dying.
+settle() {
+    local n=$1 i
+    for i in 1 2 3 4 5 6 7 8 9 10; do
+        [ "$(state "$n")" = running ] || return 0
+        answers "$n" && return 0
+        sleep 0.5
+    done
+}
+
+# dead NAME: wait (30 s at most) until the engine's container is no longer running.
+dead() {
+    local n=$1 i
+    for i in $(seq 60); do
+        case $(state "$n") in running | restarting) sleep 0.5 ;; *) return 0 ;; esac
+    done
+    die "engine $n still runs 30 s after it was told to stop"
 }
 
 cmd_status() {
@@ -450,6 +483,8 @@ kill | stop | pause | unpause)
     one_name "$sub" "$@"
     exists_or_die "$1"
     run_quiet "docker $sub $(container "$1")" docker "$sub" "$(container "$1")"
+    # `docker kill` returns once the signal is sent: the caller means the engine is gone.
+    case $sub in kill | stop) dead "$1" ;; esac
     ;;
 start)
     one_name start "$@"

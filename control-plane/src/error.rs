@@ -45,6 +45,10 @@ pub enum ApiError {
     InvalidApiKey,
     #[error("Session not found or already closed")]
     NotFound,
+    /// A process the session does not have: the session's 404 and wording, as the reference's
+    /// routes answer; MCP's renderer tells it apart.
+    #[error("Session not found or already closed")]
+    NoSuchProcess,
     /// A 404 for something other than a session (a snapshot).
     #[error("{0}")]
     NotFoundDetail(String),
@@ -89,7 +93,9 @@ impl ApiError {
     pub fn status(&self) -> StatusCode {
         match self {
             ApiError::MissingApiKey | ApiError::InvalidApiKey => StatusCode::FORBIDDEN,
-            ApiError::NotFound | ApiError::NotFoundDetail(_) => StatusCode::NOT_FOUND,
+            ApiError::NotFound | ApiError::NoSuchProcess | ApiError::NotFoundDetail(_) => {
+                StatusCode::NOT_FOUND
+            }
             ApiError::Busy | ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
@@ -103,14 +109,22 @@ impl ApiError {
     }
 }
 
+impl ApiError {
+    /// What every door logs of an error it answers: an outage once as a warning, any other
+    /// server error in full (its cause never goes to the client).
+    pub fn log(&self) {
+        if let ApiError::Outage(_) = self {
+            tracing::warn!(error = ?self, "request refused: outage");
+        } else if self.status().is_server_error() {
+            tracing::error!(error = ?self, "request failed");
+        }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
-        if let ApiError::Outage(_) = &self {
-            tracing::warn!(error = ?self, "request refused: outage");
-        } else if status.is_server_error() {
-            tracing::error!(error = ?self, "request failed");
-        }
+        self.log();
         let retry_after = match &self {
             ApiError::TooManyRequests {
                 retry_after: Some(after),
@@ -273,7 +287,7 @@ impl From<HelperError> for ApiError {
         use HelperError as E;
         match e {
             E::Engine(e) => e.into(),
-            E::NoSuchProcess => ApiError::NotFound,
+            E::NoSuchProcess => ApiError::NoSuchProcess,
             E::ProcessConflict(m) => ApiError::Conflict(m),
             // Retryable once one of the session's processes ends: when is not ours to say.
             E::ProcessLimit(m) => ApiError::TooManyRequests {
@@ -304,13 +318,12 @@ impl From<ProcessError> for ApiError {
             | E::InvalidProcessId
             | E::InvalidTag
             | E::InvalidTerminalSize
-            | E::InvalidVariableName(_)
-            | E::NulInVariable(_)
+            | E::InvalidEnvironment(_)
             | E::EmptyCommand
             | E::NulInCommand
             | E::InvalidWait => ApiError::Unprocessable(e.to_string()),
             // An id that cannot exist answers like a missing session, as the reference does.
-            E::NoSuchProcess => ApiError::NotFound,
+            E::NoSuchProcess => ApiError::NoSuchProcess,
             E::StdinTooLarge => ApiError::PayloadTooLarge(e.to_string()),
             E::Session(e) => e.into(),
             E::Helper(e) => e.into(),

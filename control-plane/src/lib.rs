@@ -23,13 +23,18 @@
 //!    processes, streaming runs), [`reaper`].
 //! 9. **The fleet:** [`fleet`] (one such stack per Docker engine, placement, health, the engines
 //!    file).
-//! 10. **HTTP:** [`routes`] (handlers, the router, and the OpenAPI document beside the routes it
-//!     lists), [`error`] (the one place a cause becomes a status and `{"detail"}` body),
-//!     [`auth`], [`admission`].
-//! 11. **Other APIs:** [`mcp`] (the sandbox as MCP tools at `/mcp` and over stdio, through the
-//!     same domain calls as the routes); [`e2b`] (E2B's control API and envd on a port of their
-//!     own, translated into requests to the service's own router, in-process).
-//! 12. **Composition:** [`state`] ([`AppState`] and [`app`]), [`serve`] (the service's life from
+//! 10. **Admission and errors:** [`admission`] (the slots of each class of work), [`error`] (the
+//!     one place a cause becomes a status and `{"detail"}` body), [`auth`] (the one key check).
+//! 11. **Operations:** [`ops`], one type per use case on a session, declaring its admission
+//!     class, its lock and its running check, which [`ops::Ops::apply`] takes once: the way the
+//!     doors below reach a session (the background processes' so far).
+//! 12. **HTTP:** [`routes`] (handlers, the router, and the OpenAPI document beside the routes it
+//!     lists).
+//! 13. **Other APIs:** [`mcp`] (the sandbox as MCP tools at `/mcp` and over stdio, through the
+//!     same operations and domain calls as the routes); [`e2b`] (E2B's control API and envd on a
+//!     port of their own: its processes through the operations, the rest translated into
+//!     requests to the service's own router, in-process).
+//! 14. **Composition:** [`state`] ([`AppState`] and [`app`]), [`serve`] (the service's life from
 //!     settings and a listener to shutdown); `main.rs`.
 
 pub mod admission;
@@ -43,6 +48,7 @@ pub mod egress;
 pub mod error;
 pub mod fleet;
 pub mod mcp;
+pub mod ops;
 pub mod pool;
 pub mod processes;
 pub mod reaper;

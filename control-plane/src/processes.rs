@@ -52,14 +52,9 @@ pub enum ProcessError {
     InvalidTag,
     #[error("a terminal's cols and rows must be between 1 and 1000")]
     InvalidTerminalSize,
-    /// The offending name.
-    #[error(
-        "environment: {0:?} is not a variable name (letters, digits, '_'; not starting with a digit)"
-    )]
-    InvalidVariableName(String),
-    /// The variable whose value has a NUL.
-    #[error("environment: the value of {0} contains a NUL byte")]
-    NulInVariable(String),
+    /// A variable that breaks the one rule of every environment ([`crate::api::Environment`]).
+    #[error(transparent)]
+    InvalidEnvironment(#[from] crate::api::InvalidEnvironment),
     #[error("command must not be empty")]
     EmptyCommand,
     #[error("command contains a NUL byte")]
@@ -104,14 +99,6 @@ impl Utf8Carry {
 
 use sandbox_protocol::text::incomplete_tail;
 
-fn valid_name(name: &str) -> bool {
-    let mut chars = name.chars();
-    chars
-        .next()
-        .is_some_and(|c| c == '_' || c.is_ascii_alphabetic())
-        && chars.all(|c| c == '_' || c.is_ascii_alphanumeric())
-}
-
 /// A process's working directory: any absolute path without `..` (the process runs as the
 /// sandbox user, so where it may go is the user's to have).
 fn workdir(raw: Option<&str>) -> Result<String, ProcessError> {
@@ -121,23 +108,16 @@ fn workdir(raw: Option<&str>) -> Result<String, ProcessError> {
     validate_any_path(raw).map_err(|e| ProcessError::InvalidWorkdir(e.message))
 }
 
+/// A process's variables follow the rule of a session's ([`crate::api::Environment`]): a name is
+/// anything without `=` or NUL, as the engine and `execve` take it.
 fn environment(
     env: &Option<BTreeMap<String, String>>,
 ) -> Result<Vec<(String, String)>, ProcessError> {
     let Some(env) = env else {
         return Ok(Vec::new());
     };
-    env.iter()
-        .map(|(k, v)| {
-            if !valid_name(k) {
-                return Err(ProcessError::InvalidVariableName(k.clone()));
-            }
-            if v.contains('\0') {
-                return Err(ProcessError::NulInVariable(k.clone()));
-            }
-            Ok((k.clone(), v.clone()))
-        })
-        .collect()
+    let env = crate::api::Environment::new(env.clone())?;
+    Ok(env.into_inner().into_iter().collect())
 }
 
 fn process_id(raw: &str) -> Result<(), ProcessError> {
@@ -420,6 +400,10 @@ pub async fn events(
     Ok(EventBatch { events, ended })
 }
 
+/// How much longer than its wait a round of followed events may take before the session is
+/// checked again (see [`follow_events`]).
+const ROUND_GRACE: Duration = Duration::from_secs(5);
+
 /// The rest of an event stream after its `first` round: with `follow`, rounds until `end`, a
 /// keepalive after each `keepalive` without an event; the stream closes when the client goes, or
 /// when the events can no longer be followed (the session went away, events left the buffer
@@ -444,12 +428,26 @@ pub fn follow_events(
                 return;
             }
         }
+        // The session was found running by the first round's operation: the next rounds trust
+        // it (no inspect each) while they answer in time. One that does not (the session was
+        // paused under it, its helper frozen) is dropped, and the next checks the session
+        // first: thawing it, or ending the stream for a door that keeps it paused.
+        let mut trusted = true;
         while follow && !ended {
-            let ws = sessions.workspace(&id);
+            let ws = if trusted {
+                sessions.workspace(&id).checked()
+            } else {
+                sessions.workspace(&id)
+            };
             let round = tokio::select! {
                 _ = tx.closed() => return,
-                r = events(&ws, &pid, Some(last), keepalive) => r,
+                r = tokio::time::timeout(keepalive + ROUND_GRACE, events(&ws, &pid, Some(last), keepalive)) => r,
             };
+            let Ok(round) = round else {
+                trusted = false;
+                continue;
+            };
+            trusted = true;
             let Ok(batch) = round else { return };
             ended = batch.ended;
             if batch.events.is_empty() {
@@ -602,7 +600,14 @@ mod tests {
             environment(&Some(ok)).expect("valid"),
             vec![("A_1".into(), "x".into())]
         );
-        let bad: BTreeMap<String, String> = [("1A".to_string(), "x".to_string())].into();
-        assert!(environment(&Some(bad)).is_err());
+        // A session's rule: any name without `=` or NUL (a shell cannot name `1A` or `a.b`, a
+        // program can read them).
+        let odd: BTreeMap<String, String> =
+            [("1A".into(), "x".into()), ("a.b".into(), "y".into())].into();
+        assert_eq!(environment(&Some(odd)).expect("valid").len(), 2);
+        for (k, v) in [("A=B", "x"), ("", "x"), ("A\0", "x"), ("A", "x\0y")] {
+            let bad: BTreeMap<String, String> = [(k.to_string(), v.to_string())].into();
+            assert!(environment(&Some(bad)).is_err(), "{k:?}={v:?}");
+        }
     }
 }

@@ -110,6 +110,7 @@ where
         }
     });
     let metrics = state.metrics.clone();
+    let ops = state.ops();
     let router = app(state);
     // E2B's API, on its own port when set: a translation over the router above.
     let e2b = match config.e2b.port {
@@ -126,7 +127,7 @@ where
                     }
                 });
             tracing::info!(%addr, "E2B API listening");
-            let service = crate::e2b::router(config.clone(), router.clone(), &metrics);
+            let service = crate::e2b::router(config.clone(), router.clone(), ops, &metrics);
             let stop = stop.clone();
             Some(tokio::spawn(async move {
                 axum::serve(e2b_listener, service)

@@ -100,6 +100,13 @@ impl AppState {
     }
 }
 
+impl AppState {
+    /// The door to the sessions every front door goes through.
+    pub fn ops(&self) -> crate::ops::Ops {
+        crate::ops::Ops::new(self.fleet.clone(), self.admission.clone())
+    }
+}
+
 impl FromRef<AppState> for Arc<Fleet> {
     fn from_ref(state: &AppState) -> Self {
         state.fleet.clone()
@@ -109,6 +116,12 @@ impl FromRef<AppState> for Arc<Fleet> {
 impl FromRef<AppState> for Arc<RuntimeHealth> {
     fn from_ref(state: &AppState) -> Self {
         state.runtime.clone()
+    }
+}
+
+impl FromRef<AppState> for crate::ops::Ops {
+    fn from_ref(state: &AppState) -> Self {
+        state.ops()
     }
 }
 

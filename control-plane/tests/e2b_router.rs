@@ -26,7 +26,12 @@ struct E2b {
 fn service() -> E2b {
     let templates = format!(r#"{{"base": "{IMAGE}"}}"#);
     let h = Harness::new(FakeEngine::default(), &[("E2B_TEMPLATES", &templates)]);
-    let router = e2b::router(h.state.config.clone(), h.router.clone(), &h.state.metrics);
+    let router = e2b::router(
+        h.state.config.clone(),
+        h.router.clone(),
+        h.state.ops(),
+        &h.state.metrics,
+    );
     E2b { router, h }
 }
 
@@ -793,4 +798,194 @@ async fn e2b_traffic_is_observed_as_the_e2b_doors() {
     assert!(series("e2b", "/v2/sandboxes"), "{text}");
     assert!(series("e2b", "/session/"), "the translated create: {text}");
     assert!(!series("rest", "/session/"), "{text}");
+}
+
+/// How many engine calls of `op` the service has made (its metrics page).
+async fn engine_calls(e: &E2b, op: &str) -> u64 {
+    let (_, body) = e.h.call("GET", "/metrics", None, Some(KEY)).await;
+    let text = body.as_str().unwrap_or_default();
+    text.lines()
+        .filter(|l| {
+            l.starts_with("daiv_sandbox_engine_call_duration_seconds_count{")
+                && l.contains(&format!("op=\"{op}\""))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// A streamed envd call's envelopes.
+async fn streamed(e: &E2b, method: &str, id: &str, token: &str, msg: Value) -> Vec<(u8, Value)> {
+    let (s, body, _) = e
+        .envd(
+            method,
+            id,
+            token,
+            "application/connect+json",
+            envelope(0, msg.to_string().as_bytes()),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    envelopes(&body)
+}
+
+/// The stdout an envd event stream carried, and its end event.
+fn outcome(frames: &[(u8, Value)]) -> (String, Value) {
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let mut out = Vec::new();
+    let mut end = Value::Null;
+    for (_, v) in frames {
+        let ev = &v["event"];
+        if let Some(data) = ev["data"]["stdout"].as_str() {
+            out.extend(b64.decode(data).expect("base64"));
+        }
+        if ev.get("end").is_some() {
+            end = ev["end"].clone();
+        }
+    }
+    (String::from_utf8_lossy(&out).into_owned(), end)
+}
+
+/// envd's process calls are operations on the sandbox: a `Start` runs the command to its end
+/// with one check of the sandbox (one inspect), however many steps it takes (start, close stdin,
+/// follow the events); a process is found by its pid or its tag within the one operation of
+/// `SendInput`, `CloseStdin`, `Connect` or `SendSignal`; a missing one is envd's `not_found`.
+#[tokio::test]
+async fn envd_process_calls_are_one_operation_each() {
+    let e = service();
+    let v = e.create(json!({"templateID": "base"})).await;
+    let id = v["sandboxID"].as_str().expect("id");
+    let token = v["envdAccessToken"].as_str().expect("token");
+
+    let before = engine_calls(&e, "inspect").await;
+    let frames = streamed(
+        &e,
+        "/process.Process/Start",
+        id,
+        token,
+        json!({"process": {"cmd": "/bin/sh", "args": ["-c", "echo hi; echo err >&2; exit 3"]}}),
+    )
+    .await;
+    let inspects = engine_calls(&e, "inspect").await - before;
+    assert!(
+        frames[0].1["event"]["start"]["pid"].as_u64().is_some(),
+        "{frames:?}"
+    );
+    let (out, end) = outcome(&frames);
+    assert_eq!(out, "hi\n", "{frames:?}");
+    assert_eq!(end["exitCode"], 3, "{frames:?}");
+    assert_eq!(end["status"], "exit status 3", "{frames:?}");
+    assert_eq!(frames.last().expect("frames").0, 2, "end of stream");
+    assert_eq!(inspects, 1, "one check of the sandbox for a whole Start");
+
+    // A process started natively with a tag, reached by envd through the tag and the pid.
+    let (s, started) =
+        e.h.call(
+            "POST",
+            &format!("/api/v1/session/{id}/processes/"),
+            Some(json!({"command": "cat", "tag": "echoer"})),
+            Some(KEY),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{started}");
+    let (s, list) = e.unary("/process.Process/List", id, token, json!({})).await;
+    assert_eq!(s, StatusCode::OK, "{list}");
+    let listed = list["processes"]
+        .as_array()
+        .and_then(|all| all.iter().find(|p| p["tag"] == "echoer"))
+        .cloned()
+        .expect("the tagged process listed");
+    let pid = listed["pid"].as_u64().expect("pid");
+    assert_eq!(listed["config"]["cmd"], "cat", "{listed}");
+
+    let before = engine_calls(&e, "inspect").await;
+    let (s, answer) = e
+        .unary(
+            "/process.Process/SendInput",
+            id,
+            token,
+            json!({"process": {"tag": "echoer"}, "input": {"stdin": "cGluZwo="}}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{answer}");
+    assert_eq!(engine_calls(&e, "inspect").await - before, 1);
+    let (s, answer) = e
+        .unary(
+            "/process.Process/CloseStdin",
+            id,
+            token,
+            json!({"process": {"pid": pid}}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{answer}");
+    let frames = streamed(
+        &e,
+        "/process.Process/Connect",
+        id,
+        token,
+        json!({"process": {"pid": pid}}),
+    )
+    .await;
+    let (out, end) = outcome(&frames);
+    assert_eq!(out, "ping\n", "{frames:?}");
+    assert_eq!(end["exitCode"], 0, "{frames:?}");
+
+    // A signal by pid ends a process with that signal.
+    let (s, started) =
+        e.h.call(
+            "POST",
+            &format!("/api/v1/session/{id}/processes/"),
+            Some(json!({"command": "sleep 60", "tag": "sleeper"})),
+            Some(KEY),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{started}");
+    let (_, list) = e.unary("/process.Process/List", id, token, json!({})).await;
+    let pid = list["processes"]
+        .as_array()
+        .and_then(|all| all.iter().find(|p| p["tag"] == "sleeper"))
+        .and_then(|p| p["pid"].as_u64())
+        .expect("the sleeper's pid");
+    let (s, answer) = e
+        .unary(
+            "/process.Process/SendSignal",
+            id,
+            token,
+            json!({"process": {"pid": pid}, "signal": "SIGNAL_SIGKILL"}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{answer}");
+    let frames = streamed(
+        &e,
+        "/process.Process/Connect",
+        id,
+        token,
+        json!({"process": {"tag": "sleeper"}}),
+    )
+    .await;
+    let (_, end) = outcome(&frames);
+    assert_eq!(end["status"], "signal: killed", "{frames:?}");
+
+    // Nothing by that pid or tag: envd's not_found, naming what was asked.
+    for selector in [json!({"pid": 999_999}), json!({"tag": "nobody"})] {
+        let (s, answer) = e
+            .unary(
+                "/process.Process/SendInput",
+                id,
+                token,
+                json!({"process": selector, "input": {"stdin": "eAo="}}),
+            )
+            .await;
+        assert_eq!(
+            (s, answer["code"].clone()),
+            (StatusCode::NOT_FOUND, json!("not_found")),
+            "{answer}"
+        );
+        assert!(
+            answer["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("not found")),
+            "{answer}"
+        );
+    }
 }

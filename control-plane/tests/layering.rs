@@ -36,7 +36,9 @@ const LAYERS: &[&[&str]] = &[
     &["sessions"],
     &["workspace", "processes", "reaper"],
     &["fleet"],
-    &["admission", "error", "auth", "routes"],
+    &["admission", "error", "auth"],
+    &["ops"],
+    &["routes"],
     &["mcp", "e2b"],
     &["state", "serve"],
 ];

@@ -338,3 +338,49 @@ async fn mcp_requests_are_observed_as_the_mcp_doors() {
     assert!(series("rest", "/-/version/"), "{text}");
     assert!(!series("rest", "/mcp"), "{text}");
 }
+
+/// The process tools go through the same operations as the routes: a process runs and is read
+/// back, and one the session does not have is the tool's "no such process" (the session itself
+/// is fine), not the session's own "not found".
+#[tokio::test]
+async fn a_process_the_session_lacks_is_not_a_session_gone() {
+    let h = stateless();
+    let id = h.session().await;
+    let v = call(
+        &h,
+        "process_start",
+        json!({"session_id": id, "command": "echo from-mcp"}),
+    )
+    .await;
+    assert_eq!(v["result"]["isError"], false, "{v}");
+    let pid = v["result"]["structuredContent"]["process_id"]
+        .as_str()
+        .expect("process_id")
+        .to_string();
+    let mut output = String::new();
+    for _ in 0..100 {
+        let v = call(
+            &h,
+            "process_output",
+            json!({"session_id": id, "process_id": pid, "wait": 1}),
+        )
+        .await;
+        let out = &v["result"]["structuredContent"];
+        output = out["output"].as_str().unwrap_or_default().to_string();
+        if out["running"] == false {
+            break;
+        }
+    }
+    assert_eq!(output, "from-mcp\n");
+
+    let v = call(
+        &h,
+        "process_output",
+        json!({"session_id": id, "process_id": "nobody"}),
+    )
+    .await;
+    assert_eq!(v["result"]["isError"], true, "{v}");
+    let failure = &v["result"]["structuredContent"];
+    assert_eq!(failure["code"], "not_found", "{v}");
+    assert_eq!(failure["cause"], "No such process in this session", "{v}");
+}

@@ -14,7 +14,7 @@ pub enum OutputStream {
     Stderr,
 }
 
-#[derive(Debug, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Deserialize, ToSchema)]
 pub struct StartProcessRequest {
     /// Shell command, run in the background like a command of a run (same shell, user, limits).
     /// Not blank, no NUL.

@@ -142,6 +142,19 @@ impl From<Refusal> for RpcError {
     }
 }
 
+/// An operation's error, as the native route would have refused it (logged as it logs).
+impl From<crate::error::ApiError> for RpcError {
+    fn from(e: crate::error::ApiError) -> Self {
+        use crate::error::ApiError;
+        e.log();
+        match e {
+            // A process the sandbox does not have (gone between a listing and the call).
+            ApiError::NoSuchProcess => RpcError::new(Code::NotFound, "process not found"),
+            e => Refusal::new(e.status(), e.to_string()).into(),
+        }
+    }
+}
+
 impl IntoResponse for RpcError {
     /// A unary call's error.
     fn into_response(self) -> Response {

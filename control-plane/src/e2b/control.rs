@@ -57,20 +57,19 @@ pub async fn require_key(
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Answer {
-    use subtle::ConstantTimeEq;
-    let Some(given) = req.headers().get(API_KEY) else {
-        return Err(ApiFailure(Refusal::new(
+    use crate::auth::{KeyRefusal, check_key};
+    let given = req.headers().get(API_KEY).map(|v| v.as_bytes());
+    check_key(&e.config, given).map_err(|refusal| {
+        ApiFailure(Refusal::new(
             StatusCode::UNAUTHORIZED,
-            "missing API key: send it as X-API-KEY (E2B_API_KEY)",
-        )));
-    };
-    let expected = e.config.server.api_key.expose().as_bytes();
-    if !bool::from(given.as_bytes().ct_eq(expected)) {
-        return Err(ApiFailure(Refusal::new(
-            StatusCode::UNAUTHORIZED,
-            "invalid API key (E2B_API_KEY must be the deployment's API key)",
-        )));
-    }
+            match refusal {
+                KeyRefusal::Missing => "missing API key: send it as X-API-KEY (E2B_API_KEY)",
+                KeyRefusal::Invalid => {
+                    "invalid API key (E2B_API_KEY must be the deployment's API key)"
+                }
+            },
+        ))
+    })?;
     Ok(next.run(req).await)
 }
 

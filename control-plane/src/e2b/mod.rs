@@ -43,6 +43,7 @@ pub use state::{E2b, ENVD_VERSION};
 pub fn router(
     config: Arc<Config>,
     app: Router,
+    ops: crate::ops::Ops,
     metrics: &Arc<crate::telemetry::metrics::Metrics>,
 ) -> Router {
     use crate::routes::observe::{Door, observed};
@@ -55,6 +56,8 @@ pub fn router(
         tokens: token::Tokens::new(key),
         watchers: Arc::default(),
         config,
+        ops,
+        keep_paused: false,
     };
     let control = Router::new()
         .route("/sandboxes", post(control::create).get(control::list))
@@ -85,6 +88,7 @@ pub fn router(
     // envd never thaws a paused sandbox: E2B's is not running until `connect` resumes it.
     let envd_state = E2b {
         native: state.native.clone().keeping_paused(),
+        keep_paused: true,
         ..state
     };
     let envd = envd::router()

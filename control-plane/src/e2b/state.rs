@@ -13,7 +13,25 @@ pub const ENVD_VERSION: &str = "0.6.1";
 #[derive(Clone)]
 pub struct E2b {
     pub config: Arc<Config>,
+    /// The operations on sessions (what envd's processes go through).
+    pub ops: crate::ops::Ops,
     pub native: super::native::Native,
     pub tokens: super::token::Tokens,
     pub watchers: Arc<super::polled::Watchers>,
+    /// envd's: a paused sandbox stays paused (it is not running until `connect` resumes it).
+    pub keep_paused: bool,
+}
+
+impl E2b {
+    /// Applies `op` to sandbox `id` (404, as envd's "not found", for an id that cannot be a
+    /// session's), keeping it paused if this door does.
+    pub async fn apply<O: crate::ops::Op>(
+        &self,
+        id: &str,
+        op: O,
+    ) -> Result<O::Output, super::connect::RpcError> {
+        let id = crate::ids::SessionId::parse(id).map_err(|_| crate::error::ApiError::NotFound)?;
+        let applied = self.ops.apply(&id, op);
+        Ok(crate::sessions::keep_paused_if(self.keep_paused, applied).await?)
+    }
 }

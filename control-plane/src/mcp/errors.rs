@@ -56,6 +56,7 @@ impl From<ApiError> for ToolFailure {
         let cause = e.to_string();
         match e {
             ApiError::NotFound => Self::session_gone(),
+            ApiError::NoSuchProcess => Self::process_gone(),
             ApiError::NotFoundDetail(_) => Self::new(
                 "not_found",
                 cause,
@@ -146,19 +147,9 @@ via_api_error!(
     crate::runtime::HelperError,
     crate::workspace::fs::FsOpError,
     crate::admission::Refused,
-    crate::snapshots::SnapshotError
+    crate::snapshots::SnapshotError,
+    crate::processes::ProcessError
 );
-
-impl From<crate::processes::ProcessError> for ToolFailure {
-    fn from(e: crate::processes::ProcessError) -> Self {
-        use crate::processes::ProcessError as E;
-        use crate::runtime::HelperError as H;
-        match e {
-            E::NoSuchProcess | E::Helper(H::NoSuchProcess) => Self::process_gone(),
-            e => ApiError::from(e).into(),
-        }
-    }
-}
 
 /// An fs op's own answer about the path or the content.
 impl From<FsError> for ToolFailure {

@@ -11,7 +11,6 @@ use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
-use subtle::ConstantTimeEq;
 
 use super::sessions::McpSessions;
 use super::{McpServer, Tools};
@@ -115,20 +114,22 @@ async fn guard(State(guard): State<Guard>, req: Request, next: Next) -> Response
                         .then(|| token.trim().as_bytes())
                 })
         });
-    let Some(given) = given else {
-        let mut r = refuse(
-            StatusCode::UNAUTHORIZED,
-            "API key is missing: send it as X-API-Key or Authorization: Bearer",
-        );
-        r.headers_mut().insert(
-            header::WWW_AUTHENTICATE,
-            HeaderValue::from_static("Bearer realm=\"daiv-sandbox\""),
-        );
-        return r;
-    };
-    let expected = config.server.api_key.expose().as_bytes();
-    if !bool::from(given.ct_eq(expected)) {
-        return refuse(StatusCode::FORBIDDEN, "Invalid API Key");
+    match crate::auth::check_key(config, given) {
+        Ok(()) => {}
+        Err(crate::auth::KeyRefusal::Missing) => {
+            let mut r = refuse(
+                StatusCode::UNAUTHORIZED,
+                "API key is missing: send it as X-API-Key or Authorization: Bearer",
+            );
+            r.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"daiv-sandbox\""),
+            );
+            return r;
+        }
+        Err(crate::auth::KeyRefusal::Invalid) => {
+            return refuse(StatusCode::FORBIDDEN, "Invalid API Key");
+        }
     }
     let declared = req
         .headers()

@@ -1,6 +1,7 @@
-//! HTTP handlers: thin, one file per resource. Each parses its request, takes the session's lock
-//! where the operation needs one, calls the domain ([`crate::sessions`], [`crate::processes`],
-//! [`crate::workspace`], [`crate::egress`]) and answers; a failure's status and body come from
+//! HTTP handlers: thin, one file per resource. Each parses its request, applies the operation
+//! ([`crate::ops`]: the background processes') or takes the session's lock where the operation
+//! needs one and calls the domain ([`crate::sessions`], [`crate::workspace`], [`crate::egress`]),
+//! and answers; a failure's status and body come from
 //! [`crate::error`], never from here. [`extract`] finds the session a path names (its id parsed
 //! once) and takes its lock; [`admit`] holds the admission layers the create, seed and fs routes
 //! sit behind.
@@ -48,6 +49,7 @@ pub fn router<S>(
 where
     S: Clone + Send + Sync + 'static,
     Arc<Fleet>: FromRef<S>,
+    crate::ops::Ops: FromRef<S>,
     Arc<Config>: FromRef<S>,
     Arc<Admission>: FromRef<S>,
     Arc<crate::telemetry::runtime_probe::RuntimeHealth>: FromRef<S>,

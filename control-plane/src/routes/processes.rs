@@ -10,13 +10,15 @@ use axum::http::request::Parts;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use super::extract::{Session, param};
+use super::extract::{Id, Session, param};
 use crate::api::{
     EventsQuery, PollQuery, ProcessEvent, ProcessList, ProcessOutput, PtyQuery, SignalRequest,
     StartProcessRequest, StartProcessResponse, StdinQuery, TerminalSize,
 };
 use crate::config::Config;
 use crate::error::{ApiError, ApiJson, ApiQuery, ErrorBody};
+use crate::ops::Ops;
+use crate::ops::processes::{self as op, Target};
 use crate::processes;
 
 /// The path's `{process_id}` (checked by [`processes`]: one that cannot exist is 404).
@@ -46,22 +48,17 @@ impl<S: Send + Sync> FromRequestParts<S> for Pid {
         (status = 422, body = ErrorBody),
         (status = 429, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn start(
-    s: Session,
+    State(ops): State<Ops>,
+    Id(id): Id,
     ApiJson(req): ApiJson<StartProcessRequest>,
 ) -> Result<(StatusCode, Json<StartProcessResponse>), ApiError> {
-    let started = processes::start(&s.sessions.workspace(&s.id), &req).await?;
+    let started = ops.apply(&id, op::Start(req)).await?;
     let status = if started.existing {
         StatusCode::OK
     } else {
         StatusCode::CREATED
     };
-    Ok((
-        status,
-        Json(StartProcessResponse {
-            process_id: started.process_id,
-            existing: started.existing,
-        }),
-    ))
+    Ok((status, Json(started)))
 }
 
 /// A process's events as NDJSON, one `ProcessEvent` per line: `start`, its `stdout` and
@@ -77,22 +74,19 @@ pub async fn start(
         (status = 410, body = ErrorBody), (status = 422, body = ErrorBody),
         (status = 503, body = ErrorBody)))]
 pub async fn events(
-    State(config): State<Arc<Config>>,
-    s: Session,
+    State(ops): State<Ops>,
+    Id(id): Id,
     Pid(pid): Pid,
     ApiQuery(q): ApiQuery<EventsQuery>,
 ) -> Result<Response, ApiError> {
     // The first round answers before the body starts: a missing process or lost events are a
     // status, not a cut stream.
-    let first = processes::events(
-        &s.sessions.workspace(&s.id),
-        &pid,
-        q.after,
-        std::time::Duration::ZERO,
-    )
-    .await?;
-    let keepalive = config.sessions.stream_heartbeat;
-    let rx = processes::follow_events(s.sessions, s.id, pid, first, q.after, q.follow, keepalive);
+    let events = op::Events {
+        target: Target::Id(pid),
+        after: q.after,
+        follow: q.follow,
+    };
+    let rx = ops.apply(&id, events).await?.events;
     let stream = futures::stream::unfold(rx, |mut rx| async move {
         let event = rx.recv().await?;
         let mut bytes = serde_json::to_vec(&event).unwrap_or_default();
@@ -115,11 +109,13 @@ pub async fn events(
         (status = 409, body = ErrorBody, description = "Not started in a terminal, or ended"),
         (status = 422, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn resize(
-    s: Session,
+    State(ops): State<Ops>,
+    Id(id): Id,
     Pid(pid): Pid,
     ApiJson(size): ApiJson<TerminalSize>,
 ) -> Result<StatusCode, ApiError> {
-    processes::resize(&s.sessions.workspace(&s.id), &pid, size).await?;
+    let target = Target::Id(pid);
+    ops.apply(&id, op::Resize { target, size }).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -132,11 +128,13 @@ pub async fn resize(
         (status = 409, body = ErrorBody, description = "The process has ended"),
         (status = 422, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn signal(
-    s: Session,
+    State(ops): State<Ops>,
+    Id(id): Id,
     Pid(pid): Pid,
     ApiJson(req): ApiJson<SignalRequest>,
 ) -> Result<StatusCode, ApiError> {
-    processes::signal(&s.sessions.workspace(&s.id), &pid, req.signal).await?;
+    let (target, signal) = (Target::Id(pid), req.signal);
+    ops.apply(&id, op::Signal { target, signal }).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -146,8 +144,8 @@ pub async fn signal(
     params(("session_id" = String, Path, description = "The session id")),
     responses((status = 200, body = ProcessList), (status = 403, body = ErrorBody),
         (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)))]
-pub async fn list(s: Session) -> Result<Json<ProcessList>, ApiError> {
-    Ok(Json(processes::list(&s.sessions.workspace(&s.id)).await?))
+pub async fn list(State(ops): State<Ops>, Id(id): Id) -> Result<Json<ProcessList>, ApiError> {
+    Ok(Json(ops.apply(&id, op::List).await?))
 }
 
 /// A process's state and output from `offset`, waiting up to `wait` seconds for new output.
@@ -159,12 +157,23 @@ pub async fn list(s: Session) -> Result<Json<ProcessList>, ApiError> {
         (status = 404, body = ErrorBody), (status = 422, body = ErrorBody),
         (status = 503, body = ErrorBody)))]
 pub async fn poll(
-    s: Session,
+    State(ops): State<Ops>,
+    Id(id): Id,
     Pid(pid): Pid,
     ApiQuery(q): ApiQuery<PollQuery>,
 ) -> Result<Json<ProcessOutput>, ApiError> {
-    let ws = s.sessions.workspace(&s.id);
-    Ok(Json(processes::poll(&ws, &pid, q.offset, q.wait).await?))
+    let (target, offset, wait) = (Target::Id(pid), q.offset, q.wait);
+    Ok(Json(
+        ops.apply(
+            &id,
+            op::Poll {
+                target,
+                offset,
+                wait,
+            },
+        )
+        .await?,
+    ))
 }
 
 /// Write the raw body to the process's stdin (`eof=true` closes it afterwards).
@@ -177,12 +186,14 @@ pub async fn poll(
         (status = 409, body = ErrorBody), (status = 413, body = ErrorBody),
         (status = 503, body = ErrorBody)))]
 pub async fn stdin(
-    s: Session,
+    State(ops): State<Ops>,
+    Id(id): Id,
     Pid(pid): Pid,
     ApiQuery(q): ApiQuery<StdinQuery>,
-    body: Bytes,
+    bytes: Bytes,
 ) -> Result<StatusCode, ApiError> {
-    processes::stdin(&s.sessions.workspace(&s.id), &pid, body, q.eof).await?;
+    let (target, eof) = (Target::Id(pid), q.eof);
+    ops.apply(&id, op::Stdin { target, bytes, eof }).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -193,8 +204,18 @@ pub async fn stdin(
         ("process_id" = String, Path, description = "The process id")),
     responses((status = 204), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 503, body = ErrorBody)))]
-pub async fn kill(s: Session, Pid(pid): Pid) -> Result<StatusCode, ApiError> {
-    processes::kill(&s.sessions.workspace(&s.id), &pid).await?;
+pub async fn kill(
+    State(ops): State<Ops>,
+    Id(id): Id,
+    Pid(pid): Pid,
+) -> Result<StatusCode, ApiError> {
+    ops.apply(
+        &id,
+        op::Kill {
+            target: Target::Id(pid),
+        },
+    )
+    .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

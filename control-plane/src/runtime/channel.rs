@@ -205,14 +205,18 @@ impl Channel {
             let mut reader = reader;
             let ended = reader.run(output).await;
             reader_closed.store(true, Ordering::SeqCst);
-            if let Err(v) = ended {
+            // Before its ready event, whatever ends the stream (the container stopped under the
+            // exec, an engine's message) is a failed start, the opener's to report: no channel
+            // was given to anyone, so there is no protocol to have broken.
+            if let Some(tx) = reader.ready.take() {
+                let why = match &ended {
+                    Err(v) => format!("it ended before saying it was ready: {v}"),
+                    Ok(()) => "it exited before saying it was ready".to_string(),
+                };
+                let _ = tx.send(Err(ChannelError::Start(why)));
+            } else if let Err(v) = ended {
                 tracing::warn!(violation = %v, "session helper broke the protocol; channel closed");
                 *lock(&reader_violated) = Some(v);
-            }
-            if let Some(tx) = reader.ready.take() {
-                let _ = tx.send(Err(ChannelError::Start(
-                    "it exited before saying it was ready".to_string(),
-                )));
             }
             // Dropping the senders closes every open request's inbox.
             lock(&reader.book).live.clear();

@@ -86,6 +86,12 @@ impl HelperRuntime {
         map.entry(id.to_string()).or_default().clone()
     }
 
+    /// Whether `slot` is no longer `id`'s: [`SessionRuntime::forget`] dropped it since.
+    fn forgotten(&self, id: &str, slot: &Slot) -> bool {
+        let map = self.channels.lock().unwrap_or_else(|e| e.into_inner());
+        map.get(id).is_none_or(|s| !Arc::ptr_eq(s, slot))
+    }
+
     pub(super) async fn channel(&self, id: &str) -> Result<Arc<Channel>, HelperError> {
         let slot = self.slot(id);
         let mut held = slot.lock().await;
@@ -104,7 +110,13 @@ impl HelperRuntime {
             return Err(HelperError::Untrusted);
         }
         let unstartable = |e: ChannelError| {
-            tracing::warn!(session_id = %id, error = %e, "session helper unavailable");
+            // A session removed or stopped while its channel opened (a delete right after a
+            // create) took the helper with it: no fault to report.
+            if self.forgotten(id, &slot) {
+                tracing::debug!(session_id = %id, error = %e, "session helper gone with its session");
+            } else {
+                tracing::warn!(session_id = %id, error = %e, "session helper unavailable");
+            }
             HelperError::Unstartable(e)
         };
         let spec = self.serve_spec(id, held.serve_from.as_deref()).await?;

@@ -77,6 +77,10 @@ impl Sessions {
                 id
             }
         };
+        // The create answers with the helper's channel open (a claimed member's was opened
+        // when it became ready), so its first command costs what every later one does. A
+        // failure to open is the first command's to report, as it would be later.
+        self.runtime.warm(&id).await;
         self.made(&id).await;
         Ok(id)
     }

@@ -27,13 +27,28 @@ pub struct Workspace<'a> {
     pub engine: &'a dyn ContainerEngine,
     pub config: &'a Config,
     pub metrics: &'a Metrics,
+    /// The session was found running for this operation already (`crate::ops`): the checks
+    /// below are not made again, each an inspect.
+    checked: bool,
 }
 
 impl Workspace<'_> {
     /// Beside whatever runs in the session (reads, processes): see
     /// [`Sessions::running_unlocked`].
     pub async fn beside(&self) -> Result<(), SessionError> {
+        if self.checked {
+            return Ok(());
+        }
         self.sessions.running_unlocked(self.id).await
+    }
+
+    /// This handle for an operation whose session was just found running (see
+    /// [`Workspace::beside`]).
+    pub fn checked(self) -> Self {
+        Self {
+            checked: true,
+            ..self
+        }
     }
 
     /// In the session's order (writes): its lock, held until the guard drops, and the session
@@ -55,6 +70,7 @@ impl Sessions {
             engine: self.engine(),
             config: self.config(),
             metrics: &self.metrics,
+            checked: false,
         }
     }
 

@@ -46,12 +46,16 @@ impl FakeEngine {
             }
             .map_err(|e| EngineError::Unavailable(e.to_string()))?;
         }
+        let alive = self.with(|s| s.alive.entry(id.to_string()).or_default().clone());
+        let processes = self.supervisor(id, &alive).await?;
         let mut child = tokio::process::Command::new(host_helper())
             .arg("serve")
             .arg("--root")
             .arg(&root)
             .arg("--service-dir")
             .arg(&service_dir)
+            .arg("--processes")
+            .arg(&processes)
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::null())
@@ -66,7 +70,6 @@ impl FakeEngine {
         let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
             return Err(EngineError::Unavailable("helper pipes missing".into()));
         };
-        let alive = self.with(|s| s.alive.entry(id.to_string()).or_default().clone());
         let output = tokio_util::io::ReaderStream::new(stdout)
             .map(|r| r.map_err(|e| EngineError::Unavailable(e.to_string())))
             .take_until(alive.cancelled_owned())
@@ -83,6 +86,74 @@ impl FakeEngine {
             output,
             input: Box::pin(stdin),
         })
+    }
+
+    /// The abstract socket of container `id`'s process supervisor: a host build of the helper's
+    /// `init`, started with the container's first channel and killed when the container stops
+    /// or goes (`alive`), as a container's keep-alive is. Background processes then run on the
+    /// host, as the test's user.
+    async fn supervisor(
+        &self,
+        id: &str,
+        alive: &tokio_util::sync::CancellationToken,
+    ) -> Result<String, EngineError> {
+        let name = format!("daiv-fake-{}-{id}", std::process::id());
+        let fresh = self.with(|s| match s.supervised.get(id) {
+            Some(running) if !running.is_cancelled() => false,
+            _ => {
+                s.supervised.insert(id.to_string(), alive.clone());
+                true
+            }
+        });
+        if !fresh {
+            return Ok(name);
+        }
+        let child = tokio::process::Command::new(host_helper())
+            .arg("init")
+            .arg("--processes")
+            .arg(&name)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn();
+        let mut child = match child {
+            Ok(c) => c,
+            Err(e) => {
+                self.with(|s| s.supervised.remove(id));
+                return Err(EngineError::Unavailable(format!(
+                    "cannot run the host helper: {e}"
+                )));
+            }
+        };
+        let (me, key, alive) = (self.clone(), id.to_string(), alive.clone());
+        tokio::spawn(async move {
+            alive.cancelled().await;
+            let _ = child.kill().await;
+            me.with(|s| {
+                if s.supervised.get(&key).is_some_and(|t| t.is_cancelled()) {
+                    s.supervised.remove(&key);
+                }
+            });
+        });
+        // Bound once `/proc/net/unix` lists it (`@name`): a process request before that would
+        // find nobody answering.
+        let listed = format!("@{name}");
+        for _ in 0..500 {
+            let table = tokio::fs::read_to_string("/proc/net/unix")
+                .await
+                .unwrap_or_default();
+            if table
+                .lines()
+                .any(|l| l.split_whitespace().last() == Some(listed.as_str()))
+            {
+                return Ok(name);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        Err(EngineError::Unavailable(
+            "the host process supervisor did not start".into(),
+        ))
     }
 
     /// The host directory standing in for container `id`'s service directory.

@@ -55,6 +55,9 @@ struct State {
     image_labels: HashMap<String, HashMap<String, String>>,
     /// Cancelled when the container stops or goes: its helpers die with it, as in Docker.
     alive: HashMap<String, tokio_util::sync::CancellationToken>,
+    /// Containers whose process supervisor (the helper's `init`) runs on the host, with the
+    /// `alive` token it dies with.
+    supervised: HashMap<String, tokio_util::sync::CancellationToken>,
     /// Container filesystems as far as the archive calls saw them: (container, absolute path) →
     /// regular-file content (`None` for a directory) and (mode, uid, gid).
     files: HashMap<(String, String), FakeFile>,

@@ -1,28 +1,33 @@
-//! envd's `process.Process` service over the native background processes: `Start` starts one
-//! and streams its events, `Connect` streams them again, the unary calls select a process by its
-//! pid (or tag) in the native listing. A call's `Connect-Timeout-Ms` bounds a `Start`: at the
-//! deadline the process is killed, as envd does; a client that goes away leaves it running (the
-//! SDK's `disconnect`), as the native event stream does.
+//! envd's `process.Process` service over the native background processes, through the
+//! operations every door uses ([`crate::ops::processes`]): `Start` is one operation (start, close
+//! stdin, follow the events: one check of the sandbox), `Connect` follows the events again, the
+//! unary calls select a process by its pid (or tag) within their one operation. A call's
+//! `Connect-Timeout-Ms` bounds a `Start`: at the deadline the process is killed, as envd does; a
+//! client that goes away leaves it running (the SDK's `disconnect`), as the native event stream
+//! does.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, Method};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use futures::{Stream, StreamExt};
 use serde::Deserialize;
 use serde_json::{Value, json};
+use tokio::sync::mpsc;
 
 use super::super::connect::{self, Code, RpcError};
-use super::super::native::query;
 use super::super::state::E2b;
 use super::shell::{quote, unquote};
-use super::{HOME, absolute, caller, message, ndjson};
-use crate::api::{ProcessEvent, ProcessEventType, ProcessInfo, ProcessList, StartProcessResponse};
+use super::{HOME, absolute, caller, message};
+use crate::api::{
+    ProcessEvent, ProcessEventType, ProcessSignal, StartProcessRequest, TerminalSize,
+};
+use crate::ops::processes::{self as op, Target};
 
 #[derive(Debug, Deserialize)]
 struct ProcessConfig {
@@ -66,6 +71,20 @@ struct Selector {
     pid: Option<u32>,
     #[serde(default)]
     tag: Option<String>,
+}
+
+impl Selector {
+    /// The process it names, a pid before a tag.
+    fn target(&self) -> Result<Target, RpcError> {
+        match (self.pid, &self.tag) {
+            (Some(pid), _) => Ok(Target::Pid(pid)),
+            (None, Some(tag)) => Ok(Target::Tag(tag.clone())),
+            (None, None) => Err(RpcError::new(
+                Code::NotFound,
+                "a process selector needs pid or tag",
+            )),
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -129,36 +148,63 @@ pub async fn call(
             "Start" => start(&e, id, &headers, message(&headers, &body)?).await,
             "Connect" => {
                 let sel: Selected = message(&headers, &body)?;
-                let p = select(&e, id, &sel.process).await?;
-                Ok(connect::stream(
-                    events(&e, id, &p, deadline(&headers), false).await?,
-                ))
+                let events = op::Events {
+                    target: sel.process.target()?,
+                    after: None,
+                    follow: true,
+                };
+                let watched = e.apply(id, events).await?;
+                let pty = watched.process.pty;
+                Ok(connect::stream(envd_events(
+                    &e,
+                    id,
+                    &watched.process.process_id,
+                    pty,
+                    watched.events,
+                    deadline(&headers),
+                    false,
+                )))
             }
             "List" => list(&e, id).await,
             "SendInput" => {
                 let req: SendInput = message(&headers, &body)?;
-                let p = select(&e, id, &req.process).await?;
+                let target = req.process.target()?;
                 let data = req.input.stdin.or(req.input.pty).unwrap_or_default();
-                let bytes = B64.decode(data.as_bytes()).map_err(|e| {
-                    RpcError::new(Code::InvalidArgument, format!("input is not base64: {e}"))
-                })?;
-                stdin(&e, id, &p.process_id, bytes, false).await?;
+                let bytes = decode(&data)?;
+                e.apply(
+                    id,
+                    op::Stdin {
+                        target,
+                        bytes,
+                        eof: false,
+                    },
+                )
+                .await?;
                 Ok(connect::unary(json!({})))
             }
             "CloseStdin" => {
                 let sel: Selected = message(&headers, &body)?;
-                let p = select(&e, id, &sel.process).await?;
-                stdin(&e, id, &p.process_id, Vec::new(), true).await?;
+                let target = sel.process.target()?;
+                let bytes = Bytes::new();
+                e.apply(
+                    id,
+                    op::Stdin {
+                        target,
+                        bytes,
+                        eof: true,
+                    },
+                )
+                .await?;
                 Ok(connect::unary(json!({})))
             }
             "SendSignal" => {
                 let req: SendSignal = message(&headers, &body)?;
-                let p = select(&e, id, &req.process).await?;
+                let target = req.process.target()?;
                 let signal = match &req.signal {
-                    Value::String(s) if s == "SIGNAL_SIGKILL" => "KILL",
-                    Value::Number(n) if n.as_u64() == Some(9) => "KILL",
-                    Value::String(s) if s == "SIGNAL_SIGTERM" => "TERM",
-                    Value::Number(n) if n.as_u64() == Some(15) => "TERM",
+                    Value::String(s) if s == "SIGNAL_SIGKILL" => ProcessSignal::Kill,
+                    Value::Number(n) if n.as_u64() == Some(9) => ProcessSignal::Kill,
+                    Value::String(s) if s == "SIGNAL_SIGTERM" => ProcessSignal::Term,
+                    Value::Number(n) if n.as_u64() == Some(15) => ProcessSignal::Term,
                     other => {
                         return Err(RpcError::new(
                             Code::InvalidArgument,
@@ -166,32 +212,22 @@ pub async fn call(
                         ));
                     }
                 };
-                let _: Value = e
-                    .native
-                    .json(
-                        Method::POST,
-                        &format!("/session/{id}/processes/{}/signal", p.process_id),
-                        Some(&json!({ "signal": signal })),
-                        None,
-                    )
-                    .await?;
+                e.apply(id, op::Signal { target, signal }).await?;
                 Ok(connect::unary(json!({})))
             }
             "Update" => {
                 let req: Update = message(&headers, &body)?;
-                let p = select(&e, id, &req.process).await?;
+                let target = req.process.target()?;
                 let Some(size) = req.pty.and_then(|p| p.size) else {
+                    // Nothing to change: the process must still exist.
+                    e.apply(id, op::Find(target)).await?;
                     return Ok(connect::unary(json!({})));
                 };
-                let _: Value = e
-                    .native
-                    .json(
-                        Method::POST,
-                        &format!("/session/{id}/processes/{}/resize", p.process_id),
-                        Some(&json!({ "cols": size.cols, "rows": size.rows })),
-                        None,
-                    )
-                    .await?;
+                let size = TerminalSize {
+                    cols: size.cols,
+                    rows: size.rows,
+                };
+                e.apply(id, op::Resize { target, size }).await?;
                 Ok(connect::unary(json!({})))
             }
             other => Err(RpcError::new(
@@ -233,7 +269,7 @@ struct InputMessage {
 async fn stream_input(e: &E2b, id: &str, body: Body) -> Result<Response, RpcError> {
     let mut chunks = body.into_data_stream();
     let mut buf: Vec<u8> = Vec::new();
-    let mut target: Option<String> = None;
+    let mut target: Option<Target> = None;
     loop {
         while let Some(connect::Envelope {
             flags,
@@ -259,16 +295,23 @@ async fn stream_input(e: &E2b, id: &str, body: Body) -> Result<Response, RpcErro
                 )?;
             let used = buf.len() - rest.len();
             if let Some(start) = msg.start {
-                target = Some(select(e, id, &start.process).await?.process_id);
+                let found = e.apply(id, op::Find(start.process.target()?)).await?;
+                target = Some(Target::Id(found.process_id));
             } else if let Some(data) = msg.data {
-                let Some(pid) = &target else {
+                let Some(target) = &target else {
                     return Err(RpcError::new(Code::InvalidArgument, "data before start"));
                 };
                 let text = data.input.stdin.or(data.input.pty).unwrap_or_default();
-                let bytes = B64.decode(text.as_bytes()).map_err(|err| {
-                    RpcError::new(Code::InvalidArgument, format!("input is not base64: {err}"))
-                })?;
-                stdin(e, id, pid, bytes, false).await?;
+                let (target, bytes) = (target.clone(), decode(&text)?);
+                e.apply(
+                    id,
+                    op::Stdin {
+                        target,
+                        bytes,
+                        eof: false,
+                    },
+                )
+                .await?;
             }
             buf.drain(..used);
         }
@@ -297,6 +340,13 @@ fn deadline(headers: &HeaderMap) -> Option<Duration> {
         .map(Duration::from_millis)
 }
 
+/// Base64 input, as envd's messages carry it.
+fn decode(text: &str) -> Result<Bytes, RpcError> {
+    B64.decode(text.as_bytes())
+        .map(Bytes::from)
+        .map_err(|err| RpcError::new(Code::InvalidArgument, format!("input is not base64: {err}")))
+}
+
 async fn start(
     e: &E2b,
     id: &str,
@@ -305,128 +355,62 @@ async fn start(
 ) -> Result<Response, RpcError> {
     let mut words = vec![quote(&req.process.cmd)];
     words.extend(req.process.args.iter().map(|a| quote(a)));
-    let mut body = json!({ "command": words.join(" ") });
-    if !req.process.envs.is_empty() {
-        body["environment"] = json!(req.process.envs);
-    }
     let explicit_cwd = req.process.cwd.as_deref().filter(|c| !c.is_empty());
-    body["workdir"] = json!(
-        explicit_cwd
-            .map(absolute)
-            .unwrap_or_else(|| HOME.to_string())
-    );
-    if let Some(tag) = &req.tag {
-        body["tag"] = json!(tag);
-    }
     let pty = req.pty.as_ref().map(|p| match &p.size {
-        Some(s) => (s.cols.max(1), s.rows.max(1)),
-        None => (80, 24),
+        Some(s) => TerminalSize {
+            cols: s.cols.max(1),
+            rows: s.rows.max(1),
+        },
+        None => TerminalSize { cols: 80, rows: 24 },
     });
-    if let Some((cols, rows)) = pty {
-        body["pty"] = json!({ "cols": cols, "rows": rows });
-    }
-    let uri = format!("/session/{id}/processes/");
-    let started: StartProcessResponse =
-        match e.native.json(Method::POST, &uri, Some(&body), None).await {
-            // An image without the user's home: the default directory is the native one.
-            Err(r) if r.status.as_u16() == 422 && explicit_cwd.is_none() => {
-                body.as_object_mut().map(|b| b.remove("workdir"));
-                e.native.json(Method::POST, &uri, Some(&body), None).await?
-            }
-            other => other?,
-        };
-    // Without `stdin: true` a command reads an empty stdin, as under envd.
-    // A command that already ended has no stdin left to close (409): nothing to do.
-    if pty.is_none() && req.stdin != Some(true) {
-        match stdin(e, id, &started.process_id, Vec::new(), true).await {
-            Err(err) if err.code != Code::FailedPrecondition => return Err(err),
-            _ => {}
-        }
-    }
-    let info = ProcessInfo {
-        process_id: started.process_id.clone(),
-        command: String::new(),
-        pid: None,
-        tag: None,
-        pty: pty.is_some(),
-        running: true,
-        exit_code: None,
-        duration_ms: None,
-        cpu_ms: None,
-        max_rss_bytes: None,
+    let start = op::StartFollowed {
+        req: StartProcessRequest {
+            command: words.join(" "),
+            environment: (!req.process.envs.is_empty()).then_some(req.process.envs),
+            workdir: explicit_cwd.map(absolute),
+            process_id: None,
+            tag: req.tag,
+            pty,
+        },
+        // The user's home, unless the image has none: then the native default.
+        default_workdir: explicit_cwd.is_none().then(|| HOME.to_string()),
+        // Without `stdin: true` a command reads an empty stdin, as under envd.
+        keep_stdin: req.stdin == Some(true),
     };
-    Ok(connect::stream(
-        events(e, id, &info, deadline(headers), true).await?,
-    ))
+    let followed = e.apply(id, start).await?;
+    Ok(connect::stream(envd_events(
+        e,
+        id,
+        &followed.started.process_id,
+        pty.is_some(),
+        followed.events,
+        deadline(headers),
+        true,
+    )))
 }
 
-async fn stdin(
+/// A process's events as envd's `StartResponse`/`ConnectResponse` messages; with a deadline,
+/// the stream ends there (and, for `kill_at_deadline`, the process is killed).
+fn envd_events(
     e: &E2b,
     id: &str,
     process_id: &str,
-    bytes: Vec<u8>,
-    eof: bool,
-) -> Result<(), RpcError> {
-    let uri = format!(
-        "/session/{id}/processes/{process_id}/stdin?{}",
-        query(&[("eof", if eof { "true" } else { "false" })])
-    );
-    let resp = e
-        .native
-        .send(
-            Method::POST,
-            &uri,
-            Body::from(bytes),
-            Some("application/octet-stream"),
-            None,
-        )
-        .await;
-    if resp.status().is_success() {
-        return Ok(());
-    }
-    let status = resp.status();
-    let body = axum::body::to_bytes(resp.into_body(), 64 * 1024)
-        .await
-        .unwrap_or_default();
-    Err(super::super::native::refusal(status, &body).into())
-}
-
-/// The process's events as envd's `StartResponse`/`ConnectResponse` messages; with a deadline,
-/// the stream ends there (and, for `kill_at_deadline`, the process is killed).
-async fn events(
-    e: &E2b,
-    id: &str,
-    p: &ProcessInfo,
+    pty: bool,
+    events: mpsc::Receiver<ProcessEvent>,
     deadline: Option<Duration>,
     kill_at_deadline: bool,
-) -> Result<impl Stream<Item = Result<Value, RpcError>> + Send + 'static, RpcError> {
-    let uri = format!(
-        "/session/{id}/processes/{}/events?{}",
-        p.process_id,
-        query(&[("follow", "true")])
-    );
-    let resp = e
-        .native
-        .send(Method::GET, &uri, Body::empty(), None, None)
-        .await;
-    let lines = ndjson::<ProcessEvent>(resp).await?;
-    let pty = p.pty;
+) -> impl Stream<Item = Result<Value, RpcError>> + Send + 'static {
+    let lines = futures::stream::unfold(events, |mut rx| async move {
+        rx.recv().await.map(|ev| (ev, rx))
+    });
     let ended = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let seen = ended.clone();
     let messages = lines
         .filter_map(move |ev| {
-            let seen = seen.clone();
-            async move {
-                match ev {
-                    Err(err) => Some(Err(err)),
-                    Ok(ev) => {
-                        if ev.kind == ProcessEventType::End {
-                            seen.store(true, std::sync::atomic::Ordering::Relaxed);
-                        }
-                        event(&ev, pty).map(|v| Ok(json!({ "event": v })))
-                    }
-                }
+            if ev.kind == ProcessEventType::End {
+                seen.store(true, std::sync::atomic::Ordering::Relaxed);
             }
+            futures::future::ready(event(&ev, pty).map(|v| Ok(json!({ "event": v }))))
         })
         // The events stopped before the process's end: its sandbox went (killed, or past its
         // timeout) and the stream is cut, as envd's connection is.
@@ -437,8 +421,8 @@ async fn events(
             }
         }));
     let until = deadline.map(|d| tokio::time::Instant::now() + d);
-    let (e, id, pid) = (e.clone(), id.to_string(), p.process_id.clone());
-    Ok(futures::stream::unfold(
+    let (e, id, pid) = (e.clone(), id.to_string(), process_id.to_string());
+    futures::stream::unfold(
         (Box::pin(messages), until, false),
         move |(mut messages, until, done)| {
             let (e, id, pid) = (e.clone(), id.clone(), pid.clone());
@@ -451,15 +435,8 @@ async fn events(
                         Ok(n) => n,
                         Err(_) => {
                             if kill_at_deadline {
-                                let _: Result<Value, _> = e
-                                    .native
-                                    .json(
-                                        Method::DELETE,
-                                        &format!("/session/{id}/processes/{pid}/"),
-                                        None,
-                                        None,
-                                    )
-                                    .await;
+                                let target = Target::Id(pid);
+                                let _ = e.apply(&id, op::Kill { target }).await;
                             }
                             return Some((
                                 Err(RpcError::new(
@@ -475,7 +452,7 @@ async fn events(
                 next.map(|item| (item, (messages, until, false)))
             }
         },
-    ))
+    )
 }
 
 /// One native event as envd's `ProcessEvent` (without its `event` wrapper).
@@ -521,47 +498,11 @@ fn signal_word(sig: &str) -> &str {
     }
 }
 
-async fn native_list(e: &E2b, id: &str) -> Result<Vec<ProcessInfo>, RpcError> {
-    let list: ProcessList = e
-        .native
-        .json(
-            Method::GET,
-            &format!("/session/{id}/processes/"),
-            None,
-            None,
-        )
-        .await?;
-    Ok(list.processes)
-}
-
-/// The process a selector names: by pid the running one first (pids are reused), by tag the
-/// newest running one.
-async fn select(e: &E2b, id: &str, sel: &Selector) -> Result<ProcessInfo, RpcError> {
-    let all = native_list(e, id).await?;
-    let mut matching: Vec<ProcessInfo> = all
-        .into_iter()
-        .filter(|p| match (&sel.pid, &sel.tag) {
-            (Some(pid), _) => p.pid == Some(*pid),
-            (None, Some(tag)) => p.tag.as_deref() == Some(tag.as_str()),
-            (None, None) => false,
-        })
-        .collect();
-    matching.sort_by_key(|p| !p.running);
-    matching.into_iter().next().ok_or_else(|| {
-        RpcError::new(
-            Code::NotFound,
-            match (&sel.pid, &sel.tag) {
-                (Some(pid), _) => format!("process with pid {pid} not found"),
-                (None, Some(tag)) => format!("process with tag {tag:?} not found"),
-                _ => "a process selector needs pid or tag".to_string(),
-            },
-        )
-    })
-}
-
 async fn list(e: &E2b, id: &str) -> Result<Response, RpcError> {
-    let processes: Vec<Value> = native_list(e, id)
+    let processes: Vec<Value> = e
+        .apply(id, op::List)
         .await?
+        .processes
         .into_iter()
         .filter(|p| p.running)
         .map(|p| {

@@ -1,7 +1,7 @@
-//! The tools: what each one does, through the same domain calls as its REST route
+//! The tools: what each one does, through the same operations as its REST route: the
+//! background processes' through [`crate::ops`], the others through the same domain calls
 //! ([`crate::fleet::Fleet`] to find the session's stack, the session lock where the route takes
-//! it, the admission slots, then [`crate::sessions`], [`crate::workspace::fs`],
-//! [`crate::processes`]). A tool's own failure is a [`ToolFailure`]; arguments that are not the
+//! it, the admission slots, then [`crate::sessions`], [`crate::workspace::fs`]). A tool's own failure is a [`ToolFailure`]; arguments that are not the
 //! tool's are [`ArgsError`] (a protocol error naming the field).
 //!
 //! # Layout
@@ -27,6 +27,8 @@ use crate::coordination::lock::LockGuard;
 use crate::fleet::Fleet;
 use crate::ids::SessionId;
 use crate::layout;
+use crate::ops::Ops;
+use crate::ops::processes::{self as op, Target};
 use crate::processes;
 use crate::sessions::{ForkPlan, SessionError, Sessions, ValidationError};
 use crate::workspace::fs::{Fs, OpError};
@@ -335,8 +337,18 @@ impl Tools {
         Ok(Answer::json(wire(&r)))
     }
 
+    /// The door every session operation of [`crate::ops`] goes through.
+    fn ops(&self) -> Ops {
+        Ops::new(self.fleet.clone(), self.admission.clone())
+    }
+
+    /// An id that cannot be a session's is not found, as an unknown one is.
+    fn session_id(id: &str) -> Result<SessionId, ToolFailure> {
+        Ok(SessionId::parse(id).map_err(|_| SessionError::NotFound)?)
+    }
+
     async fn process_start(&self, a: ProcessStartArgs) -> Result<Answer, ToolFailure> {
-        let (id, sessions) = self.session(&a.session_id)?;
+        let id = Self::session_id(&a.session_id)?;
         let req = StartProcessRequest {
             command: a.command,
             environment: a.environment,
@@ -345,20 +357,31 @@ impl Tools {
             tag: None,
             pty: None,
         };
-        let started = processes::start(&sessions.workspace(&id), &req).await?;
+        let started = self.ops().apply(&id, op::Start(req)).await?;
         Ok(Answer::json(json!({ "process_id": started.process_id })))
     }
 
     async fn process_output(&self, a: ProcessOutputArgs) -> Result<Answer, ToolFailure> {
-        let (id, sessions) = self.session(&a.session_id)?;
-        let ws = sessions.workspace(&id);
-        let out = processes::poll(&ws, &a.process_id, a.offset, a.wait).await?;
+        let id = Self::session_id(&a.session_id)?;
+        let (target, offset, wait) = (Target::Id(a.process_id), a.offset, a.wait);
+        let out = self
+            .ops()
+            .apply(
+                &id,
+                op::Poll {
+                    target,
+                    offset,
+                    wait,
+                },
+            )
+            .await?;
         Ok(Answer::json(wire(&out)))
     }
 
     async fn process_kill(&self, a: ProcessKillArgs) -> Result<Answer, ToolFailure> {
-        let (id, sessions) = self.session(&a.session_id)?;
-        processes::kill(&sessions.workspace(&id), &a.process_id).await?;
+        let id = Self::session_id(&a.session_id)?;
+        let target = Target::Id(a.process_id);
+        self.ops().apply(&id, op::Kill { target }).await?;
         Ok(Answer::json(json!({ "killed": true })))
     }
 

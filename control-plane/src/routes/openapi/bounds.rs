@@ -158,7 +158,8 @@ pub(super) fn bounds(doc: &mut OpenApi) {
             }
         });
     }
-    for schema in ["StartSessionRequest", "ForkRequest"] {
+    // One rule for every environment: a session's, a fork's, a process's.
+    for schema in ["StartSessionRequest", "ForkRequest", "StartProcessRequest"] {
         environment(
             doc,
             schema,
@@ -169,12 +170,6 @@ pub(super) fn bounds(doc: &mut OpenApi) {
     for schema in ["StartSessionRequest", "ForkRequest"] {
         metadata(doc, schema);
     }
-    environment(
-        doc,
-        "StartProcessRequest",
-        "^[A-Za-z_][A-Za-z0-9_]*$",
-        NO_NUL,
-    );
     if let Some(o) = object_mut(doc, "StartSessionRequest") {
         o.extensions
             .get_or_insert_with(Default::default)

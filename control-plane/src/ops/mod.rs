@@ -1,0 +1,139 @@
+//! Operations on a session: the way a front door (the REST routes, MCP, E2B) reaches one.
+//!
+//! Each operation is a type ([`Op`]) that says what it needs before it runs: its admission
+//! class, whether it takes the session's lock, and (every operation here) the session running.
+//! [`Ops::apply`] finds the engine holding the session, takes the slot, the lock and the
+//! running check once, in that order, and hands the operation the [`Reached`] session, whose
+//! workspace does not check again. A door decodes its request into an operation, applies it and
+//! renders the answer or the [`ApiError`] its own way: no door restates an admission class, a
+//! lock order or a running check, and none calls another door.
+//!
+//! The background processes' operations are here ([`processes`]); the others still go through
+//! the routes' extractors and MCP's own sequence of domain calls.
+
+pub mod processes;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use crate::admission::{Admission, Slot};
+use crate::coordination::lock::LockGuard;
+use crate::error::ApiError;
+use crate::fleet::Fleet;
+use crate::ids::SessionId;
+use crate::sessions::Sessions;
+use crate::sessions::Workspace;
+
+/// The admission slot an operation takes before anything else (see [`crate::admission`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admit {
+    /// None: the operation holds little memory (runs, processes, reads of state).
+    Free,
+    Create,
+    Seed,
+    /// One of the session's fs slots, then one of the total.
+    Fs,
+}
+
+/// How an operation stands to the session's other work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Beside whatever runs in it (reads, background processes): no lock; the session made to
+    /// run (a stopped one is restarted under its lock).
+    Beside,
+    /// In the session's order (writes): its lock, held until the operation's answer is done
+    /// with, then the session made to run.
+    Ordered,
+}
+
+/// One use case on a session.
+pub trait Op: Send {
+    type Output: Send;
+    const ADMIT: Admit;
+    const ACCESS: Access;
+    /// The operation, on its session found running (and locked, and admitted, as declared).
+    fn apply(self, at: Reached) -> impl Future<Output = Result<Self::Output, ApiError>> + Send;
+}
+
+/// A session as an operation gets it: the engine's stack holding it, its lock and slot if the
+/// operation takes them (released when this is dropped, or kept by a streamed answer through
+/// [`Reached::into_hold`]).
+pub struct Reached {
+    pub id: SessionId,
+    pub sessions: Arc<Sessions>,
+    held: Option<LockGuard>,
+    slot: Option<Slot>,
+}
+
+/// What a streamed answer keeps until it ends: the lock and the slot of its operation.
+pub struct Hold {
+    _held: Option<LockGuard>,
+    _slot: Option<Slot>,
+}
+
+impl Reached {
+    /// The session's workspace, found running for this operation: no second check.
+    pub fn workspace(&self) -> Workspace<'_> {
+        self.sessions.workspace(&self.id).checked()
+    }
+
+    /// The lock and slot, for an answer that outlives [`Op::apply`].
+    pub fn into_hold(self) -> Hold {
+        Hold {
+            _held: self.held,
+            _slot: self.slot,
+        }
+    }
+}
+
+/// The door to every session of the fleet.
+#[derive(Clone)]
+pub struct Ops {
+    fleet: Arc<Fleet>,
+    admission: Arc<Admission>,
+}
+
+impl Ops {
+    pub fn new(fleet: Arc<Fleet>, admission: Arc<Admission>) -> Self {
+        Self { fleet, admission }
+    }
+
+    /// Applies `op` to session `id`: its engine (404 for one not in the fleet, 503 while it is
+    /// down), then its admission slot, its lock, the running check, once each.
+    pub async fn apply<O: Op>(&self, id: &SessionId, op: O) -> Result<O::Output, ApiError> {
+        let at = self.reach(id, O::ADMIT, O::ACCESS).await?;
+        op.apply(at).await
+    }
+
+    async fn reach(
+        &self,
+        id: &SessionId,
+        admit: Admit,
+        access: Access,
+    ) -> Result<Reached, ApiError> {
+        let sessions = self.fleet.at(id)?;
+        let slot = match admit {
+            Admit::Free => None,
+            Admit::Create => Some(self.admission.create().await?),
+            Admit::Seed => Some(self.admission.seed().await?),
+            Admit::Fs => Some(self.admission.fs(id).await?),
+        };
+        let held = match access {
+            Access::Beside => {
+                sessions.running_unlocked(id).await?;
+                None
+            }
+            Access::Ordered => {
+                let held = sessions.lock(id).await?;
+                sessions.ensure_running(id).await?;
+                Some(held)
+            }
+        };
+        Ok(Reached {
+            id: id.clone(),
+            sessions,
+            held,
+            slot,
+        })
+    }
+}

@@ -620,9 +620,12 @@ mod tests {
                 "archive exceeds the limit of 10 bytes (DAIV_SANDBOX_SEED_MAX_BYTES)",
             ),
             (
-                FsOpError::ModeOutOfRange(70000).into(),
+                FsOpError::ModeOutOfRange(
+                    sandbox_protocol::files::permission_bits(70000).expect_err("out of range"),
+                )
+                .into(),
                 StatusCode::UNPROCESSABLE_ENTITY,
-                "mode must be between 0 and 4095, got 70000",
+                "mode must be between 0 and 4095 (0o7777), got 70000",
             ),
         ];
         for (e, status, text) in cases {

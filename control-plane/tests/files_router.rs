@@ -253,3 +253,81 @@ async fn stat_mkdir_move_and_list_answer_with_the_fs_tables_codes() {
         .await;
     assert_eq!(v["error"]["code"], "invalid_path");
 }
+
+/// The data plane's ops are counted as the `fs/*` ops are (by op and outcome), and a file's mode
+/// follows one rule wherever a request gives it (`PUT /files`, `fs/write`): up to 0o7777, of
+/// which the permission bits are applied.
+#[tokio::test]
+async fn data_plane_ops_are_counted_and_a_mode_has_one_rule() {
+    let h = Harness::default();
+    let id = h.session().await;
+    let op = |name: &str| format!("/session/{id}/fs/{name}");
+    let (_, v) = h.api("POST", &op("stat"), Some(json!({"path": "/"}))).await;
+    assert_eq!(v["entry"]["type"], "directory", "{v}");
+    let (_, v) = h
+        .api(
+            "POST",
+            &op("stat"),
+            Some(json!({"path": "/workspace/tmp/nope"})),
+        )
+        .await;
+    assert_eq!(v["error"]["code"], "not_found", "{v}");
+    let (_, v) = h
+        .api("POST", &op("list"), Some(json!({"path": "/workspace"})))
+        .await;
+    assert!(v["entries"].is_array(), "{v}");
+    let (_, page) = h.call("GET", "/metrics", None, Some(KEY)).await;
+    let page = page.as_str().unwrap_or_default().to_string();
+    let counted = |op: &str, code: &str| {
+        page.lines().any(|l| {
+            l.starts_with("daiv_sandbox_fs_op_duration_seconds_count{")
+                && l.contains(&format!("op=\"{op}\""))
+                && l.contains(&format!("code=\"{code}\""))
+                && !l.ends_with(" 0")
+        })
+    };
+    assert!(counted("stat", "ok"), "{page}");
+    assert!(counted("stat", "not_found"), "{page}");
+    assert!(counted("list", "ok"), "{page}");
+
+    // 0o4755 (2541): the permission bits only, by both routes.
+    let put = format!("/session/{id}/files?path=/workspace/tmp/put.sh&mode=2541");
+    let (s, _, b) = raw(&h, "PUT", &put, &[], b"#!/bin/sh\n".to_vec()).await;
+    assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
+    let (s, v) = h
+        .api(
+            "POST",
+            &op("write"),
+            Some(json!({"path": "/workspace/tmp/write.sh", "content": "IyEvYmluL3NoCg==", "mode": 2541})),
+        )
+        .await;
+    assert_eq!(
+        (s, v["error"].clone()),
+        (StatusCode::OK, Value::Null),
+        "{v}"
+    );
+    for path in ["/workspace/tmp/put.sh", "/workspace/tmp/write.sh"] {
+        let (_, v) = h
+            .api("POST", &op("stat"), Some(json!({"path": path})))
+            .await;
+        assert_eq!(v["entry"]["permissions"], "-rwxr-xr-x", "{path}: {v}");
+    }
+    // Past 0o7777: refused by both, with the same words.
+    let put = format!("/session/{id}/files?path=/workspace/tmp/big.sh&mode=4096");
+    let (s, _, b) = raw(&h, "PUT", &put, &[], b"x".to_vec()).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY);
+    let put_words = json_of(&b)["detail"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let (s, v) = h
+        .api(
+            "POST",
+            &op("write"),
+            Some(json!({"path": "/workspace/tmp/big2.sh", "content": "eA==", "mode": 4096})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    assert_eq!(v["detail"].as_str().unwrap_or_default(), put_words);
+    assert!(put_words.contains("0o7777"), "{put_words}");
+}

@@ -128,6 +128,21 @@ pub struct FileAnswer {
 /// Deepest `list`.
 pub const LIST_MAX_DEPTH: u32 = 32;
 
+/// The one rule of a file's mode in a request (`fs/write`, `PUT /files`): 0 to `0o7777`, what
+/// `chmod` takes; a file gets its permission bits only (`0o777`): no request sets a setuid,
+/// setgid or sticky bit.
+pub const MODE_MAX: u32 = 0o7777;
+
+/// `mode`'s permission bits, or why it is no mode.
+pub fn permission_bits(mode: u32) -> Result<u32, String> {
+    if mode > MODE_MAX {
+        return Err(format!(
+            "mode must be between 0 and {MODE_MAX} (0o7777), got {mode}"
+        ));
+    }
+    Ok(mode & 0o777)
+}
+
 /// A lexically validated absolute path anywhere: no NUL, CR or LF, no `..` component; repeated
 /// slashes, `.` components and a trailing slash removed. The helper resolves symlinks itself.
 pub fn validate_any_path(path: &str) -> Result<String, FsError> {

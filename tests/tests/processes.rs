@@ -463,7 +463,9 @@ async fn live_processes_are_capped_per_session() -> Result<()> {
         json!({"command": "true", "workdir": "tmp"}),
         json!({"command": "true", "process_id": ".hidden"}),
         json!({"command": "true", "tag": "a\nb"}),
-        json!({"command": "true", "environment": {"1X": "y"}}),
+        // A session's rule for every environment: a name without `=` (or NUL), not empty.
+        json!({"command": "true", "environment": {"X=1": "y"}}),
+        json!({"command": "true", "environment": {"": "y"}}),
     ] {
         let (status, _) = cp
             .call(

@@ -8,9 +8,11 @@
 //! renders the answer or the [`ApiError`] its own way: no door restates an admission class, a
 //! lock order or a running check, and none calls another door.
 //!
-//! The background processes' operations are here ([`processes`]); the others still go through
-//! the routes' extractors and MCP's own sequence of domain calls.
+//! The background processes' operations are here ([`processes`]), and the data plane's fs ops on
+//! paths anywhere ([`fs`]); the others still go through the routes' extractors and MCP's own
+//! sequence of domain calls.
 
+pub mod fs;
 pub mod processes;
 
 use std::future::Future;

@@ -1,6 +1,6 @@
 //! The data plane beyond DAIV's contract (ours, additive): raw files of any size anywhere the
 //! sandbox user may go (`GET`/`PUT /session/{id}/files?path=…`), and `fs/stat`, `fs/mkdir`,
-//! `fs/move`, `fs/list`. Everything goes through the session's helper as the sandbox user, so the
+//! `fs/move`, `fs/list` (operations of [`crate::ops::fs`]). Everything goes through the session's helper as the sandbox user, so the
 //! kernel decides; the service's own directory is refused under any name.
 //!
 //! Raw files stream through the helper's channel a frame at a time: a read holds at most its
@@ -25,9 +25,12 @@ use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::mpsc;
 
-use super::extract::Session;
+use axum::extract::State;
+
+use super::extract::{Id, Session};
 use crate::error::{ApiError, ApiJson, ApiQuery, ErrorBody};
-use crate::runtime::{FS_DEADLINE, FileRead};
+use crate::ops::{Ops, fs};
+use crate::runtime::FileRead;
 use crate::sessions::Workspace;
 
 /// An fs-level refusal as an HTTP status and `{"detail", "code"}`.
@@ -58,10 +61,10 @@ pub struct FileQuery {
     /// Absolute path anywhere in the container, without `..`.
     #[param(pattern = r"^(/(?!\.\.(/|$))[^/\x00\n\r]*)+$")]
     pub path: String,
-    /// `PUT`: permission bits (0..=0o777, as a decimal number); default: the replaced file's,
-    /// else 0o644.
+    /// `PUT`: the file's mode (0..=0o7777, as a decimal number), of which its permission bits
+    /// (0o777) are applied, as `fs/write` does; default: the replaced file's, else 0o644.
     #[serde(default)]
-    #[param(minimum = 0, maximum = 511)]
+    #[param(minimum = 0, maximum = 4095)]
     pub mode: Option<u32>,
     /// `PUT`: create missing parent directories (default true).
     #[serde(default)]
@@ -210,19 +213,11 @@ pub async fn get_file(
 }
 
 async fn stat_size(ws: &Workspace<'_>, path: &str) -> Option<u64> {
-    let a = ws
-        .runtime
-        .fs(
-            ws.id,
-            Request::Stat {
-                path: path.to_string(),
-                deadline_ms: FS_DEADLINE.as_millis() as u64,
-            },
-            None,
-        )
-        .await
-        .ok()?;
-    a.parse::<FsStatResponse>().ok()?.entry.map(|e| e.size)
+    let req = FsStatRequest {
+        path: path.to_string(),
+    };
+    let answer = crate::workspace::fs::Fs::new(ws).stat(&req).await.ok()?;
+    answer.entry.map(|e| e.size)
 }
 
 /// `PUT /session/{id}/files?path=…&mode=…&parents=…`: the raw body becomes the file, replacing
@@ -247,12 +242,10 @@ pub async fn put_file(
         Ok(p) => p,
         Err(e) => return Ok(refused(e)),
     };
-    if q.mode.is_some_and(|m| m > 0o777) {
-        return Ok(refused(FsError::new(
-            FsErrorCode::InvalidPath,
-            format!("mode must be between 0 and 511 (0o777), got {:?}", q.mode),
-        )));
-    }
+    let mode = match q.mode.map(permission_bits).transpose() {
+        Ok(mode) => mode,
+        Err(why) => return Ok(refused(FsError::new(FsErrorCode::InvalidPath, why))),
+    };
     let ws = s.sessions.workspace(&s.id);
     let max = ws.config.sessions.file_max_bytes;
     let too_large = || {
@@ -300,7 +293,7 @@ pub async fn put_file(
     });
     let request = Request::FileWrite {
         path,
-        mode: q.mode,
+        mode,
         parents: q.parents.unwrap_or(true),
         max_bytes: max,
         in_place: !q.atomic.unwrap_or(true),
@@ -318,56 +311,16 @@ pub async fn put_file(
     }
 }
 
-/// One op on the helper: an fs-level refusal is inside its answer (HTTP 200), as the seven
-/// ops answer theirs; writers keep the session's order with commands.
-async fn op<T: serde::de::DeserializeOwned>(
-    s: &Session,
-    request: Request,
-    writes: bool,
-) -> Result<Json<T>, ApiError> {
-    let ws = s.sessions.workspace(&s.id);
-    let _held = if writes {
-        Some(ws.ordered().await?)
-    } else {
-        ws.beside().await?;
-        None
-    };
-    let answer = ws.runtime.fs(ws.id, request, None).await?;
-    Ok(Json(answer.parse::<T>()?))
-}
-
-fn deadline_ms() -> u64 {
-    FS_DEADLINE.as_millis() as u64
-}
-
-/// A lexically bad path as the op's own answer.
-fn bad_path<T: Default + serde::Serialize>(
-    e: FsError,
-    set: impl FnOnce(&mut T, FsError),
-) -> Json<T> {
-    let mut v = T::default();
-    set(&mut v, e);
-    Json(v)
-}
-
 #[utoipa::path(post, path = "/session/{session_id}/fs/stat", tag = "fs", operation_id = "fs_stat", request_body = FsStatRequest,
     security(("api_key" = [])), params(("session_id" = String, Path, description = "The session id")),
     responses((status = 200, body = FsStatResponse), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 422, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn stat(
-    s: Session,
+    State(ops): State<Ops>,
+    Id(id): Id,
     ApiJson(req): ApiJson<FsStatRequest>,
 ) -> Result<Json<FsStatResponse>, ApiError> {
-    let set = |r: &mut FsStatResponse, e| r.error = Some(e);
-    let path = match validate_any_path(&req.path) {
-        Ok(p) => p,
-        Err(e) => return Ok(bad_path(e, set)),
-    };
-    let request = Request::Stat {
-        path,
-        deadline_ms: deadline_ms(),
-    };
-    op(&s, request, false).await
+    Ok(Json(ops.apply(&id, fs::Stat(req)).await?))
 }
 
 #[utoipa::path(post, path = "/session/{session_id}/fs/mkdir", tag = "fs", operation_id = "fs_mkdir", request_body = FsMkdirRequest,
@@ -375,20 +328,11 @@ pub async fn stat(
     responses((status = 200, body = FsMkdirResponse), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 409, body = ErrorBody), (status = 422, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn mkdir(
-    s: Session,
+    State(ops): State<Ops>,
+    Id(id): Id,
     ApiJson(req): ApiJson<FsMkdirRequest>,
 ) -> Result<Json<FsMkdirResponse>, ApiError> {
-    let set = |r: &mut FsMkdirResponse, e| r.error = Some(e);
-    let path = match validate_any_path(&req.path) {
-        Ok(p) => p,
-        Err(e) => return Ok(bad_path(e, set)),
-    };
-    let request = Request::Mkdir {
-        path,
-        parents: req.parents,
-        deadline_ms: deadline_ms(),
-    };
-    op(&s, request, true).await
+    Ok(Json(ops.apply(&id, fs::Mkdir(req)).await?))
 }
 
 #[utoipa::path(post, path = "/session/{session_id}/fs/move", tag = "fs", operation_id = "fs_move", request_body = FsMoveRequest,
@@ -396,23 +340,11 @@ pub async fn mkdir(
     responses((status = 200, body = FsMoveResponse), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 409, body = ErrorBody), (status = 422, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn move_entry(
-    s: Session,
+    State(ops): State<Ops>,
+    Id(id): Id,
     ApiJson(req): ApiJson<FsMoveRequest>,
 ) -> Result<Json<FsMoveResponse>, ApiError> {
-    let set = |r: &mut FsMoveResponse, e| r.error = Some(e);
-    let (source, destination) = match (
-        validate_any_path(&req.source),
-        validate_any_path(&req.destination),
-    ) {
-        (Ok(s), Ok(d)) => (s, d),
-        (Err(e), _) | (_, Err(e)) => return Ok(bad_path(e, set)),
-    };
-    let request = Request::Move {
-        source,
-        destination,
-        deadline_ms: deadline_ms(),
-    };
-    op(&s, request, true).await
+    Ok(Json(ops.apply(&id, fs::Move(req)).await?))
 }
 
 #[utoipa::path(post, path = "/session/{session_id}/fs/list", tag = "fs", operation_id = "fs_list", request_body = FsListRequest,
@@ -420,20 +352,11 @@ pub async fn move_entry(
     responses((status = 200, body = FsListResponse), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 422, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn list(
-    s: Session,
+    State(ops): State<Ops>,
+    Id(id): Id,
     ApiJson(req): ApiJson<FsListRequest>,
 ) -> Result<Json<FsListResponse>, ApiError> {
-    let set = |r: &mut FsListResponse, e| r.error = Some(e);
-    let path = match validate_any_path(&req.path) {
-        Ok(p) => p,
-        Err(e) => return Ok(bad_path(e, set)),
-    };
-    let request = Request::List {
-        path,
-        depth: req.depth.clamp(1, LIST_MAX_DEPTH),
-        deadline_ms: deadline_ms(),
-    };
-    op(&s, request, false).await
+    Ok(Json(ops.apply(&id, fs::List(req)).await?))
 }
 
 #[cfg(test)]

@@ -141,17 +141,15 @@ where
             .layer(axum::extract::DefaultBodyLimit::disable())
             .layer(middleware::from_fn_with_state(admission.clone(), admit::fs)),
     );
+    // Operations (`crate::ops::fs`): each takes its fs slots itself, its body (a path or two)
+    // read first.
     for (op, handler) in [
         ("stat", post(files::stat)),
         ("mkdir", post(files::mkdir)),
         ("move", post(files::move_entry)),
         ("list", post(files::list)),
     ] {
-        api = both(
-            api,
-            &format!("/session/{{session_id}}/fs/{op}/"),
-            handler.layer(middleware::from_fn_with_state(admission.clone(), admit::fs)),
-        );
+        api = both(api, &format!("/session/{{session_id}}/fs/{op}/"), handler);
     }
     api = both(api, "/session/{session_id}/watch", get(watch::watch));
     api = both(

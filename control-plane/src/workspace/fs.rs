@@ -28,6 +28,10 @@ use crate::config::Config;
 use crate::runtime::{FS_DEADLINE, HelperError, Listing, SessionRuntime};
 use crate::sessions::Workspace;
 use crate::telemetry::metrics::{FsLabels, Metrics, observe_duration};
+use sandbox_protocol::files::{
+    FsListRequest, FsListResponse, FsMkdirRequest, FsMkdirResponse, FsMoveRequest, FsMoveResponse,
+    FsStatRequest, FsStatResponse, LIST_MAX_DEPTH, permission_bits, validate_any_path,
+};
 use sandbox_protocol::wire::*;
 
 pub use sandbox_protocol::wire::{
@@ -44,8 +48,9 @@ pub enum OpError {
 /// Why an fs op got no answer: a request of the wrong shape, or the session's helper.
 #[derive(Debug, thiserror::Error)]
 pub enum FsOpError {
-    #[error("mode must be between 0 and 4095, got {0}")]
-    ModeOutOfRange(u32),
+    /// [`sandbox_protocol::files::permission_bits`]'s refusal.
+    #[error("{0}")]
+    ModeOutOfRange(String),
     #[error("content is not valid base64: {0}")]
     InvalidBase64(#[source] base64::DecodeError),
     #[error(transparent)]
@@ -313,9 +318,7 @@ impl Fs<'_> {
     pub async fn write(&self, req: &FsWriteRequest) -> Result<FsWriteResponse, OpError> {
         self.observed("write", async {
             // A mode out of range is the request's shape (422), whatever the path: checked first.
-            if req.mode > 0o7777 {
-                return Err(FsOpError::ModeOutOfRange(req.mode).into());
-            }
+            let mode = permission_bits(req.mode).map_err(FsOpError::ModeOutOfRange)?;
             let path = path_arg(&req.path, false)?;
             let content = base64::engine::general_purpose::STANDARD
                 .decode(req.content.as_bytes())
@@ -323,7 +326,7 @@ impl Fs<'_> {
             self.call(
                 Request::Write {
                     path,
-                    mode: req.mode & 0o777,
+                    mode,
                     deadline_ms: deadline_ms(),
                 },
                 Some(Bytes::from(content)),
@@ -375,6 +378,78 @@ impl Fs<'_> {
     }
 }
 
+/// The data plane's ops (ours, additive) on paths anywhere the sandbox user may go, not only
+/// under `/workspace`: the kernel decides, as for every op.
+impl Fs<'_> {
+    /// A path's entry (a symlink's own, with its target).
+    pub async fn stat(&self, req: &FsStatRequest) -> Result<FsStatResponse, OpError> {
+        self.observed("stat", async {
+            let path = validate_any_path(&req.path).map_err(OpError::Fs)?;
+            self.call(
+                Request::Stat {
+                    path,
+                    deadline_ms: deadline_ms(),
+                },
+                None,
+            )
+            .await
+        })
+        .await
+    }
+
+    /// A directory, with its missing parents when `parents` (then an existing one is no error).
+    pub async fn mkdir(&self, req: &FsMkdirRequest) -> Result<FsMkdirResponse, OpError> {
+        self.observed("mkdir", async {
+            let path = validate_any_path(&req.path).map_err(OpError::Fs)?;
+            self.call(
+                Request::Mkdir {
+                    path,
+                    parents: req.parents,
+                    deadline_ms: deadline_ms(),
+                },
+                None,
+            )
+            .await
+        })
+        .await
+    }
+
+    /// A rename, across directories of one filesystem.
+    pub async fn move_entry(&self, req: &FsMoveRequest) -> Result<FsMoveResponse, OpError> {
+        self.observed("move", async {
+            let source = validate_any_path(&req.source).map_err(OpError::Fs)?;
+            let destination = validate_any_path(&req.destination).map_err(OpError::Fs)?;
+            self.call(
+                Request::Move {
+                    source,
+                    destination,
+                    deadline_ms: deadline_ms(),
+                },
+                None,
+            )
+            .await
+        })
+        .await
+    }
+
+    /// A directory's entries, `depth` levels down (at most [`LIST_MAX_DEPTH`]).
+    pub async fn list(&self, req: &FsListRequest) -> Result<FsListResponse, OpError> {
+        self.observed("list", async {
+            let path = validate_any_path(&req.path).map_err(OpError::Fs)?;
+            self.call(
+                Request::List {
+                    path,
+                    depth: req.depth.clamp(1, LIST_MAX_DEPTH),
+                    deadline_ms: deadline_ms(),
+                },
+                None,
+            )
+            .await
+        })
+        .await
+    }
+}
+
 /// The helper's own deadline for an op.
 fn deadline_ms() -> u64 {
     FS_DEADLINE.as_millis() as u64
@@ -396,6 +471,10 @@ macro_rules! has_error {
 }
 
 has_error!(
+    FsStatResponse,
+    FsMkdirResponse,
+    FsMoveResponse,
+    FsListResponse,
     FsLsResponse,
     FsReadResponse,
     FsGrepResponse,

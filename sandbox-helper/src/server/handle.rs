@@ -448,9 +448,9 @@ fn data_plane(
             let Some(mut input) = input else {
                 return Response::error(ErrorKind::Internal, "no input stream");
             };
-            if mode.is_some_and(|m| m > 0o7777) {
+            if let Some(Err(why)) = mode.map(sandbox_protocol::files::permission_bits) {
                 let _ = input.drain(stop);
-                return Response::error(ErrorKind::BadRequest, "mode must be at most 0o7777");
+                return Response::error(ErrorKind::BadRequest, why);
             }
             let r = match arg(&path) {
                 Ok((host, shown)) => {

@@ -1,6 +1,7 @@
-//! envd's `filesystem.Filesystem` service over the native fs routes on paths anywhere (`stat`,
-//! `mkdir`, `move`, `list`, `watch`), as the sandbox user. `Remove` has no native route outside
-//! `/workspace`: it is a `rm -rf` run as the user, after a `stat` that answers `not_found`.
+//! envd's `filesystem.Filesystem` service over the data plane's operations on paths anywhere
+//! ([`crate::ops::fs`]: `stat`, `mkdir`, `move`, `list`) and the native watch, as the sandbox
+//! user. `Remove` has no native op outside `/workspace`: it is a `rm -rf` run as the user (the
+//! native run route), after a `stat` that answers `not_found`.
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -8,7 +9,7 @@ use axum::http::{HeaderMap, Method};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use sandbox_protocol::files::{
-    EntryType, FileEntry, FsListResponse, FsMkdirResponse, FsMoveResponse, FsStatResponse,
+    EntryType, FileEntry, FsListRequest, FsMkdirRequest, FsMoveRequest, FsStatRequest,
 };
 use sandbox_protocol::wire::{FsError, FsErrorCode};
 use serde::Deserialize;
@@ -19,6 +20,7 @@ use super::super::state::E2b;
 use super::watch::{WatchRequest, entry_info, watch, watch_message};
 use super::{absolute, caller, message, watchers};
 use crate::api::RunResponse;
+use crate::ops::fs;
 
 #[derive(Debug, Deserialize)]
 struct PathRequest {
@@ -70,8 +72,11 @@ pub async fn call(
             "MakeDir" => {
                 let req: PathRequest = message(&headers, &body)?;
                 let path = absolute(&req.path);
-                let made: FsMkdirResponse =
-                    op(&e, id, "mkdir", json!({ "path": path, "parents": true })).await?;
+                let mkdir = FsMkdirRequest {
+                    path: path.clone(),
+                    parents: true,
+                };
+                let made = e.apply(id, fs::Mkdir(mkdir)).await?;
                 fs_error(made.error)?;
                 if !made.created {
                     return Err(RpcError::new(
@@ -85,21 +90,22 @@ pub async fn call(
             "Move" => {
                 let req: MoveRequest = message(&headers, &body)?;
                 let (src, dst) = (absolute(&req.source), absolute(&req.destination));
-                let moved: FsMoveResponse =
-                    op(&e, id, "move", json!({ "source": src, "destination": dst })).await?;
+                let request = FsMoveRequest {
+                    source: src,
+                    destination: dst.clone(),
+                };
+                let moved = e.apply(id, fs::Move(request)).await?;
                 fs_error(moved.error)?;
                 let entry = stat(&e, id, &dst).await?;
                 Ok(connect::unary(json!({ "entry": entry_info(&entry) })))
             }
             "ListDir" => {
                 let req: ListRequest = message(&headers, &body)?;
-                let listed: FsListResponse = op(
-                    &e,
-                    id,
-                    "list",
-                    json!({ "path": absolute(&req.path), "depth": req.depth.max(1) }),
-                )
-                .await?;
+                let request = FsListRequest {
+                    path: absolute(&req.path),
+                    depth: req.depth.max(1),
+                };
+                let listed = e.apply(id, fs::List(request)).await?;
                 fs_error(listed.error)?;
                 let entries: Vec<Value> = listed.entries.iter().map(entry_info).collect();
                 Ok(connect::unary(json!({ "entries": entries })))
@@ -153,22 +159,6 @@ pub async fn call(
     }
 }
 
-async fn op<T: serde::de::DeserializeOwned>(
-    e: &E2b,
-    id: &str,
-    name: &str,
-    body: Value,
-) -> Result<T, RpcError> {
-    Ok(e.native
-        .json(
-            Method::POST,
-            &format!("/session/{id}/fs/{name}/"),
-            Some(&body),
-            None,
-        )
-        .await?)
-}
-
 /// An fs op's error as the Connect code the SDK expects (`not_found` → its `NotFoundException`).
 fn fs_error(error: Option<FsError>) -> Result<(), RpcError> {
     let Some(err) = error else { return Ok(()) };
@@ -185,7 +175,10 @@ fn fs_error(error: Option<FsError>) -> Result<(), RpcError> {
 }
 
 pub async fn stat(e: &E2b, id: &str, path: &str) -> Result<FileEntry, RpcError> {
-    let r: FsStatResponse = op(e, id, "stat", json!({ "path": path })).await?;
+    let request = FsStatRequest {
+        path: path.to_string(),
+    };
+    let r = e.apply(id, fs::Stat(request)).await?;
     fs_error(r.error)?;
     r.entry
         .ok_or_else(|| RpcError::new(Code::NotFound, format!("{path} not found")))

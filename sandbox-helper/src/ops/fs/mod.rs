@@ -324,11 +324,8 @@ impl Fs<'_> {
         input: &mut Input,
     ) -> Result<FsWriteResponse, OpError> {
         let path = path_arg(path, false)?;
-        if mode > 0o7777 {
-            return Err(OpError::Fail(
-                ErrorKind::BadRequest,
-                format!("mode must be between 0 and 4095, got {mode}"),
-            ));
+        if let Err(why) = sandbox_protocol::files::permission_bits(mode) {
+            return Err(OpError::Fail(ErrorKind::BadRequest, why));
         }
         let exists = || {
             fail(

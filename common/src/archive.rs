@@ -30,6 +30,9 @@ const END_MARKER: usize = 2 * 512;
 /// path given to `put_archive`, usually `/`).
 pub struct Archive {
     builder: tar::Builder<Vec<u8>>,
+    /// What came before the last [`Archive::shared_file`]'s data, and that data itself, in
+    /// order: the builder's buffer holds what follows.
+    parts: Vec<Bytes>,
     mtime: u64,
     /// The first entry that could not be added (a name `tar` refuses: absolute or with `..`);
     /// [`Archive::finish`] reports it. Writing to a `Vec` cannot fail otherwise.
@@ -47,6 +50,7 @@ impl Archive {
         let mtime = u64::try_from(crate::time::unix_now()).unwrap_or(0);
         Self {
             builder: tar::Builder::new(Vec::new()),
+            parts: Vec::new(),
             mtime,
             error: None,
         }
@@ -67,12 +71,39 @@ impl Archive {
         self.append(tar::EntryType::Regular, name, mode, owner, data)
     }
 
-    /// The archive's bytes, or the first entry that could not be added.
-    pub fn finish(mut self) -> io::Result<Bytes> {
-        if let Some(e) = self.error.take() {
-            return Err(e);
+    /// Adds regular file `name` holding `data` without copying it: the archive's parts
+    /// ([`Archive::finish_head_parts`]) hold `data` itself, so a file every sandbox gets (the
+    /// helper binary) is in memory once, however many archives carry it.
+    pub fn shared_file(&mut self, name: &str, mode: u32, owner: Owner, data: &Bytes) -> &mut Self {
+        // The header alone (its size says what follows); the data and its padding after it.
+        let before = self.builder.get_ref().len();
+        self.append(tar::EntryType::Regular, name, mode, owner, &[]);
+        if self.builder.get_ref().len() == before {
+            return self; // refused: `finish` reports it
         }
-        self.builder.into_inner().map(Bytes::from)
+        let header_at = self.builder.get_ref().len() - 512;
+        let mut header = tar::Header::new_gnu();
+        header
+            .as_mut_bytes()
+            .copy_from_slice(&self.builder.get_ref()[header_at..]);
+        header.set_size(data.len() as u64);
+        header.set_cksum();
+        self.builder.get_mut()[header_at..].copy_from_slice(header.as_bytes());
+        self.parts
+            .push(Bytes::from(std::mem::take(self.builder.get_mut())));
+        self.parts.push(data.clone());
+        let pad = (512 - data.len() % 512) % 512;
+        self.builder.get_mut().resize(pad, 0);
+        self
+    }
+
+    /// The archive's bytes, or the first entry that could not be added.
+    pub fn finish(self) -> io::Result<Bytes> {
+        let parts = self.finish_parts()?;
+        Ok(match &parts[..] {
+            [one] => one.clone(),
+            parts => parts.concat().into(),
+        })
     }
 
     /// The archive's bytes without its end marker: the head of an archive that another one
@@ -81,6 +112,27 @@ impl Archive {
         let whole = self.finish()?;
         // `tar` ends an archive with two zero blocks.
         Ok(whole.slice(..whole.len().saturating_sub(END_MARKER)))
+    }
+
+    /// [`Archive::finish_head`] in parts whose concatenation is the head: a
+    /// [`Archive::shared_file`]'s data is one of them, not copied.
+    pub fn finish_head_parts(self) -> io::Result<Vec<Bytes>> {
+        let mut parts = self.finish_parts()?;
+        if let Some(last) = parts.last_mut() {
+            *last = last.slice(..last.len().saturating_sub(END_MARKER));
+        }
+        parts.retain(|p| !p.is_empty());
+        Ok(parts)
+    }
+
+    /// Every part, the builder's last buffer (with the end marker) last.
+    fn finish_parts(mut self) -> io::Result<Vec<Bytes>> {
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
+        let last = self.builder.into_inner()?;
+        self.parts.push(Bytes::from(last));
+        Ok(self.parts)
     }
 
     fn append(
@@ -162,6 +214,47 @@ mod tests {
             names.push(entry?.path()?.display().to_string());
         }
         assert_eq!(names, ["d/", "d/big", "d/own"]);
+        Ok(())
+    }
+
+    #[test]
+    fn a_shared_file_is_not_copied_and_reads_as_any_other() -> io::Result<()> {
+        let big = Bytes::from(vec![9u8; 1300]);
+        let mut head = Archive::new();
+        head.dir("d", 0o755, ROOT)
+            .shared_file("d/bin", 0o755, ROOT, &big)
+            .dir("e", 0o700, (1, 1));
+        let parts = head.finish_head_parts()?;
+        // The data itself is one of the parts: the same buffer, not a copy.
+        assert!(
+            parts
+                .iter()
+                .any(|p| p.as_ptr() == big.as_ptr() && p.len() == big.len())
+        );
+        let mut tail = Archive::new();
+        tail.file("d/own", 0o644, (1, 1), b"mine");
+        let mut whole: Vec<u8> = parts.concat();
+        whole.extend_from_slice(&tail.finish()?);
+        let mut seen = Vec::new();
+        for entry in tar::Archive::new(&whole[..]).entries()? {
+            let mut entry = entry?;
+            let mut data = Vec::new();
+            io::Read::read_to_end(&mut entry, &mut data)?;
+            seen.push((
+                entry.path()?.display().to_string(),
+                entry.header().mode()?,
+                data,
+            ));
+        }
+        assert_eq!(
+            seen,
+            [
+                ("d/".to_string(), 0o755, vec![]),
+                ("d/bin".to_string(), 0o755, vec![9u8; 1300]),
+                ("e/".to_string(), 0o700, vec![]),
+                ("d/own".to_string(), 0o644, b"mine".to_vec()),
+            ]
+        );
         Ok(())
     }
 

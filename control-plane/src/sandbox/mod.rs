@@ -83,13 +83,13 @@ pub struct SandboxFactory {
     /// Who each new sandbox's commands run as.
     users: SandboxUsers,
     /// The service's part of every sandbox's skeleton (its directories and the helper), built on
-    /// first use and shared: the helper binary is most of it (~3 MB, ~6 MB while the archive
-    /// grows), and a burst of creates each building its own copy made the service's peak memory
-    /// grow with the burst. The sandbox user's directories go before it and the sandbox's own
+    /// first use and shared: the helper binary is most of it (~4 MB), and a burst of creates each
+    /// building its own copy made the service's peak memory grow with the burst. Its parts hold
+    /// `helper` itself, not a copy, so the binary is in memory once. The sandbox user's directories go before it and the sandbox's own
     /// files (its environment, egress files) after it, each a small part of its own
     /// ([`ContainerSpec::skeleton`]'s parts). Its entries carry the time it was built, not the
     /// session's.
-    service_skeleton: OnceLock<Bytes>,
+    service_skeleton: OnceLock<Vec<Bytes>>,
 }
 
 impl SandboxFactory {
@@ -350,19 +350,19 @@ impl SandboxFactory {
             named_volumes: Vec::new(),
             log_options: Vec::new(),
             auto_remove: false,
-            skeleton: vec![
-                user_dirs(user),
-                self.service_skeleton(),
-                skeleton_tail(
+            skeleton: [user_dirs(user)]
+                .into_iter()
+                .chain(self.service_skeleton())
+                .chain([skeleton_tail(
                     &env_json(req.environment.as_deref(), plan.is_some()).unwrap_or_default(),
                     extra_files,
-                ),
-            ],
+                )])
+                .collect(),
         }
     }
 
     /// The service's part of every sandbox's skeleton (see [`service_skeleton`]).
-    fn service_skeleton(&self) -> Bytes {
+    fn service_skeleton(&self) -> Vec<Bytes> {
         let build = || service_skeleton(self.helper.as_ref());
         self.service_skeleton.get_or_init(build).clone()
     }
@@ -417,12 +417,9 @@ fn base_env() -> Vec<(String, String)> {
 /// The head of a sandbox's skeleton: [`user_dirs`], then [`service_skeleton`]. Without its end:
 /// [`skeleton_tail`] follows it.
 pub fn skeleton_head(uid: u32, gid: u32, helper: Option<&Bytes>) -> Bytes {
-    [
-        user_dirs(SandboxUser { uid, gid }),
-        service_skeleton(helper),
-    ]
-    .concat()
-    .into()
+    let mut parts = vec![user_dirs(SandboxUser { uid, gid })];
+    parts.extend(service_skeleton(helper));
+    parts.concat().into()
 }
 
 /// The first part of a sandbox's skeleton: `/workspace/{repo,skills,tmp}` and the home
@@ -451,10 +448,10 @@ fn user_dirs(user: SandboxUser) -> Bytes {
 }
 
 /// The service's part of a sandbox's skeleton, the same for every sandbox. Without its end.
-fn service_skeleton(helper: Option<&Bytes>) -> Bytes {
+fn service_skeleton(helper: Option<&Bytes>) -> Vec<Bytes> {
     let mut tar = Archive::new();
     service_dirs(&mut tar, helper);
-    tar.finish_head().unwrap_or_default()
+    tar.finish_head_parts().unwrap_or_default()
 }
 
 /// The service's own directory and the helper: root-owned, so the sandbox user can run the
@@ -463,8 +460,9 @@ fn service_skeleton(helper: Option<&Bytes>) -> Bytes {
 fn service_dirs(tar: &mut Archive, helper: Option<&Bytes>) {
     tar.dir(entry_name(layout::SERVICE_DIR), 0o755, ROOT);
     tar.dir(entry_name(layout::SESSION_DIR), 0o755, ROOT);
+    // The service's one copy of the helper, not a copy per archive (4 MB).
     if let Some(bin) = helper {
-        tar.file(entry_name(layout::HELPER), 0o755, ROOT, bin);
+        tar.shared_file(entry_name(layout::HELPER), 0o755, ROOT, bin);
     }
 }
 

@@ -989,3 +989,86 @@ async fn envd_process_calls_are_one_operation_each() {
         );
     }
 }
+
+/// `connect` is one operation under the sandbox's lock: while another request holds the lock,
+/// it waits for it and then answers busy (409) without resuming or touching the deadline; once
+/// the lock is free it resumes a paused sandbox (201) with the deadline it asked for.
+#[tokio::test]
+async fn connect_is_one_operation_under_the_sandboxs_lock() {
+    use control_plane::coordination::lock::SessionLocks;
+    let templates = format!(r#"{{"base": "{IMAGE}"}}"#);
+    let h = Harness::new(
+        FakeEngine::default(),
+        &[
+            ("E2B_TEMPLATES", &templates),
+            ("SESSION_LOCK_WAIT_SECONDS", "1"),
+        ],
+    );
+    let router = e2b::router(
+        h.state.config.clone(),
+        h.router.clone(),
+        h.state.ops(),
+        &h.state.metrics,
+    );
+    let e = E2b { router, h };
+    let v = e.create(json!({"templateID": "base"})).await;
+    let id = v["sandboxID"].as_str().expect("id").to_string();
+    let (s, _, _) = e
+        .control("POST", &format!("/sandboxes/{id}/pause"), None, KEY)
+        .await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+
+    let held =
+        e.h.locks
+            .acquire(&harness::sid(&id), std::time::Duration::ZERO)
+            .await
+            .expect("the lock");
+    let (s, v, _) = e
+        .control(
+            "POST",
+            &format!("/sandboxes/{id}/connect"),
+            Some(json!({"timeout": 300})),
+            KEY,
+        )
+        .await;
+    assert_eq!(s, StatusCode::CONFLICT, "{v}");
+    let (_, info, _) = e
+        .control("GET", &format!("/sandboxes/{id}"), None, KEY)
+        .await;
+    assert_eq!(info["state"], "paused", "{info}");
+
+    drop(held);
+    let (s, v, _) = e
+        .control(
+            "POST",
+            &format!("/sandboxes/{id}/connect"),
+            Some(json!({"timeout": 300})),
+            KEY,
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let (_, info, _) = e
+        .control("GET", &format!("/sandboxes/{id}"), None, KEY)
+        .await;
+    assert_eq!(info["state"], "running", "{info}");
+    let end = time::OffsetDateTime::parse(
+        info["endAt"].as_str().expect("endAt"),
+        &time::format_description::well_known::Rfc3339,
+    )
+    .expect("an RFC 3339 endAt");
+    let left = end - time::OffsetDateTime::now_utc();
+    assert!(
+        left > time::Duration::seconds(240) && left <= time::Duration::seconds(301),
+        "{info}"
+    );
+    // A second connect of the running sandbox: 200, nothing to resume.
+    let (s, v, _) = e
+        .control(
+            "POST",
+            &format!("/sandboxes/{id}/connect"),
+            Some(json!({})),
+            KEY,
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+}

@@ -36,6 +36,14 @@ impl From<Refusal> for ApiFailure {
     }
 }
 
+/// An operation's error, as the native route would have refused it (logged as it logs).
+impl From<crate::error::ApiError> for ApiFailure {
+    fn from(e: crate::error::ApiError) -> Self {
+        e.log();
+        Self(Refusal::new(e.status(), e.to_string()))
+    }
+}
+
 impl IntoResponse for ApiFailure {
     fn into_response(self) -> Response {
         let status = self.0.status;
@@ -341,40 +349,19 @@ pub async fn connect(
 ) -> Answer {
     let id = id.as_str();
     let req: ConnectBody = body(&raw_body)?;
-    let s = info(&e, id).await?;
-    let resumed = s.state != SessionState::Running;
-    if resumed {
-        // Any request to a paused session thaws it; its status is the lightest.
-        let _: Value = e
-            .native
-            .json(Method::GET, &format!("/session/{id}/"), None, None)
-            .await?;
-    }
-    if let Some(t) = req.timeout
-        && (resumed || ends_before(&s, t))
-    {
-        set_timeout(&e, id, t).await?;
-    }
-    let status = if resumed {
+    // One operation under the session's lock: resume, and lengthen its life (never shorten).
+    let sid = crate::ids::SessionId::parse(id).map_err(|_| crate::error::ApiError::NotFound)?;
+    let connect = crate::ops::lifecycle::Connect {
+        timeout: req.timeout,
+    };
+    let connected = e.ops.apply(&sid, connect).await?;
+    let status = if connected.resumed {
         StatusCode::CREATED
     } else {
         StatusCode::OK
     };
-    Ok((status, Json(sandbox(&e, id, &template_of(&e, &s)))).into_response())
-}
-
-/// Whether running session `s` would end within `seconds` from now: a connect's timeout only
-/// ever lengthens a running sandbox's life, as E2B's does (one without a deadline has none to
-/// lengthen).
-fn ends_before(s: &SessionInfo, seconds: u64) -> bool {
-    let Some(end) = s.expires_at.as_deref() else {
-        return false;
-    };
-    let Some(end) = crate::time::parse_rfc3339(end) else {
-        return true;
-    };
-    let wanted = crate::time::unix_now().saturating_add_unsigned(seconds);
-    end.unix_timestamp() < wanted
+    let template = template_of(&e, &connected.info);
+    Ok((status, Json(sandbox(&e, id, &template))).into_response())
 }
 
 /// `GET /v2/sandboxes` (and v1's `GET /sandboxes`): `metadata` (`k=v&k2=v2`, URL-encoded),

@@ -8,11 +8,12 @@
 //! renders the answer or the [`ApiError`] its own way: no door restates an admission class, a
 //! lock order or a running check, and none calls another door.
 //!
-//! The background processes' operations are here ([`processes`]), and the data plane's fs ops on
-//! paths anywhere ([`fs`]); the others still go through the routes' extractors and MCP's own
-//! sequence of domain calls.
+//! The background processes' operations are here ([`processes`]), the data plane's fs ops on
+//! paths anywhere ([`fs`]) and E2B's `connect` ([`lifecycle`]); the others still go through the
+//! routes' extractors and MCP's own sequence of domain calls.
 
 pub mod fs;
+pub mod lifecycle;
 pub mod processes;
 
 use std::future::Future;
@@ -20,6 +21,7 @@ use std::sync::Arc;
 
 use crate::admission::{Admission, Slot};
 use crate::coordination::lock::LockGuard;
+use crate::engine::ContainerInfo;
 use crate::error::ApiError;
 use crate::fleet::Fleet;
 use crate::ids::SessionId;
@@ -63,6 +65,11 @@ pub trait Op: Send {
 pub struct Reached {
     pub id: SessionId,
     pub sessions: Arc<Sessions>,
+    /// The name of the engine holding it (a fleet's; the single engine's otherwise).
+    pub engine: String,
+    /// What the running check found, before it thawed or restarted the session (an
+    /// [`Access::Ordered`] operation's).
+    pub found: Option<ContainerInfo>,
     held: Option<LockGuard>,
     slot: Option<Slot>,
 }
@@ -113,27 +120,30 @@ impl Ops {
         admit: Admit,
         access: Access,
     ) -> Result<Reached, ApiError> {
-        let sessions = self.fleet.at(id)?;
+        let cell = self.fleet.cell_of(id)?;
+        let (sessions, engine) = (cell.sessions().clone(), cell.name());
         let slot = match admit {
             Admit::Free => None,
             Admit::Create => Some(self.admission.create().await?),
             Admit::Seed => Some(self.admission.seed().await?),
             Admit::Fs => Some(self.admission.fs(id).await?),
         };
-        let held = match access {
+        let (held, found) = match access {
             Access::Beside => {
                 sessions.running_unlocked(id).await?;
-                None
+                (None, None)
             }
             Access::Ordered => {
                 let held = sessions.lock(id).await?;
-                sessions.ensure_running(id).await?;
-                Some(held)
+                let found = sessions.ensure_running(id).await?;
+                (Some(held), Some(found))
             }
         };
         Ok(Reached {
             id: id.clone(),
             sessions,
+            engine,
+            found,
             held,
             slot,
         })

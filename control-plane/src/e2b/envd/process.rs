@@ -168,18 +168,7 @@ pub async fn call(
             "List" => list(&e, id).await,
             "SendInput" => {
                 let req: SendInput = message(&headers, &body)?;
-                let target = req.process.target()?;
-                let data = req.input.stdin.or(req.input.pty).unwrap_or_default();
-                let bytes = decode(&data)?;
-                e.apply(
-                    id,
-                    op::Stdin {
-                        target,
-                        bytes,
-                        eof: false,
-                    },
-                )
-                .await?;
+                send_input(&e, id, req.process.target()?, req.input).await?;
                 Ok(connect::unary(json!({})))
             }
             "CloseStdin" => {
@@ -301,17 +290,7 @@ async fn stream_input(e: &E2b, id: &str, body: Body) -> Result<Response, RpcErro
                 let Some(target) = &target else {
                     return Err(RpcError::new(Code::InvalidArgument, "data before start"));
                 };
-                let text = data.input.stdin.or(data.input.pty).unwrap_or_default();
-                let (target, bytes) = (target.clone(), decode(&text)?);
-                e.apply(
-                    id,
-                    op::Stdin {
-                        target,
-                        bytes,
-                        eof: false,
-                    },
-                )
-                .await?;
+                send_input(e, id, target.clone(), data.input).await?;
             }
             buf.drain(..used);
         }
@@ -338,6 +317,13 @@ fn deadline(headers: &HeaderMap) -> Option<Duration> {
         .and_then(|v| v.trim().parse::<u64>().ok())
         .filter(|ms| *ms > 0)
         .map(Duration::from_millis)
+}
+
+/// `input` (its stdin, or what is typed into its terminal) written to the target's stdin.
+async fn send_input(e: &E2b, id: &str, target: Target, input: Input) -> Result<(), RpcError> {
+    let bytes = decode(&input.stdin.or(input.pty).unwrap_or_default())?;
+    let eof = false;
+    e.apply(id, op::Stdin { target, bytes, eof }).await
 }
 
 /// Base64 input, as envd's messages carry it.

@@ -1,0 +1,53 @@
+//! Operations on a session's life.
+
+use super::{Access, Admit, Op, Reached};
+use crate::api::SessionInfo;
+use crate::error::ApiError;
+
+/// Makes a session run again and, with `timeout`, lengthens its life (E2B's `connect`): under
+/// its lock, so nothing else thaws, pauses or moves its deadline between the steps. The
+/// deadline moves when the session was not running (a resume), or when it would end sooner
+/// than `timeout` from now: a connect never shortens a running session's life.
+pub struct Connect {
+    pub timeout: Option<u64>,
+}
+
+/// A connected session: whether it was resumed (it was paused or stopped), and its info as the
+/// connect left it.
+pub struct Connected {
+    pub resumed: bool,
+    pub info: SessionInfo,
+}
+
+impl Op for Connect {
+    type Output = Connected;
+    const ADMIT: Admit = Admit::Free;
+    const ACCESS: Access = Access::Ordered;
+
+    async fn apply(self, at: Reached) -> Result<Connected, ApiError> {
+        let resumed = at
+            .found
+            .as_ref()
+            .is_some_and(|c| c.is_paused() || !c.is_running());
+        let mut info = at.sessions.info(&at.id, &at.engine).await?.info;
+        if let Some(seconds) = self.timeout
+            && (resumed || ends_before(&info, seconds))
+        {
+            at.sessions.set_timeout(&at.id, seconds).await?;
+            info = at.sessions.info(&at.id, &at.engine).await?.info;
+        }
+        Ok(Connected { resumed, info })
+    }
+}
+
+/// Whether a session would end within `seconds` from now (one without a deadline never does).
+fn ends_before(s: &SessionInfo, seconds: u64) -> bool {
+    let Some(end) = s.expires_at.as_deref() else {
+        return false;
+    };
+    let Some(end) = crate::time::parse_rfc3339(end) else {
+        return true;
+    };
+    let wanted = crate::time::unix_now().saturating_add_unsigned(seconds);
+    end.unix_timestamp() < wanted
+}

@@ -1,4 +1,5 @@
-//! The data plane's operations on paths anywhere (`stat`, `mkdir`, `move`, `list`): each takes
+//! The data plane's operations on paths anywhere (`stat`, `mkdir`, `move`, `list`, and E2B's
+//! removal of a tree): each takes
 //! one of the session's fs slots and one of the total (its request is a path or two, read before
 //! the slot), the writers the session's lock too. An fs-level problem is inside the answer
 //! (`error`), as the `fs/*` ops answer theirs.
@@ -7,8 +8,10 @@ use sandbox_protocol::files::{
     FsListRequest, FsListResponse, FsMkdirRequest, FsMkdirResponse, FsMoveRequest, FsMoveResponse,
     FsStatRequest, FsStatResponse,
 };
+use sandbox_protocol::wire::{FsError, FsErrorCode};
 
 use super::{Access, Admit, Op, Reached};
+use crate::api::RunRequest;
 use crate::error::ApiError;
 use crate::workspace::fs::{Fs, respond};
 
@@ -65,5 +68,56 @@ impl Op for List {
     async fn apply(self, at: Reached) -> Result<FsListResponse, ApiError> {
         let r = Fs::new(&at.workspace()).list(&self.0).await;
         Ok(respond(r, |v: &mut FsListResponse, e| v.error = Some(e))?)
+    }
+}
+
+/// Removes a path and everything below it, anywhere the sandbox user may (E2B's `Remove`; no
+/// fs op removes a tree outside `/workspace`): a `stat`, then `rm -rf` run as the user, both
+/// under the session's lock.
+pub struct RemoveTree {
+    pub path: String,
+}
+
+/// What a [`RemoveTree`] did.
+#[derive(Debug)]
+pub enum Removal {
+    Removed,
+    /// Nothing was there: removed already.
+    Absent,
+    /// The `stat` refused the path (not a path, not the user's to see).
+    Refused(FsError),
+    /// `rm` failed: its output.
+    Failed(String),
+}
+
+impl Op for RemoveTree {
+    type Output = Removal;
+    const ADMIT: Admit = Admit::Fs;
+    const ACCESS: Access = Access::Ordered;
+
+    async fn apply(self, at: Reached) -> Result<Removal, ApiError> {
+        let stat = FsStatRequest { path: self.path };
+        let r = Fs::new(&at.workspace()).stat(&stat).await;
+        let found = respond(r, |v: &mut FsStatResponse, e| v.error = Some(e))?;
+        if let Some(e) = found.error {
+            return Ok(match e.code {
+                FsErrorCode::NotFound => Removal::Absent,
+                _ => Removal::Refused(e),
+            });
+        }
+        // The path as the stat checked it (absolute, no `..`), quoted for the shell.
+        let path = found.entry.map_or(stat.path, |e| e.path);
+        let command = format!("rm -rf -- '{}'", path.replace('\'', r"'\''"));
+        let run = RunRequest {
+            commands: vec![command],
+            fail_fast: false,
+            timeout: None,
+        };
+        let ran = at.sessions.run(&at.id, &run).await?;
+        Ok(match ran.results.first() {
+            Some(r) if r.exit_code == 0 => Removal::Removed,
+            Some(r) => Removal::Failed(r.output.clone()),
+            None => Removal::Failed("the removal did not run".to_string()),
+        })
     }
 }

@@ -1,11 +1,11 @@
 //! envd's `filesystem.Filesystem` service over the data plane's operations on paths anywhere
 //! ([`crate::ops::fs`]: `stat`, `mkdir`, `move`, `list`) and the native watch, as the sandbox
-//! user. `Remove` has no native op outside `/workspace`: it is a `rm -rf` run as the user (the
-//! native run route), after a `stat` that answers `not_found`.
+//! user. `Remove` has no fs op outside `/workspace`: it is a `rm -rf` run as the user after a
+//! `stat`, one operation under the session's lock ([`crate::ops::fs::RemoveTree`]).
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, Method};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use sandbox_protocol::files::{
@@ -19,7 +19,6 @@ use super::super::connect::{self, Code, RpcError};
 use super::super::state::E2b;
 use super::watch::{WatchRequest, entry_info, watch, watch_message};
 use super::{absolute, caller, message, watchers};
-use crate::api::RunResponse;
 use crate::ops::fs;
 
 #[derive(Debug, Deserialize)]
@@ -232,30 +231,17 @@ fn lexical(path: &str) -> String {
 /// Removes `path` and what is below it; a path that is not there is removed already (envd's
 /// `Remove` does not fail on it).
 async fn remove(e: &E2b, id: &str, path: &str) -> Result<(), RpcError> {
-    match stat(e, id, path).await {
-        Err(err) if err.code == Code::NotFound => return Ok(()),
-        other => other?,
-    };
-    let command = format!("rm -rf -- '{}'", path.replace('\'', r"'\''"));
-    let run: RunResponse = e
-        .native
-        .json(
-            Method::POST,
-            &format!("/session/{id}/"),
-            Some(&json!({ "commands": [command] })),
-            None,
-        )
-        .await?;
-    match run.results.first() {
-        Some(r) if r.exit_code == 0 => Ok(()),
-        Some(r) if r.output.contains("Permission denied") => Err(RpcError::new(
+    let path = path.to_string();
+    match e.apply(id, fs::RemoveTree { path: path.clone() }).await? {
+        fs::Removal::Removed | fs::Removal::Absent => Ok(()),
+        fs::Removal::Refused(err) => fs_error(Some(err)),
+        fs::Removal::Failed(out) if out.contains("Permission denied") => Err(RpcError::new(
             Code::PermissionDenied,
             format!("cannot remove {path}: permission denied"),
         )),
-        Some(r) => Err(RpcError::new(
+        fs::Removal::Failed(out) => Err(RpcError::new(
             Code::Internal,
-            format!("cannot remove {path}: {}", r.output.trim()),
+            format!("cannot remove {path}: {}", out.trim()),
         )),
-        None => Err(RpcError::new(Code::Internal, "the removal did not run")),
     }
 }

@@ -751,29 +751,7 @@ async fn an_auto_paused_sandbox_stays_paused_to_envd_until_connect_gives_it_a_de
     assert_eq!(info["state"], "paused", "envd thawed it: {info}");
     assert_eq!(info["endAt"], "9999-12-31T23:59:59Z", "{info}");
 
-    let (s, v, _) = e
-        .control(
-            "POST",
-            &format!("/sandboxes/{id}/connect"),
-            Some(json!({"timeout": 120})),
-            KEY,
-        )
-        .await;
-    assert_eq!(s, StatusCode::CREATED, "{v}");
-    let (_, info, _) = e
-        .control("GET", &format!("/sandboxes/{id}"), None, KEY)
-        .await;
-    assert_eq!(info["state"], "running", "{info}");
-    let end = time::OffsetDateTime::parse(
-        info["endAt"].as_str().expect("endAt"),
-        &time::format_description::well_known::Rfc3339,
-    )
-    .expect("an RFC 3339 endAt");
-    let left = end - time::OffsetDateTime::now_utc();
-    assert!(
-        left > time::Duration::seconds(60) && left <= time::Duration::seconds(121),
-        "{info}"
-    );
+    resumes_with_its_deadline(&e, id, 120).await;
     let (s, answer) = e
         .unary(
             "/filesystem.Filesystem/Stat",
@@ -798,6 +776,35 @@ async fn e2b_traffic_is_observed_as_the_e2b_doors() {
     assert!(series("e2b", "/v2/sandboxes"), "{text}");
     assert!(series("e2b", "/session/"), "the translated create: {text}");
     assert!(!series("rest", "/session/"), "{text}");
+}
+
+/// A `connect` with `timeout` resumes paused sandbox `id` (201): it runs, and ends about
+/// `timeout` seconds from now (within a minute).
+async fn resumes_with_its_deadline(e: &E2b, id: &str, timeout: i64) {
+    let (s, v, _) = e
+        .control(
+            "POST",
+            &format!("/sandboxes/{id}/connect"),
+            Some(json!({ "timeout": timeout })),
+            KEY,
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let (_, info, _) = e
+        .control("GET", &format!("/sandboxes/{id}"), None, KEY)
+        .await;
+    assert_eq!(info["state"], "running", "{info}");
+    let end = time::OffsetDateTime::parse(
+        info["endAt"].as_str().expect("endAt"),
+        &time::format_description::well_known::Rfc3339,
+    )
+    .expect("an RFC 3339 endAt");
+    let left = end - time::OffsetDateTime::now_utc();
+    assert!(
+        left > time::Duration::seconds(timeout - 60)
+            && left <= time::Duration::seconds(timeout + 1),
+        "{info}"
+    );
 }
 
 /// How many engine calls of `op` the service has made (its metrics page).
@@ -1038,29 +1045,7 @@ async fn connect_is_one_operation_under_the_sandboxs_lock() {
     assert_eq!(info["state"], "paused", "{info}");
 
     drop(held);
-    let (s, v, _) = e
-        .control(
-            "POST",
-            &format!("/sandboxes/{id}/connect"),
-            Some(json!({"timeout": 300})),
-            KEY,
-        )
-        .await;
-    assert_eq!(s, StatusCode::CREATED, "{v}");
-    let (_, info, _) = e
-        .control("GET", &format!("/sandboxes/{id}"), None, KEY)
-        .await;
-    assert_eq!(info["state"], "running", "{info}");
-    let end = time::OffsetDateTime::parse(
-        info["endAt"].as_str().expect("endAt"),
-        &time::format_description::well_known::Rfc3339,
-    )
-    .expect("an RFC 3339 endAt");
-    let left = end - time::OffsetDateTime::now_utc();
-    assert!(
-        left > time::Duration::seconds(240) && left <= time::Duration::seconds(301),
-        "{info}"
-    );
+    resumes_with_its_deadline(&e, &id, 300).await;
     // A second connect of the running sandbox: 200, nothing to resume.
     let (s, v, _) = e
         .control(

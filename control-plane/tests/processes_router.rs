@@ -42,12 +42,39 @@ async fn ended(h: &Harness, id: &str, pid: &str) -> Value {
     panic!("process {pid} did not end");
 }
 
-/// The first command of a session finds its channel open: the create opened it before it
-/// answered (no exec left for the first command to pay for), and the command opens no other.
+/// The first command of a session finds its channel open: the create waits for the exec that
+/// opens it before it answers (no exec left for the first command to pay for), and the command
+/// opens no other.
 #[tokio::test]
 async fn a_create_answers_with_the_sessions_helper_channel_open() {
+    use tower::ServiceExt;
     let h = Harness::default();
-    let id = h.session().await;
+    let hold = h.engine.hold("exec_attached ");
+    let req = axum::http::Request::builder()
+        .method("POST")
+        .uri("/api/v1/session/")
+        .header("x-api-key", KEY)
+        .header("content-type", "application/json")
+        .body(axum::body::Body::from(
+            json!({"base_image": harness::IMAGE}).to_string(),
+        ))
+        .expect("request");
+    let mut create = tokio::spawn(h.router.clone().oneshot(req));
+    while hold.waiting() == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The channel's exec is held: the create cannot have answered.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), &mut create)
+            .await
+            .is_err(),
+        "the create answered before its channel was open"
+    );
+    hold.release();
+    let resp = create.await.expect("the create").expect("a response");
+    assert_eq!(resp.status(), StatusCode::OK);
+    let v = harness::json_body(resp).await;
+    let id = v["session_id"].as_str().expect("session_id").to_string();
     assert_eq!(channels_opened(&h, &id), 1, "{:?}", h.engine.calls());
     let (s, v) = h
         .call(

@@ -350,7 +350,7 @@ pub async fn connect(
     let id = id.as_str();
     let req: ConnectBody = body(&raw_body)?;
     // One operation under the session's lock: resume, and lengthen its life (never shorten).
-    let sid = crate::ids::SessionId::parse(id).map_err(|_| crate::error::ApiError::NotFound)?;
+    let sid = super::state::session_id(id)?;
     let connect = crate::ops::lifecycle::Connect {
         timeout: req.timeout,
     };

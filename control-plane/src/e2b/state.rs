@@ -30,8 +30,14 @@ impl E2b {
         id: &str,
         op: O,
     ) -> Result<O::Output, super::connect::RpcError> {
-        let id = crate::ids::SessionId::parse(id).map_err(|_| crate::error::ApiError::NotFound)?;
+        let id = session_id(id)?;
         let applied = self.ops.apply(&id, op);
         Ok(crate::sessions::keep_paused_if(self.keep_paused, applied).await?)
     }
+}
+
+/// A sandbox id as the session id it names: one that cannot be a session's is not found, as an
+/// unknown one is.
+pub fn session_id(id: &str) -> Result<crate::ids::SessionId, crate::error::ApiError> {
+    crate::ids::SessionId::parse(id).map_err(|_| crate::error::ApiError::NotFound)
 }

@@ -29,12 +29,13 @@ impl Op for Connect {
             .found
             .as_ref()
             .is_some_and(|c| c.is_paused() || !c.is_running());
-        let mut info = at.sessions.info(&at.id, &at.engine).await?.info;
+        let engine = at.engine();
+        let mut info = at.sessions.info(&at.id, &engine).await?.info;
         if let Some(seconds) = self.timeout
             && (resumed || ends_before(&info, seconds))
         {
             at.sessions.set_timeout(&at.id, seconds).await?;
-            info = at.sessions.info(&at.id, &at.engine).await?.info;
+            info = at.sessions.info(&at.id, &engine).await?.info;
         }
         Ok(Connected { resumed, info })
     }

@@ -23,7 +23,7 @@ use crate::admission::{Admission, Slot};
 use crate::coordination::lock::LockGuard;
 use crate::engine::ContainerInfo;
 use crate::error::ApiError;
-use crate::fleet::Fleet;
+use crate::fleet::{Cell, Fleet};
 use crate::ids::SessionId;
 use crate::sessions::Sessions;
 use crate::sessions::Workspace;
@@ -65,8 +65,8 @@ pub trait Op: Send {
 pub struct Reached {
     pub id: SessionId,
     pub sessions: Arc<Sessions>,
-    /// The name of the engine holding it (a fleet's; the single engine's otherwise).
-    pub engine: String,
+    /// The engine holding it (a fleet's cell; the single engine's otherwise).
+    cell: Arc<Cell>,
     /// What the running check found, before it thawed or restarted the session (an
     /// [`Access::Ordered`] operation's).
     pub found: Option<ContainerInfo>,
@@ -84,6 +84,11 @@ impl Reached {
     /// The session's workspace, found running for this operation: no second check.
     pub fn workspace(&self) -> Workspace<'_> {
         self.sessions.workspace(&self.id).checked()
+    }
+
+    /// The name of the engine holding it.
+    pub fn engine(&self) -> String {
+        self.cell.name()
     }
 
     /// The lock and slot, for an answer that outlives [`Op::apply`].
@@ -121,7 +126,7 @@ impl Ops {
         access: Access,
     ) -> Result<Reached, ApiError> {
         let cell = self.fleet.cell_of(id)?;
-        let (sessions, engine) = (cell.sessions().clone(), cell.name());
+        let sessions = cell.sessions().clone();
         let slot = match admit {
             Admit::Free => None,
             Admit::Create => Some(self.admission.create().await?),
@@ -142,7 +147,7 @@ impl Ops {
         Ok(Reached {
             id: id.clone(),
             sessions,
-            engine,
+            cell,
             found,
             held,
             slot,

@@ -44,3 +44,63 @@ pub async fn require_api_key(
     })?;
     Ok(next.run(req).await)
 }
+
+/// Port tokens (ingress): a session's port opened to whoever holds one, checked without a lookup
+/// (HMAC-SHA256 over the session, the port and the expiry, with the deployment's
+/// `PORT_TOKEN_SECRET`, else its API key): rotating that key revokes every token.
+pub mod port_token {
+    use base64::Engine;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    use ring::hmac;
+    use subtle::ConstantTimeEq;
+
+    use crate::config::Config;
+
+    /// Keeps port tokens apart from anything else the key signs.
+    const LABEL: &[u8] = b"daiv-sandbox port token v1\0";
+    /// The header a client sends a token in.
+    pub const HEADER: &str = "x-daiv-port-token";
+    /// The query parameter a browser's first request carries it in (exchanged for the cookie).
+    pub const QUERY: &str = "daiv_port_token";
+    /// The cookie that carries it after.
+    pub const COOKIE: &str = "daiv_port_token";
+
+    fn key(config: &Config) -> hmac::Key {
+        let secret = match &config.ingress.token_secret {
+            Some(s) => s.expose(),
+            None => config.server.api_key.expose(),
+        };
+        hmac::Key::new(hmac::HMAC_SHA256, secret.as_bytes())
+    }
+
+    fn sign(config: &Config, session: &str, port: u16, expires: i64) -> String {
+        let mut ctx = hmac::Context::with_key(&key(config));
+        ctx.update(LABEL);
+        ctx.update(session.as_bytes());
+        ctx.update(b"\0");
+        ctx.update(&port.to_be_bytes());
+        ctx.update(&expires.to_be_bytes());
+        URL_SAFE_NO_PAD.encode(ctx.sign().as_ref())
+    }
+
+    /// A token for `port` of `session` until unix time `expires`: `{expires}.{signature}`.
+    pub fn issue(config: &Config, session: &str, port: u16, expires: i64) -> String {
+        format!("{expires}.{}", sign(config, session, port, expires))
+    }
+
+    /// Whether `token` opens `port` of `session` at unix time `now` (constant time over the
+    /// signature).
+    pub fn check(config: &Config, session: &str, port: u16, token: &str, now: i64) -> bool {
+        let Some((expires, sig)) = token.split_once('.') else {
+            return false;
+        };
+        let Ok(expires) = expires.parse::<i64>() else {
+            return false;
+        };
+        if expires < now {
+            return false;
+        }
+        let want = sign(config, session, port, expires);
+        bool::from(want.as_bytes().ct_eq(sig.as_bytes()))
+    }
+}

@@ -84,6 +84,13 @@ pub enum ApiError {
     /// or drained, no engine with room): logged as a warning, not reported per request.
     #[error("{0}")]
     Outage(String),
+    /// A credential that does not open what was asked (a port token of another session or
+    /// port, an expired one): 403.
+    #[error("{0}")]
+    Forbidden(String),
+    /// Nothing in the sandbox listens on the port asked for: 502, code `port_closed`.
+    #[error("{0}")]
+    PortClosed(String),
     /// Details go to the log, never to the client.
     #[error("Internal server error")]
     Internal(#[source] anyhow::Error),
@@ -92,7 +99,9 @@ pub enum ApiError {
 impl ApiError {
     pub fn status(&self) -> StatusCode {
         match self {
-            ApiError::MissingApiKey | ApiError::InvalidApiKey => StatusCode::FORBIDDEN,
+            ApiError::MissingApiKey | ApiError::InvalidApiKey | ApiError::Forbidden(_) => {
+                StatusCode::FORBIDDEN
+            }
             ApiError::NotFound | ApiError::NoSuchProcess | ApiError::NotFoundDetail(_) => {
                 StatusCode::NOT_FOUND
             }
@@ -104,7 +113,17 @@ impl ApiError {
             ApiError::TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Gone(_) => StatusCode::GONE,
             ApiError::Unavailable(_) | ApiError::Outage(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::PortClosed(_) => StatusCode::BAD_GATEWAY,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// A stable code beside `detail`, for the errors of routes the reference does not have
+    /// (its routes' bodies stay `{"detail"}` alone).
+    pub fn code(&self) -> Option<&'static str> {
+        match self {
+            ApiError::PortClosed(_) => Some("port_closed"),
+            _ => None,
         }
     }
 }
@@ -136,6 +155,7 @@ impl IntoResponse for ApiError {
             status,
             Json(ErrorBody {
                 detail: self.to_string(),
+                code: self.code().map(str::to_string),
             }),
         )
             .into_response();
@@ -296,6 +316,7 @@ impl From<HelperError> for ApiError {
             },
             E::Rejected(m) | E::ProcessIo(m) => ApiError::Unprocessable(m),
             E::ProcessGone(m) => ApiError::Gone(m),
+            E::PortClosed(_) => ApiError::PortClosed(e.to_string()),
             E::ArchiveRefused => ApiError::Unprocessable(e.to_string()),
             E::Unstartable(_)
             | E::OtherProtocol(_)

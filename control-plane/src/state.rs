@@ -27,6 +27,8 @@ pub struct AppState {
     pub admission: Arc<Admission>,
     /// What the probes found of the sandboxes' runtime (the fleet's, shared by its engines).
     pub runtime: Arc<RuntimeHealth>,
+    /// Every session's connections to its ports (ingress).
+    pub ports: Arc<crate::ops::ports::PortStreams>,
 }
 
 impl AppState {
@@ -96,6 +98,7 @@ impl AppState {
             config,
             fleet,
             metrics,
+            ports: Arc::default(),
         }
     }
 }
@@ -103,7 +106,11 @@ impl AppState {
 impl AppState {
     /// The door to the sessions every front door goes through.
     pub fn ops(&self) -> crate::ops::Ops {
-        crate::ops::Ops::new(self.fleet.clone(), self.admission.clone())
+        crate::ops::Ops::new(
+            self.fleet.clone(),
+            self.admission.clone(),
+            self.ports.clone(),
+        )
     }
 }
 
@@ -143,8 +150,61 @@ impl FromRef<AppState> for Arc<Config> {
 pub fn app(state: AppState) -> Router {
     use crate::routes::observe::{Door, observed};
     let prefix = &state.config.server.api_v1_str;
-    let mcp = crate::mcp::router(&state.config, &state.fleet, &state.admission);
-    crate::routes::router(&state.config, &state.metrics, &state.admission)
+    let mcp = crate::mcp::router(&state.config, &state.ops());
+    let main = crate::routes::router(&state.config, &state.metrics, &state.admission)
         .merge(observed(mcp, &state.metrics, prefix, Door::Mcp))
-        .with_state(state)
+        .with_state(state.clone());
+    if state.config.ingress.preview_domain.is_none() {
+        return main;
+    }
+    // `{port}-{id}.{domain}`: every path of such a host is the sandbox's server's.
+    let domain = state
+        .config
+        .ingress
+        .preview_domain
+        .clone()
+        .unwrap_or_default();
+    let preview = observed(
+        Router::new().fallback(preview_host),
+        &state.metrics,
+        "",
+        Door::Ingress,
+    )
+    .with_state(state);
+    Router::new().fallback_service(tower::service_fn(move |req: axum::extract::Request| {
+        let to = match req.headers().get(axum::http::header::HOST) {
+            Some(h)
+                if h.to_str()
+                    .ok()
+                    .and_then(|h| crate::routes::ports::host_label(h, &domain))
+                    .is_some() =>
+            {
+                preview.clone()
+            }
+            _ => main.clone(),
+        };
+        async move {
+            use tower::ServiceExt;
+            Ok::<_, std::convert::Infallible>(match to.oneshot(req).await {
+                Ok(r) => r,
+                Err(never) => match never {},
+            })
+        }
+    }))
+}
+
+/// A request to a preview host: the session and port it names, its whole path theirs.
+async fn preview_host(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    req: axum::extract::Request,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let ops = state.ops();
+    match crate::routes::ports::preview_host(&ops, &state.config, req.headers()).await {
+        Some(Ok((id, port))) => {
+            crate::routes::ports::serve_host(ops, state.config.clone(), id, port, req, false).await
+        }
+        Some(Err(e)) => e.into_response(),
+        None => crate::error::ApiError::NotFound.into_response(),
+    }
 }

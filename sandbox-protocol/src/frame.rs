@@ -31,6 +31,19 @@ pub mod kind {
     /// helper→client: raw bytes the running command wrote to its stderr, in a `run` that asked
     /// for its streams apart (protocol 4); its stdout stays DATA.
     pub const STDERR: u8 = 7;
+    /// Both ways, a `connect`'s (protocol 7): four bytes, big-endian, of DATA the sender may
+    /// now send more. helper→client EOF (kind 3) ends the connection's read side.
+    pub const WINDOW: u8 = 8;
+}
+
+/// A WINDOW frame's payload.
+pub fn window_payload(bytes: u32) -> [u8; 4] {
+    bytes.to_be_bytes()
+}
+
+/// The bytes a WINDOW frame grants; `None` for a payload that is not four bytes.
+pub fn window_bytes(payload: &[u8]) -> Option<u32> {
+    Some(u32::from_be_bytes(payload.try_into().ok()?))
 }
 
 /// One decoded frame.

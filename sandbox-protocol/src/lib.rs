@@ -18,7 +18,7 @@
 //! Feature `openapi` adds `utoipa` schemas to [`wire`]. `tests/snapshot.rs` pins the JSON of
 //! every message: a change to the protocol is never silent.
 //!
-//! # Protocol (version 6)
+//! # Protocol (version 7)
 //!
 //! The control plane (the client) opens one long-lived `docker exec -i` of
 //! `daiv-sandbox-helper serve` per session and replica, and speaks this on its stdin/stdout.
@@ -40,11 +40,12 @@
 //! | --- | --- | --- | --- |
 //! | 1 | REQUEST | client→helper | JSON [`message::Request`]; starts request `id` |
 //! | 2 | DATA | both | raw bytes: client→helper the request's input (write content, seed tar, a process's stdin); helper→client the output of the command running in that `run` (≤ 64 KiB per frame), a poll's output, a `file_read`'s bytes or a chunk of an `ls` or `glob` listing |
-//! | 3 | EOF | client→helper | empty: end of the request's input |
+//! | 3 | EOF | both | empty: end of the request's input; helper→client only for a `connect`, whose connection's read side ended |
 //! | 4 | CANCEL | client→helper | empty: abandon request `id` |
 //! | 5 | EVENT | helper→client | JSON [`message::Event`]: progress |
 //! | 6 | RESPONSE | helper→client | JSON [`message::Response`]: the final answer |
 //! | 7 | STDERR | helper→client | raw bytes: the stderr of the command running in a `run` with `"split":true` (its stdout is then DATA) |
+//! | 8 | WINDOW | both | a `connect`'s flow control: 4 bytes big-endian, the DATA bytes the receiver may now send more (protocol 7) |
 //!
 //! Ids are picked by the client: nonzero, unique among live requests (a request is live from
 //! its REQUEST until its RESPONSE). Id 0 carries only the `ready` event. Frames of one id are in
@@ -52,7 +53,7 @@
 //!
 //! ## Lifecycle
 //! - On start the helper sends EVENT id 0
-//!   `{"type":"ready","protocol":6,"version":"<crate version>","pid":N}`. The client speaks
+//!   `{"type":"ready","protocol":7,"version":"<crate version>","pid":N}`. The client speaks
 //!   only to a helper whose `protocol` is its own [`VERSION`].
 //! - EOF on stdin (the client went away): every request is cancelled, running process groups
 //!   are killed, the helper exits 0.
@@ -122,6 +123,13 @@
 //!   then `{"type":"change","change":"create"|"write"|"remove"|"rename"|"chmod","path","entry"?}`
 //!   per change and `{"type":"overflow"}` where changes were lost, until CANCEL or the directory
 //!   goes; ok [`files::FileAnswer`] (a path that cannot be watched: no event, its `error`).
+//! - Protocol 7: `{"op":"connect","port":u16,"window":u32}`: a TCP connection to
+//!   `127.0.0.1:port` in the sandbox's network namespace (ingress). Connected: EVENT
+//!   `{"type":"connected","window":n}`, then DATA both ways, each side sending no more than the
+//!   other granted (`window` of the request and of the event, then WINDOW frames as the bytes
+//!   are delivered), so neither side ever buffers more than it granted and a slow reader never
+//!   stalls the channel. EOF either way is a half close. Ok `{}` once both directions ended
+//!   (or after CANCEL: `cancelled`); nothing listening: `refused`, no event.
 //!
 //! `prune` is the full list of directory basename globs to prune at any depth (the server's list
 //! plus the request's `exclude`, merged by the client). Every fs request (`ls` … `delete`) may
@@ -134,7 +142,7 @@
 //!
 //! ## Responses
 //! `{"ok": value}` or `{"error": {"kind": "bad_request"|"cancelled"|"deadline"|"io"|"internal"|
-//! "not_found"|"conflict"|"limit"|"gone", "message": str}}`. For fs ops `ok` is the complete wire
+//! "not_found"|"conflict"|"limit"|"gone"|"refused", "message": str}}`. For fs ops `ok` is the complete wire
 //! response including its `error` field: fs-level problems (`not_found`, `permission_denied`,
 //! …) are `ok` with `error` set, exactly as the HTTP API answers them. A CANCEL makes the answer
 //! `cancelled` unless the request had already been answered. A response that would exceed
@@ -156,6 +164,7 @@
 //! `armed`, `change` and `overflow` events; processes in a terminal (`pty` on `start`, `resize`).
 //! 5: `file_write`'s `in_place`. 6: `ls` and `glob` stream every entry (the `listing` event,
 //! DATA chunks) up to their `max_bytes`, instead of one answer capped at 1,000 entries.
+//! 7: `connect`, the WINDOW frame, EOF from the helper, the `connected` event and `refused`.
 
 pub mod files;
 pub mod frame;
@@ -167,4 +176,4 @@ pub mod write_file;
 
 /// Protocol version the helper announces in its `ready` event; bumped on any change a peer of
 /// the other version would misread.
-pub const VERSION: u32 = 6;
+pub const VERSION: u32 = 7;

@@ -229,6 +229,15 @@ pub enum Request {
     Proc {
         request: ProcRequest,
     },
+    /// A byte stream to `127.0.0.1:port` inside the sandbox (protocol 7): the helper connects
+    /// and sends [`Event::Connected`] with the bytes of DATA it takes before it grants more;
+    /// then DATA both ways, each side sending at most what the other granted with WINDOW
+    /// frames (`window` is the client's first grant), EOF both ways for a half close. Ok `{}`
+    /// once both directions ended; nothing listening: `refused`, and no event.
+    Connect {
+        port: u16,
+        window: u32,
+    },
 }
 
 /// A background-process request: what `serve` relays to the container's process supervisor
@@ -462,6 +471,8 @@ pub enum ErrorKind {
     Limit,
     /// What was asked for is no longer kept (a process's events past its buffer; protocol 4).
     Gone,
+    /// Nothing accepted a `connect` to its port (protocol 7).
+    Refused,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -544,6 +555,9 @@ pub enum Event {
     Listing { entries: u64, bytes: u64 },
     /// A `watch` is in place: `watches` directories (protocol 4).
     Armed { watches: u32 },
+    /// A `connect` reached its port (protocol 7): the client may send `window` bytes of DATA
+    /// before a WINDOW frame grants more.
+    Connected { window: u32 },
     /// A change a `watch` saw (protocol 4). `entry` where the path still exists (not for
     /// `remove` and `rename`, which name the path that went).
     Change {

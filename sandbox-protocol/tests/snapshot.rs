@@ -75,6 +75,7 @@ fn request_name(r: &Request) -> &'static str {
         Request::FileRead { .. } => "file_read",
         Request::FileWrite { .. } => "file_write",
         Request::Watch { .. } => "watch",
+        Request::Connect { .. } => "connect",
     }
 }
 
@@ -100,6 +101,7 @@ const REQUESTS: &[&str] = &[
     "file_read",
     "file_write",
     "watch",
+    "connect",
 ];
 
 fn path(p: &str) -> String {
@@ -285,6 +287,13 @@ fn every_request_has_its_json() {
                 recursive: true,
             },
             r#"{"op":"watch","path":"/workspace/repo","recursive":true}"#,
+        ),
+        (
+            Request::Connect {
+                port: 8080,
+                window: 262_144,
+            },
+            r#"{"op":"connect","port":8080,"window":262144}"#,
         ),
     ];
     for (value, json) in &cases {
@@ -545,6 +554,7 @@ fn event_name(e: &Event) -> &'static str {
         Event::Change { .. } => "change",
         Event::Overflow => "overflow",
         Event::Listing { .. } => "listing",
+        Event::Connected { .. } => "connected",
     }
 }
 
@@ -615,6 +625,10 @@ fn every_event_has_its_json() {
             },
             r#"{"type":"listing","entries":5000,"bytes":290000}"#,
         ),
+        (
+            Event::Connected { window: 262_144 },
+            r#"{"type":"connected","window":262144}"#,
+        ),
     ];
     for (value, json) in &cases {
         pinned(value, json);
@@ -638,6 +652,7 @@ fn kind_name(k: ErrorKind) -> &'static str {
         ErrorKind::Conflict => "conflict",
         ErrorKind::Limit => "limit",
         ErrorKind::Gone => "gone",
+        ErrorKind::Refused => "refused",
     }
 }
 
@@ -658,6 +673,7 @@ fn responses_and_every_error_kind_have_their_json() {
         ErrorKind::Conflict,
         ErrorKind::Limit,
         ErrorKind::Gone,
+        ErrorKind::Refused,
     ];
     for k in kinds {
         let name = kind_name(k);
@@ -679,6 +695,7 @@ fn responses_and_every_error_kind_have_their_json() {
             "conflict",
             "limit",
             "gone",
+            "refused",
         ],
     );
     // The client reads the envelope once and the `ok` value later, as the op's own type.
@@ -1010,7 +1027,7 @@ fn frames_have_their_bytes() {
         },
         &mut out,
     );
-    let payload = br#"{"type":"ready","protocol":6,"version":"0.1.0","pid":7}"#;
+    let payload = br#"{"type":"ready","protocol":7,"version":"0.1.0","pid":7}"#;
     let mut expected = vec![0, 0, 0, payload.len() as u8 + 5, 0, 0, 0, 0, 5];
     expected.extend_from_slice(payload);
     assert_eq!(out, expected);
@@ -1026,9 +1043,13 @@ fn frames_have_their_bytes() {
             kind::CANCEL,
             kind::EVENT,
             kind::RESPONSE,
-            kind::STDERR
+            kind::STDERR,
+            kind::WINDOW
         ],
-        [1, 2, 3, 4, 5, 6, 7]
+        [1, 2, 3, 4, 5, 6, 7, 8]
     );
-    assert_eq!(sandbox_protocol::VERSION, 6);
+    assert_eq!(frame::window_payload(65_536), [0, 1, 0, 0]);
+    assert_eq!(frame::window_bytes(&[0, 1, 0, 0]), Some(65_536));
+    assert_eq!(frame::window_bytes(&[0, 1, 0]), None);
+    assert_eq!(sandbox_protocol::VERSION, 7);
 }

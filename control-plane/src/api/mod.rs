@@ -456,10 +456,13 @@ pub struct CloseQuery {
     pub force: bool,
 }
 
-/// Every error response's body, as FastAPI writes it.
+/// Every error response's body, as FastAPI writes it; the routes beyond the reference's add
+/// a stable `code` where a client acts on the cause (`port_closed`).
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct ErrorBody {
     pub detail: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize, ToSchema)]

@@ -30,6 +30,7 @@ mod coordination;
 mod e2b;
 mod egress;
 mod fleet;
+mod ingress;
 mod mcp;
 mod parse;
 mod pool;
@@ -48,6 +49,7 @@ pub use egress::{EgressCa, EgressConfig};
 pub use fleet::{
     Endpoint, EngineSpec, FleetConfig, TlsFiles, endpoint_kind, parse_engines, read_engines,
 };
+pub use ingress::IngressConfig;
 pub use mcp::McpConfig;
 pub use parse::{ProcessEnv, Source};
 pub use pool::PoolConfig;
@@ -83,6 +85,8 @@ pub struct Config {
     pub mcp: McpConfig,
     /// E2B's API on its own port.
     pub e2b: E2bConfig,
+    /// Reaching servers inside sandboxes (`/session/{id}/ports/...`).
+    pub ingress: IngressConfig,
 }
 
 /// Every invalid variable, one per line.
@@ -106,6 +110,7 @@ pub fn load(src: &dyn Source) -> Result<Config, ConfigError> {
     let fleet = FleetConfig::load(&mut p);
     let mcp = McpConfig::load(&mut p);
     let e2b = E2bConfig::load(&mut p);
+    let ingress = IngressConfig::load(&mut p);
 
     // Across groups: a warm egress session is a whole triad, so it needs the CA.
     if !pool.egress.is_empty() && egress.ca.is_none() {
@@ -135,6 +140,7 @@ pub fn load(src: &dyn Source) -> Result<Config, ConfigError> {
         fleet,
         mcp,
         e2b,
+        ingress,
     })
 }
 

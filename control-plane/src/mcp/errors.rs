@@ -85,6 +85,12 @@ impl From<ApiError> for ToolFailure {
                 cause,
                 "Fix the argument the cause names and call again.",
             ),
+            ApiError::PortClosed(_) => Self::new(
+                "port_closed",
+                cause,
+                "Start the server in the sandbox (a background process), wait until it listens \
+                 on that port, then call again.",
+            ),
             ApiError::Gone(_) => Self::new(
                 "gone",
                 cause,
@@ -112,11 +118,13 @@ impl From<ApiError> for ToolFailure {
                 cause,
                 "The sandbox service is having trouble; retry in a few seconds.",
             ),
-            ApiError::MissingApiKey | ApiError::InvalidApiKey => Self::new(
-                "unauthorized",
-                cause,
-                "Configure the MCP client with the deployment's API key.",
-            ),
+            ApiError::MissingApiKey | ApiError::InvalidApiKey | ApiError::Forbidden(_) => {
+                Self::new(
+                    "unauthorized",
+                    cause,
+                    "Configure the MCP client with the deployment's API key.",
+                )
+            }
             ApiError::Internal(ref source) => {
                 tracing::error!(error = ?source, "MCP tool call failed");
                 Self::new(

@@ -14,10 +14,8 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 
 use super::sessions::McpSessions;
 use super::{McpServer, Tools};
-use crate::admission::Admission;
 use crate::api::ErrorBody;
 use crate::config::Config;
-use crate::fleet::Fleet;
 
 /// The path the endpoint answers at (and under the API prefix).
 pub const PATH: &str = "/mcp";
@@ -40,12 +38,10 @@ struct Guard {
 /// `/mcp` and `{API_V1_STR}/mcp`, over `fleet` and `admission` (the state's own).
 pub fn router<S: Clone + Send + Sync + 'static>(
     config: &Arc<Config>,
-    fleet: &Arc<Fleet>,
-    admission: &Arc<Admission>,
+    ops: &crate::ops::Ops,
 ) -> Router<S> {
     let tools = Arc::new(Tools {
-        fleet: fleet.clone(),
-        admission: admission.clone(),
+        ops: ops.clone(),
         config: config.clone(),
     });
     let server = McpServer::new(tools);
@@ -173,6 +169,7 @@ fn refuse(status: StatusCode, detail: &str) -> Response {
         status,
         axum::Json(ErrorBody {
             detail: detail.to_string(),
+            code: None,
         }),
     )
         .into_response()

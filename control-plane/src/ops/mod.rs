@@ -14,6 +14,7 @@
 
 pub mod fs;
 pub mod lifecycle;
+pub mod ports;
 pub mod processes;
 
 use std::future::Future;
@@ -105,11 +106,66 @@ impl Reached {
 pub struct Ops {
     fleet: Arc<Fleet>,
     admission: Arc<Admission>,
+    ports: Arc<ports::PortStreams>,
 }
 
 impl Ops {
-    pub fn new(fleet: Arc<Fleet>, admission: Arc<Admission>) -> Self {
-        Self { fleet, admission }
+    pub fn new(
+        fleet: Arc<Fleet>,
+        admission: Arc<Admission>,
+        ports: Arc<ports::PortStreams>,
+    ) -> Self {
+        Self {
+            fleet,
+            admission,
+            ports,
+        }
+    }
+
+    /// The fleet, for what is not an operation on one session yet (creates, MCP's fs calls).
+    pub fn fleet(&self) -> &Arc<Fleet> {
+        &self.fleet
+    }
+
+    /// The admission slots, for the same.
+    pub fn admission(&self) -> &Arc<Admission> {
+        &self.admission
+    }
+
+    /// Every session's connections to its ports.
+    pub fn ports(&self) -> &Arc<ports::PortStreams> {
+        &self.ports
+    }
+
+    /// Whether session `id` exists (404 if not), without making it run.
+    pub async fn exists(&self, id: &SessionId) -> Result<(), ApiError> {
+        let cell = self.fleet.cell_of(id)?;
+        cell.sessions().info(id, &cell.name()).await?;
+        Ok(())
+    }
+
+    /// The session whose engine id starts with `short` (a preview host's), from a listing of
+    /// every engine's sessions; 404 for none or more than one.
+    pub async fn resolve_short(&self, short: &str) -> Result<SessionId, ApiError> {
+        let listed = self.fleet.inventory().await?;
+        let mut found = listed
+            .iter()
+            .filter_map(|l| SessionId::parse(&l.info.session_id).ok())
+            .filter(|id| id.raw().starts_with(short));
+        match (found.next(), found.next()) {
+            (Some(id), None) => Ok(id),
+            _ => Err(ApiError::NotFound),
+        }
+    }
+
+    /// A connection to `port` inside session `id` (see [`ports::OpenPort`]).
+    pub async fn open_port(
+        &self,
+        id: &SessionId,
+        port: u16,
+    ) -> Result<ports::Connection, ApiError> {
+        let streams = self.ports.clone();
+        self.apply(id, ports::OpenPort { port, streams }).await
     }
 
     /// Applies `op` to session `id`: its engine (404 for one not in the fleet, 503 while it is

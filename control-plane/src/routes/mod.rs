@@ -18,6 +18,7 @@ pub mod meta;
 pub mod metrics;
 pub mod observe;
 pub mod openapi;
+pub mod ports;
 pub mod processes;
 pub mod seed;
 pub mod session;
@@ -187,10 +188,31 @@ where
         "/session/{session_id}/processes/{process_id}/pty",
         get(processes::pty),
     );
+    api = both(api, "/session/{session_id}/ports", get(ports::usage));
+    api = api.route(
+        "/session/{session_id}/ports/{port}/token",
+        post(ports::token),
+    );
     let api = api.route_layer(middleware::from_fn_with_state(
         config.clone(),
         auth::require_api_key,
     ));
+    // Ingress: the key or a port token, checked by the handler; bodies of any size streamed.
+    let ingress = Router::new()
+        .route(
+            "/session/{session_id}/ports/{port}",
+            axum::routing::any(ports::proxy_root),
+        )
+        .route(
+            "/session/{session_id}/ports/{port}/",
+            axum::routing::any(ports::proxy_root),
+        )
+        .route(
+            "/session/{session_id}/ports/{port}/{*path}",
+            axum::routing::any(ports::proxy),
+        )
+        .layer(axum::extract::DefaultBodyLimit::disable());
+    let api = api.merge(ingress);
 
     let mut open = Router::new();
     open = both(open, "/-/health/", get(meta::health));

@@ -35,6 +35,8 @@ pub enum Door {
     Rest,
     Mcp,
     E2b,
+    /// A preview host's request (`{port}-{id}.{domain}`).
+    Ingress,
 }
 
 impl Door {
@@ -43,6 +45,7 @@ impl Door {
             Door::Rest => "rest",
             Door::Mcp => "mcp",
             Door::E2b => "e2b",
+            Door::Ingress => "ingress",
         }
     }
 }
@@ -180,6 +183,7 @@ pub fn panic_response(_panic: Box<dyn Any + Send + 'static>) -> Response {
         StatusCode::INTERNAL_SERVER_ERROR,
         Json(ErrorBody {
             detail: "Internal server error".to_string(),
+            code: None,
         }),
     )
         .into_response()

@@ -103,7 +103,9 @@ async fn response(
                     return Ok(Answer { ok, output });
                 }
                 Ok(Incoming::Data(d)) => output = d,
-                Ok(Incoming::Event(_) | Incoming::Stderr(_)) => {}
+                Ok(
+                    Incoming::Event(_) | Incoming::Stderr(_) | Incoming::Eof | Incoming::Window(_),
+                ) => {}
                 Err(e) => return Err(lost(e, false)),
             }
         }
@@ -276,8 +278,10 @@ impl SessionRuntime for HelperRuntime {
                             | Event::Armed { .. }
                             | Event::Change { .. }
                             | Event::Overflow
-                            | Event::Listing { .. } => {}
+                            | Event::Listing { .. }
+                            | Event::Connected { .. } => {}
                         },
+                        Incoming::Eof | Incoming::Window(_) => {}
                         Incoming::Response(payload) => {
                             answer(&h, &payload, op_error)?;
                             return Ok(results);
@@ -338,6 +342,10 @@ impl SessionRuntime for HelperRuntime {
         recursive: bool,
     ) -> Result<super::WatchOpen, HelperError> {
         HelperRuntime::watch(self, id, path, recursive).await
+    }
+
+    async fn connect(&self, id: &str, port: u16) -> Result<super::PortStream, HelperError> {
+        self.connect_port(id, port).await
     }
 
     async fn write_file(

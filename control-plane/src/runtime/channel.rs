@@ -69,6 +69,10 @@ pub enum Incoming {
     Stderr(Bytes),
     /// The RESPONSE payload, still JSON: the caller parses it into the op's own type.
     Response(Bytes),
+    /// A `connect`'s: the connection's read side ended.
+    Eof,
+    /// A `connect`'s: the helper took this many more bytes of DATA.
+    Window(u32),
 }
 
 /// Why the channel stopped trusting the helper.
@@ -120,6 +124,8 @@ struct Inbox {
     /// How long its consumer may leave a full inbox before the request is given up (see
     /// [`Channel::request_abandoned_after`]); `None`: the reader waits for it.
     stall: Option<Duration>,
+    /// A `connect`'s (see [`Channel::connect`]): takes EOF and WINDOW frames too.
+    relay: bool,
 }
 
 #[derive(Default)]
@@ -276,6 +282,26 @@ impl Channel {
         caps: Caps,
         stall: Option<Duration>,
     ) -> Result<RequestHandle, ChannelError> {
+        self.start(body, caps, stall, false).await
+    }
+
+    /// Starts a `connect` (`body`): its inbox takes the helper's EOF and WINDOW frames, and
+    /// never fills, as the helper sends no more DATA than the caller granted.
+    pub async fn connect(
+        self: &Arc<Self>,
+        body: &Request,
+        caps: Caps,
+    ) -> Result<RequestHandle, ChannelError> {
+        self.start(body, caps, None, true).await
+    }
+
+    async fn start(
+        self: &Arc<Self>,
+        body: &Request,
+        caps: Caps,
+        stall: Option<Duration>,
+        relay: bool,
+    ) -> Result<RequestHandle, ChannelError> {
         if self.is_closed() {
             return Err(ChannelError::Closed);
         }
@@ -291,7 +317,15 @@ impl Channel {
                 }
             };
             book.next = book.next.max(id.wrapping_add(1));
-            book.live.insert(id, Inbox { tx, caps, stall });
+            book.live.insert(
+                id,
+                Inbox {
+                    tx,
+                    caps,
+                    stall,
+                    relay,
+                },
+            );
             id
         };
         let mut handle = RequestHandle {
@@ -372,7 +406,10 @@ impl Reader {
         let n = len as usize - 5;
         let id = u32::from_be_bytes([h[4], h[5], h[6], h[7]]);
         let k = h[8];
-        if !matches!(k, kind::DATA | kind::STDERR | kind::EVENT | kind::RESPONSE) {
+        if !matches!(
+            k,
+            kind::DATA | kind::STDERR | kind::EVENT | kind::RESPONSE | kind::EOF | kind::WINDOW
+        ) {
             return Err(Violation::Kind(k));
         }
         let within = |what, cap: usize| {
@@ -382,8 +419,11 @@ impl Reader {
                 Ok(())
             }
         };
-        if k == kind::EVENT {
-            within("an event", EVENT_MAX)?;
+        match k {
+            kind::EVENT => within("an event", EVENT_MAX)?,
+            kind::EOF => within("an EOF", 0)?,
+            kind::WINDOW => within("a window", 4)?,
+            _ => {}
         }
         let pending = |route| Pending {
             id,
@@ -417,6 +457,8 @@ impl Reader {
         match k {
             kind::DATA | kind::STDERR => within("a data frame", inbox.caps.data)?,
             kind::RESPONSE => within("a response", inbox.caps.response.min(MAX_PAYLOAD))?,
+            // Only a connection ends its read side or grants more.
+            kind::EOF | kind::WINDOW if !inbox.relay => return Err(Violation::Kind(k)),
             _ => {}
         }
         let to = (inbox.tx.clone(), inbox.stall);
@@ -443,6 +485,10 @@ impl Reader {
             kind::DATA => Incoming::Data(Bytes::from(payload)),
             kind::STDERR => Incoming::Stderr(Bytes::from(payload)),
             kind::RESPONSE => Incoming::Response(Bytes::from(payload)),
+            kind::EOF => Incoming::Eof,
+            kind::WINDOW => Incoming::Window(
+                sandbox_protocol::frame::window_bytes(&payload).ok_or(Violation::BadAnswer)?,
+            ),
             _ => Incoming::Event(
                 serde_json::from_slice::<Event>(&payload).map_err(|_| Violation::BadEvent)?,
             ),
@@ -551,6 +597,35 @@ impl RequestHandle {
     /// The channel this request runs on.
     pub fn channel(&self) -> &Arc<Channel> {
         &self.channel
+    }
+
+    /// A second way to send this request's frames, for a task other than the one receiving
+    /// (a connection's two directions). Dropping it does not cancel the request.
+    pub fn sender(&self) -> RequestSender {
+        RequestSender {
+            channel: self.channel.clone(),
+            id: self.id,
+        }
+    }
+}
+
+/// Sends frames for a request another task receives (see [`RequestHandle::sender`]).
+#[derive(Clone)]
+pub struct RequestSender {
+    channel: Arc<Channel>,
+    id: u32,
+}
+
+impl RequestSender {
+    /// One frame of `kind`; `Err(Closed)` once the channel is gone.
+    pub async fn send(&self, kind: u8, payload: &[u8]) -> Result<(), ChannelError> {
+        let mut frame = Vec::with_capacity(payload.len() + HEADER_LEN);
+        encode(self.id, kind, payload, &mut frame);
+        self.channel
+            .outbox
+            .send(frame)
+            .await
+            .map_err(|_| ChannelError::Closed)
     }
 }
 

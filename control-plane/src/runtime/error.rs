@@ -64,4 +64,7 @@ pub enum HelperError {
     /// The process's events asked for have left its bounded buffer.
     #[error("{0}")]
     ProcessGone(String),
+    /// Nothing in the sandbox listens on the port a connection was asked for.
+    #[error("nothing in the sandbox listens on port {0}")]
+    PortClosed(u16),
 }

@@ -200,7 +200,10 @@ fn body(h: RequestHandle, length: u64) -> BoxStream<'static, std::io::Result<Byt
                             _ => Some((Err(io_error("the file ended early")), (h, got, true))),
                         };
                     }
-                    Incoming::Event(_) | Incoming::Stderr(_) => {}
+                    Incoming::Event(_)
+                    | Incoming::Stderr(_)
+                    | Incoming::Eof
+                    | Incoming::Window(_) => {}
                 }
             }
         },

@@ -161,7 +161,7 @@ fn chunks(
                         Err(CallError::Lost { .. }) => Some((Err(HelperError::Lost), (h, seen))),
                     }
                 }
-                Incoming::Event(_) | Incoming::Stderr(_) => {
+                Incoming::Event(_) | Incoming::Stderr(_) | Incoming::Eof | Incoming::Window(_) => {
                     seen.done = true;
                     Some((Err(broke(&h)), (h, seen)))
                 }

@@ -38,6 +38,7 @@ mod files;
 mod helper;
 mod helper_bin;
 mod listing;
+mod ports;
 mod watch;
 mod writer;
 
@@ -46,6 +47,7 @@ pub use files::{FileRead, FileStream};
 pub use helper::{HelperRuntime, own_helper_path};
 pub use helper_bin::helper_binary;
 pub use listing::{Listing, ListingStream};
+pub use ports::{PORT_WINDOW, PortStream, PortTraffic};
 pub use watch::{WATCH_QUEUE, WatchOpen};
 pub use writer::{ServiceFile, Writer, Written};
 
@@ -188,6 +190,9 @@ pub trait SessionRuntime: Send + Sync + 'static {
     async fn seeded(&self, id: &str) -> Result<bool, HelperError>;
     /// The workspace's filesystem size and the bytes allocated under it.
     async fn disk(&self, id: &str) -> Result<DiskInfo, HelperError>;
+    /// A connection to `127.0.0.1:port` in the session's network namespace, over its
+    /// channel (ingress); [`HelperError::PortClosed`] when nothing listens there.
+    async fn connect(&self, id: &str, port: u16) -> Result<PortStream, HelperError>;
     /// Opens the session's channel ahead of its first use (best effort).
     async fn warm(&self, id: &str);
     /// Drops the session's channel (the session is being removed or stopped).

@@ -76,7 +76,13 @@ impl HelperRuntime {
                             Ok(Incoming::Event(ev @ (Event::Change { .. } | Event::Overflow))) => {
                                 ev
                             }
-                            Ok(Incoming::Event(_) | Incoming::Data(_) | Incoming::Stderr(_)) => {
+                            Ok(
+                                Incoming::Event(_)
+                                | Incoming::Data(_)
+                                | Incoming::Stderr(_)
+                                | Incoming::Eof
+                                | Incoming::Window(_),
+                            ) => {
                                 continue;
                             }
                             // The directory went (the helper answered), or the channel did.

@@ -119,6 +119,11 @@ impl Sessions {
         }
     }
 
+    /// The service's metrics, for an operation that counts what it does.
+    pub fn service_metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
     /// With the probes of the runtime (`None`: no probing, as under `runc`).
     pub fn with_image_probes(mut self, probes: Option<Arc<ImageProbes>>) -> Self {
         self.probes = probes;

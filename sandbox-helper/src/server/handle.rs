@@ -52,7 +52,11 @@ pub(super) fn touches_workspace(req: &Request) -> bool {
         | Request::FileWrite { .. }
         | Request::Watch { .. }
         | Request::Disk => true,
-        Request::Ping | Request::Seeded | Request::Run { .. } | Request::Proc { .. } => false,
+        Request::Ping
+        | Request::Seeded
+        | Request::Run { .. }
+        | Request::Proc { .. }
+        | Request::Connect { .. } => false,
     }
 }
 
@@ -180,7 +184,8 @@ pub(super) fn handle(
         | Request::Seeded
         | Request::Disk
         | Request::Run { .. }
-        | Request::Proc { .. } => None,
+        | Request::Proc { .. }
+        | Request::Connect { .. } => None,
     };
     let stop = Stop {
         cancelled: &live.cancelled,
@@ -323,6 +328,10 @@ pub(super) fn handle(
             }
         }
         Request::Proc { request } => proc_request(id, request, input, &server.config, &stop, out),
+        Request::Connect { port, window } => match input {
+            Some(input) => super::relay::connect(id, port, window, input, server, live),
+            None => Response::error(ErrorKind::Internal, "a connect without its input"),
+        },
         Request::Stat { .. }
         | Request::Mkdir { .. }
         | Request::Move { .. }

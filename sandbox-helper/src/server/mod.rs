@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
-use std::sync::mpsc::{SyncSender, sync_channel};
+use std::sync::mpsc::{Sender, SyncSender, channel, sync_channel};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use rustix::process::{Pid, Signal};
@@ -22,6 +22,7 @@ use crate::ops::{Input, InputMsg};
 
 mod handle;
 mod out;
+mod relay;
 
 use out::Out;
 
@@ -70,7 +71,28 @@ struct Live {
     pgid: AtomicI32,
     /// Answer to give instead of "cancelled" (a malformed frame for a live id).
     reason: Mutex<Option<(ErrorKind, String)>>,
-    input: Option<SyncSender<InputMsg>>,
+    input: Option<InputTx>,
+    /// A `connect`'s grants and queue (see [`relay`]).
+    credit: Option<Arc<relay::Credit>>,
+}
+
+/// Where a request's DATA and EOF go.
+#[derive(Clone)]
+enum InputTx {
+    /// A full queue makes the reader wait: input is worth waiting for.
+    Bounded(SyncSender<InputMsg>),
+    /// A `connect`'s: never more than the helper granted (checked as it arrives), so the reader
+    /// never waits for one connection's socket.
+    Granted(Sender<InputMsg>),
+}
+
+impl InputTx {
+    fn send(&self, msg: InputMsg) {
+        let _ = match self {
+            InputTx::Bounded(tx) => tx.send(msg),
+            InputTx::Granted(tx) => tx.send(msg),
+        };
+    }
 }
 
 /// What every request thread shares.
@@ -193,15 +215,20 @@ fn dispatch(frame: Frame, server: &Arc<Server>) {
                     }
             ) {
                 let (tx, rx) = sync_channel(IN_QUEUE);
-                (Some(tx), Some(Input::new(rx)))
+                (Some(InputTx::Bounded(tx)), Some(Input::new(rx)))
+            } else if matches!(req, Request::Connect { .. }) {
+                let (tx, rx) = channel();
+                (Some(InputTx::Granted(tx)), Some(Input::new(rx)))
             } else {
                 (None, None)
             };
+            let credit = matches!(req, Request::Connect { .. }).then(Arc::default);
             let live = Arc::new(Live {
                 cancelled: AtomicBool::new(false),
                 pgid: AtomicI32::new(0),
                 reason: Mutex::new(None),
                 input: input_tx,
+                credit,
             });
             lock(&server.live).insert(id, live.clone());
             let t_server = server.clone();
@@ -240,15 +267,34 @@ fn dispatch(frame: Frame, server: &Arc<Server>) {
         }
         kind::DATA | kind::EOF => {
             // Input for an id no longer live (answered early) is dropped.
-            if let Some(tx) = live.and_then(|l| l.input.clone()) {
-                let msg = if frame.kind == kind::DATA {
+            let Some(live) = live else { return };
+            if let (Some(credit), kind::DATA) = (&live.credit, frame.kind) {
+                let queued = credit
+                    .queued
+                    .fetch_add(frame.payload.len() as u64, Ordering::SeqCst);
+                if queued + frame.payload.len() as u64 > u64::from(relay::WINDOW) {
+                    refuse(&live, "DATA over the window the helper granted");
+                    return;
+                }
+            }
+            if let Some(tx) = &live.input {
+                tx.send(if frame.kind == kind::DATA {
                     InputMsg::Data(frame.payload)
                 } else {
                     InputMsg::Eof
-                };
-                let _ = tx.send(msg);
+                });
             }
         }
+        kind::WINDOW => match (live, sandbox_protocol::frame::window_bytes(&frame.payload)) {
+            (Some(live), Some(bytes)) if live.credit.is_some() => {
+                if let Some(c) = &live.credit {
+                    c.grant(bytes);
+                }
+            }
+            (Some(live), _) => refuse(&live, "a WINDOW frame that is not a connect's grant"),
+            // Grants for a connection that ended are dropped.
+            (None, _) => {}
+        },
         kind::CANCEL => {
             if let Some(l) = live {
                 l.cancelled.store(true, Ordering::Relaxed);
@@ -257,12 +303,15 @@ fn dispatch(frame: Frame, server: &Arc<Server>) {
         other => {
             let why = format!("unknown frame kind {other}");
             match live {
-                Some(l) => {
-                    *lock(&l.reason) = Some((ErrorKind::BadRequest, why));
-                    l.cancelled.store(true, Ordering::Relaxed);
-                }
+                Some(l) => refuse(&l, why),
                 None => out.response(id, &Response::error(ErrorKind::BadRequest, why)),
             }
         }
     }
+}
+
+/// Stops a live request whose client broke the protocol; `why` is its answer.
+fn refuse(live: &Live, why: impl Into<String>) {
+    *lock(&live.reason) = Some((ErrorKind::BadRequest, why.into()));
+    live.cancelled.store(true, Ordering::Relaxed);
 }

@@ -17,14 +17,13 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use super::errors::ToolFailure;
-use crate::admission::{Admission, Slot};
+use crate::admission::Slot;
 use crate::api::{
     Environment, ForkRequest, RunRequest, RunResult, RunStreamLine, StartProcessRequest,
     StartSessionRequest,
 };
 use crate::config::Config;
 use crate::coordination::lock::LockGuard;
-use crate::fleet::Fleet;
 use crate::ids::SessionId;
 use crate::layout;
 use crate::ops::Ops;
@@ -84,8 +83,7 @@ fn parse<T: DeserializeOwned>(
 
 /// What the tools reach: the same objects the REST handlers take from the state.
 pub struct Tools {
-    pub fleet: Arc<Fleet>,
-    pub admission: Arc<Admission>,
+    pub ops: Ops,
     pub config: Arc<Config>,
 }
 
@@ -132,7 +130,7 @@ impl Tools {
     /// session's is not found, as an unknown one is.
     fn session(&self, id: &str) -> Result<(SessionId, Arc<Sessions>), ToolFailure> {
         let id = SessionId::parse(id).map_err(|_| SessionError::NotFound)?;
-        let sessions = self.fleet.at(&id)?;
+        let sessions = self.ops.fleet().at(&id)?;
         Ok((id, sessions))
     }
 
@@ -154,8 +152,8 @@ impl Tools {
             egress: a.egress,
             ..Default::default()
         };
-        let _slot = self.admission.create().await?;
-        let session_id = self.fleet.create(&req).await?;
+        let _slot = self.ops.admission().create().await?;
+        let session_id = self.ops.fleet().create(&req).await?;
         Ok(Answer::json(json!({ "session_id": session_id })))
     }
 
@@ -230,7 +228,7 @@ impl Tools {
     /// also under its lock).
     async fn fs_ctx(&self, id: &str, writes: bool) -> Result<FsCtx, ToolFailure> {
         let (id, sessions) = self.session(id)?;
-        let slot = self.admission.fs(&id).await?;
+        let slot = self.ops.admission().fs(&id).await?;
         let ws = sessions.workspace(&id);
         let held = if writes {
             Some(ws.ordered().await?)
@@ -339,7 +337,7 @@ impl Tools {
 
     /// The door every session operation of [`crate::ops`] goes through.
     fn ops(&self) -> Ops {
-        Ops::new(self.fleet.clone(), self.admission.clone())
+        self.ops.clone()
     }
 
     /// An id that cannot be a session's is not found, as an unknown one is.
@@ -396,7 +394,7 @@ impl Tools {
     async fn snapshot(&self, a: SnapshotArgs) -> Result<Answer, ToolFailure> {
         let (id, sessions) = self.session(&a.session_id)?;
         let req = sessions.snapshot_request(a.name.as_deref(), a.ttl_seconds)?;
-        let _slot = self.admission.create().await?;
+        let _slot = self.ops.admission().create().await?;
         let _held = sessions.lock(&id).await?;
         let (s, _) = sessions.snapshot(&id, &req).await?;
         Ok(Answer::json(json!({
@@ -419,10 +417,11 @@ impl Tools {
             on_timeout: None,
         };
         let plan = ForkPlan::new(req, &self.config)?;
-        let sessions = self.fleet.at_for_new(&id, plan.count())?;
-        let _slot = self.admission.create().await?;
+        let sessions = self.ops.fleet().at_for_new(&id, plan.count())?;
+        let _slot = self.ops.admission().create().await?;
         let (_more, more) = self
-            .admission
+            .ops
+            .admission()
             .more_creates(plan.count().saturating_sub(1) as usize);
         let _held = sessions.lock(&id).await?;
         let session_ids = sessions.fork(&id, plan, 1 + more).await?;

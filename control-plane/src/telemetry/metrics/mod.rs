@@ -27,6 +27,7 @@ mod fleet;
 mod http;
 mod locks;
 mod pool;
+mod ports;
 mod processes;
 mod runtime;
 mod sessions;
@@ -46,6 +47,7 @@ pub use fleet::{EngineLabels, FleetMetrics};
 pub use http::{HttpLabels, HttpMetrics};
 pub use locks::LockMetrics;
 pub use pool::{KindLabels, PoolLabels, PoolMetrics, PoolMissLabels};
+pub use ports::PortMetrics;
 pub use processes::ProcessMetrics;
 pub use runtime::{ImageVerdictLabels, RuntimeLabels, RuntimeMetrics};
 pub use sessions::{ModeLabels, SessionMetrics};
@@ -125,6 +127,7 @@ pub struct Metrics {
     pub runtime: RuntimeMetrics,
     pub pool: PoolMetrics,
     pub admission: AdmissionMetrics,
+    pub ports: PortMetrics,
 }
 
 impl Default for Metrics {
@@ -145,6 +148,7 @@ impl Default for Metrics {
         let runtime = RuntimeMetrics::new(r);
         let pool = PoolMetrics::new(r);
         let admission = AdmissionMetrics::new(r);
+        let ports = PortMetrics::new(r);
         Self {
             registry,
             http,
@@ -158,6 +162,7 @@ impl Default for Metrics {
             runtime,
             pool,
             admission,
+            ports,
         }
     }
 }

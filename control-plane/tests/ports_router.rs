@@ -625,3 +625,156 @@ async fn an_idle_connection_is_closed_after_the_deployments_idle_time() {
     .await;
     assert!(ended.is_ok(), "an idle connection stayed open");
 }
+
+/// MCP's `port_url`: a URL and token an agent hands a person, which open the port.
+#[tokio::test]
+async fn mcps_port_url_gives_a_url_and_token_that_open_the_port() {
+    let h = Harness::new(Default::default(), &[("MCP_STATELESS", "true")]);
+    let id = h.session().await;
+    let port = app_server().await;
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "port_url", "arguments": {"session_id": id, "port": port}}});
+    let req = Request::builder()
+        .method("POST")
+        .uri("/mcp")
+        .header("host", "127.0.0.1:8000")
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2025-06-18")
+        .header("authorization", format!("Bearer {KEY}"))
+        .body(Body::from(body.to_string()))
+        .expect("request");
+    let (status, _, bytes) = send(&h, req).await;
+    assert_eq!(status, StatusCode::OK);
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    let v: Value = serde_json::from_str(&text).unwrap_or_else(|_| {
+        text.lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+            .next_back()
+            .expect("an answer")
+    });
+    let answer: Value = serde_json::from_str(
+        v["result"]["content"][0]["text"].as_str().expect("text content"),
+    )
+    .expect("json");
+    let url = answer["url"].as_str().expect("url");
+    assert_eq!(url, format!("/api/v1/session/{id}/ports/{port}/"));
+    let token = answer["token"].as_str().expect("token");
+    let req = get_req(&format!("{url}x")).header("x-daiv-port-token", token).body(Body::empty());
+    let (status, _, _) = send(&h, req.expect("req")).await;
+    assert_eq!(status, StatusCode::OK);
+    let with = answer["url_with_token"].as_str().expect("url_with_token");
+    let (status, _, _) = send(&h, get_req(with).body(Body::empty()).expect("req")).await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+    // A system port is the tool's argument error.
+    let body = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "port_url", "arguments": {"session_id": id, "port": 22}}});
+    let req = Request::builder()
+        .method("POST")
+        .uri("/mcp")
+        .header("host", "127.0.0.1:8000")
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2025-06-18")
+        .header("authorization", format!("Bearer {KEY}"))
+        .body(Body::from(body.to_string()))
+        .expect("request");
+    let (_, _, bytes) = send(&h, req).await;
+    let text = String::from_utf8_lossy(&bytes);
+    assert!(text.contains("invalid_argument") && text.contains("port 22"), "{text}");
+}
+
+/// E2B's door: `get_host(port)`'s host and the SDK's port header reach the relay; a sandbox
+/// created with `allowPublicTraffic: false` takes its traffic token, and only it.
+#[tokio::test]
+async fn e2bs_hosts_and_port_headers_reach_the_port_and_private_traffic_takes_its_token() {
+    use tower::ServiceExt;
+    let templates = format!(r#"{{"base": "{}"}}"#, harness::IMAGE);
+    let h = Harness::new(
+        Default::default(),
+        &[("E2B_TEMPLATES", &templates), ("PREVIEW_DOMAIN", DOMAIN)],
+    );
+    let e2b = control_plane::e2b::router(
+        h.state.config.clone(),
+        h.router.clone(),
+        h.state.ops(),
+        &h.state.metrics,
+    );
+    let call = |req: Request<Body>| {
+        let e2b = e2b.clone();
+        async move {
+            let resp = match e2b.oneshot(req).await {
+                Ok(r) => r,
+                Err(e) => match e {},
+            };
+            let status = resp.status();
+            let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+            (status, serde_json::from_slice::<Value>(&bytes).unwrap_or(Value::Null))
+        }
+    };
+    let create = |network: Value| {
+        Request::builder()
+            .method("POST")
+            .uri("/sandboxes")
+            .header("x-api-key", KEY)
+            .header("content-type", "application/json")
+            .body(Body::from(json!({"templateID": "base", "network": network}).to_string()))
+            .expect("request")
+    };
+    let port = app_server().await;
+    let (status, public) = call(create(json!({}))).await;
+    assert_eq!(status, StatusCode::CREATED, "{public}");
+    assert_eq!(public["domain"], DOMAIN, "{public}");
+    assert!(public.get("trafficAccessToken").is_none(), "{public}");
+    let id = public["sandboxID"].as_str().expect("id").to_string();
+    // The SDK's host, as get_host(port) builds it: public, no credential.
+    let req = get_req("/hello?a=1")
+        .header("host", format!("{port}-{id}.{DOMAIN}"))
+        .body(Body::empty())
+        .expect("req");
+    let (status, v) = call(req).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["uri"], "/hello?a=1");
+    // The port header beside the sandbox's id.
+    let req = get_req("/via-header")
+        .header("e2b-sandbox-id", &id)
+        .header("e2b-sandbox-port", port.to_string())
+        .body(Body::empty())
+        .expect("req");
+    let (status, v) = call(req).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["uri"], "/via-header");
+    assert!(v["headers"].get("e2b-sandbox-id").is_none(), "{v}");
+
+    let (status, private) = call(create(json!({"allowPublicTraffic": false}))).await;
+    assert_eq!(status, StatusCode::CREATED, "{private}");
+    let pid = private["sandboxID"].as_str().expect("id").to_string();
+    let token = private["trafficAccessToken"].as_str().expect("token").to_string();
+    let host = format!("{port}-{pid}.{DOMAIN}");
+    let req = |t: Option<&str>| {
+        let mut r = get_req("/").header("host", &host);
+        if let Some(t) = t {
+            r = r.header("e2b-traffic-access-token", t);
+        }
+        r.body(Body::empty()).expect("req")
+    };
+    let (status, _) = call(req(None)).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let other = public_token_of(&h, &id);
+    let (status, _) = call(req(Some(&other))).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, v) = call(req(Some(&token))).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert!(v["headers"].get("e2b-traffic-access-token").is_none(), "{v}");
+    // The marker stays out of the sandbox's listing.
+    let req = get_req(&format!("/sandboxes/{pid}")).header("x-api-key", KEY).body(Body::empty());
+    let (status, v) = call(req.expect("req")).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["metadata"], json!({}), "{v}");
+}
+
+/// Another sandbox's traffic token (what a guess from a neighbour would be).
+fn public_token_of(h: &Harness, id: &str) -> String {
+    control_plane::e2b::token::Tokens::new(h.state.config.server.api_key.expose()).traffic(id)
+}

@@ -636,7 +636,15 @@ fn every_event_has_its_json() {
     covers(
         cases.iter().map(|(e, _)| event_name(e)),
         &[
-            "ready", "started", "finished", "file", "armed", "change", "overflow", "listing",
+            "ready",
+            "started",
+            "finished",
+            "file",
+            "armed",
+            "change",
+            "overflow",
+            "listing",
+            "connected",
         ],
     );
 }

@@ -37,6 +37,7 @@ const TOOLS: &[&str] = &[
     "process_start",
     "process_output",
     "process_kill",
+    "port_url",
     "egress_update",
     "snapshot",
     "fork",

@@ -127,6 +127,18 @@ impl Metadata {
                 .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
     }
 
+    /// Whether `key` is set.
+    pub fn contains_key(&self, key: &str) -> bool {
+        self.0.contains_key(key)
+    }
+
+    /// Without `key` (a door's own marker, kept out of what its clients see).
+    pub fn without(&self, key: &str) -> Self {
+        let mut m = self.0.clone();
+        m.remove(key);
+        Self(m)
+    }
+
     pub fn into_inner(self) -> BTreeMap<String, String> {
         self.0
     }

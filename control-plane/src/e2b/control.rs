@@ -149,8 +149,14 @@ pub async fn create(State(e): State<E2b>, raw: axum::body::Bytes) -> Answer {
     if let Some(env) = &req.env_vars {
         start["environment"] = json!(env);
     }
-    if let Some(m) = &req.metadata {
-        start["metadata"] = json!(m);
+    let private = req.network.as_ref().is_some_and(|n| n.private_traffic());
+    let mut metadata = req.metadata.clone().unwrap_or_default();
+    metadata.remove(super::token::PRIVATE_TRAFFIC);
+    if private {
+        metadata.insert(super::token::PRIVATE_TRAFFIC.to_string(), "1".to_string());
+    }
+    if !metadata.is_empty() {
+        start["metadata"] = json!(metadata);
     }
     if let Some(policy) =
         network::policy(&e.config, req.allow_internet_access, req.network.as_ref())?
@@ -169,11 +175,11 @@ pub async fn create(State(e): State<E2b>, raw: axum::body::Bytes) -> Answer {
                 ApiFailure(r)
             }
         })?;
-    Ok((
-        StatusCode::CREATED,
-        Json(sandbox(&e, &created.session_id, &req.template_id)),
-    )
-        .into_response())
+    let mut answer = sandbox(&e, &created.session_id, &req.template_id);
+    if private {
+        answer["trafficAccessToken"] = json!(e.tokens.traffic(&created.session_id));
+    }
+    Ok((StatusCode::CREATED, Json(answer)).into_response())
 }
 
 pub(super) fn template_not_found(id: &str) -> ApiFailure {
@@ -190,16 +196,21 @@ pub(super) fn looks_like_snapshot(id: &str) -> bool {
     (8..=128).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
-/// The create and connect answer (E2B's `Sandbox`).
+/// The create and connect answer (E2B's `Sandbox`); its `domain` is the preview domain the
+/// SDK's `get_host(port)` builds on, when one is set.
 pub(super) fn sandbox(e: &E2b, id: &str, template: &str) -> Value {
-    json!({
+    let mut v = json!({
         "sandboxID": id,
         "templateID": template,
         "alias": template,
         "clientID": CLIENT_ID,
         "envdVersion": ENVD_VERSION,
         "envdAccessToken": e.tokens.token(id),
-    })
+    });
+    if let Some(domain) = &e.config.ingress.preview_domain {
+        v["domain"] = json!(domain);
+    }
+    v
 }
 
 /// The template a session was made from: the template name whose image it runs, else its
@@ -245,8 +256,11 @@ fn detail(e: &E2b, s: &SessionInfo, with_token: bool) -> Value {
         "diskSizeMB": 0,
         "envdVersion": ENVD_VERSION,
         "state": state(s.state),
-        "metadata": s.metadata,
+        "metadata": s.metadata.without(super::token::PRIVATE_TRAFFIC),
     });
+    if let Some(domain) = &e.config.ingress.preview_domain {
+        v["domain"] = json!(domain);
+    }
     if with_token {
         v["envdAccessToken"] = json!(e.tokens.token(&s.session_id));
     }

@@ -21,6 +21,7 @@ pub mod envd;
 pub mod native;
 pub mod network;
 pub mod polled;
+pub mod ports;
 pub mod snapshots;
 pub mod state;
 pub mod token;
@@ -48,6 +49,7 @@ pub fn router(
 ) -> Router {
     use crate::routes::observe::{Door, observed};
     let key = config.server.api_key.expose();
+    let config_for_ports = config.clone();
     let state = E2b {
         native: native::Native::new(
             app,
@@ -96,11 +98,23 @@ pub fn router(
         .fallback(|| async {
             connect::RpcError::new(connect::Code::Unimplemented, "no such envd route")
         });
+    let ports_state = envd_state.clone();
     let envd = observed(envd, metrics, "", Door::E2b).with_state(envd_state);
+    // A sandbox's other ports (`get_host(port)`): the relay, as E2B's proxy serves them.
+    let ports = observed(
+        Router::new().fallback(ports::serve),
+        metrics,
+        "",
+        Door::Ingress,
+    )
+    .with_state(ports_state);
     Router::new().fallback_service(tower::service_fn(move |req: Request| {
-        let (control, envd) = (control.clone(), envd.clone());
+        let (control, envd, ports) = (control.clone(), envd.clone(), ports.clone());
+        let domain = ports::domain(&config_for_ports);
         async move {
-            let to = if req.headers().contains_key("e2b-sandbox-id") {
+            let to = if ports::is_port_request(req.headers(), domain.as_deref()) {
+                ports
+            } else if req.headers().contains_key("e2b-sandbox-id") {
                 envd
             } else {
                 control

@@ -36,6 +36,16 @@ pub struct NetworkSpec {
     /// Sent by `PUT …/network` (an update may switch the internet off).
     #[serde(default, rename = "allow_internet_access")]
     allow_internet_access: Option<bool>,
+    /// `false`: the sandbox's ports take its traffic access token (see [`super::ports`]).
+    #[serde(default, rename = "allowPublicTraffic")]
+    allow_public_traffic: Option<bool>,
+}
+
+impl NetworkSpec {
+    /// Whether the sandbox's ports are closed to whoever lacks its traffic token.
+    pub fn private_traffic(&self) -> bool {
+        self.allow_public_traffic == Some(false)
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]

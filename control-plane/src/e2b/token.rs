@@ -10,6 +10,9 @@ use subtle::ConstantTimeEq;
 /// Keeps envd tokens apart from anything else the key may sign.
 const LABEL: &[u8] = b"daiv-sandbox e2b envd token v1\0";
 
+/// The metadata key that marks a sandbox whose ports are not public (kept out of its listing).
+pub const PRIVATE_TRAFFIC: &str = "daiv.e2b.private-traffic";
+
 #[derive(Clone)]
 pub struct Tokens {
     key: hmac::Key,
@@ -28,6 +31,12 @@ impl Tokens {
         ctx.update(LABEL);
         ctx.update(id.as_bytes());
         URL_SAFE_NO_PAD.encode(ctx.sign().as_ref())
+    }
+
+    /// Sandbox `id`'s traffic access token: what its ports take when it was created with
+    /// `network.allowPublicTraffic: false` (see [`super::ports`]).
+    pub fn traffic(&self, id: &str) -> String {
+        self.token(&format!("traffic:{id}"))
     }
 
     /// Whether `given` is sandbox `id`'s token (constant time).

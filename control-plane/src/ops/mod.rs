@@ -137,6 +137,12 @@ impl Ops {
         &self.ports
     }
 
+    /// Session `id` as the listing shows it, without making it run.
+    pub async fn info(&self, id: &SessionId) -> Result<crate::api::SessionInfo, ApiError> {
+        let cell = self.fleet.cell_of(id)?;
+        Ok(cell.sessions().info(id, &cell.name()).await?.info)
+    }
+
     /// Whether session `id` exists (404 if not), without making it run.
     pub async fn exists(&self, id: &SessionId) -> Result<(), ApiError> {
         let cell = self.fleet.cell_of(id)?;

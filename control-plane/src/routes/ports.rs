@@ -602,20 +602,22 @@ pub fn issue(
     }
     let expires = crate::time::unix_now().saturating_add_unsigned(ttl);
     let token = port_token::issue(config, id.as_str(), port, expires);
+    // The preview host; else the path route on the host the request came to (a path alone
+    // where none is known: MCP's).
     let url = preview_url(config, id, port).unwrap_or_else(|| {
-        let host = headers
-            .get(header::HOST)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("localhost");
+        let path = format!(
+            "{}/session/{}/ports/{port}/",
+            config.server.api_v1_str,
+            id.as_str()
+        );
+        let Some(host) = headers.get(header::HOST).and_then(|v| v.to_str().ok()) else {
+            return path;
+        };
         let scheme = headers
             .get("x-forwarded-proto")
             .and_then(|v| v.to_str().ok())
             .unwrap_or("http");
-        format!(
-            "{scheme}://{host}{}/session/{}/ports/{port}/",
-            config.server.api_v1_str,
-            id.as_str()
-        )
+        format!("{scheme}://{host}{path}")
     });
     Ok(PortTokenResponse {
         url,

@@ -208,6 +208,17 @@ pub struct ProcessKillArgs {
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+pub struct PortUrlArgs {
+    pub session_id: String,
+    /// The port a server in the sandbox listens on (1024 to 65535).
+    pub port: u16,
+    /// How long the token works, in seconds (default: the deployment's longest).
+    #[serde(default)]
+    pub ttl_seconds: Option<u64>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct EgressArgs {
     /// A session created with egress.
     pub session_id: String,
@@ -316,6 +327,13 @@ pub fn list() -> &'static [Tool] {
             tool::<ProcessKillArgs>(
                 "process_kill",
                 "Kill a background process and everything it started.",
+            ),
+            tool::<PortUrlArgs>(
+                "port_url",
+                "A URL and token that reach a server listening on a port inside the sandbox \
+                 (a web app, an API you started with process_start), to show a person or to \
+                 call: send the token in X-Daiv-Port-Token, or open url_with_token in a \
+                 browser.",
             ),
             tool::<EgressArgs>(
                 "egress_update",

@@ -118,6 +118,7 @@ impl Tools {
             "process_start" => self.process_start(parse("process_start", args)?).await,
             "process_output" => self.process_output(parse("process_output", args)?).await,
             "process_kill" => self.process_kill(parse("process_kill", args)?).await,
+            "port_url" => self.port_url(parse("port_url", args)?).await,
             "egress_update" => self.egress_update(parse("egress_update", args)?).await,
             "snapshot" => self.snapshot(parse("snapshot", args)?).await,
             "fork" => self.fork(parse("fork", args)?).await,
@@ -381,6 +382,34 @@ impl Tools {
         let target = Target::Id(a.process_id);
         self.ops().apply(&id, op::Kill { target }).await?;
         Ok(Answer::json(json!({ "killed": true })))
+    }
+
+    /// `POST /session/{id}/ports/{port}/token`: the port's URL (the preview host, else the
+    /// path route under the service), its token, and the URL with the token for a browser.
+    async fn port_url(&self, a: PortUrlArgs) -> Result<Answer, ToolFailure> {
+        let id = Self::session_id(&a.session_id)?;
+        crate::ops::ports::check_port(a.port)?;
+        self.ops().exists(&id).await?;
+        let grant = crate::routes::ports::issue(
+            &self.config,
+            &id,
+            a.port,
+            a.ttl_seconds,
+            &axum::http::HeaderMap::new(),
+        )?;
+        let sep = if grant.url.contains('?') { '&' } else { '?' };
+        let with_token = format!(
+            "{}{sep}{}={}",
+            grant.url,
+            crate::auth::port_token::QUERY,
+            grant.token
+        );
+        Ok(Answer::json(json!({
+            "url": grant.url,
+            "token": grant.token,
+            "url_with_token": with_token,
+            "expires_at": grant.expires_at,
+        })))
     }
 
     /// `PUT /session/{id}/egress/`: the answer says only that it was done (never the secrets).

@@ -484,6 +484,11 @@ mod tests {
                 "admission_in_flight gauge",
                 "admission_waiting gauge",
                 "admission_refused_total counter",
+                "port_streams_opened_total counter",
+                "port_streams_refused_total counter",
+                "port_streams_open gauge",
+                "port_bytes_in_total counter",
+                "port_bytes_out_total counter",
                 "sessions gauge",
             ]
         );

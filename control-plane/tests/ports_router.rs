@@ -655,13 +655,17 @@ async fn mcps_port_url_gives_a_url_and_token_that_open_the_port() {
             .expect("an answer")
     });
     let answer: Value = serde_json::from_str(
-        v["result"]["content"][0]["text"].as_str().expect("text content"),
+        v["result"]["content"][0]["text"]
+            .as_str()
+            .expect("text content"),
     )
     .expect("json");
     let url = answer["url"].as_str().expect("url");
     assert_eq!(url, format!("/api/v1/session/{id}/ports/{port}/"));
     let token = answer["token"].as_str().expect("token");
-    let req = get_req(&format!("{url}x")).header("x-daiv-port-token", token).body(Body::empty());
+    let req = get_req(&format!("{url}x"))
+        .header("x-daiv-port-token", token)
+        .body(Body::empty());
     let (status, _, _) = send(&h, req.expect("req")).await;
     assert_eq!(status, StatusCode::OK);
     let with = answer["url_with_token"].as_str().expect("url_with_token");
@@ -682,7 +686,10 @@ async fn mcps_port_url_gives_a_url_and_token_that_open_the_port() {
         .expect("request");
     let (_, _, bytes) = send(&h, req).await;
     let text = String::from_utf8_lossy(&bytes);
-    assert!(text.contains("invalid_argument") && text.contains("port 22"), "{text}");
+    assert!(
+        text.contains("invalid_argument") && text.contains("port 22"),
+        "{text}"
+    );
 }
 
 /// E2B's door: `get_host(port)`'s host and the SDK's port header reach the relay; a sandbox
@@ -710,7 +717,10 @@ async fn e2bs_hosts_and_port_headers_reach_the_port_and_private_traffic_takes_it
             };
             let status = resp.status();
             let bytes = resp.into_body().collect().await.expect("body").to_bytes();
-            (status, serde_json::from_slice::<Value>(&bytes).unwrap_or(Value::Null))
+            (
+                status,
+                serde_json::from_slice::<Value>(&bytes).unwrap_or(Value::Null),
+            )
         }
     };
     let create = |network: Value| {
@@ -719,7 +729,9 @@ async fn e2bs_hosts_and_port_headers_reach_the_port_and_private_traffic_takes_it
             .uri("/sandboxes")
             .header("x-api-key", KEY)
             .header("content-type", "application/json")
-            .body(Body::from(json!({"templateID": "base", "network": network}).to_string()))
+            .body(Body::from(
+                json!({"templateID": "base", "network": network}).to_string(),
+            ))
             .expect("request")
     };
     let port = app_server().await;
@@ -750,7 +762,10 @@ async fn e2bs_hosts_and_port_headers_reach_the_port_and_private_traffic_takes_it
     let (status, private) = call(create(json!({"allowPublicTraffic": false}))).await;
     assert_eq!(status, StatusCode::CREATED, "{private}");
     let pid = private["sandboxID"].as_str().expect("id").to_string();
-    let token = private["trafficAccessToken"].as_str().expect("token").to_string();
+    let token = private["trafficAccessToken"]
+        .as_str()
+        .expect("token")
+        .to_string();
     let host = format!("{port}-{pid}.{DOMAIN}");
     let req = |t: Option<&str>| {
         let mut r = get_req("/").header("host", &host);
@@ -766,9 +781,14 @@ async fn e2bs_hosts_and_port_headers_reach_the_port_and_private_traffic_takes_it
     assert_eq!(status, StatusCode::FORBIDDEN);
     let (status, v) = call(req(Some(&token))).await;
     assert_eq!(status, StatusCode::OK, "{v}");
-    assert!(v["headers"].get("e2b-traffic-access-token").is_none(), "{v}");
+    assert!(
+        v["headers"].get("e2b-traffic-access-token").is_none(),
+        "{v}"
+    );
     // The marker stays out of the sandbox's listing.
-    let req = get_req(&format!("/sandboxes/{pid}")).header("x-api-key", KEY).body(Body::empty());
+    let req = get_req(&format!("/sandboxes/{pid}"))
+        .header("x-api-key", KEY)
+        .body(Body::empty());
     let (status, v) = call(req.expect("req")).await;
     assert_eq!(status, StatusCode::OK, "{v}");
     assert_eq!(v["metadata"], json!({}), "{v}");

@@ -1,0 +1,164 @@
+//! Ingress on real Docker: a web server started in a sandbox (Debian's python3, listening on the
+//! sandbox's own loopback) reached through the service by its path route, its preview host and
+//! a port token; under runc, and under gVisor with egress on. No port is published on the host:
+//! the host's listeners are the same before and after (`ss -ltn`), and the session stays on
+//! its own network.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use e2e::egress::EgressStack;
+use e2e::{ControlPlane, DEBIAN, Session, eventually, require_image};
+use reqwest::Method;
+use serde_json::{Value, json};
+
+const DOMAIN: &str = "preview.test";
+const PORT: u16 = 8765;
+
+/// The host's listening TCP sockets (`ss -ltn`'s local addresses), sorted.
+fn host_listeners() -> Result<Vec<String>> {
+    let out = std::process::Command::new("ss").args(["-ltnH"]).output()?;
+    ensure!(out.status.success(), "ss failed");
+    let mut v: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(3).map(str::to_string))
+        .collect();
+    v.sort();
+    v.dedup();
+    Ok(v)
+}
+
+/// Starts python3's web server on the sandbox's loopback, serving a page with a root-relative
+/// link, and waits until it answers through the service.
+async fn start_server(cp: &ControlPlane, s: &Session) -> Result<()> {
+    let (code, out) = cp
+        .sh(
+            s,
+            "mkdir -p /tmp/site/assets && printf '<a href=\"/assets/x.txt\">x</a>' > /tmp/site/index.html \
+             && printf 'asset-bytes' > /tmp/site/assets/x.txt",
+        )
+        .await?;
+    ensure!(code == 0, "{out}");
+    let (status, v) = cp
+        .call(
+            Method::POST,
+            &format!("/session/{}/processes/", s.id),
+            Some(json!({
+                "command": format!("python3 -m http.server {PORT} --bind 127.0.0.1 --directory /tmp/site"),
+            })),
+        )
+        .await?;
+    ensure!(status == 201, "start: {status} {v}");
+    eventually("the server answers", Duration::from_secs(30), || async {
+        let r = cp
+            .request(Method::GET, &format!("/session/{}/ports/{PORT}/", s.id))
+            .send()
+            .await?;
+        Ok((r.status() == 200).then_some(()))
+    })
+    .await
+}
+
+async fn fetch_everything(cp: &ControlPlane, s: &Session) -> Result<()> {
+    // The path route with the key.
+    let r = cp
+        .request(Method::GET, &format!("/session/{}/ports/{PORT}/", s.id))
+        .send()
+        .await?;
+    ensure!(r.status() == 200);
+    ensure!(r.text().await?.contains("/assets/x.txt"));
+    // The preview host with a token: the page's root-relative link works there.
+    let (status, v) = cp
+        .call(
+            Method::POST,
+            &format!("/session/{}/ports/{PORT}/token", s.id),
+            Some(json!({"ttl_seconds": 300})),
+        )
+        .await?;
+    ensure!(status == 200, "{v}");
+    let token = v["token"].as_str().context("token")?;
+    let url = v["url"].as_str().context("url")?;
+    let host = url
+        .trim_start_matches("https://")
+        .trim_end_matches('/')
+        .to_string();
+    ensure!(host.ends_with(DOMAIN), "{url}");
+    let r = cp
+        .http()
+        .get(cp.url("/assets/x.txt").replace("/api/v1", ""))
+        .header("host", &host)
+        .header("x-daiv-port-token", token)
+        .send()
+        .await?;
+    ensure!(r.status() == 200, "{}", r.status());
+    ensure!(r.text().await? == "asset-bytes");
+    // No credential: refused; a closed port: 502 port_closed; a system port: 422.
+    let r = cp
+        .http()
+        .get(cp.url(&format!("/session/{}/ports/{PORT}/", s.id)))
+        .send()
+        .await?;
+    ensure!(r.status() == 403, "{}", r.status());
+    let r = cp
+        .request(
+            Method::GET,
+            &format!("/session/{}/ports/{}/", s.id, PORT + 1),
+        )
+        .send()
+        .await?;
+    ensure!(r.status() == 502, "{}", r.status());
+    let v: Value = r.json().await?;
+    ensure!(v["code"] == "port_closed", "{v}");
+    let r = cp
+        .request(Method::GET, &format!("/session/{}/ports/22/", s.id))
+        .send()
+        .await?;
+    ensure!(r.status() == 422, "{}", r.status());
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_web_app_in_a_sandbox_is_reached_by_path_host_and_token_and_no_port_is_published()
+-> Result<()> {
+    require_image(DEBIAN);
+    let cp = ControlPlane::start_with(&[("PREVIEW_DOMAIN", DOMAIN)]).await?;
+    let before = host_listeners()?;
+    let s = cp.session_of(DEBIAN).await?;
+    start_server(&cp, &s).await?;
+    fetch_everything(&cp, &s).await?;
+    let after = host_listeners()?;
+    ensure!(
+        before == after,
+        "the host's listeners changed: {before:?} -> {after:?}"
+    );
+    // The connections were counted and all closed.
+    let (status, v) = cp
+        .call(Method::GET, &format!("/session/{}/ports", s.id), None)
+        .await?;
+    ensure!(status == 200, "{v}");
+    ensure!(v["opened"].as_u64().unwrap_or(0) >= 3, "{v}");
+    let metrics = cp.metrics().await?;
+    ensure!(
+        metrics.contains("daiv_sandbox_port_streams_opened_total"),
+        "no port metrics"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_web_app_under_gvisor_with_egress_on_is_reached_the_same_way() -> Result<()> {
+    require_image(DEBIAN);
+    let stack =
+        EgressStack::start_with(&[("RUNTIME", "runsc"), ("PREVIEW_DOMAIN", DOMAIN)]).await?;
+    let cp = &stack.cp;
+    let policy = json!({
+        "policy": {"default": "deny", "rules": [{"host": "api.upstream.test", "methods": ["GET"]}]},
+        "secrets": {}
+    });
+    let s = cp
+        .session(json!({"base_image": DEBIAN, "egress": policy}))
+        .await?;
+    start_server(cp, &s).await?;
+    fetch_everything(cp, &s).await?;
+    Ok(())
+}

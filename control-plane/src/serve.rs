@@ -37,7 +37,12 @@ pub async fn serve<L>(
 ) -> anyhow::Result<()>
 where
     L: axum::serve::Listener,
-    L::Addr: std::fmt::Debug,
+    L::Addr: std::fmt::Debug
+        + Clone
+        + Send
+        + Sync
+        + 'static
+        + for<'a> axum::extract::connect_info::Connected<axum::serve::IncomingStream<'a, L>>,
 {
     // Pulls authenticate as the Docker CLI of this process would (DOCKER_CONFIG, else
     // $HOME/.docker/config.json), read again at every pull.
@@ -136,10 +141,15 @@ where
             }))
         }
     };
-    let served = axum::serve(listener, router)
-        .with_graceful_shutdown(stop.clone().cancelled_owned())
-        .await
-        .context("server error");
+    // The peer's address as a request extension: ingress tells the sandbox's server who asked
+    // (`X-Forwarded-For`).
+    let served = axum::serve(
+        listener,
+        router.into_make_service_with_connect_info::<L::Addr>(),
+    )
+    .with_graceful_shutdown(stop.clone().cancelled_owned())
+    .await
+    .context("server error");
     stop.cancel();
     if let Some(task) = e2b
         && let Ok(Err(e)) = task.await

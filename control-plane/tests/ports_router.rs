@@ -798,3 +798,38 @@ async fn e2bs_hosts_and_port_headers_reach_the_port_and_private_traffic_takes_it
 fn public_token_of(h: &Harness, id: &str) -> String {
     control_plane::e2b::token::Tokens::new(h.state.config.server.api_key.expose()).traffic(id)
 }
+
+/// Served as the service serves (the peer's address known), the server is told who asked.
+#[tokio::test]
+async fn the_server_is_told_the_clients_address_after_its_proxies() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let h = Harness::default();
+    let id = h.session().await;
+    let port = app_server().await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let svc = h
+        .router
+        .clone()
+        .into_make_service_with_connect_info::<SocketAddr>();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, svc).await;
+    });
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let req = format!(
+        "GET /session/{id}/ports/{port}/who HTTP/1.1\r\nHost: x.test\r\nX-API-Key: {KEY}\r\n\
+         X-Forwarded-For: 198.51.100.7\r\nConnection: close\r\n\r\n"
+    );
+    tcp.write_all(req.as_bytes()).await.expect("write");
+    let mut out = Vec::new();
+    tcp.read_to_end(&mut out).await.expect("read");
+    let text = String::from_utf8_lossy(&out);
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+    let v: Value = serde_json::from_str(body.trim()).expect("json");
+    assert_eq!(
+        v["headers"]["x-forwarded-for"], "198.51.100.7, 127.0.0.1",
+        "{v}"
+    );
+}

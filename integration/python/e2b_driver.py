@@ -411,6 +411,55 @@ def network():
     return out
 
 
+def ports():
+    """A web server started in the sandbox, reached at get_host(port) as E2B's proxy serves it
+    (the Host header sent to E2B_SANDBOX_URL, as a wildcard DNS entry would route it); with
+    allow_public_traffic False, only with the sandbox's traffic access token."""
+    import http.client
+    import urllib.parse
+
+    target = urllib.parse.urlparse(os.environ["E2B_SANDBOX_URL"])
+    out = {}
+
+    def fetch(host, path, headers=None):
+        c = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
+        c.request("GET", path, headers={"Host": host, **(headers or {})})
+        r = c.getresponse()
+        body = r.read().decode(errors="replace")
+        c.close()
+        return r.status, body
+
+    def serve(sbx, port):
+        sbx.commands.run("mkdir -p /tmp/site && echo hello-from-the-sandbox > /tmp/site/index.html")
+        sbx.commands.run(
+            f"python3 -m http.server {port} --bind 127.0.0.1 --directory /tmp/site",
+            background=True,
+        )
+        host = sbx.get_host(port)
+        for _ in range(100):
+            status, body = fetch(host, "/", {"E2B-Traffic-Access-Token": getattr(sbx, "traffic_access_token", None) or ""})
+            if status == 200:
+                return host
+            time.sleep(0.1)
+        return host
+
+    sbx = create()
+    host = serve(sbx, 8765)
+    out["host"] = host
+    out["public"] = fetch(host, "/")
+    out["closed"] = fetch(sbx.get_host(8766), "/")[0]
+    sbx.kill()
+    if P.get("private"):
+        sbx = create(network={"allow_public_traffic": False})
+        host = serve(sbx, 8765)
+        token = sbx.traffic_access_token
+        out["private_token_set"] = bool(token)
+        out["private_without"] = fetch(host, "/")[0]
+        out["private_with"] = fetch(host, "/", {"E2B-Traffic-Access-Token": token})
+        sbx.kill()
+    return out
+
+
 def faults():
     """A wrong key, an unknown sandbox, an unknown template."""
     out = {}
@@ -441,6 +490,7 @@ SCENARIOS = {
     "pty": pty,
     "lifecycle": lifecycle,
     "network": network,
+    "ports": ports,
     "faults": faults,
 }
 

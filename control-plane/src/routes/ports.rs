@@ -419,6 +419,10 @@ async fn forward(ops: Ops, target: Target, mut req: Request, access: Access) -> 
     let upgrade = is_upgrade(req.headers());
     let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
     let (mut parts, body) = req.into_parts();
+    let peer = parts
+        .extensions
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|c| c.0.ip());
     let host = parts.headers.get(header::HOST).cloned();
     let scheme = parts
         .headers
@@ -429,6 +433,18 @@ async fn forward(ops: Ops, target: Target, mut req: Request, access: Access) -> 
     strip_credentials(&mut parts.headers);
     if let Some(h) = host {
         parts.headers.insert("x-forwarded-host", h);
+    }
+    // Appended to what the client's own proxies said.
+    if let Some(ip) = peer {
+        let prior = parts
+            .headers
+            .get("x-forwarded-for")
+            .and_then(|v| v.to_str().ok())
+            .map(|v| format!("{v}, {ip}"))
+            .unwrap_or_else(|| ip.to_string());
+        if let Ok(v) = HeaderValue::from_str(&prior) {
+            parts.headers.insert("x-forwarded-for", v);
+        }
     }
     parts.headers.insert("x-forwarded-proto", scheme);
     if !target.prefix.is_empty()

@@ -134,6 +134,9 @@ impl ApiError {
     pub fn log(&self) {
         if let ApiError::Outage(_) = self {
             tracing::warn!(error = ?self, "request refused: outage");
+        } else if let ApiError::PortClosed(_) = self {
+            // The sandbox's server is not up (yet): the client's to know, no fault here.
+            tracing::debug!(error = ?self, "request refused: nothing listens on the port");
         } else if self.status().is_server_error() {
             tracing::error!(error = ?self, "request failed");
         }

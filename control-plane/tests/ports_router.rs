@@ -833,3 +833,22 @@ async fn the_server_is_told_the_clients_address_after_its_proxies() {
         "{v}"
     );
 }
+
+/// Wake on traffic: a request to a paused session's port thaws it.
+#[tokio::test]
+async fn a_request_to_a_paused_sessions_port_thaws_it() {
+    let h = Harness::default();
+    let id = h.session().await;
+    let port = app_server().await;
+    let (status, v) = h.api("POST", &format!("/session/{id}/pause/"), None).await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "{v}");
+    let (_, v) = h.api("GET", &format!("/session/{id}/info/"), None).await;
+    assert_eq!(v["state"], "paused", "{v}");
+    let req = get_req(&port_path(&id, port, ""))
+        .header("x-api-key", KEY)
+        .body(Body::empty());
+    let (status, _, _) = send(&h, req.expect("req")).await;
+    assert_eq!(status, StatusCode::OK);
+    let (_, v) = h.api("GET", &format!("/session/{id}/info/"), None).await;
+    assert_eq!(v["state"], "running", "{v}");
+}

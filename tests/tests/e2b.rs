@@ -447,6 +447,44 @@ async fn bad_keys_unknown_sandboxes_and_templates_are_the_sdks_errors() -> Resul
 
 /// E2B's network rules through the egress gateway: the header reaches the upstream, the
 /// sandbox never holds the value, a host outside `allow_out` is refused.
+/// `get_host(port)` as E2B's SDK builds it reaches a server in the sandbox; a sandbox created
+/// with `allow_public_traffic: False` answers only with its traffic access token.
+#[tokio::test]
+async fn get_host_reaches_a_server_in_the_sandbox_and_private_traffic_takes_its_token() -> Result<()>
+{
+    let s = service(&[("PREVIEW_DOMAIN", "preview.test")]).await?;
+    for (sdk, private) in [(NEWEST, true), (OLDEST, false)] {
+        let v = drive(
+            sdk,
+            &s.url,
+            &s.cp.key,
+            "ports",
+            json!({ "private": private }),
+        )
+        .await?;
+        let host = v["host"].as_str().unwrap_or("");
+        assert!(
+            host.starts_with("8765-") && host.ends_with(".preview.test"),
+            "{sdk}: {v}"
+        );
+        assert_eq!(v["public"][0], 200, "{sdk}: {v}");
+        assert!(
+            v["public"][1]
+                .as_str()
+                .is_some_and(|b| b.contains("hello-from-the-sandbox")),
+            "{sdk}: {v}"
+        );
+        assert_eq!(v["closed"], 502, "{sdk}: {v}");
+        if private {
+            assert_eq!(v["private_token_set"], true, "{sdk}: {v}");
+            assert_eq!(v["private_without"], 403, "{sdk}: {v}");
+            assert_eq!(v["private_with"][0], 200, "{sdk}: {v}");
+        }
+    }
+    assert_nothing_left(&s.cp);
+    Ok(())
+}
+
 #[tokio::test]
 async fn network_rules_inject_a_header_the_sandbox_never_sees() -> Result<()> {
     let port = free_port().to_string();

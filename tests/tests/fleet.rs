@@ -311,6 +311,35 @@ async fn the_data_plane_works_on_a_remote_engine_with_egress_on() -> Result<()> 
     dataplane::a_process_keeps_its_streams_apart(cp, &id, "two").await?;
     dataplane::a_watch_sees_a_thousand_creates(cp, &id, "/tmp/w").await?;
     dataplane::a_terminal_over_a_websocket(cp, &id, false).await?;
+    // Ingress on a remote engine: a server in the session reached through the service.
+    let (s, v) = cp
+        .call(
+            Method::POST,
+            &format!("/session/{id}/processes/"),
+            Some(
+                json!({"command": "mkdir -p /tmp/site && echo fleet-page > /tmp/site/index.html \
+                && exec python3 -m http.server 8777 --bind 127.0.0.1 --directory /tmp/site"}),
+            ),
+        )
+        .await?;
+    ensure!(s == 201, "{v}");
+    let page = eventually(
+        "the server answers through engine b",
+        Duration::from_secs(30),
+        || async {
+            let r = cp
+                .request(Method::GET, &format!("/session/{id}/ports/8777/"))
+                .send()
+                .await?;
+            Ok(if r.status() == 200 {
+                Some(r.text().await?)
+            } else {
+                None
+            })
+        },
+    )
+    .await?;
+    ensure!(page.contains("fleet-page"), "{page}");
     // Egress in force: the allowed host answers with the secret injected, another is refused.
     let out = output(
         cp,

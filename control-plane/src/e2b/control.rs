@@ -375,7 +375,15 @@ pub async fn connect(
         StatusCode::OK
     };
     let template = template_of(&e, &connected.info);
-    Ok((status, Json(sandbox(&e, id, &template))).into_response())
+    let mut answer = sandbox(&e, id, &template);
+    if connected
+        .info
+        .metadata
+        .contains_key(super::token::PRIVATE_TRAFFIC)
+    {
+        answer["trafficAccessToken"] = json!(e.tokens.traffic(id));
+    }
+    Ok((status, Json(answer)).into_response())
 }
 
 /// `GET /v2/sandboxes` (and v1's `GET /sandboxes`): `metadata` (`k=v&k2=v2`, URL-encoded),

@@ -611,7 +611,7 @@ mod tests {
     #[test]
     fn every_tool_has_an_object_schema_and_a_description() {
         let tools = list();
-        assert_eq!(tools.len(), 16);
+        assert_eq!(tools.len(), 17);
         for t in tools {
             assert_eq!(
                 t.input_schema.get("type").and_then(Value::as_str),

@@ -344,15 +344,19 @@ impl Chromium {
             .user_data_dir(&profile)
             .window_size(1280, 1600)
             .request_timeout(STEP)
+            // No name resolves but loopback's, and anything not on loopback goes to a proxy
+            // that is not there. chromiumoxide writes `--key=value` itself: a key given with
+            // its dashes would reach chromium as `----key`, and be ignored.
+            .arg((
+                "host-resolver-rules",
+                "MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE 127.0.0.1",
+            ))
+            .arg(("proxy-server", "http://127.0.0.1:9"))
             .args([
-                // No name resolves but loopback's, and anything not on loopback goes to a proxy
-                // that is not there.
-                "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE localhost",
-                "--proxy-server=http://127.0.0.1:9",
-                "--disable-component-update",
-                "--disable-domain-reliability",
-                "--no-pings",
-                "--no-default-browser-check",
+                "disable-component-update",
+                "disable-domain-reliability",
+                "no-pings",
+                "no-default-browser-check",
             ])
             .build()
             .map_err(anyhow::Error::msg)?;

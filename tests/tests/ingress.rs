@@ -191,3 +191,115 @@ async fn a_web_app_under_gvisor_with_egress_on_is_reached_the_same_way() -> Resu
     nothing_published(&s.id, true)?;
     Ok(())
 }
+
+/// A browser (headless Chromium) opens a preview host's link with its token, is given the
+/// cookie and redirected, and the page's root-relative script loads from the same host: the
+/// page runs as it would on its own domain. The browser's only proxy is the service: no name is
+/// resolved, nothing else is reached.
+#[tokio::test]
+async fn a_browser_loads_a_page_with_root_relative_links_on_a_preview_host() -> Result<()> {
+    use chromiumoxide::browser::{Browser, BrowserConfig};
+    use futures::StreamExt;
+
+    require_image(DEBIAN);
+    let Some(chromium) = std::env::var_os("PATH").and_then(|p| {
+        std::env::split_paths(&p)
+            .map(|d| d.join("chromium"))
+            .find(|p| p.is_file())
+    }) else {
+        anyhow::bail!("chromium not found: run `scripts/ensure-chromium.sh` (make test does)");
+    };
+    // Plain http here: a Secure cookie would not be kept.
+    let cp =
+        ControlPlane::start_with(&[("PREVIEW_DOMAIN", DOMAIN), ("PREVIEW_SCHEME", "http")]).await?;
+    let s = cp.session_of(DEBIAN).await?;
+    let (code, out) = cp
+        .sh(
+            &s,
+            "mkdir -p /tmp/app && printf '<html><head><title>loading</title>\
+             <script src=\"/static/app.js\"></script></head><body>app</body></html>' \
+             > /tmp/app/index.html && mkdir -p /tmp/app/static && \
+             printf 'document.title = \"root-relative-ok\";' > /tmp/app/static/app.js",
+        )
+        .await?;
+    ensure!(code == 0, "{out}");
+    let (status, v) = cp
+        .call(
+            Method::POST,
+            &format!("/session/{}/processes/", s.id),
+            Some(json!({
+                "command": format!("python3 -m http.server {PORT} --bind 127.0.0.1 --directory /tmp/app"),
+            })),
+        )
+        .await?;
+    ensure!(status == 201, "{v}");
+    let (status, v) = cp
+        .call(
+            Method::POST,
+            &format!("/session/{}/ports/{PORT}/token", s.id),
+            Some(json!({"public": true, "ttl_seconds": 300})),
+        )
+        .await?;
+    ensure!(status == 200, "{v}");
+    let service_port = cp
+        .url("/")
+        .split(':')
+        .nth(2)
+        .and_then(|p| p.split('/').next().map(str::to_string));
+    let service_port = service_port.context("the service's port")?;
+    // `http://{port}-{short}.preview.test/?daiv_port_token=…` on the service's own port.
+    let link = v["url"].as_str().context("url")?.replacen(
+        &format!(".{DOMAIN}/"),
+        &format!(".{DOMAIN}:{service_port}/"),
+        1,
+    );
+
+    let profile =
+        std::env::temp_dir().join(format!("daiv-ingress-chromium-{}", std::process::id()));
+    let config = BrowserConfig::builder()
+        .chrome_executable(chromium)
+        .new_headless_mode()
+        .no_sandbox()
+        .user_data_dir(&profile)
+        // Every request goes to the service as its proxy (no name is resolved): the preview host
+        // reaches it as a wildcard DNS entry would, and nothing else exists. (chromiumoxide adds
+        // the leading `--` itself: keys and values apart.)
+        .arg((
+            "proxy-server",
+            format!("http://127.0.0.1:{service_port}").as_str(),
+        ))
+        .arg(("proxy-bypass-list", "<-loopback>"))
+        .arg("disable-component-update")
+        .arg("no-pings")
+        .build()
+        .map_err(anyhow::Error::msg)?;
+    let (mut browser, mut events) = Browser::launch(config).await?;
+    let handler = tokio::spawn(async move { while events.next().await.is_some() {} });
+    let outcome = async {
+        let page = browser.new_page("about:blank").await?;
+        // The server needs a moment to listen: the link is opened until the page is the app's.
+        let title = eventually("the page's script ran", Duration::from_secs(60), || {
+            let (page, link) = (page.clone(), link.clone());
+            async move {
+                page.goto(link).await?;
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                let title = page.get_title().await?.unwrap_or_default();
+                Ok((title == "root-relative-ok").then_some(title))
+            }
+        })
+        .await?;
+        let url = page.url().await?.unwrap_or_default();
+        ensure!(
+            !url.contains("daiv_port_token"),
+            "the token stayed in the address: {url}"
+        );
+        Ok::<_, anyhow::Error>(title)
+    }
+    .await;
+    let _ = browser.close().await;
+    let _ = browser.wait().await;
+    handler.abort();
+    let _ = std::fs::remove_dir_all(&profile);
+    outcome?;
+    Ok(())
+}

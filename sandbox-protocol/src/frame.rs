@@ -11,6 +11,9 @@ use serde::Serialize;
 pub const MAX_PAYLOAD: usize = 16 * 1024 * 1024;
 /// Largest command-output payload the helper puts in one DATA frame.
 pub const MAX_DATA_CHUNK: usize = 64 * 1024;
+/// Largest DATA payload of a `connect`, either way (protocol 7): fewer frames for bulk
+/// transfers through a sandbox's port.
+pub const RELAY_CHUNK: usize = 256 * 1024;
 /// Bytes before the payload: `len: u32`, `id: u32`, `kind: u8`.
 pub const HEADER_LEN: usize = 9;
 

@@ -128,7 +128,8 @@
 //!   `{"type":"connected","window":n}`, then DATA both ways, each side sending no more than the
 //!   other granted (`window` of the request and of the event, then WINDOW frames as the bytes
 //!   are delivered), so neither side ever buffers more than it granted and a slow reader never
-//!   stalls the channel. EOF either way is a half close. Ok `{}` once both directions ended
+//!   stalls the channel. A connection's DATA frames carry at most 256 KiB
+//!   (`frame::RELAY_CHUNK`) either way. EOF either way is a half close. Ok `{}` once both directions ended
 //!   (or after CANCEL: `cancelled`); nothing listening: `refused`, no event.
 //!
 //! `prune` is the full list of directory basename globs to prune at any depth (the server's list

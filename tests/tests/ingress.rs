@@ -159,6 +159,21 @@ async fn a_web_app_in_a_sandbox_is_reached_by_path_host_and_token_and_no_port_is
     start_server(&cp, &s).await?;
     fetch_everything(&cp, &s).await?;
     nothing_published(&s.id, false)?;
+    // Wake on traffic, right after a connection (the session is trusted to run then, and its
+    // frozen helper must not hang the request): pause, and the next request thaws it.
+    let (status, v) = cp
+        .call(Method::POST, &format!("/session/{}/pause/", s.id), None)
+        .await?;
+    ensure!(status == 204, "{status} {v}");
+    let r = cp
+        .request(Method::GET, &format!("/session/{}/ports/{PORT}/", s.id))
+        .send()
+        .await?;
+    ensure!(r.status() == 200, "after a pause: {}", r.status());
+    let (_, v) = cp
+        .call(Method::GET, &format!("/session/{}/info/", s.id), None)
+        .await?;
+    ensure!(v["state"] == "running", "{v}");
     // The connections were counted and all closed.
     let (status, v) = cp
         .call(Method::GET, &format!("/session/{}/ports", s.id), None)

@@ -8,6 +8,7 @@ use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -19,6 +20,11 @@ use crate::telemetry::metrics::Metrics;
 
 /// The lowest port a connection may name: below it are the system's services, never an app's.
 pub const FIRST_PORT: u16 = 1024;
+/// How long a session whose helper answered a connection is trusted to be running (see
+/// [`crate::ops::Ops::open_port`]).
+pub const RECENTLY_RUNNING: Duration = Duration::from_secs(2);
+/// How long a trusted connection waits for the helper before the session is checked.
+pub const TRUSTED_ANSWER: Duration = Duration::from_millis(250);
 
 /// Whether `port` may be reached (the helper itself listens on none).
 pub fn check_port(port: u16) -> Result<(), ApiError> {
@@ -43,10 +49,12 @@ pub struct PortUsage {
     pub bytes_out: u64,
 }
 
-/// Every session's connections: counted, bounded, their bytes summed.
+/// Every session's connections: counted, bounded, their bytes summed; and when each session's
+/// helper last answered one.
 #[derive(Default)]
 pub struct PortStreams {
     by_session: Mutex<HashMap<String, PortUsage>>,
+    answered: Mutex<HashMap<String, Instant>>,
 }
 
 impl PortStreams {
@@ -79,6 +87,28 @@ impl PortStreams {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(id);
+        self.answered
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(id);
+    }
+
+    /// Whether session `id`'s helper answered a connection within [`RECENTLY_RUNNING`].
+    pub fn recently_running(&self, id: &str) -> bool {
+        self.answered
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(id)
+            .is_some_and(|t| t.elapsed() < RECENTLY_RUNNING)
+    }
+
+    fn answered(&self, id: &str) {
+        let mut map = self.answered.lock().unwrap_or_else(PoisonError::into_inner);
+        // Sessions long quiet are dropped as the map is written: it holds the active ones.
+        if map.len() > 1024 {
+            map.retain(|_, t| t.elapsed() < RECENTLY_RUNNING);
+        }
+        map.insert(id.to_string(), Instant::now());
     }
 }
 
@@ -90,7 +120,7 @@ pub struct Connection {
     session: String,
     streams: Arc<PortStreams>,
     metrics: Arc<Metrics>,
-    idle: std::time::Duration,
+    idle: Duration,
     idle_check: Pin<Box<tokio::time::Sleep>>,
 }
 
@@ -185,6 +215,31 @@ impl Op for OpenPort {
         let metrics = at.sessions.service_metrics().clone();
         let id = at.id.to_string();
         let limit = config.ingress.streams_per_session as u64;
+        let full = || {
+            metrics.ports.refused.inc();
+            ApiError::TooManyRequests {
+                detail: format!(
+                    "the session has {limit} connections to its ports open, its limit; retry once one closes"
+                ),
+                retry_after: Some(Duration::from_secs(1)),
+            }
+        };
+        if self.streams.usage(&id).open >= limit {
+            return Err(full());
+        }
+        // Counted once open: a connect given up half-way (its caller went) counts nothing.
+        let opened = ws.runtime.connect(&id, self.port).await;
+        let stream = match opened {
+            Ok(s) => s,
+            Err(e) => {
+                if matches!(e, crate::runtime::HelperError::PortClosed(_)) {
+                    self.streams.answered(&id);
+                }
+                metrics.ports.refused.inc();
+                return Err(e.into());
+            }
+        };
+        self.streams.answered(&id);
         let admitted = self.streams.with(&id, |u| {
             if u.open >= limit {
                 return false;
@@ -194,26 +249,8 @@ impl Op for OpenPort {
             true
         });
         if !admitted {
-            metrics.ports.refused.inc();
-            return Err(ApiError::TooManyRequests {
-                detail: format!(
-                    "the session has {limit} connections to its ports open, its limit; retry once one closes"
-                ),
-                retry_after: Some(std::time::Duration::from_secs(1)),
-            });
+            return Err(full());
         }
-        let opened = ws.runtime.connect(&id, self.port).await;
-        let stream = match opened {
-            Ok(s) => s,
-            Err(e) => {
-                self.streams.with(&id, |u| {
-                    u.open = u.open.saturating_sub(1);
-                    u.opened = u.opened.saturating_sub(1);
-                });
-                metrics.ports.refused.inc();
-                return Err(e.into());
-            }
-        };
         metrics.ports.opened.inc();
         metrics.ports.open.inc();
         let idle = config.ingress.idle;

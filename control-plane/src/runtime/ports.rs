@@ -13,7 +13,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use sandbox_protocol::frame::{MAX_DATA_CHUNK, kind, window_payload};
+use sandbox_protocol::frame::{RELAY_CHUNK, kind, window_payload};
 use sandbox_protocol::message::{ErrorKind, Event, Request, Response};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream, ReadBuf};
 use tokio::sync::{Semaphore, mpsc};
@@ -23,11 +23,11 @@ use super::channel::{Caps, Incoming};
 use super::{HelperError, HelperRuntime};
 
 /// Bytes of DATA the service lets the helper send ahead of the caller's reading.
-pub const PORT_WINDOW: u32 = 256 * 1024;
+pub const PORT_WINDOW: u32 = 1024 * 1024;
 /// How long the helper may take to say whether its port answered.
 const CONNECT_ANSWER: Duration = Duration::from_secs(10);
 /// The in-memory pipe between the pumps and the caller.
-const PIPE: usize = 64 * 1024;
+const PIPE: usize = 256 * 1024;
 
 /// Bytes that crossed a connection, each way, as it goes.
 #[derive(Debug, Default)]
@@ -119,7 +119,7 @@ impl HelperRuntime {
             window: PORT_WINDOW,
         };
         let caps = Caps {
-            data: MAX_DATA_CHUNK,
+            data: RELAY_CHUNK,
             response: Caps::SMALL.response,
         };
         let mut h = chan
@@ -204,7 +204,7 @@ impl HelperRuntime {
             let traffic = traffic.clone();
             tokio::spawn(async move {
                 // A chunk never waits for more than the helper can ever grant.
-                let mut buf = vec![0u8; MAX_DATA_CHUNK.min(granted as usize).max(1)];
+                let mut buf = vec![0u8; RELAY_CHUNK.min(granted as usize).max(1)];
                 loop {
                     let n = match from_caller.read(&mut buf).await {
                         Ok(0) | Err(_) => break,

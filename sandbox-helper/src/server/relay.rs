@@ -10,14 +10,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use sandbox_protocol::frame::{MAX_DATA_CHUNK, kind, window_payload};
+use sandbox_protocol::frame::{RELAY_CHUNK, kind, window_payload};
 use sandbox_protocol::message::{ErrorKind, Event, Response};
 
 use super::{Live, Server, lock};
 use crate::ops::{Halt, Input, Stop};
 
 /// What the helper grants the client at first: bytes of DATA it queues for the socket.
-pub(super) const WINDOW: u32 = 256 * 1024;
+pub(super) const WINDOW: u32 = 1024 * 1024;
 /// How long a connect to a loopback port may take (a listener with a full backlog).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -167,7 +167,7 @@ fn write_side(
 
 /// The socket's bytes to the client within its grants, then EOF.
 fn read_side(id: u32, mut stream: TcpStream, credit: &Credit, out: &super::out::Out) {
-    let mut buf = vec![0u8; MAX_DATA_CHUNK];
+    let mut buf = vec![0u8; RELAY_CHUNK];
     while let Some(granted) = credit.wait() {
         let want = usize::try_from(granted)
             .unwrap_or(usize::MAX)

@@ -88,6 +88,32 @@ async fn tcp_echo() -> u16 {
     port
 }
 
+/// A WebSocket request to `url` with the key.
+fn keyed_ws(url: String) -> tokio_tungstenite::tungstenite::handshake::client::Request {
+    let mut req =
+        tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(url)
+            .expect("req");
+    req.headers_mut()
+        .insert("x-api-key", KEY.parse().expect("key"));
+    req
+}
+
+type Socket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// A new session, a TCP echo server, and a WebSocket through the service carrying raw TCP to
+/// it: the session, the server's port and the socket.
+async fn tcp_socket(h: &Harness) -> (String, u16, Socket) {
+    let id = h.session().await;
+    let tcp = tcp_echo().await;
+    let addr = serve(h).await;
+    let req = keyed_ws(format!("ws://{addr}/api/v1/session/{id}/ports/{tcp}/tcp"));
+    let (ws, _) = tokio_tungstenite::connect_async(req)
+        .await
+        .expect("upgrade");
+    (id, tcp, ws)
+}
+
 /// The service on a loopback listener of its own (upgrades need a real connection).
 async fn serve(h: &Harness) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -436,12 +462,7 @@ async fn websockets_pass_through_and_raw_tcp_rides_one() {
     let port = app_server().await;
     let addr = serve(&h).await;
     // A WebSocket to the server's own endpoint, upgraded end to end.
-    let mut req = tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(
-        format!("ws://{addr}/api/v1/session/{id}/ports/{port}/ws"),
-    )
-    .expect("req");
-    req.headers_mut()
-        .insert("x-api-key", KEY.parse().expect("key"));
+    let req = keyed_ws(format!("ws://{addr}/api/v1/session/{id}/ports/{port}/ws"));
     let (mut ws, resp) = tokio_tungstenite::connect_async(req)
         .await
         .expect("upgrade");
@@ -457,12 +478,7 @@ async fn websockets_pass_through_and_raw_tcp_rides_one() {
 
     // Raw TCP: binary messages to a TCP echo server and back.
     let tcp = tcp_echo().await;
-    let mut req = tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(
-        format!("ws://{addr}/api/v1/session/{id}/ports/{tcp}/tcp"),
-    )
-    .expect("req");
-    req.headers_mut()
-        .insert("x-api-key", KEY.parse().expect("key"));
+    let req = keyed_ws(format!("ws://{addr}/api/v1/session/{id}/ports/{tcp}/tcp"));
     let (mut ws, _) = tokio_tungstenite::connect_async(req)
         .await
         .expect("upgrade");
@@ -539,18 +555,7 @@ async fn a_cookie_never_opens_a_cross_origin_websocket() {
 #[tokio::test]
 async fn a_sessions_connections_are_bounded_and_a_stream_never_holds_its_lock() {
     let h = Harness::new(Default::default(), &[("PORT_STREAMS_MAX", "1")]);
-    let id = h.session().await;
-    let tcp = tcp_echo().await;
-    let addr = serve(&h).await;
-    let mut req = tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(
-        format!("ws://{addr}/api/v1/session/{id}/ports/{tcp}/tcp"),
-    )
-    .expect("req");
-    req.headers_mut()
-        .insert("x-api-key", KEY.parse().expect("key"));
-    let (mut ws, _) = tokio_tungstenite::connect_async(req)
-        .await
-        .expect("upgrade");
+    let (id, tcp, mut ws) = tcp_socket(&h).await;
     ws.send(Message::Binary(b"ping".to_vec().into()))
         .await
         .expect("send");
@@ -602,18 +607,7 @@ async fn a_sessions_connections_are_bounded_and_a_stream_never_holds_its_lock() 
 #[tokio::test]
 async fn an_idle_connection_is_closed_after_the_deployments_idle_time() {
     let h = Harness::new(Default::default(), &[("PORT_IDLE_SECONDS", "1")]);
-    let id = h.session().await;
-    let tcp = tcp_echo().await;
-    let addr = serve(&h).await;
-    let mut req = tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(
-        format!("ws://{addr}/api/v1/session/{id}/ports/{tcp}/tcp"),
-    )
-    .expect("req");
-    req.headers_mut()
-        .insert("x-api-key", KEY.parse().expect("key"));
-    let (mut ws, _) = tokio_tungstenite::connect_async(req)
-        .await
-        .expect("upgrade");
+    let (_, _, mut ws) = tcp_socket(&h).await;
     let ended = tokio::time::timeout(Duration::from_secs(10), async {
         loop {
             match ws.next().await {
@@ -626,15 +620,9 @@ async fn an_idle_connection_is_closed_after_the_deployments_idle_time() {
     assert!(ended.is_ok(), "an idle connection stayed open");
 }
 
-/// MCP's `port_url`: a URL and token an agent hands a person, which open the port.
-#[tokio::test]
-async fn mcps_port_url_gives_a_url_and_token_that_open_the_port() {
-    let h = Harness::new(Default::default(), &[("MCP_STATELESS", "true")]);
-    let id = h.session().await;
-    let port = app_server().await;
-    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-        "params": {"name": "port_url", "arguments": {"session_id": id, "port": port}}});
-    let req = Request::builder()
+/// A `tools/call` to `/mcp` with the key.
+fn mcp_request(body: &Value) -> Request<Body> {
+    Request::builder()
         .method("POST")
         .uri("/mcp")
         .header("host", "127.0.0.1:8000")
@@ -643,7 +631,18 @@ async fn mcps_port_url_gives_a_url_and_token_that_open_the_port() {
         .header("mcp-protocol-version", "2025-06-18")
         .header("authorization", format!("Bearer {KEY}"))
         .body(Body::from(body.to_string()))
-        .expect("request");
+        .expect("request")
+}
+
+/// MCP's `port_url`: a URL and token an agent hands a person, which open the port.
+#[tokio::test]
+async fn mcps_port_url_gives_a_url_and_token_that_open_the_port() {
+    let h = Harness::new(Default::default(), &[("MCP_STATELESS", "true")]);
+    let id = h.session().await;
+    let port = app_server().await;
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "port_url", "arguments": {"session_id": id, "port": port}}});
+    let req = mcp_request(&body);
     let (status, _, bytes) = send(&h, req).await;
     assert_eq!(status, StatusCode::OK);
     let text = String::from_utf8_lossy(&bytes).into_owned();
@@ -674,16 +673,7 @@ async fn mcps_port_url_gives_a_url_and_token_that_open_the_port() {
     // A system port is the tool's argument error.
     let body = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
         "params": {"name": "port_url", "arguments": {"session_id": id, "port": 22}}});
-    let req = Request::builder()
-        .method("POST")
-        .uri("/mcp")
-        .header("host", "127.0.0.1:8000")
-        .header("content-type", "application/json")
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-protocol-version", "2025-06-18")
-        .header("authorization", format!("Bearer {KEY}"))
-        .body(Body::from(body.to_string()))
-        .expect("request");
+    let req = mcp_request(&body);
     let (_, _, bytes) = send(&h, req).await;
     let text = String::from_utf8_lossy(&bytes);
     assert!(

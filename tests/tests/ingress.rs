@@ -61,27 +61,35 @@ fn nothing_published(id: &str, egress: bool) -> Result<()> {
     Ok(())
 }
 
-/// Starts python3's web server on the sandbox's loopback, serving a page with a root-relative
-/// link, and waits until it answers through the service.
-async fn start_server(cp: &ControlPlane, s: &Session) -> Result<()> {
-    let (code, out) = cp
-        .sh(
-            s,
-            "mkdir -p /tmp/site/assets && printf '<a href=\"/assets/x.txt\">x</a>' > /tmp/site/index.html \
-             && printf 'asset-bytes' > /tmp/site/assets/x.txt",
-        )
-        .await?;
+/// Writes the site `files` makes (a shell command) and starts python3's web server on the
+/// sandbox's loopback, serving `dir`.
+async fn serve_site(cp: &ControlPlane, s: &Session, files: &str, dir: &str) -> Result<()> {
+    let (code, out) = cp.sh(s, files).await?;
     ensure!(code == 0, "{out}");
     let (status, v) = cp
         .call(
             Method::POST,
             &format!("/session/{}/processes/", s.id),
             Some(json!({
-                "command": format!("python3 -m http.server {PORT} --bind 127.0.0.1 --directory /tmp/site"),
+                "command": format!("python3 -m http.server {PORT} --bind 127.0.0.1 --directory {dir}"),
             })),
         )
         .await?;
     ensure!(status == 201, "start: {status} {v}");
+    Ok(())
+}
+
+/// A page with a root-relative link served from the sandbox's loopback, once it answers through
+/// the service.
+async fn start_server(cp: &ControlPlane, s: &Session) -> Result<()> {
+    serve_site(
+        cp,
+        s,
+        "mkdir -p /tmp/site/assets && printf '<a href=\"/assets/x.txt\">x</a>' > /tmp/site/index.html \
+         && printf 'asset-bytes' > /tmp/site/assets/x.txt",
+        "/tmp/site",
+    )
+    .await?;
     eventually("the server answers", Duration::from_secs(30), || async {
         let r = cp
             .request(Method::GET, &format!("/session/{}/ports/{PORT}/", s.id))
@@ -228,26 +236,16 @@ async fn a_browser_loads_a_page_with_root_relative_links_on_a_preview_host() -> 
     let cp =
         ControlPlane::start_with(&[("PREVIEW_DOMAIN", DOMAIN), ("PREVIEW_SCHEME", "http")]).await?;
     let s = cp.session_of(DEBIAN).await?;
-    let (code, out) = cp
-        .sh(
-            &s,
-            "mkdir -p /tmp/app && printf '<html><head><title>loading</title>\
-             <script src=\"/static/app.js\"></script></head><body>app</body></html>' \
-             > /tmp/app/index.html && mkdir -p /tmp/app/static && \
-             printf 'document.title = \"root-relative-ok\";' > /tmp/app/static/app.js",
-        )
-        .await?;
-    ensure!(code == 0, "{out}");
-    let (status, v) = cp
-        .call(
-            Method::POST,
-            &format!("/session/{}/processes/", s.id),
-            Some(json!({
-                "command": format!("python3 -m http.server {PORT} --bind 127.0.0.1 --directory /tmp/app"),
-            })),
-        )
-        .await?;
-    ensure!(status == 201, "{v}");
+    serve_site(
+        &cp,
+        &s,
+        "mkdir -p /tmp/app/static && printf '<html><head><title>loading</title>\
+         <script src=\"/static/app.js\"></script></head><body>app</body></html>' \
+         > /tmp/app/index.html && \
+         printf 'document.title = \"root-relative-ok\";' > /tmp/app/static/app.js",
+        "/tmp/app",
+    )
+    .await?;
     let (status, v) = cp
         .call(
             Method::POST,

@@ -554,15 +554,25 @@ pub struct RequestHandle {
     finished: bool,
 }
 
+/// Queues one frame of request `id` for the writer.
+async fn send_frame(
+    channel: &Channel,
+    id: u32,
+    kind: u8,
+    payload: &[u8],
+) -> Result<(), ChannelError> {
+    let mut frame = Vec::with_capacity(payload.len() + HEADER_LEN);
+    encode(id, kind, payload, &mut frame);
+    channel
+        .outbox
+        .send(frame)
+        .await
+        .map_err(|_| ChannelError::Closed)
+}
+
 impl RequestHandle {
     async fn send(&mut self, kind: u8, payload: &[u8]) -> Result<(), ChannelError> {
-        let mut frame = Vec::with_capacity(payload.len() + HEADER_LEN);
-        encode(self.id, kind, payload, &mut frame);
-        self.channel
-            .outbox
-            .send(frame)
-            .await
-            .map_err(|_| ChannelError::Closed)
+        send_frame(&self.channel, self.id, kind, payload).await
     }
 
     /// Streams input to the request (write content, a seed's tar), in frames of at most the
@@ -619,13 +629,7 @@ pub struct RequestSender {
 impl RequestSender {
     /// One frame of `kind`; `Err(Closed)` once the channel is gone.
     pub async fn send(&self, kind: u8, payload: &[u8]) -> Result<(), ChannelError> {
-        let mut frame = Vec::with_capacity(payload.len() + HEADER_LEN);
-        encode(self.id, kind, payload, &mut frame);
-        self.channel
-            .outbox
-            .send(frame)
-            .await
-            .map_err(|_| ChannelError::Closed)
+        send_frame(&self.channel, self.id, kind, payload).await
     }
 }
 

@@ -8,6 +8,12 @@ use crate::telemetry::metrics::observe_duration;
 use super::{FORCE_LOCK_WAIT, SessionError, SessionId, Sessions};
 
 impl Sessions {
+    /// Records activity on session `id` for the reaper, for an operation that reached it
+    /// without the running check (ingress's trusted connections), which records it otherwise.
+    pub async fn touch(&self, id: &SessionId) {
+        self.activity.touch(id).await;
+    }
+
     /// For operations that may overlap a running command (read-only fs ops, background
     /// processes): no lock while the session runs; a stopped session is restarted under its
     /// lock, as every other operation does.

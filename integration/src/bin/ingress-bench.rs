@@ -26,7 +26,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use futures::StreamExt;
-use serde_json::{Value, json};
+use integration::cp::{Client, rss_kib};
+use serde_json::json;
 
 #[derive(clap::Parser, Debug)]
 #[command(about = "Ingress through the service against the same requests inside the sandbox")]
@@ -103,51 +104,15 @@ for i in range(n + 5):
 print(" ".join("%.4f" % x for x in ts))
 "#;
 
-struct Bench {
-    http: reqwest::Client,
-    base: String,
-    key: String,
+/// `/api/v1/session/{id}/ports/{port}/{rest}` on `b`.
+fn port_url(b: &Client, id: &str, port: u16, rest: &str) -> String {
+    format!("{}/session/{id}/ports/{port}/{rest}", b.api)
 }
 
-impl Bench {
-    fn url(&self, path: &str) -> String {
-        format!("{}/api/v1{path}", self.base)
-    }
-
-    async fn call(&self, method: reqwest::Method, path: &str, body: Value) -> Result<Value> {
-        let r = self
-            .http
-            .request(method, self.url(path))
-            .header("X-API-Key", &self.key)
-            .json(&body)
-            .send()
-            .await?;
-        let status = r.status();
-        let v: Value = r.json().await.unwrap_or(Value::Null);
-        if !status.is_success() {
-            bail!("{path}: {status} {v}");
-        }
-        Ok(v)
-    }
-
-    async fn sh(&self, id: &str, command: &str) -> Result<String> {
-        let v = self
-            .call(
-                reqwest::Method::POST,
-                &format!("/session/{id}/"),
-                json!({ "commands": [command] }),
-            )
-            .await?;
-        let r = &v["results"][0];
-        if r["exit_code"] != 0 {
-            bail!("{command}: {r}");
-        }
-        Ok(r["output"].as_str().unwrap_or("").to_string())
-    }
-
-    fn port_url(&self, id: &str, port: u16, rest: &str) -> String {
-        self.url(&format!("/session/{id}/ports/{port}/{rest}"))
-    }
+/// The output of one command run in the session (an error if it fails).
+async fn sh(b: &Client, id: &str, command: &str) -> Result<String> {
+    let v = b.run_ok(id, &[command]).await?;
+    Ok(v["results"][0]["output"].as_str().unwrap_or("").to_string())
 }
 
 /// Samples `pid`'s VmRSS (KiB) every 20 ms while `running`; the peak.
@@ -157,23 +122,13 @@ fn sample_rss(pid: Option<u32>, running: Arc<AtomicBool>) -> Arc<AtomicU64> {
     let out = peak.clone();
     tokio::spawn(async move {
         while running.load(Ordering::Relaxed) {
-            if let Some(kib) = rss_kib(pid) {
+            if let Some(kib) = rss_kib(pid, "VmRSS:") {
                 out.fetch_max(kib, Ordering::Relaxed);
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     });
     peak
-}
-
-fn rss_kib(pid: u32) -> Option<u64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    s.lines()
-        .find(|l| l.starts_with("VmRSS:"))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
 }
 
 fn pct(sorted: &[f64], p: f64) -> f64 {
@@ -187,35 +142,18 @@ fn pct(sorted: &[f64], p: f64) -> f64 {
 #[tokio::main]
 async fn main() -> Result<()> {
     let a = <Args as clap::Parser>::parse();
-    let b = Bench {
-        http: reqwest::Client::builder()
-            .timeout(Duration::from_secs(600))
-            .build()?,
-        base: a.base.trim_end_matches('/').to_string(),
-        key: a.key.clone(),
-    };
-    let v = b
-        .call(
-            reqwest::Method::POST,
-            "/session/",
-            json!({ "base_image": a.image }),
-        )
-        .await?;
-    let id = v["session_id"].as_str().context("session_id")?.to_string();
+    let b = Client::new(&a.base, &a.key, Duration::from_secs(600))?;
+    let id = b.create(&a.image).await?;
     let result = run(&a, &b, &id).await;
-    let _ = b
-        .http
-        .delete(b.url(&format!("/session/{id}/?force=true")))
-        .header("X-API-Key", &b.key)
-        .send()
-        .await;
+    let _ = b.delete(&id, true).await;
     result
 }
 
-async fn run(a: &Args, b: &Bench, id: &str) -> Result<()> {
+async fn run(a: &Args, b: &Client, id: &str) -> Result<()> {
     use base64::Engine;
     let enc = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
-    b.sh(
+    sh(
+        b,
         id,
         &format!(
             "echo {} | base64 -d > /tmp/server.py && echo {} | base64 -d > /tmp/inside.py",
@@ -224,13 +162,12 @@ async fn run(a: &Args, b: &Bench, id: &str) -> Result<()> {
         ),
     )
     .await?;
-    b.call(
-        reqwest::Method::POST,
+    b.post(
         &format!("/session/{id}/processes/"),
         json!({ "command": format!("python3 /tmp/server.py {PORT}") }),
     )
     .await?;
-    let small = b.port_url(id, PORT, "small");
+    let small = port_url(b, id, PORT, "small");
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let r = b.http.get(&small).header("X-API-Key", &b.key).send().await;
@@ -245,9 +182,7 @@ async fn run(a: &Args, b: &Bench, id: &str) -> Result<()> {
     let mut report = Vec::new();
 
     // 1 and 2: the small request, inside and through the relay.
-    let out = b
-        .sh(id, &format!("python3 /tmp/inside.py {PORT} {}", a.n))
-        .await?;
+    let out = sh(b, id, &format!("python3 /tmp/inside.py {PORT} {}", a.n)).await?;
     let mut inside: Vec<f64> = out
         .split_whitespace()
         .filter_map(|x| x.parse().ok())
@@ -291,13 +226,13 @@ async fn run(a: &Args, b: &Bench, id: &str) -> Result<()> {
 
     // 3: a GiB each way.
     let bytes = a.gib * 1024 * 1024 * 1024;
-    let idle_rss = a.pid.and_then(rss_kib);
+    let idle_rss = a.pid.and_then(|p| rss_kib(p, "VmRSS:"));
     let running = Arc::new(AtomicBool::new(true));
     let peak = sample_rss(a.pid, running.clone());
     let t = Instant::now();
     let r = b
         .http
-        .get(b.port_url(id, PORT, &format!("bytes/{bytes}")))
+        .get(port_url(b, id, PORT, &format!("bytes/{bytes}")))
         .header("X-API-Key", &b.key)
         .send()
         .await?;
@@ -324,7 +259,7 @@ async fn run(a: &Args, b: &Bench, id: &str) -> Result<()> {
     let t = Instant::now();
     let r = b
         .http
-        .put(b.port_url(id, PORT, "upload"))
+        .put(port_url(b, id, PORT, "upload"))
         .header("X-API-Key", &b.key)
         .header("Content-Length", bytes.to_string())
         .body(reqwest::Body::wrap_stream(stream))
@@ -360,7 +295,7 @@ async fn run(a: &Args, b: &Bench, id: &str) -> Result<()> {
     let peak = sample_rss(a.pid, running.clone());
     let r = b
         .http
-        .get(b.port_url(id, PORT, &format!("bytes/{}", 256u64 << 20)))
+        .get(port_url(b, id, PORT, &format!("bytes/{}", 256u64 << 20)))
         .header("X-API-Key", &b.key)
         .send()
         .await?;
@@ -385,9 +320,7 @@ async fn run(a: &Args, b: &Bench, id: &str) -> Result<()> {
     report.push(json!({"phase": "slow reader", "bytes": slow, "peak_rss_kib": slow_peak}));
 
     // 5: WebSocket echo over raw TCP.
-    let ws_url = b
-        .port_url(id, PORT + 1, "tcp")
-        .replacen("http://", "ws://", 1);
+    let ws_url = port_url(b, id, PORT + 1, "tcp").replacen("http://", "ws://", 1);
     let mut req =
         tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(ws_url)?;
     req.headers_mut().insert("x-api-key", b.key.parse()?);

@@ -49,7 +49,7 @@ pub fn router(
 ) -> Router {
     use crate::routes::observe::{Door, observed};
     let key = config.server.api_key.expose();
-    let config_for_ports = config.clone();
+    let domain: Option<Arc<str>> = ports::domain(&config).map(Arc::from);
     let state = E2b {
         native: native::Native::new(
             app,
@@ -110,7 +110,7 @@ pub fn router(
     .with_state(ports_state);
     Router::new().fallback_service(tower::service_fn(move |req: Request| {
         let (control, envd, ports) = (control.clone(), envd.clone(), ports.clone());
-        let domain = ports::domain(&config_for_ports);
+        let domain = domain.clone();
         async move {
             let to = if ports::is_port_request(req.headers(), domain.as_deref()) {
                 ports

@@ -47,8 +47,6 @@ enum Access {
     /// The query parameter: answered with the cookie and a redirect.
     Query,
     Cookie,
-    /// E2B's public port (a sandbox created with public traffic).
-    Public,
 }
 
 /// `ANY /session/{session_id}/ports/{port}` (its root).
@@ -188,7 +186,7 @@ pub async fn serve_host(
         prefix: String::new(),
     };
     if public {
-        return forward(ops, target, req, Access::Public).await;
+        return forward(ops, target, req).await;
     }
     serve(ops, config, Ok(target), req).await
 }
@@ -218,7 +216,7 @@ async fn serve(
         )
         .into_response();
     }
-    forward(ops, target, req, access).await
+    forward(ops, target, req).await
 }
 
 /// Who may reach the port: the key, else a token of this session and port.
@@ -404,7 +402,7 @@ fn strip_credentials(headers: &mut HeaderMap) {
 
 /// Sends the request to the port and streams the answer back (or joins the two ends of an
 /// upgrade, or serves raw TCP over a WebSocket at `/tcp`).
-async fn forward(ops: Ops, target: Target, mut req: Request, access: Access) -> Response {
+async fn forward(ops: Ops, target: Target, mut req: Request) -> Response {
     // Raw TCP over a WebSocket (a database, a language server): the path route's `/tcp`.
     if !target.prefix.is_empty()
         && target.path_and_query.split('?').next() == Some("/tcp")
@@ -452,7 +450,6 @@ async fn forward(ops: Ops, target: Target, mut req: Request, access: Access) -> 
     {
         parts.headers.insert("x-forwarded-prefix", p);
     }
-    let _ = access;
     parts.uri = match target.path_and_query.parse() {
         Ok(u) => u,
         Err(_) => {

@@ -30,7 +30,7 @@ const CONNECT_ANSWER: Duration = Duration::from_secs(10);
 const PIPE: usize = 256 * 1024;
 
 /// Bytes that crossed a connection, each way, as it goes.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct PortTraffic {
     /// From the caller to the sandbox's port.
     pub sent: AtomicU64,
@@ -38,21 +38,28 @@ pub struct PortTraffic {
     pub received: AtomicU64,
     /// Milliseconds since `opened` of the last byte either way.
     last_ms: AtomicU64,
-    opened: std::sync::OnceLock<Instant>,
+    opened: Instant,
 }
 
 impl PortTraffic {
+    fn new() -> Self {
+        Self {
+            sent: AtomicU64::new(0),
+            received: AtomicU64::new(0),
+            last_ms: AtomicU64::new(0),
+            opened: Instant::now(),
+        }
+    }
+
     fn touch(&self) {
-        let opened = *self.opened.get_or_init(Instant::now);
         self.last_ms
-            .store(opened.elapsed().as_millis() as u64, Ordering::Relaxed);
+            .store(self.opened.elapsed().as_millis() as u64, Ordering::Relaxed);
     }
 
     /// How long no byte crossed either way.
     pub fn idle(&self) -> Duration {
-        let opened = *self.opened.get_or_init(Instant::now);
         let last = Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
-        opened.elapsed().saturating_sub(last)
+        self.opened.elapsed().saturating_sub(last)
     }
 }
 
@@ -149,8 +156,7 @@ impl HelperRuntime {
 
         let (ours, theirs) = tokio::io::duplex(PIPE);
         let (mut from_caller, mut to_caller) = tokio::io::split(ours);
-        let traffic = Arc::new(PortTraffic::default());
-        traffic.touch();
+        let traffic = Arc::new(PortTraffic::new());
         let credit = Arc::new(Semaphore::new(granted as usize));
         let (queue_tx, mut queue) = mpsc::unbounded_channel::<Option<Bytes>>();
         let sender = h.sender();

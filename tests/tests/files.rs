@@ -181,7 +181,32 @@ async fn a_watch_that_is_not_read_does_not_hold_the_session_up() -> Result<()> {
         );
         got.extend_from_slice(&buf[..n]);
     }
-    // 15,000 changes of ~750 bytes each (11 MB of lines) nobody reads.
+    // A second watch, read at once, says when the helper has handed over the flood's last
+    // change: reading the first before then would race the helper (on a loaded machine it may
+    // still be sending while the client drains what was queued, and nothing ever overflows).
+    // Its answer's head comes once it is armed.
+    let mut second = reqwest::Client::new()
+        .get(&url)
+        .header("X-API-Key", &cp.key)
+        .send()
+        .await?
+        .error_for_status()?;
+    let sentinel = {
+        tokio::spawn(async move {
+            let res = &mut second;
+            let mut tail = Vec::new();
+            while let Some(chunk) = res.chunk().await? {
+                tail.extend_from_slice(&chunk);
+                if tail.windows(6).any(|w| w == b"_14999") {
+                    return anyhow::Ok(());
+                }
+                let keep = tail.len().saturating_sub(16);
+                tail.drain(..keep);
+            }
+            anyhow::bail!("the second watch ended before the last change")
+        })
+    };
+    // 15,000 changes of ~860 bytes each (12.9 MB of lines) nobody reads.
     let (code, out) = cp
         .sh(
             &s,
@@ -192,6 +217,9 @@ async fn a_watch_that_is_not_read_does_not_hold_the_session_up() -> Result<()> {
     ensure!(code == 0 && out.ends_with("done\n"), "{out}");
     let (code, out) = cp.sh(&s, "echo still").await?;
     ensure!(code == 0 && out == "still\n", "{out}");
+    tokio::time::timeout(Duration::from_secs(120), sentinel)
+        .await
+        .map_err(|_| anyhow::anyhow!("the second watch never saw the last change"))???;
     // Reading again: what was queued, then the overflow.
     let (mut total, mut tail) = (0usize, Vec::new());
     loop {

@@ -18,6 +18,8 @@ use crate::api::{
     MetricsSample, SessionInfo, SessionList, SessionMetrics, SessionState, StartSessionResponse,
 };
 use crate::auth::HEADER as API_KEY;
+use crate::error::ApiError;
+use crate::ops::lifecycle;
 
 /// What E2B's SDK shows as the sandbox's client.
 const CLIENT_ID: &str = "daiv-sandbox";
@@ -268,9 +270,7 @@ fn detail(e: &E2b, s: &SessionInfo, with_token: bool) -> Value {
 }
 
 pub(super) async fn info(e: &E2b, id: &str) -> Result<SessionInfo, ApiFailure> {
-    Ok(e.native
-        .json(Method::GET, &format!("/session/{id}/info/"), None, None)
-        .await?)
+    Ok(e.ops.info(&super::state::session_id(id)?).await?)
 }
 
 /// `GET /sandboxes/{id}`.
@@ -283,20 +283,11 @@ pub async fn get(State(e): State<E2b>, SandboxId(id): SandboxId) -> Answer {
 /// it) and its polled watchers with it; 204, or 404 (the SDK's `kill` answers `False`).
 pub async fn kill(State(e): State<E2b>, SandboxId(id): SandboxId) -> Answer {
     let id = id.as_str();
-    let removed: Result<Value, Refusal> = e
-        .native
-        .json(
-            Method::DELETE,
-            &format!("/session/{id}/?force=true"),
-            None,
-            None,
-        )
+    let removed = e
+        .ops
+        .apply(&super::state::session_id(id)?, lifecycle::Remove)
         .await;
-    if removed.is_ok()
-        || removed
-            .as_ref()
-            .is_err_and(|r| r.status == StatusCode::NOT_FOUND)
-    {
+    if removed.is_ok() || matches!(removed, Err(ApiError::NotFound)) {
         e.watchers.remove_sandbox(id);
     }
     removed?;
@@ -320,16 +311,9 @@ pub async fn timeout(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-async fn set_timeout(e: &E2b, id: &str, secs: u64) -> Result<(), ApiFailure> {
-    let _: Value = e
-        .native
-        .json(
-            Method::POST,
-            &format!("/session/{id}/timeout/"),
-            Some(&json!({ "timeout_seconds": secs })),
-            None,
-        )
-        .await?;
+async fn set_timeout(e: &E2b, id: &str, seconds: u64) -> Result<(), ApiFailure> {
+    let op = lifecycle::SetTimeout { seconds };
+    e.ops.apply(&super::state::session_id(id)?, op).await?;
     Ok(())
 }
 
@@ -342,9 +326,8 @@ pub async fn pause(State(e): State<E2b>, SandboxId(id): SandboxId) -> Answer {
             format!("sandbox {id} is already paused"),
         )));
     }
-    let _: Value = e
-        .native
-        .json(Method::POST, &format!("/session/{id}/pause/"), None, None)
+    e.ops
+        .apply(&super::state::session_id(id)?, lifecycle::Pause)
         .await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }

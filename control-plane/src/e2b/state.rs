@@ -30,9 +30,18 @@ impl E2b {
         id: &str,
         op: O,
     ) -> Result<O::Output, super::connect::RpcError> {
+        Ok(self.reach(id, op).await?)
+    }
+
+    /// [`E2b::apply`] with the operation's own error, for a door that renders it over HTTP.
+    pub async fn reach<O: crate::ops::Op>(
+        &self,
+        id: &str,
+        op: O,
+    ) -> Result<O::Output, crate::error::ApiError> {
         let id = session_id(id)?;
         let applied = self.ops.apply(&id, op);
-        Ok(crate::sessions::keep_paused_if(self.keep_paused, applied).await?)
+        crate::sessions::keep_paused_if(self.keep_paused, applied).await
     }
 }
 

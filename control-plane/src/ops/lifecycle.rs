@@ -52,3 +52,60 @@ fn ends_before(s: &SessionInfo, seconds: u64) -> bool {
     let wanted = crate::time::unix_now().saturating_add_unsigned(seconds);
     end.unix_timestamp() < wanted
 }
+
+/// Freezes a session (and its gateway), keeping its memory and background processes; one
+/// paused already stays so, a stopped one is refused (409).
+pub struct Pause;
+
+impl Op for Pause {
+    type Output = ();
+    const ADMIT: Admit = Admit::Free;
+    const ACCESS: Access = Access::Held;
+
+    async fn apply(self, at: Reached) -> Result<(), ApiError> {
+        Ok(at.sessions.pause(&at.id).await?)
+    }
+}
+
+/// Moves a session's deadline to now plus `seconds` (shorter or longer), without thawing it;
+/// answers the session with its new deadline.
+pub struct SetTimeout {
+    pub seconds: u64,
+}
+
+impl Op for SetTimeout {
+    type Output = SessionInfo;
+    const ADMIT: Admit = Admit::Free;
+    const ACCESS: Access = Access::Held;
+
+    async fn apply(self, at: Reached) -> Result<SessionInfo, ApiError> {
+        at.sessions.set_timeout(&at.id, self.seconds).await?;
+        Ok(at.sessions.info(&at.id, &at.engine()).await?.info)
+    }
+}
+
+/// Stops a session (kept for a later request to restart), under its lock.
+pub struct Stop;
+
+impl Op for Stop {
+    type Output = ();
+    const ADMIT: Admit = Admit::Free;
+    const ACCESS: Access = Access::Held;
+
+    async fn apply(self, at: Reached) -> Result<(), ApiError> {
+        Ok(at.sessions.close(&at.id, false).await?)
+    }
+}
+
+/// Removes a session and everything of it, not waiting behind a busy one.
+pub struct Remove;
+
+impl Op for Remove {
+    type Output = ();
+    const ADMIT: Admit = Admit::Free;
+    const ACCESS: Access = Access::Removal;
+
+    async fn apply(self, at: Reached) -> Result<(), ApiError> {
+        Ok(at.sessions.close(&at.id, true).await?)
+    }
+}

@@ -1,7 +1,8 @@
 //! Operations on a session: the way a front door (the REST routes, MCP, E2B) reaches one.
 //!
 //! Each operation is a type ([`Op`]) that says what it needs before it runs: its admission
-//! class, whether it takes the session's lock, and (every operation here) the session running.
+//! class, whether it takes the session's lock, and whether the session must be running (all
+//! but those on its life: a pause, a deadline, a close).
 //! [`Ops::apply`] finds the engine holding the session, takes the slot, the lock and the
 //! running check once, in that order, and hands the operation the [`Reached`] session, whose
 //! workspace does not check again. A door decodes its request into an operation, applies it and
@@ -9,9 +10,12 @@
 //! lock order or a running check, and none calls another door.
 //!
 //! The background processes' operations are here ([`processes`]), the data plane's fs ops on
-//! paths anywhere ([`fs`]) and E2B's `connect` ([`lifecycle`]); the others still go through the
-//! routes' extractors and MCP's own sequence of domain calls.
+//! paths anywhere ([`fs`]), its raw files and watches ([`files`]), a port's connections
+//! ([`ports`]) and the session's life: E2B's `connect`, a pause, a deadline, a close
+//! ([`lifecycle`]); the others still go through the routes'
+//! extractors and MCP's own sequence of domain calls.
 
+pub mod files;
 pub mod fs;
 pub mod lifecycle;
 pub mod ports;
@@ -49,6 +53,13 @@ pub enum Access {
     /// In the session's order (writes): its lock, held until the operation's answer is done
     /// with, then the session made to run.
     Ordered,
+    /// Its lock, and the session as it stands (stopped or paused): what acts on its life (a
+    /// pause, a deadline, a stop) and must not thaw it first.
+    Held,
+    /// A removal's lock, which does not wait behind a busy session (see
+    /// [`Sessions::lock_to_remove`]): taken if free within a moment, else the removal goes
+    /// ahead without it.
+    Removal,
 }
 
 /// One use case on a session.
@@ -205,6 +216,8 @@ impl Ops {
                 let found = sessions.ensure_running(id).await?;
                 (Some(held), Some(found))
             }
+            Access::Held => (Some(sessions.lock(id).await?), None),
+            Access::Removal => (sessions.lock_to_remove(id).await?, None),
         };
         Ok(Reached {
             id: id.clone(),

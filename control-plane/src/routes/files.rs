@@ -10,7 +10,6 @@
 //! `too_large`, 416 `invalid_range`, 507 `no_space`.
 
 use std::io::Write;
-use std::sync::Arc;
 
 use axum::Json;
 use axum::body::Body;
@@ -19,23 +18,29 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures::StreamExt;
 use sandbox_protocol::files::*;
-use sandbox_protocol::message::{ByteRange, Request};
 use sandbox_protocol::wire::{FsError, FsErrorCode};
 use serde::Deserialize;
 use serde_json::json;
-use tokio::sync::mpsc;
 
 use axum::extract::State;
 
-use super::extract::{Id, Session};
+use super::extract::Id;
 use crate::error::{ApiError, ApiJson, ApiQuery, ErrorBody};
-use crate::ops::{Ops, fs};
-use crate::runtime::FileRead;
-use crate::sessions::Workspace;
+use crate::ops::files::ByteRange;
+use crate::ops::{Ops, files, fs};
 
 /// An fs-level refusal as an HTTP status and `{"detail", "code"}`.
 pub(super) fn refused(e: FsError) -> Response {
-    let status = match e.code {
+    (
+        fs_status(e.code),
+        Json(json!({"detail": e.message, "code": e.code.label()})),
+    )
+        .into_response()
+}
+
+/// The HTTP status of an fs-level refusal (every door that answers over HTTP says the same).
+pub fn fs_status(code: FsErrorCode) -> StatusCode {
+    match code {
         FsErrorCode::InvalidPath => StatusCode::UNPROCESSABLE_ENTITY,
         FsErrorCode::PermissionDenied => StatusCode::FORBIDDEN,
         FsErrorCode::NotFound => StatusCode::NOT_FOUND,
@@ -47,12 +52,7 @@ pub(super) fn refused(e: FsError) -> Response {
         FsErrorCode::InvalidRange => StatusCode::RANGE_NOT_SATISFIABLE,
         FsErrorCode::NoSpace => StatusCode::INSUFFICIENT_STORAGE,
         _ => StatusCode::UNPROCESSABLE_ENTITY,
-    };
-    (
-        status,
-        Json(json!({"detail": e.message, "code": e.code.label()})),
-    )
-        .into_response()
+    }
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
@@ -79,7 +79,7 @@ pub struct FileQuery {
 
 /// `Range: bytes=first-last | first- | -suffix`; `None` for no header, a multi-range or one
 /// that is not bytes (the whole file is served, as RFC 9110 allows).
-fn parse_range(headers: &HeaderMap) -> Option<ByteRange> {
+pub fn parse_range(headers: &HeaderMap) -> Option<ByteRange> {
     let v = headers.get(header::RANGE)?.to_str().ok()?.trim();
     let spec = v.strip_prefix("bytes=")?;
     if spec.contains(',') {
@@ -103,7 +103,7 @@ fn parse_range(headers: &HeaderMap) -> Option<ByteRange> {
     Some(ByteRange { first, last })
 }
 
-fn accepts_gzip(headers: &HeaderMap) -> bool {
+pub fn accepts_gzip(headers: &HeaderMap) -> bool {
     headers
         .get_all(header::ACCEPT_ENCODING)
         .iter()
@@ -153,23 +153,28 @@ fn gzip(
         (status = 409, description = "is_a_directory"), (status = 416, description = "invalid_range"),
         (status = 422, description = "invalid_path"), (status = 503, body = ErrorBody)))]
 pub async fn get_file(
-    s: Session,
+    State(ops): State<Ops>,
+    Id(id): Id,
     ApiQuery(q): ApiQuery<FileQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let path = match validate_any_path(&q.path) {
-        Ok(p) => p,
+    let range = parse_range(&headers);
+    let op = match files::ReadFile::new(&q.path, range) {
+        Ok(op) => op,
         Err(e) => return Ok(refused(e)),
     };
-    let ws = s.sessions.workspace(&s.id);
-    ws.beside().await?;
-    let range = parse_range(&headers);
-    let stream = match ws.runtime.read_file(ws.id, &path, range).await? {
-        FileRead::Stream(s) => s,
-        FileRead::Refused(e) if e.code == FsErrorCode::InvalidRange => {
-            // 416 says how large the file is.
-            let size = stat_size(&ws, &path).await;
-            let mut r = refused(e);
+    let read = ops.apply(&id, op).await?;
+    file_answer(read, range.is_some(), accepts_gzip(&headers))
+}
+
+/// A read as its HTTP answer (also envd's `GET /files`): the bytes with their length, a range
+/// as 206 with its `Content-Range`, gzip when the client takes it (not for a range); a
+/// refusal as its status, a 416 saying how large the file is.
+pub fn file_answer(read: files::Read, partial: bool, gz: bool) -> Result<Response, ApiError> {
+    let stream = match read {
+        files::Read::Stream(s) => s,
+        files::Read::Refused { error, size } => {
+            let mut r = refused(error);
             if let Some(size) = size
                 && let Ok(v) = HeaderValue::from_str(&format!("bytes */{size}"))
             {
@@ -177,10 +182,8 @@ pub async fn get_file(
             }
             return Ok(r);
         }
-        FileRead::Refused(e) => return Ok(refused(e)),
     };
-    let partial = range.is_some();
-    let gz = accepts_gzip(&headers) && !partial;
+    let gz = gz && !partial;
     let mut builder = Response::builder()
         .status(if partial {
             StatusCode::PARTIAL_CONTENT
@@ -212,14 +215,6 @@ pub async fn get_file(
     builder.body(body).map_err(|e| ApiError::Internal(e.into()))
 }
 
-async fn stat_size(ws: &Workspace<'_>, path: &str) -> Option<u64> {
-    let req = FsStatRequest {
-        path: path.to_string(),
-    };
-    let answer = crate::workspace::fs::Fs::new(ws).stat(&req).await.ok()?;
-    answer.entry.map(|e| e.size)
-}
-
 /// `PUT /session/{id}/files?path=…&mode=…&parents=…`: the raw body becomes the file, replacing
 /// an existing one atomically.
 #[utoipa::path(put, path = "/session/{session_id}/files", tag = "files", operation_id = "put_file",
@@ -233,82 +228,31 @@ async fn stat_size(ws: &Workspace<'_>, path: &str) -> Option<u64> {
         (status = 422, description = "invalid_path"), (status = 507, description = "no_space: the sandbox's disk is full"),
         (status = 503, body = ErrorBody)))]
 pub async fn put_file(
-    s: Session,
+    State(ops): State<Ops>,
+    Id(id): Id,
     ApiQuery(q): ApiQuery<FileQuery>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let path = match validate_any_path(&q.path) {
-        Ok(p) => p,
-        Err(e) => return Ok(refused(e)),
-    };
-    let mode = match q.mode.map(permission_bits).transpose() {
-        Ok(mode) => mode,
-        Err(why) => return Ok(refused(FsError::new(FsErrorCode::InvalidPath, why))),
-    };
-    let ws = s.sessions.workspace(&s.id);
-    let max = ws.config.sessions.file_max_bytes;
-    let too_large = || {
-        refused(FsError::new(
-            FsErrorCode::TooLarge,
-            format!(
-                "the body is over the {max}-byte limit (DAIV_SANDBOX_FILE_MAX_BYTES); nothing was written"
-            ),
-        ))
-    };
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > max) {
-        return Ok(too_large());
-    }
-    let _held = ws.ordered().await?;
-    let (tx, rx) = mpsc::channel::<std::io::Result<Bytes>>(4);
-    let over = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let pump_over = over.clone();
-    let pump = tokio::spawn(async move {
-        let mut stream = body.into_data_stream();
-        let mut total = 0u64;
-        while let Some(chunk) = stream.next().await {
-            let (msg, stop) = match chunk {
-                Ok(c) => {
-                    total += c.len() as u64;
-                    // The chunk that passes the cap still goes: the helper sees the content
-                    // is over `max_bytes`, removes its temporary file and answers `too_large`
-                    // (at the EOF that follows), so the answer comes once nothing is left.
-                    let over = total > max;
-                    if over {
-                        pump_over.store(true, std::sync::atomic::Ordering::Relaxed);
-                    }
-                    (Ok(c), over)
-                }
-                // The client's body broke: the write is abandoned (cancelled) in the helper.
-                Err(e) => (Err(std::io::Error::other(e.to_string())), true),
-            };
-            if tx.send(msg).await.is_err() || stop {
-                return;
-            }
-        }
-    });
-    let request = Request::FileWrite {
-        path,
-        mode,
-        parents: q.parents.unwrap_or(true),
-        max_bytes: max,
-        in_place: !q.atomic.unwrap_or(true),
+    let body = body
+        .into_data_stream()
+        .map(|c| c.map_err(|e| std::io::Error::other(e.to_string())))
+        .boxed();
+    let op = match files::WriteFile::new(&q.path, q.mode, body) {
+        Ok(op) => op
+            .parents(q.parents.unwrap_or(true))
+            .atomic(q.atomic.unwrap_or(true))
+            .declared(declared),
+        Err(e) => return Ok(refused(e)),
     };
-    let r = ws.runtime.write_file(ws.id, request, rx).await;
-    pump.abort();
-    match r {
-        Ok(FileAnswer { error: Some(e), .. }) => Ok(refused(e)),
-        Ok(a) => Ok(Json(a).into_response()),
-        Err(_) if over.load(std::sync::atomic::Ordering::Relaxed) => Ok(too_large()),
-        Err(crate::runtime::HelperError::ArchiveRefused) => Err(ApiError::BadRequest(
-            "the request body could not be read to its end; nothing was written".into(),
-        )),
-        Err(e) => Err(e.into()),
-    }
+    Ok(match ops.apply(&id, op).await? {
+        files::Write::Written(a) => Json(a).into_response(),
+        files::Write::Refused(e) => refused(e),
+    })
 }
 
 #[utoipa::path(post, path = "/session/{session_id}/fs/stat", tag = "fs", operation_id = "fs_stat", request_body = FsStatRequest,

@@ -18,13 +18,14 @@ use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
 use ring::hmac;
 
-use super::extract::{Id, Locked, Session};
+use super::extract::{Id, Session};
 use crate::api::{
     Metadata, MetricsQuery, SessionInfo, SessionList, SessionMetrics, SessionState, TimeoutRequest,
 };
 use crate::config::Config;
 use crate::error::{ApiError, ApiJson, ApiQuery, ErrorBody};
 use crate::fleet::Fleet;
+use crate::ops::{Ops, lifecycle};
 
 /// Sessions a page holds unless `limit` says otherwise, and at most.
 const DEFAULT_LIMIT: usize = 100;
@@ -116,13 +117,14 @@ pub async fn info(
         (status = 409, body = ErrorBody), (status = 422, body = ErrorBody),
         (status = 503, body = ErrorBody)))]
 pub async fn timeout(
-    State(fleet): State<Arc<Fleet>>,
-    s: Locked<ApiJson<TimeoutRequest>>,
+    State(ops): State<Ops>,
+    Id(id): Id,
+    ApiJson(req): ApiJson<TimeoutRequest>,
 ) -> Result<Json<SessionInfo>, ApiError> {
-    let ApiJson(req) = &s.body;
-    s.sessions.set_timeout(&s.id, req.timeout_seconds).await?;
-    let engine = fleet.cell_of(&s.id)?.name();
-    Ok(Json(s.sessions.info(&s.id, &engine).await?.info))
+    let op = lifecycle::SetTimeout {
+        seconds: req.timeout_seconds,
+    };
+    Ok(Json(ops.apply(&id, op).await?))
 }
 
 /// The session's CPU, memory and disk, sampled every `SESSION_METRICS_INTERVAL_SECONDS` while

@@ -7,13 +7,14 @@ use axum::response::{IntoResponse, Response};
 
 use std::sync::Arc;
 
-use super::extract::{Locked, Session};
+use super::extract::{Id, Locked};
 use crate::api::{
     CloseQuery, RunRequest, RunResponse, RunStreamLine, StartSessionRequest, StartSessionResponse,
 };
 use crate::config::Config;
 use crate::error::{ApiError, ApiJson, ApiQuery, ErrorBody};
 use crate::fleet::Fleet;
+use crate::ops::{Ops, lifecycle};
 
 /// Start a sandbox session and return its id.
 #[utoipa::path(post, path = "/session/", tag = "session", request_body = StartSessionRequest,
@@ -155,13 +156,16 @@ pub async fn status(s: Locked) -> Result<StatusCode, ApiError> {
     params(("session_id" = String, Path, description = "The session id"),
         ("force" = Option<bool>, Query, description = "Remove instead of stop")),
     responses((status = 204), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
-pub async fn close(ApiQuery(q): ApiQuery<CloseQuery>, s: Session) -> Result<StatusCode, ApiError> {
-    // A removal does not wait behind a busy session (see `Sessions::lock_to_remove`).
-    let _held = if q.force {
-        s.sessions.lock_to_remove(&s.id).await?
+pub async fn close(
+    ApiQuery(q): ApiQuery<CloseQuery>,
+    State(ops): State<Ops>,
+    Id(id): Id,
+) -> Result<StatusCode, ApiError> {
+    // A removal does not wait behind a busy session (see `Access::Removal`).
+    if q.force {
+        ops.apply(&id, lifecycle::Remove).await?;
     } else {
-        Some(s.lock().await?)
-    };
-    s.sessions.close(&s.id, q.force).await?;
+        ops.apply(&id, lifecycle::Stop).await?;
+    }
     Ok(StatusCode::NO_CONTENT)
 }

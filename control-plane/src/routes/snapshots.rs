@@ -8,7 +8,7 @@ use axum::extract::{FromRequestParts, State};
 use axum::http::StatusCode;
 use axum::http::request::Parts;
 
-use super::extract::{Id, Locked, Session, param};
+use super::extract::{Id, Session, param};
 use crate::admission::Admission;
 use crate::api::{
     ForkRequest, ForkResponse, SnapshotCreated, SnapshotInfo, SnapshotList, SnapshotRequest,
@@ -16,6 +16,7 @@ use crate::api::{
 use crate::error::{ApiError, ApiJson, ErrorBody};
 use crate::fleet::Fleet;
 use crate::ids::SnapshotId;
+use crate::ops::{Ops, lifecycle};
 use crate::sessions::ForkPlan;
 use crate::snapshots::{Snapshot, SnapshotError};
 
@@ -165,8 +166,8 @@ pub async fn fork(
     responses((status = 204), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 409, body = ErrorBody, description = "The session is stopped"),
         (status = 503, body = ErrorBody)))]
-pub async fn pause(s: Locked) -> Result<StatusCode, ApiError> {
-    s.sessions.pause(&s.id).await?;
+pub async fn pause(State(ops): State<Ops>, Id(id): Id) -> Result<StatusCode, ApiError> {
+    ops.apply(&id, lifecycle::Pause).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -3,48 +3,17 @@
 //! ends when the client goes (which ends the watch in the helper) or the directory does.
 
 use axum::body::Body;
+use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use sandbox_protocol::files::validate_any_path;
-use sandbox_protocol::message::{ChangeKind, Event};
+use futures::StreamExt;
 
-use super::extract::Session;
+use super::extract::Id;
 use super::files::refused;
-use crate::api::{WatchEvent, WatchEventType, WatchQuery};
+use crate::api::{WatchEvent, WatchQuery};
 use crate::error::{ApiError, ApiQuery, ErrorBody};
-use crate::runtime::WatchOpen;
-
-fn line(kind: WatchEventType) -> WatchEvent {
-    WatchEvent {
-        kind,
-        path: None,
-        entry: None,
-        watches: None,
-    }
-}
-
-/// A helper's change as the line the client reads.
-fn to_line(ev: Event) -> Option<WatchEvent> {
-    match ev {
-        Event::Change {
-            change,
-            path,
-            entry,
-        } => Some(WatchEvent {
-            path: Some(path),
-            entry,
-            ..line(match change {
-                ChangeKind::Create => WatchEventType::Create,
-                ChangeKind::Write => WatchEventType::Write,
-                ChangeKind::Remove => WatchEventType::Remove,
-                ChangeKind::Rename => WatchEventType::Rename,
-                ChangeKind::Chmod => WatchEventType::Chmod,
-            })
-        }),
-        Event::Overflow => Some(line(WatchEventType::Overflow)),
-        _ => None,
-    }
-}
+use crate::ops::Ops;
+use crate::ops::files;
 
 /// Watch a directory (`recursive`: and everything below it). NDJSON `WatchEvent` lines: first
 /// `armed`, then one per change; `overflow` where changes were lost (a client reading too slowly
@@ -57,35 +26,24 @@ fn to_line(ev: Event) -> Option<WatchEvent> {
         (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 409, body = ErrorBody), (status = 422, body = ErrorBody),
         (status = 503, body = ErrorBody)))]
-pub async fn watch(s: Session, ApiQuery(q): ApiQuery<WatchQuery>) -> Result<Response, ApiError> {
-    let path = match validate_any_path(&q.path) {
-        Ok(p) => p,
+pub async fn watch(
+    State(ops): State<Ops>,
+    Id(id): Id,
+    ApiQuery(q): ApiQuery<WatchQuery>,
+) -> Result<Response, ApiError> {
+    let op = match files::Watch::new(&q.path, q.recursive) {
+        Ok(op) => op,
         Err(e) => return Ok(refused(e)),
     };
-    let ws = s.sessions.workspace(&s.id);
-    ws.beside().await?;
-    let (watches, changes) = match ws.runtime.watch(ws.id, &path, q.recursive).await? {
-        WatchOpen::Armed { watches, changes } => (watches, changes),
-        WatchOpen::Refused(e) => return Ok(refused(e)),
+    let events = match ops.apply(&id, op).await? {
+        files::Watching::Armed(events) => events,
+        files::Watching::Refused(e) => return Ok(refused(e)),
     };
-    let armed = WatchEvent {
-        watches: Some(watches),
-        ..line(WatchEventType::Armed)
-    };
-    let stream =
-        futures::stream::unfold((Some(armed), changes), |(first, mut changes)| async move {
-            let event = match first {
-                Some(a) => a,
-                None => loop {
-                    if let Some(l) = to_line(changes.recv().await?) {
-                        break l;
-                    }
-                },
-            };
-            let mut bytes = serde_json::to_vec(&event).unwrap_or_default();
-            bytes.push(b'\n');
-            Some((Ok::<_, std::convert::Infallible>(bytes), (None, changes)))
-        });
+    let stream = events.map(|event| {
+        let mut bytes = serde_json::to_vec(&event).unwrap_or_default();
+        bytes.push(b'\n');
+        Ok::<_, std::convert::Infallible>(bytes)
+    });
     Ok((
         [(header::CONTENT_TYPE, "application/x-ndjson")],
         Body::from_stream(stream),

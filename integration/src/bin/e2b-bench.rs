@@ -13,7 +13,10 @@
 //!    as `true` alone: 3 measures it);
 //! 3. `native bash -l`: phase 1 with the command envd runs (`/bin/bash -l -c true`);
 //! 4. `native run`: `POST /session/{id}/` `true` (the reference's route, for scale);
-//! 5. with `--pool-size N` (the service has `DAIV_SANDBOX_WARM_POOL=IMAGE=N`): `native create` and
+//! 5. `native read 4 MiB` / `envd read 4 MiB`: `GET /session/{id}/files` against envd's
+//!    `GET /files` of the same 4 MiB file; `native write 4 MiB` / `envd write 4 MiB`: `PUT` against
+//!    envd's `POST /files` (octet-stream, as the SDK's `files.write` of bytes sends it);
+//! 6. with `--pool-size N` (the service has `DAIV_SANDBOX_WARM_POOL=IMAGE=N`): `native create` and
 //!    `e2b create` (`POST /v2/sandboxes`), each waiting for the pool to be full first, so every
 //!    create is a claim.
 
@@ -120,6 +123,60 @@ impl Bench {
         Ok(took)
     }
 
+    /// `GET` of `path`, natively or through envd (with `token`), its bytes counted.
+    async fn read(&self, id: &str, path: &str, envd: Option<&str>) -> Result<Duration> {
+        let t = Instant::now();
+        let req = match envd {
+            None => self
+                .http
+                .get(format!("{}/api/v1/session/{id}/files", self.base))
+                .header("X-API-Key", &self.key),
+            Some(token) => self
+                .http
+                .get(format!("{}/files", self.e2b))
+                .header("E2b-Sandbox-Id", id)
+                .header("E2b-Sandbox-Port", "49983")
+                .header("X-Access-Token", token),
+        };
+        let r = req.query(&[("path", path)]).send().await?;
+        let status = r.status();
+        let got = r.bytes().await?.len();
+        let took = t.elapsed();
+        if !status.is_success() || got != FILE.len() {
+            bail!("read: {status}, {got} bytes");
+        }
+        Ok(took)
+    }
+
+    /// `PUT` (natively) or envd's `POST /files` of [`FILE`] at `path`.
+    async fn write(&self, id: &str, path: &str, envd: Option<&str>) -> Result<Duration> {
+        let t = Instant::now();
+        let req = match envd {
+            None => self
+                .http
+                .put(format!("{}/api/v1/session/{id}/files", self.base))
+                .header("X-API-Key", &self.key),
+            Some(token) => self
+                .http
+                .post(format!("{}/files", self.e2b))
+                .header("E2b-Sandbox-Id", id)
+                .header("E2b-Sandbox-Port", "49983")
+                .header("X-Access-Token", token),
+        };
+        let r = req
+            .query(&[("path", path)])
+            .header("Content-Type", "application/octet-stream")
+            .body(FILE.clone())
+            .send()
+            .await?;
+        let status = r.status();
+        let _ = r.bytes().await?;
+        if !status.is_success() {
+            bail!("write: {status}");
+        }
+        Ok(t.elapsed())
+    }
+
     async fn native_run(&self, id: &str) -> Result<Duration> {
         let t = Instant::now();
         let r = self
@@ -215,6 +272,20 @@ impl Bench {
     }
 }
 
+/// The file the read and write phases move: 4 MiB that do not compress to nothing.
+static FILE: std::sync::LazyLock<bytes::Bytes> = std::sync::LazyLock::new(|| {
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    (0..4 << 20)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect::<Vec<u8>>()
+        .into()
+});
+
 fn pct(sorted: &[Duration], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
@@ -243,7 +314,13 @@ async fn main() -> Result<()> {
         ("envd command", Vec::new()),
         ("native bash -l", Vec::new()),
         ("native run", Vec::new()),
+        ("native read 4 MiB", Vec::new()),
+        ("envd read 4 MiB", Vec::new()),
+        ("native write 4 MiB", Vec::new()),
+        ("envd write 4 MiB", Vec::new()),
     ];
+    const FILE_PATH: &str = "/tmp/e2b-bench-4m";
+    b.write(&id, FILE_PATH, None).await?;
     // Interleaved, so drift (dying cgroups, a busy engine) weighs on every phase alike.
     for _ in 0..a.n {
         phases[0].1.push(b.native_command(&id, "true").await?);
@@ -252,6 +329,14 @@ async fn main() -> Result<()> {
             .1
             .push(b.native_command(&id, "/bin/bash -l -c true").await?);
         phases[3].1.push(b.native_run(&id).await?);
+        phases[4].1.push(b.read(&id, FILE_PATH, None).await?);
+        phases[5]
+            .1
+            .push(b.read(&id, FILE_PATH, Some(&token)).await?);
+        phases[6].1.push(b.write(&id, FILE_PATH, None).await?);
+        phases[7]
+            .1
+            .push(b.write(&id, FILE_PATH, Some(&token)).await?);
     }
     b.remove(&id).await;
     if a.pool_size > 0 {

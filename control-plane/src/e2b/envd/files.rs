@@ -2,8 +2,9 @@
 //! the native route), `POST` writes one (`application/octet-stream`, gzip allowed) or several
 //! (`multipart/form-data`: every part to `?path=` when the query names one, as envd writes them,
 //! else each part to its own file name), replacing what is there in place (as envd does: a
-//! watcher sees the file's own events) and creating parents; both streamed through the native
-//! `/files` route, so a file's size is bounded by `FILE_MAX_BYTES` and the disk, not by memory.
+//! watcher sees the file's own events) and creating parents; both streamed through the same
+//! operations as the native `/files` route ([`crate::ops::files`]), so a file's size is bounded
+//! by `FILE_MAX_BYTES` and the disk, not by memory.
 //!
 //! A signed URL (`signature`, `signature_expiration`) stands in for the access token for the one
 //! path it was signed over: its holder (a browser, a less trusted party: the reason to sign URLs)
@@ -14,15 +15,18 @@ use std::collections::HashMap;
 
 use axum::body::Body;
 use axum::extract::{Query, State};
-use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
+use sandbox_protocol::wire::FsError;
 use serde_json::{Value, json};
 
-use super::super::native::{Refusal, query, refusal};
+use super::super::native::Refusal;
 use super::super::state::E2b;
 use super::super::token::SignedUrl;
-use super::{absolute, basic_user, check_user, http_error, sandbox_id};
+use super::{absolute, api_http_error, basic_user, check_user, http_error, sandbox_id};
+use crate::ops::files::{Read, ReadFile, Write, WriteFile};
+use crate::routes::files as files_route;
 
 /// How a `/files` caller proved it may act on the sandbox.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,25 +90,23 @@ pub async fn download(
         Err(r) => return http_error(&r),
     };
     let path = absolute(params.get("path").map(String::as_str).unwrap_or(""));
-    let mut pass = HeaderMap::new();
-    for h in [header::RANGE, header::ACCEPT_ENCODING] {
-        if let Some(v) = headers.get(&h) {
-            pass.insert(h, v.clone());
-        }
-    }
-    let uri = format!("/session/{id}/files?{}", query(&[("path", &path)]));
-    let resp = e
-        .native
-        .send_with(Method::GET, &uri, Body::empty(), pass, None)
-        .await;
-    if resp.status().is_success() {
-        return resp;
-    }
-    let status = resp.status();
-    let body = axum::body::to_bytes(resp.into_body(), 64 * 1024)
-        .await
-        .unwrap_or_default();
-    http_error(&refusal(status, &body))
+    let range = files_route::parse_range(&headers);
+    let op = match ReadFile::new(&path, range) {
+        Ok(op) => op,
+        Err(err) => return http_error(&fs_refusal(err)),
+    };
+    let read = match e.reach(&id, op).await {
+        Ok(Read::Refused { error, .. }) => return http_error(&fs_refusal(error)),
+        Ok(read) => read,
+        Err(err) => return api_http_error(err),
+    };
+    let gz = files_route::accepts_gzip(&headers);
+    files_route::file_answer(read, range.is_some(), gz).unwrap_or_else(api_http_error)
+}
+
+/// An fs-level refusal as the status the native route answers it with.
+fn fs_refusal(e: FsError) -> Refusal {
+    Refusal::new(files_route::fs_status(e.code), e.message)
 }
 
 /// `POST /files?path=`.
@@ -201,26 +203,20 @@ async fn put(
     };
     // In place, as envd writes: a watcher sees the file's own create and write events (a body
     // cut short leaves what came, as envd's does).
-    let uri = format!(
-        "/session/{id}/files?{}",
-        query(&[("path", path), ("atomic", "false")])
-    );
-    let resp = e
-        .native
-        .send(
-            Method::PUT,
-            &uri,
-            body,
-            Some("application/octet-stream"),
-            None,
-        )
-        .await;
-    let status = resp.status();
-    if !status.is_success() {
-        let bytes = axum::body::to_bytes(resp.into_body(), 64 * 1024)
-            .await
-            .unwrap_or_default();
-        return Err(refusal(status, &bytes));
+    let body = body
+        .into_data_stream()
+        .map_err(|err| std::io::Error::other(err.to_string()))
+        .boxed();
+    let op = WriteFile::new(path, None, body)
+        .map_err(fs_refusal)?
+        .atomic(false);
+    match e.reach(id, op).await {
+        Ok(Write::Written(_)) => {}
+        Ok(Write::Refused(err)) => return Err(fs_refusal(err)),
+        Err(err) => {
+            err.log();
+            return Err(Refusal::new(err.status(), err.to_string()));
+        }
     }
     let name = path.rsplit('/').next().unwrap_or(path);
     Ok(json!({ "name": name, "type": "file", "path": path }))

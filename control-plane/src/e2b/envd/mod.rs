@@ -16,11 +16,10 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::Response;
 use axum::routing::{get, post};
 use base64::Engine;
-use futures::{Stream, StreamExt};
 use serde::de::DeserializeOwned;
 
 use super::connect::{Code, RpcError};
-use super::native::{Refusal, path_id, refusal};
+use super::native::{Refusal, path_id};
 use super::state::E2b;
 
 /// The sandbox user's home: where relative paths and a command's default directory are.
@@ -54,15 +53,10 @@ async fn health(
         Ok(c) => c.id,
         Err(err) => return err.into_response(),
     };
-    let found: Result<crate::api::SessionInfo, Refusal> = e
-        .native
-        .json(
-            axum::http::Method::GET,
-            &format!("/session/{id}/info/"),
-            None,
-            None,
-        )
-        .await;
+    let found = match super::state::session_id(&id) {
+        Ok(sid) => e.ops.info(&sid).await,
+        Err(err) => Err(err),
+    };
     let not_running = |why: &str| {
         http_error(&Refusal::new(
             StatusCode::BAD_GATEWAY,
@@ -73,7 +67,7 @@ async fn health(
         Ok(s) if s.state != crate::api::SessionState::Running => not_running("it is paused"),
         Ok(s) if past(s.expires_at.as_deref()) => not_running("it is past its timeout"),
         Ok(_) => StatusCode::NO_CONTENT.into_response(),
-        Err(r) => http_error(&r),
+        Err(err) => api_http_error(err),
     }
 }
 
@@ -156,56 +150,10 @@ pub fn message<T: DeserializeOwned>(headers: &HeaderMap, body: &[u8]) -> Result<
     super::connect::message(headers, body)
 }
 
-/// The lines of a native NDJSON answer, each parsed; a refusal (non-2xx) is the first and only
-/// item. The stream ends when the answer does.
-pub async fn ndjson<T: DeserializeOwned + Send + 'static>(
-    resp: Response,
-) -> Result<impl Stream<Item = Result<T, RpcError>> + Send + 'static, RpcError> {
-    let status = resp.status();
-    if !status.is_success() {
-        let body = axum::body::to_bytes(resp.into_body(), 1024 * 1024)
-            .await
-            .unwrap_or_default();
-        return Err(refusal(status, &body).into());
-    }
-    let body = resp.into_body().into_data_stream();
-    Ok(futures::stream::unfold(
-        (body, Vec::<u8>::new(), false),
-        |(mut body, mut buf, mut done)| async move {
-            loop {
-                if let Some(nl) = buf.iter().position(|&b| b == b'\n') {
-                    let line: Vec<u8> = buf.drain(..=nl).collect();
-                    let line = &line[..line.len() - 1];
-                    if line.iter().all(u8::is_ascii_whitespace) {
-                        continue;
-                    }
-                    let item = serde_json::from_slice::<T>(line).map_err(|e| {
-                        RpcError::new(Code::Internal, format!("unexpected event: {e}"))
-                    });
-                    return Some((item, (body, buf, done)));
-                }
-                if done {
-                    return None;
-                }
-                match body.next().await {
-                    Some(Ok(chunk)) => buf.extend_from_slice(&chunk),
-                    Some(Err(e)) => {
-                        return Some((
-                            Err(RpcError::new(Code::Unavailable, format!("stream cut: {e}"))),
-                            (body, Vec::new(), true),
-                        ));
-                    }
-                    None => {
-                        if buf.is_empty() {
-                            return None;
-                        }
-                        buf.push(b'\n');
-                        done = true;
-                    }
-                }
-            }
-        },
-    ))
+/// An operation's error as a plain envd HTTP error (logged as the native route logs it).
+pub fn api_http_error(e: crate::error::ApiError) -> Response {
+    e.log();
+    http_error(&Refusal::new(e.status(), e.to_string()))
 }
 
 /// A native refusal as a plain envd HTTP error (`/files`): `{code, message}` with the status.

@@ -1,17 +1,18 @@
-//! A native watch as envd's events: the watch itself, its events and the entries they carry, in
+//! A watch as envd's events: the watch itself, its events and the entries they carry, in
 //! envd's words (shared by `WatchDir` and the polled watchers).
 
-use axum::body::Body;
-use axum::http::Method;
+use futures::StreamExt;
 use sandbox_protocol::files::{EntryType, FileEntry};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::super::connect::RpcError;
-use super::super::native::query;
+use super::super::native::Refusal;
 use super::super::state::E2b;
-use super::{absolute, ndjson};
+use super::absolute;
 use crate::api::{WatchEvent, WatchEventType};
+use crate::ops::files::{Watch, Watching};
+use crate::routes::files::fs_status;
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -22,24 +23,18 @@ pub struct WatchRequest {
     pub recursive: bool,
 }
 
-/// The native watch of `req`, its lines parsed.
+/// The watch of `req` ([`crate::ops::files::Watch`]): its events, `armed` first.
 pub async fn watch(
     e: &E2b,
     id: &str,
     req: &WatchRequest,
 ) -> Result<impl futures::Stream<Item = Result<WatchEvent, RpcError>> + Send + 'static, RpcError> {
-    let uri = format!(
-        "/session/{id}/watch?{}",
-        query(&[
-            ("path", absolute(&req.path).as_str()),
-            ("recursive", if req.recursive { "true" } else { "false" }),
-        ])
-    );
-    let resp = e
-        .native
-        .send(Method::GET, &uri, Body::empty(), None, None)
-        .await;
-    ndjson::<WatchEvent>(resp).await
+    let op = Watch::new(&absolute(&req.path), req.recursive)
+        .map_err(|err| RpcError::from(Refusal::new(fs_status(err.code), err.message)))?;
+    match e.apply(id, op).await? {
+        Watching::Armed(events) => Ok(events.map(Ok)),
+        Watching::Refused(err) => Err(Refusal::new(fs_status(err.code), err.message).into()),
+    }
 }
 
 /// A native watch event as envd's `WatchDirResponse` (`armed` is its `start`); `None` for what

@@ -1,0 +1,282 @@
+//! Raw files and watches anywhere the sandbox user may go, streamed through the session's
+//! helper: what `GET`/`PUT /session/{id}/files`, `GET .../watch` and E2B's envd `/files` and
+//! `WatchDir` all are. Each operation is built from what a door decoded (a path checked once,
+//! here: [`ReadFile::new`], [`WriteFile::new`], [`Watch::new`]); an fs-level problem is an
+//! [`FsError`] in the answer, which each door renders its own way.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use bytes::Bytes;
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use sandbox_protocol::files::{FileAnswer, FsStatRequest, permission_bits, validate_any_path};
+use sandbox_protocol::message::{ChangeKind, Event, Request};
+use sandbox_protocol::wire::{FsError, FsErrorCode};
+use tokio::sync::mpsc;
+
+use super::{Access, Admit, Op, Reached};
+use crate::api::{WatchEvent, WatchEventType};
+use crate::error::ApiError;
+use crate::runtime::{FileRead, HelperError, WatchOpen};
+
+pub use crate::runtime::FileStream;
+pub use sandbox_protocol::message::ByteRange;
+
+/// A file's bytes, or the range of them asked for, streamed as the helper reads them. Beside
+/// the session's work: a download never holds up its commands.
+pub struct ReadFile {
+    path: String,
+    range: Option<ByteRange>,
+}
+
+impl ReadFile {
+    /// `path` checked (`invalid_path` otherwise).
+    pub fn new(path: &str, range: Option<ByteRange>) -> Result<Self, FsError> {
+        Ok(Self {
+            path: validate_any_path(path)?,
+            range,
+        })
+    }
+}
+
+/// What a [`ReadFile`] found.
+pub enum Read {
+    Stream(FileStream),
+    /// Refused; for `invalid_range`, the file's size (a 416's `Content-Range: bytes */size`).
+    Refused {
+        error: FsError,
+        size: Option<u64>,
+    },
+}
+
+impl Op for ReadFile {
+    type Output = Read;
+    const ADMIT: Admit = Admit::Free;
+    const ACCESS: Access = Access::Beside;
+
+    async fn apply(self, at: Reached) -> Result<Read, ApiError> {
+        let ws = at.workspace();
+        match ws.runtime.read_file(ws.id, &self.path, self.range).await? {
+            FileRead::Stream(s) => Ok(Read::Stream(s)),
+            FileRead::Refused(error) if error.code == FsErrorCode::InvalidRange => {
+                let stat = FsStatRequest { path: self.path };
+                let found = crate::workspace::fs::Fs::new(&ws).stat(&stat).await.ok();
+                let size = found.and_then(|a| a.entry).map(|e| e.size);
+                Ok(Read::Refused { error, size })
+            }
+            FileRead::Refused(error) => Ok(Read::Refused { error, size: None }),
+        }
+    }
+}
+
+/// A file written from a byte stream, in the session's order (its lock), bounded by
+/// `FILE_MAX_BYTES` whatever the body says of itself.
+pub struct WriteFile {
+    path: String,
+    mode: Option<u32>,
+    parents: bool,
+    /// A temporary file renamed over the path (a reader sees the old file or the new one), or
+    /// the file truncated and written in place (a watcher sees its own create and write).
+    atomic: bool,
+    /// The body's declared length, refused before anything is written when over the limit.
+    declared: Option<u64>,
+    body: BoxStream<'static, std::io::Result<Bytes>>,
+}
+
+impl WriteFile {
+    /// `path` and `mode` checked (one mode rule: 0..=0o7777, its permission bits applied).
+    pub fn new(
+        path: &str,
+        mode: Option<u32>,
+        body: BoxStream<'static, std::io::Result<Bytes>>,
+    ) -> Result<Self, FsError> {
+        let path = validate_any_path(path)?;
+        let mode = mode
+            .map(permission_bits)
+            .transpose()
+            .map_err(|why| FsError::new(FsErrorCode::InvalidPath, why))?;
+        Ok(Self {
+            path,
+            mode,
+            parents: true,
+            atomic: true,
+            declared: None,
+            body,
+        })
+    }
+
+    pub fn parents(self, parents: bool) -> Self {
+        Self { parents, ..self }
+    }
+
+    pub fn atomic(self, atomic: bool) -> Self {
+        Self { atomic, ..self }
+    }
+
+    pub fn declared(self, declared: Option<u64>) -> Self {
+        Self { declared, ..self }
+    }
+}
+
+/// What a [`WriteFile`] did: the file written (its size), or the fs-level refusal (`too_large`
+/// when the body passed the limit: nothing was written).
+pub enum Write {
+    Written(FileAnswer),
+    Refused(FsError),
+}
+
+fn too_large(max: u64) -> FsError {
+    FsError::new(
+        FsErrorCode::TooLarge,
+        format!(
+            "the body is over the {max}-byte limit (DAIV_SANDBOX_FILE_MAX_BYTES); nothing was written"
+        ),
+    )
+}
+
+impl Op for WriteFile {
+    type Output = Write;
+    const ADMIT: Admit = Admit::Free;
+    const ACCESS: Access = Access::Ordered;
+
+    async fn apply(self, at: Reached) -> Result<Write, ApiError> {
+        let ws = at.workspace();
+        let max = ws.config.sessions.file_max_bytes;
+        if self.declared.is_some_and(|n| n > max) {
+            return Ok(Write::Refused(too_large(max)));
+        }
+        let (tx, rx) = mpsc::channel::<std::io::Result<Bytes>>(4);
+        let over = Arc::new(AtomicBool::new(false));
+        let pump_over = over.clone();
+        let mut body = self.body;
+        let pump = tokio::spawn(async move {
+            let mut total = 0u64;
+            while let Some(chunk) = body.next().await {
+                let stop = match &chunk {
+                    Ok(c) => {
+                        total += c.len() as u64;
+                        // The chunk that passes the cap still goes: the helper sees the
+                        // content is over `max_bytes`, removes its temporary file and answers
+                        // `too_large` at the EOF that follows, once nothing is left.
+                        let over = total > max;
+                        if over {
+                            pump_over.store(true, Ordering::Relaxed);
+                        }
+                        over
+                    }
+                    // The client's body broke: the write is abandoned (cancelled) in the helper.
+                    Err(_) => true,
+                };
+                if tx.send(chunk).await.is_err() || stop {
+                    return;
+                }
+            }
+        });
+        let request = Request::FileWrite {
+            path: self.path,
+            mode: self.mode,
+            parents: self.parents,
+            max_bytes: max,
+            in_place: !self.atomic,
+        };
+        let r = ws.runtime.write_file(ws.id, request, rx).await;
+        pump.abort();
+        match r {
+            Ok(FileAnswer { error: Some(e), .. }) => Ok(Write::Refused(e)),
+            Ok(a) => Ok(Write::Written(a)),
+            Err(_) if over.load(Ordering::Relaxed) => Ok(Write::Refused(too_large(max))),
+            Err(HelperError::ArchiveRefused) => Err(ApiError::BadRequest(
+                "the request body could not be read to its end; nothing was written".into(),
+            )),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+/// A directory's changes (`recursive`: everything below it too), beside the session's work:
+/// armed when this answers; dropping the events ends the watch in the helper.
+pub struct Watch {
+    path: String,
+    recursive: bool,
+}
+
+impl Watch {
+    /// `path` checked (`invalid_path` otherwise).
+    pub fn new(path: &str, recursive: bool) -> Result<Self, FsError> {
+        Ok(Self {
+            path: validate_any_path(path)?,
+            recursive,
+        })
+    }
+}
+
+/// What a [`Watch`] found: its events, `armed` (with how many directories it watches) first,
+/// then one per change and `overflow` where changes were lost (a client reading too slowly
+/// included); they end when the watched directory goes. Or the fs-level refusal.
+pub enum Watching {
+    Armed(BoxStream<'static, WatchEvent>),
+    Refused(FsError),
+}
+
+impl Op for Watch {
+    type Output = Watching;
+    const ADMIT: Admit = Admit::Free;
+    const ACCESS: Access = Access::Beside;
+
+    async fn apply(self, at: Reached) -> Result<Watching, ApiError> {
+        let ws = at.workspace();
+        let (watches, changes) = match ws.runtime.watch(ws.id, &self.path, self.recursive).await? {
+            WatchOpen::Armed { watches, changes } => (watches, changes),
+            WatchOpen::Refused(e) => return Ok(Watching::Refused(e)),
+        };
+        let armed = WatchEvent {
+            watches: Some(watches),
+            ..event(WatchEventType::Armed)
+        };
+        let changes = futures::stream::unfold(changes, |mut changes| async move {
+            loop {
+                if let Some(ev) = change(changes.recv().await?) {
+                    return Some((ev, changes));
+                }
+            }
+        });
+        Ok(Watching::Armed(
+            futures::stream::once(async { armed })
+                .chain(changes)
+                .boxed(),
+        ))
+    }
+}
+
+fn event(kind: WatchEventType) -> WatchEvent {
+    WatchEvent {
+        kind,
+        path: None,
+        entry: None,
+        watches: None,
+    }
+}
+
+/// A helper's change as the API's event; `None` for what is no change.
+fn change(ev: Event) -> Option<WatchEvent> {
+    match ev {
+        Event::Change {
+            change,
+            path,
+            entry,
+        } => Some(WatchEvent {
+            path: Some(path),
+            entry,
+            ..event(match change {
+                ChangeKind::Create => WatchEventType::Create,
+                ChangeKind::Write => WatchEventType::Write,
+                ChangeKind::Remove => WatchEventType::Remove,
+                ChangeKind::Rename => WatchEventType::Rename,
+                ChangeKind::Chmod => WatchEventType::Chmod,
+            })
+        }),
+        Event::Overflow => Some(event(WatchEventType::Overflow)),
+        _ => None,
+    }
+}

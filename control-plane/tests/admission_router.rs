@@ -125,6 +125,40 @@ async fn a_create_past_the_limit_waits_then_gets_429_with_retry_after() {
     assert_eq!(s, StatusCode::OK, "{b}");
 }
 
+/// A snapshot and a fork build Docker objects as a create does: their operations take a create
+/// slot, so with every slot held by a create they are refused, and the session is untouched.
+#[tokio::test]
+async fn snapshots_and_forks_take_a_create_slot() {
+    let h = Harness::new(
+        FakeEngine::default(),
+        &[("MAX_CONCURRENT_CREATES", "1"), SHORT_QUEUE],
+    );
+    let (s, _, b) = answer(send(&h, "POST", "/session/", create_body()).await).await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    let id = b["session_id"].as_str().expect("session_id").to_string();
+    let hold = h.engine.hold("create ");
+    let busy = spawn(&h, "POST", "/session/", create_body());
+    hold.until_waiting(1).await;
+
+    let snap = send(&h, "POST", &format!("/session/{id}/snapshot/"), None).await;
+    assert_refused(&answer(snap).await, "session creates");
+    let fork = send(
+        &h,
+        "POST",
+        &format!("/session/{id}/fork/"),
+        Some(json!({"count": 2})),
+    )
+    .await;
+    assert_refused(&answer(fork).await, "session creates");
+    assert_eq!(hold.waiting(), 1, "neither reached the engine");
+
+    hold.release();
+    assert_eq!(busy.await.expect("task"), StatusCode::OK);
+    // The session still serves, and its lock was never taken.
+    let (s, _, b) = answer(send(&h, "POST", &format!("/session/{id}/pause/"), None).await).await;
+    assert_eq!(s, StatusCode::NO_CONTENT, "{b}");
+}
+
 #[tokio::test]
 async fn a_queued_request_takes_the_first_slot_that_frees() {
     let h = Harness::new(

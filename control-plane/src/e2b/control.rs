@@ -13,10 +13,8 @@ use serde_json::{Value, json};
 
 use super::native::{Refusal, path_id, query};
 use super::network;
-use super::state::{E2b, ENVD_VERSION};
-use crate::api::{
-    MetricsSample, SessionInfo, SessionList, SessionMetrics, SessionState, StartSessionResponse,
-};
+use super::state::{E2b, ENVD_VERSION, session_id};
+use crate::api::{MetricsSample, SessionInfo, SessionList, SessionState, StartSessionResponse};
 use crate::auth::HEADER as API_KEY;
 use crate::error::ApiError;
 use crate::ops::lifecycle;
@@ -462,23 +460,22 @@ pub async fn metrics(
     SandboxId(id): SandboxId,
     RawQuery(q): RawQuery,
 ) -> Answer {
-    let id = id.as_str();
-    let mut pairs = Vec::new();
+    let (mut start, mut end) = (None, None);
     for (k, v) in form_urlencoded::parse(q.unwrap_or_default().as_bytes()) {
-        if k == "start" || k == "end" {
-            pairs.push((k.into_owned(), v.into_owned()));
-        }
+        let at = match &*k {
+            "start" => &mut start,
+            "end" => &mut end,
+            _ => continue,
+        };
+        *at = Some(v.parse::<i64>().map_err(|_| {
+            ApiFailure(Refusal::new(
+                StatusCode::BAD_REQUEST,
+                format!("{k}={v:?}: expected Unix seconds"),
+            ))
+        })?);
     }
-    let m: SessionMetrics = e
-        .native
-        .json(
-            Method::GET,
-            &format!("/session/{id}/metrics/?{}", query(&pairs)),
-            None,
-            None,
-        )
-        .await?;
-    Ok(Json(m.samples.iter().map(metric).collect::<Vec<_>>()).into_response())
+    let samples = e.ops.metrics(&session_id(&id)?, start, end).await?;
+    Ok(Json(samples.iter().map(metric).collect::<Vec<_>>()).into_response())
 }
 
 fn unescape(s: &str) -> String {

@@ -3,7 +3,7 @@
 
 use axum::Json;
 use axum::extract::{Path, RawQuery, State};
-use axum::http::{Method, StatusCode};
+use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use serde_json::{Value, json};
 
@@ -11,8 +11,10 @@ use super::control::{
     Answer, ApiFailure, SandboxId, body, info, looks_like_snapshot, sandbox, template_not_found,
     template_of,
 };
-use super::state::E2b;
-use crate::api::{SnapshotCreated, SnapshotList};
+use super::state::{E2b, session_id};
+use crate::ids::SnapshotId;
+use crate::ops::snapshots::TakeSnapshot;
+use crate::sessions::ForkPlan;
 
 /// `POST /sandboxes/{id}/snapshots {name?}`: a snapshot of ours, usable as a `templateID`.
 pub async fn snapshot(
@@ -20,26 +22,15 @@ pub async fn snapshot(
     SandboxId(id): SandboxId,
     raw_body: axum::body::Bytes,
 ) -> Answer {
-    let id = id.as_str();
     let req: Value = body(&raw_body)?;
-    let mut native = json!({});
-    if let Some(name) = req.get("name").and_then(Value::as_str) {
-        native["name"] = json!(name);
-    }
-    let s: SnapshotCreated = e
-        .native
-        .json(
-            Method::POST,
-            &format!("/session/{id}/snapshot/"),
-            Some(&native),
-            None,
-        )
-        .await?;
+    let op = TakeSnapshot {
+        name: req.get("name").and_then(Value::as_str).map(str::to_string),
+        ttl_seconds: None,
+    };
+    let s = e.ops.apply(&session_id(&id)?, op).await?;
     Ok((
         StatusCode::CREATED,
-        Json(
-            json!({ "snapshotID": s.snapshot_id, "names": s.name.into_iter().collect::<Vec<_>>() }),
-        ),
+        Json(json!({ "snapshotID": s.id, "names": s.name.into_iter().collect::<Vec<_>>() })),
     )
         .into_response())
 }
@@ -49,19 +40,13 @@ pub async fn snapshots(State(e): State<E2b>, RawQuery(q): RawQuery) -> Answer {
     let source = form_urlencoded::parse(q.unwrap_or_default().as_bytes())
         .find(|(k, _)| k == "sandboxID")
         .map(|(_, v)| v.into_owned());
-    let list: SnapshotList = e
-        .native
-        .json(Method::GET, "/snapshots/", None, None)
-        .await?;
-    let out: Vec<Value> = list
-        .snapshots
+    let out: Vec<Value> = e
+        .ops
+        .snapshots()
+        .await?
         .iter()
-        .filter(|s| {
-            source
-                .as_deref()
-                .is_none_or(|src| s.source_session_id == src)
-        })
-        .map(|s| json!({ "snapshotID": s.snapshot_id, "names": s.name.iter().collect::<Vec<_>>() }))
+        .filter(|s| source.as_deref().is_none_or(|src| s.source == src))
+        .map(|s| json!({ "snapshotID": s.id, "names": s.name.iter().collect::<Vec<_>>() }))
         .collect();
     Ok(Json(out).into_response())
 }
@@ -71,17 +56,14 @@ pub async fn delete_template(State(e): State<E2b>, Path(raw): Path<String>) -> A
     if !looks_like_snapshot(&raw) {
         return Err(template_not_found(&raw));
     }
-    let _: Value = e
-        .native
-        .json(Method::DELETE, &format!("/snapshots/{raw}/"), None, None)
-        .await
-        .map_err(|r| {
-            if r.status == StatusCode::NOT_FOUND {
-                template_not_found(&raw)
-            } else {
-                ApiFailure(r)
-            }
-        })?;
+    let id = SnapshotId::parse(&raw).map_err(|_| template_not_found(&raw))?;
+    e.ops.delete_snapshot(&id).await.map_err(|err| {
+        if err.status() == StatusCode::NOT_FOUND {
+            template_not_found(&raw)
+        } else {
+            ApiFailure::from(err)
+        }
+    })?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -95,22 +77,17 @@ pub async fn fork(
     let req: Value = body(&raw_body)?;
     let source = info(&e, id).await?;
     let count = req.get("count").and_then(Value::as_u64).unwrap_or(1);
-    let mut native = json!({ "count": count });
-    if let Some(t) = req.get("timeout").and_then(Value::as_u64) {
-        native["timeout_seconds"] = json!(t);
-    }
-    let forked: crate::api::ForkResponse = e
-        .native
-        .json(
-            Method::POST,
-            &format!("/session/{id}/fork/"),
-            Some(&native),
-            None,
-        )
-        .await?;
+    let fork = crate::api::ForkRequest {
+        count: u32::try_from(count).unwrap_or(u32::MAX),
+        environment: None,
+        metadata: None,
+        timeout_seconds: req.get("timeout").and_then(Value::as_u64),
+        on_timeout: None,
+    };
+    let plan = ForkPlan::new(fork, &e.config).map_err(crate::error::ApiError::from)?;
+    let forked = e.ops.fork(&session_id(id)?, plan).await?;
     let template = template_of(&e, &source);
     let out: Vec<Value> = forked
-        .session_ids
         .iter()
         .map(|f| json!({ "sandbox": sandbox(&e, f, &template) }))
         .collect();

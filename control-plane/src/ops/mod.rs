@@ -11,8 +11,8 @@
 //!
 //! The background processes' operations are here ([`processes`]), the data plane's fs ops on
 //! paths anywhere ([`fs`]), its raw files and watches ([`files`]), a port's connections
-//! ([`ports`]) and the session's life: E2B's `connect`, a pause, a deadline, a close
-//! ([`lifecycle`]); the others still go through the routes'
+//! ([`ports`]), the session's life: E2B's `connect`, a pause, a deadline, a close
+//! ([`lifecycle`]), and its snapshots and forks ([`snapshots`]); the others still go through the routes'
 //! extractors and MCP's own sequence of domain calls.
 
 pub mod files;
@@ -20,6 +20,7 @@ pub mod fs;
 pub mod lifecycle;
 pub mod ports;
 pub mod processes;
+pub mod snapshots;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -152,6 +153,17 @@ impl Ops {
     pub async fn info(&self, id: &SessionId) -> Result<crate::api::SessionInfo, ApiError> {
         let cell = self.fleet.cell_of(id)?;
         Ok(cell.sessions().info(id, &cell.name()).await?.info)
+    }
+
+    /// Session `id`'s sampled CPU, memory and disk between `start` and `end` (Unix seconds),
+    /// without making it run.
+    pub async fn metrics(
+        &self,
+        id: &SessionId,
+        start: Option<i64>,
+        end: Option<i64>,
+    ) -> Result<Vec<crate::api::MetricsSample>, ApiError> {
+        Ok(self.fleet.at(id)?.metrics(id, start, end).await?)
     }
 
     /// Whether session `id` exists (404 if not), without making it run.

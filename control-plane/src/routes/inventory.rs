@@ -18,7 +18,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
 use ring::hmac;
 
-use super::extract::{Id, Session};
+use super::extract::Id;
 use crate::api::{
     Metadata, MetricsQuery, SessionInfo, SessionList, SessionMetrics, SessionState, TimeoutRequest,
 };
@@ -135,10 +135,11 @@ pub async fn timeout(
     responses((status = 200, body = SessionMetrics), (status = 403, body = ErrorBody),
         (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn metrics(
-    Session { id, sessions }: Session,
+    State(ops): State<Ops>,
+    Id(id): Id,
     ApiQuery(q): ApiQuery<MetricsQuery>,
 ) -> Result<Json<SessionMetrics>, ApiError> {
-    let samples = sessions.metrics(&id, q.start, q.end).await?;
+    let samples = ops.metrics(&id, q.start, q.end).await?;
     Ok(Json(SessionMetrics { samples }))
 }
 

@@ -86,18 +86,14 @@ where
         "/session/{session_id}/timeout/",
         post(inventory::timeout),
     );
-    // A snapshot and a fork take a create slot: each builds Docker objects as a create does.
-    let create_slot = || middleware::from_fn_with_state(admission.clone(), admit::create);
+    // A snapshot and a fork take a create slot (their operations do: each builds Docker
+    // objects as a create does).
     api = both(
         api,
         "/session/{session_id}/snapshot/",
-        post(snapshots::take).layer(create_slot()),
+        post(snapshots::take),
     );
-    api = both(
-        api,
-        "/session/{session_id}/fork/",
-        post(snapshots::fork).layer(create_slot()),
-    );
+    api = both(api, "/session/{session_id}/fork/", post(snapshots::fork));
     api = both(api, "/session/{session_id}/pause/", post(snapshots::pause));
     api = both(api, "/snapshots/", get(snapshots::list));
     api = both(api, "/engines/", get(engines::list));

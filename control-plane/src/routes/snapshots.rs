@@ -8,15 +8,14 @@ use axum::extract::{FromRequestParts, State};
 use axum::http::StatusCode;
 use axum::http::request::Parts;
 
-use super::extract::{Id, Session, param};
-use crate::admission::Admission;
+use super::extract::{Id, param};
 use crate::api::{
     ForkRequest, ForkResponse, SnapshotCreated, SnapshotInfo, SnapshotList, SnapshotRequest,
 };
 use crate::error::{ApiError, ApiJson, ErrorBody};
 use crate::fleet::Fleet;
 use crate::ids::SnapshotId;
-use crate::ops::{Ops, lifecycle};
+use crate::ops::{Ops, lifecycle, snapshots as ops_snapshots};
 use crate::sessions::ForkPlan;
 use crate::snapshots::{Snapshot, SnapshotError};
 
@@ -53,7 +52,8 @@ impl<S: Send + Sync> FromRequestParts<S> for SnapshotPath {
         (status = 503, body = ErrorBody),
         (status = 507, body = ErrorBody, description = "The deployment's snapshots (forks' included) leave no room under `SNAPSHOT_MAX_BYTES`")))]
 pub async fn take(
-    s: Session,
+    State(ops): State<Ops>,
+    Id(id): Id,
     body: axum::body::Bytes,
 ) -> Result<(StatusCode, Json<SnapshotCreated>), ApiError> {
     // The body is optional: none (or blank) asks for the defaults.
@@ -65,11 +65,11 @@ pub async fn take(
                 .map_err(|e| ApiError::Unprocessable(format!("invalid body: {e}")))?,
         )?
     };
-    let req = s
-        .sessions
-        .snapshot_request(req.name.as_deref(), req.ttl_seconds)?;
-    let _held = s.lock().await?;
-    let (snapshot, _) = s.sessions.snapshot(&s.id, &req).await?;
+    let op = ops_snapshots::TakeSnapshot {
+        name: req.name,
+        ttl_seconds: req.ttl_seconds,
+    };
+    let snapshot = ops.apply(&id, op).await?;
     Ok((
         StatusCode::CREATED,
         Json(SnapshotCreated {
@@ -86,15 +86,8 @@ pub async fn take(
     security(("api_key" = [])),
     responses((status = 200, body = SnapshotList), (status = 403, body = ErrorBody),
         (status = 503, body = ErrorBody)))]
-pub async fn list(State(fleet): State<Arc<Fleet>>) -> Result<Json<SnapshotList>, ApiError> {
-    // Every engine's that answers (a fleet's down engine lists nothing until it is back).
-    let cells: Vec<_> = fleet.cells().into_iter().filter(|c| c.is_up()).collect();
-    let lists = futures::future::join_all(cells.iter().map(|c| c.snapshots().list()));
-    let mut all = Vec::new();
-    for listed in lists.await {
-        all.extend(listed?);
-    }
-    all.sort_by(|a, b| b.created.cmp(&a.created).then_with(|| a.id.cmp(&b.id)));
+pub async fn list(State(ops): State<Ops>) -> Result<Json<SnapshotList>, ApiError> {
+    let all = ops.snapshots().await?;
     Ok(Json(SnapshotList {
         snapshots: all.iter().map(info).collect(),
     }))
@@ -121,10 +114,10 @@ pub async fn get(
     responses((status = 204), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 503, body = ErrorBody)))]
 pub async fn delete(
-    State(fleet): State<Arc<Fleet>>,
+    State(ops): State<Ops>,
     SnapshotPath(id): SnapshotPath,
 ) -> Result<StatusCode, ApiError> {
-    fleet.cell_of(&id)?.snapshots().delete(&id).await?;
+    ops.delete_snapshot(&id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -143,18 +136,14 @@ pub async fn delete(
         (status = 503, body = ErrorBody),
         (status = 507, body = ErrorBody, description = "The deployment's snapshots (forks' included) leave no room under `SNAPSHOT_MAX_BYTES`")))]
 pub async fn fork(
+    State(ops): State<Ops>,
     State(fleet): State<Arc<Fleet>>,
-    State(admission): State<Arc<Admission>>,
     Id(id): Id,
     ApiJson(body): ApiJson<serde_json::Value>,
 ) -> Result<(StatusCode, Json<ForkResponse>), ApiError> {
     // The count checked once (the environment was, as it was read), then the engine's room.
     let plan = ForkPlan::new(object(body)?, fleet.config())?;
-    let sessions = fleet.at_for_new(&id, plan.count())?;
-    // The route's layer holds one create slot; the other builds take those free now.
-    let (_more, more) = admission.more_creates(plan.count().saturating_sub(1) as usize);
-    let _held = sessions.lock(&id).await?;
-    let session_ids = sessions.fork(&id, plan, 1 + more).await?;
+    let session_ids = ops.fork(&id, plan).await?;
     Ok((StatusCode::CREATED, Json(ForkResponse { session_ids })))
 }
 

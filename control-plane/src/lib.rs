@@ -27,14 +27,16 @@
 //!     one place a cause becomes a status and `{"detail"}` body), [`auth`] (the one key check).
 //! 11. **Operations:** [`ops`], one type per use case on a session, declaring its admission
 //!     class, its lock and its running check, which [`ops::Ops::apply`] takes once: the way the
-//!     doors below reach a session (so far the background processes, the data plane's fs ops on
-//!     paths anywhere, E2B's `connect`, and ingress's connections to a session's ports).
+//!     doors below reach a session (so far the background processes, the data plane's raw
+//!     files, watches and fs ops on paths anywhere, a session's life (create, pause, deadline,
+//!     close, egress refresh, E2B's `connect`), its snapshots and forks, the listing, and
+//!     ingress's connections to a session's ports).
 //! 12. **HTTP:** [`routes`] (handlers, the router, and the OpenAPI document beside the routes it
 //!     lists; ingress's door, `routes::ports`, which every door's port traffic goes through).
 //! 13. **Other APIs:** [`mcp`] (the sandbox as MCP tools at `/mcp` and over stdio, through the
 //!     same operations and domain calls as the routes); [`e2b`] (E2B's control API and envd on a
-//!     port of their own: its processes, filesystem ops and `connect` through the operations, the
-//!     rest translated into requests to the service's own router, in-process).
+//!     port of their own, every call decoded into the same operations: none is a request to
+//!     the service's own router).
 //! 14. **Composition:** [`state`] ([`AppState`] and [`app`]), [`serve`] (the service's life from
 //!     settings and a listener to shutdown); `main.rs`.
 

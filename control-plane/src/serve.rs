@@ -132,7 +132,7 @@ where
                     }
                 });
             tracing::info!(%addr, "E2B API listening");
-            let service = crate::e2b::router(config.clone(), router.clone(), ops, &metrics);
+            let service = crate::e2b::router(config.clone(), ops, &metrics);
             let stop = stop.clone();
             Some(tokio::spawn(async move {
                 axum::serve(e2b_listener, service)

@@ -692,12 +692,7 @@ async fn e2bs_hosts_and_port_headers_reach_the_port_and_private_traffic_takes_it
         Default::default(),
         &[("E2B_TEMPLATES", &templates), ("PREVIEW_DOMAIN", DOMAIN)],
     );
-    let e2b = control_plane::e2b::router(
-        h.state.config.clone(),
-        h.router.clone(),
-        h.state.ops(),
-        &h.state.metrics,
-    );
+    let e2b = control_plane::e2b::router(h.state.config.clone(), h.state.ops(), &h.state.metrics);
     let call = |req: Request<Body>| {
         let e2b = e2b.clone();
         async move {

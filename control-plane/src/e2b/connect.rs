@@ -12,7 +12,7 @@ use futures::{Stream, StreamExt};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-use super::native::Refusal;
+use super::refusal::Refusal;
 
 /// The largest request message read (a `SendInput`'s bytes, base64 in JSON, are the biggest).
 pub const MAX_MESSAGE: usize = 8 * 1024 * 1024;
@@ -123,7 +123,7 @@ impl From<Refusal> for RpcError {
             );
         }
         // Paused (by the caller or at its timeout): not running until `connect` resumes it.
-        if super::native::is_paused(&r) {
+        if super::refusal::is_paused(&r) {
             return RpcError::new(Code::Unavailable, PAUSED);
         }
         let code = match r.status.as_u16() {

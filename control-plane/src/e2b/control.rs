@@ -6,17 +6,18 @@ use std::collections::BTreeMap;
 
 use axum::Json;
 use axum::extract::{Path, RawQuery, State};
-use axum::http::{HeaderValue, Method, StatusCode};
+use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::native::{Refusal, path_id, query};
 use super::network;
+use super::refusal::{Refusal, path_id};
 use super::state::{E2b, ENVD_VERSION, session_id};
-use crate::api::{MetricsSample, SessionInfo, SessionList, SessionState, StartSessionResponse};
+use crate::api::{MetricsSample, SessionInfo, SessionState, StartSessionRequest};
 use crate::auth::HEADER as API_KEY;
 use crate::error::ApiError;
+use crate::ops::inventory::ListQuery;
 use crate::ops::lifecycle;
 
 /// What E2B's SDK shows as the sandbox's client.
@@ -163,21 +164,25 @@ pub async fn create(State(e): State<E2b>, raw: axum::body::Bytes) -> Answer {
     {
         start["egress"] = policy;
     }
-    let created: StartSessionResponse = e
-        .native
-        .json(Method::POST, "/session/", Some(&start), None)
-        .await
-        .map_err(|r| {
-            // A snapshot id of no snapshot of ours: the template is unknown.
-            if r.status == StatusCode::NOT_FOUND && start.get("snapshot_id").is_some() {
-                template_not_found(&req.template_id)
-            } else {
-                ApiFailure(r)
-            }
-        })?;
-    let mut answer = sandbox(&e, &created.session_id, &req.template_id);
+    let from_snapshot = start.get("snapshot_id").is_some();
+    // The native create's request, checked as its route checks its body.
+    let start: StartSessionRequest = serde_json::from_value(start).map_err(|err| {
+        ApiFailure(Refusal::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!("invalid body: {err}"),
+        ))
+    })?;
+    let created = e.ops.create(&start).await.map_err(|err| {
+        // A snapshot id of no snapshot of ours: the template is unknown.
+        if err.status() == StatusCode::NOT_FOUND && from_snapshot {
+            template_not_found(&req.template_id)
+        } else {
+            ApiFailure::from(err)
+        }
+    })?;
+    let mut answer = sandbox(&e, &created, &req.template_id);
     if private {
-        answer["trafficAccessToken"] = json!(e.tokens.traffic(&created.session_id));
+        answer["trafficAccessToken"] = json!(e.tokens.traffic(&created));
     }
     Ok((StatusCode::CREATED, Json(answer)).into_response())
 }
@@ -431,15 +436,7 @@ pub async fn list(State(e): State<E2b>, RawQuery(q): RawQuery) -> Answer {
     if wanted == ["running"] {
         native.push(("state".into(), "running".into()));
     }
-    let page: SessionList = e
-        .native
-        .json(
-            Method::GET,
-            &format!("/sessions/?{}", query(&native)),
-            None,
-            None,
-        )
-        .await?;
+    let page = e.ops.list(&ListQuery::parse(&native)?).await?;
     let sandboxes: Vec<Value> = page
         .sessions
         .iter()
@@ -512,14 +509,7 @@ pub async fn update_network(
             "a network update needs allowOut, denyOut or rules",
         ))
     })?;
-    let _: Value = e
-        .native
-        .json(
-            Method::PUT,
-            &format!("/session/{id}/egress/"),
-            Some(&policy),
-            None,
-        )
-        .await?;
+    let op = lifecycle::RefreshEgress { policy };
+    e.ops.apply(&session_id(id)?, op).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }

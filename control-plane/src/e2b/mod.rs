@@ -4,10 +4,10 @@
 //! header envd calls carry: the control API (sandboxes, their lifetime, metrics, snapshots)
 //! and envd (processes, the filesystem, `/files`).
 //!
-//! It is a translation and nothing else: every call becomes requests to the native routes,
-//! in-process through the service's own router ([`native`]), so the key check, admission, the
-//! session lock, metrics and the error classes are the native API's. It sits beside the MCP
-//! endpoint, above the routes, and reaches nothing below them.
+//! It is a translation and nothing else: every call decodes into the operations the native
+//! routes apply ([`crate::ops`]), so admission, the session lock, the running check and the
+//! error classes are the native API's, taken once; E2B's answers and refusals ([`refusal`]) are
+//! rendered here.
 //!
 //! # Layout
 //! - [`control`]: `/sandboxes`, `/v2/sandboxes`, `/snapshots`, `/templates`; [`network`]: E2B's
@@ -18,10 +18,10 @@
 pub mod connect;
 pub mod control;
 pub mod envd;
-pub mod native;
 pub mod network;
 pub mod polled;
 pub mod ports;
+pub mod refusal;
 pub mod snapshots;
 pub mod state;
 pub mod token;
@@ -31,7 +31,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, Request};
-use axum::http::{HeaderValue, StatusCode};
+use axum::http::StatusCode;
 use axum::response::Response;
 use axum::routing::{delete, get, post, put};
 use tower::ServiceExt;
@@ -39,11 +39,10 @@ use tower::ServiceExt;
 use crate::config::Config;
 pub use state::{E2b, ENVD_VERSION};
 
-/// E2B's API over `app`, the service's own router (see [`native`]); its requests observed as the
-/// E2B door's (`metrics`), and so are those it sends to `app`.
+/// E2B's API over the operations on sessions ([`crate::ops`]); its requests observed as the E2B
+/// door's (`metrics`).
 pub fn router(
     config: Arc<Config>,
-    app: Router,
     ops: crate::ops::Ops,
     metrics: &Arc<crate::telemetry::metrics::Metrics>,
 ) -> Router {
@@ -51,10 +50,6 @@ pub fn router(
     let key = config.server.api_key.expose();
     let domain: Option<Arc<str>> = ports::domain(&config).map(Arc::from);
     let state = E2b {
-        native: native::Native::new(
-            app,
-            HeaderValue::from_str(key).unwrap_or(HeaderValue::from_static("")),
-        ),
         tokens: token::Tokens::new(key),
         watchers: Arc::default(),
         config,
@@ -81,7 +76,7 @@ pub fn router(
             control::require_key,
         ))
         .fallback(|| async {
-            control::ApiFailure(native::Refusal::new(
+            control::ApiFailure(refusal::Refusal::new(
                 StatusCode::NOT_FOUND,
                 "no such route in E2B's API as this service serves it",
             ))
@@ -89,7 +84,6 @@ pub fn router(
     let control = observed(control, metrics, "", Door::E2b).with_state(state.clone());
     // envd never thaws a paused sandbox: E2B's is not running until `connect` resumes it.
     let envd_state = E2b {
-        native: state.native.clone().keeping_paused(),
         keep_paused: true,
         ..state
     };

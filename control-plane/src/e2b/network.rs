@@ -19,7 +19,7 @@ use axum::http::StatusCode;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::native::Refusal;
+use super::refusal::Refusal;
 use crate::config::{Config, DefaultNetwork};
 
 const ALL_TRAFFIC: &str = "0.0.0.0/0";

@@ -9,7 +9,7 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 
-use super::native::Refusal;
+use super::refusal::Refusal;
 use super::state::E2b;
 use crate::config::Config;
 use crate::ids::SessionId;

@@ -15,7 +15,6 @@ pub struct E2b {
     pub config: Arc<Config>,
     /// The operations on sessions (what envd's processes go through).
     pub ops: crate::ops::Ops,
-    pub native: super::native::Native,
     pub tokens: super::token::Tokens,
     pub watchers: Arc<super::polled::Watchers>,
     /// envd's: a paused sandbox stays paused (it is not running until `connect` resumes it).

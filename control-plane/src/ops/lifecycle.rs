@@ -1,7 +1,7 @@
 //! Operations on a session's life.
 
-use super::{Access, Admit, Op, Reached};
-use crate::api::SessionInfo;
+use super::{Access, Admit, Op, Ops, Reached};
+use crate::api::{SessionInfo, StartSessionRequest};
 use crate::error::ApiError;
 
 /// Makes a session run again and, with `timeout`, lengthens its life (E2B's `connect`): under
@@ -107,5 +107,29 @@ impl Op for Remove {
 
     async fn apply(self, at: Reached) -> Result<(), ApiError> {
         Ok(at.sessions.close(&at.id, true).await?)
+    }
+}
+
+/// Replaces a session's egress policy (`policy` as the request gave it, checked by the
+/// gateway's own parser), without thawing it: a paused session gets it when it thaws.
+pub struct RefreshEgress {
+    pub policy: serde_json::Value,
+}
+
+impl Op for RefreshEgress {
+    type Output = ();
+    const ADMIT: Admit = Admit::Free;
+    const ACCESS: Access = Access::Held;
+
+    async fn apply(self, at: Reached) -> Result<(), ApiError> {
+        Ok(at.sessions.refresh_egress(&at.id, &self.policy).await?)
+    }
+}
+
+impl Ops {
+    /// A new session (a create slot first, held until it is made): its id.
+    pub async fn create(&self, req: &StartSessionRequest) -> Result<String, ApiError> {
+        let _slot = self.admission.create().await?;
+        Ok(self.fleet.create(req).await?)
     }
 }

@@ -17,6 +17,7 @@
 
 pub mod files;
 pub mod fs;
+pub mod inventory;
 pub mod lifecycle;
 pub mod ports;
 pub mod processes;

@@ -1,6 +1,7 @@
-//! The admission layers in front of the create, seed and fs routes (see [`crate::admission`]):
-//! each takes its class's slot before the handler reads the body, and hands it to the response
-//! body, so the slot is held until the answer has been sent or the client has gone away.
+//! The admission layers in front of the seed and fs routes (see [`crate::admission`]; a create,
+//! a snapshot and a fork take theirs in their operations): each takes its class's slot before
+//! the handler reads the body, and hands it to the response body, so the slot is held until
+//! the answer has been sent or the client has gone away.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -14,16 +15,6 @@ use std::sync::Arc;
 
 use crate::admission::{Admission, Slot};
 use crate::error::ApiError;
-
-/// `POST /session/`.
-pub async fn create(
-    State(admission): State<Arc<Admission>>,
-    req: Request,
-    next: Next,
-) -> Result<Response, ApiError> {
-    let slot = admission.create().await?;
-    Ok(holding(next.run(req).await, slot))
-}
 
 /// `POST /session/{id}/seed/`.
 pub async fn seed(

@@ -1,9 +1,11 @@
 //! `PUT /session/{id}/egress/`: refresh a live session's egress policy and secrets.
 
+use axum::extract::State;
 use axum::http::StatusCode;
 
-use super::extract::Locked;
+use super::extract::Id;
 use crate::error::{ApiError, ApiJson, ErrorBody};
+use crate::ops::{Ops, lifecycle};
 
 /// Replace the session's egress policy (same body as `egress` on create); takes effect without
 /// restarting anything.
@@ -13,8 +15,11 @@ use crate::error::{ApiError, ApiJson, ErrorBody};
     responses((status = 204), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 409, body = ErrorBody), (status = 422, body = ErrorBody),
         (status = 503, body = ErrorBody)))]
-pub async fn refresh(s: Locked<ApiJson<serde_json::Value>>) -> Result<StatusCode, ApiError> {
-    let ApiJson(body) = &s.body;
-    s.sessions.refresh_egress(&s.id, body).await?;
+pub async fn refresh(
+    State(ops): State<Ops>,
+    Id(id): Id,
+    ApiJson(policy): ApiJson<serde_json::Value>,
+) -> Result<StatusCode, ApiError> {
+    ops.apply(&id, lifecycle::RefreshEgress { policy }).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -58,14 +58,8 @@ where
     // Inside the key check (a route layer added below): a request without the key never takes a
     // slot.
     let mut api = Router::new();
-    api = both(
-        api,
-        "/session/",
-        post(session::create).layer(middleware::from_fn_with_state(
-            admission.clone(),
-            admit::create,
-        )),
-    );
+    // A create takes a create slot (its operation does).
+    api = both(api, "/session/", post(session::create));
     api = both(
         api,
         "/session/{session_id}/",

@@ -13,7 +13,6 @@ use crate::api::{
 };
 use crate::config::Config;
 use crate::error::{ApiError, ApiJson, ApiQuery, ErrorBody};
-use crate::fleet::Fleet;
 use crate::ops::{Ops, lifecycle};
 
 /// Start a sandbox session and return its id.
@@ -28,10 +27,10 @@ use crate::ops::{Ops, lifecycle};
             headers(("Retry-After" = u64, description = "Seconds to wait before retrying"))),
         (status = 503, body = ErrorBody)))]
 pub async fn create(
-    State(fleet): State<Arc<Fleet>>,
+    State(ops): State<Ops>,
     ApiJson(req): ApiJson<StartSessionRequest>,
 ) -> Result<Json<StartSessionResponse>, ApiError> {
-    let session_id = fleet.create(&req).await?;
+    let session_id = ops.create(&req).await?;
     Ok(Json(StartSessionResponse { session_id }))
 }
 

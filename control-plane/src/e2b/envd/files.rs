@@ -21,7 +21,7 @@ use futures::{StreamExt, TryStreamExt};
 use sandbox_protocol::wire::FsError;
 use serde_json::{Value, json};
 
-use super::super::native::Refusal;
+use super::super::refusal::Refusal;
 use super::super::state::E2b;
 use super::super::token::SignedUrl;
 use super::{absolute, api_http_error, basic_user, check_user, http_error, sandbox_id};

@@ -19,7 +19,7 @@ use base64::Engine;
 use serde::de::DeserializeOwned;
 
 use super::connect::{Code, RpcError};
-use super::native::{Refusal, path_id};
+use super::refusal::{Refusal, path_id};
 use super::state::E2b;
 
 /// The sandbox user's home: where relative paths and a command's default directory are.
@@ -164,7 +164,7 @@ pub fn http_error(r: &Refusal) -> Response {
             "the sandbox was not found: it is not running (killed, or past its timeout)",
         ));
     }
-    if super::native::is_paused(r) {
+    if super::refusal::is_paused(r) {
         return http_error(&Refusal::new(
             StatusCode::BAD_GATEWAY,
             super::connect::PAUSED,

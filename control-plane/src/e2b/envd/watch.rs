@@ -7,7 +7,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::super::connect::RpcError;
-use super::super::native::Refusal;
+use super::super::refusal::Refusal;
 use super::super::state::E2b;
 use super::absolute;
 use crate::api::{WatchEvent, WatchEventType};

@@ -1048,3 +1048,134 @@ async fn connect_is_one_operation_under_the_sandboxs_lock() {
         .await;
     assert_eq!(s, StatusCode::OK, "{v}");
 }
+
+/// envd's `/files` is the native data plane's operations (`ops::files`): a write in place with
+/// its parents made, gzip bodies decoded; a read whole, as a range, gzip-encoded when asked;
+/// each with one check of the sandbox; fs refusals in envd's `{code, message}` with the native
+/// statuses; and a killed sandbox's files answered as a sandbox that is not running (502).
+#[tokio::test]
+async fn envd_files_are_the_data_planes_operations() {
+    use std::io::{Read, Write};
+    let e = service();
+    let v = e.create(json!({"templateID": "base"})).await;
+    let id = v["sandboxID"].as_str().expect("id");
+    let token = v["envdAccessToken"].as_str().expect("token");
+    let path = "/workspace/tmp/e2b/deep/note.txt";
+    let octet = "application/octet-stream";
+
+    let before = engine_calls(&e, "inspect").await;
+    let (s, b, _) = e
+        .envd_with(
+            "POST",
+            &format!("/files?path={path}"),
+            id,
+            token,
+            octet,
+            b"hello files".to_vec(),
+        )
+        .await;
+    let written: Value = serde_json::from_slice(&b).unwrap_or(Value::Null);
+    assert_eq!(s, StatusCode::OK, "{written}");
+    assert_eq!(
+        written,
+        json!([{"name": "note.txt", "type": "file", "path": path}])
+    );
+    assert_eq!(
+        engine_calls(&e, "inspect").await - before,
+        1,
+        "one check of the sandbox for a write"
+    );
+
+    let get = |headers: Vec<(&'static str, &'static str)>| {
+        let mut req = Request::builder()
+            .method("GET")
+            .uri(format!("/files?path={path}"))
+            .header("e2b-sandbox-id", id)
+            .header("x-access-token", token);
+        for (k, v) in headers {
+            req = req.header(k, v);
+        }
+        e.send(req.body(Body::empty()).expect("request"))
+    };
+    let before = engine_calls(&e, "inspect").await;
+    let (s, b, _) = get(vec![]).await;
+    assert_eq!((s, b.as_slice()), (StatusCode::OK, &b"hello files"[..]));
+    assert_eq!(
+        engine_calls(&e, "inspect").await - before,
+        1,
+        "one check of the sandbox for a read"
+    );
+    let (s, b, h) = get(vec![("range", "bytes=6-10")]).await;
+    assert_eq!(
+        (s, b.as_slice()),
+        (StatusCode::PARTIAL_CONTENT, &b"files"[..])
+    );
+    assert_eq!(h["content-range"], "bytes 6-10/11");
+    let (s, b, h) = get(vec![("accept-encoding", "gzip")]).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(h["content-encoding"], "gzip");
+    let mut plain = String::new();
+    flate2::read::GzDecoder::new(b.as_slice())
+        .read_to_string(&mut plain)
+        .expect("gzip");
+    assert_eq!(plain, "hello files");
+
+    // A gzip body is written decoded.
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    enc.write_all(b"zipped").expect("gzip");
+    let req = Request::builder()
+        .method("POST")
+        .uri(format!("/files?path={path}"))
+        .header("e2b-sandbox-id", id)
+        .header("x-access-token", token)
+        .header("content-type", octet)
+        .header("content-encoding", "gzip")
+        .body(Body::from(enc.finish().expect("gzip")))
+        .expect("request");
+    let (s, _, _) = e.send(req).await;
+    assert_eq!(s, StatusCode::OK);
+    let (_, b, _) = get(vec![]).await;
+    assert_eq!(b, b"zipped");
+
+    // Refusals: envd's body, the native status.
+    let e = &e;
+    let refused = |uri: String| async move {
+        let req = Request::builder()
+            .method("GET")
+            .uri(uri)
+            .header("e2b-sandbox-id", id)
+            .header("x-access-token", token)
+            .body(Body::empty())
+            .expect("request");
+        let (s, b, _) = e.send(req).await;
+        (
+            s,
+            serde_json::from_slice::<Value>(&b).unwrap_or(Value::Null),
+        )
+    };
+    let (s, v) = refused("/files?path=/workspace/tmp/e2b/none".into()).await;
+    assert_eq!((s, &v["code"]), (StatusCode::NOT_FOUND, &json!(404)), "{v}");
+    assert!(v["message"].is_string(), "{v}");
+    let (s, v) = refused("/files?path=/workspace/tmp/e2b/deep".into()).await;
+    assert_eq!((s, &v["code"]), (StatusCode::CONFLICT, &json!(409)), "{v}");
+    let (s, v) = refused("/files?path=/workspace/../etc/passwd".into()).await;
+    assert_eq!(
+        (s, &v["code"]),
+        (StatusCode::UNPROCESSABLE_ENTITY, &json!(422)),
+        "{v}"
+    );
+
+    // Killed: its files are a sandbox that is not running.
+    let (s, _, _) = e
+        .control("DELETE", &format!("/sandboxes/{id}"), None, KEY)
+        .await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    let (s, v) = refused(format!("/files?path={path}")).await;
+    assert_eq!(s, StatusCode::BAD_GATEWAY, "{v}");
+    assert!(
+        v["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("not running")),
+        "{v}"
+    );
+}

@@ -1,8 +1,10 @@
-//! The tools: what each one does, through the same operations as its REST route: the
-//! background processes' through [`crate::ops`], the others through the same domain calls
+//! The tools: what each one does, through the same operations as its REST route
+//! ([`crate::ops`]: the background processes, a session's life, its snapshots and forks,
+//! ports); the runs and the DAIV fs ops still through the same domain calls as their routes
 //! ([`crate::fleet::Fleet`] to find the session's stack, the session lock where the route takes
-//! it, the admission slots, then [`crate::sessions`], [`crate::workspace::fs`]). A tool's own failure is a [`ToolFailure`]; arguments that are not the
-//! tool's are [`ArgsError`] (a protocol error naming the field).
+//! it, the admission slots, then [`crate::sessions`], [`crate::workspace::fs`]). A tool's own
+//! failure is a [`ToolFailure`]; arguments that are not the tool's are [`ArgsError`] (a
+//! protocol error naming the field).
 //!
 //! # Layout
 //! - [`args`]: each tool's arguments (its JSON schema, written for a model) and the tool list.
@@ -26,8 +28,9 @@ use crate::config::Config;
 use crate::coordination::lock::LockGuard;
 use crate::ids::SessionId;
 use crate::layout;
-use crate::ops::Ops;
 use crate::ops::processes::{self as op, Target};
+use crate::ops::snapshots::TakeSnapshot;
+use crate::ops::{Ops, lifecycle};
 use crate::processes;
 use crate::sessions::{ForkPlan, SessionError, Sessions, ValidationError};
 use crate::workspace::fs::{Fs, OpError};
@@ -130,7 +133,7 @@ impl Tools {
     /// The session a tool names and the sessions of its engine: an id that cannot be a
     /// session's is not found, as an unknown one is.
     fn session(&self, id: &str) -> Result<(SessionId, Arc<Sessions>), ToolFailure> {
-        let id = SessionId::parse(id).map_err(|_| SessionError::NotFound)?;
+        let id = session_id(id)?;
         let sessions = self.ops.fleet().at(&id)?;
         Ok((id, sessions))
     }
@@ -153,20 +156,18 @@ impl Tools {
             egress: a.egress,
             ..Default::default()
         };
-        let _slot = self.ops.admission().create().await?;
-        let session_id = self.ops.fleet().create(&req).await?;
+        let session_id = self.ops.create(&req).await?;
         Ok(Answer::json(json!({ "session_id": session_id })))
     }
 
     /// `DELETE /session/{id}/` (`?force=true` unless `remove` is false).
     async fn close(&self, a: CloseArgs) -> Result<Answer, ToolFailure> {
-        let (id, sessions) = self.session(&a.session_id)?;
-        let _held = if a.remove {
-            sessions.lock_to_remove(&id).await?
+        let id = session_id(&a.session_id)?;
+        if a.remove {
+            self.ops.apply(&id, lifecycle::Remove).await?;
         } else {
-            Some(sessions.lock(&id).await?)
-        };
-        sessions.close(&id, a.remove).await?;
+            self.ops.apply(&id, lifecycle::Stop).await?;
+        }
         Ok(Answer::json(json!({ "closed": true, "removed": a.remove })))
     }
 
@@ -414,18 +415,19 @@ impl Tools {
 
     /// `PUT /session/{id}/egress/`: the answer says only that it was done (never the secrets).
     async fn egress_update(&self, a: EgressArgs) -> Result<Answer, ToolFailure> {
-        let (id, sessions) = self.session(&a.session_id)?;
-        let _held = sessions.lock(&id).await?;
-        sessions.refresh_egress(&id, &a.egress).await?;
+        let id = session_id(&a.session_id)?;
+        let op = lifecycle::RefreshEgress { policy: a.egress };
+        self.ops.apply(&id, op).await?;
         Ok(Answer::json(json!({ "updated": true })))
     }
 
     async fn snapshot(&self, a: SnapshotArgs) -> Result<Answer, ToolFailure> {
-        let (id, sessions) = self.session(&a.session_id)?;
-        let req = sessions.snapshot_request(a.name.as_deref(), a.ttl_seconds)?;
-        let _slot = self.ops.admission().create().await?;
-        let _held = sessions.lock(&id).await?;
-        let (s, _) = sessions.snapshot(&id, &req).await?;
+        let id = session_id(&a.session_id)?;
+        let op = TakeSnapshot {
+            name: a.name,
+            ttl_seconds: a.ttl_seconds,
+        };
+        let s = self.ops.apply(&id, op).await?;
         Ok(Answer::json(json!({
             "snapshot_id": s.id,
             "name": s.name,
@@ -434,8 +436,7 @@ impl Tools {
         })))
     }
 
-    /// `POST /session/{id}/fork/`, in the route's order: the request checked once, the
-    /// engine's room, the create slots, the source's lock.
+    /// `POST /session/{id}/fork/`: the request checked once, then the fork (see [`Ops::fork`]).
     async fn fork(&self, a: ForkArgs) -> Result<Answer, ToolFailure> {
         let id = SessionId::parse(&a.session_id).map_err(|_| SessionError::NotFound)?;
         let req = ForkRequest {
@@ -446,23 +447,21 @@ impl Tools {
             on_timeout: None,
         };
         let plan = ForkPlan::new(req, &self.config)?;
-        let sessions = self.ops.fleet().at_for_new(&id, plan.count())?;
-        let _slot = self.ops.admission().create().await?;
-        let (_more, more) = self
-            .ops
-            .admission()
-            .more_creates(plan.count().saturating_sub(1) as usize);
-        let _held = sessions.lock(&id).await?;
-        let session_ids = sessions.fork(&id, plan, 1 + more).await?;
+        let session_ids = self.ops.fork(&id, plan).await?;
         Ok(Answer::json(json!({ "session_ids": session_ids })))
     }
 
     async fn pause(&self, a: SessionArgs) -> Result<Answer, ToolFailure> {
-        let (id, sessions) = self.session(&a.session_id)?;
-        let _held = sessions.lock(&id).await?;
-        sessions.pause(&id).await?;
+        let id = session_id(&a.session_id)?;
+        self.ops.apply(&id, lifecycle::Pause).await?;
         Ok(Answer::json(json!({ "paused": true })))
     }
+}
+
+/// The session a tool names: an id that cannot be a session's is not found, as an unknown
+/// one is.
+fn session_id(id: &str) -> Result<SessionId, ToolFailure> {
+    Ok(SessionId::parse(id).map_err(|_| SessionError::NotFound)?)
 }
 
 /// An fs op's context (see [`Tools::fs_ctx`]).

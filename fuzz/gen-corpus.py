@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes the seed corpora of the fuzz targets (fuzz/corpus/<target>/) from the inputs of the
-existing tests: the sanitiser's archives (control-plane/src/workspace/sanitize/tests), the
+existing tests: the sanitiser's archives (service/src/workspace/sanitize/tests), the
 policies and hosts of shared-policy/tests/evaluator.rs and host.rs, the frames of
 sandbox-helper/src/protocol.rs, the pages and edits of sandbox-helper/src/ops/text.rs, and the
 request shapes of egress-gateway/tests/proxy.rs. Deterministic; small (well under 1 MB).

@@ -1,38 +1,18 @@
-//! daiv-sandbox control plane: a REST API that runs agents' commands in per-session containers.
+//! daiv-sandbox control plane: the front doors of the service (its REST routes, MCP, E2B's API)
+//! and the composition that serves them. The domain and the operations on a session are the
+//! `sandbox-service` crate's: a door decodes a request, applies an operation and renders its
+//! answer or its error's class, and Cargo keeps the service free of HTTP and MCP.
 //!
 //! # Layers
-//! Each module imports only from the layers before it (`tests/layering.rs` checks it):
-//! 1. **Leaves:** [`ids`], [`secret`], [`text`], [`time`], [`layout`] (the paths inside a sandbox, from the protocol
-//!    crate), [`api`] (the wire types the API serves), [`archive`] (the tar archives the service
-//!    builds itself), [`endpoint`] (what an engine endpoint is), [`backoff`] (the one retry
-//!    pacing). `ids`, `secret`, `time`, `archive` and `endpoint` are the `sandbox-common`
-//!    crate's, which the engine crate shares.
-//! 2. **Settings:** [`config`], validated all at once at start-up.
-//! 3. **Infrastructure:** [`engine`] (the `sandbox-engine` crate: the container-engine seam, its
-//!    Docker implementation, the registry credentials, the scoped and metered decorators, a
-//!    fake), [`runtime`] (the session-runtime seam over the in-sandbox helper's channel),
-//!    [`coordination`] (per-session locks and activity, in-process or over Redis), [`telemetry`]
-//!    (metrics, logs, Sentry).
-//! 4. **Egress and snapshots:** [`egress`], the one owner of a session's triad; [`snapshots`]
-//!    (a session's filesystem as Docker objects, retention, copy-on-write workspaces).
-//! 5. **Building a sandbox:** [`sandbox`] (validation, spec, skeleton, cold build).
-//! 6. **The warm pool:** [`pool`] (claims and refill, over the same factory).
-//! 7. **Sessions:** [`sessions`] (create = validate → claim → else reserve + build; find, run,
-//!    close, refresh; the session lock).
-//! 8. **Workspace and processes:** [`workspace`] (seed, fs ops), [`processes`] (background
-//!    processes, streaming runs), [`reaper`].
-//! 9. **The fleet:** [`fleet`] (one such stack per Docker engine, placement, health, the engines
-//!    file).
-//! 10. **Admission and errors:** [`admission`] (the slots of each class of work), [`error`] (the
-//!     one place a cause becomes a status and `{"detail"}` body), [`auth`] (the one key check).
-//! 11. **Operations:** [`ops`], one type per use case on a session, declaring its admission
-//!     class, its lock and its running check, which [`ops::Ops::apply`] takes once: the way the
-//!     doors below reach a session (so far the background processes, the data plane's raw
-//!     files, watches and fs ops on paths anywhere, a session's life (create, pause, deadline,
-//!     close, egress refresh, E2B's `connect`), its snapshots and forks, the listing, and
-//!     ingress's connections to a session's ports).
-//! 12. **HTTP:** [`routes`] (handlers, the router, and the OpenAPI document beside the routes it
-//!     lists; ingress's door, `routes::ports`, which every door's port traffic goes through).
+//! The service's modules are re-exported at the root in their layers (the service crate's
+//! `lib.rs` draws layers 1 to 11: leaves, settings, infrastructure, egress and snapshots,
+//! building a sandbox, the warm pool, sessions, workspace and processes, the fleet, admission
+//! and errors, operations). This crate adds, each importing only from the layers before it
+//! (`tests/layering.rs` checks it):
+//! 12. **HTTP:** [`routes`] (handlers, the router, the rendering of an error class as
+//!     `{"detail"}` and the extractors that answer bad input alike, the API key check, and the
+//!     OpenAPI document beside the routes it lists; ingress's door, `routes::ports`, which every
+//!     door's port traffic goes through).
 //! 13. **Other APIs:** [`mcp`] (the sandbox as MCP tools at `/mcp` and over stdio, through the
 //!     same operations and domain calls as the routes); [`e2b`] (E2B's control API and envd on a
 //!     port of their own, every call decoded into the same operations: none is a request to
@@ -40,36 +20,18 @@
 //! 14. **Composition:** [`state`] ([`AppState`] and [`app`]), [`serve`] (the service's life from
 //!     settings and a listener to shutdown); `main.rs`.
 
-pub mod admission;
-pub mod api;
-pub mod auth;
-pub mod backoff;
-pub mod config;
-pub mod coordination;
 pub mod e2b;
-pub mod egress;
-pub mod error;
-pub mod fleet;
 pub mod mcp;
-pub mod ops;
-pub mod pool;
-pub mod processes;
-pub mod reaper;
 pub mod routes;
-pub mod runtime;
-pub mod sandbox;
 pub mod serve;
-pub mod sessions;
-pub mod snapshots;
 pub mod state;
-pub mod telemetry;
-pub mod text;
-pub mod workspace;
 
-// Modules of other crates, at the layer the table gives their names.
-pub use sandbox_common::{archive, endpoint, ids, secret, time};
-pub use sandbox_engine as engine;
-pub use sandbox_protocol::layout;
+// The service's modules, at the layer the table of its `lib.rs` gives their names.
+pub use sandbox_service::{
+    admission, api, archive, auth, backoff, config, coordination, egress, endpoint, engine, error,
+    fleet, ids, layout, ops, pool, processes, reaper, runtime, sandbox, secret, sessions,
+    snapshots, telemetry, text, time, workspace,
+};
 pub use state::{AppState, app};
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

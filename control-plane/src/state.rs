@@ -198,13 +198,12 @@ async fn preview_host(
     axum::extract::State(state): axum::extract::State<AppState>,
     req: axum::extract::Request,
 ) -> axum::response::Response {
-    use axum::response::IntoResponse;
     let ops = state.ops();
     match crate::routes::ports::preview_host(&ops, &state.config, req.headers()).await {
         Some(Ok((id, port))) => {
             crate::routes::ports::serve_host(ops, state.config.clone(), id, port, req, false).await
         }
-        Some(Err(e)) => e.into_response(),
-        None => crate::error::ApiError::NotFound.into_response(),
+        Some(Err(e)) => crate::routes::render::respond(e),
+        None => crate::routes::render::respond(crate::error::ApiError::NotFound),
     }
 }

@@ -122,12 +122,13 @@ impl Refs<'_> {
     /// a child module named without `self::`) are left out.
     fn absolute(&self, segs: &[String]) -> Option<Vec<String>> {
         let mut base = match segs.first()?.as_str() {
-            "crate" => Vec::new(),
+            // The doors' composition names the service crate's modules by it.
+            "crate" | "sandbox_service" => Vec::new(),
             "super" | "self" => self.here.clone(),
             _ => return None,
         };
         let mut rest = segs;
-        if rest[0] == "crate" {
+        if rest[0] == "crate" || rest[0] == "sandbox_service" {
             rest = &rest[1..];
         } else {
             while let Some(first) = rest.first() {
@@ -270,8 +271,10 @@ impl Refs<'_> {
         flat(stream, strings, &mut tokens);
         let mut i = 0;
         while i < tokens.len() {
-            let starts = matches!(tokens[i].as_str(), "crate" | "super" | "self")
-                && tokens.get(i + 1).is_some_and(|t| t == ":");
+            let starts = matches!(
+                tokens[i].as_str(),
+                "crate" | "super" | "self" | "sandbox_service"
+            ) && tokens.get(i + 1).is_some_and(|t| t == ":");
             if starts {
                 let mut segs = vec![tokens[i].clone()];
                 let mut j = i + 1;
@@ -335,6 +338,14 @@ impl Uses<'_> {
         } else {
             alias.to_string()
         };
+        // `pub use sandbox_service::{…};` in the doors' root: the service's modules.
+        if self.here.is_empty()
+            && self.public
+            && segs.first().is_some_and(|f| f == "sandbox_service")
+        {
+            self.external.insert(alias, segs);
+            return;
+        }
         let mut found = Vec::new();
         let mut refs = Refs {
             here: self.here.clone(),
@@ -604,6 +615,7 @@ fn assert_acyclic(name: &str) -> Graph {
 
 #[test]
 fn the_control_plane_has_no_import_cycle() {
+    assert_acyclic("service");
     assert_acyclic("control-plane");
 }
 
@@ -619,32 +631,135 @@ fn the_engine_crate_has_no_import_cycle() {
 
 #[test]
 fn each_control_plane_module_imports_only_from_the_layers_below() {
-    let g = graph(&crate_src("control-plane"));
-    let layer = |m: &str| LAYERS.iter().position(|l| l.contains(&m));
-    let mut wrong = Vec::new();
-    for module in g.files.keys().filter(|p| p.len() == 1) {
+    // The service's modules, then the doors' (which see the service's through the root's
+    // re-exports, in their layers).
+    for name in ["service", "control-plane"] {
+        let g = graph(&crate_src(name));
+        let layer = |m: &str| LAYERS.iter().position(|l| l.contains(&m));
+        let mut wrong = Vec::new();
+        for module in g.files.keys().filter(|p| p.len() == 1) {
+            assert!(
+                layer(&module[0]).is_some(),
+                "{name}: `{}` is in no layer: add it to LAYERS and to the table in lib.rs",
+                module[0]
+            );
+        }
+        for (from, tos) in &g.top {
+            for to in tos {
+                let (Some(a), Some(b)) = (layer(from), layer(to)) else {
+                    continue;
+                };
+                if b > a {
+                    wrong.push(format!("{from} (layer {a}) → {to} (layer {b})"));
+                }
+            }
+        }
         assert!(
-            layer(&module[0]).is_some(),
-            "`{}` is in no layer: add it to LAYERS and to the table in lib.rs",
-            module[0]
+            wrong.is_empty(),
+            "{name}: imports up the layers: {wrong:#?}"
         );
     }
-    for (from, tos) in &g.top {
-        for to in tos {
-            let (Some(a), Some(b)) = (layer(from), layer(to)) else {
-                continue;
-            };
-            if b > a {
-                wrong.push(format!("{from} (layer {a}) → {to} (layer {b})"));
+}
+
+/// The doors: what a client's request comes in through.
+const DOORS: &[&str] = &["routes", "mcp", "e2b"];
+
+/// What a door reaches of the service: the operations, and what their requests, answers and
+/// errors are made of.
+const DOOR_REACH: &[&str] = &[
+    "ops",
+    "api",
+    "error",
+    "auth",
+    "config",
+    "telemetry",
+    "ids",
+    "time",
+    "text",
+    "layout",
+    "secret",
+];
+
+/// Where a door still reaches the domain past [`DOOR_REACH`]: the DAIV routes' runs, seed and fs
+/// ops, MCP's run and fs tools, and the settings and listings some answers read. This list only
+/// shrinks: a door that reaches something new goes through an operation instead.
+const DOOR_DEBT: &[(&str, &str)] = &[
+    ("e2b", "sessions"),
+    ("mcp", "admission"),
+    ("mcp", "coordination"),
+    ("mcp", "fleet"),
+    ("mcp", "processes"),
+    ("mcp", "sessions"),
+    ("mcp", "snapshots"),
+    ("mcp", "workspace"),
+    ("routes", "admission"),
+    ("routes", "coordination"),
+    ("routes", "engine"),
+    ("routes", "fleet"),
+    ("routes", "pool"),
+    ("routes", "processes"),
+    ("routes", "sessions"),
+    ("routes", "snapshots"),
+    ("routes", "workspace"),
+];
+
+#[test]
+fn doors_reach_the_service_through_its_operations() {
+    let g = graph(&crate_src("control-plane"));
+    let service: BTreeSet<String> = graph(&crate_src("service"))
+        .files
+        .keys()
+        .filter(|p| p.len() == 1)
+        .map(|p| p[0].clone())
+        .chain(
+            [
+                "ids", "secret", "time", "archive", "endpoint", "engine", "layout",
+            ]
+            .map(String::from),
+        )
+        .collect();
+    let mut reached = BTreeSet::new();
+    for door in DOORS {
+        for to in g.top.get(*door).into_iter().flatten() {
+            if service.contains(to) && !DOOR_REACH.contains(&to.as_str()) {
+                reached.insert((door.to_string(), to.clone()));
             }
         }
     }
-    assert!(wrong.is_empty(), "imports up the layers: {wrong:#?}");
+    let debt: BTreeSet<(String, String)> = DOOR_DEBT
+        .iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
+    let new: Vec<_> = reached.difference(&debt).collect();
+    assert!(
+        new.is_empty(),
+        "doors reaching the service past its operations: {new:#?} (add an operation instead)"
+    );
+    let paid: Vec<_> = debt.difference(&reached).collect();
+    assert!(
+        paid.is_empty(),
+        "no door reaches these any more: take them off DOOR_DEBT: {paid:#?}"
+    );
+    // Never the helper's channel or its messages: those are the service's alone.
+    for door in DOORS {
+        assert!(
+            !g.top.get(*door).is_some_and(|t| t.contains("runtime")),
+            "{door} reaches the session runtime"
+        );
+    }
+    for m in modules(&crate_src("control-plane")) {
+        let text = read(&m.file);
+        assert!(
+            !text.contains("sandbox_protocol::message"),
+            "{} speaks the helper's messages",
+            m.file.display()
+        );
+    }
 }
 
 #[test]
 fn config_imports_nothing_of_the_crate_but_leaves() {
-    let g = graph(&crate_src("control-plane"));
+    let g = graph(&crate_src("service"));
     let above: Vec<&String> = g
         .top
         .get("config")
@@ -674,7 +789,7 @@ impl<'ast> Visit<'ast> for ImplsOf {
 
 #[test]
 fn sessions_are_implemented_only_in_the_sessions_module() {
-    let src = crate_src("control-plane");
+    let src = crate_src("service");
     let mut outside = Vec::new();
     for m in modules(&src) {
         if m.path.first().is_some_and(|p| p == "sessions") {
@@ -700,9 +815,14 @@ fn sessions_are_implemented_only_in_the_sessions_module() {
 #[test]
 fn the_graph_sees_known_arrows() {
     // The reader itself: if it stopped seeing paths, every check above would pass vacuously.
-    let g = graph(&crate_src("control-plane"));
+    let doors = graph(&crate_src("control-plane"));
+    let has = |a: &str, b: &str| doors.top.get(a).is_some_and(|t| t.contains(b));
+    // Through the root's re-exports of the service, and the composition's own paths into it.
+    assert!(has("routes", "ops"));
+    assert!(has("e2b", "ops"));
+    assert!(has("serve", "fleet"));
+    let g = graph(&crate_src("service"));
     let has = |a: &str, b: &str| g.top.get(a).is_some_and(|t| t.contains(b));
-    assert!(has("routes", "sessions"));
     assert!(has("sessions", "pool"));
     assert!(has("pool", "sandbox"));
     assert!(has("sandbox", "egress"));
@@ -717,7 +837,7 @@ fn the_graph_sees_known_arrows() {
 fn the_helper_path_speaks_only_typed_messages() {
     // Requests are built from `sandbox-protocol`'s types and answers read into them: no
     // `json!` literal or untyped `Value` where the control plane talks to the helper.
-    let src = crate_src("control-plane");
+    let src = crate_src("service");
     let mut untyped = Vec::new();
     for m in modules(&src) {
         if m.path.first().is_none_or(|p| p != "runtime") {

@@ -18,7 +18,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io::Read;
 
-use control_plane::workspace::sanitize::{Budget, Options, PATH_MAX, PAX_MAX, sanitize};
+use sandbox_service::workspace::sanitize::{Budget, Options, PATH_MAX, PAX_MAX, sanitize};
 use daiv_sandbox_fuzz::{Chunked, Counting, measure};
 use libfuzzer_sys::fuzz_target;
 use tar::EntryType;

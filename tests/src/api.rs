@@ -1,6 +1,6 @@
 //! The e2e suites' one API client: every request carries an API key, JSON bodies go out, and the
 //! answers come back as status and JSON, or decoded into the control plane's own wire types
-//! (`control_plane::api`) where a test wants them typed, so a change of wire shape shows here.
+//! (`sandbox_service::api`) where a test wants them typed, so a change of wire shape shows here.
 //!
 //! [`ControlPlane`](crate::ControlPlane) holds one (`cp.api()`); a service started some other way
 //! (in a container, by compose) gets its own with [`Client::new`]. [`Client::with_key`] and
@@ -13,7 +13,7 @@ use anyhow::{Context, Result, bail};
 use reqwest::{Method, RequestBuilder};
 use serde_json::{Value, json};
 
-pub use control_plane::api::{RunResponse, RunResult, StartSessionResponse};
+pub use sandbox_service::api::{RunResponse, RunResult, StartSessionResponse};
 
 /// The header the service reads the API key from.
 pub const API_KEY_HEADER: &str = "X-API-Key";

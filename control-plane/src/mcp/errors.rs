@@ -152,7 +152,6 @@ via_api_error!(
     crate::sessions::SessionError,
     crate::sessions::ValidationError,
     crate::fleet::FleetError,
-    crate::runtime::HelperError,
     crate::workspace::fs::FsOpError,
     crate::admission::Refused,
     crate::snapshots::SnapshotError,

@@ -13,15 +13,15 @@ use axum::response::Response;
 
 use std::sync::Arc;
 
+use super::render::HttpError;
 use crate::admission::{Admission, Slot};
-use crate::error::ApiError;
 
 /// `POST /session/{id}/seed/`.
 pub async fn seed(
     State(admission): State<Arc<Admission>>,
     req: Request,
     next: Next,
-) -> Result<Response, ApiError> {
+) -> Result<Response, HttpError> {
     let slot = admission.seed().await?;
     Ok(holding(next.run(req).await, slot))
 }
@@ -32,7 +32,7 @@ pub async fn fs(
     params: RawPathParams,
     req: Request,
     next: Next,
-) -> Result<Response, ApiError> {
+) -> Result<Response, HttpError> {
     let session_id = params
         .iter()
         .find(|(k, _)| *k == "session_id")

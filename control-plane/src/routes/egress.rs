@@ -4,7 +4,8 @@ use axum::extract::State;
 use axum::http::StatusCode;
 
 use super::extract::Id;
-use crate::error::{ApiError, ApiJson, ErrorBody};
+use super::render::{ApiJson, HttpError};
+use crate::error::ErrorBody;
 use crate::ops::{Ops, lifecycle};
 
 /// Replace the session's egress policy (same body as `egress` on create); takes effect without
@@ -19,7 +20,7 @@ pub async fn refresh(
     State(ops): State<Ops>,
     Id(id): Id,
     ApiJson(policy): ApiJson<serde_json::Value>,
-) -> Result<StatusCode, ApiError> {
+) -> Result<StatusCode, HttpError> {
     ops.apply(&id, lifecycle::RefreshEgress { policy }).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -10,6 +10,7 @@ use axum::extract::{FromRef, FromRequest, FromRequestParts, RawPathParams, Reque
 use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 
+use super::render::HttpError;
 use crate::coordination::lock::LockGuard;
 use crate::error::ApiError;
 use crate::fleet::Fleet;
@@ -20,9 +21,9 @@ use crate::sessions::Sessions;
 pub struct Id(pub SessionId);
 
 impl<S: Send + Sync> FromRequestParts<S> for Id {
-    type Rejection = ApiError;
+    type Rejection = HttpError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, HttpError> {
         let id = param(parts, state, "session_id")
             .await
             .and_then(|raw| SessionId::parse(&raw).ok())
@@ -51,9 +52,9 @@ where
     Arc<Fleet>: FromRef<S>,
     S: Send + Sync,
 {
-    type Rejection = ApiError;
+    type Rejection = HttpError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, HttpError> {
         let Id(id) = Id::from_request_parts(parts, state).await?;
         let sessions = Arc::<Fleet>::from_ref(state).at(&id)?;
         Ok(Self { id, sessions })
@@ -62,7 +63,7 @@ where
 
 impl Session {
     /// The session's lock (see [`Sessions::lock`]).
-    pub async fn lock(&self) -> Result<LockGuard, ApiError> {
+    pub async fn lock(&self) -> Result<LockGuard, HttpError> {
         Ok(self.sessions.lock(&self.id).await?)
     }
 }

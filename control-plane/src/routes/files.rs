@@ -25,7 +25,8 @@ use serde_json::json;
 use axum::extract::State;
 
 use super::extract::Id;
-use crate::error::{ApiError, ApiJson, ApiQuery, ErrorBody};
+use super::render::{ApiJson, ApiQuery, HttpError};
+use crate::error::{ApiError, ErrorBody};
 use crate::ops::files::ByteRange;
 use crate::ops::{Ops, files, fs};
 
@@ -157,14 +158,14 @@ pub async fn get_file(
     Id(id): Id,
     ApiQuery(q): ApiQuery<FileQuery>,
     headers: HeaderMap,
-) -> Result<Response, ApiError> {
+) -> Result<Response, HttpError> {
     let range = parse_range(&headers);
     let op = match files::ReadFile::new(&q.path, range) {
         Ok(op) => op,
         Err(e) => return Ok(refused(e)),
     };
     let read = ops.apply(&id, op).await?;
-    file_answer(read, range.is_some(), accepts_gzip(&headers))
+    Ok(file_answer(read, range.is_some(), accepts_gzip(&headers))?)
 }
 
 /// A read as its HTTP answer (also envd's `GET /files`): the bytes with their length, a range
@@ -233,7 +234,7 @@ pub async fn put_file(
     ApiQuery(q): ApiQuery<FileQuery>,
     headers: HeaderMap,
     body: Body,
-) -> Result<Response, ApiError> {
+) -> Result<Response, HttpError> {
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -263,7 +264,7 @@ pub async fn stat(
     State(ops): State<Ops>,
     Id(id): Id,
     ApiJson(req): ApiJson<FsStatRequest>,
-) -> Result<Json<FsStatResponse>, ApiError> {
+) -> Result<Json<FsStatResponse>, HttpError> {
     Ok(Json(ops.apply(&id, fs::Stat(req)).await?))
 }
 
@@ -275,7 +276,7 @@ pub async fn mkdir(
     State(ops): State<Ops>,
     Id(id): Id,
     ApiJson(req): ApiJson<FsMkdirRequest>,
-) -> Result<Json<FsMkdirResponse>, ApiError> {
+) -> Result<Json<FsMkdirResponse>, HttpError> {
     Ok(Json(ops.apply(&id, fs::Mkdir(req)).await?))
 }
 
@@ -287,7 +288,7 @@ pub async fn move_entry(
     State(ops): State<Ops>,
     Id(id): Id,
     ApiJson(req): ApiJson<FsMoveRequest>,
-) -> Result<Json<FsMoveResponse>, ApiError> {
+) -> Result<Json<FsMoveResponse>, HttpError> {
     Ok(Json(ops.apply(&id, fs::Move(req)).await?))
 }
 
@@ -299,7 +300,7 @@ pub async fn list(
     State(ops): State<Ops>,
     Id(id): Id,
     ApiJson(req): ApiJson<FsListRequest>,
-) -> Result<Json<FsListResponse>, ApiError> {
+) -> Result<Json<FsListResponse>, HttpError> {
     Ok(Json(ops.apply(&id, fs::List(req)).await?))
 }
 

@@ -18,7 +18,8 @@ use bytes::Bytes;
 use futures::StreamExt;
 
 use super::extract::Session;
-use crate::error::{ApiError, ApiJson, ErrorBody};
+use super::render::{ApiJson, HttpError};
+use crate::error::ErrorBody;
 use crate::workspace::fs::{Entries, Fs, respond};
 use sandbox_protocol::wire::*;
 
@@ -49,7 +50,7 @@ macro_rules! fs_handler {
             pub async fn $name(
                 s: Session,
                 ApiJson(req): ApiJson<$req>,
-            ) -> Result<Json<$resp>, ApiError> {
+            ) -> Result<Json<$resp>, HttpError> {
                 let ws = s.sessions.workspace(&s.id);
                 let _held = if $writes {
                     Some(ws.ordered().await?)
@@ -74,7 +75,7 @@ macro_rules! fs_listing_handler {
             pub async fn $name(
                 s: Session,
                 ApiJson(req): ApiJson<$req>,
-            ) -> Result<Response, ApiError> {
+            ) -> Result<Response, HttpError> {
                 let ws = s.sessions.workspace(&s.id);
                 ws.beside().await?;
                 match Fs::new(&ws).$op(&req).await {

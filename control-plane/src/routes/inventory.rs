@@ -6,10 +6,11 @@ use axum::Json;
 use axum::extract::State;
 
 use super::extract::Id;
+use super::render::{ApiJson, ApiQuery, HttpError};
 use crate::api::{
     MetricsQuery, SessionInfo, SessionList, SessionMetrics, SessionState, TimeoutRequest,
 };
-use crate::error::{ApiError, ApiJson, ApiQuery, ErrorBody};
+use crate::error::ErrorBody;
 use crate::ops::inventory::ListQuery;
 use crate::ops::{Ops, lifecycle};
 
@@ -30,7 +31,7 @@ use crate::ops::{Ops, lifecycle};
 pub async fn list(
     State(ops): State<Ops>,
     ApiQuery(pairs): ApiQuery<Vec<(String, String)>>,
-) -> Result<Json<SessionList>, ApiError> {
+) -> Result<Json<SessionList>, HttpError> {
     let query = ListQuery::parse(&pairs)?;
     Ok(Json(ops.list(&query).await?))
 }
@@ -41,7 +42,7 @@ pub async fn list(
     params(("session_id" = String, Path, description = "The session id")),
     responses((status = 200, body = SessionInfo), (status = 403, body = ErrorBody),
         (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)))]
-pub async fn info(State(ops): State<Ops>, Id(id): Id) -> Result<Json<SessionInfo>, ApiError> {
+pub async fn info(State(ops): State<Ops>, Id(id): Id) -> Result<Json<SessionInfo>, HttpError> {
     Ok(Json(ops.info(&id).await?))
 }
 
@@ -59,7 +60,7 @@ pub async fn timeout(
     State(ops): State<Ops>,
     Id(id): Id,
     ApiJson(req): ApiJson<TimeoutRequest>,
-) -> Result<Json<SessionInfo>, ApiError> {
+) -> Result<Json<SessionInfo>, HttpError> {
     let op = lifecycle::SetTimeout {
         seconds: req.timeout_seconds,
     };
@@ -77,7 +78,7 @@ pub async fn metrics(
     State(ops): State<Ops>,
     Id(id): Id,
     ApiQuery(q): ApiQuery<MetricsQuery>,
-) -> Result<Json<SessionMetrics>, ApiError> {
+) -> Result<Json<SessionMetrics>, HttpError> {
     let samples = ops.metrics(&id, q.start, q.end).await?;
     Ok(Json(SessionMetrics { samples }))
 }

@@ -5,9 +5,9 @@ use axum::extract::State;
 
 use std::sync::Arc;
 
+use super::render::HttpError;
 use crate::api::{HealthResponse, VersionResponse};
 use crate::engine::EngineError;
-use crate::error::ApiError;
 use crate::fleet::{Fleet, FleetError};
 use crate::telemetry::runtime_probe::RuntimeHealth;
 
@@ -19,7 +19,7 @@ use crate::telemetry::runtime_probe::RuntimeHealth;
 pub async fn health(
     State(fleet): State<Arc<Fleet>>,
     State(runtime): State<Arc<RuntimeHealth>>,
-) -> Result<Json<HealthResponse>, ApiError> {
+) -> Result<Json<HealthResponse>, HttpError> {
     let cells = fleet.cells();
     if fleet.is_fleet() {
         // The health checks already ping every engine each second.

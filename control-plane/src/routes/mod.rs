@@ -20,6 +20,7 @@ pub mod observe;
 pub mod openapi;
 pub mod ports;
 pub mod processes;
+pub mod render;
 pub mod seed;
 pub mod session;
 pub mod snapshots;
@@ -33,7 +34,6 @@ use axum::middleware;
 use axum::routing::{get, post, put};
 
 use crate::admission::Admission;
-use crate::auth;
 use crate::config::Config;
 use crate::fleet::Fleet;
 use crate::telemetry::metrics::Metrics;
@@ -185,7 +185,7 @@ where
     );
     let api = api.route_layer(middleware::from_fn_with_state(
         config.clone(),
-        auth::require_api_key,
+        render::require_api_key,
     ));
     // Ingress: the key or a port token, checked by the handler; bodies of any size streamed.
     let ingress = Router::new()
@@ -225,7 +225,7 @@ where
     if !config.server.metrics_public {
         scrape = scrape.route_layer(middleware::from_fn_with_state(
             config.clone(),
-            auth::require_api_key,
+            render::require_api_key,
         ));
     }
     observe::observed(

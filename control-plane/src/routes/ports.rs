@@ -22,6 +22,7 @@ use axum::response::{IntoResponse, Response};
 use hyper_util::rt::TokioIo;
 use serde::{Deserialize, Serialize};
 
+use super::render::{HttpError, respond};
 use crate::auth::{self, port_token};
 use crate::config::Config;
 use crate::error::ApiError;
@@ -199,22 +200,21 @@ async fn serve(
 ) -> Response {
     let target = match target {
         Ok(t) => t,
-        Err(e) => return e.into_response(),
+        Err(e) => return respond(e),
     };
     let access = match access(&config, &target, req.headers(), req.uri()) {
         Ok(a) => a,
-        Err(e) => return e.into_response(),
+        Err(e) => return respond(e),
     };
     if access == Access::Query {
         return set_cookie(&config, &target, req.headers());
     }
     if access == Access::Cookie && is_upgrade(req.headers()) && cross_origin(req.headers()) {
-        return ApiError::Forbidden(
+        return respond(ApiError::Forbidden(
             "a WebSocket from another origin needs the port token in X-Daiv-Port-Token or \
              the daiv_port_token parameter"
                 .into(),
-        )
-        .into_response();
+        ));
     }
     forward(ops, target, req).await
 }
@@ -412,7 +412,7 @@ async fn forward(ops: Ops, target: Target, mut req: Request) -> Response {
     }
     let conn = match ops.open_port(&target.id, target.port).await {
         Ok(c) => c,
-        Err(e) => return e.into_response(),
+        Err(e) => return respond(e),
     };
     let upgrade = is_upgrade(req.headers());
     let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
@@ -453,7 +453,7 @@ async fn forward(ops: Ops, target: Target, mut req: Request) -> Response {
     parts.uri = match target.path_and_query.parse() {
         Ok(u) => u,
         Err(_) => {
-            return ApiError::BadRequest("the path is not a valid URI".into()).into_response();
+            return respond(ApiError::BadRequest("the path is not a valid URI".into()));
         }
     };
     parts.version = http::Version::HTTP_11;
@@ -515,7 +515,7 @@ async fn tcp_over_websocket(ops: Ops, target: Target, req: Request) -> Response 
     // Opened before the upgrade: a closed port is a 502, not a socket that closes at once.
     let conn: Connection = match ops.open_port(&target.id, target.port).await {
         Ok(c) => c,
-        Err(e) => return e.into_response(),
+        Err(e) => return respond(e),
     };
     ws.on_upgrade(move |socket| async move {
         let (mut ws_tx, mut ws_rx) = socket.split();
@@ -582,7 +582,7 @@ pub async fn token(
     Path((session_id, port)): Path<(String, String)>,
     headers: HeaderMap,
     body: Option<Json<PortTokenRequest>>,
-) -> Result<Json<PortTokenResponse>, ApiError> {
+) -> Result<Json<PortTokenResponse>, HttpError> {
     let id = SessionId::parse(&session_id).map_err(|_| ApiError::NotFound)?;
     let port = parse_port(&port)?;
     let req = body.map(|Json(b)| b).unwrap_or_default();
@@ -643,7 +643,7 @@ pub fn issue(
 pub async fn usage(
     State(ops): State<Ops>,
     Path(session_id): Path<String>,
-) -> Result<Json<PortUsage>, ApiError> {
+) -> Result<Json<PortUsage>, HttpError> {
     let id = SessionId::parse(&session_id).map_err(|_| ApiError::NotFound)?;
     ops.exists(&id).await?;
     Ok(Json(ops.ports().usage(id.as_str())))

@@ -11,12 +11,13 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 use super::extract::{Id, Session, param};
+use super::render::{ApiJson, ApiQuery, HttpError};
 use crate::api::{
     EventsQuery, PollQuery, ProcessEvent, ProcessList, ProcessOutput, PtyQuery, SignalRequest,
     StartProcessRequest, StartProcessResponse, StdinQuery, TerminalSize,
 };
 use crate::config::Config;
-use crate::error::{ApiError, ApiJson, ApiQuery, ErrorBody};
+use crate::error::{ApiError, ErrorBody};
 use crate::ops::Ops;
 use crate::ops::processes::{self as op, Target};
 use crate::processes;
@@ -25,9 +26,9 @@ use crate::processes;
 pub struct Pid(pub String);
 
 impl<S: Send + Sync> FromRequestParts<S> for Pid {
-    type Rejection = ApiError;
+    type Rejection = HttpError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, HttpError> {
         Ok(Self(
             param(parts, state, "process_id")
                 .await
@@ -51,7 +52,7 @@ pub async fn start(
     State(ops): State<Ops>,
     Id(id): Id,
     ApiJson(req): ApiJson<StartProcessRequest>,
-) -> Result<(StatusCode, Json<StartProcessResponse>), ApiError> {
+) -> Result<(StatusCode, Json<StartProcessResponse>), HttpError> {
     let started = ops.apply(&id, op::Start(req)).await?;
     let status = if started.existing {
         StatusCode::OK
@@ -78,7 +79,7 @@ pub async fn events(
     Id(id): Id,
     Pid(pid): Pid,
     ApiQuery(q): ApiQuery<EventsQuery>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, HttpError> {
     // The first round answers before the body starts: a missing process or lost events are a
     // status, not a cut stream.
     let events = op::Events {
@@ -113,7 +114,7 @@ pub async fn resize(
     Id(id): Id,
     Pid(pid): Pid,
     ApiJson(size): ApiJson<TerminalSize>,
-) -> Result<StatusCode, ApiError> {
+) -> Result<StatusCode, HttpError> {
     let target = Target::Id(pid);
     ops.apply(&id, op::Resize { target, size }).await?;
     Ok(StatusCode::NO_CONTENT)
@@ -132,7 +133,7 @@ pub async fn signal(
     Id(id): Id,
     Pid(pid): Pid,
     ApiJson(req): ApiJson<SignalRequest>,
-) -> Result<StatusCode, ApiError> {
+) -> Result<StatusCode, HttpError> {
     let (target, signal) = (Target::Id(pid), req.signal);
     ops.apply(&id, op::Signal { target, signal }).await?;
     Ok(StatusCode::NO_CONTENT)
@@ -144,7 +145,7 @@ pub async fn signal(
     params(("session_id" = String, Path, description = "The session id")),
     responses((status = 200, body = ProcessList), (status = 403, body = ErrorBody),
         (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)))]
-pub async fn list(State(ops): State<Ops>, Id(id): Id) -> Result<Json<ProcessList>, ApiError> {
+pub async fn list(State(ops): State<Ops>, Id(id): Id) -> Result<Json<ProcessList>, HttpError> {
     Ok(Json(ops.apply(&id, op::List).await?))
 }
 
@@ -161,7 +162,7 @@ pub async fn poll(
     Id(id): Id,
     Pid(pid): Pid,
     ApiQuery(q): ApiQuery<PollQuery>,
-) -> Result<Json<ProcessOutput>, ApiError> {
+) -> Result<Json<ProcessOutput>, HttpError> {
     let (target, offset, wait) = (Target::Id(pid), q.offset, q.wait);
     Ok(Json(
         ops.apply(
@@ -191,7 +192,7 @@ pub async fn stdin(
     Pid(pid): Pid,
     ApiQuery(q): ApiQuery<StdinQuery>,
     bytes: Bytes,
-) -> Result<StatusCode, ApiError> {
+) -> Result<StatusCode, HttpError> {
     let (target, eof) = (Target::Id(pid), q.eof);
     ops.apply(&id, op::Stdin { target, bytes, eof }).await?;
     Ok(StatusCode::NO_CONTENT)
@@ -208,7 +209,7 @@ pub async fn kill(
     State(ops): State<Ops>,
     Id(id): Id,
     Pid(pid): Pid,
-) -> Result<StatusCode, ApiError> {
+) -> Result<StatusCode, HttpError> {
     ops.apply(
         &id,
         op::Kill {
@@ -245,12 +246,13 @@ pub async fn pty(
         axum::extract::ws::WebSocketUpgrade,
         axum::extract::ws::rejection::WebSocketUpgradeRejection,
     >,
-) -> Result<Response, ApiError> {
+) -> Result<Response, HttpError> {
     let ws = s.sessions.workspace(&s.id);
     if !processes::has_terminal(&ws, &pid).await? {
         return Err(ApiError::Conflict(
             "the process was not started in a terminal (start it with \"pty\")".into(),
-        ));
+        )
+        .into());
     }
     let upgrade = upgrade.map_err(|r| {
         ApiError::BadRequest(format!(

@@ -1,21 +1,21 @@
 //! `POST /session/{id}/seed/`: one-shot seeding of `/workspace/repo` and `/workspace/skills`.
 
-use axum::extract::{FromRequest, Multipart, Request};
-use axum::http::{HeaderName, HeaderValue, StatusCode};
+use axum::extract::Request;
+use axum::http::{HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 use super::extract::Locked;
+use super::render::HttpError;
 use crate::error::{ApiError, ErrorBody};
 use crate::telemetry::metrics::{OutcomeLabels, observe_duration};
-use crate::workspace::multipart;
-use crate::workspace::seed::{self, SKIPPED_HEADER, SeedError};
+use crate::workspace::seed::{self, SKIPPED_HEADER};
 
 /// Seed the workspace from `repo_archive` and/or `skills_archive` (tar, optionally gz/bz2/xz/zst).
 ///
 /// 204 on success, with `X-Seed-Skipped-Members` counting members the sanitiser dropped.
 ///
-/// The body goes through [`multipart::guard_request`] before the parser: part headers and parts
-/// are bounded, and going over them is a 422 saying which.
+/// The service parses the body as it streams in: part headers and parts are bounded, and going
+/// over them is a 422 saying which.
 #[utoipa::path(post, path = "/session/{session_id}/seed/", tag = "session",
     security(("api_key" = [])),
     params(("session_id" = String, Path, description = "The session id")),
@@ -26,21 +26,18 @@ use crate::workspace::seed::{self, SKIPPED_HEADER, SeedError};
         (status = 429, body = ErrorBody, description = "Too many seeds in progress; retry after `Retry-After` seconds",
             headers(("Retry-After" = u64, description = "Seconds to wait before retrying"))),
         (status = 503, body = ErrorBody)))]
-pub async fn seed(s: Locked<Request>) -> Result<Response, ApiError> {
+pub async fn seed(s: Locked<Request>) -> Result<Response, HttpError> {
     s.sessions.ensure_running(&s.id).await?;
     let ws = s.sessions.workspace(&s.id);
-    let (request, tripwire) = multipart::guard_request(s.body);
-    let multipart = Multipart::from_request(request, &())
-        .await
-        .map_err(SeedError::NotMultipart)?;
+    let (parts, body) = s.body.into_parts();
+    let content_type = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok());
     let started = std::time::Instant::now();
-    let outcome = seed::seed(&ws, multipart)
+    let outcome = seed::seed(&ws, content_type, body.into_data_stream())
         .await
-        // The parser only saw a failed stream (and the pipeline, a cut archive): say what it was.
-        .map_err(|e| match tripwire.get() {
-            Some(v) => ApiError::from(SeedError::BodyBound(v)),
-            None => e.into(),
-        });
+        .map_err(ApiError::from);
     let label = match &outcome {
         Ok(_) => "ok".to_string(),
         Err(e) => e.status().as_u16().to_string(),

@@ -8,11 +8,12 @@ use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
 
 use super::extract::{Id, Locked};
+use super::render::{ApiJson, ApiQuery, HttpError};
 use crate::api::{
     CloseQuery, RunRequest, RunResponse, RunStreamLine, StartSessionRequest, StartSessionResponse,
 };
 use crate::config::Config;
-use crate::error::{ApiError, ApiJson, ApiQuery, ErrorBody};
+use crate::error::{ApiError, ErrorBody};
 use crate::ops::{Ops, lifecycle};
 
 /// Start a sandbox session and return its id.
@@ -29,7 +30,7 @@ use crate::ops::{Ops, lifecycle};
 pub async fn create(
     State(ops): State<Ops>,
     ApiJson(req): ApiJson<StartSessionRequest>,
-) -> Result<Json<StartSessionResponse>, ApiError> {
+) -> Result<Json<StartSessionResponse>, HttpError> {
     let session_id = ops.create(&req).await?;
     Ok(Json(StartSessionResponse { session_id }))
 }
@@ -49,7 +50,7 @@ pub async fn run(
     State(config): State<Arc<Config>>,
     headers: HeaderMap,
     s: Locked<ApiJson<RunRequest>>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, HttpError> {
     let ApiJson(req) = &s.body;
     if wants_ndjson(&headers) {
         let spec = s.sessions.run_spec(&s.id, req).await?;
@@ -109,9 +110,7 @@ const NDJSON: &str = "application/x-ndjson";
 
 /// The body of a streaming run: one JSON line per item, a failure as the `error` line with the
 /// detail a plain request would have had in its error body.
-fn ndjson(
-    lines: tokio::sync::mpsc::Receiver<Result<RunStreamLine, crate::runtime::HelperError>>,
-) -> axum::body::Body {
+fn ndjson(lines: crate::processes::RunLines) -> axum::body::Body {
     let stream = futures::stream::unfold(lines, |mut rx| async move {
         let line = match rx.recv().await? {
             Ok(line) => line,
@@ -145,7 +144,7 @@ fn wants_ndjson(headers: &HeaderMap) -> bool {
     params(("session_id" = String, Path, description = "The session id")),
     responses((status = 204), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 503, body = ErrorBody)))]
-pub async fn status(s: Locked) -> Result<StatusCode, ApiError> {
+pub async fn status(s: Locked) -> Result<StatusCode, HttpError> {
     s.sessions.ensure_running(&s.id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -159,7 +158,7 @@ pub async fn close(
     ApiQuery(q): ApiQuery<CloseQuery>,
     State(ops): State<Ops>,
     Id(id): Id,
-) -> Result<StatusCode, ApiError> {
+) -> Result<StatusCode, HttpError> {
     // A removal does not wait behind a busy session (see `Access::Removal`).
     if q.force {
         ops.apply(&id, lifecycle::Remove).await?;

@@ -9,10 +9,11 @@ use axum::http::StatusCode;
 use axum::http::request::Parts;
 
 use super::extract::{Id, param};
+use super::render::{ApiJson, HttpError};
 use crate::api::{
     ForkRequest, ForkResponse, SnapshotCreated, SnapshotInfo, SnapshotList, SnapshotRequest,
 };
-use crate::error::{ApiError, ApiJson, ErrorBody};
+use crate::error::{ApiError, ErrorBody};
 use crate::fleet::Fleet;
 use crate::ids::SnapshotId;
 use crate::ops::{Ops, lifecycle, snapshots as ops_snapshots};
@@ -23,9 +24,9 @@ use crate::snapshots::{Snapshot, SnapshotError};
 pub struct SnapshotPath(pub SnapshotId);
 
 impl<S: Send + Sync> FromRequestParts<S> for SnapshotPath {
-    type Rejection = ApiError;
+    type Rejection = HttpError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, HttpError> {
         let id = param(parts, state, "snapshot_id")
             .await
             .and_then(|raw| SnapshotId::parse(&raw).ok())
@@ -55,7 +56,7 @@ pub async fn take(
     State(ops): State<Ops>,
     Id(id): Id,
     body: axum::body::Bytes,
-) -> Result<(StatusCode, Json<SnapshotCreated>), ApiError> {
+) -> Result<(StatusCode, Json<SnapshotCreated>), HttpError> {
     // The body is optional: none (or blank) asks for the defaults.
     let req: SnapshotRequest = if body.iter().all(u8::is_ascii_whitespace) {
         SnapshotRequest::default()
@@ -86,7 +87,7 @@ pub async fn take(
     security(("api_key" = [])),
     responses((status = 200, body = SnapshotList), (status = 403, body = ErrorBody),
         (status = 503, body = ErrorBody)))]
-pub async fn list(State(ops): State<Ops>) -> Result<Json<SnapshotList>, ApiError> {
+pub async fn list(State(ops): State<Ops>) -> Result<Json<SnapshotList>, HttpError> {
     let all = ops.snapshots().await?;
     Ok(Json(SnapshotList {
         snapshots: all.iter().map(info).collect(),
@@ -101,7 +102,7 @@ pub async fn list(State(ops): State<Ops>) -> Result<Json<SnapshotList>, ApiError
 pub async fn get(
     State(fleet): State<Arc<Fleet>>,
     SnapshotPath(id): SnapshotPath,
-) -> Result<Json<SnapshotInfo>, ApiError> {
+) -> Result<Json<SnapshotInfo>, HttpError> {
     let cell = fleet.cell_of(&id)?;
     Ok(Json(info(&cell.snapshots().get(&id).await?)))
 }
@@ -116,7 +117,7 @@ pub async fn get(
 pub async fn delete(
     State(ops): State<Ops>,
     SnapshotPath(id): SnapshotPath,
-) -> Result<StatusCode, ApiError> {
+) -> Result<StatusCode, HttpError> {
     ops.delete_snapshot(&id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -140,7 +141,7 @@ pub async fn fork(
     State(fleet): State<Arc<Fleet>>,
     Id(id): Id,
     ApiJson(body): ApiJson<serde_json::Value>,
-) -> Result<(StatusCode, Json<ForkResponse>), ApiError> {
+) -> Result<(StatusCode, Json<ForkResponse>), HttpError> {
     // The count checked once (the environment was, as it was read), then the engine's room.
     let plan = ForkPlan::new(object(body)?, fleet.config())?;
     let session_ids = ops.fork(&id, plan).await?;
@@ -155,7 +156,7 @@ pub async fn fork(
     responses((status = 204), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 409, body = ErrorBody, description = "The session is stopped"),
         (status = 503, body = ErrorBody)))]
-pub async fn pause(State(ops): State<Ops>, Id(id): Id) -> Result<StatusCode, ApiError> {
+pub async fn pause(State(ops): State<Ops>, Id(id): Id) -> Result<StatusCode, HttpError> {
     ops.apply(&id, lifecycle::Pause).await?;
     Ok(StatusCode::NO_CONTENT)
 }

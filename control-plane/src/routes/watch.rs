@@ -10,8 +10,9 @@ use futures::StreamExt;
 
 use super::extract::Id;
 use super::files::refused;
+use super::render::{ApiQuery, HttpError};
 use crate::api::{WatchEvent, WatchQuery};
-use crate::error::{ApiError, ApiQuery, ErrorBody};
+use crate::error::ErrorBody;
 use crate::ops::Ops;
 use crate::ops::files;
 
@@ -30,7 +31,7 @@ pub async fn watch(
     State(ops): State<Ops>,
     Id(id): Id,
     ApiQuery(q): ApiQuery<WatchQuery>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, HttpError> {
     let op = match files::Watch::new(&q.path, q.recursive) {
         Ok(op) => op,
         Err(e) => return Ok(refused(e)),

@@ -216,7 +216,7 @@ impl Tools {
                     ));
                 }
                 Ok(RunStreamLine::Result { .. } | RunStreamLine::Heartbeat) => {}
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(crate::error::ApiError::from(e).into()),
             }
         }
         Err(ToolFailure::new(

@@ -15,9 +15,6 @@ use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
-use axum::body::Body;
-use axum::extract::Request;
-use axum::http::header::CONTENT_TYPE;
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
 
@@ -27,7 +24,7 @@ pub const PART_HEADERS_MAX: usize = 16 * 1024;
 /// Most parts in one body.
 pub const MAX_PARTS: usize = 64;
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A bound the body went over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -48,27 +45,6 @@ impl Tripwire {
     pub fn get(&self) -> Option<Violation> {
         self.0.get().copied()
     }
-}
-
-/// `req` with its body guarded, when its `Content-Type` names a multipart boundary (parsed as
-/// axum's `Multipart` extractor parses it). Without one the request is returned as it is: the
-/// extractor refuses it before reading the body.
-pub fn guard_request(req: Request) -> (Request, Tripwire) {
-    let tripwire = Tripwire::default();
-    let boundary = req
-        .headers()
-        .get(CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|ct| multer::parse_boundary(ct).ok());
-    let Some(boundary) = boundary else {
-        return (req, tripwire);
-    };
-    let (parts, body) = req.into_parts();
-    let guarded = Guarded::new(body.into_data_stream(), &boundary, tripwire.clone());
-    (
-        Request::from_parts(parts, Body::from_stream(guarded)),
-        tripwire,
-    )
 }
 
 /// A body stream that fails once the body goes over a bound (see the module docs).

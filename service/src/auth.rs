@@ -1,11 +1,6 @@
-//! `X-API-Key` authentication for the API routes (health and version stay open).
+//! `X-API-Key` authentication for every door (health and version stay open), and port tokens.
 
-use axum::extract::{Request, State};
-use axum::middleware::Next;
-use axum::response::Response;
 use subtle::ConstantTimeEq;
-
-use std::sync::Arc;
 
 use crate::config::Config;
 use crate::error::ApiError;
@@ -32,17 +27,15 @@ pub fn check_key(config: &Config, given: Option<&[u8]>) -> Result<(), KeyRefusal
     }
 }
 
-pub async fn require_api_key(
-    State(config): State<Arc<Config>>,
-    req: Request,
-    next: Next,
-) -> Result<Response, ApiError> {
-    let given = req.headers().get(HEADER).map(|v| v.as_bytes());
-    check_key(&config, given).map_err(|e| match e {
-        KeyRefusal::Missing => ApiError::MissingApiKey,
-        KeyRefusal::Invalid => ApiError::InvalidApiKey,
-    })?;
-    Ok(next.run(req).await)
+/// The class of a refused key, for the doors that answer it as an error (the routes' 403
+/// `{"detail"}`).
+impl From<KeyRefusal> for ApiError {
+    fn from(e: KeyRefusal) -> Self {
+        match e {
+            KeyRefusal::Missing => ApiError::MissingApiKey,
+            KeyRefusal::Invalid => ApiError::InvalidApiKey,
+        }
+    }
 }
 
 /// Port tokens (ingress): a session's port opened to whoever holds one, checked without a lookup

@@ -111,7 +111,7 @@ impl EgressConfig {
         }
         let upstream_proxy = p.get("EGRESS_UPSTREAM_PROXY");
         if let Some(raw) = &upstream_proxy {
-            let uri = raw.parse::<axum::http::Uri>();
+            let uri = raw.parse::<http::Uri>();
             let ok = uri.as_ref().is_ok_and(|u| {
                 u.scheme_str() == Some("http") && u.host().is_some_and(|h| !h.is_empty())
             });

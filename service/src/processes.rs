@@ -477,6 +477,10 @@ pub async fn kill(ws: &Workspace<'_>, pid: &str) -> Result<(), ProcessError> {
     Ok(())
 }
 
+/// A streaming run's lines as they come, ending with its results or the helper's failure
+/// (which a door renders through [`crate::error::ApiError`]).
+pub type RunLines = mpsc::Receiver<Result<Line, HelperError>>;
+
 /// A streaming run: its lines as the commands print and end, heartbeats in silences, `done`
 /// with the plain response's results last, or the failure that ended it (which the route words
 /// as its `error` line), a heartbeat after each `heartbeat` of silence. `held` (the session
@@ -488,7 +492,7 @@ pub fn stream_run(
     spec: crate::runtime::RunSpec,
     held: crate::coordination::lock::LockGuard,
     heartbeat: Duration,
-) -> mpsc::Receiver<Result<Line, HelperError>> {
+) -> RunLines {
     let (out_tx, out_rx) = mpsc::channel::<Result<Line, HelperError>>(32);
     tokio::spawn(async move {
         let _held = held;

@@ -1,27 +1,22 @@
-//! The one place a cause becomes an HTTP status and FastAPI's `{"detail": ...}` body.
+//! The one place a cause becomes a class: an HTTP status, a stable code where the route is not
+//! the reference's, and a retry-after. The front doors render it (the routes as FastAPI's
+//! `{"detail": ...}` body, MCP as `{code, cause, remediation}`, E2B as its Connect and REST
+//! errors); none decides a class of its own.
 //!
 //! Domain modules return errors named by what happened, each defined in the layer that raises
 //! it: a request's bad values ([`ValidationError`]), a session's trouble ([`SessionError`]), the
 //! fleet's engines ([`FleetError`]), and [`EgressError`], [`HelperError`], [`ProcessError`],
 //! [`SeedError`], [`FsOpError`], admission's [`Refused`], the engine's and the locks' own (the
 //! warm pool's `PoolError` never leaves the pool). Each `From<Cause> for ApiError` below picks
-//! the status class, and [`ApiError`]'s
-//! `IntoResponse` writes the body. The extractors whose rejections must have the same shape
-//! ([`ApiJson`], [`ApiQuery`]) live here too. Two rules hold for every body: the daemon's
-//! messages never reach it (they name host paths and registries: logged here instead), and
-//! neither does anything secret (policy parse errors are redacted by `shared_policy::redact`).
+//! the class. Two rules hold for every rendering: the daemon's messages never reach it (they
+//! name host paths and registries: logged here instead), and neither does anything secret
+//! (policy parse errors are redacted by `shared_policy::redact`).
 //!
 //! # Layout
-//! - [`ErrorBody`], [`ApiError`] and its status and response.
+//! - [`ErrorBody`], [`ApiError`] and its status, code, retry-after and log line.
 //! - `From<Cause> for ApiError`, one per cause enum, each one `match`.
-//! - [`ApiJson`], [`ApiQuery`]: `Json`/`Query` answering bad input with 422 and this shape.
 
-use axum::Json;
-use axum::extract::rejection::JsonRejection;
-use axum::extract::{FromRequest, FromRequestParts, Request};
-use axum::http::request::Parts;
-use axum::http::{HeaderValue, StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use http::StatusCode;
 
 use crate::admission::Refused;
 pub use crate::api::ErrorBody;
@@ -129,6 +124,18 @@ impl ApiError {
 }
 
 impl ApiError {
+    /// How long a refused caller should wait (whole seconds, at least 1): the `Retry-After` of
+    /// a 429.
+    pub fn retry_after(&self) -> Option<u64> {
+        match self {
+            ApiError::TooManyRequests {
+                retry_after: Some(after),
+                ..
+            } => Some(after.as_secs_f64().ceil().max(1.0) as u64),
+            _ => None,
+        }
+    }
+
     /// What every door logs of an error it answers: an outage once as a warning, any other
     /// server error in full (its cause never goes to the client).
     pub fn log(&self) {
@@ -140,32 +147,6 @@ impl ApiError {
         } else if self.status().is_server_error() {
             tracing::error!(error = ?self, "request failed");
         }
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let status = self.status();
-        self.log();
-        let retry_after = match &self {
-            ApiError::TooManyRequests {
-                retry_after: Some(after),
-                ..
-            } => Some(HeaderValue::from(after.as_secs_f64().ceil().max(1.0) as u64)),
-            _ => None,
-        };
-        let mut response = (
-            status,
-            Json(ErrorBody {
-                detail: self.to_string(),
-                code: self.code().map(str::to_string),
-            }),
-        )
-            .into_response();
-        if let Some(after) = retry_after {
-            response.headers_mut().insert(header::RETRY_AFTER, after);
-        }
-        response
     }
 }
 
@@ -360,7 +341,7 @@ impl From<SeedError> for ApiError {
         use SeedError as E;
         match e {
             E::AlreadySeeded => ApiError::Conflict(e.to_string()),
-            E::NotMultipart(_)
+            E::NotMultipart
             | E::BodyBound(_)
             | E::MalformedMultipart(_)
             | E::NoArchive
@@ -392,46 +373,6 @@ impl From<Refused> for ApiError {
         ApiError::TooManyRequests {
             retry_after: Some(e.retry_after),
             detail: e.to_string(),
-        }
-    }
-}
-
-// === impl ApiJson / ApiQuery ===
-
-/// `axum::Json` whose rejections (bad JSON, wrong types, wrong content type) answer 422 with the
-/// same `{"detail": ...}` shape as every other error.
-pub struct ApiJson<T>(pub T);
-
-impl<S, T> FromRequest<S> for ApiJson<T>
-where
-    axum::Json<T>: FromRequest<S, Rejection = JsonRejection>,
-    S: Send + Sync,
-{
-    type Rejection = ApiError;
-
-    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        match axum::Json::<T>::from_request(req, state).await {
-            Ok(axum::Json(v)) => Ok(ApiJson(v)),
-            Err(rejection) => Err(ApiError::Unprocessable(rejection.body_text())),
-        }
-    }
-}
-
-/// `axum::extract::Query` whose rejections (a value of the wrong type) answer 422 with the
-/// `{"detail": ...}` shape, like [`ApiJson`]'s, instead of axum's plain-text 400.
-pub struct ApiQuery<T>(pub T);
-
-impl<S, T> FromRequestParts<S> for ApiQuery<T>
-where
-    T: serde::de::DeserializeOwned,
-    S: Send + Sync,
-{
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
-        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
-            Ok(axum::extract::Query(v)) => Ok(ApiQuery(v)),
-            Err(rejection) => Err(ApiError::Unprocessable(rejection.body_text())),
         }
     }
 }

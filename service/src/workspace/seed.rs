@@ -18,8 +18,9 @@
 
 use std::io;
 
-use axum::extract::Multipart;
 use bytes::Bytes;
+use futures::Stream;
+use multer::Multipart;
 use tokio::sync::mpsc;
 
 use super::sanitize::{self, Budget, Options, SanitizeError};
@@ -49,21 +50,21 @@ const FIELDS: &[(&str, &str)] = &[
 pub enum SeedError {
     #[error("Session already seeded: seeding is one-shot per session")]
     AlreadySeeded,
-    /// The request is not a multipart body axum can parse (content type, boundary).
-    #[error("{}", .0.body_text())]
-    NotMultipart(#[source] axum::extract::multipart::MultipartRejection),
-    /// The body went over a bound of [`super::multipart::guard_request`].
+    /// The request's `Content-Type` names no multipart boundary.
+    #[error("Invalid `boundary` for `multipart/form-data` request")]
+    NotMultipart,
+    /// The body went over a bound of [`super::multipart::Guarded`].
     #[error(transparent)]
     BodyBound(#[from] super::multipart::Violation),
     #[error("malformed multipart body: {0}")]
-    MalformedMultipart(#[source] axum::extract::multipart::MultipartError),
+    MalformedMultipart(#[source] multer::Error),
     #[error("at least one of repo_archive or skills_archive is required")]
     NoArchive,
     /// The compressed upload alone is over the seed size limit.
     #[error("archive exceeds the limit of {0} bytes (DAIV_SANDBOX_SEED_MAX_BYTES)")]
     UploadTooLarge(u64),
     #[error("the upload could not be read: {0}")]
-    UploadUnreadable(#[source] axum::extract::multipart::MultipartError),
+    UploadUnreadable(#[source] multer::Error),
     /// The archive (landing in `dest`) is over the size or member budget.
     #[error("{dest}: {source}")]
     OverBudget {
@@ -97,9 +98,39 @@ pub struct SeedOutcome {
     pub bytes: u64,
 }
 
-/// Seeds the session from the request's archives (its bytes counted in `seed_bytes`). The caller
+/// Seeds the session from a multipart body's archives (its bytes counted in `seed_bytes`): the
+/// body as the door received it, with its `Content-Type`. The parser sees it through
+/// [`multipart::Guarded`](super::multipart::Guarded), which bounds what it buffers; going over
+/// a bound is [`SeedError::BodyBound`], whatever the parser made of the cut stream. The caller
 /// holds the session lock and has made sure the session runs.
-pub async fn seed(ws: &Workspace<'_>, multipart: Multipart) -> Result<SeedOutcome, SeedError> {
+pub async fn seed<S, E>(
+    ws: &Workspace<'_>,
+    content_type: Option<&str>,
+    body: S,
+) -> Result<SeedOutcome, SeedError>
+where
+    S: Stream<Item = Result<Bytes, E>> + Send + Unpin + 'static,
+    E: Into<super::multipart::BoxError> + 'static,
+{
+    let boundary = content_type
+        .and_then(|ct| multer::parse_boundary(ct).ok())
+        .ok_or(SeedError::NotMultipart)?;
+    let tripwire = super::multipart::Tripwire::default();
+    let guarded = super::multipart::Guarded::new(body, &boundary, tripwire.clone());
+    let multipart = Multipart::new(guarded, boundary);
+    // The parser only saw a failed stream (and the pipeline, a cut archive): say what it was.
+    seed_parts(ws, multipart)
+        .await
+        .map_err(|e| match tripwire.get() {
+            Some(v) => SeedError::BodyBound(v),
+            None => e,
+        })
+}
+
+async fn seed_parts(
+    ws: &Workspace<'_>,
+    multipart: Multipart<'static>,
+) -> Result<SeedOutcome, SeedError> {
     let (engine, runtime, config, id) = (ws.engine, ws.runtime, ws.config, ws.id.as_str());
     let seeded = match runtime.seeded(id).await {
         Ok(seeded) => seeded,
@@ -149,7 +180,7 @@ async fn seed_fields(
     runtime: &dyn SessionRuntime,
     config: &Config,
     id: &str,
-    mut multipart: Multipart,
+    mut multipart: Multipart<'static>,
 ) -> Result<(SeedOutcome, Vec<&'static str>), SeedError> {
     let mut budget = Budget::new(
         config.sessions.seed_max_bytes,
@@ -201,7 +232,7 @@ async fn seed_one(
     config: &Config,
     id: &str,
     dest: &str,
-    mut field: axum::extract::multipart::Field<'_>,
+    mut field: multer::Field<'static>,
     budget: &mut Budget,
 ) -> Result<sanitize::Stats, SeedError> {
     let (in_tx, in_rx) = mpsc::channel::<Bytes>(CHANNEL_DEPTH);

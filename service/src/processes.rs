@@ -484,13 +484,13 @@ pub type RunLines = mpsc::Receiver<Result<Line, HelperError>>;
 /// A streaming run: its lines as the commands print and end, heartbeats in silences, `done`
 /// with the plain response's results last, or the failure that ended it (which the route words
 /// as its `error` line), a heartbeat after each `heartbeat` of silence. `held` (the session
-/// lock) is kept until the batch ends; a client that goes away drops the receiver, which cancels
-/// the batch.
+/// lock and the operation's slot) is kept until the batch ends; a client that goes away drops
+/// the receiver, which cancels the batch.
 pub fn stream_run(
     sessions: Arc<Sessions>,
     id: SessionId,
     spec: crate::runtime::RunSpec,
-    held: crate::coordination::lock::LockGuard,
+    held: impl Send + 'static,
     heartbeat: Duration,
 ) -> RunLines {
     let (out_tx, out_rx) = mpsc::channel::<Result<Line, HelperError>>(32);

@@ -5,16 +5,13 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use std::sync::Arc;
-
 use super::extract::{Id, Locked};
 use super::render::{ApiJson, ApiQuery, HttpError};
 use crate::api::{
     CloseQuery, RunRequest, RunResponse, RunStreamLine, StartSessionRequest, StartSessionResponse,
 };
-use crate::config::Config;
 use crate::error::{ApiError, ErrorBody};
-use crate::ops::{Ops, lifecycle};
+use crate::ops::{Ops, lifecycle, runs};
 
 /// Start a sandbox session and return its id.
 #[utoipa::path(post, path = "/session/", tag = "session", request_body = StartSessionRequest,
@@ -47,37 +44,22 @@ pub async fn create(
         (status = 403, body = ErrorBody),
         (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn run(
-    State(config): State<Arc<Config>>,
+    State(ops): State<Ops>,
+    Id(id): Id,
     headers: HeaderMap,
-    s: Locked<ApiJson<RunRequest>>,
+    ApiJson(req): ApiJson<RunRequest>,
 ) -> Result<Response, HttpError> {
-    let ApiJson(req) = &s.body;
     if wants_ndjson(&headers) {
-        let spec = s.sessions.run_spec(&s.id, req).await?;
-        // The results are still to come: said whenever the image is known unsound.
-        let warning = s.sessions.runtime_warning(&s.id).await;
-        let heartbeat = config.sessions.stream_heartbeat;
-        let lines = match spec {
-            Some(spec) => crate::processes::stream_run(s.sessions, s.id, spec, s.held, heartbeat),
-            None => {
-                let (tx, rx) = tokio::sync::mpsc::channel(1);
-                let _ = tx.try_send(Ok(RunStreamLine::Done {
-                    results: Vec::new(),
-                }));
-                rx
-            }
-        };
-        let mut resp = ([(header::CONTENT_TYPE, NDJSON)], ndjson(lines)).into_response();
-        if let Some(w) = warning {
+        let streaming = ops.apply(&id, runs::StreamRun::new(req)?).await?;
+        let mut resp = ([(header::CONTENT_TYPE, NDJSON)], ndjson(streaming.lines)).into_response();
+        if let Some(w) = streaming.warning {
             warn(&mut resp, &w);
         }
         return Ok(resp);
     }
-    let ran = s.sessions.run(&s.id, req).await?;
-    let failed = ran.results.iter().any(|r| r.exit_code != 0);
-    let mut resp = Json(ran).into_response();
-    // The output stays the commands' own; the warning travels beside it.
-    if failed && let Some(w) = s.sessions.runtime_warning(&s.id).await {
+    let ran = ops.apply(&id, runs::Run::new(req)?).await?;
+    let mut resp = Json(ran.response).into_response();
+    if let Some(w) = ran.warning {
         warn(&mut resp, &w);
     }
     Ok(resp)

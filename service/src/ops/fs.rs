@@ -113,7 +113,10 @@ impl Op for RemoveTree {
             fail_fast: false,
             timeout: None,
         };
-        let ran = at.sessions.run(&at.id, &run).await?;
+        let ran = at
+            .sessions
+            .run(&at.id, at.sessions.run_spec(&run).as_ref())
+            .await?;
         Ok(match ran.results.first() {
             Some(r) if r.exit_code == 0 => Removal::Removed,
             Some(r) => Removal::Failed(r.output.clone()),

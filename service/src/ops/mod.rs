@@ -9,11 +9,12 @@
 //! renders the answer or the [`ApiError`] its own way: no door restates an admission class, a
 //! lock order or a running check, and none calls another door.
 //!
-//! The background processes' operations are here ([`processes`]), the data plane's fs ops on
-//! paths anywhere ([`fs`]), its raw files and watches ([`files`]), a port's connections
-//! ([`ports`]), the session's life: E2B's `connect`, a pause, a deadline, a close
-//! ([`lifecycle`]), and its snapshots and forks ([`snapshots`]); the others still go through the routes'
-//! extractors and MCP's own sequence of domain calls.
+//! The background processes' operations are here ([`processes`]), the runs of commands, whole
+//! or streamed ([`runs`]), the data plane's fs ops on paths anywhere ([`fs`]), its raw files and
+//! watches ([`files`]), a port's connections ([`ports`]), the session's life: E2B's `connect`, a
+//! pause, a deadline, a close ([`lifecycle`]), and its snapshots and forks ([`snapshots`]); the
+//! seed and the DAIV fs routes still go through the routes' extractors and MCP's fs tools through
+//! their own sequence of domain calls (`control-plane/tests/layering.rs` pins where).
 
 pub mod files;
 pub mod fs;
@@ -21,6 +22,7 @@ pub mod inventory;
 pub mod lifecycle;
 pub mod ports;
 pub mod processes;
+pub mod runs;
 pub mod snapshots;
 
 use std::future::Future;

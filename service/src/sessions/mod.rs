@@ -55,7 +55,7 @@ pub use crate::sandbox::{MAX_TIMEOUT_SECS, SessionError, ValidationError};
 pub use fork::ForkPlan;
 pub use inventory::Listed;
 pub use record::{Lifetime, Record, check_timeout};
-pub use run::Workspace;
+pub use run::{Workspace, check_run};
 
 /// Longest a force delete waits for a busy session's lock before it removes the session anyway.
 pub const FORCE_LOCK_WAIT: Duration = Duration::from_secs(1);
@@ -154,7 +154,7 @@ impl Sessions {
         self.config().sessions.metrics_interval
     }
 
-    fn config(&self) -> &Config {
+    pub(crate) fn config(&self) -> &Config {
         self.factory.config()
     }
 

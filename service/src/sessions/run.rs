@@ -60,6 +60,20 @@ impl Workspace<'_> {
     }
 }
 
+/// A run request's values, before anything waits for its session: a command with a NUL (which
+/// no shell can be given), a timeout past [`MAX_TIMEOUT_SECS`].
+pub fn check_run(req: &RunRequest) -> Result<(), ValidationError> {
+    if let Some(bad) = req.commands.iter().find(|c| c.contains('\0')) {
+        return Err(ValidationError::NulInCommand(crate::text::shown(
+            &bad.replace('\0', "\\0"),
+        )));
+    }
+    if req.timeout.is_some_and(|secs| secs > MAX_TIMEOUT_SECS) {
+        return Err(ValidationError::TimeoutTooLong);
+    }
+    Ok(())
+}
+
 impl Sessions {
     /// The handle of the operations inside session `id`.
     pub fn workspace<'a>(&'a self, id: &'a SessionId) -> Workspace<'a> {
@@ -74,51 +88,41 @@ impl Sessions {
         }
     }
 
-    /// Runs the commands in order through the session's helper (the caller holds its lock). A
-    /// timed-out command ends the request: it and everything it started are killed, the rest are
-    /// skipped.
-    pub async fn run(&self, id: &SessionId, req: &RunRequest) -> Result<RunResponse, SessionError> {
+    /// Runs the commands in order through the session's helper, the session found running and
+    /// its lock held by the caller (`crate::ops`); `spec` from [`Self::run_spec`], `None` for
+    /// nothing to run. A timed-out command ends the request: it and everything it started are
+    /// killed, the rest are skipped.
+    pub async fn run(
+        &self,
+        id: &SessionId,
+        spec: Option<&RunSpec>,
+    ) -> Result<RunResponse, SessionError> {
+        let Some(spec) = spec else {
+            return Ok(RunResponse {
+                results: Vec::new(),
+            });
+        };
         let started = std::time::Instant::now();
-        let ran = async {
-            let Some(spec) = self.run_spec(id, req).await? else {
-                return Ok(Vec::new());
-            };
-            Ok::<_, SessionError>(self.runtime.run(id, &spec).await?)
-        }
-        .await;
+        let ran = self.runtime.run(id, spec).await;
         observe_duration(&self.metrics.sessions.command_batches, started.elapsed());
         let results = ran?;
         self.metrics.sessions.commands.inc_by(results.len() as u64);
         Ok(RunResponse { results })
     }
 
-    /// Checks a run request and makes sure the session runs (the caller holds its lock); `None`
-    /// when there is nothing to run.
-    pub async fn run_spec(
-        &self,
-        id: &SessionId,
-        req: &RunRequest,
-    ) -> Result<Option<RunSpec>, SessionError> {
-        if let Some(bad) = req.commands.iter().find(|c| c.contains('\0')) {
-            return Err(ValidationError::NulInCommand(crate::text::shown(
-                &bad.replace('\0', "\\0"),
-            ))
-            .into());
+    /// What the helper is asked to run for `req` (checked by [`check_run`]), with the
+    /// deployment's timeout and output caps; `None` when there is nothing to run.
+    pub fn run_spec(&self, req: &RunRequest) -> Option<RunSpec> {
+        if req.commands.is_empty() {
+            return None;
         }
         let sessions = &self.config().sessions;
         let timeout = match req.timeout {
             Some(0) => None,
-            Some(secs) if secs > MAX_TIMEOUT_SECS => {
-                return Err(ValidationError::TimeoutTooLong.into());
-            }
             Some(secs) => Some(Duration::from_secs(secs)),
             None => sessions.command_timeout,
         };
-        self.started(id).await?;
-        if req.commands.is_empty() {
-            return Ok(None);
-        }
-        Ok(Some(RunSpec {
+        Some(RunSpec {
             commands: req.commands.clone(),
             fail_fast: req.fail_fast,
             timeout,
@@ -126,7 +130,7 @@ impl Sessions {
             run_output_cap: sessions.run_output_max_bytes,
             workdir: layout::REPO.to_string(),
             env: Vec::new(),
-        }))
+        })
     }
 
     /// Runs `spec` (from [`Self::run_spec`], under the lock the caller holds), reporting output

@@ -30,8 +30,7 @@ use crate::ids::SessionId;
 use crate::layout;
 use crate::ops::processes::{self as op, Target};
 use crate::ops::snapshots::TakeSnapshot;
-use crate::ops::{Ops, lifecycle};
-use crate::processes;
+use crate::ops::{Ops, lifecycle, runs};
 use crate::sessions::{ForkPlan, SessionError, Sessions, ValidationError};
 use crate::workspace::fs::{Fs, OpError};
 use sandbox_protocol::wire::*;
@@ -174,18 +173,13 @@ impl Tools {
     /// `POST /session/{id}/` as a stream: output becomes progress, a dropped call (cancelled,
     /// or its client gone) drops the stream, which kills the command's process group.
     async fn run(&self, a: RunArgs, progress: Option<ProgressSink>) -> Result<Answer, ToolFailure> {
-        let (id, sessions) = self.session(&a.session_id)?;
+        let id = session_id(&a.session_id)?;
         let req = RunRequest {
             commands: a.commands,
             fail_fast: a.fail_fast,
             timeout: a.timeout,
         };
-        let held = sessions.lock(&id).await?;
-        let Some(spec) = sessions.run_spec(&id, &req).await? else {
-            return Ok(render_run(Vec::new(), self.config.mcp.run_output_bytes));
-        };
-        let heartbeat = self.config.sessions.stream_heartbeat;
-        let mut lines = processes::stream_run(sessions, id, spec, held, heartbeat);
+        let mut lines = self.ops.apply(&id, runs::StreamRun::new(req)?).await?.lines;
         let mut streamed = 0usize;
         while let Some(line) = lines.recv().await {
             match line {

@@ -1,5 +1,5 @@
-//! The admission layers in front of the seed and fs routes (see [`crate::admission`]; a create,
-//! a snapshot and a fork take theirs in their operations): each takes its class's slot before
+//! The admission layer in front of the DAIV fs routes and `/files` (see [`crate::admission`];
+//! the other operations take their slots in `Ops::apply`): each takes its class's slot before
 //! the handler reads the body, and hands it to the response body, so the slot is held until
 //! the answer has been sent or the client has gone away.
 
@@ -15,16 +15,6 @@ use std::sync::Arc;
 
 use super::render::HttpError;
 use crate::admission::{Admission, Slot};
-
-/// `POST /session/{id}/seed/`.
-pub async fn seed(
-    State(admission): State<Arc<Admission>>,
-    req: Request,
-    next: Next,
-) -> Result<Response, HttpError> {
-    let slot = admission.seed().await?;
-    Ok(holding(next.run(req).await, slot))
-}
 
 /// `POST /session/{id}/fs/{op}`: a slot of the session's and one of the total.
 pub async fn fs(

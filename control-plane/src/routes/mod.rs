@@ -96,16 +96,12 @@ where
         "/snapshots/{snapshot_id}/",
         get(snapshots::get).delete(snapshots::delete),
     );
-    // Seeds stream archives of any size: the body limit is SEED_MAX_BYTES, enforced as it flows.
+    // Seeds stream archives of any size: the body limit is SEED_MAX_BYTES, enforced as it flows;
+    // the operation takes its seed slot (`ops::seed`).
     api = both(
         api,
         "/session/{session_id}/seed/",
-        post(seed::seed)
-            .layer(axum::extract::DefaultBodyLimit::disable())
-            .layer(middleware::from_fn_with_state(
-                admission.clone(),
-                admit::seed,
-            )),
+        post(seed::seed).layer(axum::extract::DefaultBodyLimit::disable()),
     );
     for (op, handler) in [
         ("ls", post(fs::ls)),

@@ -1,14 +1,14 @@
 //! `POST /session/{id}/seed/`: one-shot seeding of `/workspace/repo` and `/workspace/skills`.
 
-use axum::extract::Request;
+use axum::extract::{Request, State};
 use axum::http::{HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use super::extract::Locked;
+use super::extract::Id;
 use super::render::HttpError;
-use crate::error::{ApiError, ErrorBody};
-use crate::telemetry::metrics::{OutcomeLabels, observe_duration};
-use crate::workspace::seed::{self, SKIPPED_HEADER};
+use crate::error::ErrorBody;
+use crate::ops::Ops;
+use crate::ops::seed::{SKIPPED_HEADER, Seed};
 
 /// Seed the workspace from `repo_archive` and/or `skills_archive` (tar, optionally gz/bz2/xz/zst).
 ///
@@ -26,29 +26,19 @@ use crate::workspace::seed::{self, SKIPPED_HEADER};
         (status = 429, body = ErrorBody, description = "Too many seeds in progress; retry after `Retry-After` seconds",
             headers(("Retry-After" = u64, description = "Seconds to wait before retrying"))),
         (status = 503, body = ErrorBody)))]
-pub async fn seed(s: Locked<Request>) -> Result<Response, HttpError> {
-    s.sessions.ensure_running(&s.id).await?;
-    let ws = s.sessions.workspace(&s.id);
-    let (parts, body) = s.body.into_parts();
+pub async fn seed(
+    State(ops): State<Ops>,
+    Id(id): Id,
+    request: Request,
+) -> Result<Response, HttpError> {
+    let (parts, body) = request.into_parts();
     let content_type = parts
         .headers
         .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok());
-    let started = std::time::Instant::now();
-    let outcome = seed::seed(&ws, content_type, body.into_data_stream())
-        .await
-        .map_err(ApiError::from);
-    let label = match &outcome {
-        Ok(_) => "ok".to_string(),
-        Err(e) => e.status().as_u16().to_string(),
-    };
-    // Labelled by the answer's status: the one part of a seed's metrics this layer knows.
-    let labels = OutcomeLabels { outcome: label };
-    observe_duration(
-        &ws.metrics.workspace.seeds.get_or_create(&labels),
-        started.elapsed(),
-    );
-    let outcome = outcome?;
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let op = Seed::new(content_type, body.into_data_stream());
+    let outcome = ops.apply(&id, op).await?;
     let mut resp = StatusCode::NO_CONTENT.into_response();
     resp.headers_mut().insert(
         HeaderName::from_static(SKIPPED_HEADER),

@@ -10,10 +10,10 @@
 //! lock order or a running check, and none calls another door.
 //!
 //! The background processes' operations are here ([`processes`]), the runs of commands, whole
-//! or streamed ([`runs`]), the data plane's fs ops on paths anywhere ([`fs`]), its raw files and
+//! or streamed ([`runs`]), the one-shot seed ([`seed`]), the data plane's fs ops on paths anywhere ([`fs`]), its raw files and
 //! watches ([`files`]), a port's connections ([`ports`]), the session's life: E2B's `connect`, a
 //! pause, a deadline, a close ([`lifecycle`]), and its snapshots and forks ([`snapshots`]); the
-//! seed and the DAIV fs routes still go through the routes' extractors and MCP's fs tools through
+//! DAIV fs routes still go through the routes' extractors and MCP's fs tools through
 //! their own sequence of domain calls (`control-plane/tests/layering.rs` pins where).
 
 pub mod files;
@@ -23,6 +23,7 @@ pub mod lifecycle;
 pub mod ports;
 pub mod processes;
 pub mod runs;
+pub mod seed;
 pub mod snapshots;
 
 use std::future::Future;

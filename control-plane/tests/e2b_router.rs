@@ -1179,3 +1179,98 @@ async fn envd_files_are_the_data_planes_operations() {
         "{v}"
     );
 }
+
+/// envd's filesystem calls are the data plane's operations, answered as the SDK reads them: a
+/// directory made, stated, listed and moved, a removal answered; what is not there is `not_found`, a second
+/// `MakeDir` `already_exists`. A sandbox that is paused, or gone, is envd's "not running"
+/// (`unavailable`) whatever the call: told by the error's class, not its words.
+#[tokio::test]
+async fn envd_filesystem_calls_are_the_data_planes_operations() {
+    let e = service();
+    let v = e.create(json!({"templateID": "base"})).await;
+    let id = v["sandboxID"].as_str().expect("id").to_string();
+    let token = v["envdAccessToken"].as_str().expect("token").to_string();
+    let call = |method: &'static str, body: Value| {
+        let (e, id, token) = (&e, id.clone(), token.clone());
+        async move {
+            e.unary(
+                &format!("/filesystem.Filesystem/{method}"),
+                &id,
+                &token,
+                body,
+            )
+            .await
+        }
+    };
+
+    let (s, made) = call("MakeDir", json!({"path": "/workspace/tmp/a/b"})).await;
+    assert_eq!(s, StatusCode::OK, "{made}");
+    assert_eq!(made["entry"]["type"], "FILE_TYPE_DIRECTORY", "{made}");
+    assert_eq!(made["entry"]["path"], "/workspace/tmp/a/b", "{made}");
+    let (s, again) = call("MakeDir", json!({"path": "/workspace/tmp/a/b"})).await;
+    assert_eq!(
+        (s, again["code"].clone()),
+        (StatusCode::CONFLICT, json!("already_exists")),
+        "{again}"
+    );
+    let (s, stat) = call("Stat", json!({"path": "/workspace/tmp/a"})).await;
+    assert_eq!(s, StatusCode::OK, "{stat}");
+    assert_eq!(stat["entry"]["name"], "a", "{stat}");
+    let (s, listed) = call("ListDir", json!({"path": "/workspace/tmp/a"})).await;
+    assert_eq!(s, StatusCode::OK, "{listed}");
+    let names: Vec<&str> = listed["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .filter_map(|x| x["name"].as_str())
+        .collect();
+    assert_eq!(names, ["b"], "{listed}");
+    let (s, moved) = call(
+        "Move",
+        json!({"source": "/workspace/tmp/a/b", "destination": "/workspace/tmp/c"}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{moved}");
+    assert_eq!(moved["entry"]["path"], "/workspace/tmp/c", "{moved}");
+    let (s, gone) = call("Stat", json!({"path": "/workspace/tmp/a/b"})).await;
+    assert_eq!(
+        (s, gone["code"].clone()),
+        (StatusCode::NOT_FOUND, json!("not_found")),
+        "{gone}"
+    );
+    // (What a removal leaves is checked end to end: the fake runs its command on the host.)
+    let (s, removed) = call("Remove", json!({"path": "/workspace/tmp/a"})).await;
+    assert_eq!(s, StatusCode::OK, "{removed}");
+
+    // Paused: not running until `connect` resumes it.
+    let (s, v, _) = e
+        .control(
+            "POST",
+            &format!("/sandboxes/{id}/pause"),
+            Some(json!({})),
+            KEY,
+        )
+        .await;
+    assert_eq!(s, StatusCode::NO_CONTENT, "{v}");
+    let (s, paused) = call("Stat", json!({"path": "/workspace/tmp/c"})).await;
+    assert_eq!(paused["code"], "unavailable", "{s} {paused}");
+    assert!(
+        paused["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("paused")),
+        "{paused}"
+    );
+    // Gone: killed.
+    let (s, v, _) = e
+        .control("DELETE", &format!("/sandboxes/{id}"), None, KEY)
+        .await;
+    assert_eq!(s, StatusCode::NO_CONTENT, "{v}");
+    let (s, killed) = call("Stat", json!({"path": "/workspace/tmp/c"})).await;
+    assert_eq!(killed["code"], "unavailable", "{s} {killed}");
+    assert!(
+        killed["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("not found")),
+        "{killed}"
+    );
+}

@@ -47,6 +47,10 @@ pub enum ApiError {
     /// A 404 for something other than a session (a snapshot).
     #[error("{0}")]
     NotFoundDetail(String),
+    /// The session is paused and the caller keeps it so (E2B's envd, a pause in progress): 409,
+    /// which E2B renders as a sandbox that is not running.
+    #[error("Session is paused: resume it first")]
+    Paused,
     /// The session lock could not be acquired in time.
     #[error("Session is busy: another request holds its lock; retry later")]
     Busy,
@@ -100,7 +104,7 @@ impl ApiError {
             ApiError::NotFound | ApiError::NoSuchProcess | ApiError::NotFoundDetail(_) => {
                 StatusCode::NOT_FOUND
             }
-            ApiError::Busy | ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::Busy | ApiError::Paused | ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
@@ -196,7 +200,8 @@ impl From<SessionError> for ApiError {
         match e {
             E::NotFound => ApiError::NotFound,
             E::Lock(e) => e.into(),
-            E::NoEgressProxy | E::NotRunning | E::Paused => ApiError::Conflict(e.to_string()),
+            E::Paused => ApiError::Paused,
+            E::NoEgressProxy | E::NotRunning => ApiError::Conflict(e.to_string()),
             E::EgressUnavailableHere => ApiError::Unavailable(e.to_string()),
             E::RestartFailed(e) => unavailable("session could not be restarted", &e),
             E::Validation(e) => e.into(),

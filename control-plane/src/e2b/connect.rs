@@ -107,24 +107,16 @@ impl RpcError {
     }
 }
 
-/// What envd answers for a paused sandbox (E2B's proxy: it is not running).
-pub const PAUSED: &str =
-    "the sandbox is paused: it is not running until Sandbox.connect resumes it";
-
-/// A native refusal as the Connect code the SDK turns into the matching exception.
+/// A refusal as the Connect code the SDK turns into the matching exception.
 impl From<Refusal> for RpcError {
     fn from(r: Refusal) -> Self {
-        // The session itself is gone: envd's "sandbox not found", which the SDK reads as a
-        // sandbox that is not running (not as a missing file).
-        if r.status == StatusCode::NOT_FOUND && r.detail.starts_with("Session not found") {
-            return RpcError::new(
-                Code::Unavailable,
-                "the sandbox was not found: it is not running (killed, or past its timeout)",
-            );
-        }
-        // Paused (by the caller or at its timeout): not running until `connect` resumes it.
-        if super::refusal::is_paused(&r) {
-            return RpcError::new(Code::Unavailable, PAUSED);
+        use super::refusal::{GONE, PAUSED, Sandbox};
+        match r.sandbox {
+            // The session itself is gone: envd's "sandbox not found", which the SDK reads as a
+            // sandbox that is not running (not as a missing file).
+            Sandbox::Gone => return RpcError::new(Code::Unavailable, GONE),
+            Sandbox::Paused => return RpcError::new(Code::Unavailable, PAUSED),
+            Sandbox::Running => {}
         }
         let code = match r.status.as_u16() {
             400 | 422 => Code::InvalidArgument,
@@ -146,11 +138,13 @@ impl From<Refusal> for RpcError {
 impl From<crate::error::ApiError> for RpcError {
     fn from(e: crate::error::ApiError) -> Self {
         use crate::error::ApiError;
-        e.log();
         match e {
             // A process the sandbox does not have (gone between a listing and the call).
-            ApiError::NoSuchProcess => RpcError::new(Code::NotFound, "process not found"),
-            e => Refusal::new(e.status(), e.to_string()).into(),
+            ApiError::NoSuchProcess => {
+                e.log();
+                RpcError::new(Code::NotFound, "process not found")
+            }
+            e => Refusal::from(e).into(),
         }
     }
 }

@@ -40,8 +40,7 @@ impl From<Refusal> for ApiFailure {
 /// An operation's error, as the native route would have refused it (logged as it logs).
 impl From<crate::error::ApiError> for ApiFailure {
     fn from(e: crate::error::ApiError) -> Self {
-        e.log();
-        Self(Refusal::new(e.status(), e.to_string()))
+        Self(Refusal::from(e))
     }
 }
 

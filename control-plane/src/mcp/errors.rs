@@ -68,7 +68,7 @@ impl From<ApiError> for ToolFailure {
                 "Another call holds this session (a run, a write, a snapshot): retry once it \
                  ends.",
             ),
-            ApiError::Conflict(_) => Self::new(
+            ApiError::Conflict(_) | ApiError::Paused => Self::new(
                 "conflict",
                 cause,
                 "The session is not in a state that allows this; read the cause, change the \
@@ -210,6 +210,7 @@ mod tests {
         for e in [
             ApiError::NotFound,
             ApiError::Busy,
+            ApiError::Paused,
             ApiError::Conflict("c".into()),
             ApiError::BadRequest("b".into()),
             ApiError::Unprocessable("u".into()),

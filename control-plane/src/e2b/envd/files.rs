@@ -213,10 +213,7 @@ async fn put(
     match e.reach(id, op).await {
         Ok(Write::Written(_)) => {}
         Ok(Write::Refused(err)) => return Err(fs_refusal(err)),
-        Err(err) => {
-            err.log();
-            return Err(Refusal::new(err.status(), err.to_string()));
-        }
+        Err(err) => return Err(Refusal::from(err)),
     }
     let name = path.rsplit('/').next().unwrap_or(path);
     Ok(json!({ "name": name, "type": "file", "path": path }))

@@ -152,23 +152,17 @@ pub fn message<T: DeserializeOwned>(headers: &HeaderMap, body: &[u8]) -> Result<
 
 /// An operation's error as a plain envd HTTP error (logged as the native route logs it).
 pub fn api_http_error(e: crate::error::ApiError) -> Response {
-    e.log();
-    http_error(&Refusal::new(e.status(), e.to_string()))
+    http_error(&Refusal::from(e))
 }
 
-/// A native refusal as a plain envd HTTP error (`/files`): `{code, message}` with the status.
+/// A native refusal as a plain envd HTTP error (`/files`): `{code, message}` with the status;
+/// a sandbox that is not running as E2B's proxy answers it (502).
 pub fn http_error(r: &Refusal) -> Response {
-    if r.status == StatusCode::NOT_FOUND && r.detail.starts_with("Session not found") {
-        return http_error(&Refusal::new(
-            StatusCode::BAD_GATEWAY,
-            "the sandbox was not found: it is not running (killed, or past its timeout)",
-        ));
-    }
-    if super::refusal::is_paused(r) {
-        return http_error(&Refusal::new(
-            StatusCode::BAD_GATEWAY,
-            super::connect::PAUSED,
-        ));
+    use super::refusal::{GONE, PAUSED, Sandbox};
+    match r.sandbox {
+        Sandbox::Gone => return http_error(&Refusal::new(StatusCode::BAD_GATEWAY, GONE)),
+        Sandbox::Paused => return http_error(&Refusal::new(StatusCode::BAD_GATEWAY, PAUSED)),
+        Sandbox::Running => {}
     }
     let mut resp = Response::new(Body::from(
         serde_json::json!({ "code": r.status.as_u16(), "message": r.detail }).to_string(),

@@ -138,11 +138,16 @@ async fn raw_files_go_up_and_down_with_ranges_gzip_and_their_refusals() {
 async fn a_body_over_the_cap_is_refused_before_anything_is_written() {
     let h = Harness::new(
         control_plane::engine::fake::FakeEngine::default(),
-        &[("FILE_MAX_BYTES", "1024")],
+        &[
+            ("FILE_MAX_BYTES", "1024"),
+            ("SESSION_LOCK_WAIT_SECONDS", "1"),
+        ],
     );
     let id = h.session().await;
     let uri = format!("/session/{id}/files?path=/workspace/tmp/big");
-    // Declared too large: refused at once.
+    // Declared too large: refused at once, without waiting for a busy session (its lock held
+    // elsewhere would make it a 409 after the lock's wait).
+    let held = h.sessions().lock(&harness::sid(&id)).await.expect("lock");
     let (s, _, b) = raw(
         &h,
         "PUT",
@@ -153,6 +158,7 @@ async fn a_body_over_the_cap_is_refused_before_anything_is_written() {
     .await;
     assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE);
     assert_eq!(json_of(&b)["code"], "too_large");
+    drop(held);
     let (s, _, _) = raw(&h, "GET", &uri, &[], vec![]).await;
     assert_eq!(s, StatusCode::NOT_FOUND, "nothing was written");
     // Streamed without a length: cut where it passes the cap, nothing left behind.

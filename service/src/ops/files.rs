@@ -17,6 +17,7 @@ use tokio::sync::mpsc;
 
 use super::{Access, Admit, Op, Reached};
 use crate::api::{WatchEvent, WatchEventType};
+use crate::config::Config;
 use crate::error::ApiError;
 use crate::runtime::{FileRead, HelperError, WatchOpen};
 
@@ -140,12 +141,16 @@ impl Op for WriteFile {
     const ADMIT: Admit = Admit::Free;
     const ACCESS: Access = Access::Ordered;
 
+    fn answer_early(&self, config: &Config) -> Option<Write> {
+        let max = config.sessions.file_max_bytes;
+        self.declared
+            .is_some_and(|n| n > max)
+            .then(|| Write::Refused(too_large(max)))
+    }
+
     async fn apply(self, at: Reached) -> Result<Write, ApiError> {
         let ws = at.workspace();
         let max = ws.config.sessions.file_max_bytes;
-        if self.declared.is_some_and(|n| n > max) {
-            return Ok(Write::Refused(too_large(max)));
-        }
         let (tx, rx) = mpsc::channel::<std::io::Result<Bytes>>(4);
         let over = Arc::new(AtomicBool::new(false));
         let pump_over = over.clone();

@@ -30,6 +30,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use crate::admission::{Admission, Slot};
+use crate::config::Config;
 use crate::coordination::lock::LockGuard;
 use crate::engine::ContainerInfo;
 use crate::error::ApiError;
@@ -74,6 +75,13 @@ pub trait Op: Send {
     const ACCESS: Access;
     /// The operation, on its session found running (and locked, and admitted, as declared).
     fn apply(self, at: Reached) -> impl Future<Output = Result<Self::Output, ApiError>> + Send;
+
+    /// An answer the request and the settings alone give, before the slot, the lock and the
+    /// running check (a body declared over a limit is refused without waiting for a busy
+    /// session).
+    fn answer_early(&self, _config: &Config) -> Option<Self::Output> {
+        None
+    }
 }
 
 /// A session as an operation gets it: the engine's stack holding it, its lock and slot if the
@@ -204,6 +212,9 @@ impl Ops {
     /// Applies `op` to session `id`: its engine (404 for one not in the fleet, 503 while it is
     /// down), then its admission slot, its lock, the running check, once each.
     pub async fn apply<O: Op>(&self, id: &SessionId, op: O) -> Result<O::Output, ApiError> {
+        if let Some(answer) = op.answer_early(self.fleet.config()) {
+            return Ok(answer);
+        }
         let at = self.reach(id, O::ADMIT, O::ACCESS).await?;
         op.apply(at).await
     }

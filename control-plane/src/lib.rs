@@ -28,9 +28,9 @@ pub mod state;
 
 // The service's modules, at the layer the table of its `lib.rs` gives their names.
 pub use sandbox_service::{
-    admission, api, archive, auth, backoff, config, coordination, egress, endpoint, engine, error,
-    fleet, ids, layout, ops, pool, processes, reaper, runtime, sandbox, secret, sessions,
-    snapshots, telemetry, text, time, workspace,
+    admission, api, archive, auth, background, backoff, config, coordination, egress, endpoint,
+    engine, error, fleet, ids, layout, ops, pool, processes, reaper, runtime, sandbox, secret,
+    sessions, snapshots, telemetry, text, time, workspace,
 };
 pub use state::{AppState, app};
 

@@ -200,27 +200,65 @@ fn start_runtime_probes(
         .cells()
         .into_iter()
         .map(|cell| {
-            let (config, health, image) = (config.clone(), health.clone(), image.clone());
-            let stop = stop.clone();
             let engine_name = cell.name();
             health.expect(runtime, &engine_name, Some(&image));
-            tokio::spawn(async move {
-                while !cell.is_up() {
-                    tokio::select! {
-                        _ = stop.cancelled() => return,
-                        _ = tokio::time::sleep(ENGINE_UP_POLL) => {}
-                    }
-                }
-                // Through the engine's image probes, so that a session of the image finds the
-                // verdict.
-                let verdict = match cell.image_probes() {
-                    Some(probes) => probes.probe_reference(&image).await,
-                    None => {
-                        runtime_probe::probe(&**cell.engine(), &config, &image, PROBE_TIMEOUT).await
-                    }
-                };
-                health.record(runtime, &engine_name, Some(&image), verdict);
-            })
+            crate::background::spawn(Arc::new(RuntimeProbe {
+                cell,
+                config: config.clone(),
+                health: health.clone(),
+                image: image.clone(),
+                stop: stop.clone(),
+            }))
         })
         .collect()
+}
+
+/// One engine's start-up probe of the sandboxes' runtime: once its engine is up (a fleet's may
+/// come up later), one probe, its verdict recorded; given up when the service stops first.
+struct RuntimeProbe {
+    cell: Arc<crate::fleet::Cell>,
+    config: Arc<Config>,
+    health: Arc<RuntimeHealth>,
+    image: String,
+    stop: tokio_util::sync::CancellationToken,
+}
+
+impl crate::background::Background for RuntimeProbe {
+    fn name(&self) -> &'static str {
+        "runtime probe"
+    }
+
+    async fn round(self: Arc<Self>) -> std::ops::ControlFlow<()> {
+        use std::ops::ControlFlow;
+        if self.stop.is_cancelled() {
+            return ControlFlow::Break(());
+        }
+        if !self.cell.is_up() {
+            return ControlFlow::Continue(());
+        }
+        // Through the engine's image probes, so that a session of the image finds the verdict.
+        let verdict = match self.cell.image_probes() {
+            Some(probes) => probes.probe_reference(&self.image).await,
+            None => {
+                runtime_probe::probe(
+                    &**self.cell.engine(),
+                    &self.config,
+                    &self.image,
+                    PROBE_TIMEOUT,
+                )
+                .await
+            }
+        };
+        let runtime = self.config.sessions.runtime.as_str();
+        self.health
+            .record(runtime, &self.cell.name(), Some(&self.image), verdict);
+        ControlFlow::Break(())
+    }
+
+    async fn pause(&self) {
+        tokio::select! {
+            () = self.stop.cancelled() => {}
+            () = tokio::time::sleep(ENGINE_UP_POLL) => {}
+        }
+    }
 }

@@ -25,7 +25,16 @@ use syn::visit::Visit;
 /// and from any layer before it; the cycle check keeps peers from importing each other both ways.
 const LAYERS: &[&[&str]] = &[
     &[
-        "ids", "secret", "text", "time", "api", "archive", "endpoint", "backoff", "layout",
+        "ids",
+        "secret",
+        "text",
+        "time",
+        "api",
+        "archive",
+        "endpoint",
+        "backoff",
+        "background",
+        "layout",
     ],
     &["config"],
     &["engine", "coordination"],

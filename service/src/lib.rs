@@ -9,7 +9,8 @@
 //! 1. **Leaves:** [`ids`], [`secret`], [`text`], [`time`], [`layout`] (the paths inside a sandbox, from the protocol
 //!    crate), [`api`] (the wire types the API serves), [`archive`] (the tar archives the service
 //!    builds itself), [`endpoint`] (what an engine endpoint is), [`backoff`] (the one retry
-//!    pacing). `ids`, `secret`, `time`, `archive` and `endpoint` are the `sandbox-common`
+//!    pacing), [`background`] (the one shape of background work: rounds in tasks of their own,
+//!    a wait between them). `ids`, `secret`, `time`, `archive` and `endpoint` are the `sandbox-common`
 //!    crate's, which the engine crate shares.
 //! 2. **Settings:** [`config`], validated all at once at start-up.
 //! 3. **Infrastructure:** [`engine`] (the `sandbox-engine` crate: the container-engine seam, its
@@ -37,6 +38,7 @@
 pub mod admission;
 pub mod api;
 pub mod auth;
+pub mod background;
 pub mod backoff;
 pub mod config;
 pub mod coordination;

@@ -4,6 +4,7 @@
 //! not an outage, and an outage cuts every call in flight. An up engine's sessions are counted
 //! every check and its runtimes and images read now and then, for placement.
 
+use std::ops::ControlFlow;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -84,33 +85,70 @@ pub(super) struct Probe {
     pub up_after: u32,
 }
 
-/// Checks the engine of `cell` until the cell is dropped. The task holds the cell weakly: a
-/// cell removed from the fleet is dropped, which stops its tasks.
-pub(super) async fn watch(cell: Weak<Cell>, probe: Arc<Probe>) {
-    let Some(link) = cell.upgrade().and_then(|c| c.link().cloned()) else {
-        return;
-    };
-    let labels = EngineLabels {
-        engine: link.name().to_string(),
-    };
-    // A check restarted after a panic goes on from the engine's state.
-    let mut health = Health::new(link.is_up(), probe.down_after, probe.up_after);
-    let metrics = &probe.metrics;
-    metrics
-        .fleet
-        .up
-        .get_or_create(&labels)
-        .set(u64::from(health.is_up()));
-    let mut tick = 0u32;
-    let mut ticks = tokio::time::interval(HEALTH_EVERY);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        ticks.tick().await;
-        let Some(this) = cell.upgrade() else { return };
+/// One engine's health checks, every [`HEALTH_EVERY`] while its cell lives: a ping (a new
+/// client first when it has none), its runtimes and images read before it takes its first
+/// session and every [`INFO_EVERY`] checks, its state flipped after enough checks in a row, its
+/// sessions counted. A check restarted after a panic goes on from the engine's state.
+pub(super) struct Check {
+    cell: Weak<Cell>,
+    probe: Arc<Probe>,
+    link: Arc<Link>,
+    labels: EngineLabels,
+    /// The engine's health and the count of checks (rounds run one at a time).
+    state: tokio::sync::Mutex<(Health, u32)>,
+    /// When the last check began: the next is due [`HEALTH_EVERY`] after it, however long it
+    /// took (a slow ping does not stretch the time to notice an outage).
+    began: std::sync::Mutex<tokio::time::Instant>,
+}
+
+impl Check {
+    /// The checks of `cell`'s engine (`None` for a cell with no link to check).
+    pub(super) fn new(cell: &Arc<Cell>, probe: Arc<Probe>) -> Option<Self> {
+        let link = cell.link().cloned()?;
+        let labels = EngineLabels {
+            engine: link.name().to_string(),
+        };
+        let health = Health::new(link.is_up(), probe.down_after, probe.up_after);
+        probe
+            .metrics
+            .fleet
+            .up
+            .get_or_create(&labels)
+            .set(u64::from(health.is_up()));
+        Some(Self {
+            cell: Arc::downgrade(cell),
+            probe,
+            link,
+            labels,
+            state: tokio::sync::Mutex::new((health, 0)),
+            began: std::sync::Mutex::new(tokio::time::Instant::now()),
+        })
+    }
+}
+
+impl crate::background::Background for Check {
+    fn name(&self) -> &'static str {
+        "fleet: health check"
+    }
+
+    async fn pause(&self) {
+        let began = *self.began.lock().unwrap_or_else(|e| e.into_inner());
+        tokio::time::sleep_until(began + HEALTH_EVERY).await;
+    }
+
+    async fn round(self: Arc<Self>) -> ControlFlow<()> {
+        *self.began.lock().unwrap_or_else(|e| e.into_inner()) = tokio::time::Instant::now();
+        let Some(this) = self.cell.upgrade() else {
+            return ControlFlow::Break(());
+        };
+        let (link, probe, labels) = (&self.link, &*self.probe, &self.labels);
+        let metrics = &probe.metrics;
+        let mut state = self.state.lock().await;
+        let (health, tick) = &mut *state;
         let was_up = health.is_up();
         let engine = match link.engine() {
             Some(e) => Some(e),
-            None => connect(&this, &link, &probe).await,
+            None => connect(&this, link, probe).await,
         };
         let mut ok = match &engine {
             Some(e) => matches!(
@@ -133,16 +171,16 @@ pub(super) async fn watch(cell: Weak<Cell>, probe: Arc<Probe>) {
         let flipped = health.observe(ok);
         let up = health.is_up();
         link.set_up(up);
-        metrics.fleet.up.get_or_create(&labels).set(u64::from(up));
+        metrics.fleet.up.get_or_create(labels).set(u64::from(up));
         metrics
             .fleet
             .draining
-            .get_or_create(&labels)
+            .get_or_create(labels)
             .set(u64::from(this.spec().drain));
         match (flipped, up) {
             (true, true) => {
                 tracing::info!(engine = %link.name(), "engine up");
-                tick = 1;
+                *tick = 1;
                 this.stack().start();
                 // Its share of the pools may be owed.
                 this.pool().wake();
@@ -158,10 +196,11 @@ pub(super) async fn watch(cell: Weak<Cell>, probe: Arc<Probe>) {
             _ => {}
         }
         let Some(engine) = engine.filter(|_| ok && up) else {
-            continue;
+            return ControlFlow::Continue(());
         };
-        count(&this, &*engine, &probe, &labels).await;
-        tick = tick.wrapping_add(1);
+        count(&this, &*engine, probe, labels).await;
+        *tick = tick.wrapping_add(1);
+        ControlFlow::Continue(())
     }
 }
 

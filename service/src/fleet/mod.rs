@@ -31,6 +31,56 @@ mod health;
 pub mod placement;
 mod routing;
 mod stack;
+
+/// The engines file's watch: applied again at each change.
+struct FileWatch {
+    fleet: std::sync::Weak<Fleet>,
+    watch: tokio::sync::Mutex<discovery::Watch>,
+}
+
+impl crate::background::Background for FileWatch {
+    fn name(&self) -> &'static str {
+        "fleet: engines file"
+    }
+
+    async fn round(self: Arc<Self>) -> std::ops::ControlFlow<()> {
+        let Some(fleet) = self.fleet.upgrade() else {
+            return std::ops::ControlFlow::Break(());
+        };
+        fleet.reload();
+        std::ops::ControlFlow::Continue(())
+    }
+
+    async fn pause(&self) {
+        self.watch.lock().await.changed().await;
+    }
+
+    fn waits_first(&self) -> bool {
+        true
+    }
+}
+
+/// The pools' spread over the engines, every [`SPREAD_EVERY`].
+struct Spread(std::sync::Weak<Fleet>);
+
+impl crate::background::Background for Spread {
+    fn name(&self) -> &'static str {
+        "fleet: pools' spread"
+    }
+
+    async fn round(self: Arc<Self>) -> std::ops::ControlFlow<()> {
+        let Some(fleet) = self.0.upgrade() else {
+            return std::ops::ControlFlow::Break(());
+        };
+        fleet.spread_pools();
+        std::ops::ControlFlow::Continue(())
+    }
+
+    async fn pause(&self) {
+        tokio::time::sleep(SPREAD_EVERY).await;
+    }
+}
+
 #[cfg(test)]
 mod tests;
 
@@ -191,25 +241,11 @@ impl Fleet {
             self.start_cell(cell);
         }
         let Some(file) = &self.file else { return };
-        let (me, path) = (Arc::downgrade(self), file.path().to_path_buf());
-        let watching = tokio::spawn(async move {
-            let mut watch = discovery::Watch::start(&path);
-            loop {
-                watch.changed().await;
-                let Some(fleet) = me.upgrade() else { return };
-                fleet.reload();
-            }
-        });
-        let me = Arc::downgrade(self);
-        let spreading = tokio::spawn(async move {
-            let mut ticks = tokio::time::interval(SPREAD_EVERY);
-            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                ticks.tick().await;
-                let Some(fleet) = me.upgrade() else { return };
-                fleet.spread_pools();
-            }
-        });
+        let watching = crate::background::spawn(Arc::new(FileWatch {
+            fleet: Arc::downgrade(self),
+            watch: tokio::sync::Mutex::new(discovery::Watch::start(file.path())),
+        }));
+        let spreading = crate::background::spawn(Arc::new(Spread(Arc::downgrade(self))));
         self.tasks
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -223,15 +259,9 @@ impl Fleet {
         };
         // A fleet's engine gets its reaper and refill once it first answers (its health check
         // starts them): before, every one of their calls would fail.
-        let (weak, probe) = (Arc::downgrade(cell), probe.clone());
-        cell.hold(tokio::spawn(async move {
-            // A panic in a check is logged and the checks go on: an engine nobody checks would
-            // stay in its last state for good.
-            while let Err(e) = tokio::spawn(health::watch(weak.clone(), probe.clone())).await {
-                tracing::error!(error = %e, "fleet: an engine's health check crashed");
-                tokio::time::sleep(HEALTH_EVERY).await;
-            }
-        }));
+        if let Some(check) = health::Check::new(cell, probe.clone()) {
+            cell.hold(crate::background::spawn(Arc::new(check)));
+        }
     }
 
     /// A clean shutdown of every cell's refill (builds in flight finish).

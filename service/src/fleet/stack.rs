@@ -170,7 +170,7 @@ impl Stack {
         }
         let mut tasks = Vec::new();
         if self.reaping {
-            tasks.push(self.reaper.clone().spawn());
+            tasks.push(crate::background::spawn(self.reaper.clone()));
         }
         if let Some(t) = self.refill.spawn() {
             tasks.push(t);

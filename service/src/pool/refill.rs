@@ -58,23 +58,9 @@ impl Refill {
 
     /// Refills now and whenever woken (or [`CHECK_EVERY`]), until aborted. `None` without pools.
     pub fn spawn(self: &Arc<Self>) -> Option<JoinHandle<()>> {
-        if !self.pool.is_configured() {
-            return None;
-        }
-        let me = self.clone();
-        Some(tokio::spawn(async move {
-            loop {
-                let round = me.clone();
-                // Its own task: a panic in one round is logged and the next one still comes.
-                if let Err(e) = tokio::spawn(async move { round.reconcile_all().await }).await {
-                    tracing::error!(error = %e, "warm pool: refill crashed");
-                }
-                tokio::select! {
-                    () = me.pool.wake.notified() => {}
-                    () = tokio::time::sleep(CHECK_EVERY) => {}
-                }
-            }
-        }))
+        self.pool
+            .is_configured()
+            .then(|| crate::background::spawn(self.clone()))
     }
 
     /// One round over every pool, side by side.
@@ -392,5 +378,23 @@ impl Refill {
             }
         }
         tracing::info!(removed, "warm pool: removed on shutdown");
+    }
+}
+
+impl crate::background::Background for Refill {
+    fn name(&self) -> &'static str {
+        "warm pool refill"
+    }
+
+    async fn round(self: Arc<Self>) -> std::ops::ControlFlow<()> {
+        self.reconcile_all().await;
+        std::ops::ControlFlow::Continue(())
+    }
+
+    async fn pause(&self) {
+        tokio::select! {
+            () = self.pool.wake.notified() => {}
+            () = tokio::time::sleep(CHECK_EVERY) => {}
+        }
     }
 }

@@ -54,8 +54,6 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use tokio::task::JoinHandle;
-
 use crate::config::Config;
 use crate::coordination::activity::SessionActivity;
 use crate::coordination::lock::{LockError, SessionLocks};
@@ -73,6 +71,24 @@ use crate::time::unix_secs;
 mod remove;
 
 use remove::secs_i64;
+
+/// A sweep every interval (the first right away), while the cell's stack runs.
+impl crate::background::Background for Reaper {
+    fn name(&self) -> &'static str {
+        "reaper"
+    }
+
+    async fn round(self: Arc<Self>) -> std::ops::ControlFlow<()> {
+        self.tick().await;
+        std::ops::ControlFlow::Continue(())
+    }
+
+    async fn pause(&self) {
+        // The setting forbids zero; a hand-built policy might not.
+        tokio::time::sleep(self.policy.interval.max(Duration::from_millis(100))).await;
+    }
+}
+
 #[cfg(test)]
 use remove::{NANOS, idle_for, stopped_at};
 
@@ -237,24 +253,6 @@ impl Reaper {
             policy,
             metrics: parts.metrics,
         }
-    }
-
-    /// Sweeps every interval (the first right away) until the task is aborted.
-    pub fn spawn(self: Arc<Self>) -> JoinHandle<()> {
-        tokio::spawn(async move {
-            // `interval` panics on zero; the setting forbids it, a hand-built policy might not.
-            let every = self.policy.interval.max(Duration::from_millis(100));
-            let mut ticks = tokio::time::interval(every);
-            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                ticks.tick().await;
-                let me = self.clone();
-                // Its own task: a panic in one sweep is logged and the next tick still comes.
-                if let Err(e) = tokio::spawn(async move { me.tick().await }).await {
-                    tracing::error!(error = %e, "reaper: sweep crashed");
-                }
-            }
-        })
     }
 
     /// One tick: sweep if this replica leads for this interval.

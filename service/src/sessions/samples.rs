@@ -55,19 +55,10 @@ impl Samples {
 impl Sessions {
     /// Samples every running session of this engine every `every` until the task is aborted.
     pub fn spawn_sampler(self: std::sync::Arc<Self>, every: Duration) -> JoinHandle<()> {
-        tokio::spawn(async move {
-            // The first round one interval in: none at start-up, beside everything else.
-            let every = every.max(Duration::from_millis(100));
-            let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                ticks.tick().await;
-                let me = self.clone();
-                if let Err(e) = tokio::spawn(async move { me.sample_all().await }).await {
-                    tracing::error!(error = %e, "session metrics: a round crashed");
-                }
-            }
-        })
+        crate::background::spawn(std::sync::Arc::new(Sampler {
+            sessions: self,
+            every: every.max(Duration::from_millis(100)),
+        }))
     }
 
     /// One round: a sample of each running session; the series of sessions gone are dropped.
@@ -187,5 +178,30 @@ impl Sessions {
                 })
                 .unwrap_or_default()
         }))
+    }
+}
+
+/// The samples' rounds, the first one interval in (none at start-up, beside everything else).
+struct Sampler {
+    sessions: std::sync::Arc<Sessions>,
+    every: Duration,
+}
+
+impl crate::background::Background for Sampler {
+    fn name(&self) -> &'static str {
+        "session metrics"
+    }
+
+    async fn round(self: std::sync::Arc<Self>) -> std::ops::ControlFlow<()> {
+        self.sessions.sample_all().await;
+        std::ops::ControlFlow::Continue(())
+    }
+
+    async fn pause(&self) {
+        tokio::time::sleep(self.every).await;
+    }
+
+    fn waits_first(&self) -> bool {
+        true
     }
 }

@@ -1274,3 +1274,70 @@ async fn envd_filesystem_calls_are_the_data_planes_operations() {
         "{killed}"
     );
 }
+
+/// A run of commands is one operation on the REST API too: a plain run and a streamed one each
+/// check the sandbox once (one inspect), as envd's `Start` does; a run with a value no shell can
+/// take is refused before anything waits for the session (no inspect at all).
+#[tokio::test]
+async fn a_run_is_one_operation_with_one_check_of_the_sandbox() {
+    let e = service();
+    let id = e.create(json!({"templateID": "base"})).await["sandboxID"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    let uri = format!("/api/v1/session/{id}/");
+    let before = engine_calls(&e, "inspect").await;
+    let (s, ran) =
+        e.h.call(
+            "POST",
+            &uri,
+            Some(json!({"commands": ["echo one"]})),
+            Some(KEY),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{ran}");
+    assert_eq!(ran["results"][0]["output"], "one\n", "{ran}");
+    assert_eq!(engine_calls(&e, "inspect").await - before, 1, "plain run");
+
+    let before = engine_calls(&e, "inspect").await;
+    let req = Request::builder()
+        .method("POST")
+        .uri(&uri)
+        .header("x-api-key", KEY)
+        .header("content-type", "application/json")
+        .header("accept", "application/x-ndjson")
+        .body(Body::from(json!({"commands": ["echo two"]}).to_string()))
+        .expect("request");
+    let resp = e.h.send(req).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    let lines: Vec<Value> = body
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(|l| serde_json::from_slice(l).expect("json line"))
+        .collect();
+    let done = lines.last().expect("lines");
+    assert_eq!(done["type"], "done", "{lines:?}");
+    assert_eq!(done["results"][0]["output"], "two\n", "{lines:?}");
+    assert_eq!(
+        engine_calls(&e, "inspect").await - before,
+        1,
+        "streamed run"
+    );
+
+    let before = engine_calls(&e, "inspect").await;
+    let (s, refused) =
+        e.h.call(
+            "POST",
+            &uri,
+            Some(json!({"commands": ["a\u{0}b"]})),
+            Some(KEY),
+        )
+        .await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{refused}");
+    assert_eq!(
+        engine_calls(&e, "inspect").await - before,
+        0,
+        "refused first"
+    );
+}

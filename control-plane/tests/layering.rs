@@ -694,13 +694,7 @@ const DOOR_REACH: &[&str] = &[
 /// shrinks: a door that reaches something new goes through an operation instead.
 const DOOR_DEBT: &[(&str, &str)] = &[
     ("e2b", "sessions"),
-    ("mcp", "admission"),
-    ("mcp", "coordination"),
-    ("mcp", "fleet"),
-    ("mcp", "processes"),
     ("mcp", "sessions"),
-    ("mcp", "snapshots"),
-    ("mcp", "workspace"),
     ("routes", "admission"),
     ("routes", "coordination"),
     ("routes", "engine"),
@@ -709,7 +703,6 @@ const DOOR_DEBT: &[(&str, &str)] = &[
     ("routes", "processes"),
     ("routes", "sessions"),
     ("routes", "snapshots"),
-    ("routes", "workspace"),
 ];
 
 #[test]

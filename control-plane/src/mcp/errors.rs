@@ -150,12 +150,7 @@ macro_rules! via_api_error {
 
 via_api_error!(
     crate::sessions::SessionError,
-    crate::sessions::ValidationError,
-    crate::fleet::FleetError,
-    crate::workspace::fs::FsOpError,
-    crate::admission::Refused,
-    crate::snapshots::SnapshotError,
-    crate::processes::ProcessError
+    crate::sessions::ValidationError
 );
 
 /// An fs op's own answer about the path or the content.

@@ -1,5 +1,5 @@
-//! The admission layer in front of the DAIV fs routes and `/files` (see [`crate::admission`];
-//! the other operations take their slots in `Ops::apply`): each takes its class's slot before
+//! The admission layer in front of `/files` (see [`crate::admission`]; the other operations take
+//! their slots in `Ops::apply`, and [`holding`] keeps an operation's until its answer is sent): each takes its class's slot before
 //! the handler reads the body, and hands it to the response body, so the slot is held until
 //! the answer has been sent or the client has gone away.
 
@@ -14,7 +14,7 @@ use axum::response::Response;
 use std::sync::Arc;
 
 use super::render::HttpError;
-use crate::admission::{Admission, Slot};
+use crate::admission::Admission;
 
 /// `POST /session/{id}/fs/{op}`: a slot of the session's and one of the total.
 pub async fn fs(
@@ -32,18 +32,19 @@ pub async fn fs(
     Ok(holding(next.run(req).await, slot))
 }
 
-/// `response` whose body keeps `slot` until it is sent in full or dropped.
-fn holding(response: Response, slot: Slot) -> Response {
-    response.map(|inner| Body::new(Holding { inner, _slot: slot }))
+/// `response` whose body keeps `keep` (a slot, an operation's hold) until it is sent in full or
+/// dropped.
+pub fn holding<K: Send + Unpin + 'static>(response: Response, keep: K) -> Response {
+    response.map(|inner| Body::new(Holding { inner, _keep: keep }))
 }
 
-/// A response body that releases its request's slot when it is done with.
-struct Holding {
+/// A response body that releases what its request holds when it is done with.
+struct Holding<K> {
     inner: Body,
-    _slot: Slot,
+    _keep: K,
 }
 
-impl HttpBody for Holding {
+impl<K: Send + Unpin + 'static> HttpBody for Holding<K> {
     type Data = Bytes;
     type Error = axum::Error;
 

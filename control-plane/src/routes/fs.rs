@@ -17,10 +17,14 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures::StreamExt;
 
-use super::extract::Session;
+use axum::extract::State;
+
+use super::admit::holding;
+use super::extract::Id;
 use super::render::{ApiJson, HttpError};
 use crate::error::ErrorBody;
-use crate::workspace::fs::{Entries, Fs, respond};
+use crate::ops::Ops;
+use crate::ops::fs::{self, Entries};
 use sandbox_protocol::wire::*;
 
 /// The OpenAPI entry every fs route shares, on `$item`.
@@ -39,27 +43,26 @@ macro_rules! fs_doc {
     };
 }
 
-/// Makes sure the session runs (one inspect) before the op, once its body is read; writers also
-/// hold the session lock ([`Workspace::ordered`](crate::sessions::Workspace::ordered)).
+/// The body is read first, then the operation takes its fs slot, the session's running check
+/// (one inspect) and, for a writer, its lock; the slot is held until the answer is sent.
 macro_rules! fs_handler {
-    ($name:ident, $op:ident, $req:ty, $resp:ty, $path:literal, $writes:literal) => {
+    ($name:ident, $op:ident, $req:ty, $resp:ty, $path:literal) => {
         fs_doc!(
             $req,
             $resp,
             $path,
             pub async fn $name(
-                s: Session,
+                State(ops): State<Ops>,
+                Id(id): Id,
                 ApiJson(req): ApiJson<$req>,
-            ) -> Result<Json<$resp>, HttpError> {
-                let ws = s.sessions.workspace(&s.id);
-                let _held = if $writes {
-                    Some(ws.ordered().await?)
-                } else {
-                    ws.beside().await?;
-                    None
-                };
-                let r = Fs::new(&ws).$op(&req).await;
-                Ok(Json(respond(r, |v: &mut $resp, e| v.error = Some(e))?))
+            ) -> Result<Response, HttpError> {
+                let done = ops.apply(&id, fs::$op(req)).await?;
+                let answer = done.answer.unwrap_or_else(|e| {
+                    let mut v = <$resp>::default();
+                    v.error = Some(e);
+                    v
+                });
+                Ok(holding(Json(answer).into_response(), done.hold))
             }
         );
     };
@@ -73,18 +76,20 @@ macro_rules! fs_listing_handler {
             $resp,
             $path,
             pub async fn $name(
-                s: Session,
+                State(ops): State<Ops>,
+                Id(id): Id,
                 ApiJson(req): ApiJson<$req>,
             ) -> Result<Response, HttpError> {
-                let ws = s.sessions.workspace(&s.id);
-                ws.beside().await?;
-                match Fs::new(&ws).$op(&req).await {
-                    Ok(entries) => Ok(listing_body($key, entries)),
+                let done = ops.apply(&id, fs::$op(req)).await?;
+                let response = match done.answer {
+                    Ok(entries) => listing_body($key, entries),
                     Err(e) => {
-                        let v = respond(Err(e), |v: &mut $resp, e| v.error = Some(e))?;
-                        Ok(Json(v).into_response())
+                        let mut v = <$resp>::default();
+                        v.error = Some(e);
+                        Json(v).into_response()
                     }
-                }
+                };
+                Ok(holding(response, done.hold))
             }
         );
     };
@@ -125,7 +130,7 @@ fn listing_body(key: &'static str, entries: Entries) -> Response {
 
 fs_listing_handler!(
     ls,
-    ls_entries,
+    Ls,
     FsLsRequest,
     FsLsResponse,
     "entries",
@@ -133,23 +138,21 @@ fs_listing_handler!(
 );
 fs_handler!(
     read,
-    read,
+    Read,
     FsReadRequest,
     FsReadResponse,
-    "/session/{session_id}/fs/read",
-    false
+    "/session/{session_id}/fs/read"
 );
 fs_handler!(
     grep,
-    grep,
+    Grep,
     FsGrepRequest,
     FsGrepResponse,
-    "/session/{session_id}/fs/grep",
-    false
+    "/session/{session_id}/fs/grep"
 );
 fs_listing_handler!(
     glob,
-    glob_entries,
+    Glob,
     FsGlobRequest,
     FsGlobResponse,
     "matches",
@@ -157,25 +160,22 @@ fs_listing_handler!(
 );
 fs_handler!(
     write,
-    write,
+    Write,
     FsWriteRequest,
     FsWriteResponse,
-    "/session/{session_id}/fs/write",
-    true
+    "/session/{session_id}/fs/write"
 );
 fs_handler!(
     edit,
-    edit,
+    Edit,
     FsEditRequest,
     FsEditResponse,
-    "/session/{session_id}/fs/edit",
-    true
+    "/session/{session_id}/fs/edit"
 );
 fs_handler!(
     delete,
-    delete,
+    Delete,
     FsDeleteRequest,
     FsDeleteResponse,
-    "/session/{session_id}/fs/delete",
-    true
+    "/session/{session_id}/fs/delete"
 );

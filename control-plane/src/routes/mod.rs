@@ -112,11 +112,7 @@ where
         ("edit", post(fs::edit)),
         ("delete", post(fs::delete)),
     ] {
-        api = both(
-            api,
-            &format!("/session/{{session_id}}/fs/{op}/"),
-            handler.layer(middleware::from_fn_with_state(admission.clone(), admit::fs)),
-        );
+        api = both(api, &format!("/session/{{session_id}}/fs/{op}/"), handler);
     }
     // The data plane (ours): raw files of any size, streamed (the cap is FILE_MAX_BYTES,
     // enforced as the body flows), and the fs ops on paths anywhere.

@@ -8,12 +8,87 @@ use sandbox_protocol::files::{
     FsListRequest, FsListResponse, FsMkdirRequest, FsMkdirResponse, FsMoveRequest, FsMoveResponse,
     FsStatRequest, FsStatResponse,
 };
-use sandbox_protocol::wire::{FsError, FsErrorCode};
+use sandbox_protocol::wire::{
+    FsDeleteRequest, FsDeleteResponse, FsEditRequest, FsEditResponse, FsError, FsErrorCode,
+    FsGlobRequest, FsGrepRequest, FsGrepResponse, FsLsRequest, FsReadRequest, FsReadResponse,
+    FsWriteRequest, FsWriteResponse,
+};
 
-use super::{Access, Admit, Op, Reached};
+use super::{Access, Admit, Hold, Op, Reached};
 use crate::api::RunRequest;
 use crate::error::ApiError;
-use crate::workspace::fs::{Fs, respond};
+pub use crate::workspace::fs::Entries;
+use crate::workspace::fs::{Fs, OpError, respond};
+
+/// An agent's file tool's answer (the reference's `fs/*` routes, MCP's file tools): the answer
+/// or its fs-level refusal, with the fs slot (and a writer's lock) kept until the door has sent
+/// it.
+pub struct Tooled<T> {
+    pub answer: Result<T, FsError>,
+    pub hold: Hold,
+}
+
+fn tooled<T>(r: Result<T, OpError>, at: Reached) -> Result<Tooled<T>, ApiError> {
+    let answer = match r {
+        Ok(v) => Ok(v),
+        Err(OpError::Fs(e)) => Err(e),
+        Err(OpError::Failed(e)) => return Err(e.into()),
+    };
+    Ok(Tooled {
+        answer,
+        hold: at.into_hold(),
+    })
+}
+
+/// The agent's file tools, each an fs slot: the readers beside the session's work, the writers
+/// in its order (its lock). `ls` and `glob` answer their entries as they stream from the
+/// session.
+macro_rules! tool_op {
+    ($(#[$doc:meta])* $name:ident, $method:ident, $req:ty, $out:ty, $access:ident) => {
+        $(#[$doc])*
+        pub struct $name(pub $req);
+
+        impl Op for $name {
+            type Output = Tooled<$out>;
+            const ADMIT: Admit = Admit::Fs;
+            const ACCESS: Access = Access::$access;
+
+            async fn apply(self, at: Reached) -> Result<Tooled<$out>, ApiError> {
+                let r = Fs::new(&at.workspace()).$method(&self.0).await;
+                tooled(r, at)
+            }
+        }
+    };
+}
+
+tool_op!(
+    /// A directory's entries.
+    Ls, ls_entries, FsLsRequest, Entries, Beside
+);
+tool_op!(
+    /// The paths a pattern matches.
+    Glob, glob_entries, FsGlobRequest, Entries, Beside
+);
+tool_op!(
+    /// A text file's lines.
+    Read, read, FsReadRequest, FsReadResponse, Beside
+);
+tool_op!(
+    /// The lines a pattern matches.
+    Grep, grep, FsGrepRequest, FsGrepResponse, Beside
+);
+tool_op!(
+    /// A file written whole.
+    Write, write, FsWriteRequest, FsWriteResponse, Ordered
+);
+tool_op!(
+    /// A file's text replaced.
+    Edit, edit, FsEditRequest, FsEditResponse, Ordered
+);
+tool_op!(
+    /// A file or an empty directory deleted.
+    Delete, delete, FsDeleteRequest, FsDeleteResponse, Ordered
+);
 
 /// A path's entry.
 pub struct Stat(pub FsStatRequest);

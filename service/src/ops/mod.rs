@@ -10,11 +10,11 @@
 //! lock order or a running check, and none calls another door.
 //!
 //! The background processes' operations are here ([`processes`]), the runs of commands, whole
-//! or streamed ([`runs`]), the one-shot seed ([`seed`]), the data plane's fs ops on paths anywhere ([`fs`]), its raw files and
-//! watches ([`files`]), a port's connections ([`ports`]), the session's life: E2B's `connect`, a
-//! pause, a deadline, a close ([`lifecycle`]), and its snapshots and forks ([`snapshots`]); the
-//! DAIV fs routes still go through the routes' extractors and MCP's fs tools through
-//! their own sequence of domain calls (`control-plane/tests/layering.rs` pins where).
+//! or streamed ([`runs`]), the one-shot seed ([`seed`]), the agent's file tools (the reference's
+//! `fs/*`) and the data plane's fs ops on paths anywhere ([`fs`]), its raw files and watches
+//! ([`files`]), a port's connections ([`ports`]), the session's life: E2B's `connect`, a pause, a
+//! deadline, a close ([`lifecycle`]), and its snapshots and forks ([`snapshots`]). Where a door
+//! still reaches the domain past them is pinned in `control-plane/tests/layering.rs`.
 
 pub mod files;
 pub mod fs;

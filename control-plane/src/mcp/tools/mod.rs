@@ -1,10 +1,8 @@
 //! The tools: what each one does, through the same operations as its REST route
-//! ([`crate::ops`]: the background processes, a session's life, its snapshots and forks,
-//! ports); the runs and the DAIV fs ops still through the same domain calls as their routes
-//! ([`crate::fleet::Fleet`] to find the session's stack, the session lock where the route takes
-//! it, the admission slots, then [`crate::sessions`], [`crate::workspace::fs`]). A tool's own
-//! failure is a [`ToolFailure`]; arguments that are not the tool's are [`ArgsError`] (a
-//! protocol error naming the field).
+//! ([`crate::ops`]: runs, the file tools, the background processes, a session's life, its
+//! snapshots and forks, ports), so the admission class, the lock and the running check are the
+//! route's, taken once. A tool's own failure is a [`ToolFailure`]; arguments that are not the
+//! tool's are [`ArgsError`] (a protocol error naming the field).
 //!
 //! # Layout
 //! - [`args`]: each tool's arguments (its JSON schema, written for a model) and the tool list.
@@ -19,20 +17,18 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use super::errors::ToolFailure;
-use crate::admission::Slot;
 use crate::api::{
     Environment, ForkRequest, RunRequest, RunResult, RunStreamLine, StartProcessRequest,
     StartSessionRequest,
 };
 use crate::config::Config;
-use crate::coordination::lock::LockGuard;
+use crate::error::ApiError;
 use crate::ids::SessionId;
 use crate::layout;
 use crate::ops::processes::{self as op, Target};
 use crate::ops::snapshots::TakeSnapshot;
-use crate::ops::{Ops, lifecycle, runs};
-use crate::sessions::{ForkPlan, SessionError, Sessions, ValidationError};
-use crate::workspace::fs::{Fs, OpError};
+use crate::ops::{Ops, fs, lifecycle, runs};
+use crate::sessions::{ForkPlan, SessionError, ValidationError};
 use sandbox_protocol::wire::*;
 
 pub mod args;
@@ -129,14 +125,6 @@ impl Tools {
         })
     }
 
-    /// The session a tool names and the sessions of its engine: an id that cannot be a
-    /// session's is not found, as an unknown one is.
-    fn session(&self, id: &str) -> Result<(SessionId, Arc<Sessions>), ToolFailure> {
-        let id = session_id(id)?;
-        let sessions = self.ops.fleet().at(&id)?;
-        Ok((id, sessions))
-    }
-
     /// `POST /session/`.
     async fn create(&self, a: CreateArgs) -> Result<Answer, ToolFailure> {
         if a.image.as_deref().is_none_or(str::is_empty) && a.snapshot_id.is_none() {
@@ -220,41 +208,22 @@ impl Tools {
         ))
     }
 
-    /// What an fs op holds, as its route does: an fs slot and the session running (writers
-    /// also under its lock).
-    async fn fs_ctx(&self, id: &str, writes: bool) -> Result<FsCtx, ToolFailure> {
-        let (id, sessions) = self.session(id)?;
-        let slot = self.ops.admission().fs(&id).await?;
-        let ws = sessions.workspace(&id);
-        let held = if writes {
-            Some(ws.ordered().await?)
-        } else {
-            ws.beside().await?;
-            None
-        };
-        Ok(FsCtx {
-            id,
-            sessions,
-            _slot: slot,
-            _held: held,
-        })
-    }
-
     async fn read(&self, a: ReadArgs) -> Result<Answer, ToolFailure> {
         let req = FsReadRequest {
             path: a.path,
             offset: a.offset,
             limit: a.limit,
         };
-        let c = self.fs_ctx(&a.session_id, false).await?;
-        let r = outcome(c.fs().read(&req).await)?;
+        let id = session_id(&a.session_id)?;
+        let offset = req.offset;
+        let r = self.ops.apply(&id, fs::Read(req)).await?.answer?;
         let mut text = r.content.clone().unwrap_or_default();
         if let (Some(end), Some(total)) = (r.end_line, r.total_lines)
             && (end < total || r.truncated)
         {
             text.push_str(&format!(
                 "\n[lines {}-{end} of {total}; read on with offset={end}]",
-                req.offset + 1
+                offset + 1
             ));
         }
         Ok(Answer {
@@ -282,8 +251,8 @@ impl Tools {
             content,
             mode: a.mode.unwrap_or(0o644),
         };
-        let c = self.fs_ctx(&a.session_id, true).await?;
-        let r = outcome(c.fs().write(&req).await)?;
+        let id = session_id(&a.session_id)?;
+        let r = self.ops.apply(&id, fs::Write(req)).await?.answer?;
         Ok(Answer::json(wire(&r)))
     }
 
@@ -294,8 +263,8 @@ impl Tools {
             new: a.new,
             replace_all: a.replace_all,
         };
-        let c = self.fs_ctx(&a.session_id, true).await?;
-        let r = outcome(c.fs().edit(&req).await)?;
+        let id = session_id(&a.session_id)?;
+        let r = self.ops.apply(&id, fs::Edit(req)).await?.answer?;
         Ok(Answer::json(wire(&r)))
     }
 
@@ -306,8 +275,8 @@ impl Tools {
             glob: a.glob,
             exclude: a.exclude,
         };
-        let c = self.fs_ctx(&a.session_id, false).await?;
-        let r = outcome(c.fs().grep(&req).await)?;
+        let id = session_id(&a.session_id)?;
+        let r = self.ops.apply(&id, fs::Grep(req)).await?.answer?;
         Ok(Answer::json(wire(&r)))
     }
 
@@ -317,8 +286,12 @@ impl Tools {
             path: a.path.unwrap_or_else(|| layout::REPO.to_string()),
             exclude: a.exclude,
         };
-        let c = self.fs_ctx(&a.session_id, false).await?;
-        let r = outcome(c.fs().glob(&req).await)?;
+        let id = session_id(&a.session_id)?;
+        let found = self.ops.apply(&id, fs::Glob(req)).await?.answer?;
+        let r = FsGlobResponse {
+            matches: found.collect().await.map_err(ApiError::from)?,
+            error: None,
+        };
         Ok(Answer::json(wire(&r)))
     }
 
@@ -326,8 +299,12 @@ impl Tools {
         let req = FsLsRequest {
             path: a.path.unwrap_or_else(|| layout::REPO.to_string()),
         };
-        let c = self.fs_ctx(&a.session_id, false).await?;
-        let r = outcome(c.fs().ls(&req).await)?;
+        let id = session_id(&a.session_id)?;
+        let listed = self.ops.apply(&id, fs::Ls(req)).await?.answer?;
+        let r = FsLsResponse {
+            entries: listed.collect().await.map_err(ApiError::from)?,
+            error: None,
+        };
         Ok(Answer::json(wire(&r)))
     }
 
@@ -458,20 +435,6 @@ fn session_id(id: &str) -> Result<SessionId, ToolFailure> {
     Ok(SessionId::parse(id).map_err(|_| SessionError::NotFound)?)
 }
 
-/// An fs op's context (see [`Tools::fs_ctx`]).
-struct FsCtx {
-    id: SessionId,
-    sessions: Arc<Sessions>,
-    _slot: Slot,
-    _held: Option<LockGuard>,
-}
-
-impl FsCtx {
-    fn fs(&self) -> Fs<'_> {
-        Fs::new(&self.sessions.workspace(&self.id))
-    }
-}
-
 /// A tool's environment argument, held to the rule of a request's (a tool failure, as the
 /// REST API's 422).
 fn environment(env: Option<BTreeMap<String, String>>) -> Result<Option<Environment>, ToolFailure> {
@@ -479,15 +442,6 @@ fn environment(env: Option<BTreeMap<String, String>>) -> Result<Option<Environme
         .map(Environment::new)
         .transpose()
         .map_err(ValidationError::from)?)
-}
-
-/// An fs op's outcome: its answer, or why not (about the path: the fs code).
-fn outcome<T>(r: Result<T, OpError>) -> Result<T, ToolFailure> {
-    match r {
-        Ok(v) => Ok(v),
-        Err(OpError::Fs(e)) => Err(e.into()),
-        Err(OpError::Failed(e)) => Err(e.into()),
-    }
 }
 
 /// A wire response without its `error` (a failure never gets this far).

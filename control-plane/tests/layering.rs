@@ -696,7 +696,6 @@ const DOOR_DEBT: &[(&str, &str)] = &[
     ("e2b", "sessions"),
     ("mcp", "sessions"),
     ("routes", "admission"),
-    ("routes", "coordination"),
     ("routes", "engine"),
     ("routes", "fleet"),
     ("routes", "pool"),

@@ -5,7 +5,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use super::extract::{Id, Locked};
+use super::extract::Id;
 use super::render::{ApiJson, ApiQuery, HttpError};
 use crate::api::{
     CloseQuery, RunRequest, RunResponse, RunStreamLine, StartSessionRequest, StartSessionResponse,
@@ -126,8 +126,8 @@ fn wants_ndjson(headers: &HeaderMap) -> bool {
     params(("session_id" = String, Path, description = "The session id")),
     responses((status = 204), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 503, body = ErrorBody)))]
-pub async fn status(s: Locked) -> Result<StatusCode, HttpError> {
-    s.sessions.ensure_running(&s.id).await?;
+pub async fn status(State(ops): State<Ops>, Id(id): Id) -> Result<StatusCode, HttpError> {
+    ops.apply(&id, lifecycle::EnsureRunning).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

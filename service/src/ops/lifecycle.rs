@@ -84,6 +84,20 @@ impl Op for SetTimeout {
     }
 }
 
+/// Makes sure a session runs (a stopped one restarted, a paused one thawed), in its order: the
+/// reference's `GET /session/{id}/`.
+pub struct EnsureRunning;
+
+impl Op for EnsureRunning {
+    type Output = ();
+    const ADMIT: Admit = Admit::Free;
+    const ACCESS: Access = Access::Ordered;
+
+    async fn apply(self, _at: Reached) -> Result<(), ApiError> {
+        Ok(())
+    }
+}
+
 /// Stops a session (kept for a later request to restart), under its lock.
 pub struct Stop;
 

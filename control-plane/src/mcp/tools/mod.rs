@@ -313,13 +313,8 @@ impl Tools {
         self.ops.clone()
     }
 
-    /// An id that cannot be a session's is not found, as an unknown one is.
-    fn session_id(id: &str) -> Result<SessionId, ToolFailure> {
-        Ok(SessionId::parse(id).map_err(|_| SessionError::NotFound)?)
-    }
-
     async fn process_start(&self, a: ProcessStartArgs) -> Result<Answer, ToolFailure> {
-        let id = Self::session_id(&a.session_id)?;
+        let id = session_id(&a.session_id)?;
         let req = StartProcessRequest {
             command: a.command,
             environment: a.environment,
@@ -333,7 +328,7 @@ impl Tools {
     }
 
     async fn process_output(&self, a: ProcessOutputArgs) -> Result<Answer, ToolFailure> {
-        let id = Self::session_id(&a.session_id)?;
+        let id = session_id(&a.session_id)?;
         let (target, offset, wait) = (Target::Id(a.process_id), a.offset, a.wait);
         let out = self
             .ops()
@@ -350,7 +345,7 @@ impl Tools {
     }
 
     async fn process_kill(&self, a: ProcessKillArgs) -> Result<Answer, ToolFailure> {
-        let id = Self::session_id(&a.session_id)?;
+        let id = session_id(&a.session_id)?;
         let target = Target::Id(a.process_id);
         self.ops().apply(&id, op::Kill { target }).await?;
         Ok(Answer::json(json!({ "killed": true })))
@@ -359,7 +354,7 @@ impl Tools {
     /// `POST /session/{id}/ports/{port}/token`: the port's URL (the preview host, else the
     /// path route under the service), its token, and the URL with the token for a browser.
     async fn port_url(&self, a: PortUrlArgs) -> Result<Answer, ToolFailure> {
-        let id = Self::session_id(&a.session_id)?;
+        let id = session_id(&a.session_id)?;
         crate::ops::ports::check_port(a.port)?;
         self.ops().exists(&id).await?;
         let grant = crate::routes::ports::issue(

@@ -14,7 +14,7 @@
 //!     OpenAPI document beside the routes it lists; ingress's door, `routes::ports`, which every
 //!     door's port traffic goes through).
 //! 13. **Other APIs:** [`mcp`] (the sandbox as MCP tools at `/mcp` and over stdio, through the
-//!     same operations and domain calls as the routes); [`e2b`] (E2B's control API and envd on a
+//!     same operations as the routes); [`e2b`] (E2B's control API and envd on a
 //!     port of their own, every call decoded into the same operations: none is a request to
 //!     the service's own router).
 //! 14. **Composition:** [`state`] ([`AppState`] and [`app`]), [`serve`] (the service's life from

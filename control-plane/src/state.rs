@@ -151,7 +151,7 @@ pub fn app(state: AppState) -> Router {
     use crate::routes::observe::{Door, observed};
     let prefix = &state.config.server.api_v1_str;
     let mcp = crate::mcp::router(&state.config, &state.ops());
-    let main = crate::routes::router(&state.config, &state.metrics, &state.admission)
+    let main = crate::routes::router(&state.config, &state.metrics)
         .merge(observed(mcp, &state.metrics, prefix, Door::Mcp))
         .with_state(state.clone());
     if state.config.ingress.preview_domain.is_none() {

@@ -401,6 +401,56 @@ async fn the_slot_is_held_until_the_answer_is_sent() {
     assert_eq!(s, StatusCode::OK, "sent in full: the slot came back");
 }
 
+/// `/files` takes the session's fs slot in its operation: an upload while a download's body is
+/// unsent is refused, and once the download has been read in full the slot is back.
+#[tokio::test]
+async fn a_download_holds_its_fs_slot_until_it_is_sent() {
+    let h = Harness::new(
+        FakeEngine::default(),
+        &[
+            ("MAX_CONCURRENT_FS_OPS_PER_SESSION", "1"),
+            ("ADMISSION_QUEUE_LENGTH", "0"),
+        ],
+    );
+    let id = h.session().await;
+    let uri = format!("/api/v1/session/{id}/files?path=/workspace/repo/blob.bin");
+    let put = |body: Vec<u8>| {
+        Request::builder()
+            .method("PUT")
+            .uri(&uri)
+            .header("x-api-key", KEY)
+            .body(Body::from(body))
+            .expect("request")
+    };
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    let (s, _, b) = answer(h.send(put(data.clone())).await).await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+
+    let get = Request::builder()
+        .uri(&uri)
+        .header("x-api-key", KEY)
+        .body(Body::empty())
+        .expect("request");
+    let unread = h.send(get).await;
+    assert_eq!(unread.status(), StatusCode::OK);
+    // Its body is still unsent: the session's one slot is taken, for writes as for reads.
+    assert_refused(
+        &answer(h.send(put(b"x".to_vec())).await).await,
+        "fs operations on this session",
+    );
+    assert_refused(
+        &answer(send(&h, "POST", &format!("/session/{id}/fs/ls/"), ls()).await).await,
+        "fs operations on this session",
+    );
+    let body = http_body_util::BodyExt::collect(unread.into_body())
+        .await
+        .expect("body")
+        .to_bytes();
+    assert_eq!(body.as_ref(), &data[..], "the download is whole");
+    let (s, _, b) = answer(h.send(put(b"x".to_vec())).await).await;
+    assert_eq!(s, StatusCode::OK, "sent in full: the slot came back: {b}");
+}
+
 #[tokio::test]
 async fn requests_without_the_key_never_take_a_slot() {
     let h = Harness::new(

@@ -689,21 +689,6 @@ const DOOR_REACH: &[&str] = &[
     "secret",
 ];
 
-/// Where a door still reaches the domain past [`DOOR_REACH`]: the DAIV routes' runs, seed and fs
-/// ops, MCP's run and fs tools, and the settings and listings some answers read. This list only
-/// shrinks: a door that reaches something new goes through an operation instead.
-const DOOR_DEBT: &[(&str, &str)] = &[
-    ("e2b", "sessions"),
-    ("mcp", "sessions"),
-    ("routes", "admission"),
-    ("routes", "engine"),
-    ("routes", "fleet"),
-    ("routes", "pool"),
-    ("routes", "processes"),
-    ("routes", "sessions"),
-    ("routes", "snapshots"),
-];
-
 #[test]
 fn doors_reach_the_service_through_its_operations() {
     let g = graph(&crate_src("control-plane"));
@@ -727,19 +712,9 @@ fn doors_reach_the_service_through_its_operations() {
             }
         }
     }
-    let debt: BTreeSet<(String, String)> = DOOR_DEBT
-        .iter()
-        .map(|(a, b)| (a.to_string(), b.to_string()))
-        .collect();
-    let new: Vec<_> = reached.difference(&debt).collect();
     assert!(
-        new.is_empty(),
-        "doors reaching the service past its operations: {new:#?} (add an operation instead)"
-    );
-    let paid: Vec<_> = debt.difference(&reached).collect();
-    assert!(
-        paid.is_empty(),
-        "no door reaches these any more: take them off DOOR_DEBT: {paid:#?}"
+        reached.is_empty(),
+        "doors reaching the service past its operations: {reached:#?} (add an operation instead)"
     );
     // Never the helper's channel or its messages: those are the service's alone.
     for door in DOORS {

@@ -244,6 +244,13 @@ impl From<ValidationError> for ApiError {
     }
 }
 
+/// A caller's environment that breaks the one rule of every environment: a request's bad value.
+impl From<crate::api::InvalidEnvironment> for ApiError {
+    fn from(e: crate::api::InvalidEnvironment) -> Self {
+        ValidationError::from(e).into()
+    }
+}
+
 /// An id naming no engine of the fleet is a missing session (404); an engine down, draining
 /// or full is an outage already reported (503, a warning per request); an engine not
 /// answering the health check is a plain 503.

@@ -402,7 +402,7 @@ pub async fn events(
 
 /// How much longer than its wait a round of followed events may take before the session is
 /// checked again (see [`follow_events`]).
-const ROUND_GRACE: Duration = Duration::from_secs(5);
+pub(crate) const ROUND_GRACE: Duration = Duration::from_secs(5);
 
 /// The rest of an event stream after its `first` round: with `follow`, rounds until `end`, a
 /// keepalive after each `keepalive` without an event; the stream closes when the client goes, or

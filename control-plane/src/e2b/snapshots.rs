@@ -14,7 +14,6 @@ use super::control::{
 use super::state::{E2b, session_id};
 use crate::ids::SnapshotId;
 use crate::ops::snapshots::TakeSnapshot;
-use crate::sessions::ForkPlan;
 
 /// `POST /sandboxes/{id}/snapshots {name?}`: a snapshot of ours, usable as a `templateID`.
 pub async fn snapshot(
@@ -30,7 +29,9 @@ pub async fn snapshot(
     let s = e.ops.apply(&session_id(&id)?, op).await?;
     Ok((
         StatusCode::CREATED,
-        Json(json!({ "snapshotID": s.id, "names": s.name.into_iter().collect::<Vec<_>>() })),
+        Json(
+            json!({ "snapshotID": s.snapshot_id, "names": s.name.into_iter().collect::<Vec<_>>() }),
+        ),
     )
         .into_response())
 }
@@ -45,8 +46,12 @@ pub async fn snapshots(State(e): State<E2b>, RawQuery(q): RawQuery) -> Answer {
         .snapshots()
         .await?
         .iter()
-        .filter(|s| source.as_deref().is_none_or(|src| s.source == src))
-        .map(|s| json!({ "snapshotID": s.id, "names": s.name.iter().collect::<Vec<_>>() }))
+        .filter(|s| {
+            source
+                .as_deref()
+                .is_none_or(|src| s.source_session_id == src)
+        })
+        .map(|s| json!({ "snapshotID": s.snapshot_id, "names": s.name.iter().collect::<Vec<_>>() }))
         .collect();
     Ok(Json(out).into_response())
 }
@@ -84,8 +89,7 @@ pub async fn fork(
         timeout_seconds: req.get("timeout").and_then(Value::as_u64),
         on_timeout: None,
     };
-    let plan = ForkPlan::new(fork, &e.config).map_err(crate::error::ApiError::from)?;
-    let forked = e.ops.fork(&session_id(id)?, plan).await?;
+    let forked = e.ops.fork(&session_id(id)?, fork).await?;
     let template = template_of(&e, &source);
     let out: Vec<Value> = forked
         .iter()

@@ -39,8 +39,9 @@ impl E2b {
         op: O,
     ) -> Result<O::Output, crate::error::ApiError> {
         let id = session_id(id)?;
-        let applied = self.ops.apply(&id, op);
-        crate::sessions::keep_paused_if(self.keep_paused, applied).await
+        self.ops
+            .apply_keeping_paused(&id, op, self.keep_paused)
+            .await
     }
 }
 

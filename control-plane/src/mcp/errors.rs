@@ -137,22 +137,6 @@ impl From<ApiError> for ToolFailure {
     }
 }
 
-/// The domain's errors, through the REST API's mapping (which logs what must be logged).
-macro_rules! via_api_error {
-    ($($t:ty),*) => {$(
-        impl From<$t> for ToolFailure {
-            fn from(e: $t) -> Self {
-                ApiError::from(e).into()
-            }
-        }
-    )*};
-}
-
-via_api_error!(
-    crate::sessions::SessionError,
-    crate::sessions::ValidationError
-);
-
 /// An fs op's own answer about the path or the content.
 impl From<FsError> for ToolFailure {
     fn from(e: FsError) -> Self {

@@ -2,10 +2,10 @@
 //! Cursor, agent frameworks), at `/mcp` on the service's port (and under the API prefix), over
 //! MCP's streamable HTTP transport, and over stdio through `daiv-sandbox mcp`.
 //!
-//! It sits above the HTTP routes and below the composition: its tools make the same domain calls
-//! as the REST handlers (the fleet, the session lock, admission, the sessions, fs and process
-//! functions), never HTTP requests to the service itself, and their failures are the REST API's
-//! error classes worded for a model.
+//! It sits above the HTTP routes and below the composition: its tools apply the same operations
+//! as the REST handlers ([`crate::ops`]: admission, the session's lock and the running check
+//! taken once), never HTTP requests to the service itself, and their failures are the REST
+//! API's error classes worded for a model.
 //!
 //! # Layout
 //! - [`tools`]: each tool's arguments (schema and descriptions) and what it does.

@@ -165,7 +165,8 @@ pub async fn get_file(
         Err(e) => return Ok(refused(e)),
     };
     let read = ops.apply(&id, op).await?;
-    Ok(file_answer(read, range.is_some(), accepts_gzip(&headers))?)
+    let answer = file_answer(read.answer, range.is_some(), accepts_gzip(&headers))?;
+    Ok(super::admit::holding(answer, read.hold))
 }
 
 /// A read as its HTTP answer (also envd's `GET /files`): the bytes with their length, a range

@@ -7,8 +7,7 @@ use std::sync::Arc;
 
 use super::render::HttpError;
 use crate::api::{HealthResponse, VersionResponse};
-use crate::engine::EngineError;
-use crate::fleet::{Fleet, FleetError};
+use crate::ops::Ops;
 use crate::telemetry::runtime_probe::RuntimeHealth;
 
 /// Healthcheck: 200 while Docker answers (in a fleet: while an engine is up), 503 otherwise.
@@ -17,24 +16,10 @@ use crate::telemetry::runtime_probe::RuntimeHealth;
 #[utoipa::path(get, path = "/-/health/", tag = "meta",
     responses((status = 200, body = HealthResponse), (status = 503, body = crate::error::ErrorBody)))]
 pub async fn health(
-    State(fleet): State<Arc<Fleet>>,
+    State(ops): State<Ops>,
     State(runtime): State<Arc<RuntimeHealth>>,
 ) -> Result<Json<HealthResponse>, HttpError> {
-    let cells = fleet.cells();
-    if fleet.is_fleet() {
-        // The health checks already ping every engine each second.
-        if !cells.iter().any(|c| c.is_up()) {
-            return Err(FleetError::EngineNotResponding(EngineError::Unavailable(
-                "no engine of the fleet is up".into(),
-            ))
-            .into());
-        }
-    } else if let Some(cell) = cells.first() {
-        cell.engine()
-            .ping()
-            .await
-            .map_err(FleetError::EngineNotResponding)?;
-    }
+    ops.health().await?;
     Ok(Json(HealthResponse {
         status: "ok".to_string(),
         runtime: runtime.report(),

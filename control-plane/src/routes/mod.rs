@@ -1,10 +1,8 @@
-//! HTTP handlers: thin, one file per resource. Each parses its request, applies the operation
-//! ([`crate::ops`]: the background processes') or takes the session's lock where the operation
-//! needs one and calls the domain ([`crate::sessions`], [`crate::workspace`], [`crate::egress`]),
-//! and answers; a failure's status and body come from
-//! [`crate::error`], never from here. [`extract`] finds the session a path names (its id parsed
-//! once) and takes its lock; [`admit`] holds the admission layers the create, seed and fs routes
-//! sit behind.
+//! HTTP handlers: thin, one file per resource. Each parses its request, applies an operation
+//! ([`crate::ops`], which takes the admission slot, the session's lock and the running check the
+//! operation declares) and answers; a failure's status and body come from [`crate::error`]
+//! through [`render`], never from here. [`extract`] parses the session id a path names, once;
+//! [`admit::holding`] keeps what an operation holds until its answer has been sent.
 
 pub mod admit;
 pub mod docs;
@@ -33,26 +31,18 @@ use axum::extract::FromRef;
 use axum::middleware;
 use axum::routing::{get, post, put};
 
-use crate::admission::Admission;
 use crate::config::Config;
-use crate::fleet::Fleet;
 use crate::telemetry::metrics::Metrics;
 
 /// Every route of the API, answering both at the root and under `config.server.api_v1_str`, with
 /// its layers: the key check, admission, the request observer and panics turned into 500s. Its
 /// handlers take what they need from the state `S` (the sessions, the config, the metrics), so
 /// the HTTP layer knows nothing of the composition that provides them.
-pub fn router<S>(
-    config: &Arc<Config>,
-    metrics: &Arc<Metrics>,
-    admission: &Arc<Admission>,
-) -> Router<S>
+pub fn router<S>(config: &Arc<Config>, metrics: &Arc<Metrics>) -> Router<S>
 where
     S: Clone + Send + Sync + 'static,
-    Arc<Fleet>: FromRef<S>,
     crate::ops::Ops: FromRef<S>,
     Arc<Config>: FromRef<S>,
-    Arc<Admission>: FromRef<S>,
     Arc<crate::telemetry::runtime_probe::RuntimeHealth>: FromRef<S>,
 {
     // Inside the key check (a route layer added below): a request without the key never takes a
@@ -121,8 +111,7 @@ where
         "/session/{session_id}/files",
         get(files::get_file)
             .put(files::put_file)
-            .layer(axum::extract::DefaultBodyLimit::disable())
-            .layer(middleware::from_fn_with_state(admission.clone(), admit::fs)),
+            .layer(axum::extract::DefaultBodyLimit::disable()),
     );
     // Operations (`crate::ops::fs`): each takes its fs slots itself, its body (a path or two)
     // read first.

@@ -13,13 +13,13 @@ use axum::response::IntoResponse;
 use utoipa::OpenApi;
 
 use self::links::SessionLinks;
-use crate::fleet::Fleet;
+use crate::config::Config;
 
 /// The document, its `servers` naming the configured prefix.
-pub async fn document(State(fleet): State<Arc<Fleet>>) -> impl IntoResponse {
+pub async fn document(State(config): State<Arc<Config>>) -> impl IntoResponse {
     let mut doc = ApiDoc::openapi();
     doc.servers = Some(vec![utoipa::openapi::Server::new(
-        fleet.config().server.api_v1_str.clone(),
+        config.server.api_v1_str.clone(),
     )]);
     Json(doc)
 }

@@ -1,7 +1,5 @@
 //! `/session/{id}/processes/...`: background processes. None of these waits for a running
-//! command of the same session (see [`crate::processes`]).
-
-use std::sync::Arc;
+//! command of the same session (see [`crate::ops::processes`]).
 
 use axum::Json;
 use axum::body::{Body, Bytes};
@@ -10,19 +8,17 @@ use axum::http::request::Parts;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use super::extract::{Id, Session, param};
+use super::extract::{Id, param};
 use super::render::{ApiJson, ApiQuery, HttpError};
 use crate::api::{
     EventsQuery, PollQuery, ProcessEvent, ProcessList, ProcessOutput, PtyQuery, SignalRequest,
     StartProcessRequest, StartProcessResponse, StdinQuery, TerminalSize,
 };
-use crate::config::Config;
 use crate::error::{ApiError, ErrorBody};
 use crate::ops::Ops;
 use crate::ops::processes::{self as op, Target};
-use crate::processes;
 
-/// The path's `{process_id}` (checked by [`processes`]: one that cannot exist is 404).
+/// The path's `{process_id}` (checked by the operation: one that cannot exist is 404).
 pub struct Pid(pub String);
 
 impl<S: Send + Sync> FromRequestParts<S> for Pid {
@@ -238,8 +234,8 @@ const TERMINAL_STALL: std::time::Duration = std::time::Duration::from_secs(30);
         (status = 409, body = ErrorBody, description = "Not started in a terminal"),
         (status = 422, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn pty(
-    State(config): State<Arc<Config>>,
-    s: Session,
+    State(ops): State<Ops>,
+    Id(id): Id,
     Pid(pid): Pid,
     ApiQuery(q): ApiQuery<PtyQuery>,
     upgrade: Result<
@@ -247,45 +243,23 @@ pub async fn pty(
         axum::extract::ws::rejection::WebSocketUpgradeRejection,
     >,
 ) -> Result<Response, HttpError> {
-    let ws = s.sessions.workspace(&s.id);
-    if !processes::has_terminal(&ws, &pid).await? {
-        return Err(ApiError::Conflict(
-            "the process was not started in a terminal (start it with \"pty\")".into(),
-        )
-        .into());
-    }
+    let open = op::OpenTerminal {
+        process_id: pid,
+        since: q.since,
+    };
+    let term = ops.apply(&id, open).await?;
     let upgrade = upgrade.map_err(|r| {
         ApiError::BadRequest(format!(
             "connect with a WebSocket (Upgrade: websocket): {}",
             r.body_text()
         ))
     })?;
-    // From now on: where its output is at.
-    let since = match q.since {
-        Some(n) => n,
-        None => {
-            let (info, _) =
-                processes::poll_bytes(&ws, &pid, u64::MAX, std::time::Duration::ZERO).await?;
-            info.next_offset
-        }
-    };
-    let wait = config.sessions.stream_heartbeat;
-    let (sessions, id) = (s.sessions, s.id);
     Ok(upgrade
         .max_message_size(1 << 20)
-        .on_upgrade(move |socket| async move {
-            terminal(socket, sessions, id, pid, since, wait).await;
-        }))
+        .on_upgrade(move |socket| terminal(socket, term)))
 }
 
-async fn terminal(
-    socket: axum::extract::ws::WebSocket,
-    sessions: Arc<crate::sessions::Sessions>,
-    id: crate::sessions::SessionId,
-    pid: String,
-    mut offset: u64,
-    wait: std::time::Duration,
-) {
+async fn terminal(socket: axum::extract::ws::WebSocket, mut term: op::Terminal) {
     use axum::extract::ws::{CloseFrame, Message};
     use futures::{SinkExt, StreamExt};
     let (mut tx, mut rx) = socket.split();
@@ -296,7 +270,6 @@ async fn terminal(
         }))
     };
     loop {
-        let ws = sessions.workspace(&id);
         tokio::select! {
             msg = rx.next() => {
                 let input = match msg {
@@ -305,18 +278,22 @@ async fn terminal(
                     Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
                     _ => return, // closed, or gone
                 };
-                if processes::stdin(&ws, &pid, input, false).await.is_err() {
+                if term.type_in(input).await.is_err() {
                     let _ = tx.send(close(1011, "the terminal does not take input")).await;
                     return;
                 }
             }
-            polled = processes::poll_bytes(&ws, &pid, offset, wait) => {
-                let Ok((info, bytes)) = polled else {
+            read = term.read() => match read {
+                Err(_) => {
                     let _ = tx.send(close(1011, "the process is gone")).await;
                     return;
-                };
-                offset = info.offset + bytes.len() as u64;
-                if !bytes.is_empty() {
+                }
+                Ok(op::TerminalOutput::Ended) => {
+                    let _ = tx.send(close(1000, "the process ended")).await;
+                    return;
+                }
+                Ok(op::TerminalOutput::Bytes(bytes)) if bytes.is_empty() => {}
+                Ok(op::TerminalOutput::Bytes(bytes)) => {
                     let sent = tokio::time::timeout(TERMINAL_STALL, tx.send(Message::Binary(bytes))).await;
                     match sent {
                         Ok(Ok(())) => {}
@@ -326,9 +303,6 @@ async fn terminal(
                             return;
                         }
                     }
-                } else if !info.running {
-                    let _ = tx.send(close(1000, "the process ended")).await;
-                    return;
                 }
             }
         }

@@ -92,7 +92,7 @@ const NDJSON: &str = "application/x-ndjson";
 
 /// The body of a streaming run: one JSON line per item, a failure as the `error` line with the
 /// detail a plain request would have had in its error body.
-fn ndjson(lines: crate::processes::RunLines) -> axum::body::Body {
+fn ndjson(lines: crate::ops::runs::RunLines) -> axum::body::Body {
     let stream = futures::stream::unfold(lines, |mut rx| async move {
         let line = match rx.recv().await? {
             Ok(line) => line,

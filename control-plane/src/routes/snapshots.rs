@@ -1,8 +1,6 @@
 //! Snapshots, forks and pause: `/session/{id}/snapshot/`, `/session/{id}/fork/`,
 //! `/session/{id}/pause/` and `/snapshots/...`.
 
-use std::sync::Arc;
-
 use axum::Json;
 use axum::extract::{FromRequestParts, State};
 use axum::http::StatusCode;
@@ -14,11 +12,8 @@ use crate::api::{
     ForkRequest, ForkResponse, SnapshotCreated, SnapshotInfo, SnapshotList, SnapshotRequest,
 };
 use crate::error::{ApiError, ErrorBody};
-use crate::fleet::Fleet;
 use crate::ids::SnapshotId;
 use crate::ops::{Ops, lifecycle, snapshots as ops_snapshots};
-use crate::sessions::ForkPlan;
-use crate::snapshots::{Snapshot, SnapshotError};
 
 /// The path's `{snapshot_id}`, or the 404 of a snapshot that does not exist.
 pub struct SnapshotPath(pub SnapshotId);
@@ -27,11 +22,8 @@ impl<S: Send + Sync> FromRequestParts<S> for SnapshotPath {
     type Rejection = HttpError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, HttpError> {
-        let id = param(parts, state, "snapshot_id")
-            .await
-            .and_then(|raw| SnapshotId::parse(&raw).ok())
-            .ok_or(SnapshotError::NotFound)?;
-        Ok(Self(id))
+        let raw = param(parts, state, "snapshot_id").await.unwrap_or_default();
+        Ok(Self(ops_snapshots::snapshot_id(&raw)?))
     }
 }
 
@@ -74,10 +66,10 @@ pub async fn take(
     Ok((
         StatusCode::CREATED,
         Json(SnapshotCreated {
-            snapshot_id: snapshot.id.clone(),
-            name: snapshot.name.clone(),
-            created_at: rfc3339(snapshot.created),
-            size_bytes: snapshot.size,
+            snapshot_id: snapshot.snapshot_id,
+            name: snapshot.name,
+            created_at: snapshot.created_at,
+            size_bytes: snapshot.size_bytes,
         }),
     ))
 }
@@ -88,9 +80,8 @@ pub async fn take(
     responses((status = 200, body = SnapshotList), (status = 403, body = ErrorBody),
         (status = 503, body = ErrorBody)))]
 pub async fn list(State(ops): State<Ops>) -> Result<Json<SnapshotList>, HttpError> {
-    let all = ops.snapshots().await?;
     Ok(Json(SnapshotList {
-        snapshots: all.iter().map(info).collect(),
+        snapshots: ops.snapshots().await?,
     }))
 }
 
@@ -100,11 +91,10 @@ pub async fn list(State(ops): State<Ops>) -> Result<Json<SnapshotList>, HttpErro
     responses((status = 200, body = SnapshotInfo), (status = 403, body = ErrorBody),
         (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn get(
-    State(fleet): State<Arc<Fleet>>,
+    State(ops): State<Ops>,
     SnapshotPath(id): SnapshotPath,
 ) -> Result<Json<SnapshotInfo>, HttpError> {
-    let cell = fleet.cell_of(&id)?;
-    Ok(Json(info(&cell.snapshots().get(&id).await?)))
+    Ok(Json(ops.snapshot(&id).await?))
 }
 
 /// Delete a snapshot. Sessions made from it keep working; its image and data go once none
@@ -138,13 +128,10 @@ pub async fn delete(
         (status = 507, body = ErrorBody, description = "The deployment's snapshots (forks' included) leave no room under `SNAPSHOT_MAX_BYTES`")))]
 pub async fn fork(
     State(ops): State<Ops>,
-    State(fleet): State<Arc<Fleet>>,
     Id(id): Id,
     ApiJson(body): ApiJson<serde_json::Value>,
 ) -> Result<(StatusCode, Json<ForkResponse>), HttpError> {
-    // The count checked once (the environment was, as it was read), then the engine's room.
-    let plan = ForkPlan::new(object(body)?, fleet.config())?;
-    let session_ids = ops.fork(&id, plan).await?;
+    let session_ids = ops.fork(&id, object(body)?).await?;
     Ok((StatusCode::CREATED, Json(ForkResponse { session_ids })))
 }
 
@@ -171,21 +158,6 @@ fn object<T: serde::de::DeserializeOwned>(body: serde_json::Value) -> Result<T, 
     }
     serde_json::from_value(body).map_err(|e| ApiError::Unprocessable(format!("invalid body: {e}")))
 }
-
-fn info(s: &Snapshot) -> SnapshotInfo {
-    SnapshotInfo {
-        snapshot_id: s.id.clone(),
-        name: s.name.clone(),
-        source_session_id: s.source.clone(),
-        base_image: s.base_image.clone(),
-        image: s.image(),
-        created_at: rfc3339(s.created),
-        expires_at: s.expires.map(rfc3339),
-        size_bytes: s.size,
-    }
-}
-
-use crate::time::rfc3339;
 
 #[cfg(test)]
 mod tests {

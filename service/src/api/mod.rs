@@ -477,6 +477,11 @@ pub struct ErrorBody {
     pub code: Option<String>,
 }
 
+/// Longest snapshot name.
+pub const SNAPSHOT_NAME_MAX: usize = 128;
+/// Longest `ttl_seconds` of a snapshot (ten years).
+pub const SNAPSHOT_TTL_MAX_SECS: u64 = 10 * 365 * 24 * 3600;
+
 #[derive(Debug, Default, Deserialize, ToSchema)]
 pub struct SnapshotRequest {
     /// A name of your choosing (1 to 128 characters).
@@ -548,6 +553,31 @@ pub struct ForkRequest {
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct ForkResponse {
     pub session_ids: Vec<String>,
+}
+
+/// An engine's state for `GET /engines/`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum EngineState {
+    Up,
+    Down,
+    Draining,
+}
+
+/// One engine in `GET /engines/` (never its endpoint or TLS files).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct EngineStatus {
+    pub name: String,
+    pub state: EngineState,
+    /// Sessions (warm-pool members included) it holds, as last counted.
+    pub sessions: u32,
+    pub max_sessions: Option<u32>,
+}
+
+/// The engines sessions may be on.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EngineList {
+    pub engines: Vec<EngineStatus>,
 }
 
 #[cfg(test)]

@@ -6,7 +6,6 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
-use serde::Serialize;
 use tokio::task::JoinHandle;
 
 use super::placement;
@@ -61,24 +60,7 @@ impl Reading {
     }
 }
 
-/// An engine's state for `GET /engines/`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum EngineState {
-    Up,
-    Down,
-    Draining,
-}
-
-/// One engine in `GET /engines/` (never its endpoint or TLS files).
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
-pub struct EngineStatus {
-    pub name: String,
-    pub state: EngineState,
-    /// Sessions (warm-pool members included) it holds, as last counted.
-    pub sessions: u32,
-    pub max_sessions: Option<u32>,
-}
+pub use crate::api::{EngineState, EngineStatus};
 
 /// One engine of the fleet with its own stack.
 pub struct Cell {

@@ -15,7 +15,7 @@ use sandbox_protocol::message::{ChangeKind, Event, Request};
 use sandbox_protocol::wire::{FsError, FsErrorCode};
 use tokio::sync::mpsc;
 
-use super::{Access, Admit, Op, Reached};
+use super::{Access, Admit, Held, Op, Reached};
 use crate::api::{WatchEvent, WatchEventType};
 use crate::config::Config;
 use crate::error::ApiError;
@@ -25,7 +25,8 @@ pub use crate::runtime::FileStream;
 pub use sandbox_protocol::message::ByteRange;
 
 /// A file's bytes, or the range of them asked for, streamed as the helper reads them. Beside
-/// the session's work: a download never holds up its commands.
+/// the session's work: a download never holds up its commands. An fs slot, held with the
+/// answer until the door has sent it.
 pub struct ReadFile {
     path: String,
     range: Option<ByteRange>,
@@ -52,27 +53,31 @@ pub enum Read {
 }
 
 impl Op for ReadFile {
-    type Output = Read;
-    const ADMIT: Admit = Admit::Free;
+    type Output = Held<Read>;
+    const ADMIT: Admit = Admit::Fs;
     const ACCESS: Access = Access::Beside;
 
-    async fn apply(self, at: Reached) -> Result<Read, ApiError> {
+    async fn apply(self, at: Reached) -> Result<Held<Read>, ApiError> {
         let ws = at.workspace();
-        match ws.runtime.read_file(ws.id, &self.path, self.range).await? {
-            FileRead::Stream(s) => Ok(Read::Stream(s)),
+        let answer = match ws.runtime.read_file(ws.id, &self.path, self.range).await? {
+            FileRead::Stream(s) => Read::Stream(s),
             FileRead::Refused(error) if error.code == FsErrorCode::InvalidRange => {
                 let stat = FsStatRequest { path: self.path };
                 let found = crate::workspace::fs::Fs::new(&ws).stat(&stat).await.ok();
                 let size = found.and_then(|a| a.entry).map(|e| e.size);
-                Ok(Read::Refused { error, size })
+                Read::Refused { error, size }
             }
-            FileRead::Refused(error) => Ok(Read::Refused { error, size: None }),
-        }
+            FileRead::Refused(error) => Read::Refused { error, size: None },
+        };
+        Ok(Held {
+            answer,
+            hold: at.into_hold(),
+        })
     }
 }
 
-/// A file written from a byte stream, in the session's order (its lock), bounded by
-/// `FILE_MAX_BYTES` whatever the body says of itself.
+/// A file written from a byte stream, in the session's order (an fs slot, then its lock),
+/// bounded by `FILE_MAX_BYTES` whatever the body says of itself.
 pub struct WriteFile {
     path: String,
     mode: Option<u32>,
@@ -138,7 +143,7 @@ fn too_large(max: u64) -> FsError {
 
 impl Op for WriteFile {
     type Output = Write;
-    const ADMIT: Admit = Admit::Free;
+    const ADMIT: Admit = Admit::Fs;
     const ACCESS: Access = Access::Ordered;
 
     fn answer_early(&self, config: &Config) -> Option<Write> {

@@ -16,6 +16,7 @@
 //! deadline, a close ([`lifecycle`]), and its snapshots and forks ([`snapshots`]). Where a door
 //! still reaches the domain past them is pinned in `control-plane/tests/layering.rs`.
 
+pub mod deployment;
 pub mod files;
 pub mod fs;
 pub mod inventory;
@@ -103,6 +104,13 @@ pub struct Reached {
 pub struct Hold {
     _held: Option<LockGuard>,
     _slot: Option<Slot>,
+}
+
+/// An answer with what its operation holds (its slot, its lock) until the door has sent it (a
+/// download streamed).
+pub struct Held<T> {
+    pub answer: T,
+    pub hold: Hold,
 }
 
 impl Reached {
@@ -217,6 +225,18 @@ impl Ops {
         }
         let at = self.reach(id, O::ADMIT, O::ACCESS).await?;
         op.apply(at).await
+    }
+
+    /// [`Ops::apply`], where a paused session stays paused when `keep_paused` (envd's view: a
+    /// paused sandbox is not running until `connect` resumes it): refused as paused
+    /// ([`ApiError::Paused`]), not thawed.
+    pub async fn apply_keeping_paused<O: Op>(
+        &self,
+        id: &SessionId,
+        op: O,
+        keep_paused: bool,
+    ) -> Result<O::Output, ApiError> {
+        crate::sessions::keep_paused_if(keep_paused, self.apply(id, op)).await
     }
 
     async fn reach(

@@ -1,6 +1,8 @@
 //! The background processes' operations (see [`crate::processes`]): none waits for a running
 //! command of the session, so none takes its lock.
 
+use std::time::Duration;
+
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
@@ -302,5 +304,101 @@ impl Op for Kill {
     async fn apply(self, at: Reached) -> Result<(), ApiError> {
         let pid = self.target.resolve(&at).await?;
         Ok(processes::kill(&at.workspace(), &pid).await?)
+    }
+}
+
+/// Opens the terminal of a process started with `pty` (see [`Terminal`]): 409 for a process
+/// that has none. `since` is the byte offset its output is read from (a reconnect passes what it
+/// has seen); without it, from now on.
+pub struct OpenTerminal {
+    pub process_id: String,
+    pub since: Option<u64>,
+}
+
+impl Op for OpenTerminal {
+    type Output = Terminal;
+    const ADMIT: Admit = Admit::Free;
+    const ACCESS: Access = Access::Beside;
+
+    async fn apply(self, at: Reached) -> Result<Terminal, ApiError> {
+        let ws = at.workspace();
+        if !processes::has_terminal(&ws, &self.process_id).await? {
+            return Err(ApiError::Conflict(
+                "the process was not started in a terminal (start it with \"pty\")".into(),
+            ));
+        }
+        let offset = match self.since {
+            Some(n) => n,
+            None => {
+                let now = Duration::ZERO;
+                processes::poll_bytes(&ws, &self.process_id, u64::MAX, now)
+                    .await?
+                    .0
+                    .next_offset
+            }
+        };
+        let wait = ws.config.sessions.stream_heartbeat;
+        Ok(Terminal {
+            sessions: at.sessions.clone(),
+            id: at.id.clone(),
+            pid: self.process_id,
+            offset,
+            wait,
+            trusted: true,
+        })
+    }
+}
+
+/// An open terminal: its output read as it comes, keystrokes typed in. Held by a door for as
+/// long as its client stays (a WebSocket), so each read and keystroke is not an operation of its
+/// own: the session was found running when it opened, and the reads trust that while they
+/// answer in time (as a followed process's events do); one that does not (the session was
+/// paused under it) makes the next call check the session first.
+pub struct Terminal {
+    sessions: std::sync::Arc<crate::sessions::Sessions>,
+    id: crate::ids::SessionId,
+    pid: String,
+    offset: u64,
+    wait: Duration,
+    trusted: bool,
+}
+
+/// What a read of a [`Terminal`] found.
+pub enum TerminalOutput {
+    /// Output (none when the wait passed without any).
+    Bytes(Bytes),
+    /// The process ended and every byte of its output was read.
+    Ended,
+}
+
+impl Terminal {
+    fn workspace(&self) -> crate::sessions::Workspace<'_> {
+        let ws = self.sessions.workspace(&self.id);
+        if self.trusted { ws.checked() } else { ws }
+    }
+
+    /// Types `input` into the terminal.
+    pub async fn type_in(&self, input: Bytes) -> Result<(), ApiError> {
+        Ok(processes::stdin(&self.workspace(), &self.pid, input, false).await?)
+    }
+
+    /// The terminal's next output, waiting up to the stream heartbeat for some.
+    pub async fn read(&mut self) -> Result<TerminalOutput, ApiError> {
+        let polled = {
+            let ws = self.workspace();
+            let round = processes::poll_bytes(&ws, &self.pid, self.offset, self.wait);
+            tokio::time::timeout(self.wait + processes::ROUND_GRACE, round).await
+        };
+        let Ok(polled) = polled else {
+            self.trusted = false;
+            return Ok(TerminalOutput::Bytes(Bytes::new()));
+        };
+        self.trusted = true;
+        let (info, bytes) = polled?;
+        self.offset = info.offset + bytes.len() as u64;
+        if bytes.is_empty() && !info.running {
+            return Ok(TerminalOutput::Ended);
+        }
+        Ok(TerminalOutput::Bytes(bytes))
     }
 }

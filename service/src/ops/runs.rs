@@ -6,7 +6,9 @@ use std::sync::Arc;
 use super::{Access, Admit, Op, Reached};
 use crate::api::{RunRequest, RunResponse, RunStreamLine};
 use crate::error::ApiError;
-use crate::processes::{self, RunLines};
+use crate::processes;
+/// The lines of a streamed run, as [`StreamRun`] answers them.
+pub use crate::processes::RunLines;
 use crate::sessions::check_run;
 
 /// A batch of commands, answered when the last one ends.

@@ -65,10 +65,7 @@ const SIZE_LABEL: &str = "daiv.sandbox.snapshot.size";
 /// Names of the source's environment given an empty value in the image (see [`CommitSpec`]).
 const BLANKED_LABEL: &str = "daiv.sandbox.snapshot.blanked-env";
 
-/// Longest snapshot name.
-pub const MAX_NAME: usize = 128;
-/// Longest `ttl_seconds` (ten years).
-pub const MAX_TTL_SECS: u64 = 10 * 365 * 24 * 3600;
+pub use crate::api::{SNAPSHOT_NAME_MAX as MAX_NAME, SNAPSHOT_TTL_MAX_SECS as MAX_TTL_SECS};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {

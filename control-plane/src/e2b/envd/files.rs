@@ -25,6 +25,7 @@ use super::super::refusal::Refusal;
 use super::super::state::E2b;
 use super::super::token::SignedUrl;
 use super::{absolute, api_http_error, basic_user, check_user, http_error, sandbox_id};
+use crate::ops::Held;
 use crate::ops::files::{Read, ReadFile, Write, WriteFile};
 use crate::routes::files as files_route;
 
@@ -95,13 +96,19 @@ pub async fn download(
         Ok(op) => op,
         Err(err) => return http_error(&fs_refusal(err)),
     };
-    let read = match e.reach(&id, op).await {
-        Ok(Read::Refused { error, .. }) => return http_error(&fs_refusal(error)),
-        Ok(read) => read,
+    let (read, hold) = match e.reach(&id, op).await {
+        Ok(Held {
+            answer: Read::Refused { error, .. },
+            ..
+        }) => return http_error(&fs_refusal(error)),
+        Ok(Held { answer, hold }) => (answer, hold),
         Err(err) => return api_http_error(err),
     };
     let gz = files_route::accepts_gzip(&headers);
-    files_route::file_answer(read, range.is_some(), gz).unwrap_or_else(api_http_error)
+    match files_route::file_answer(read, range.is_some(), gz) {
+        Ok(answer) => crate::routes::admit::holding(answer, hold),
+        Err(err) => api_http_error(err),
+    }
 }
 
 /// An fs-level refusal as the status the native route answers it with.

@@ -28,7 +28,6 @@ use crate::layout;
 use crate::ops::processes::{self as op, Target};
 use crate::ops::snapshots::TakeSnapshot;
 use crate::ops::{Ops, fs, lifecycle, runs};
-use crate::sessions::{ForkPlan, SessionError, ValidationError};
 use sandbox_protocol::wire::*;
 
 pub mod args;
@@ -395,16 +394,16 @@ impl Tools {
         };
         let s = self.ops.apply(&id, op).await?;
         Ok(Answer::json(json!({
-            "snapshot_id": s.id,
+            "snapshot_id": s.snapshot_id,
             "name": s.name,
-            "created_at": rfc3339(s.created),
-            "size_bytes": s.size,
+            "created_at": s.created_at,
+            "size_bytes": s.size_bytes,
         })))
     }
 
     /// `POST /session/{id}/fork/`: the request checked once, then the fork (see [`Ops::fork`]).
     async fn fork(&self, a: ForkArgs) -> Result<Answer, ToolFailure> {
-        let id = SessionId::parse(&a.session_id).map_err(|_| SessionError::NotFound)?;
+        let id = session_id(&a.session_id)?;
         let req = ForkRequest {
             count: a.count,
             environment: environment(a.environment)?,
@@ -412,8 +411,7 @@ impl Tools {
             timeout_seconds: None,
             on_timeout: None,
         };
-        let plan = ForkPlan::new(req, &self.config)?;
-        let session_ids = self.ops.fork(&id, plan).await?;
+        let session_ids = self.ops.fork(&id, req).await?;
         Ok(Answer::json(json!({ "session_ids": session_ids })))
     }
 
@@ -427,7 +425,7 @@ impl Tools {
 /// The session a tool names: an id that cannot be a session's is not found, as an unknown
 /// one is.
 fn session_id(id: &str) -> Result<SessionId, ToolFailure> {
-    Ok(SessionId::parse(id).map_err(|_| SessionError::NotFound)?)
+    Ok(SessionId::parse(id).map_err(|_| ApiError::NotFound)?)
 }
 
 /// A tool's environment argument, held to the rule of a request's (a tool failure, as the
@@ -436,7 +434,7 @@ fn environment(env: Option<BTreeMap<String, String>>) -> Result<Option<Environme
     Ok(env
         .map(Environment::new)
         .transpose()
-        .map_err(ValidationError::from)?)
+        .map_err(ApiError::from)?)
 }
 
 /// A wire response without its `error` (a failure never gets this far).
@@ -529,8 +527,6 @@ fn chunks(s: &str, max: usize) -> impl Iterator<Item = &str> {
         Some(a)
     })
 }
-
-use crate::time::rfc3339;
 
 #[cfg(test)]
 mod tests {

@@ -183,7 +183,7 @@ pub(super) fn bounds(doc: &mut OpenApi) {
         name.pattern = Some(r"^[^\x00-\x1f\x7f-\x9f]*$".to_string());
     }
     if let Some(ttl) = property_mut(doc, "SnapshotRequest", "ttl_seconds") {
-        ttl.maximum = Some(Number::UInt(crate::snapshots::MAX_TTL_SECS as usize));
+        ttl.maximum = Some(Number::UInt(crate::api::SNAPSHOT_TTL_MAX_SECS as usize));
     }
     if let Some(o) = object_mut(doc, "RunRequest")
         && let Some(RefOr::T(Schema::Array(commands))) = o.properties.get_mut("commands")

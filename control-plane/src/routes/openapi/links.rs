@@ -524,11 +524,11 @@ mod tests {
         assert!(fork["environment"]["propertyNames"]["pattern"].is_string());
         assert!(fork["environment"]["additionalProperties"]["pattern"].is_string());
         let snap = &s["SnapshotRequest"]["properties"];
-        assert_eq!(snap["name"]["maxLength"], crate::snapshots::MAX_NAME);
+        assert_eq!(snap["name"]["maxLength"], crate::api::SNAPSHOT_NAME_MAX);
         assert!(snap["name"]["pattern"].is_string());
         assert_eq!(
             snap["ttl_seconds"]["maximum"],
-            crate::snapshots::MAX_TTL_SECS
+            crate::api::SNAPSHOT_TTL_MAX_SECS
         );
         let paths = &doc["paths"];
         let take = &paths["/session/{session_id}/snapshot/"]["post"];

@@ -54,7 +54,16 @@ async fn start_exec(
             Some(StartExecOptions {
                 detach: false,
                 tty: false,
-                output_capacity: Some(if stdin { 256 * 1024 } else { 64 * 1024 }),
+                // The read buffer's starting size, which it keeps while the exec lives: an
+                // attached exec is a session's helper channel, open for the session's life, so a
+                // small one (it grows to the largest frame Docker sends, 32 KiB of output plus
+                // its header, on the first that needs it). 256 KiB here was 250 KiB of every idle
+                // session's memory in the control plane.
+                output_capacity: Some(if stdin {
+                    ATTACHED_READ_BUFFER
+                } else {
+                    64 * 1024
+                }),
             }),
         )
         .await
@@ -66,6 +75,9 @@ async fn start_exec(
     };
     Ok((created.id, output, input))
 }
+
+/// The starting read buffer of an attached exec (see [`start_exec`]).
+const ATTACHED_READ_BUFFER: usize = 16 * 1024;
 
 pub(super) async fn exec(
     engine: &DockerEngine,

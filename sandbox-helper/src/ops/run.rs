@@ -138,6 +138,21 @@ pub fn shell(identity: &Identity) -> &'static Shell {
     })
 }
 
+/// Finds the shell (see [`shell`]) and starts it once, so that the first command finds it
+/// found and its binary warm: a new container's first exec of it reads it through the engine's
+/// storage (`sh` was started by its probe already).
+pub fn warm_shell(identity: &Identity) {
+    if let Shell::Bash(program) = shell(identity) {
+        let _ = identity
+            .sandbox_command(program)
+            .args(["-c", "true"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
 /// How one command ended.
 #[derive(Clone, Copy)]
 struct Outcome {

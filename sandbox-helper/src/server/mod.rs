@@ -158,6 +158,11 @@ pub fn serve(config: Config) -> i32 {
             pid: std::process::id(),
         },
     );
+    // The shell every command runs in is found (for `sh`, probed with a spawn) and started once
+    // now, beside the first request, so a new session's first command costs what a later one
+    // does (one that comes first waits for the finding, not for a second probe).
+    let warm = server.clone();
+    std::thread::spawn(move || crate::ops::run::warm_shell(&warm.config.identity));
     let mut stdin = std::io::stdin().lock();
     let code = loop {
         match read_frame(&mut stdin) {

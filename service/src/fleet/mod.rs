@@ -226,6 +226,12 @@ impl Fleet {
         self.cells.all().to_vec()
     }
 
+    /// The cells of the engines that are up: what a deployment-wide listing asks (a down
+    /// engine's lists nothing until it is back).
+    pub fn up_cells(&self) -> Vec<Arc<Cell>> {
+        self.cells().into_iter().filter(|c| c.is_up()).collect()
+    }
+
     /// The one cell of a deployment without a fleet, or the fleet's default engine.
     pub fn default_cell(&self) -> Option<Arc<Cell>> {
         self.cells.by_prefix(None)
@@ -317,7 +323,7 @@ impl Fleet {
     /// Every session of the deployment on every engine that answers (a fleet's down engine
     /// lists nothing until it is back), in no order.
     pub async fn inventory(&self) -> Result<Vec<Listed>, FleetError> {
-        let cells: Vec<_> = self.cells().into_iter().filter(|c| c.is_up()).collect();
+        let cells = self.up_cells();
         let lists = futures::future::join_all(
             cells
                 .iter()

@@ -38,12 +38,7 @@ impl Ops {
     /// per engine that is up: the live count across every replica and restart, which no
     /// in-process counter could know. Left out of the page when no engine answers.
     pub async fn metrics_page(&self) -> String {
-        let cells: Vec<_> = self
-            .fleet
-            .cells()
-            .into_iter()
-            .filter(|c| c.is_up())
-            .collect();
+        let cells = self.fleet.up_cells();
         let lists = futures::future::join_all(
             cells
                 .iter()

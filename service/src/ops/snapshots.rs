@@ -54,12 +54,7 @@ impl Ops {
     /// The deployment's snapshots, newest first: every engine's that answers (a fleet's down
     /// engine lists nothing until it is back).
     pub async fn snapshots(&self) -> Result<Vec<SnapshotInfo>, ApiError> {
-        let cells: Vec<_> = self
-            .fleet
-            .cells()
-            .into_iter()
-            .filter(|c| c.is_up())
-            .collect();
+        let cells = self.fleet.up_cells();
         let lists = futures::future::join_all(cells.iter().map(|c| c.snapshots().list()));
         let mut all = Vec::new();
         for listed in lists.await {

@@ -350,10 +350,10 @@ impl Op for OpenTerminal {
 }
 
 /// An open terminal: its output read as it comes, keystrokes typed in. Held by a door for as
-/// long as its client stays (a WebSocket), so each read and keystroke is not an operation of its
-/// own: the session was found running when it opened, and the reads trust that while they
-/// answer in time (as a followed process's events do); one that does not (the session was
-/// paused under it) makes the next call check the session first.
+/// long as its client stays (a WebSocket), so each read is not an operation of its own: the
+/// session was found running when it opened, and the reads trust that while they answer in
+/// time (as a followed process's events do); one that does not (the session was paused under
+/// it) makes the next read check the session first.
 pub struct Terminal {
     sessions: std::sync::Arc<crate::sessions::Sessions>,
     id: crate::ids::SessionId,
@@ -377,9 +377,11 @@ impl Terminal {
         if self.trusted { ws.checked() } else { ws }
     }
 
-    /// Types `input` into the terminal.
+    /// Types `input` into the terminal, the session checked first as for any request (a paused
+    /// one is thawed): a keystroke into a frozen helper would wait for no one.
     pub async fn type_in(&self, input: Bytes) -> Result<(), ApiError> {
-        Ok(processes::stdin(&self.workspace(), &self.pid, input, false).await?)
+        let ws = self.sessions.workspace(&self.id);
+        Ok(processes::stdin(&ws, &self.pid, input, false).await?)
     }
 
     /// The terminal's next output, waiting up to the stream heartbeat for some.

@@ -12,6 +12,80 @@ use std::io;
 
 use bytes::Bytes;
 
+use crate::shared_file::SharedFile;
+
+/// A piece of an archive sent as it is: bytes in memory, or a file read only as it is sent.
+#[derive(Clone, Debug)]
+pub enum Part {
+    Bytes(Bytes),
+    File(SharedFile),
+}
+
+impl From<Bytes> for Part {
+    fn from(b: Bytes) -> Self {
+        Part::Bytes(b)
+    }
+}
+
+impl From<SharedFile> for Part {
+    fn from(f: SharedFile) -> Self {
+        Part::File(f)
+    }
+}
+
+impl Part {
+    pub fn len(&self) -> u64 {
+        match self {
+            Part::Bytes(b) => b.len() as u64,
+            Part::File(f) => f.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The bytes of a part in memory (`None` for a file).
+    pub fn as_bytes(&self) -> Option<&Bytes> {
+        match self {
+            Part::Bytes(b) => Some(b),
+            Part::File(_) => None,
+        }
+    }
+
+    /// The part's bytes, a file's read whole now (a blocking read).
+    pub fn to_bytes(&self) -> io::Result<Bytes> {
+        match self {
+            Part::Bytes(b) => Ok(b.clone()),
+            Part::File(f) => f.read_all(),
+        }
+    }
+
+    /// Whether `other` is this very part: the same buffer or the same file, not a copy.
+    pub fn same(&self, other: &Part) -> bool {
+        match (self, other) {
+            (Part::Bytes(a), Part::Bytes(b)) => a.as_ptr() == b.as_ptr() && a.len() == b.len(),
+            (Part::File(a), Part::File(b)) => a.same(b),
+            _ => false,
+        }
+    }
+}
+
+/// Parts sent one after the other as one archive, read whole now (a blocking read of any file
+/// part): for tests and small archives, never a sandbox's skeleton on its way to the engine.
+pub fn concat(parts: &[Part]) -> io::Result<Bytes> {
+    match parts {
+        [Part::Bytes(one)] => Ok(one.clone()),
+        parts => {
+            let mut whole = Vec::new();
+            for p in parts {
+                whole.extend_from_slice(&p.to_bytes()?);
+            }
+            Ok(whole.into())
+        }
+    }
+}
+
 /// The owner of an entry: `(uid, gid)`.
 pub type Owner = (u32, u32);
 
@@ -32,7 +106,7 @@ pub struct Archive {
     builder: tar::Builder<Vec<u8>>,
     /// What came before the last [`Archive::shared_file`]'s data, and that data itself, in
     /// order: the builder's buffer holds what follows.
-    parts: Vec<Bytes>,
+    parts: Vec<Part>,
     mtime: u64,
     /// The first entry that could not be added (a name `tar` refuses: absolute or with `..`);
     /// [`Archive::finish`] reports it. Writing to a `Vec` cannot fail otherwise.
@@ -72,9 +146,17 @@ impl Archive {
     }
 
     /// Adds regular file `name` holding `data` without copying it: the archive's parts
-    /// ([`Archive::finish_head_parts`]) hold `data` itself, so a file every sandbox gets (the
-    /// helper binary) is in memory once, however many archives carry it.
-    pub fn shared_file(&mut self, name: &str, mode: u32, owner: Owner, data: &Bytes) -> &mut Self {
+    /// ([`Archive::finish_parts`], [`Archive::finish_head_parts`]) hold `data` itself, so a file
+    /// every sandbox gets (the helper binary) is in memory once, or not at all when it is a
+    /// [`SharedFile`], however many archives carry it.
+    pub fn shared_file(
+        &mut self,
+        name: &str,
+        mode: u32,
+        owner: Owner,
+        data: impl Into<Part>,
+    ) -> &mut Self {
+        let data = data.into();
         // The header alone (its size says what follows); the data and its padding after it.
         let before = self.builder.get_ref().len();
         self.append(tar::EntryType::Regular, name, mode, owner, &[]);
@@ -86,24 +168,24 @@ impl Archive {
         header
             .as_mut_bytes()
             .copy_from_slice(&self.builder.get_ref()[header_at..]);
-        header.set_size(data.len() as u64);
+        header.set_size(data.len());
         header.set_cksum();
         self.builder.get_mut()[header_at..].copy_from_slice(header.as_bytes());
         self.parts
-            .push(Bytes::from(std::mem::take(self.builder.get_mut())));
-        self.parts.push(data.clone());
+            .push(Bytes::from(std::mem::take(self.builder.get_mut())).into());
         let pad = (512 - data.len() % 512) % 512;
-        self.builder.get_mut().resize(pad, 0);
+        self.parts.push(data);
+        self.builder
+            .get_mut()
+            .resize(usize::try_from(pad).unwrap_or(0), 0);
         self
     }
 
     /// The archive's bytes, or the first entry that could not be added.
+    /// A [`Archive::shared_file`]'s file is read whole into it: send its parts
+    /// ([`Archive::finish_parts`]) instead to keep it out of memory.
     pub fn finish(self) -> io::Result<Bytes> {
-        let parts = self.finish_parts()?;
-        Ok(match &parts[..] {
-            [one] => one.clone(),
-            parts => parts.concat().into(),
-        })
+        concat(&self.finish_parts()?)
     }
 
     /// The archive's bytes without its end marker: the head of an archive that another one
@@ -116,22 +198,24 @@ impl Archive {
 
     /// [`Archive::finish_head`] in parts whose concatenation is the head: a
     /// [`Archive::shared_file`]'s data is one of them, not copied.
-    pub fn finish_head_parts(self) -> io::Result<Vec<Bytes>> {
+    pub fn finish_head_parts(self) -> io::Result<Vec<Part>> {
         let mut parts = self.finish_parts()?;
-        if let Some(last) = parts.last_mut() {
+        // The last part is the builder's buffer, never a shared file.
+        if let Some(Part::Bytes(last)) = parts.last_mut() {
             *last = last.slice(..last.len().saturating_sub(END_MARKER));
         }
         parts.retain(|p| !p.is_empty());
         Ok(parts)
     }
 
-    /// Every part, the builder's last buffer (with the end marker) last.
-    fn finish_parts(mut self) -> io::Result<Vec<Bytes>> {
+    /// The whole archive as parts whose concatenation is it: a [`Archive::shared_file`]'s data
+    /// is one of them, not copied. The builder's last buffer (with the end marker) is last.
+    pub fn finish_parts(mut self) -> io::Result<Vec<Part>> {
         if let Some(e) = self.error.take() {
             return Err(e);
         }
         let last = self.builder.into_inner()?;
-        self.parts.push(Bytes::from(last));
+        self.parts.push(Bytes::from(last).into());
         Ok(self.parts)
     }
 
@@ -219,42 +303,45 @@ mod tests {
 
     #[test]
     fn a_shared_file_is_not_copied_and_reads_as_any_other() -> io::Result<()> {
-        let big = Bytes::from(vec![9u8; 1300]);
-        let mut head = Archive::new();
-        head.dir("d", 0o755, ROOT)
-            .shared_file("d/bin", 0o755, ROOT, &big)
-            .dir("e", 0o700, (1, 1));
-        let parts = head.finish_head_parts()?;
-        // The data itself is one of the parts: the same buffer, not a copy.
-        assert!(
-            parts
-                .iter()
-                .any(|p| p.as_ptr() == big.as_ptr() && p.len() == big.len())
-        );
-        let mut tail = Archive::new();
-        tail.file("d/own", 0o644, (1, 1), b"mine");
-        let mut whole: Vec<u8> = parts.concat();
-        whole.extend_from_slice(&tail.finish()?);
-        let mut seen = Vec::new();
-        for entry in tar::Archive::new(&whole[..]).entries()? {
-            let mut entry = entry?;
-            let mut data = Vec::new();
-            io::Read::read_to_end(&mut entry, &mut data)?;
-            seen.push((
-                entry.path()?.display().to_string(),
-                entry.header().mode()?,
-                data,
-            ));
+        let content = vec![9u8; 1300];
+        // In memory, and in a private file read only as the archive is sent.
+        let shared: [Part; 2] = [
+            Bytes::from(content.clone()).into(),
+            SharedFile::from_bytes(&content)?.into(),
+        ];
+        for big in shared {
+            let mut head = Archive::new();
+            head.dir("d", 0o755, ROOT)
+                .shared_file("d/bin", 0o755, ROOT, big.clone())
+                .dir("e", 0o700, (1, 1));
+            let parts = head.finish_head_parts()?;
+            // The data itself is one of the parts: the same buffer or file, not a copy.
+            assert!(parts.iter().any(|p| p.same(&big)), "{big:?}");
+            let mut tail = Archive::new();
+            tail.file("d/own", 0o644, (1, 1), b"mine");
+            let mut whole: Vec<u8> = concat(&parts)?.to_vec();
+            whole.extend_from_slice(&tail.finish()?);
+            let mut seen = Vec::new();
+            for entry in tar::Archive::new(&whole[..]).entries()? {
+                let mut entry = entry?;
+                let mut data = Vec::new();
+                io::Read::read_to_end(&mut entry, &mut data)?;
+                seen.push((
+                    entry.path()?.display().to_string(),
+                    entry.header().mode()?,
+                    data,
+                ));
+            }
+            assert_eq!(
+                seen,
+                [
+                    ("d/".to_string(), 0o755, vec![]),
+                    ("d/bin".to_string(), 0o755, content.clone()),
+                    ("e/".to_string(), 0o700, vec![]),
+                    ("d/own".to_string(), 0o644, b"mine".to_vec()),
+                ]
+            );
         }
-        assert_eq!(
-            seen,
-            [
-                ("d/".to_string(), 0o755, vec![]),
-                ("d/bin".to_string(), 0o755, vec![9u8; 1300]),
-                ("e/".to_string(), 0o700, vec![]),
-                ("d/own".to_string(), 0o644, b"mine".to_vec()),
-            ]
-        );
         Ok(())
     }
 

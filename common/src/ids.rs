@@ -210,7 +210,14 @@ pub fn random_token() -> String {
 /// FNV-1a (64 bits): a change detector for spec hashes and lock names, not a security property
 /// (nothing secret goes through it).
 pub fn fnv(bytes: &[u8]) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    fnv_more(FNV_OFFSET, bytes)
+}
+
+/// [`fnv`]'s starting state.
+pub const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// [`fnv`] carried on over more bytes from `hash` (content read in pieces).
+pub fn fnv_more(mut hash: u64, bytes: &[u8]) -> u64 {
     for b in bytes {
         hash ^= u64::from(*b);
         hash = hash.wrapping_mul(0x0100_0000_01b3);

@@ -6,10 +6,12 @@
 //! - [`secret`]: a value that must never be printed.
 //! - [`time`]: Unix time as labels, records and logs write it.
 //! - [`archive`]: the one builder of the tar archives the service makes itself.
+//! - [`shared_file`]: a file sent into many archives without being held in memory.
 //! - [`endpoint`]: what an engine endpoint is (`unix://` or `tcp://`), and its TLS files.
 
 pub mod archive;
 pub mod endpoint;
 pub mod ids;
 pub mod secret;
+pub mod shared_file;
 pub mod time;

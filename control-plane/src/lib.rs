@@ -30,7 +30,7 @@ pub mod state;
 pub use sandbox_service::{
     admission, api, archive, auth, background, backoff, config, coordination, egress, endpoint,
     engine, error, fleet, ids, layout, ops, pool, processes, reaper, runtime, sandbox, secret,
-    sessions, snapshots, telemetry, text, time, workspace,
+    sessions, shared_file, snapshots, telemetry, text, time, workspace,
 };
 pub use state::{AppState, app};
 

@@ -2,9 +2,9 @@
 
 use std::sync::Arc;
 
+use crate::shared_file::SharedFile;
 use axum::Router;
 use axum::extract::FromRef;
-use bytes::Bytes;
 
 use crate::admission::Admission;
 use crate::config::Config;
@@ -52,7 +52,7 @@ impl AppState {
         engine: Arc<dyn ContainerEngine>,
         locks: Arc<dyn SessionLocks>,
         activity: Arc<dyn SessionActivity>,
-        helper: Option<Bytes>,
+        helper: Option<SharedFile>,
     ) -> Self {
         let metrics = Arc::new(Metrics::default());
         // Every engine call is counted and timed, whichever handler or task makes it.
@@ -77,7 +77,7 @@ impl AppState {
         locks: Arc<dyn SessionLocks>,
         activity: Arc<dyn SessionActivity>,
         connector: Arc<dyn Connector>,
-        helper: Option<Bytes>,
+        helper: Option<SharedFile>,
     ) -> Self {
         let metrics = Arc::new(Metrics::default());
         let fleet = Fleet::from_file(

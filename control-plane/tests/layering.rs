@@ -31,6 +31,7 @@ const LAYERS: &[&[&str]] = &[
         "time",
         "api",
         "archive",
+        "shared_file",
         "endpoint",
         "backoff",
         "background",
@@ -699,7 +700,14 @@ fn doors_reach_the_service_through_its_operations() {
         .map(|p| p[0].clone())
         .chain(
             [
-                "ids", "secret", "time", "archive", "endpoint", "engine", "layout",
+                "ids",
+                "secret",
+                "time",
+                "archive",
+                "shared_file",
+                "endpoint",
+                "engine",
+                "layout",
             ]
             .map(String::from),
         )

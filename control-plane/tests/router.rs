@@ -138,7 +138,7 @@ async fn create_applies_isolation_defaults_and_ignores_unknown_fields() {
             .as_deref(),
         Some(r#"[["A","1"],["HOME","/custom"]]"#)
     );
-    assert!(spec.skeleton_archive().is_some());
+    assert!(spec.skeleton_archive().expect("readable").is_some());
     assert_eq!(h.engine.status(id), Some(ContainerStatus::Running));
     // Commands see it, and the caller's environment wins over our defaults.
     let (s, ran) = h
@@ -164,8 +164,7 @@ async fn isolated_sessions_share_one_skeleton_archive() {
             .and_then(|s| s.skeleton.get(1).cloned())
             .expect("a skeleton")
     };
-    assert_eq!(skeleton(&a), skeleton(&b));
-    assert_eq!(skeleton(&a).as_ptr(), skeleton(&b).as_ptr(), "one buffer");
+    assert!(skeleton(&a).same(&skeleton(&b)), "one buffer");
     // A session's environment is in its own small part; the shared one stays shared.
     let (s, b) = h
         .api(
@@ -176,7 +175,7 @@ async fn isolated_sessions_share_one_skeleton_archive() {
         .await;
     assert_eq!(s, StatusCode::OK, "{b}");
     let c = b["session_id"].as_str().expect("id");
-    assert_eq!(skeleton(c).as_ptr(), skeleton(&a).as_ptr(), "one buffer");
+    assert!(skeleton(c).same(&skeleton(&a)), "one buffer");
     let own = h.engine.spec(c).expect("spec").skeleton;
     assert_eq!(own.len(), 3);
     assert!(own[0].len() < 8192, "{}", own[0].len());
@@ -205,7 +204,8 @@ async fn a_uid_range_gives_each_sandbox_a_uid_of_its_own() {
             spec.cmd.as_deref().map(|c| c[2..4].join(" ")),
             Some(format!("--user {label}"))
         );
-        let mut dirs = tar::Archive::new(&spec.skeleton[0][..]);
+        let head = spec.skeleton[0].as_bytes().expect("in memory").clone();
+        let mut dirs = tar::Archive::new(&head[..]);
         for entry in dirs.entries().expect("entries") {
             let header = entry.expect("entry").header().clone();
             assert_eq!(header.uid().expect("uid"), u64::from(uid));
@@ -1033,7 +1033,13 @@ fn egress_body(secret: &str) -> Value {
 }
 
 fn tar_text(spec: &control_plane::engine::ContainerSpec) -> String {
-    String::from_utf8_lossy(&spec.skeleton_archive().unwrap_or_default()).into_owned()
+    String::from_utf8_lossy(
+        &spec
+            .skeleton_archive()
+            .expect("readable")
+            .unwrap_or_default(),
+    )
+    .into_owned()
 }
 
 #[tokio::test]
@@ -1496,7 +1502,12 @@ async fn egress_create_writes_the_sidecar_contract_and_acknowledges_the_policy()
     for name in env.keys() {
         assert!(name.starts_with("DAIV_EGRESS_"), "{name}");
     }
-    let entries = tar_entries(&gateway.skeleton_archive().expect("skeleton"));
+    let entries = tar_entries(
+        &gateway
+            .skeleton_archive()
+            .expect("readable")
+            .expect("skeleton"),
+    );
     let policy_entry = sidecar::DEFAULT_POLICY_PATH.trim_start_matches('/');
     let (_, uid, policy) = entries
         .iter()

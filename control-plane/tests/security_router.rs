@@ -73,7 +73,7 @@ async fn base_image_is_a_repository_reference_never_an_id_or_a_snapshot() {
     let skeleton = h
         .engine
         .spec(id)
-        .and_then(|s| s.skeleton_archive())
+        .and_then(|s| s.skeleton_archive().expect("readable"))
         .expect("skeleton");
     let mut archive = tar::Archive::new(&skeleton[..]);
     let env_file = control_plane::layout::ENV_FILE.trim_start_matches('/');

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 
 use bytes::Bytes;
 use futures::stream::BoxStream;
+use sandbox_common::archive::Part;
 
 use crate::{EngineError, MANAGED_LABEL};
 
@@ -59,19 +60,20 @@ pub struct ContainerSpec {
     /// A tar archive extracted at `/` before the container starts (none when empty): the
     /// workspace skeleton, with ownership carried by the entries (no `chown` in the container,
     /// which gVisor forbids). In parts sent one after the other, whose concatenation is the
-    /// archive: a part many containers share (the helper binary) is sent from its one buffer,
-    /// and only a container's own part (its environment file) is built per container.
-    pub skeleton: Vec<Bytes>,
+    /// archive: a part many containers share is sent from its one buffer, or read from its one
+    /// private file as it is sent (the helper binary), and only a container's own part (its
+    /// environment file) is built per container.
+    pub skeleton: Vec<Part>,
 }
 
 impl ContainerSpec {
-    /// The skeleton's parts as one archive (a copy; `None` without a skeleton).
-    pub fn skeleton_archive(&self) -> Option<Bytes> {
-        match &self.skeleton[..] {
-            [] => None,
-            [one] => Some(one.clone()),
-            parts => Some(parts.concat().into()),
+    /// The skeleton's parts as one archive, read whole (`Ok(None)` without a skeleton): for the
+    /// fake and tests; the engine streams the parts.
+    pub fn skeleton_archive(&self) -> std::io::Result<Option<Bytes>> {
+        if self.skeleton.is_empty() {
+            return Ok(None);
         }
+        sandbox_common::archive::concat(&self.skeleton).map(Some)
     }
 }
 

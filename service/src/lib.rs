@@ -8,9 +8,10 @@
 //! it):
 //! 1. **Leaves:** [`ids`], [`secret`], [`text`], [`time`], [`layout`] (the paths inside a sandbox, from the protocol
 //!    crate), [`api`] (the wire types the API serves), [`archive`] (the tar archives the service
-//!    builds itself), [`endpoint`] (what an engine endpoint is), [`backoff`] (the one retry
+//!    builds itself), [`shared_file`] (a file those archives send without holding it in
+//!    memory: the helper binary), [`endpoint`] (what an engine endpoint is), [`backoff`] (the one retry
 //!    pacing), [`background`] (the one shape of background work: rounds in tasks of their own,
-//!    a wait between them). `ids`, `secret`, `time`, `archive` and `endpoint` are the `sandbox-common`
+//!    a wait between them). `ids`, `secret`, `time`, `archive`, `shared_file` and `endpoint` are the `sandbox-common`
 //!    crate's, which the engine crate shares.
 //! 2. **Settings:** [`config`], validated all at once at start-up.
 //! 3. **Infrastructure:** [`engine`] (the `sandbox-engine` crate: the container-engine seam, its
@@ -58,7 +59,7 @@ pub mod text;
 pub mod workspace;
 
 // Modules of other crates, at the layer the table gives their names.
-pub use sandbox_common::{archive, endpoint, ids, secret, time};
+pub use sandbox_common::{archive, endpoint, ids, secret, shared_file, time};
 pub use sandbox_engine as engine;
 pub use sandbox_protocol::layout;
 

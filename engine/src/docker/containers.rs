@@ -15,6 +15,8 @@ use super::DockerEngine;
 use super::convert::{
     create_body, info_from_inspect, info_from_summary, managed_filter, map_err, parse_rfc3339,
 };
+use sandbox_common::archive::Part;
+
 use crate::{ContainerInfo, ContainerSpec, ContainerStats, EngineError};
 
 pub(super) async fn create(
@@ -35,7 +37,7 @@ pub(super) async fn create(
         .await
         .map_err(map_err)?;
     if !spec.skeleton.is_empty() {
-        let slices: Vec<Bytes> = spec.skeleton.iter().flat_map(slices).collect();
+        let parts = futures::stream::iter(spec.skeleton.clone()).flat_map(part_slices);
         let put = engine
             .docker
             .upload_to_container(
@@ -44,7 +46,7 @@ pub(super) async fn create(
                     path: "/".to_string(),
                     ..Default::default()
                 }),
-                bollard::body_stream(futures::stream::iter(slices)),
+                bollard::body_try_stream(parts),
             )
             .await
             .map_err(map_err);
@@ -350,6 +352,33 @@ pub(super) async fn get_archive(
 /// create) would be one copy per create in flight.
 const UPLOAD_SLICE: usize = 64 * 1024;
 
+/// A skeleton's part as slices of at most [`UPLOAD_SLICE`] bytes: a buffer's share it, a file's
+/// are read one at a time, off the async workers, as the upload takes them (a read error
+/// fails the upload, and with it the create).
+fn part_slices(part: Part) -> BoxStream<'static, std::io::Result<Bytes>> {
+    match part {
+        Part::Bytes(b) => futures::stream::iter(slices(&b).into_iter().map(Ok)).boxed(),
+        Part::File(file) => {
+            let len = file.len();
+            futures::stream::try_unfold(0u64, move |at| {
+                let file = file.clone();
+                async move {
+                    if at >= len {
+                        return Ok(None);
+                    }
+                    let n = usize::try_from((len - at).min(UPLOAD_SLICE as u64))
+                        .unwrap_or(UPLOAD_SLICE);
+                    let chunk = tokio::task::spawn_blocking(move || file.read_at(at, n))
+                        .await
+                        .map_err(std::io::Error::other)??;
+                    Ok(Some((chunk, at + n as u64)))
+                }
+            })
+            .boxed()
+        }
+    }
+}
+
 /// `data` as slices of [`UPLOAD_SLICE`] bytes, sharing its buffer.
 fn slices(data: &Bytes) -> Vec<Bytes> {
     (0..data.len())
@@ -372,5 +401,18 @@ mod tests {
         );
         assert_eq!(parts[1].as_ptr(), data[UPLOAD_SLICE..].as_ptr());
         assert!(slices(&Bytes::new()).is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_file_part_is_read_in_slices_as_it_is_sent() -> std::io::Result<()> {
+        let data: Vec<u8> = (0..2 * UPLOAD_SLICE + 7).map(|i| (i % 253) as u8).collect();
+        let file = sandbox_common::shared_file::SharedFile::from_bytes(&data)?;
+        let sent: Vec<Bytes> = part_slices(file.into()).try_collect().await?;
+        assert_eq!(
+            sent.iter().map(Bytes::len).collect::<Vec<_>>(),
+            [UPLOAD_SLICE, UPLOAD_SLICE, 7]
+        );
+        assert_eq!(sent.concat(), data);
+        Ok(())
     }
 }

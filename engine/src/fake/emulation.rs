@@ -74,7 +74,10 @@ impl ContainerEngine for FakeEngine {
             Ok::<_, EngineError>(id)
         })?;
         // The skeleton is extracted before the start, as Docker does.
-        if let Some(skeleton) = spec.skeleton_archive() {
+        let skeleton = spec
+            .skeleton_archive()
+            .map_err(|e| EngineError::Rejected(e.to_string()))?;
+        if let Some(skeleton) = skeleton {
             self.extracted(&id, "/", &skeleton)?;
         }
         Ok(id)
@@ -145,8 +148,9 @@ impl ContainerEngine for FakeEngine {
 
     async fn remove(&self, id: &str) -> Result<(), EngineError> {
         self.check_up(format!("remove {id}")).await?;
-        let _ = std::fs::remove_dir_all(self.workspace_dir(id));
-        let _ = std::fs::remove_dir_all(self.workspace_dir(id).with_extension("service"));
+        // Its own files; a named volume's outlive it.
+        let _ = std::fs::remove_dir_all(self.own_dir(id));
+        let _ = std::fs::remove_dir_all(self.own_dir(id).with_extension("service"));
         self.with(|s| {
             if let Some(t) = s.alive.remove(id) {
                 t.cancel();
@@ -251,6 +255,12 @@ impl ContainerEngine for FakeEngine {
         while let Some(chunk) = tar.next().await {
             whole.extend_from_slice(&chunk.map_err(|e| EngineError::Rejected(e.to_string()))?);
         }
+        if !self.with(|s| s.containers.contains_key(id)) {
+            return Err(EngineError::NotFound);
+        }
+        if self.extract_into_volumes(id, path, &whole)? {
+            return Ok(());
+        }
         self.extracted(id, path, &whole)
     }
 
@@ -260,6 +270,14 @@ impl ContainerEngine for FakeEngine {
         path: &str,
     ) -> Result<BoxStream<'static, Result<Bytes, EngineError>>, EngineError> {
         self.check_up(format!("get_archive {id} {path}")).await?;
+        // `/workspace` is the directory the helper serves (the skeleton's entry for it says
+        // nothing of what is in it).
+        if path.trim_end_matches('/') == sandbox_protocol::layout::WORKSPACE
+            && self.with(|s| s.containers.contains_key(id))
+        {
+            let tar = self.workspace_archive(id)?;
+            return Ok(futures::stream::once(async move { Ok(tar) }).boxed());
+        }
         let found = self.with(|s| s.files.get(&(id.to_string(), path.to_string())).cloned());
         let Some((content, (mode, uid, gid))) = found else {
             return Err(EngineError::NotFound);
@@ -397,49 +415,48 @@ impl ContainerEngine for FakeEngine {
         self.set_status(id, ContainerStatus::Paused, ContainerStatus::Running)
     }
 
-    // The fake keeps no images or volumes: snapshots are exercised on real Docker only.
-    async fn commit(&self, id: &str, _spec: &CommitSpec) -> Result<String, EngineError> {
+    // Images and volumes with content: see `layers`.
+    async fn commit(&self, id: &str, spec: &CommitSpec) -> Result<String, EngineError> {
         self.check_up(format!("commit {id}")).await?;
-        Err(EngineError::Rejected(
-            "the fake engine makes no images".into(),
-        ))
+        self.record_commit(id, spec)
     }
 
+    /// A committed image; any other name or id resolves as `ensure_image` says (the images
+    /// sessions are made from), but a snapshot's image that is gone.
     async fn inspect_image(&self, reference: &str) -> Result<ImageInfo, EngineError> {
         self.check_up(format!("inspect_image {reference}")).await?;
-        Err(EngineError::NotFound)
+        if let Some(image) = self.committed(reference) {
+            return Ok(image);
+        }
+        let snapshot_ref = reference.starts_with("daiv-sandbox-snapshot:");
+        if snapshot_ref || self.with(|s| s.missing_images.iter().any(|m| m == reference)) {
+            return Err(EngineError::NotFound);
+        }
+        Ok(self.with(|s| ImageInfo {
+            id: if reference.starts_with("sha256:") {
+                reference.to_string()
+            } else {
+                image_id_of(s, reference)
+            },
+            labels: s.image_labels.get(reference).cloned().unwrap_or_default(),
+            ..Default::default()
+        }))
     }
 
-    async fn list_images(&self, _labels: &[(&str, &str)]) -> Result<Vec<ImageInfo>, EngineError> {
+    async fn list_images(&self, labels: &[(&str, &str)]) -> Result<Vec<ImageInfo>, EngineError> {
         self.check_up("list_images".into()).await?;
-        Ok(Vec::new())
+        Ok(self.committed_with(labels))
     }
 
     async fn remove_image(&self, reference: &str) -> Result<(), EngineError> {
         self.check_up(format!("remove_image {reference}")).await?;
-        Err(EngineError::NotFound)
+        self.drop_image(reference)
     }
 
     async fn create_volume(&self, spec: &VolumeSpec) -> Result<VolumeInfo, EngineError> {
         self.check_up(format!("create_volume {}", spec.name))
             .await?;
-        if !spec.driver_opts.is_empty() {
-            return Err(EngineError::Rejected(
-                "the fake engine makes no volumes with driver options".into(),
-            ));
-        }
-        // As Docker: a volume of that name is answered as it is.
-        Ok(self.with(|s| {
-            s.volumes
-                .entry(spec.name.clone())
-                .or_insert_with(|| VolumeInfo {
-                    name: spec.name.clone(),
-                    mountpoint: format!("/fake/volumes/{}", spec.name),
-                    labels: spec.labels.clone(),
-                    created: Some(sandbox_common::time::unix_now()),
-                })
-                .clone()
-        }))
+        self.make_volume(spec)
     }
 
     async fn inspect_volume(&self, name: &str) -> Result<VolumeInfo, EngineError> {
@@ -464,12 +481,7 @@ impl ContainerEngine for FakeEngine {
 
     async fn remove_volume(&self, name: &str) -> Result<(), EngineError> {
         self.check_up(format!("remove_volume {name}")).await?;
-        self.with(|s| {
-            s.volumes
-                .remove(name)
-                .map(drop)
-                .ok_or(EngineError::NotFound)
-        })
+        self.drop_volume(name)
     }
 }
 

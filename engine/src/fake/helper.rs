@@ -158,7 +158,7 @@ impl FakeEngine {
 
     /// The host directory standing in for container `id`'s service directory.
     fn service_dir(&self, id: &str) -> Result<std::path::PathBuf, EngineError> {
-        let dir = self.workspace_dir(id).with_extension("service");
+        let dir = self.own_dir(id).with_extension("service");
         std::fs::create_dir_all(&dir).map_err(|e| EngineError::Unavailable(e.to_string()))?;
         Ok(dir)
     }

@@ -15,6 +15,7 @@ use crate::{ContainerSpec, ContainerStatus, EngineError, NetworkSpec};
 
 mod emulation;
 mod helper;
+mod layers;
 
 pub use helper::host_helper;
 
@@ -67,8 +68,10 @@ struct State {
     container_images: HashMap<String, String>,
     /// Image reference → the id it resolves to (default `sha256:<reference>`).
     image_ids: HashMap<String, String>,
-    /// Named volumes (their labels and names only: no content).
+    /// Named volumes (their content is a host directory: see `layers`).
     volumes: HashMap<String, crate::VolumeInfo>,
+    /// Committed images by reference (see `layers`).
+    images: HashMap<String, crate::ImageInfo>,
     /// Container id → the counters `stats` answers (default: a quiet container).
     stats: HashMap<String, crate::ContainerStats>,
 }
@@ -132,6 +135,16 @@ impl FakeEngine {
         self.with(|s| s.attachments.clone())
     }
 
+    /// The names of the volumes that exist.
+    pub fn volumes(&self) -> Vec<String> {
+        self.with(|s| s.volumes.keys().cloned().collect())
+    }
+
+    /// The references of the committed images that exist.
+    pub fn images(&self) -> Vec<String> {
+        self.with(|s| s.images.keys().cloned().collect())
+    }
+
     pub fn container_ids(&self) -> Vec<String> {
         self.with(|s| s.containers.keys().cloned().collect())
     }
@@ -160,9 +173,18 @@ impl FakeEngine {
         self.with(|s| s.failing.clear());
     }
 
-    /// The host directory standing in for a container's filesystem root for the helper
-    /// (`serve --root`): `/workspace/x` in the container is `<dir>/x`.
+    /// The host directory standing in for a container's `/workspace` for the helper
+    /// (`serve --root`): `/workspace/x` in the container is `<dir>/x`. The directory of the
+    /// named volume mounted there, if any (a session from a snapshot), else the container's own.
     pub fn workspace_dir(&self, id: &str) -> std::path::PathBuf {
+        match self.mounted_volume(id, sandbox_protocol::layout::WORKSPACE) {
+            Some(volume) => self.volume_dir(&volume),
+            None => self.own_dir(id),
+        }
+    }
+
+    /// The host directory of container `id`'s own files (removed with it).
+    fn own_dir(&self, id: &str) -> std::path::PathBuf {
         std::env::temp_dir().join(format!(
             "daiv-fake-{}-{}",
             std::process::id(),

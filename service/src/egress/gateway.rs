@@ -8,7 +8,6 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use bytes::Bytes;
 use shared_policy::PolicyFile;
 use shared_policy::sidecar;
 
@@ -19,6 +18,7 @@ use crate::engine::{
     ContainerSpec, DEPLOYMENT_LABEL, EGRESS_LABEL, MANAGED_LABEL, NetworkAttach,
     ROLE_EGRESS_GATEWAY, ROLE_LABEL,
 };
+use crate::shared_file::SharedFile;
 
 const GATEWAY_READY_TIMEOUT: Duration = Duration::from_secs(20);
 const GATEWAY_PIDS_LIMIT: i64 = 256;
@@ -101,7 +101,7 @@ impl Egress {
         token: &str,
         ip: IpAddr,
         policy: &PolicyFile,
-        helper: Option<&Bytes>,
+        helper: Option<&SharedFile>,
     ) -> Result<ContainerSpec, EgressError> {
         let c = &self.config;
         let path = sidecar::config_path;
@@ -204,7 +204,7 @@ impl Egress {
                 ("max-file".to_string(), "3".to_string()),
             ],
             auto_remove: false,
-            skeleton: vec![config_tar(&files, helper)],
+            skeleton: config_tar(&files, helper),
         })
     }
 }

@@ -23,6 +23,7 @@ use crate::engine::{
     ROLE_LABEL,
 };
 use crate::layout;
+use crate::shared_file::SharedFile;
 
 /// Builds the combined bundle (the image's system roots + the egress CA) at `$2` from the CA at
 /// `$1` ([`layout::CA_BUNDLE`] and [`layout::CA_CERT`]) and adds the CA to the system bundle for
@@ -211,7 +212,7 @@ impl Egress {
         &self,
         token: &str,
         policy: &PolicyFile,
-        helper: Option<&Bytes>,
+        helper: Option<&SharedFile>,
         sandbox: impl FnOnce(&SandboxPlan) -> ContainerSpec,
     ) -> Result<String, EgressError> {
         let mut created = Parts::default();
@@ -251,7 +252,7 @@ impl Egress {
         token: &str,
         policy: &PolicyFile,
         created: &mut Parts,
-        helper: Option<&Bytes>,
+        helper: Option<&SharedFile>,
     ) -> Result<SandboxPlan, EgressError> {
         let c = &self.config;
         // Pulled on demand (with the registry credentials), before anything of the triad

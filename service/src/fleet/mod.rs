@@ -88,7 +88,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
 use tokio::task::JoinHandle;
 
 pub use cell::{Cell, EngineState, EngineStatus};
@@ -138,7 +137,7 @@ impl Fleet {
         locks: Arc<dyn SessionLocks>,
         activity: Arc<dyn SessionActivity>,
         metrics: Arc<Metrics>,
-        helper: Option<Bytes>,
+        helper: Option<crate::shared_file::SharedFile>,
     ) -> Arc<Self> {
         let shared = Shared {
             runtime: Arc::new(RuntimeHealth::new(&metrics)),
@@ -166,7 +165,7 @@ impl Fleet {
         locks: Arc<dyn SessionLocks>,
         activity: Arc<dyn SessionActivity>,
         metrics: Arc<Metrics>,
-        helper: Option<Bytes>,
+        helper: Option<crate::shared_file::SharedFile>,
         connector: Arc<dyn Connector>,
     ) -> Arc<Self> {
         let file = config

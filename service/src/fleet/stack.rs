@@ -5,7 +5,6 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use bytes::Bytes;
 use tokio::task::JoinHandle;
 
 use crate::config::Config;
@@ -33,7 +32,7 @@ pub(super) struct Shared {
     pub locks: Arc<dyn SessionLocks>,
     pub activity: Arc<dyn SessionActivity>,
     pub metrics: Arc<Metrics>,
-    pub helper: Option<Bytes>,
+    pub helper: Option<crate::shared_file::SharedFile>,
     /// What the probes of the sandboxes' runtime found, on every engine.
     pub runtime: Arc<RuntimeHealth>,
 }

@@ -55,7 +55,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
-use bytes::Bytes;
 use shared_policy::PolicyFile;
 
 use crate::api::StartSessionRequest;
@@ -210,7 +209,7 @@ impl Pool {
     ) -> Self {
         let shared = factory.clone();
         let config: &Config = shared.config();
-        let helper: Option<&Bytes> = shared.helper();
+        let helper: Option<&crate::shared_file::SharedFile> = shared.helper();
         let egress: Option<&Egress> = shared.egress().map(|e| &**e);
         let mut targets = Vec::new();
         for (kind, list) in [
@@ -236,7 +235,7 @@ impl Pool {
             config.sessions.run_uid_range,
             config.sessions.helper_uid,
             config.sessions.pids_limit,
-            helper.map_or(0, |h| fnv(h)),
+            helper.map_or(0, crate::shared_file::SharedFile::fingerprint),
             crate::VERSION,
         );
         let egress_part = egress.map(Egress::fingerprint).unwrap_or_default();
@@ -563,6 +562,7 @@ impl Pool {
 mod tests {
     use super::*;
 
+    use bytes::Bytes;
     #[test]
     fn egress_settings_win_over_a_claims_environment() -> Result<(), Box<dyn std::error::Error>> {
         let req = StartSessionRequest {

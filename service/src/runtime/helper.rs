@@ -5,11 +5,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use bytes::Bytes;
-
 use super::channel::{Channel, ChannelError};
 use super::*;
-use crate::engine::{ContainerEngine, ExecSpec, HELPER_USER_LABEL, SANDBOX_USER_LABEL};
+use crate::engine::{
+    ContainerEngine, EngineError, ExecSpec, HELPER_USER_LABEL, SANDBOX_USER_LABEL,
+};
+use crate::shared_file::SharedFile;
 
 /// A session's channel, opened once under its own async lock.
 #[derive(Default)]
@@ -34,7 +35,7 @@ pub struct HelperRuntime {
     pub(super) engine: Arc<dyn ContainerEngine>,
     pub(super) user: String,
     /// This build's helper binary, put into a session whose helper speaks another protocol.
-    helper: Option<Bytes>,
+    helper: Option<SharedFile>,
     /// One slot per session: the async lock makes concurrent first uses open one channel.
     pub(super) channels: Mutex<HashMap<String, Slot>>,
 }
@@ -65,7 +66,7 @@ impl HelperRuntime {
     }
 
     /// Gives the runtime this build's helper binary (see [`HelperRuntime::channel`]).
-    pub fn with_helper(mut self, helper: Option<Bytes>) -> Self {
+    pub fn with_helper(mut self, helper: Option<SharedFile>) -> Self {
         self.helper = helper;
         self
     }
@@ -141,10 +142,22 @@ impl HelperRuntime {
                 let chan = match Channel::open(exec).await {
                     Ok(chan) => chan,
                     Err(_) => {
-                        if let Err(put) = ServiceFile::executable(&path)
-                            .upload(&*self.engine, id, bin)
+                        // Read from its file for this upload only (a rare path: an older
+                        // build's session).
+                        let file = bin.clone();
+                        let read = tokio::task::spawn_blocking(move || file.read_all())
                             .await
-                        {
+                            .map_err(std::io::Error::other)
+                            .and_then(|r| r);
+                        let put = match read {
+                            Ok(bytes) => {
+                                ServiceFile::executable(&path)
+                                    .upload(&*self.engine, id, &bytes)
+                                    .await
+                            }
+                            Err(e) => Err(EngineError::Unavailable(e.to_string())),
+                        };
+                        if let Err(put) = put {
                             tracing::warn!(session_id = %id, error = %put, "this build's helper could not be put into the session");
                             return Err(HelperError::OtherProtocol(e));
                         }

@@ -3,13 +3,15 @@
 
 use std::path::{Path, PathBuf};
 
-use bytes::Bytes;
+use crate::shared_file::SharedFile;
 
 /// Reads the static helper binary the sandboxes get: `DAIV_SANDBOX_HELPER_BIN`, else
 /// `daiv-sandbox-helper` beside this executable (the service image), else
 /// `../helper/daiv-sandbox-helper` from it (`target/helper/`, where `make build` puts the static
 /// build). A dynamically linked build is refused: it cannot run in a busybox or shell-less image.
-pub fn helper_binary(configured: Option<&Path>) -> Result<Bytes, String> {
+/// What is checked and sent is a private copy ([`SharedFile`]): a rebuild of the file in place
+/// while the service runs changes nothing it sends, and the binary is not in its memory.
+pub fn helper_binary(configured: Option<&Path>) -> Result<SharedFile, String> {
     let candidates: Vec<PathBuf> = match configured {
         Some(p) => vec![p.to_path_buf()],
         None => {
@@ -25,20 +27,16 @@ pub fn helper_binary(configured: Option<&Path>) -> Result<Bytes, String> {
     };
     let mut why = Vec::new();
     for path in &candidates {
-        // The headers first: a debug build beside the binary can be tens of MB, and reading it
-        // whole only to refuse it would be the service's peak memory.
-        let head = std::fs::File::open(path).and_then(|f| {
-            let mut head = Vec::with_capacity(64 * 1024);
-            std::io::Read::read_to_end(&mut std::io::Read::take(f, 64 * 1024), &mut head)?;
-            Ok(head)
+        // The copy first, then its headers: what is checked is what is sent.
+        let copy = std::fs::File::open(path).and_then(|mut f| SharedFile::copy_of(&mut f));
+        let head = copy.and_then(|copy| {
+            let head = copy.read_at(0, usize::try_from(copy.len().min(64 * 1024)).unwrap_or(0))?;
+            Ok((copy, head))
         });
-        match head.map(|h| is_static_elf(&h)) {
-            Ok(Ok(true)) => match std::fs::read(path) {
-                Ok(bytes) => return Ok(Bytes::from(bytes)),
-                Err(e) => why.push(format!("{}: {e}", path.display())),
-            },
-            Ok(Ok(false)) => why.push(format!("{} is dynamically linked", path.display())),
-            Ok(Err(e)) => why.push(format!("{}: {e}", path.display())),
+        match head.map(|(copy, h)| (copy, is_static_elf(&h))) {
+            Ok((copy, Ok(true))) => return Ok(copy),
+            Ok((_, Ok(false))) => why.push(format!("{} is dynamically linked", path.display())),
+            Ok((_, Err(e))) => why.push(format!("{}: {e}", path.display())),
             Err(e) => why.push(format!("{}: {e}", path.display())),
         }
     }

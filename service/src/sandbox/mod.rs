@@ -25,7 +25,7 @@ use bytes::Bytes;
 use shared_policy::PolicyFile;
 
 use crate::api::StartSessionRequest;
-use crate::archive::{Archive, ROOT, entry_name};
+use crate::archive::{Archive, Part, ROOT, entry_name};
 use crate::config::Config;
 use crate::egress::{self, Egress, Reservation, SandboxPlan};
 use crate::engine::{
@@ -34,6 +34,7 @@ use crate::engine::{
     SANDBOX_USER_LABEL, SNAPSHOT_LABEL, SandboxUser, WORKSPACE_LABEL,
 };
 use crate::layout;
+use crate::shared_file::SharedFile;
 use crate::snapshots::{Snapshot, Snapshots, Workspace};
 
 mod error;
@@ -78,18 +79,20 @@ pub struct SandboxFactory {
     /// `None` when no egress CA is configured: egress sessions are then refused with 400.
     egress: Option<Arc<Egress>>,
     /// The static helper binary every sandbox gets in its skeleton (`None` only in-process
-    /// tests, whose fake engine runs a host build of the helper).
-    helper: Option<Bytes>,
+    /// tests, whose fake engine runs a host build of the helper): a private copy on disk, read
+    /// as each skeleton is sent, never held in memory.
+    helper: Option<SharedFile>,
     /// Who each new sandbox's commands run as.
     users: SandboxUsers,
     /// The service's part of every sandbox's skeleton (its directories and the helper), built on
-    /// first use and shared: the helper binary is most of it (~4 MB), and a burst of creates each
-    /// building its own copy made the service's peak memory grow with the burst. Its parts hold
-    /// `helper` itself, not a copy, so the binary is in memory once. The sandbox user's directories go before it and the sandbox's own
+    /// first use and shared. Its parts hold `helper` itself, the file, not its bytes: the
+    /// binary (3.7 MB) is read from the kernel's cache as each create sends it, and is never
+    /// in the service's memory, however many creates are in flight (held whole, it was most of
+    /// an idle service's private memory). The sandbox user's directories go before it and the sandbox's own
     /// files (its environment, egress files) after it, each a small part of its own
     /// ([`ContainerSpec::skeleton`]'s parts). Its entries carry the time it was built, not the
     /// session's.
-    service_skeleton: OnceLock<Vec<Bytes>>,
+    service_skeleton: OnceLock<Vec<Part>>,
 }
 
 impl SandboxFactory {
@@ -97,7 +100,7 @@ impl SandboxFactory {
         engine: Arc<dyn ContainerEngine>,
         config: Arc<Config>,
         egress: Option<Arc<Egress>>,
-        helper: Option<Bytes>,
+        helper: Option<SharedFile>,
     ) -> Self {
         let sessions = &config.sessions;
         let users = SandboxUsers::new(
@@ -135,7 +138,7 @@ impl SandboxFactory {
     }
 
     /// The helper binary sandboxes get.
-    pub fn helper(&self) -> Option<&Bytes> {
+    pub fn helper(&self) -> Option<&SharedFile> {
         self.helper.as_ref()
     }
 
@@ -213,7 +216,7 @@ impl SandboxFactory {
                 // The snapshot's workspace is already there: its directories keep their owners
                 // and modes. Only the helper (this build's) and the service's files are put.
                 if let Some(head) = spec.skeleton.first_mut() {
-                    *head = snapshot_user_dirs(user);
+                    *head = snapshot_user_dirs(user).into();
                 }
             }
             if let Some(n) = naming {
@@ -350,19 +353,20 @@ impl SandboxFactory {
             named_volumes: Vec::new(),
             log_options: Vec::new(),
             auto_remove: false,
-            skeleton: [user_dirs(user)]
+            skeleton: [user_dirs(user).into()]
                 .into_iter()
                 .chain(self.service_skeleton())
                 .chain([skeleton_tail(
                     &env_json(req.environment.as_deref(), plan.is_some()).unwrap_or_default(),
                     extra_files,
-                )])
+                )
+                .into()])
                 .collect(),
         }
     }
 
     /// The service's part of every sandbox's skeleton (see [`service_skeleton`]).
-    fn service_skeleton(&self) -> Vec<Bytes> {
+    fn service_skeleton(&self) -> Vec<Part> {
         let build = || service_skeleton(self.helper.as_ref());
         self.service_skeleton.get_or_init(build).clone()
     }
@@ -416,10 +420,10 @@ fn base_env() -> Vec<(String, String)> {
 
 /// The head of a sandbox's skeleton: [`user_dirs`], then [`service_skeleton`]. Without its end:
 /// [`skeleton_tail`] follows it.
-pub fn skeleton_head(uid: u32, gid: u32, helper: Option<&Bytes>) -> Bytes {
-    let mut parts = vec![user_dirs(SandboxUser { uid, gid })];
+pub fn skeleton_head(uid: u32, gid: u32, helper: Option<&SharedFile>) -> std::io::Result<Bytes> {
+    let mut parts = vec![user_dirs(SandboxUser { uid, gid }).into()];
     parts.extend(service_skeleton(helper));
-    parts.concat().into()
+    crate::archive::concat(&parts)
 }
 
 /// The first part of a sandbox's skeleton: `/workspace/{repo,skills,tmp}` and the home
@@ -448,7 +452,7 @@ fn user_dirs(user: SandboxUser) -> Bytes {
 }
 
 /// The service's part of a sandbox's skeleton, the same for every sandbox. Without its end.
-fn service_skeleton(helper: Option<&Bytes>) -> Vec<Bytes> {
+fn service_skeleton(helper: Option<&SharedFile>) -> Vec<Part> {
     let mut tar = Archive::new();
     service_dirs(&mut tar, helper);
     tar.finish_head_parts().unwrap_or_default()
@@ -457,12 +461,12 @@ fn service_skeleton(helper: Option<&Bytes>) -> Vec<Bytes> {
 /// The service's own directory and the helper: root-owned, so the sandbox user can run the
 /// helper but never replace it (it serves every fs op); and the session's directory (its own
 /// volume), root-owned too.
-fn service_dirs(tar: &mut Archive, helper: Option<&Bytes>) {
+fn service_dirs(tar: &mut Archive, helper: Option<&SharedFile>) {
     tar.dir(entry_name(layout::SERVICE_DIR), 0o755, ROOT);
     tar.dir(entry_name(layout::SESSION_DIR), 0o755, ROOT);
-    // The service's one copy of the helper, not a copy per archive (4 MB).
+    // The service's one copy of the helper, not a copy per archive (3.7 MB).
     if let Some(bin) = helper {
-        tar.shared_file(entry_name(layout::HELPER), 0o755, ROOT, bin);
+        tar.shared_file(entry_name(layout::HELPER), 0o755, ROOT, bin.clone());
     }
 }
 
@@ -487,7 +491,7 @@ mod tests {
     #[test]
     fn skeleton_entries_carry_the_sandbox_owner() -> std::io::Result<()> {
         let tar_bytes = [
-            skeleton_head(1234, 5678, Some(&Bytes::from_static(b"bin"))),
+            skeleton_head(1234, 5678, Some(&SharedFile::from_bytes(b"bin")?))?,
             skeleton_tail(br#"[["A","1"]]"#, &[]),
         ]
         .concat();

@@ -1,0 +1,211 @@
+//! In-process tests of snapshots and forks over the fake engine (its images and volumes with
+//! content: `engine/src/fake/layers.rs`) and a host build of the real helper: what a snapshot
+//! keeps, what a session and a fork from it see, that the source is thawed and untouched, and
+//! that a snapshot that fails or is deleted leaves nothing of itself. What Docker itself does
+//! (the commit, the overlay mount, gVisor's sync) is tested end to end in `e2e`.
+
+#![allow(clippy::unwrap_used)]
+
+mod harness;
+
+use axum::http::StatusCode;
+use control_plane::engine::ContainerStatus;
+use serde_json::{Value, json};
+
+use harness::Harness;
+
+/// Writes `text` to a new file `/workspace/repo/<name>` (a write never replaces a file).
+async fn write(h: &Harness, id: &str, name: &str, text: &str) {
+    use base64::Engine as _;
+    let content = base64::engine::general_purpose::STANDARD.encode(text);
+    let (s, b) = h
+        .api(
+            "POST",
+            &format!("/session/{id}/fs/write/"),
+            Some(json!({"path": format!("/workspace/repo/{name}"), "content": content})),
+        )
+        .await;
+    assert_eq!((s, &b["ok"]), (StatusCode::OK, &json!(true)), "{b}");
+}
+
+/// `/workspace/repo/<name>` as `fs/read` answers it (its JSON, error or not).
+async fn read(h: &Harness, id: &str, name: &str) -> String {
+    let (s, b) = h
+        .api(
+            "POST",
+            &format!("/session/{id}/fs/read/"),
+            Some(json!({"path": format!("/workspace/repo/{name}")})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    b.to_string()
+}
+
+async fn snapshot(h: &Harness, id: &str, body: Value) -> String {
+    let (s, b) = h
+        .api("POST", &format!("/session/{id}/snapshot/"), Some(body))
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+    b["snapshot_id"].as_str().unwrap().to_string()
+}
+
+/// Volumes and images of snapshots (records, data, copy-on-write workspaces) that exist.
+fn snapshot_objects(h: &Harness) -> Vec<String> {
+    let mut all = h.engine.volumes();
+    all.extend(h.engine.images());
+    all.sort();
+    all
+}
+
+#[tokio::test]
+async fn a_snapshot_keeps_the_workspace_and_sessions_and_forks_start_from_it() {
+    let h = Harness::default();
+    let source = h.session().await;
+    write(&h, &source, "kept.txt", "kept by the snapshot").await;
+    let sid = snapshot(&h, &source, json!({"name": "first"})).await;
+    // The source was frozen for it and is thawed, and goes on on its own.
+    assert_eq!(h.engine.status(&source), Some(ContainerStatus::Running));
+    write(&h, &source, "after.txt", "written after").await;
+
+    let (s, b) = h.api("GET", "/snapshots/", None).await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    let listed = &b["snapshots"];
+    assert_eq!(listed.as_array().map(Vec::len), Some(1), "{b}");
+    assert_eq!(listed[0]["snapshot_id"], json!(sid));
+    assert_eq!(listed[0]["name"], json!("first"));
+    assert_eq!(listed[0]["source_session_id"], json!(source));
+    let (s, one) = h.api("GET", &format!("/snapshots/{sid}/"), None).await;
+    assert_eq!((s, &one["snapshot_id"]), (StatusCode::OK, &json!(sid)));
+
+    // A session from it sees the workspace as it was, not what the source wrote after.
+    let from = h.create(json!({"snapshot_id": sid})).await;
+    assert!(
+        read(&h, &from, "kept.txt")
+            .await
+            .contains("kept by the snapshot")
+    );
+    assert!(read(&h, &from, "after.txt").await.contains("not_found"));
+    write(&h, &from, "own.txt", "the new session's own").await;
+    assert!(read(&h, &source, "own.txt").await.contains("not_found"));
+
+    // Forks see the source as it is now, each its own copy.
+    let (s, b) = h
+        .api(
+            "POST",
+            &format!("/session/{source}/fork/"),
+            Some(json!({"count": 2})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+    let forks: Vec<String> = b["session_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(forks.len(), 2, "{b}");
+    for fork in &forks {
+        assert!(read(&h, fork, "after.txt").await.contains("written after"));
+        assert!(
+            read(&h, fork, "kept.txt")
+                .await
+                .contains("kept by the snapshot")
+        );
+    }
+    write(&h, &forks[0], "first.txt", "only the first fork's").await;
+    assert!(read(&h, &forks[1], "first.txt").await.contains("not_found"));
+    assert!(read(&h, &source, "first.txt").await.contains("not_found"));
+    // A fork's snapshot has no record: the list holds the API's snapshot only.
+    let (_, b) = h.api("GET", "/snapshots/", None).await;
+    assert_eq!(b["snapshots"].as_array().map(Vec::len), Some(1), "{b}");
+
+    // Deleted, it is gone from the API; the session made from it keeps working.
+    let (s, b) = h.api("DELETE", &format!("/snapshots/{sid}/"), None).await;
+    assert_eq!(s, StatusCode::NO_CONTENT, "{b}");
+    let (s, _) = h.api("GET", &format!("/snapshots/{sid}/"), None).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    assert!(
+        read(&h, &from, "own.txt")
+            .await
+            .contains("the new session's own")
+    );
+    let (s, b) = h
+        .api("POST", "/session/", Some(json!({"snapshot_id": sid})))
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "{b}");
+}
+
+#[tokio::test]
+async fn a_snapshot_that_fails_leaves_nothing_and_thaws_its_session() {
+    let h = Harness::default();
+    let id = h.session().await;
+    write(&h, &id, "here.txt", "still here").await;
+    let before = snapshot_objects(&h);
+    h.engine.fail_on("commit ");
+    let (s, b) = h
+        .api("POST", &format!("/session/{id}/snapshot/"), Some(json!({})))
+        .await;
+    assert!(s.is_server_error(), "{s} {b}");
+    h.engine.heal();
+    // Neither its volumes nor a holder container nor an image is left, and nothing is listed.
+    assert_eq!(snapshot_objects(&h), before);
+    let holders = h
+        .engine
+        .container_ids()
+        .into_iter()
+        .filter(|c| {
+            h.engine.spec(c).is_some_and(|s| {
+                s.labels.get("daiv.sandbox.role").map(String::as_str) == Some("snapshot-holder")
+            })
+        })
+        .count();
+    assert_eq!(holders, 0);
+    let (_, b) = h.api("GET", "/snapshots/", None).await;
+    assert_eq!(b["snapshots"], json!([]), "{b}");
+    // The session was thawed and serves as before.
+    assert_eq!(h.engine.status(&id), Some(ContainerStatus::Running));
+    assert!(read(&h, &id, "here.txt").await.contains("still here"));
+    // A fork that fails the same way makes no session.
+    let (s0, _) = h.api("GET", "/sessions/", None).await;
+    assert_eq!(s0, StatusCode::OK);
+    h.engine.fail_on("commit ");
+    let (s, b) = h
+        .api(
+            "POST",
+            &format!("/session/{id}/fork/"),
+            Some(json!({"count": 2})),
+        )
+        .await;
+    assert!(s.is_server_error(), "{s} {b}");
+    h.engine.heal();
+    assert_eq!(snapshot_objects(&h), before);
+    let (_, b) = h.api("GET", "/sessions/", None).await;
+    assert_eq!(b["sessions"].as_array().map(Vec::len), Some(1), "{b}");
+}
+
+#[tokio::test]
+async fn a_deleted_snapshot_and_its_sessions_leave_no_volume_or_image() {
+    let h = Harness::default();
+    let source = h.session().await;
+    write(&h, &source, "seeded.txt", "seeded before the snapshot").await;
+    let before = snapshot_objects(&h);
+    let sid = snapshot(&h, &source, json!({})).await;
+    let from = h.create(json!({"snapshot_id": sid})).await;
+    assert!(
+        read(&h, &from, "seeded.txt")
+            .await
+            .contains("seeded before the snapshot")
+    );
+    assert_ne!(snapshot_objects(&h), before);
+    let (s, b) = h.api("DELETE", &format!("/session/{from}/"), None).await;
+    assert!(s.is_success(), "{s} {b}");
+    let (s, b) = h.api("DELETE", &format!("/snapshots/{sid}/"), None).await;
+    assert_eq!(s, StatusCode::NO_CONTENT, "{b}");
+    // What a delete leaves to the reaper (a stopped container and its workspace, the payload it
+    // used) is collected by its sweep once past its grace.
+    h.engine
+        .set_times(&from, Some(0), Some("2026-01-01T00:00:00Z"));
+    let later = std::time::SystemTime::now() + std::time::Duration::from_secs(30 * 86_400);
+    h.cell().reaper().sweep(later).await.unwrap();
+    assert_eq!(snapshot_objects(&h), before);
+}

@@ -1,0 +1,280 @@
+//! The fake's images and volumes with content, enough for the service's snapshots and forks to
+//! run in-process: a commit records an image (its labels, environment and parent, no layer), a
+//! volume is a host directory, an `overlay` volume is a copy of its lower directories (writes
+//! to it are not sent to its upper), a container's named volume at `/workspace` is where its
+//! helper serves, and archives in and out of `/workspace` read and write that directory.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use sandbox_protocol::layout;
+
+use super::FakeEngine;
+use crate::{CommitSpec, EngineError, ImageInfo, VolumeInfo, VolumeSpec};
+
+fn unavailable(e: impl std::fmt::Display) -> EngineError {
+    EngineError::Unavailable(e.to_string())
+}
+
+impl FakeEngine {
+    /// The host directory holding volume `name`'s content.
+    pub fn volume_dir(&self, name: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("daiv-fake-{}-vol-{name}", std::process::id()))
+    }
+
+    /// The named volume container `id` has at `at`, if any.
+    pub(super) fn mounted_volume(&self, id: &str, at: &str) -> Option<String> {
+        self.with(|s| {
+            let (spec, _) = s.containers.get(id)?;
+            spec.named_volumes
+                .iter()
+                .find(|(_, target)| target == at)
+                .map(|(name, _)| name.clone())
+        })
+    }
+
+    /// Makes volume `spec.name` (answered as it is when it exists, as Docker does); an
+    /// `overlay` one starts as a copy of its lower directories, lowest first.
+    pub(super) fn make_volume(&self, spec: &VolumeSpec) -> Result<VolumeInfo, EngineError> {
+        if let Some(v) = self.with(|s| s.volumes.get(&spec.name).cloned()) {
+            return Ok(v);
+        }
+        let lowers = match spec.driver_opts.get("type").map(String::as_str) {
+            None if spec.driver_opts.is_empty() => Vec::new(),
+            Some("overlay") => overlay_lowers(&spec.driver_opts)?,
+            _ => {
+                return Err(EngineError::Rejected(
+                    "the fake engine makes plain and overlay volumes only".into(),
+                ));
+            }
+        };
+        let dir = self.volume_dir(&spec.name);
+        std::fs::create_dir_all(&dir).map_err(unavailable)?;
+        for lower in lowers.iter().rev() {
+            copy_tree(lower, &dir).map_err(unavailable)?;
+        }
+        let info = VolumeInfo {
+            name: spec.name.clone(),
+            mountpoint: dir.display().to_string(),
+            labels: spec.labels.clone(),
+            created: Some(sandbox_common::time::unix_now()),
+        };
+        self.with(|s| s.volumes.insert(spec.name.clone(), info.clone()));
+        Ok(info)
+    }
+
+    /// Removes volume `name` and its content; one a container mounts is refused, as Docker
+    /// does.
+    pub(super) fn drop_volume(&self, name: &str) -> Result<(), EngineError> {
+        self.with(|s| {
+            let in_use = s
+                .containers
+                .values()
+                .any(|(spec, _)| spec.named_volumes.iter().any(|(v, _)| v == name));
+            if in_use {
+                return Err(EngineError::Conflict(format!("volume {name} is in use")));
+            }
+            s.volumes
+                .remove(name)
+                .map(drop)
+                .ok_or(EngineError::NotFound)
+        })?;
+        let _ = std::fs::remove_dir_all(self.volume_dir(name));
+        Ok(())
+    }
+
+    /// Records container `id` as image `spec.reference`.
+    pub(super) fn record_commit(&self, id: &str, spec: &CommitSpec) -> Result<String, EngineError> {
+        self.with(|s| {
+            let parent = s
+                .container_images
+                .get(id)
+                .cloned()
+                .ok_or(EngineError::NotFound)?;
+            s.next_id += 1;
+            let image_id = format!("sha256:{:064x}", s.next_id);
+            let image = ImageInfo {
+                id: image_id.clone(),
+                tags: vec![spec.reference.clone()],
+                labels: spec.labels.clone(),
+                // What a commit of the skeleton alone adds: a few KB.
+                size: 4096,
+                created: Some(sandbox_common::time::unix_now()),
+                env: spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect(),
+                parent: Some(parent),
+                ..Default::default()
+            };
+            s.image_ids.insert(spec.reference.clone(), image_id.clone());
+            s.images.insert(spec.reference.clone(), image);
+            Ok(image_id)
+        })
+    }
+
+    /// A committed image by reference or id.
+    pub(super) fn committed(&self, reference: &str) -> Option<ImageInfo> {
+        self.with(|s| {
+            s.images
+                .values()
+                .find(|i| i.id == reference || i.tags.iter().any(|t| t == reference))
+                .cloned()
+        })
+    }
+
+    /// Committed images carrying every label of `labels`.
+    pub(super) fn committed_with(&self, labels: &[(&str, &str)]) -> Vec<ImageInfo> {
+        self.with(|s| {
+            s.images
+                .values()
+                .filter(|i| {
+                    labels
+                        .iter()
+                        .all(|(k, v)| i.labels.get(*k).map(String::as_str) == Some(*v))
+                })
+                .cloned()
+                .collect()
+        })
+    }
+
+    /// Removes a committed image; one a container was created from is refused, as Docker does.
+    pub(super) fn drop_image(&self, reference: &str) -> Result<(), EngineError> {
+        self.with(|s| {
+            let (key, id) = s
+                .images
+                .iter()
+                .find(|(_, i)| i.id == reference || i.tags.iter().any(|t| t == reference))
+                .map(|(k, i)| (k.clone(), i.id.clone()))
+                .ok_or(EngineError::NotFound)?;
+            if s.container_images.values().any(|c| *c == id) {
+                return Err(EngineError::Conflict(format!("image {key} is in use")));
+            }
+            s.images.remove(&key);
+            s.image_ids.remove(&key);
+            Ok(())
+        })
+    }
+
+    /// `/workspace` of container `id` as Docker's archive API sends it (entries under
+    /// `workspace/`), read from the directory its helper serves.
+    pub(super) fn workspace_archive(&self, id: &str) -> Result<Bytes, EngineError> {
+        let dir = self.workspace_dir(id);
+        let mut tar = tar::Builder::new(Vec::new());
+        tar.follow_symlinks(false);
+        let base = layout::WORKSPACE.trim_start_matches('/');
+        if dir.is_dir() {
+            tar.append_dir_all(base, &dir).map_err(unavailable)?;
+        } else {
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(tar::EntryType::Directory);
+            h.set_mode(0o755);
+            h.set_size(0);
+            tar.append_data(&mut h, format!("{base}/"), std::io::empty())
+                .map_err(unavailable)?;
+        }
+        tar.into_inner().map(Bytes::from).map_err(unavailable)
+    }
+
+    /// Extracts the entries of `whole` (an archive put at `path`) that fall in one of container
+    /// `id`'s named volumes into that volume's directory; the others are left to the caller.
+    /// Whether any entry went into a volume.
+    pub(super) fn extract_into_volumes(
+        &self,
+        id: &str,
+        path: &str,
+        whole: &[u8],
+    ) -> Result<bool, EngineError> {
+        let mounts: HashMap<String, String> = self.with(|s| {
+            s.containers
+                .get(id)
+                .map(|(spec, _)| {
+                    spec.named_volumes
+                        .iter()
+                        .map(|(v, at)| (at.clone(), v.clone()))
+                        .collect()
+                })
+                .unwrap_or_default()
+        });
+        if mounts.is_empty() {
+            return Ok(false);
+        }
+        let mut any = false;
+        let mut archive = tar::Archive::new(whole);
+        for entry in archive.entries().map_err(unavailable)? {
+            let mut entry = entry.map_err(unavailable)?;
+            let name = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
+            let full = format!(
+                "{}/{}",
+                path.trim_end_matches('/'),
+                name.trim_end_matches('/')
+            );
+            let Some((at, volume)) = mounts
+                .iter()
+                .find(|(at, _)| full == **at || full.starts_with(&format!("{at}/")))
+            else {
+                continue;
+            };
+            let rel = full[at.len()..].trim_start_matches('/').to_string();
+            if rel.split('/').any(|c| c == "..") {
+                return Err(EngineError::Rejected(format!("{name}: outside its volume")));
+            }
+            let wanted = self.volume_dir(volume).join(&rel);
+            let mode = entry.header().mode().unwrap_or(0o644);
+            let kind = entry.header().entry_type();
+            if kind.is_dir() {
+                std::fs::create_dir_all(&wanted).map_err(unavailable)?;
+            } else if kind.is_symlink() {
+                let target = entry
+                    .link_name()
+                    .map_err(unavailable)?
+                    .ok_or_else(|| EngineError::Rejected(format!("{name}: no link target")))?;
+                let _ = std::fs::remove_file(&wanted);
+                std::os::unix::fs::symlink(target, &wanted).map_err(unavailable)?;
+                any = true;
+                continue;
+            } else if kind.is_file() {
+                let mut data = Vec::new();
+                std::io::Read::read_to_end(&mut entry, &mut data).map_err(unavailable)?;
+                std::fs::write(&wanted, data).map_err(unavailable)?;
+            } else {
+                continue;
+            }
+            std::fs::set_permissions(
+                &wanted,
+                std::os::unix::fs::PermissionsExt::from_mode(mode & 0o7777),
+            )
+            .map_err(unavailable)?;
+            any = true;
+        }
+        Ok(any)
+    }
+}
+
+/// The lower directories of an overlay volume's options, top first (as overlay lists them).
+fn overlay_lowers(opts: &HashMap<String, String>) -> Result<Vec<PathBuf>, EngineError> {
+    let o = opts.get("o").map(String::as_str).unwrap_or_default();
+    let lowers = o
+        .split(',')
+        .find_map(|kv| kv.strip_prefix("lowerdir="))
+        .ok_or_else(|| EngineError::Rejected("an overlay volume needs a lowerdir".into()))?;
+    Ok(lowers.split(':').map(PathBuf::from).collect())
+}
+
+/// Copies the tree under `from` into `to` (files over files), keeping modes and symlinks.
+fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let kind = entry.file_type()?;
+        let target = to.join(entry.file_name());
+        if kind.is_dir() {
+            std::fs::create_dir_all(&target)?;
+            std::fs::set_permissions(&target, entry.metadata()?.permissions())?;
+            copy_tree(&entry.path(), &target)?;
+        } else if kind.is_symlink() {
+            let _ = std::fs::remove_file(&target);
+            std::os::unix::fs::symlink(std::fs::read_link(entry.path())?, &target)?;
+        } else {
+            std::fs::copy(entry.path(), &target)?;
+        }
+    }
+    Ok(())
+}

@@ -76,7 +76,7 @@ struct Args {
     /// The Docker socket, for the floors (raw exec, raw put_archive); `none` skips them.
     #[arg(long, default_value = "/var/run/docker.sock")]
     docker: String,
-    /// Only these sections (comma list; default all): create, commands, seed, floors, fs,
+    /// Only these sections (comma list; default all): create, commands, mcp, seed, floors, fs,
     /// stream, process, concurrent, busy (needs `--pid`), bigseed (needs `--pid`), snapshots.
     #[arg(long, value_delimiter = ',')]
     sections: Vec<String>,
@@ -106,9 +106,10 @@ struct Args {
 }
 
 /// Every section, in the order they run.
-const SECTIONS: [&str; 11] = [
+const SECTIONS: [&str; 12] = [
     "create",
     "commands",
+    "mcp",
     "seed",
     "floors",
     "fs",
@@ -314,6 +315,26 @@ async fn bench(a: &Args, c: &mut Client, s: &mut Samples) -> Result<Value> {
             if let Some(sock) = exec_floor {
                 timed(s, "floor: docker exec true", docker::exec_true(sock, &id)).await?;
             }
+        }
+        c.delete(&id, true).await?;
+    }
+    // MCP's `run` tool beside the native route, one after the other on one session: the
+    // overhead of the MCP door (a stateful MCP session, as an MCP client keeps, its answer an
+    // event stream) over the same operation.
+    if a.on("mcp") {
+        section("mcp");
+        let id = c.session(&image).await?;
+        c.post(&format!("/session/{id}/"), cmd(1)).await?;
+        let mcp = Mcp::connect(&a.target).await?;
+        mcp.run(&id, "true").await?;
+        for _ in 0..n {
+            timed(
+                s,
+                "native run true",
+                c.post(&format!("/session/{id}/"), cmd(1)),
+            )
+            .await?;
+            timed(s, "mcp run true", mcp.run(&id, "true")).await?;
         }
         c.delete(&id, true).await?;
     }
@@ -1366,6 +1387,78 @@ async fn main() -> Result<()> {
 
 /// Raw Docker Engine API calls over the unix socket, one connection per call (as a client
 /// without keep-alive would): the floors the service is compared with.
+/// An MCP client as one keeps it: initialized once, its session id on every call.
+struct Mcp {
+    http: reqwest::Client,
+    url: String,
+    key: String,
+    session: String,
+}
+
+impl Mcp {
+    async fn connect(t: &integration::cp::Target) -> Result<Self> {
+        let mut m = Self {
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(60))
+                .build()?,
+            url: format!("{}/mcp", t.base),
+            key: t.key.clone(),
+            session: String::new(),
+        };
+        let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "cp-bench", "version": "0"}}});
+        let r = m.send(&init).await?;
+        m.session = r
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+            .context("no mcp-session-id")?
+            .to_string();
+        r.bytes().await?;
+        let done = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+        m.send(&done).await?.bytes().await?;
+        Ok(m)
+    }
+
+    async fn send(&self, body: &Value) -> Result<reqwest::Response> {
+        let mut req = self
+            .http
+            .post(&self.url)
+            .bearer_auth(&self.key)
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2025-06-18")
+            .json(body);
+        if !self.session.is_empty() {
+            req = req.header("mcp-session-id", &self.session);
+        }
+        let r = req.send().await?;
+        if !r.status().is_success() {
+            bail!("MCP {}: {}", r.status(), r.text().await.unwrap_or_default());
+        }
+        Ok(r)
+    }
+
+    /// The `run` tool with one command; an error unless it ran and exited 0.
+    async fn run(&self, session_id: &str, command: &str) -> Result<()> {
+        let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+            "name": "run", "arguments": {"session_id": session_id, "commands": [command]}}});
+        let text = self.send(&call).await?.text().await?;
+        // JSON, or the last `data:` event of an event stream.
+        let v: Value = serde_json::from_str(&text).or_else(|_| {
+            text.lines()
+                .filter_map(|l| l.strip_prefix("data:"))
+                .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+                .next_back()
+                .context("no answer in the event stream")
+        })?;
+        if v["result"]["isError"] != json!(false) {
+            bail!("MCP run: {v}");
+        }
+        Ok(())
+    }
+}
+
 mod docker {
     use anyhow::{Context, Result, bail};
     use http_body_util::{BodyExt, Full};

@@ -15,7 +15,12 @@ root="$(cd "$(dirname "$(readlink -f "$0")")/.." && pwd)"
 triple="x86_64-unknown-linux-gnu"
 
 cd "$root"
-RUSTFLAGS='-C target-feature=+crt-static' cargo build --release --target "$triple" \
+# Relative relocations packed (RELR, glibc >= 2.36, binutils >= 2.38): a static PIE relocates
+# itself at start-up, and in the usual format reading its 800 KB table alone was that much of
+# the control plane's resident memory; packed, it is 9 KB. The binaries stay position-
+# independent (ASLR).
+RUSTFLAGS='-C target-feature=+crt-static -C link-arg=-Wl,-z,pack-relative-relocs' \
+    cargo build --release --target "$triple" \
     -p egress-gateway --bin daiv-egress-gateway \
     -p control-plane --bin daiv-sandbox \
     -p sandbox-helper --bin daiv-sandbox-helper \

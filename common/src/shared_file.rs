@@ -13,19 +13,40 @@ use crate::ids::{FNV_OFFSET, fnv_more};
 /// A private copy of a file's content, read when an archive holding it is sent. The copy has no
 /// name (`O_TMPFILE` where the temporary directory supports it), so nothing can change what the
 /// service sends after it checked it, whatever happens to the original (a rebuild in place, a
-/// truncation); and its pages are the kernel's cache, not the service's memory.
+/// truncation); and its pages are the kernel's cache, not the service's memory. Where no
+/// temporary file can be made (a read-only root without a writable `TMPDIR`), the copy is held
+/// in memory instead: the same guarantees, not the memory.
 #[derive(Clone, Debug)]
 pub struct SharedFile {
-    file: Arc<File>,
+    copy: Held,
     len: u64,
     /// [`crate::ids::fnv`] of the content, taken as it was copied.
     fingerprint: u64,
 }
 
+#[derive(Clone, Debug)]
+enum Held {
+    File(Arc<File>),
+    Memory(Bytes),
+}
+
 impl SharedFile {
-    /// Copies everything `from` reads into a new private file.
+    /// Copies everything `from` reads into a new private file, or into memory where none can be
+    /// made ([`SharedFile::in_memory`]).
     pub fn copy_of(from: &mut impl Read) -> io::Result<Self> {
-        let mut copy = tempfile::tempfile()?;
+        let Ok(file) = tempfile::tempfile() else {
+            let mut data = Vec::new();
+            from.read_to_end(&mut data)?;
+            return Ok(Self {
+                len: data.len() as u64,
+                fingerprint: crate::ids::fnv(&data),
+                copy: Held::Memory(data.into()),
+            });
+        };
+        Self::copy_into(from, file)
+    }
+
+    fn copy_into(from: &mut impl Read, mut copy: File) -> io::Result<Self> {
         let (mut len, mut hash) = (0u64, FNV_OFFSET);
         let mut buf = vec![0; 64 * 1024];
         loop {
@@ -40,7 +61,7 @@ impl SharedFile {
             len += n as u64;
         }
         Ok(Self {
-            file: Arc::new(copy),
+            copy: Held::File(Arc::new(copy)),
             len,
             fingerprint: hash,
         })
@@ -67,9 +88,24 @@ impl SharedFile {
 
     /// `len` bytes from offset `at` (a blocking read: call it off the async workers).
     pub fn read_at(&self, at: u64, len: usize) -> io::Result<Bytes> {
-        let mut buf = vec![0; len];
-        self.file.read_exact_at(&mut buf, at)?;
-        Ok(Bytes::from(buf))
+        match &self.copy {
+            Held::File(file) => {
+                let mut buf = vec![0; len];
+                file.read_exact_at(&mut buf, at)?;
+                Ok(Bytes::from(buf))
+            }
+            Held::Memory(data) => usize::try_from(at)
+                .ok()
+                .and_then(|at| Some(at..at.checked_add(len)?))
+                .filter(|r| r.end <= data.len())
+                .map(|r| data.slice(r))
+                .ok_or_else(|| io::Error::from(io::ErrorKind::UnexpectedEof)),
+        }
+    }
+
+    /// Whether the copy is held in memory (no temporary file could be made).
+    pub fn in_memory(&self) -> bool {
+        matches!(self.copy, Held::Memory(_))
     }
 
     /// The whole content, read now (a blocking read).
@@ -80,7 +116,11 @@ impl SharedFile {
 
     /// Whether `other` is this very copy (not merely the same content).
     pub fn same(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.file, &other.file)
+        match (&self.copy, &other.copy) {
+            (Held::File(a), Held::File(b)) => Arc::ptr_eq(a, b),
+            (Held::Memory(a), Held::Memory(b)) => a.as_ptr() == b.as_ptr() && a.len() == b.len(),
+            _ => false,
+        }
     }
 }
 
@@ -92,6 +132,7 @@ mod tests {
     fn the_copy_reads_back_whole_and_in_pieces() -> io::Result<()> {
         let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
         let f = SharedFile::from_bytes(&data)?;
+        assert!(!f.in_memory());
         assert_eq!(f.len(), data.len() as u64);
         assert_eq!(&f.read_all()?[..], &data[..]);
         assert_eq!(&f.read_at(65_536, 10)?[..], &data[65_536..65_546]);
@@ -100,6 +141,23 @@ mod tests {
         assert!(f.same(&f.clone()));
         assert_eq!(f.fingerprint(), crate::ids::fnv(&data));
         assert!(!f.same(&SharedFile::from_bytes(&data)?));
+        Ok(())
+    }
+
+    #[test]
+    fn a_copy_in_memory_reads_as_a_file_does() -> io::Result<()> {
+        let data: Vec<u8> = (0..70_000u32).map(|i| (i % 249) as u8).collect();
+        let f = SharedFile {
+            copy: Held::Memory(Bytes::from(data.clone())),
+            len: data.len() as u64,
+            fingerprint: crate::ids::fnv(&data),
+        };
+        assert!(f.in_memory());
+        assert_eq!(&f.read_all()?[..], &data[..]);
+        assert_eq!(&f.read_at(65_536, 10)?[..], &data[65_536..65_546]);
+        assert!(f.read_at(69_995, 10).is_err());
+        assert!(f.read_at(u64::MAX, 1).is_err());
+        assert!(f.same(&f.clone()));
         Ok(())
     }
 

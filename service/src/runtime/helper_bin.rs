@@ -34,7 +34,16 @@ pub fn helper_binary(configured: Option<&Path>) -> Result<SharedFile, String> {
             Ok((copy, head))
         });
         match head.map(|(copy, h)| (copy, is_static_elf(&h))) {
-            Ok((copy, Ok(true))) => return Ok(copy),
+            Ok((copy, Ok(true))) => {
+                if copy.in_memory() {
+                    tracing::warn!(
+                        path = %path.display(),
+                        "no temporary file could be made (a read-only root? set TMPDIR to a \
+                         writable directory): the helper binary is held in memory"
+                    );
+                }
+                return Ok(copy);
+            }
             Ok((_, Ok(false))) => why.push(format!("{} is dynamically linked", path.display())),
             Ok((_, Err(e))) => why.push(format!("{}: {e}", path.display())),
             Err(e) => why.push(format!("{}: {e}", path.display())),

@@ -20,6 +20,11 @@ use crate::identity::Identity;
 use crate::ops::resolve::Root;
 use crate::ops::{Input, InputMsg};
 
+/// How long the helper waits for its shell's first start before it says it is ready (see
+/// [`serve`]): far more than a start takes (a few ms), far less than the service waits for the
+/// ready (15 s).
+const WARM_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
+
 mod handle;
 mod out;
 mod relay;
@@ -150,6 +155,18 @@ pub fn serve(config: Config) -> i32 {
         live: Mutex::default(),
         runs: Mutex::default(),
     });
+    // The shell every command runs in is found (for `sh`, probed with a spawn) and started once
+    // before the helper says it is ready, so a new session's first command costs what a later
+    // one does: the create that opens this channel answers after it. Bounded: a shell that
+    // hangs (the image is the caller's) holds the channel back no longer than `WARM_WAIT`, and
+    // a first command then waits for the finding, not for a second probe.
+    let (warmed, warm_done) = std::sync::mpsc::channel();
+    let warm = server.clone();
+    std::thread::spawn(move || {
+        crate::ops::run::warm_shell(&warm.config.identity);
+        let _ = warmed.send(());
+    });
+    let _ = warm_done.recv_timeout(WARM_WAIT);
     server.out.event(
         0,
         &Event::Ready {
@@ -158,11 +175,6 @@ pub fn serve(config: Config) -> i32 {
             pid: std::process::id(),
         },
     );
-    // The shell every command runs in is found (for `sh`, probed with a spawn) and started once
-    // now, beside the first request, so a new session's first command costs what a later one
-    // does (one that comes first waits for the finding, not for a second probe).
-    let warm = server.clone();
-    std::thread::spawn(move || crate::ops::run::warm_shell(&warm.config.identity));
     let mut stdin = std::io::stdin().lock();
     let code = loop {
         match read_frame(&mut stdin) {

@@ -35,7 +35,7 @@ use crate::engine::{
 };
 use crate::layout;
 use crate::shared_file::SharedFile;
-use crate::snapshots::{Snapshot, Snapshots, Workspace};
+use crate::snapshots::{Snapshot, SnapshotError, Snapshots, Workspace};
 
 mod error;
 mod users;
@@ -185,10 +185,20 @@ impl SandboxFactory {
         let built = self
             .build_on(req, egress, naming, Some((snapshot, &workspace)))
             .await;
-        if built.is_err() {
-            self.snapshots.remove_workspace(&workspace.token).await;
+        match built {
+            Ok(id) => Ok(id),
+            Err(e) => {
+                self.snapshots.remove_workspace(&workspace.token).await;
+                // The engine's 404 here is the snapshot's image, deleted meanwhile.
+                Err(match e {
+                    SessionError::NotFound
+                    | SessionError::Engine(crate::engine::EngineError::NotFound) => {
+                        SnapshotError::NotFound.into()
+                    }
+                    e => e,
+                })
+            }
         }
-        built
     }
 
     async fn build_on(
@@ -196,7 +206,7 @@ impl SandboxFactory {
         req: &StartSessionRequest,
         egress: Option<(&EgressPolicy, &Reservation)>,
         naming: Option<&Naming>,
-        from: Option<(&Snapshot, &Workspace)>,
+        from: Option<(&Snapshot, &Workspace<'_>)>,
     ) -> Result<String, SessionError> {
         // A snapshot's files are its source's user's: sessions from it run as that user.
         let user = match from {

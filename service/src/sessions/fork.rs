@@ -70,7 +70,7 @@ impl Sessions {
         let info = self.thawed(id).await?;
         self.flush(&info).await;
         let source = self.source_image(&info).await?;
-        let (snapshot, timings) = self
+        let (snapshot, timings, _) = self
             .snapshots()
             .take(&info, &source, req, Keep::Recorded)
             .await?;
@@ -111,7 +111,8 @@ impl Sessions {
         self.flush(&info).await;
         // Inspected once: the snapshot's commit reads its environment, and so does the forks'.
         let source = self.source_image(&info).await?;
-        let (snapshot, _) = self
+        // Pinned until the forks' containers and workspaces hold its payload.
+        let (snapshot, _, _pinned) = self
             .snapshots()
             .take(&info, &source, &SnapshotRequest::default(), Keep::ForForks)
             .await?;

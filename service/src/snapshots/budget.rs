@@ -8,12 +8,19 @@ use super::*;
 pub(super) struct Ledger {
     in_flight: HashMap<String, u64>,
     pub(super) forks: HashMap<String, u64>,
+    /// What [`Pin`]s hold, with their counts.
+    pins: HashMap<String, usize>,
 }
 
 impl Ledger {
-    /// The snapshots being taken now.
-    pub(super) fn taking(&self) -> HashSet<String> {
-        self.in_flight.keys().cloned().collect()
+    /// What the sweep leaves alone whatever its age: the snapshots being taken, and what is
+    /// pinned (see [`Pin`]).
+    pub(super) fn protected(&self) -> HashSet<String> {
+        self.in_flight
+            .keys()
+            .chain(self.pins.keys())
+            .cloned()
+            .collect()
     }
 
     fn total(&self) -> u64 {
@@ -65,7 +72,44 @@ impl Drop for Reservation<'_> {
     }
 }
 
+/// Keeps the reaper's sweep off something this replica is making: a snapshot's payload before
+/// its record is written (or, for a fork's, before the forks' containers hold it), a
+/// copy-on-write workspace before its session's container exists. The sweep's age guard alone
+/// cannot: Docker dates objects to the second, so under a short `SESSION_GRACE_SECONDS`
+/// something made a moment ago already looks old. Released when dropped.
+pub struct Pin<'a> {
+    snapshots: &'a Snapshots,
+    key: String,
+}
+
+impl std::fmt::Debug for Pin<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Pin").field(&self.key).finish()
+    }
+}
+
+impl Drop for Pin<'_> {
+    fn drop(&mut self) {
+        let mut ledger = self.snapshots.ledger();
+        if let Some(n) = ledger.pins.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                ledger.pins.remove(&self.key);
+            }
+        }
+    }
+}
+
 impl Snapshots {
+    /// Pins `key` (a snapshot id or a workspace token) until the pin is dropped.
+    pub(super) fn pin(&self, key: &str) -> Pin<'_> {
+        *self.ledger().pins.entry(key.to_string()).or_default() += 1;
+        Pin {
+            snapshots: self,
+            key: key.to_string(),
+        }
+    }
+
     pub(super) fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
         self.ledger.lock().unwrap_or_else(|e| e.into_inner())
     }

@@ -4,7 +4,7 @@ use super::*;
 
 impl Snapshots {
     /// A copy-on-write workspace over snapshot `s`'s data for a new session.
-    pub async fn workspace(&self, s: &Snapshot) -> Result<Workspace, SnapshotError> {
+    pub async fn workspace(&self, s: &Snapshot) -> Result<Workspace<'_>, SnapshotError> {
         let lower = self
             .engine
             .inspect_volume(&data_volume(&s.id))
@@ -14,6 +14,7 @@ impl Snapshots {
                 e => e.into(),
             })?;
         let token = crate::ids::random_token();
+        let pin = self.pin(&token);
         let [merged, upper, work] = workspace_volumes(&token);
         let mut labels = self.labels(ROLE_WORKSPACE, &s.id);
         labels.insert(WORKSPACE_LABEL.to_string(), token.clone());
@@ -66,7 +67,11 @@ impl Snapshots {
         }
         .await;
         match result {
-            Ok(()) => Ok(Workspace { token, merged }),
+            Ok(()) => Ok(Workspace {
+                token,
+                merged,
+                _pin: pin,
+            }),
             Err(e) => {
                 for name in made.iter().rev() {
                     let _ = self.engine.remove_volume(name).await;

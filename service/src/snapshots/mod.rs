@@ -51,6 +51,7 @@ mod sweep;
 mod take;
 
 use budget::Ledger;
+pub use budget::Pin;
 
 /// The repository every snapshot image is tagged in; the tag is the snapshot id.
 pub const IMAGE_REPOSITORY: &str = "daiv-sandbox-snapshot";
@@ -171,11 +172,13 @@ pub struct SnapshotRequest {
     pub ttl: Option<Duration>,
 }
 
-/// A copy-on-write workspace made for a new session: mount `merged` at `/workspace`.
-#[derive(Debug, Clone)]
-pub struct Workspace {
+/// A copy-on-write workspace made for a new session: mount `merged` at `/workspace`. The
+/// sweep leaves it alone while this is held (keep it until the session's container exists).
+#[derive(Debug)]
+pub struct Workspace<'a> {
     pub token: String,
     pub merged: String,
+    _pin: Pin<'a>,
 }
 
 /// Where the time of a snapshot went, for the log and the benchmark.

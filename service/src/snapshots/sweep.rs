@@ -59,18 +59,20 @@ impl Snapshots {
                 let _ = self.engine.remove(&c.id).await;
             }
         }
-        // Workspaces whose session is gone.
+        // Workspaces whose session is gone: listed before the sessions, so that a workspace
+        // whose container is made meanwhile is seen with it; one still being made is pinned.
+        let workspaces = self.engine.list_volumes(&self.mine(ROLE_WORKSPACE)).await?;
         let sessions = self.engine.list(&self.mine(ROLE_SANDBOX)).await?;
+        let pinned = self.ledger().protected();
         let tokens: HashSet<&str> = sessions
             .iter()
             .filter_map(|c| c.label(WORKSPACE_LABEL))
             .collect();
-        let workspaces = self.engine.list_volumes(&self.mine(ROLE_WORKSPACE)).await?;
         let mut gone: Vec<&str> = workspaces
             .iter()
             .filter(|v| old(v.created))
             .filter_map(|v| v.labels.get(WORKSPACE_LABEL).map(String::as_str))
-            .filter(|t| !tokens.contains(t))
+            .filter(|t| !tokens.contains(t) && !pinned.contains(*t))
             .collect();
         gone.sort_unstable();
         gone.dedup();
@@ -99,13 +101,89 @@ impl Snapshots {
                 orphans.insert(id.clone());
             }
         }
-        // A snapshot this replica is taking has its payload before its record: not an orphan,
-        // however short the guard (the guard alone covers other replicas).
-        let taking = self.ledger().taking();
-        orphans.retain(|id| !taking.contains(id));
+        // A snapshot this replica is taking has its payload before its record, and a fork's
+        // payload is pinned until its forks hold it: not orphans, however short the guard (the
+        // guard alone covers other replicas). The records are read again after the pins: a
+        // snapshot taken since the first reading has its record by the time its pin goes.
+        if orphans.is_empty() {
+            return Ok(deleted);
+        }
+        let pinned = self.ledger().protected();
+        orphans.retain(|id| !pinned.contains(id));
+        let recorded: HashSet<String> = match self.list().await {
+            Ok(all) => all.into_iter().map(|s| s.id).collect(),
+            Err(SnapshotError::Engine(e)) => return Err(e),
+            Err(_) => return Ok(deleted),
+        };
+        orphans.retain(|id| !recorded.contains(id));
         for id in orphans {
             self.release(&id).await;
         }
         Ok(deleted)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::fake::{FakeEngine, FakeExec};
+
+    /// A payload without a record and a workspace without a container, as a snapshot or a
+    /// session being made has them for a moment: the sweep leaves them while they are pinned,
+    /// however old they look, and collects them once the pins are gone.
+    #[tokio::test]
+    async fn the_sweep_leaves_what_is_pinned_and_collects_it_after()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let engine = Arc::new(FakeEngine::new(|_| FakeExec::default()));
+        let s = Snapshots::new(engine.clone(), crate::config::for_tests("k", &[]));
+        let id = new_id(None);
+        let payload = s.pin(&id);
+        s.engine
+            .create_volume(&VolumeSpec {
+                name: data_volume(&id),
+                labels: s.labels(ROLE_SNAPSHOT_DATA, &id),
+                driver_opts: HashMap::new(),
+            })
+            .await?;
+        let snapshot = Snapshot {
+            id: id.clone(),
+            name: None,
+            source: "src".into(),
+            base_image: "img".into(),
+            created: unix_now(),
+            expires: None,
+            size: 0,
+            user: None,
+        };
+        let workspace = s.workspace(&snapshot).await?;
+        let mut all = workspace_volumes(&workspace.token).to_vec();
+        all.push(data_volume(&id));
+        all.sort();
+        let present = || {
+            let mut v = engine.volumes();
+            v.sort();
+            v
+        };
+        assert_eq!(present(), all);
+
+        // Everything looks a minute old to these sweeps.
+        let later = SystemTime::now() + Duration::from_secs(60);
+        s.sweep(later, Duration::ZERO).await?;
+        assert_eq!(present(), all, "pinned payload and workspace");
+        drop(payload);
+        s.sweep(later, Duration::ZERO).await?;
+        assert_eq!(
+            present(),
+            all,
+            "a pinned workspace keeps its snapshot's data"
+        );
+        drop(workspace);
+        s.sweep(later, Duration::ZERO).await?;
+        assert_eq!(
+            present(),
+            Vec::<String>::new(),
+            "nothing pinned, nothing kept"
+        );
+        Ok(())
     }
 }

@@ -8,15 +8,17 @@ impl Snapshots {
     /// Snapshots the session `info` (the caller holds its lock), whose image the caller
     /// inspected (`source`: a fork reads its environment too). A running session is frozen
     /// while its container is committed and its workspace copied, side by side; a stopped one is
-    /// read as it is. On error nothing of the snapshot is left.
+    /// read as it is. On error nothing of the snapshot is left. The pin keeps the sweep off its
+    /// payload: a fork holds it until its forks' containers hold the payload.
     pub async fn take(
         &self,
         info: &ContainerInfo,
         source: &ImageInfo,
         req: &SnapshotRequest,
         keep: Keep,
-    ) -> Result<(Snapshot, Timings), SnapshotError> {
+    ) -> Result<(Snapshot, Timings, Pin<'_>), SnapshotError> {
         let id = new_id(self.engine.id_prefix());
+        let pin = self.pin(&id);
         let reservation = self.reserve(&id, info).await?;
         let base_image = info.labels.get(IMAGE_LABEL).cloned().unwrap_or_default();
         let data = self
@@ -64,7 +66,7 @@ impl Snapshots {
             self.ledger().forks.insert(id.clone(), snapshot.size);
         }
         drop(reservation);
-        Ok((snapshot, timings))
+        Ok((snapshot, timings, pin))
     }
 
     /// The freeze, the commit and the copy; the bytes of the image's own layer and of the copy.

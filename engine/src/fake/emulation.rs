@@ -258,10 +258,8 @@ impl ContainerEngine for FakeEngine {
         if !self.with(|s| s.containers.contains_key(id)) {
             return Err(EngineError::NotFound);
         }
-        if self.extract_into_volumes(id, path, &whole)? {
-            return Ok(());
-        }
-        self.extracted(id, path, &whole)
+        let rest = self.extract_into_volumes(id, path, &whole)?;
+        self.extracted(id, path, &rest)
     }
 
     async fn get_archive(

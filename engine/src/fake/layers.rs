@@ -175,14 +175,14 @@ impl FakeEngine {
     }
 
     /// Extracts the entries of `whole` (an archive put at `path`) that fall in one of container
-    /// `id`'s named volumes into that volume's directory; the others are left to the caller.
-    /// Whether any entry went into a volume.
+    /// `id`'s named volumes into that volume's directory, as Docker does with a mounted volume.
+    /// Returns an archive of the others, for the container's own files.
     pub(super) fn extract_into_volumes(
         &self,
         id: &str,
         path: &str,
         whole: &[u8],
-    ) -> Result<bool, EngineError> {
+    ) -> Result<Vec<u8>, EngineError> {
         let mounts: HashMap<String, String> = self.with(|s| {
             s.containers
                 .get(id)
@@ -195,9 +195,9 @@ impl FakeEngine {
                 .unwrap_or_default()
         });
         if mounts.is_empty() {
-            return Ok(false);
+            return Ok(whole.to_vec());
         }
-        let mut any = false;
+        let mut rest = tar::Builder::new(Vec::new());
         let mut archive = tar::Archive::new(whole);
         for entry in archive.entries().map_err(unavailable)? {
             let mut entry = entry.map_err(unavailable)?;
@@ -211,6 +211,11 @@ impl FakeEngine {
                 .iter()
                 .find(|(at, _)| full == **at || full.starts_with(&format!("{at}/")))
             else {
+                let mut header = entry.header().clone();
+                let mut data = Vec::new();
+                std::io::Read::read_to_end(&mut entry, &mut data).map_err(unavailable)?;
+                rest.append_data(&mut header, &name, &data[..])
+                    .map_err(unavailable)?;
                 continue;
             };
             let rel = full[at.len()..].trim_start_matches('/').to_string();
@@ -229,7 +234,6 @@ impl FakeEngine {
                     .ok_or_else(|| EngineError::Rejected(format!("{name}: no link target")))?;
                 let _ = std::fs::remove_file(&wanted);
                 std::os::unix::fs::symlink(target, &wanted).map_err(unavailable)?;
-                any = true;
                 continue;
             } else if kind.is_file() {
                 let mut data = Vec::new();
@@ -243,9 +247,8 @@ impl FakeEngine {
                 std::os::unix::fs::PermissionsExt::from_mode(mode & 0o7777),
             )
             .map_err(unavailable)?;
-            any = true;
         }
-        Ok(any)
+        rest.into_inner().map_err(unavailable)
     }
 }
 
@@ -277,4 +280,66 @@ fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{ContainerEngine, ContainerSpec, NetworkAttach};
+
+    /// An archive put at `/` across a named volume and the container's own files lands in both,
+    /// as Docker's does: nothing of it is dropped.
+    #[tokio::test]
+    async fn an_archive_across_a_volume_lands_on_both_sides() -> Result<(), EngineError> {
+        let engine = FakeEngine::new(|_| super::super::FakeExec::default());
+        engine
+            .create_volume(&VolumeSpec {
+                name: "ws".into(),
+                labels: HashMap::new(),
+                driver_opts: HashMap::new(),
+            })
+            .await?;
+        let id = engine
+            .create(&ContainerSpec {
+                name: None,
+                image: "img".into(),
+                entrypoint: None,
+                cmd: None,
+                env: Vec::new(),
+                labels: HashMap::new(),
+                user: None,
+                cap_add: Vec::new(),
+                sysctls: Vec::new(),
+                init: false,
+                runtime: "runc".into(),
+                memory_bytes: None,
+                nano_cpus: None,
+                pids_limit: 0,
+                network: NetworkAttach::None,
+                volumes: Vec::new(),
+                named_volumes: vec![("ws".into(), "/workspace".into())],
+                log_options: Vec::new(),
+                auto_remove: false,
+                skeleton: Vec::new(),
+            })
+            .await?;
+        let mut tar = tar::Builder::new(Vec::new());
+        for (path, data) in [("workspace/in.txt", "in"), ("etc/out.txt", "out")] {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(data.len() as u64);
+            h.set_mode(0o644);
+            tar.append_data(&mut h, path, data.as_bytes())
+                .map_err(unavailable)?;
+        }
+        let whole = Bytes::from(tar.into_inner().map_err(unavailable)?);
+        let body = futures::stream::once(async move { Ok(whole) });
+        engine.put_archive(&id, "/", Box::pin(body)).await?;
+        let inside = std::fs::read(engine.volume_dir("ws").join("in.txt")).map_err(unavailable)?;
+        assert_eq!(inside, b"in");
+        assert_eq!(
+            engine.file(&id, "/etc/out.txt").as_deref(),
+            Some(&b"out"[..])
+        );
+        Ok(())
+    }
 }

@@ -191,7 +191,7 @@ mod tests {
 
     use super::*;
     use crate::fake::FakeEngine;
-    use crate::{ContainerSpec, NetworkAttach};
+    use crate::ContainerSpec;
 
     fn scoped(prefix: Option<&str>) -> (Arc<Link>, ScopedEngine, Arc<FakeEngine>) {
         let fake = Arc::new(FakeEngine::default());
@@ -204,26 +204,8 @@ mod tests {
 
     fn spec() -> ContainerSpec {
         ContainerSpec {
-            name: None,
-            image: "img".into(),
-            entrypoint: None,
-            cmd: None,
-            env: Vec::new(),
-            labels: Default::default(),
-            user: None,
-            cap_add: Vec::new(),
-            sysctls: Vec::new(),
-            init: false,
-            runtime: "runc".into(),
-            memory_bytes: None,
-            nano_cpus: None,
             pids_limit: 10,
-            network: NetworkAttach::None,
-            volumes: Vec::new(),
-            named_volumes: Vec::new(),
-            log_options: Vec::new(),
-            auto_remove: false,
-            skeleton: Vec::new(),
+            ..ContainerSpec::for_tests("img")
         }
     }
 

@@ -67,6 +67,33 @@ pub struct ContainerSpec {
 }
 
 impl ContainerSpec {
+    /// A spec of `image` with nothing else set, for the engine's own tests to fill in.
+    #[cfg(test)]
+    pub(crate) fn for_tests(image: &str) -> Self {
+        Self {
+            name: None,
+            image: image.into(),
+            entrypoint: None,
+            cmd: None,
+            env: Vec::new(),
+            labels: HashMap::new(),
+            user: None,
+            cap_add: Vec::new(),
+            sysctls: Vec::new(),
+            init: false,
+            runtime: "runc".into(),
+            memory_bytes: None,
+            nano_cpus: None,
+            pids_limit: 0,
+            network: NetworkAttach::None,
+            volumes: Vec::new(),
+            named_volumes: Vec::new(),
+            log_options: Vec::new(),
+            auto_remove: false,
+            skeleton: Vec::new(),
+        }
+    }
+
     /// The skeleton's parts as one archive, read whole (`Ok(None)` without a skeleton): for the
     /// fake and tests; the engine streams the parts.
     pub fn skeleton_archive(&self) -> std::io::Result<Option<Bytes>> {

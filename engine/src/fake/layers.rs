@@ -285,7 +285,7 @@ fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{ContainerEngine, ContainerSpec, NetworkAttach};
+    use crate::{ContainerEngine, ContainerSpec};
 
     /// An archive put at `/` across a named volume and the container's own files lands in both,
     /// as Docker's does: nothing of it is dropped.
@@ -301,26 +301,8 @@ mod tests {
             .await?;
         let id = engine
             .create(&ContainerSpec {
-                name: None,
-                image: "img".into(),
-                entrypoint: None,
-                cmd: None,
-                env: Vec::new(),
-                labels: HashMap::new(),
-                user: None,
-                cap_add: Vec::new(),
-                sysctls: Vec::new(),
-                init: false,
-                runtime: "runc".into(),
-                memory_bytes: None,
-                nano_cpus: None,
-                pids_limit: 0,
-                network: NetworkAttach::None,
-                volumes: Vec::new(),
                 named_volumes: vec![("ws".into(), "/workspace".into())],
-                log_options: Vec::new(),
-                auto_remove: false,
-                skeleton: Vec::new(),
+                ..ContainerSpec::for_tests("img")
             })
             .await?;
         let mut tar = tar::Builder::new(Vec::new());

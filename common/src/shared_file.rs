@@ -13,7 +13,8 @@ use crate::ids::{FNV_OFFSET, fnv_more};
 /// A private copy of a file's content, read when an archive holding it is sent. The copy has no
 /// name (`O_TMPFILE` where the temporary directory supports it), so nothing can change what the
 /// service sends after it checked it, whatever happens to the original (a rebuild in place, a
-/// truncation); and its pages are the kernel's cache, not the service's memory. Where no
+/// truncation); and its pages are the kernel's cache, not the service's memory (unless `TMPDIR`
+/// is a tmpfs, where they are memory the kernel cannot evict, charged to the service). Where no
 /// temporary file can be made (a read-only root without a writable `TMPDIR`), the copy is held
 /// in memory instead: the same guarantees, not the memory.
 #[derive(Clone, Debug)]

@@ -16,7 +16,7 @@ use control_plane::egress;
 use control_plane::engine::fake::FakeEngine;
 use control_plane::engine::{
     ContainerEngine, ContainerSpec, ContainerStatus, DEPLOYMENT_LABEL, EGRESS_LABEL, MANAGED_LABEL,
-    NetworkAttach, NetworkSpec, ROLE_EGRESS_GATEWAY, ROLE_EGRESS_NETWORK, ROLE_LABEL, ROLE_SANDBOX,
+    NetworkSpec, ROLE_EGRESS_GATEWAY, ROLE_EGRESS_NETWORK, ROLE_LABEL, ROLE_SANDBOX,
 };
 use control_plane::reaper::Reaper;
 
@@ -91,26 +91,10 @@ impl World {
             all.insert(k.to_string(), v.to_string());
         }
         let spec = ContainerSpec {
-            name: None,
-            image: "img".into(),
-            entrypoint: None,
-            cmd: None,
-            env: Vec::new(),
             labels: all,
-            user: None,
-            cap_add: Vec::new(),
-            sysctls: Vec::new(),
             init: true,
-            runtime: "runc".into(),
-            memory_bytes: None,
-            nano_cpus: None,
             pids_limit: 10,
-            network: NetworkAttach::None,
-            volumes: Vec::new(),
-            named_volumes: Vec::new(),
-            log_options: Vec::new(),
-            auto_remove: false,
-            skeleton: Vec::new(),
+            ..ContainerSpec::for_tests("img")
         };
         let id = self.engine.create(&spec).await?;
         self.engine.start(&id).await?;

@@ -190,8 +190,8 @@ mod tests {
     use sandbox_common::ids::{is_container_id, is_session_id};
 
     use super::*;
-    use crate::fake::FakeEngine;
     use crate::ContainerSpec;
+    use crate::fake::FakeEngine;
 
     fn scoped(prefix: Option<&str>) -> (Arc<Link>, ScopedEngine, Arc<FakeEngine>) {
         let fake = Arc::new(FakeEngine::default());

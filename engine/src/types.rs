@@ -67,9 +67,9 @@ pub struct ContainerSpec {
 }
 
 impl ContainerSpec {
-    /// A spec of `image` with nothing else set, for the engine's own tests to fill in.
-    #[cfg(test)]
-    pub(crate) fn for_tests(image: &str) -> Self {
+    /// A spec of `image` with nothing else set, for tests to fill in.
+    #[cfg(any(test, feature = "test-util"))]
+    pub fn for_tests(image: &str) -> Self {
         Self {
             name: None,
             image: image.into(),

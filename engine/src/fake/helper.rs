@@ -97,7 +97,7 @@ impl FakeEngine {
         id: &str,
         alive: &tokio_util::sync::CancellationToken,
     ) -> Result<String, EngineError> {
-        let name = format!("daiv-fake-{}-{id}", std::process::id());
+        let name = format!("{}-{id}", self.dirs.prefix);
         let fresh = self.with(|s| match s.supervised.get(id) {
             Some(running) if !running.is_cancelled() => false,
             _ => {

@@ -20,7 +20,7 @@ fn unavailable(e: impl std::fmt::Display) -> EngineError {
 impl FakeEngine {
     /// The host directory holding volume `name`'s content.
     pub fn volume_dir(&self, name: &str) -> PathBuf {
-        std::env::temp_dir().join(format!("daiv-fake-{}-vol-{name}", std::process::id()))
+        self.dirs.root.join(format!("vol-{name}"))
     }
 
     /// The named volume container `id` has at `at`, if any.
@@ -219,10 +219,18 @@ impl FakeEngine {
                 continue;
             };
             let rel = full[at.len()..].trim_start_matches('/').to_string();
-            if rel.split('/').any(|c| c == "..") {
+            let root = self.volume_dir(volume);
+            // Never through a link already there (a sandbox's, or an earlier entry's), as
+            // Docker resolves a path within the container.
+            let parts: Vec<&str> = rel.split('/').filter(|c| !c.is_empty()).collect();
+            let through_link = (1..parts.len()).any(|n| {
+                std::fs::symlink_metadata(root.join(parts[..n].join("/")))
+                    .is_ok_and(|m| m.file_type().is_symlink())
+            });
+            if parts.contains(&"..") || through_link {
                 return Err(EngineError::Rejected(format!("{name}: outside its volume")));
             }
-            let wanted = self.volume_dir(volume).join(&rel);
+            let wanted = root.join(&rel);
             let mode = entry.header().mode().unwrap_or(0o644);
             let kind = entry.header().entry_type();
             if kind.is_dir() {

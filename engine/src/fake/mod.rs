@@ -80,6 +80,34 @@ struct State {
 pub struct FakeEngine {
     state: Arc<Mutex<State>>,
     responder: Arc<Responder>,
+    /// This engine's host directories (its containers' own files, its volumes), apart from
+    /// those of the other engines in the same test binary (each counts its ids from 1).
+    dirs: Arc<Dirs>,
+}
+
+/// Where an engine's host directories live: removed with the engine's last clone.
+struct Dirs {
+    root: std::path::PathBuf,
+    /// Names its containers' process supervisors (abstract sockets) apart, likewise.
+    prefix: String,
+}
+
+impl Dirs {
+    fn new() -> Self {
+        static INSTANCES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = INSTANCES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let prefix = format!("daiv-fake-{}-{n}", std::process::id());
+        Self {
+            root: std::env::temp_dir().join(&prefix),
+            prefix,
+        }
+    }
+}
+
+impl Drop for Dirs {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
 }
 
 impl Default for FakeEngine {
@@ -97,6 +125,7 @@ impl FakeEngine {
         Self {
             state: Arc::default(),
             responder: Arc::new(responder),
+            dirs: Arc::new(Dirs::new()),
         }
     }
 
@@ -185,12 +214,10 @@ impl FakeEngine {
 
     /// The host directory of container `id`'s own files (removed with it).
     fn own_dir(&self, id: &str) -> std::path::PathBuf {
-        std::env::temp_dir().join(format!(
-            "daiv-fake-{}-{}",
-            std::process::id(),
-            // The fake's ids are counters padded with zeros: their tail tells them apart.
-            &id[id.len().saturating_sub(12)..]
-        ))
+        // The fake's ids are counters padded with zeros: their tail tells them apart.
+        self.dirs
+            .root
+            .join(format!("c-{}", &id[id.len().saturating_sub(12)..]))
     }
 
     /// Makes every later call whose description starts with `prefix` (for example

@@ -27,8 +27,21 @@ pub fn helper_binary(configured: Option<&Path>) -> Result<SharedFile, String> {
     };
     let mut why = Vec::new();
     for path in &candidates {
-        // The copy first, then its headers: what is checked is what is sent.
-        let copy = std::fs::File::open(path).and_then(|mut f| SharedFile::copy_of(&mut f));
+        // The copy first, then its headers: what is checked is what is sent. Only a regular
+        // file, and only so much of it (a FIFO or a device named by mistake is refused).
+        let copy = std::fs::File::open(path).and_then(|f| {
+            if !f.metadata()?.is_file() {
+                return Err(std::io::Error::other("not a regular file"));
+            }
+            let copy = SharedFile::copy_of(&mut std::io::Read::take(f, HELPER_MAX + 1))?;
+            if copy.len() > HELPER_MAX {
+                return Err(std::io::Error::other(format!(
+                    "over {} MiB: not a release build of the helper",
+                    HELPER_MAX >> 20
+                )));
+            }
+            Ok(copy)
+        });
         let head = copy.and_then(|copy| {
             let head = copy.read_at(0, usize::try_from(copy.len().min(64 * 1024)).unwrap_or(0))?;
             Ok((copy, head))
@@ -54,6 +67,9 @@ pub fn helper_binary(configured: Option<&Path>) -> Result<SharedFile, String> {
         why.join("; ")
     ))
 }
+
+/// The largest helper binary taken (the static release build is under 4 MiB).
+const HELPER_MAX: u64 = 64 << 20;
 
 /// An x86-64/aarch64 ELF executable without a program interpreter (`PT_INTERP`).
 fn is_static_elf(b: &[u8]) -> Result<bool, &'static str> {
@@ -99,5 +115,10 @@ mod tests {
         assert!(is_static_elf(b"#!/bin/sh\n").is_err());
         let missing = helper_binary(Some(Path::new("/nonexistent/helper")));
         assert!(missing.is_err_and(|e| e.contains("make helper")));
+        let dir = helper_binary(Some(Path::new("/")));
+        assert!(
+            dir.is_err_and(|e| e.contains("not a regular file")),
+            "a directory"
+        );
     }
 }

@@ -118,7 +118,13 @@ impl Sessions {
             .await?;
         let environment = match plan.environment {
             Some(e) => e,
-            None => self.caller_env(&info, &source.env).await?,
+            None => match self.caller_env(&info, &source.env).await {
+                Ok(e) => e,
+                Err(e) => {
+                    self.snapshots().release(&snapshot.id).await;
+                    return Err(e);
+                }
+            },
         };
         let req = StartSessionRequest {
             base_image: snapshot.base_image.clone(),

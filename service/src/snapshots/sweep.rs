@@ -59,11 +59,12 @@ impl Snapshots {
                 let _ = self.engine.remove(&c.id).await;
             }
         }
-        // Workspaces whose session is gone: listed before the sessions, so that a workspace
-        // whose container is made meanwhile is seen with it; one still being made is pinned.
+        // Workspaces whose session is gone. A workspace is pinned until its container exists:
+        // the pins are read after the workspaces are listed and before the sessions are, so a
+        // listed workspace is either still pinned or has its container in the listing.
         let workspaces = self.engine.list_volumes(&self.mine(ROLE_WORKSPACE)).await?;
-        let sessions = self.engine.list(&self.mine(ROLE_SANDBOX)).await?;
         let pinned = self.ledger().protected();
+        let sessions = self.engine.list(&self.mine(ROLE_SANDBOX)).await?;
         let tokens: HashSet<&str> = sessions
             .iter()
             .filter_map(|c| c.label(WORKSPACE_LABEL))
@@ -155,19 +156,21 @@ mod tests {
             size: 0,
             user: None,
         };
-        let workspace = s.workspace(&snapshot).await?;
-        let mut all = workspace_volumes(&workspace.token).to_vec();
-        all.push(data_volume(&id));
-        all.sort();
         let present = || {
             let mut v = engine.volumes();
             v.sort();
             v
         };
-        assert_eq!(present(), all);
-
         // Everything looks a minute old to these sweeps.
         let later = SystemTime::now() + Duration::from_secs(60);
+        s.sweep(later, Duration::ZERO).await?;
+        assert_eq!(present(), vec![data_volume(&id)], "a pinned payload");
+
+        let workspace = s.workspace(&snapshot).await?;
+        let mut all = workspace_volumes(&workspace.token).to_vec();
+        all.push(data_volume(&id));
+        all.sort();
+        assert_eq!(present(), all);
         s.sweep(later, Duration::ZERO).await?;
         assert_eq!(present(), all, "pinned payload and workspace");
         drop(payload);

@@ -9,7 +9,7 @@
 mod harness;
 
 use axum::http::StatusCode;
-use control_plane::engine::ContainerStatus;
+use control_plane::engine::{ContainerEngine, ContainerStatus};
 use serde_json::{Value, json};
 
 use harness::Harness;
@@ -208,4 +208,32 @@ async fn a_deleted_snapshot_and_its_sessions_leave_no_volume_or_image() {
     let later = std::time::SystemTime::now() + std::time::Duration::from_secs(30 * 86_400);
     h.cell().reaper().sweep(later).await.unwrap();
     assert_eq!(snapshot_objects(&h), before);
+}
+
+#[tokio::test]
+async fn a_session_from_a_snapshot_whose_image_went_is_the_snapshots_404_and_leaves_nothing() {
+    let h = Harness::default();
+    let source = h.session().await;
+    let sid = snapshot(&h, &source, json!({})).await;
+    let before = snapshot_objects(&h);
+    // Its image removed behind the service's back (another replica's delete, an operator).
+    let image = h
+        .engine
+        .images()
+        .into_iter()
+        .find(|i| i.contains(&sid))
+        .unwrap();
+    h.engine.remove_image(&image).await.unwrap();
+    let (s, b) = h
+        .api("POST", "/session/", Some(json!({"snapshot_id": sid})))
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "{b}");
+    assert!(
+        b["detail"].as_str().is_some_and(|d| d.contains("napshot")),
+        "the snapshot's 404, not a session's: {b}"
+    );
+    // Its copy-on-write workspace was made and removed again.
+    let mut left = before;
+    left.retain(|o| *o != image);
+    assert_eq!(snapshot_objects(&h), left);
 }

@@ -54,6 +54,13 @@ impl ContainerEngine for FakeEngine {
 
     async fn create(&self, spec: &ContainerSpec) -> Result<String, EngineError> {
         self.check_up(format!("create {}", spec.image)).await?;
+        // Docker's 404 for an image that is not there: a snapshot's that is gone, or one made
+        // missing (every other name stands for an image sessions are made from).
+        let gone = spec.image.starts_with("daiv-sandbox-snapshot:")
+            && self.committed(&spec.image).is_none();
+        if gone || self.with(|s| s.missing_images.contains(&spec.image)) {
+            return Err(EngineError::NotFound);
+        }
         let id = self.with(|s| {
             if let Some(name) = &spec.name
                 && s.names.values().any(|n| n == name)

@@ -16,6 +16,10 @@ use crate::{
 use super::{FakeEngine, State};
 use sandbox_common::archive::Archive;
 
+/// The service's snapshot images' repository (`snapshots::IMAGE_REPOSITORY`, which this crate
+/// cannot import): a reference in it that was not committed is gone.
+const SNAPSHOT_IMAGES: &str = "daiv-sandbox-snapshot:";
+
 #[async_trait::async_trait]
 impl ContainerEngine for FakeEngine {
     async fn ping(&self) -> Result<(), EngineError> {
@@ -56,8 +60,7 @@ impl ContainerEngine for FakeEngine {
         self.check_up(format!("create {}", spec.image)).await?;
         // Docker's 404 for an image that is not there: a snapshot's that is gone, or one made
         // missing (every other name stands for an image sessions are made from).
-        let gone = spec.image.starts_with("daiv-sandbox-snapshot:")
-            && self.committed(&spec.image).is_none();
+        let gone = spec.image.starts_with(SNAPSHOT_IMAGES) && self.committed(&spec.image).is_none();
         if gone || self.with(|s| s.missing_images.contains(&spec.image)) {
             return Err(EngineError::NotFound);
         }
@@ -433,7 +436,7 @@ impl ContainerEngine for FakeEngine {
         if let Some(image) = self.committed(reference) {
             return Ok(image);
         }
-        let snapshot_ref = reference.starts_with("daiv-sandbox-snapshot:");
+        let snapshot_ref = reference.starts_with(SNAPSHOT_IMAGES);
         if snapshot_ref || self.with(|s| s.missing_images.iter().any(|m| m == reference)) {
             return Err(EngineError::NotFound);
         }

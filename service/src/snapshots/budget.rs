@@ -13,14 +13,10 @@ pub(super) struct Ledger {
 }
 
 impl Ledger {
-    /// What the sweep leaves alone whatever its age: the snapshots being taken, and what is
-    /// pinned (see [`Pin`]).
+    /// What the sweep leaves alone whatever its age: what is pinned (see [`Pin`]; a snapshot
+    /// being taken is pinned from before its payload exists).
     pub(super) fn protected(&self) -> HashSet<String> {
-        self.in_flight
-            .keys()
-            .chain(self.pins.keys())
-            .cloned()
-            .collect()
+        self.pins.keys().cloned().collect()
     }
 
     fn total(&self) -> u64 {

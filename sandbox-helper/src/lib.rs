@@ -20,9 +20,11 @@
 //! - [`identity`]: the helper's own uid, and acting for the sandbox user.
 //! - [`env_file`]: the caller's environment, read by runs and process starts.
 //! - [`write_file`]: the `write-file` command.
+//! - [`copy_tree`]: the `copy-tree` command (a sandbox's frozen overlay upper directory copied
+//!   faithfully into a new layer, never following its symlinks).
 //! - [`usage`]: what a command or background process cost (time, CPU of its tree, peak memory).
 //! - `src/main.rs`: the `daiv-sandbox-helper` binary: `serve`, `init`, `write-file`,
-//!   `--version`; it parses flags into the configurations above.
+//!   `copy-tree`, `--version`; it parses flags into the configurations above.
 //!
 //! # Commands
 //! The shell is picked once per helper process: `bash` on PATH → `bash -o pipefail -c CMD`;
@@ -50,6 +52,7 @@
 //! links"). Final opens use `O_NOFOLLOW` and `O_NONBLOCK`, then `fstat`: only regular files
 //! are read. Writes create with `O_CREAT | O_EXCL | O_NOFOLLOW` from the parent's fd.
 
+pub mod copy_tree;
 pub mod disk;
 pub mod env_file;
 pub mod identity;

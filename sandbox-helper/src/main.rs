@@ -1,14 +1,16 @@
 //! `daiv-sandbox-helper`: `serve [--root DIR]` (the protocol on stdin/stdout, see the
 //! `sandbox_protocol` crate), `init` (the container's keep-alive process and its process
-//! supervisor), `write-file PATH MODE` (replace a file with stdin, atomically) or `--version`.
+//! supervisor), `write-file PATH MODE` (replace a file with stdin, atomically), `copy-tree FROM TO
+//! [--max-bytes N]` (copy a frozen overlay upper directory into a new layer, see
+//! `sandbox_helper::copy_tree`) or `--version`.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use sandbox_helper::identity::{self, Identity, Ids};
-use sandbox_helper::{procs, server, write_file};
+use sandbox_helper::{copy_tree, procs, server, write_file};
 
-const USAGE: &str = "usage: daiv-sandbox-helper serve [--root DIR] [--service-dir DIR] [--processes NAME] [--user U:G --helper-user H:G] | init [--processes NAME] [--user U:G --helper-user H:G] | write-file PATH MODE [-- CMD...] | --version";
+const USAGE: &str = "usage: daiv-sandbox-helper serve [--root DIR] [--service-dir DIR] [--processes NAME] [--user U:G --helper-user H:G] | init [--processes NAME] [--user U:G --helper-user H:G] | write-file PATH MODE [-- CMD...] | copy-tree FROM TO [--max-bytes N] | --version";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -85,6 +87,17 @@ fn main() -> ExitCode {
                 Ok(mode) if path.file_name().is_some() => write_file::write_file(path, mode, then),
                 _ => usage(),
             }
+        }
+        ["copy-tree", from, to, rest @ ..] => {
+            let max_bytes = match rest {
+                [] => None,
+                ["--max-bytes", n] => match n.parse() {
+                    Ok(n) => Some(n),
+                    Err(_) => return usage(),
+                },
+                _ => return usage(),
+            };
+            copy_tree::command(Path::new(from), Path::new(to), max_bytes)
         }
         _ => usage(),
     }

@@ -237,3 +237,105 @@ async fn a_session_from_a_snapshot_whose_image_went_is_the_snapshots_404_and_lea
     left.retain(|o| *o != image);
     assert_eq!(snapshot_objects(&h), left);
 }
+
+/// Deletes `/workspace/repo/<name>`.
+async fn delete(h: &Harness, id: &str, name: &str) {
+    let (s, b) = h
+        .api(
+            "POST",
+            &format!("/session/{id}/fs/delete/"),
+            Some(json!({"path": format!("/workspace/repo/{name}")})),
+        )
+        .await;
+    assert_eq!((s, &b["removed"]), (StatusCode::OK, &json!(true)), "{b}");
+}
+
+/// The regular files (and whiteouts) a snapshot's own layer holds, relative to it.
+fn layer_files(h: &Harness, snapshot: &str) -> Vec<String> {
+    fn walk(dir: &std::path::Path, rel: &str, out: &mut Vec<String>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let e = e.unwrap();
+            let name = format!("{rel}{}", e.file_name().to_string_lossy());
+            if e.file_type().unwrap().is_dir() {
+                walk(&e.path(), &format!("{name}/"), out);
+            } else {
+                out.push(name);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    let dir = h
+        .engine
+        .volume_dir(&format!("daiv-snapshot-{snapshot}-data"));
+    walk(&dir, "", &mut out);
+    out.sort();
+    out
+}
+
+/// Three generations: each snapshot of a session from a snapshot is a layer of what that
+/// session changed (a file deleted stays deleted, a file written is there), over the layers of
+/// the snapshot it came from, which stay while anything above them needs them, whoever deleted
+/// their snapshot. Everything goes once every snapshot and session does.
+#[tokio::test]
+async fn a_snapshot_of_a_session_from_a_snapshot_is_a_layer_of_its_changes() {
+    let h = Harness::default();
+    let before = snapshot_objects(&h);
+    let first = h.session().await;
+    write(&h, &first, "a.txt", "a from the first").await;
+    write(&h, &first, "b.txt", "b from the first").await;
+    let s1 = snapshot(&h, &first, json!({})).await;
+    assert!(layer_files(&h, &s1).contains(&"repo/b.txt".to_string()));
+
+    let second = h.create(json!({"snapshot_id": s1})).await;
+    delete(&h, &second, "a.txt").await;
+    write(&h, &second, "c.txt", "c from the second").await;
+    let s2 = snapshot(&h, &second, json!({})).await;
+    // Its own layer: the new file and the deletion, nothing of the first's.
+    let layer = layer_files(&h, &s2);
+    assert!(layer.contains(&"repo/c.txt".to_string()), "{layer:?}");
+    assert!(!layer.contains(&"repo/b.txt".to_string()), "{layer:?}");
+    assert!(layer.iter().any(|f| f.contains("a.txt")), "{layer:?}");
+
+    // The first snapshot deleted: its layer stays under the second's.
+    let (s, _) = h.api("DELETE", &format!("/snapshots/{s1}/"), None).await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    let third = h.create(json!({"snapshot_id": s2})).await;
+    assert!(read(&h, &third, "a.txt").await.contains("not_found"));
+    assert!(read(&h, &third, "b.txt").await.contains("b from the first"));
+    assert!(
+        read(&h, &third, "c.txt")
+            .await
+            .contains("c from the second")
+    );
+    write(&h, &third, "d.txt", "d from the third").await;
+    let (s, b) = h
+        .api(
+            "POST",
+            &format!("/session/{third}/fork/"),
+            Some(json!({"count": 1})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+    let fork = b["session_ids"][0].as_str().unwrap().to_string();
+    assert!(read(&h, &fork, "a.txt").await.contains("not_found"));
+    for (name, text) in [
+        ("b.txt", "b from the first"),
+        ("c.txt", "c from the second"),
+        ("d.txt", "d from the third"),
+    ] {
+        assert!(read(&h, &fork, name).await.contains(text), "{name}");
+    }
+
+    // Every snapshot and session gone, the sweep leaves nothing of them.
+    let (s, _) = h.api("DELETE", &format!("/snapshots/{s2}/"), None).await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    for id in [&first, &second, &third, &fork] {
+        let (s, b) = h.api("DELETE", &format!("/session/{id}/"), None).await;
+        assert!(s.is_success(), "{s} {b}");
+        h.engine
+            .set_times(id, Some(0), Some("2026-01-01T00:00:00Z"));
+    }
+    let later = std::time::SystemTime::now() + std::time::Duration::from_secs(30 * 86_400);
+    h.cell().reaper().sweep(later).await.unwrap();
+    assert_eq!(snapshot_objects(&h), before);
+}

@@ -287,7 +287,9 @@ impl From<crate::snapshots::SnapshotError> for ApiError {
         use crate::snapshots::SnapshotError as E;
         match e {
             E::NotFound => ApiError::NotFoundDetail(e.to_string()),
-            E::InvalidName | E::InvalidTtl => ApiError::Unprocessable(e.to_string()),
+            E::InvalidName | E::InvalidTtl | E::Uncopyable { .. } => {
+                ApiError::Unprocessable(e.to_string())
+            }
             E::UnusableMountpoint => ApiError::Unavailable(e.to_string()),
             E::TooLarge { .. } => ApiError::PayloadTooLarge(e.to_string()),
             E::NoRoom { .. } => ApiError::InsufficientStorage(e.to_string()),

@@ -225,7 +225,10 @@ impl ContainerEngine for FakeEngine {
     async fn exec(&self, id: &str, spec: &ExecSpec) -> Result<ExecStream, EngineError> {
         let user_cmd = spec.cmd.last().cloned().unwrap_or_default();
         self.check_up(format!("exec {id} {user_cmd}")).await?;
-        let result = (self.responder)(&user_cmd);
+        let result = match spec.cmd.get(1).map(String::as_str) {
+            Some("copy-tree") => self.copy_tree_exec(id, &spec.cmd[2..]),
+            _ => (self.responder)(&user_cmd),
+        };
         let exec_id = self.with(|s| {
             let exec_id = format!("exec-{}", s.execs.len());
             s.execs.insert(exec_id.clone(), result.exit_code);

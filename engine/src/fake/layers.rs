@@ -3,6 +3,11 @@
 //! volume is a host directory, an `overlay` volume is a copy of its lower directories (writes
 //! to it are not sent to its upper), a container's named volume at `/workspace` is where its
 //! helper serves, and archives in and out of `/workspace` read and write that directory.
+//!
+//! The helper's `copy-tree` (a snapshot's layer copy) is emulated: from an overlay's upper, it
+//! copies what the overlay's directory changed over its lowers, deletions as `.wh.<name>` marker
+//! files (the fake's whiteouts; an overlay volume applies them), so a stack of layers means in
+//! the fake what it means in Docker.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -42,7 +47,14 @@ impl FakeEngine {
         }
         let lowers = match spec.driver_opts.get("type").map(String::as_str) {
             None if spec.driver_opts.is_empty() => Vec::new(),
-            Some("overlay") => overlay_lowers(&spec.driver_opts)?,
+            Some("overlay") => {
+                let (lowers, upper) = overlay_dirs(&spec.driver_opts)?;
+                self.with(|s| {
+                    s.overlays
+                        .insert(spec.name.clone(), (lowers.clone(), upper.clone()))
+                });
+                lowers
+            }
             _ => {
                 return Err(EngineError::Rejected(
                     "the fake engine makes plain and overlay volumes only".into(),
@@ -52,7 +64,7 @@ impl FakeEngine {
         let dir = self.volume_dir(&spec.name);
         std::fs::create_dir_all(&dir).map_err(unavailable)?;
         for lower in lowers.iter().rev() {
-            copy_tree(lower, &dir).map_err(unavailable)?;
+            apply_layer(lower, &dir).map_err(unavailable)?;
         }
         let info = VolumeInfo {
             name: spec.name.clone(),
@@ -75,6 +87,7 @@ impl FakeEngine {
             if in_use {
                 return Err(EngineError::Conflict(format!("volume {name} is in use")));
             }
+            s.overlays.remove(name);
             s.volumes
                 .remove(name)
                 .map(drop)
@@ -260,34 +273,191 @@ impl FakeEngine {
     }
 }
 
-/// The lower directories of an overlay volume's options, top first (as overlay lists them).
-fn overlay_lowers(opts: &HashMap<String, String>) -> Result<Vec<PathBuf>, EngineError> {
+/// The lower directories of an overlay volume's options (top first, as overlay lists them)
+/// and its upper directory.
+fn overlay_dirs(opts: &HashMap<String, String>) -> Result<(Vec<PathBuf>, PathBuf), EngineError> {
     let o = opts.get("o").map(String::as_str).unwrap_or_default();
-    let lowers = o
-        .split(',')
-        .find_map(|kv| kv.strip_prefix("lowerdir="))
+    let find = |key: &str| o.split(',').find_map(|kv| kv.strip_prefix(key));
+    let lowers = find("lowerdir=")
         .ok_or_else(|| EngineError::Rejected("an overlay volume needs a lowerdir".into()))?;
-    Ok(lowers.split(':').map(PathBuf::from).collect())
+    let upper = find("upperdir=").unwrap_or_default();
+    Ok((
+        lowers.split(':').map(PathBuf::from).collect(),
+        PathBuf::from(upper),
+    ))
 }
 
-/// Copies the tree under `from` into `to` (files over files), keeping modes and symlinks.
-fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
+/// The fake's whiteout: `.wh.<name>` in a layer deletes `<name>` below it.
+const WHITEOUT: &str = ".wh.";
+
+/// Lays the layer `from` over the tree `to`: its files and links replace what is there, its
+/// directories merge, its whiteouts delete. Keeps modes.
+fn apply_layer(from: &Path, to: &Path) -> std::io::Result<()> {
     for entry in std::fs::read_dir(from)? {
         let entry = entry?;
         let kind = entry.file_type()?;
-        let target = to.join(entry.file_name());
+        let name = entry.file_name();
+        if let Some(gone) = name.to_str().and_then(|n| n.strip_prefix(WHITEOUT)) {
+            remove_any(&to.join(gone))?;
+            continue;
+        }
+        let target = to.join(&name);
+        let there = std::fs::symlink_metadata(&target).ok();
         if kind.is_dir() {
+            if there.as_ref().is_some_and(|m| !m.is_dir()) {
+                remove_any(&target)?;
+            }
             std::fs::create_dir_all(&target)?;
             std::fs::set_permissions(&target, entry.metadata()?.permissions())?;
-            copy_tree(&entry.path(), &target)?;
-        } else if kind.is_symlink() {
-            let _ = std::fs::remove_file(&target);
+            apply_layer(&entry.path(), &target)?;
+            continue;
+        }
+        if there.is_some() {
+            remove_any(&target)?;
+        }
+        if kind.is_symlink() {
             std::os::unix::fs::symlink(std::fs::read_link(entry.path())?, &target)?;
         } else {
             std::fs::copy(entry.path(), &target)?;
         }
     }
     Ok(())
+}
+
+fn remove_any(path: &Path) -> std::io::Result<()> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => std::fs::remove_dir_all(path),
+        Ok(_) => std::fs::remove_file(path),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Writes into `out` the layer that turns `below` into `now`: what `now` added or changed, and
+/// a whiteout for what it removed.
+fn diff_layer(now: &Path, below: &Path, out: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    for entry in std::fs::read_dir(now)? {
+        let entry = entry?;
+        let kind = entry.file_type()?;
+        let name = entry.file_name();
+        let was = std::fs::symlink_metadata(below.join(&name)).ok();
+        let target = out.join(&name);
+        let meta = entry.metadata()?;
+        if kind.is_dir() {
+            std::fs::create_dir_all(&target)?;
+            std::fs::set_permissions(&target, meta.permissions())?;
+            if was.as_ref().is_some_and(|m| m.is_dir()) {
+                diff_layer(&entry.path(), &below.join(&name), &target)?;
+            } else {
+                apply_layer(&entry.path(), &target)?;
+            }
+            continue;
+        }
+        let same = match &was {
+            Some(m) if kind.is_symlink() && m.is_symlink() => {
+                std::fs::read_link(entry.path())? == std::fs::read_link(below.join(&name))?
+            }
+            Some(m) if kind.is_file() && m.is_file() => {
+                m.permissions().mode() == meta.permissions().mode()
+                    && std::fs::read(entry.path())? == std::fs::read(below.join(&name))?
+            }
+            _ => false,
+        };
+        if same {
+            continue;
+        }
+        if kind.is_symlink() {
+            std::os::unix::fs::symlink(std::fs::read_link(entry.path())?, &target)?;
+        } else {
+            std::fs::copy(entry.path(), &target)?;
+        }
+    }
+    if below.is_dir() {
+        for entry in std::fs::read_dir(below)? {
+            let name = entry?.file_name();
+            if std::fs::symlink_metadata(now.join(&name)).is_err() {
+                let mut marker = std::ffi::OsString::from(WHITEOUT);
+                marker.push(&name);
+                std::fs::write(out.join(marker), b"")?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The apparent bytes of the regular files under `dir`.
+fn tree_bytes(dir: &Path) -> std::io::Result<u64> {
+    let mut total = 0u64;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let kind = entry.file_type()?;
+        if kind.is_dir() {
+            total = total.saturating_add(tree_bytes(&entry.path())?);
+        } else if kind.is_file() {
+            total = total.saturating_add(entry.metadata()?.len());
+        }
+    }
+    Ok(total)
+}
+
+impl FakeEngine {
+    /// The helper's `copy-tree FROM TO --max-bytes N` in container `id`, over the volumes it
+    /// mounts there: an overlay's upper gives what the overlay changed (see the module's doc).
+    /// Answers what the helper prints, and its exit status (3 past the budget).
+    pub(super) fn copy_tree_exec(&self, id: &str, args: &[String]) -> super::FakeExec {
+        let fail = |e: String| super::FakeExec {
+            chunks: vec![format!("copy-tree: {e}\n").into_bytes()],
+            exit_code: 1,
+        };
+        let [from, to, flag, max] = args else {
+            return fail("usage".into());
+        };
+        let (Some(from), Some(to), "--max-bytes", Ok(max)) = (
+            self.mounted_volume(id, from),
+            self.mounted_volume(id, to),
+            flag.as_str(),
+            max.parse::<u64>(),
+        ) else {
+            return fail("usage".into());
+        };
+        let (from_dir, to_dir) = (self.volume_dir(&from), self.volume_dir(&to));
+        let overlay = self.with(|s| {
+            s.overlays
+                .iter()
+                .find(|(_, (_, upper))| *upper == from_dir)
+                .map(|(merged, (lowers, _))| (merged.clone(), lowers.clone()))
+        });
+        let copied = match overlay {
+            Some((merged, lowers)) => {
+                let view = self.dirs.root.join(format!("view-{merged}"));
+                let made = (|| {
+                    std::fs::create_dir_all(&view)?;
+                    for lower in lowers.iter().rev() {
+                        apply_layer(lower, &view)?;
+                    }
+                    diff_layer(&self.volume_dir(&merged), &view, &to_dir)
+                })();
+                let _ = std::fs::remove_dir_all(&view);
+                made
+            }
+            None => apply_layer(&from_dir, &to_dir),
+        };
+        let bytes = match copied.and_then(|()| tree_bytes(&to_dir)) {
+            Ok(b) => b,
+            Err(e) => return fail(e.to_string()),
+        };
+        if bytes > max {
+            return super::FakeExec {
+                chunks: vec![format!("over cap: {bytes} bytes\n").into_bytes()],
+                exit_code: 3,
+            };
+        }
+        super::FakeExec {
+            chunks: vec![format!("{{\"bytes\":{bytes},\"files\":0}}\n").into_bytes()],
+            exit_code: 0,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -70,6 +70,8 @@ struct State {
     image_ids: HashMap<String, String>,
     /// Named volumes (their content is a host directory: see `layers`).
     volumes: HashMap<String, crate::VolumeInfo>,
+    /// `overlay` volumes: their lower directories (top first) and upper directory.
+    overlays: HashMap<String, (Vec<std::path::PathBuf>, std::path::PathBuf)>,
     /// Committed images by reference (see `layers`).
     images: HashMap<String, crate::ImageInfo>,
     /// Container id → the counters `stats` answers (default: a quiet container).

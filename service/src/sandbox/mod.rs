@@ -111,7 +111,11 @@ impl SandboxFactory {
             sessions.run_uid_range,
         );
         Self {
-            snapshots: Arc::new(Snapshots::new(engine.clone(), config.clone())),
+            snapshots: Arc::new(Snapshots::new(
+                engine.clone(),
+                config.clone(),
+                helper.clone(),
+            )),
             engine,
             config,
             egress,

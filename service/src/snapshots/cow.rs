@@ -1,23 +1,29 @@
-//! Copy-on-write workspaces: a session from a snapshot mounts an overlay over its data.
+//! Copy-on-write workspaces: a session from a snapshot mounts an overlay over its layers (see
+//! `layers`).
 
+use super::layers::{LAYERED_LABEL, uses_label};
 use super::*;
 
+/// The longest overlay option string the kernel takes (one page, less room for what the
+/// local driver adds).
+const OPTIONS_MAX: usize = 4000;
+
 impl Snapshots {
-    /// A copy-on-write workspace over snapshot `s`'s data for a new session.
+    /// A copy-on-write workspace over snapshot `s`'s layers for a new session.
     pub async fn workspace(&self, s: &Snapshot) -> Result<Workspace<'_>, SnapshotError> {
-        let lower = self
-            .engine
-            .inspect_volume(&data_volume(&s.id))
-            .await
-            .map_err(|e| match e {
-                EngineError::NotFound => SnapshotError::NotFound,
-                e => e.into(),
-            })?;
         let token = crate::ids::random_token();
         let pin = self.pin(&token);
+        // Read after the pin: the layers stay (the sweep reads the pins before it releases).
+        let stack = self.stack(&s.id).await?;
         let [merged, upper, work] = workspace_volumes(&token);
         let mut labels = self.labels(ROLE_WORKSPACE, &s.id);
         labels.insert(WORKSPACE_LABEL.to_string(), token.clone());
+        labels.insert(LAYERED_LABEL.to_string(), "userxattr".to_string());
+        for layer in &stack {
+            if let Some(id) = layer.labels.get(SNAPSHOT_LABEL) {
+                labels.insert(uses_label(id), "true".to_string());
+            }
+        }
         let mut made: Vec<String> = Vec::new();
         let result = async {
             let mut dirs = Vec::new();
@@ -33,16 +39,26 @@ impl Snapshots {
                 made.push(name.clone());
                 dirs.push(v.mountpoint);
             }
-            let paths = [
-                lower.mountpoint.as_str(),
-                dirs[0].as_str(),
-                dirs[1].as_str(),
-            ];
+            let paths: Vec<&str> = stack
+                .iter()
+                .map(|v| v.mountpoint.as_str())
+                .chain(dirs.iter().map(String::as_str))
+                .collect();
             // The overlay's option string is split on commas and colons.
             if paths
                 .iter()
                 .any(|p| p.is_empty() || p.contains([',', ':', '\\']) || !p.starts_with('/'))
             {
+                return Err(SnapshotError::UnusableMountpoint);
+            }
+            let lowers = paths[..stack.len()].join(":");
+            // `userxattr`: overlay keeps its records (opaque directories) as `user.overlay.*`,
+            // which a copy of the upper can carry without `CAP_SYS_ADMIN`.
+            let options = format!(
+                "lowerdir={lowers},upperdir={},workdir={},userxattr",
+                dirs[0], dirs[1]
+            );
+            if options.len() > OPTIONS_MAX {
                 return Err(SnapshotError::UnusableMountpoint);
             }
             self.engine
@@ -52,13 +68,7 @@ impl Snapshots {
                     driver_opts: HashMap::from([
                         ("type".to_string(), "overlay".to_string()),
                         ("device".to_string(), "overlay".to_string()),
-                        (
-                            "o".to_string(),
-                            format!(
-                                "lowerdir={},upperdir={},workdir={}",
-                                paths[0], paths[1], paths[2]
-                            ),
-                        ),
+                        ("o".to_string(), options),
                     ]),
                 })
                 .await?;

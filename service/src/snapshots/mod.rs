@@ -46,12 +46,14 @@ use crate::time::unix_now;
 
 mod budget;
 mod cow;
+mod layers;
 mod record;
 mod sweep;
 mod take;
 
 use budget::Ledger;
 pub use budget::Pin;
+pub use layers::{MAX_DEPTH, ROLE_LAYER_COPIER};
 
 /// The repository every snapshot image is tagged in; the tag is the snapshot id.
 pub const IMAGE_REPOSITORY: &str = "daiv-sandbox-snapshot";
@@ -97,6 +99,13 @@ pub enum SnapshotError {
          close forks, then retry"
     )]
     NoRoom { held: u64, need: u64, cap: u64 },
+    /// The layer copy refused the session's tree (the helper's `copy-tree`: deeper than it
+    /// walks, or an entry it cannot make); the service's log names the entry.
+    #[error(
+        "the session's changes could not be copied into the snapshot: a directory tree deeper \
+         than {depth} levels, or an entry the copy cannot make (the service's log names it)"
+    )]
+    Uncopyable { depth: usize },
     #[error(transparent)]
     Engine(#[from] EngineError),
 }
@@ -195,14 +204,22 @@ pub struct Snapshots {
     /// What this replica holds against `SNAPSHOT_MAX_BYTES` beyond the records: snapshots being
     /// taken, and forks' payloads (no record says their size) until they are removed.
     ledger: std::sync::Mutex<Ledger>,
+    /// The static helper the layer copier runs (`None` in in-process tests: the fake engine
+    /// copies itself).
+    helper: Option<crate::shared_file::SharedFile>,
 }
 
 impl Snapshots {
-    pub fn new(engine: Arc<dyn ContainerEngine>, config: Arc<Config>) -> Self {
+    pub fn new(
+        engine: Arc<dyn ContainerEngine>,
+        config: Arc<Config>,
+        helper: Option<crate::shared_file::SharedFile>,
+    ) -> Self {
         Self {
             engine,
             config,
             ledger: std::sync::Mutex::default(),
+            helper,
         }
     }
 
@@ -268,6 +285,7 @@ mod tests {
                 crate::engine::fake::FakeExec::default()
             })),
             crate::config::for_tests("k", &[("SNAPSHOT_TTL_SECONDS", "60")]),
+            None,
         );
         assert_eq!(
             s.validate(None, None).ok().and_then(|r| r.ttl),

@@ -88,32 +88,68 @@ impl Snapshots {
     }
 
     /// Removes a snapshot's payload where nothing uses it any more; what is still used stays
-    /// for a later sweep.
+    /// for a later sweep. Its layer goes once no volume's mount needs it (see `layers`); the
+    /// layers below it that have no record follow, as far as nothing else needs them.
     pub async fn release(&self, id: &str) {
+        let mut next = vec![id.to_string()];
+        // Each layer has fewer below it than the last: the walk ends within the deepest stack.
+        while let Some(id) = next.pop() {
+            next.extend(self.release_one(&id).await);
+        }
+    }
+
+    /// [`Snapshots::release`] of one snapshot: the record-less layers below a layer it
+    /// removed.
+    async fn release_one(&self, id: &str) -> Vec<String> {
         match self.engine.remove_image(&image_ref(id)).await {
             Ok(()) | Err(EngineError::NotFound) => {}
             Err(e) => {
                 tracing::debug!(snapshot_id = id, error = %e, "snapshot image still in use; kept")
             }
         }
-        let users = self
-            .engine
-            .list_volumes(&[
-                (ROLE_LABEL, ROLE_WORKSPACE),
-                (DEPLOYMENT_LABEL, self.config.deployment.as_str()),
-                (SNAPSHOT_LABEL, id),
-            ])
-            .await;
-        if matches!(&users, Ok(u) if u.is_empty()) {
-            match self.engine.remove_volume(&data_volume(id)).await {
-                Ok(()) | Err(EngineError::NotFound) => {
-                    self.ledger().forks.remove(id);
-                }
-                Err(e) => {
-                    tracing::debug!(snapshot_id = id, error = %e, "snapshot data still in use; kept")
-                }
+        let deployment = self.config.deployment.as_str();
+        let uses = layers::uses_label(id);
+        // A workspace from before layers names its snapshot only.
+        let legacy = [
+            (ROLE_LABEL, ROLE_WORKSPACE),
+            (DEPLOYMENT_LABEL, deployment),
+            (SNAPSHOT_LABEL, id),
+        ];
+        let needing = [(DEPLOYMENT_LABEL, deployment), (uses.as_str(), "true")];
+        let (workspaces, above) = tokio::join!(
+            self.engine.list_volumes(&legacy),
+            self.engine.list_volumes(&needing),
+        );
+        let unused =
+            matches!((&workspaces, &above), (Ok(w), Ok(a)) if w.is_empty() && a.is_empty());
+        if !unused {
+            return Vec::new();
+        }
+        let below = match self.engine.inspect_volume(&data_volume(id)).await {
+            Ok(v) => layers::lowers_of(&v),
+            Err(_) => Vec::new(),
+        };
+        match self.engine.remove_volume(&data_volume(id)).await {
+            Ok(()) | Err(EngineError::NotFound) => {
+                self.ledger().forks.remove(id);
+            }
+            Err(e) => {
+                tracing::debug!(snapshot_id = id, error = %e, "snapshot data still in use; kept");
+                return Vec::new();
             }
         }
+        let pinned = self.ledger().protected();
+        let mut orphans = Vec::new();
+        for l in below {
+            if pinned.contains(&l) {
+                continue;
+            }
+            if let Err(EngineError::NotFound) = self.engine.inspect_volume(&record_volume(&l)).await
+            {
+                orphans.push(l);
+            }
+        }
+        orphans
     }
 
     /// Everything of a snapshot that failed half-way.

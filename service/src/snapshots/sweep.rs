@@ -53,10 +53,12 @@ impl Snapshots {
         let live: HashSet<String> = kept.into_iter().collect();
         let old = |created: Option<i64>| created.unwrap_or(now).saturating_add(guard) <= now;
 
-        // Holders left by a crash mid-snapshot.
-        for c in self.engine.list(&self.mine(ROLE_SNAPSHOT_HOLDER)).await? {
-            if old(c.created) {
-                let _ = self.engine.remove(&c.id).await;
+        // Holders and copiers left by a crash mid-snapshot.
+        for role in [ROLE_SNAPSHOT_HOLDER, layers::ROLE_LAYER_COPIER] {
+            for c in self.engine.list(&self.mine(role)).await? {
+                if old(c.created) {
+                    let _ = self.engine.remove(&c.id).await;
+                }
             }
         }
         // Workspaces whose session is gone. A workspace is pinned until its container exists:
@@ -136,7 +138,7 @@ mod tests {
     async fn the_sweep_leaves_what_is_pinned_and_collects_it_after()
     -> Result<(), Box<dyn std::error::Error>> {
         let engine = Arc::new(FakeEngine::new(|_| FakeExec::default()));
-        let s = Snapshots::new(engine.clone(), crate::config::for_tests("k", &[]));
+        let s = Snapshots::new(engine.clone(), crate::config::for_tests("k", &[]), None);
         let id = new_id(None);
         let payload = s.pin(&id);
         s.engine

@@ -1,6 +1,7 @@
 //! Taking a snapshot: the freeze, the commit and the workspace copy side by side.
 
 use super::budget::Reservation;
+use super::layers::Layering;
 use super::*;
 use crate::engine::ImageInfo;
 
@@ -21,16 +22,36 @@ impl Snapshots {
         let pin = self.pin(&id);
         let reservation = self.reserve(&id, info).await?;
         let base_image = info.labels.get(IMAGE_LABEL).cloned().unwrap_or_default();
-        let data = self
+        // Over the session's snapshot's layers when it has them: only its changes are copied.
+        let layering = self.layering(info).await;
+        let mut labels = self.labels(ROLE_SNAPSHOT_DATA, &id);
+        if let Some(l) = &layering {
+            labels.extend(l.labels());
+        }
+        let data = match self
             .engine
             .create_volume(&VolumeSpec {
                 name: data_volume(&id),
-                labels: self.labels(ROLE_SNAPSHOT_DATA, &id),
+                labels,
                 driver_opts: HashMap::new(),
             })
-            .await?;
+            .await
+        {
+            Ok(data) => data,
+            Err(e) => {
+                self.discard(&id).await;
+                return Err(e.into());
+            }
+        };
         let made = self
-            .capture(info, source, &id, &base_image, &data, &reservation)
+            .capture(
+                info,
+                source,
+                &id,
+                &base_image,
+                (&data, layering.as_ref()),
+                &reservation,
+            )
             .await;
         let (image_bytes, workspace_bytes, timings) = match made {
             Ok(m) => m,
@@ -69,23 +90,32 @@ impl Snapshots {
         Ok((snapshot, timings, pin))
     }
 
-    /// The freeze, the commit and the copy; the bytes of the image's own layer and of the copy.
+    /// The freeze, the commit and the copy (the session's changes as a layer over its
+    /// snapshot's when `layering` says how, its whole workspace otherwise); the bytes of the
+    /// image's own layer and of the copy.
     async fn capture(
         &self,
         info: &ContainerInfo,
         source: &ImageInfo,
         id: &str,
         base_image: &str,
-        data: &VolumeInfo,
+        (data, layering): (&VolumeInfo, Option<&Layering>),
         reservation: &Reservation<'_>,
     ) -> Result<(u64, u64, Timings), SnapshotError> {
         // Everything that does not need the freeze is done before it: the commit's config (the
-        // source image's environment; its size is ours) and the holder.
+        // source image's environment; its size is ours) and the holder or the copier.
         let spec = self.commit_spec(info, id, &source.env, base_image);
-        let holder = self
-            .engine
-            .create(&self.holder_spec(id, &source.id, &data.name))
-            .await?;
+        let holder = match layering {
+            Some(l) => {
+                self.create_copier(id, &source.id, &l.upper, &data.name)
+                    .await?
+            }
+            None => {
+                self.engine
+                    .create(&self.holder_spec(id, &source.id, &data.name))
+                    .await?
+            }
+        };
         let freeze = info.is_running();
         let started = std::time::Instant::now();
         if freeze && let Err(e) = self.engine.pause(&info.id).await {
@@ -112,7 +142,10 @@ impl Snapshots {
         };
         let copy = async {
             let t = std::time::Instant::now();
-            let bytes = self.copy_workspace(&info.id, &holder, reservation).await?;
+            let bytes = match layering {
+                Some(_) => self.copy_layer(&holder, reservation).await?,
+                None => self.copy_workspace(&info.id, &holder, reservation).await?,
+            };
             Ok::<_, SnapshotError>((bytes, t.elapsed()))
         };
         let (committed, copied) = tokio::join!(commit, copy);

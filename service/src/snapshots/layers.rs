@@ -1,0 +1,261 @@
+//! Layered workspaces: a snapshot's data is a stack of immutable layers, and a snapshot of a
+//! session from a snapshot copies only what the session changed.
+//!
+//! A snapshot's data volume holds its own layer. The first snapshot of a session copies the
+//! whole workspace (a base layer); a session from snapshot `S` mounts an overlay (the local
+//! driver's `type=overlay`, with `userxattr`) whose lower directories are `S`'s layer and every
+//! layer below it, top first, over an empty upper volume of its own. A snapshot of that session
+//! copies the upper alone into its new layer: overlay's own records of what changed (whiteouts,
+//! 0/0 character devices, for deletions; `user.overlay.opaque` for a directory replaced) travel
+//! with it, so the layer means the same over the same stack.
+//!
+//! The copy runs in a throwaway container of the session's image (no network, root with the
+//! few capabilities a faithful copy needs, never `CAP_SYS_ADMIN`): the static helper's
+//! `copy-tree`, which never follows a link of the tree it copies (the sandbox wrote it), keeps
+//! holes, ownership, modes, times, hard links and user extended attributes, and stops at the
+//! snapshot's byte budget.
+//!
+//! Who uses a layer is on labels, because the overlay names its lower directories by path and
+//! Docker does not count that as a use: every volume whose mount needs layer `X` (a session's
+//! workspace, a snapshot's layer above it) carries [`uses_label`]`(X)`. A layer goes only when
+//! no volume carries its label ([`Snapshots::release`]).
+//!
+//! Past [`MAX_DEPTH`] layers (overlay's option string is one page) a snapshot copies the whole
+//! workspace again, a new base layer.
+
+use super::*;
+use crate::archive::{Archive, ROOT, entry_name};
+use crate::shared_file::SharedFile;
+
+/// On a snapshot's data volume: the ids of the layers below its own, top first (comma
+/// separated; absent or empty for a base layer).
+pub(super) const LOWERS_LABEL: &str = "daiv.sandbox.snapshot.lowers";
+/// On a workspace's volumes: how its overlay keeps its own records (`userxattr`); a workspace
+/// made before layers has none, and its snapshots copy the whole workspace.
+pub(super) const LAYERED_LABEL: &str = "daiv.sandbox.workspace.layered";
+const USES_PREFIX: &str = "daiv.sandbox.layer.";
+/// Most layers a workspace's overlay stacks; a snapshot that would make more copies everything.
+pub const MAX_DEPTH: usize = 16;
+/// Role of the short-lived container that copies a session's changes into a layer.
+pub const ROLE_LAYER_COPIER: &str = "layer-copier";
+/// Exit status of `copy-tree` when the tree is over its byte budget.
+const OVER_BUDGET: i64 = 3;
+/// The deepest tree `copy-tree` walks (`sandbox_helper::copy_tree::MAX_DEPTH`).
+const COPY_DEPTH_MAX: usize = 256;
+/// Where the copier sees the session's changes, and the new layer.
+const COPY_FROM: &str = "/from";
+const COPY_TO: &str = "/to";
+
+/// The label a volume carries while its mount needs layer `id`.
+pub(super) fn uses_label(id: &str) -> String {
+    format!("{USES_PREFIX}{id}")
+}
+
+/// The layers below a data volume's own, top first.
+pub(super) fn lowers_of(v: &VolumeInfo) -> Vec<String> {
+    v.labels
+        .get(LOWERS_LABEL)
+        .map(|l| {
+            l.split(',')
+                .filter(|id| is_snapshot_id(id))
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A snapshot's new layer over the stack of the snapshot its session came from.
+#[derive(Debug, Clone)]
+pub(super) struct Layering {
+    /// The session's upper volume: what it changed.
+    pub(super) upper: String,
+    /// The layers below the new one, top first: the session's snapshot, then its lowers.
+    pub(super) lowers: Vec<String>,
+}
+
+impl Layering {
+    /// The new layer's labels beyond the snapshot's own.
+    pub(super) fn labels(&self) -> impl Iterator<Item = (String, String)> + '_ {
+        std::iter::once((LOWERS_LABEL.to_string(), self.lowers.join(",")))
+            .chain(self.lowers.iter().map(|l| (uses_label(l), "true".into())))
+    }
+}
+
+impl Snapshots {
+    /// The layers of snapshot `id`'s workspace, top first: its own data volume, then the ones
+    /// below it. [`SnapshotError::NotFound`] when one is gone.
+    pub(super) async fn stack(&self, id: &str) -> Result<Vec<VolumeInfo>, SnapshotError> {
+        let found = |e| match e {
+            EngineError::NotFound => SnapshotError::NotFound,
+            e => e.into(),
+        };
+        let top = self
+            .engine
+            .inspect_volume(&data_volume(id))
+            .await
+            .map_err(found)?;
+        let lowers = lowers_of(&top);
+        let mut stack = vec![top];
+        for l in lowers {
+            stack.push(
+                self.engine
+                    .inspect_volume(&data_volume(&l))
+                    .await
+                    .map_err(found)?,
+            );
+        }
+        Ok(stack)
+    }
+
+    /// How a snapshot of session `info` can be a layer over its snapshot's: `None` for a
+    /// session with a workspace of its own (not from a snapshot), from before layers, or at
+    /// the deepest stack: those copy the whole workspace.
+    pub(super) async fn layering(&self, info: &ContainerInfo) -> Option<Layering> {
+        let token = info.label(WORKSPACE_LABEL)?;
+        let parent = info.label(SNAPSHOT_LABEL)?;
+        let [merged, upper, _] = workspace_volumes(token);
+        let ws = self.engine.inspect_volume(&merged).await.ok()?;
+        if ws.labels.get(LAYERED_LABEL).map(String::as_str) != Some("userxattr") {
+            return None;
+        }
+        let below = self
+            .engine
+            .inspect_volume(&data_volume(parent))
+            .await
+            .ok()?;
+        let mut lowers = vec![parent.to_string()];
+        lowers.extend(lowers_of(&below));
+        (lowers.len() < MAX_DEPTH).then_some(Layering { upper, lowers })
+    }
+
+    /// A copier for `from` into `to`, created (not started) before the freeze.
+    pub(super) async fn create_copier(
+        &self,
+        id: &str,
+        image: &str,
+        from: &str,
+        to: &str,
+    ) -> Result<String, EngineError> {
+        let spec = ContainerSpec {
+            name: None,
+            image: image.to_string(),
+            entrypoint: Some(Vec::new()),
+            // The helper's keep-alive without an identity to take: it stays root.
+            cmd: Some(vec![layout::HELPER.to_string(), "init".to_string()]),
+            env: Vec::new(),
+            labels: self.labels(ROLE_LAYER_COPIER, id),
+            user: Some("0:0".to_string()),
+            // What a faithful copy needs as root: owners, modes and times of any file,
+            // whiteouts (character devices), reading whatever the sandbox made unreadable.
+            cap_add: [
+                "CHOWN",
+                "DAC_OVERRIDE",
+                "DAC_READ_SEARCH",
+                "FOWNER",
+                "FSETID",
+                "MKNOD",
+            ]
+            .map(String::from)
+            .to_vec(),
+            sysctls: Vec::new(),
+            init: true,
+            runtime: "runc".to_string(),
+            memory_bytes: None,
+            nano_cpus: None,
+            pids_limit: 16,
+            network: NetworkAttach::None,
+            volumes: Vec::new(),
+            named_volumes: vec![
+                (from.to_string(), COPY_FROM.to_string()),
+                (to.to_string(), COPY_TO.to_string()),
+            ],
+            log_options: Vec::new(),
+            auto_remove: false,
+            skeleton: copier_skeleton(self.helper.as_ref()),
+        };
+        let id = self.engine.create(&spec).await?;
+        if let Err(e) = self.engine.start(&id).await {
+            let _ = self.engine.remove(&id).await;
+            return Err(e);
+        }
+        Ok(id)
+    }
+
+    /// Copies the copier's `/from` into its `/to`, at most `budget` bytes of files; the bytes
+    /// copied, or the reservation's refusal past the budget.
+    pub(super) async fn copy_layer(
+        &self,
+        copier: &str,
+        reservation: &budget::Reservation<'_>,
+    ) -> Result<u64, SnapshotError> {
+        let budget = reservation.copy_budget;
+        let spec = crate::engine::ExecSpec {
+            cmd: vec![
+                layout::HELPER.to_string(),
+                "copy-tree".to_string(),
+                COPY_FROM.to_string(),
+                COPY_TO.to_string(),
+                "--max-bytes".to_string(),
+                budget.to_string(),
+            ],
+            user: "0:0".to_string(),
+            workdir: None,
+            env: Vec::new(),
+        };
+        let exec = self.engine.exec(copier, &spec).await?;
+        // Its output is one line, or one error line: a bounded read.
+        let mut out = Vec::new();
+        let mut stream = exec.output;
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk?;
+            if out.len() < 64 * 1024 {
+                out.extend_from_slice(&chunk);
+            }
+        }
+        let code = self.engine.exec_exit_code(&exec.exec_id).await?;
+        let text = String::from_utf8_lossy(&out);
+        match code {
+            Some(0) => {
+                let bytes = text
+                    .lines()
+                    .rev()
+                    .find_map(|l| serde_json::from_str::<Copied>(l.trim()).ok())
+                    .map(|c| c.bytes)
+                    .ok_or_else(|| {
+                        EngineError::Unavailable("the layer copy answered nothing".into())
+                    })?;
+                Ok(bytes)
+            }
+            Some(OVER_BUDGET) => Err(reservation.refusal(budget.saturating_add(1))),
+            Some(1) => {
+                // The helper names paths relative to the tree: the sandbox's own names, kept
+                // out of the client's body (the log has them).
+                tracing::warn!(output = %text.trim(), "snapshot: the layer copy refused the tree");
+                Err(SnapshotError::Uncopyable {
+                    depth: COPY_DEPTH_MAX,
+                })
+            }
+            _ => {
+                tracing::warn!(output = %text.trim(), code = ?code, "snapshot: the layer copy failed");
+                Err(EngineError::Unavailable("the layer copy failed".into()).into())
+            }
+        }
+    }
+}
+
+/// What `copy-tree` prints when it is done.
+#[derive(serde::Deserialize)]
+struct Copied {
+    bytes: u64,
+}
+
+/// The copier's skeleton: the service's directory and the helper.
+fn copier_skeleton(helper: Option<&SharedFile>) -> Vec<crate::archive::Part> {
+    let Some(bin) = helper else {
+        return Vec::new();
+    };
+    let mut tar = Archive::new();
+    tar.dir(entry_name(layout::SERVICE_DIR), 0o755, ROOT);
+    tar.shared_file(entry_name(layout::HELPER), 0o755, ROOT, bin.clone());
+    tar.finish_parts().unwrap_or_default()
+}

@@ -863,6 +863,35 @@ async fn snapshots(a: &Args, c: &mut Client, s: &mut Samples) -> Result<Value> {
     }
     c.delete_snapshot(&tiny).await?;
 
+    // 2b. A session from the workload's snapshot with 10 MB changed in its workspace: its
+    // snapshot and its fork copy that change only, a layer over the snapshot's.
+    for _ in 0..hn {
+        let from = c.session_with(json!({"snapshot_id": big})).await?;
+        c.api
+            .run_ok(
+                &from,
+                &["head -c 10485760 /dev/urandom > /workspace/repo/changed.bin"],
+            )
+            .await
+            .context("10 MB changed")?;
+        let (sid, _) = timed(
+            s,
+            "snapshot of a session from a snapshot (10 MB changed)",
+            c.snapshot(&from),
+        )
+        .await?;
+        taken.push((sid.clone(), "snapshot of a session from a snapshot"));
+        let forks = timed(
+            s,
+            "fork 1 of a session from a snapshot (10 MB changed)",
+            c.fork(&from, 1),
+        )
+        .await?;
+        remove_forks(c, sock, &forks).await?;
+        c.delete_snapshot(&sid).await?;
+        c.remove(&from).await?;
+    }
+
     // 3. Forks, beside a snapshot plus creates from it.
     for _ in 0..hn {
         for count in [1u32, 8] {

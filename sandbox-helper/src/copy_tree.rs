@@ -71,6 +71,9 @@ pub struct Copied {
 pub enum CopyError {
     /// The regular files' bytes would pass `--max-bytes` (exit code 3).
     OverCap { cap: u64 },
+    /// The tree is not one this copies (deeper than [`MAX_DEPTH`], a device node other than
+    /// a whiteout) at `path` relative to FROM: the sandbox's doing, not the host's (exit 4).
+    Refused { path: PathBuf, reason: String },
     /// Anything else, at `path` relative to FROM (empty for the root itself).
     Failed { path: PathBuf, reason: String },
 }
@@ -80,10 +83,12 @@ impl fmt::Display for CopyError {
         match self {
             Self::OverCap { cap } => write!(f, "over cap: {cap} bytes"),
             // Escaped: a name may hold a newline, and the message must stay one line.
-            Self::Failed { path, reason } if path.as_os_str().is_empty() => {
+            Self::Failed { path, reason } | Self::Refused { path, reason }
+                if path.as_os_str().is_empty() =>
+            {
                 write!(f, ".: {reason}")
             }
-            Self::Failed { path, reason } => {
+            Self::Failed { path, reason } | Self::Refused { path, reason } => {
                 write!(f, "{}: {reason}", path.to_string_lossy().escape_debug())
             }
         }
@@ -110,6 +115,10 @@ pub fn command(from: &Path, to: &Path, max_bytes: Option<u64>) -> ExitCode {
         Err(e @ CopyError::OverCap { .. }) => {
             eprintln!("{e}");
             ExitCode::from(3)
+        }
+        Err(e @ CopyError::Refused { .. }) => {
+            eprintln!("daiv-sandbox-helper: copy-tree: refused: {e}");
+            ExitCode::from(4)
         }
         Err(e) => {
             eprintln!("daiv-sandbox-helper: copy-tree: {e}");
@@ -266,7 +275,10 @@ impl Walk {
         depth: usize,
     ) -> Result<Frame, CopyError> {
         if depth >= MAX_DEPTH {
-            return Err(failed(&rel, format!("deeper than {MAX_DEPTH} levels")));
+            return Err(CopyError::Refused {
+                path: PathBuf::from(OsStr::from_bytes(&rel)),
+                reason: format!("deeper than {MAX_DEPTH} levels"),
+            });
         }
         let src = open_dir(parent.src_fd()?, name).map_err(fail(&rel, "cannot open"))?;
         let stat = rustix::fs::fstat(&src).map_err(fail(&rel, "cannot stat"))?;
@@ -398,7 +410,9 @@ impl Walk {
                     Some(&mut off_out),
                     want,
                 ) {
-                    Ok(0) => return Ok(false),
+                    // Some filesystems answer 0 short of the end: the reads below say
+                    // whether the file really ended.
+                    Ok(0) => {}
                     Ok(n) => {
                         off += n as u64;
                         continue;
@@ -472,6 +486,15 @@ fn node(
     st: &Stat,
     kind: FileType,
 ) -> Result<(), CopyError> {
+    // A sandbox has no `CAP_MKNOD`: its upper holds overlay's whiteouts (character devices
+    // 0/0) and FIFOs, never another device, which a root copy would make real.
+    let whiteout = kind == FileType::CharacterDevice && st.st_rdev == 0;
+    if !whiteout && kind != FileType::Fifo {
+        return Err(CopyError::Refused {
+            path: PathBuf::from(OsStr::from_bytes(rel)),
+            reason: "a device node other than a whiteout".into(),
+        });
+    }
     rustix::fs::mknodat(
         &parent.dst,
         name,
@@ -842,7 +865,7 @@ mod tests {
     }
 
     #[test]
-    fn whiteouts_and_devices_are_copied() {
+    fn whiteouts_are_copied_and_other_devices_refused() {
         let (_tmp, src, dst) = setup();
         fs::create_dir(src.join("d")).expect("mkdir");
         // mknod's mode passes the umask: chmod states it.
@@ -852,33 +875,26 @@ mod tests {
             rustix::fs::chmodat(CWD, src.join(name), mode, AtFlags::empty()).expect("chmod");
         };
         mknod("d/gone", FileType::CharacterDevice, 0, 0);
-        mknod(
-            "null",
-            FileType::CharacterDevice,
-            0o666,
-            rustix::fs::makedev(1, 3),
-        );
-        mknod(
-            "disk",
-            FileType::BlockDevice,
-            0o660,
-            rustix::fs::makedev(8, 1),
-        );
-
         let copied = copy_tree(&src, &dst, None).expect("copy");
-        assert_eq!(copied, Copied { bytes: 0, files: 4 });
+        assert_eq!(copied, Copied { bytes: 0, files: 2 });
         let gone = lstat(&dst.join("d/gone"));
         assert!(gone.file_type().is_char_device());
         assert_eq!(gone.rdev(), 0);
         assert_eq!(gone.mode() & 0o7777, 0);
-        let null = lstat(&dst.join("null"));
-        assert!(null.file_type().is_char_device());
-        assert_eq!(null.rdev(), rustix::fs::makedev(1, 3));
-        assert_eq!(null.mode() & 0o7777, 0o666);
-        let disk = lstat(&dst.join("disk"));
-        assert!(disk.file_type().is_block_device());
-        assert_eq!(disk.rdev(), rustix::fs::makedev(8, 1));
-        assert_eq!(disk.mode() & 0o7777, 0o660);
+
+        // A real device (which no sandbox can make) refuses the copy rather than making it.
+        for (name, kind, dev) in [
+            ("null", FileType::CharacterDevice, rustix::fs::makedev(1, 3)),
+            ("disk", FileType::BlockDevice, rustix::fs::makedev(8, 1)),
+        ] {
+            let (_tmp, src2, dst2) = setup();
+            let mode = Mode::from_raw_mode(0o666);
+            rustix::fs::mknodat(CWD, src2.join(name), kind, mode, dev).expect("mknod");
+            let err = copy_tree(&src2, &dst2, None).expect_err("a device");
+            assert!(matches!(err, CopyError::Refused { .. }), "{err}");
+            assert!(err.to_string().starts_with(name), "{err}");
+            assert!(std::fs::symlink_metadata(dst2.join(name)).is_err());
+        }
     }
 
     #[test]
@@ -1029,7 +1045,10 @@ mod tests {
         rustix::fs::mkdirat(&dir, "d", Mode::from_raw_mode(0o755)).expect("mkdir");
         let dst2 = dst.with_file_name("dst2");
         fs::create_dir(&dst2).expect("mkdir");
-        let (path, reason) = failure(copy_tree(&src, &dst2, None).expect_err("too deep"));
+        let (path, reason) = match copy_tree(&src, &dst2, None).expect_err("too deep") {
+            CopyError::Refused { path, reason } => (path, reason),
+            e => panic!("not a refusal: {e}"),
+        };
         assert_eq!(path.components().count(), MAX_DEPTH);
         assert_eq!(reason, format!("deeper than {MAX_DEPTH} levels"));
     }

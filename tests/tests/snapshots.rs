@@ -1824,6 +1824,7 @@ async fn a_tree_too_deep_to_copy_is_a_422_and_leaves_nothing() -> Result<()> {
     )
     .await?;
     let data_before = volumes_with(&[&label, "daiv.sandbox.role=snapshot-data"]);
+    let images_before = images_with(&[&label]);
     let (status, body) = cp
         .call(
             Method::POST,
@@ -1847,6 +1848,11 @@ async fn a_tree_too_deep_to_copy_is_a_422_and_leaves_nothing() -> Result<()> {
     ensure!(
         containers_with(&[&label, "daiv.sandbox.role=layer-copier"]).is_empty(),
         "a copier left behind"
+    );
+    assert_eq!(
+        images_with(&[&label]),
+        images_before,
+        "the commit left behind"
     );
     Ok(())
 }

@@ -112,7 +112,7 @@ impl Sessions {
         // Inspected once: the snapshot's commit reads its environment, and so does the forks'.
         let source = self.source_image(&info).await?;
         // Pinned until the forks' containers and workspaces hold its payload.
-        let (snapshot, _, _pinned) = self
+        let (snapshot, _, pinned) = self
             .snapshots()
             .take(&info, &source, &SnapshotRequest::default(), Keep::ForForks)
             .await?;
@@ -121,6 +121,7 @@ impl Sessions {
             None => match self.caller_env(&info, &source.env).await {
                 Ok(e) => e,
                 Err(e) => {
+                    drop(pinned);
                     self.snapshots().release(&snapshot.id).await;
                     return Err(e);
                 }
@@ -153,10 +154,13 @@ impl Sessions {
                     tracing::warn!(session_id = %fork, error = %e, "fork: a made fork not removed");
                 }
             }
+            drop(pinned);
             self.snapshots().release(&snapshot.id).await;
             return Err(e);
         }
-        // Its payload goes once the forks are gone (the reaper's sweep).
+        // Its payload goes once the forks are gone (the reaper's sweep); the release skips
+        // what is pinned.
+        drop(pinned);
         self.snapshots().release(&snapshot.id).await;
         self.metrics.snapshots.forks.inc_by(u64::from(plan.count));
         for fork in &made {

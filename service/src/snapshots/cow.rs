@@ -12,9 +12,17 @@ impl Snapshots {
     /// A copy-on-write workspace over snapshot `s`'s layers for a new session.
     pub async fn workspace(&self, s: &Snapshot) -> Result<Workspace<'_>, SnapshotError> {
         let token = crate::ids::random_token();
-        let pin = self.pin(&token);
-        // Read after the pin: the layers stay (the sweep reads the pins before it releases).
+        // The snapshot and its layers are pinned too, until the session's container exists
+        // (its volumes' labels say it needs them from then on): a delete of the snapshot
+        // meanwhile keeps them. Pins are this replica's: another replica's delete at that
+        // instant is the age guard's.
+        let mut pins = vec![self.pin(&token), self.pin(&s.id)];
         let stack = self.stack(&s.id).await?;
+        for layer in &stack {
+            if let Some(id) = layer.labels.get(SNAPSHOT_LABEL) {
+                pins.push(self.pin(id));
+            }
+        }
         let [merged, upper, work] = workspace_volumes(&token);
         let mut labels = self.labels(ROLE_WORKSPACE, &s.id);
         labels.insert(WORKSPACE_LABEL.to_string(), token.clone());
@@ -80,7 +88,7 @@ impl Snapshots {
             Ok(()) => Ok(Workspace {
                 token,
                 merged,
-                _pin: pin,
+                _pins: pins,
             }),
             Err(e) => {
                 for name in made.iter().rev() {

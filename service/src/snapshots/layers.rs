@@ -40,6 +40,10 @@ pub const MAX_DEPTH: usize = 16;
 pub const ROLE_LAYER_COPIER: &str = "layer-copier";
 /// Exit status of `copy-tree` when the tree is over its byte budget.
 const OVER_BUDGET: i64 = 3;
+/// Exit status of `copy-tree` when it refuses the tree's shape (too deep, a device node).
+const REFUSED: i64 = 4;
+/// The copier's memory: its buffers and the hard links it has seen.
+const COPIER_MEMORY: i64 = 512 * 1024 * 1024;
 /// The deepest tree `copy-tree` walks (`sandbox_helper::copy_tree::MAX_DEPTH`).
 const COPY_DEPTH_MAX: usize = 256;
 /// Where the copier sees the session's changes, and the new layer.
@@ -147,20 +151,13 @@ impl Snapshots {
             user: Some("0:0".to_string()),
             // What a faithful copy needs as root: owners, modes and times of any file,
             // whiteouts (character devices), reading whatever the sandbox made unreadable.
-            cap_add: [
-                "CHOWN",
-                "DAC_OVERRIDE",
-                "DAC_READ_SEARCH",
-                "FOWNER",
-                "FSETID",
-                "MKNOD",
-            ]
-            .map(String::from)
-            .to_vec(),
+            cap_add: ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "MKNOD"]
+                .map(String::from)
+                .to_vec(),
             sysctls: Vec::new(),
             init: true,
             runtime: "runc".to_string(),
-            memory_bytes: None,
+            memory_bytes: Some(COPIER_MEMORY),
             nano_cpus: None,
             pids_limit: 16,
             network: NetworkAttach::None,
@@ -227,7 +224,7 @@ impl Snapshots {
                 Ok(bytes)
             }
             Some(OVER_BUDGET) => Err(reservation.refusal(budget.saturating_add(1))),
-            Some(1) => {
+            Some(REFUSED) => {
                 // The helper names paths relative to the tree: the sandbox's own names, kept
                 // out of the client's body (the log has them).
                 tracing::warn!(output = %text.trim(), "snapshot: the layer copy refused the tree");

@@ -100,10 +100,10 @@ pub enum SnapshotError {
     )]
     NoRoom { held: u64, need: u64, cap: u64 },
     /// The layer copy refused the session's tree (the helper's `copy-tree`: deeper than it
-    /// walks, or an entry it cannot make); the service's log names the entry.
+    /// walks, or a device node no sandbox can make); the service's log names the entry.
     #[error(
         "the session's changes could not be copied into the snapshot: a directory tree deeper \
-         than {depth} levels, or an entry the copy cannot make (the service's log names it)"
+         than {depth} levels, or a device node (the service's log names it)"
     )]
     Uncopyable { depth: usize },
     #[error(transparent)]
@@ -187,7 +187,7 @@ pub struct SnapshotRequest {
 pub struct Workspace<'a> {
     pub token: String,
     pub merged: String,
-    _pin: Pin<'a>,
+    _pins: Vec<Pin<'a>>,
 }
 
 /// Where the time of a snapshot went, for the log and the benchmark.

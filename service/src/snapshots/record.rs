@@ -101,6 +101,10 @@ impl Snapshots {
     /// [`Snapshots::release`] of one snapshot: the record-less layers below a layer it
     /// removed.
     async fn release_one(&self, id: &str) -> Vec<String> {
+        // Being taken, or about to be mounted by a workspace this replica is making.
+        if self.ledger().protected().contains(id) {
+            return Vec::new();
+        }
         match self.engine.remove_image(&image_ref(id)).await {
             Ok(()) | Err(EngineError::NotFound) => {}
             Err(e) => {

@@ -53,10 +53,16 @@ impl Snapshots {
         let live: HashSet<String> = kept.into_iter().collect();
         let old = |created: Option<i64>| created.unwrap_or(now).saturating_add(guard) <= now;
 
-        // Holders and copiers left by a crash mid-snapshot.
+        // Holders and copiers left by a crash mid-snapshot; not those of a snapshot this
+        // replica is taking, however long its copy takes.
         for role in [ROLE_SNAPSHOT_HOLDER, layers::ROLE_LAYER_COPIER] {
-            for c in self.engine.list(&self.mine(role)).await? {
-                if old(c.created) {
+            let found = self.engine.list(&self.mine(role)).await?;
+            let pinned = self.ledger().protected();
+            for c in found {
+                let taking = c
+                    .label(SNAPSHOT_LABEL)
+                    .is_some_and(|id| pinned.contains(id));
+                if old(c.created) && !taking {
                     let _ = self.engine.remove(&c.id).await;
                 }
             }

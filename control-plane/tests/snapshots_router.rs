@@ -340,3 +340,67 @@ async fn a_snapshot_of_a_session_from_a_snapshot_is_a_layer_of_its_changes() {
     h.cell().reaper().sweep(later).await.unwrap();
     assert_eq!(snapshot_objects(&h), before);
 }
+
+/// Snapshot `s1` of a fresh session, then `s2` of a session from it (a layer over `s1`'s);
+/// their sizes.
+async fn two_layers(h: &Harness) -> (String, String, u64, u64) {
+    let first = h.session().await;
+    write(h, &first, "a.txt", "a from the first").await;
+    write(h, &first, "b.txt", "b from the first").await;
+    let (s, one) = h
+        .api(
+            "POST",
+            &format!("/session/{first}/snapshot/"),
+            Some(json!({})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{one}");
+    let s1 = one["snapshot_id"].as_str().unwrap().to_string();
+    let second = h.create(json!({"snapshot_id": s1})).await;
+    write(h, &second, "c.txt", "c from the second").await;
+    let (s, two) = h
+        .api(
+            "POST",
+            &format!("/session/{second}/snapshot/"),
+            Some(json!({})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{two}");
+    let s2 = two["snapshot_id"].as_str().unwrap().to_string();
+    let size = |v: &Value| v["size_bytes"].as_u64().unwrap();
+    (s1, s2, size(&one), size(&two))
+}
+
+/// A deleted snapshot whose layer another snapshot still stands on keeps counting against the
+/// deployment's byte cap: deleting it frees no disk, so it makes no room.
+#[tokio::test]
+async fn a_deleted_snapshots_layer_still_held_counts_against_the_deployments_cap() {
+    let measure = Harness::default();
+    let (_, _, one, two) = two_layers(&measure).await;
+    let cap = (one + two + 1).to_string();
+    let h = Harness::new(
+        control_plane::engine::fake::FakeEngine::default(),
+        &[("SNAPSHOT_MAX_BYTES", cap.as_str())],
+    );
+    let (s1, _s2, ..) = two_layers(&h).await;
+    let (s, _) = h.api("DELETE", &format!("/snapshots/{s1}/"), None).await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    assert!(
+        h.engine
+            .volumes()
+            .contains(&format!("daiv-snapshot-{s1}-held")),
+        "{:?}",
+        h.engine.volumes()
+    );
+    // A small snapshot would fit beside the second alone; not beside the layer it holds.
+    let third = h.session().await;
+    write(&h, &third, "x.txt", "x").await;
+    let (s, b) = h
+        .api(
+            "POST",
+            &format!("/session/{third}/snapshot/"),
+            Some(json!({})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::INSUFFICIENT_STORAGE, "{b}");
+}

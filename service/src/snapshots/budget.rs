@@ -113,7 +113,8 @@ impl Snapshots {
     /// Measures the session's writable layer (its home, `/tmp`, whatever it changed outside
     /// the workspace: what the commit writes) and refuses up front what the caps cannot hold:
     /// over `SNAPSHOT_SIZE_MAX_BYTES`, or more than the room `SNAPSHOT_MAX_BYTES` leaves (the
-    /// records, this replica's forks and snapshots in flight counted). The workspace is bounded
+    /// records, deleted snapshots' layers still held, this replica's forks and snapshots in
+    /// flight counted). The workspace is bounded
     /// as it is copied ([`Reservation::copy_budget`]).
     pub(super) async fn reserve(
         &self,
@@ -133,7 +134,8 @@ impl Snapshots {
             .list()
             .await?
             .iter()
-            .fold(0u64, |a, s| a.saturating_add(s.size));
+            .fold(0u64, |a, s| a.saturating_add(s.size))
+            .saturating_add(self.held_bytes().await?);
         let mut ledger = self.ledger();
         let held = recorded.saturating_add(ledger.total());
         let room = caps.max_bytes.saturating_sub(held);

@@ -59,6 +59,9 @@ pub use layers::{MAX_DEPTH, ROLE_LAYER_COPIER};
 pub const IMAGE_REPOSITORY: &str = "daiv-sandbox-snapshot";
 /// Role of the short-lived container whose volume mount receives a workspace copy.
 pub const ROLE_SNAPSHOT_HOLDER: &str = "snapshot-holder";
+/// Role of the empty volume that says a deleted snapshot's layer is still held (a layer or a
+/// session above it needs it) and how many bytes it counts for.
+const ROLE_SNAPSHOT_HELD: &str = "snapshot-held";
 
 const NAME_LABEL: &str = "daiv.sandbox.snapshot.name";
 const SOURCE_LABEL: &str = "daiv.sandbox.snapshot.source";
@@ -159,6 +162,10 @@ fn record_volume(id: &str) -> String {
 
 fn data_volume(id: &str) -> String {
     format!("daiv-snapshot-{id}-data")
+}
+
+fn held_volume(id: &str) -> String {
+    format!("daiv-snapshot-{id}-held")
 }
 
 /// The three volumes of a copy-on-write workspace: merged (mounted), upper, work.

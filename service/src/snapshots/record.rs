@@ -78,12 +78,55 @@ impl Snapshots {
 
     /// Deletes snapshot `id`: its record now, its payload as soon as nothing uses it.
     pub async fn delete(&self, id: &str) -> Result<(), SnapshotError> {
-        self.get(id).await?;
+        let s = self.get(id).await?;
         match self.engine.remove_volume(&record_volume(id)).await {
             Ok(()) | Err(EngineError::NotFound) => {}
             Err(e) => return Err(e.into()),
         }
         self.release(id).await;
+        // Its layer stays while a layer or a session above it needs it: its bytes still count
+        // against the deployment's cap ([`Snapshots::reserve`]) until the layer goes.
+        if self.engine.inspect_volume(&data_volume(id)).await.is_ok() {
+            let mut labels = self.labels(ROLE_SNAPSHOT_HELD, id);
+            labels.insert(SIZE_LABEL.to_string(), s.size.to_string());
+            let held = VolumeSpec {
+                name: held_volume(id),
+                labels,
+                driver_opts: HashMap::new(),
+            };
+            if let Err(e) = self.engine.create_volume(&held).await {
+                tracing::warn!(snapshot_id = id, error = %e, "a held layer not recorded");
+            }
+        }
+        Ok(())
+    }
+
+    /// The bytes of deleted snapshots whose layers are still held.
+    pub(super) async fn held_bytes(&self) -> Result<u64, EngineError> {
+        let held = self
+            .engine
+            .list_volumes(&self.mine(ROLE_SNAPSHOT_HELD))
+            .await?;
+        Ok(held
+            .iter()
+            .filter_map(|v| v.labels.get(SIZE_LABEL)?.parse::<u64>().ok())
+            .fold(0u64, u64::saturating_add))
+    }
+
+    /// Removes the held-layer records whose layer is gone (a crash between the two).
+    pub(super) async fn sweep_held(&self) -> Result<(), EngineError> {
+        for v in self
+            .engine
+            .list_volumes(&self.mine(ROLE_SNAPSHOT_HELD))
+            .await?
+        {
+            let Some(id) = v.labels.get(SNAPSHOT_LABEL) else {
+                continue;
+            };
+            if let Err(EngineError::NotFound) = self.engine.inspect_volume(&data_volume(id)).await {
+                let _ = self.engine.remove_volume(&v.name).await;
+            }
+        }
         Ok(())
     }
 
@@ -136,6 +179,7 @@ impl Snapshots {
         match self.engine.remove_volume(&data_volume(id)).await {
             Ok(()) | Err(EngineError::NotFound) => {
                 self.ledger().forks.remove(id);
+                let _ = self.engine.remove_volume(&held_volume(id)).await;
             }
             Err(e) => {
                 tracing::debug!(snapshot_id = id, error = %e, "snapshot data still in use; kept");

@@ -88,6 +88,7 @@ impl Snapshots {
         for token in gone {
             self.remove_workspace(token).await;
         }
+        self.sweep_held().await?;
         // Payload without a record.
         let mut orphans: HashSet<String> = HashSet::new();
         for i in self.engine.list_images(&self.mine(ROLE_SNAPSHOT)).await? {

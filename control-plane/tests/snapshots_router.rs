@@ -290,6 +290,13 @@ async fn a_snapshot_of_a_session_from_a_snapshot_is_a_layer_of_its_changes() {
     delete(&h, &second, "a.txt").await;
     write(&h, &second, "c.txt", "c from the second").await;
     let s2 = snapshot(&h, &second, json!({})).await;
+    // Its copier is gone with the copy.
+    let copiers = h
+        .engine
+        .list(&[("daiv.sandbox.role", "layer-copier")])
+        .await
+        .unwrap();
+    assert!(copiers.is_empty(), "{copiers:?}");
     // Its own layer: the new file and the deletion, nothing of the first's.
     let layer = layer_files(&h, &s2);
     assert!(layer.contains(&"repo/c.txt".to_string()), "{layer:?}");

@@ -466,6 +466,12 @@ fn symlink(parent: &Frame, name: &CStr, rel: &[u8], st: &Stat) -> Result<(), Cop
         .map_err(fail(rel, "cannot read the link"))?;
     rustix::fs::symlinkat(target.as_c_str(), &parent.dst, name)
         .map_err(fail(rel, "cannot create"))?;
+    chown_at(parent, name, rel, st)?;
+    times_at(parent, name, rel, st)
+}
+
+/// The owner of `name` (made by this walk in `parent`), never through a link.
+fn chown_at(parent: &Frame, name: &CStr, rel: &[u8], st: &Stat) -> Result<(), CopyError> {
     rustix::fs::chownat(
         &parent.dst,
         name,
@@ -473,7 +479,11 @@ fn symlink(parent: &Frame, name: &CStr, rel: &[u8], st: &Stat) -> Result<(), Cop
         Some(group(st)),
         AtFlags::SYMLINK_NOFOLLOW,
     )
-    .map_err(fail(rel, "cannot set the owner"))?;
+    .map_err(fail(rel, "cannot set the owner"))
+}
+
+/// The times of `name` (made by this walk in `parent`), never through a link.
+fn times_at(parent: &Frame, name: &CStr, rel: &[u8], st: &Stat) -> Result<(), CopyError> {
     rustix::fs::utimensat(&parent.dst, name, &times(st), AtFlags::SYMLINK_NOFOLLOW)
         .map_err(fail(rel, "cannot set the times"))
 }
@@ -503,20 +513,12 @@ fn node(
         st.st_rdev as _,
     )
     .map_err(fail(rel, "cannot create"))?;
-    rustix::fs::chownat(
-        &parent.dst,
-        name,
-        Some(owner(st)),
-        Some(group(st)),
-        AtFlags::SYMLINK_NOFOLLOW,
-    )
-    .map_err(fail(rel, "cannot set the owner"))?;
+    chown_at(parent, name, rel, st)?;
     // `fchmodat` follows a final symlink, but this name is the node just made, in a directory
     // only this walk writes to.
     rustix::fs::chmodat(&parent.dst, name, mode(st), AtFlags::empty())
         .map_err(fail(rel, "cannot set the mode"))?;
-    rustix::fs::utimensat(&parent.dst, name, &times(st), AtFlags::SYMLINK_NOFOLLOW)
-        .map_err(fail(rel, "cannot set the times"))
+    times_at(parent, name, rel, st)
 }
 
 /// Owner, then mode (after, since `chown` clears setuid and setgid), then times, on an fd.

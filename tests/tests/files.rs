@@ -272,10 +272,12 @@ async fn a_download_nobody_reads_does_not_hold_the_session_up() -> Result<()> {
         anyhow::bail!("the session did not answer while a download stalled: {answered:?}");
     };
     ensure!(out == "still\n", "{out}");
-    // The download was cut short: reading on ends before its 128 MiB.
+    // The download was cut short: reading on ends before its 128 MiB. The cut comes a stall
+    // (30 s) after the client stopped reading, which the command above may not have waited
+    // for (it can run beside the download): each read may wait past that.
     let mut total = n;
     loop {
-        match tokio::time::timeout(Duration::from_secs(30), conn.read(&mut buf)).await? {
+        match tokio::time::timeout(Duration::from_secs(90), conn.read(&mut buf)).await? {
             Ok(0) | Err(_) => break,
             Ok(k) => total += k,
         }

@@ -118,11 +118,6 @@ impl ContainerEngine for FakeEngine {
                 memory_bytes: spec.memory_bytes,
                 nano_cpus: spec.nano_cpus,
                 env: spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect(),
-                volumes: spec
-                    .named_volumes
-                    .iter()
-                    .map(|(name, at)| (at.clone(), name.clone()))
-                    .collect(),
             }),
             None => Err(EngineError::NotFound),
         })
@@ -348,7 +343,6 @@ impl ContainerEngine for FakeEngine {
                     memory_bytes: spec.memory_bytes,
                     nano_cpus: spec.nano_cpus,
                     env: Vec::new(),
-                    volumes: Vec::new(),
                 })
                 .collect()
         }))

@@ -429,7 +429,6 @@ mod tests {
             memory_bytes: None,
             nano_cpus: None,
             env: Vec::new(),
-            volumes: Vec::new(),
         }
     }
 

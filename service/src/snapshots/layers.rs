@@ -2,7 +2,7 @@
 //! session from a snapshot copies only what the session changed.
 //!
 //! A snapshot's data volume holds its own layer. The first snapshot of a session copies the
-//! whole workspace (a base layer, with the same copier); a session from snapshot `S` mounts an overlay (the local
+//! whole workspace (a base layer); a session from snapshot `S` mounts an overlay (the local
 //! driver's `type=overlay`, with `userxattr`) whose lower directories are `S`'s layer and every
 //! layer below it, top first, over an empty upper volume of its own. A snapshot of that session
 //! copies the upper alone into its new layer: overlay's own records of what changed (whiteouts,
@@ -68,22 +68,19 @@ pub(super) fn lowers_of(v: &VolumeInfo) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// How a snapshot's layer is copied with `copy-tree`: a session's changes over the stack of the
-/// snapshot it came from, or a whole workspace of its own (a base layer: no lowers).
+/// A snapshot's new layer over the stack of the snapshot its session came from.
 #[derive(Debug, Clone)]
 pub(super) struct Layering {
-    /// The volume copied: the session's upper volume (what it changed), or its workspace.
-    pub(super) from: String,
+    /// The session's upper volume: what it changed.
+    pub(super) upper: String,
     /// The layers below the new one, top first: the session's snapshot, then its lowers.
     pub(super) lowers: Vec<String>,
 }
 
 impl Layering {
-    /// The new layer's labels beyond the snapshot's own (none for a base layer).
+    /// The new layer's labels beyond the snapshot's own.
     pub(super) fn labels(&self) -> impl Iterator<Item = (String, String)> + '_ {
-        (!self.lowers.is_empty())
-            .then(|| (LOWERS_LABEL.to_string(), self.lowers.join(",")))
-            .into_iter()
+        std::iter::once((LOWERS_LABEL.to_string(), self.lowers.join(",")))
             .chain(self.lowers.iter().map(|l| (uses_label(l), "true".into())))
     }
 }
@@ -114,23 +111,12 @@ impl Snapshots {
         Ok(stack)
     }
 
-    /// How a snapshot of session `info` (as inspected) is copied by `copy-tree`: a layer over
-    /// its snapshot's, or its whole workspace volume as a base layer. `None` for a workspace
-    /// from before layers, at the deepest stack, or one the inspect does not name: those go
-    /// through the engine's archive API.
+    /// How a snapshot of session `info` can be a layer over its snapshot's: `None` for a
+    /// session with a workspace of its own (not from a snapshot), from before layers, or at
+    /// the deepest stack: those copy the whole workspace.
     pub(super) async fn layering(&self, info: &ContainerInfo) -> Option<Layering> {
-        let (Some(token), Some(parent)) = (info.label(WORKSPACE_LABEL), info.label(SNAPSHOT_LABEL))
-        else {
-            // A workspace of its own.
-            let (_, from) = info
-                .volumes
-                .iter()
-                .find(|(at, _)| at == layout::WORKSPACE)?;
-            return Some(Layering {
-                from: from.clone(),
-                lowers: Vec::new(),
-            });
-        };
+        let token = info.label(WORKSPACE_LABEL)?;
+        let parent = info.label(SNAPSHOT_LABEL)?;
         let [merged, upper, _] = workspace_volumes(token);
         let ws = self.engine.inspect_volume(&merged).await.ok()?;
         if ws.labels.get(LAYERED_LABEL).map(String::as_str) != Some("userxattr") {
@@ -143,10 +129,7 @@ impl Snapshots {
             .ok()?;
         let mut lowers = vec![parent.to_string()];
         lowers.extend(lowers_of(&below));
-        (lowers.len() < MAX_DEPTH).then_some(Layering {
-            from: upper,
-            lowers,
-        })
+        (lowers.len() < MAX_DEPTH).then_some(Layering { upper, lowers })
     }
 
     /// A copier for `from` into `to`, created (not started) before the freeze.

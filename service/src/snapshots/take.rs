@@ -23,7 +23,6 @@ impl Snapshots {
         let reservation = self.reserve(&id, info).await?;
         let base_image = info.labels.get(IMAGE_LABEL).cloned().unwrap_or_default();
         // Over the session's snapshot's layers when it has them: only its changes are copied.
-        // Its own workspace is copied whole by the same copier (holes stay holes).
         let layering = self.layering(info).await;
         let mut labels = self.labels(ROLE_SNAPSHOT_DATA, &id);
         if let Some(l) = &layering {
@@ -108,7 +107,7 @@ impl Snapshots {
         let spec = self.commit_spec(info, id, &source.env, base_image);
         let holder = match layering {
             Some(l) => {
-                self.create_copier(id, &source.id, &l.from, &data.name)
+                self.create_copier(id, &source.id, &l.upper, &data.name)
                     .await?
             }
             None => {

@@ -93,7 +93,9 @@ stop_service() {
 # What a deployment leaves, and what counts as a leak. Snapshots (see docs/api/snapshots.md)
 # make Docker objects besides containers and networks: a record volume
 # (`daiv-snapshot-<id>`, role `snapshot`), a payload of an image (`daiv-sandbox-snapshot:<id>`)
-# and a data volume (`daiv-snapshot-<id>-data`, role `snapshot-data`), and copy-on-write
+# and a data volume (`daiv-snapshot-<id>-data`, role `snapshot-data`; with, once its snapshot is
+# deleted while a layer above it still needs it, `daiv-snapshot-<id>-held`, role `snapshot-held`,
+# which goes with the data volume), and copy-on-write
 # workspace volumes for the sessions made from one (`daiv-ws-<token>-merged|upper|work`, role
 # `workspace`), which go with their session.
 #
@@ -113,7 +115,10 @@ deployment_objects() {
     local by="label=$LABEL_DEPLOYMENT=$1" data
     docker ps -aq --filter "$by" | sed 's/^/container /'
     docker network ls -q --filter "$by" | sed 's/^/network /'
-    data=$(docker volume ls -q --filter "$by" --filter "label=$LABEL_ROLE=snapshot-data" | sort)
+    data=$({
+        docker volume ls -q --filter "$by" --filter "label=$LABEL_ROLE=snapshot-data"
+        docker volume ls -q --filter "$by" --filter "label=$LABEL_ROLE=snapshot-held"
+    } | sort)
     docker volume ls -q --filter "$by" | sort | comm -23 - <(printf '%s\n' "$data" | sed '/^$/d') |
         sed 's/^/volume /'
 }
@@ -124,6 +129,7 @@ deployment_payload() {
     local by="label=$LABEL_DEPLOYMENT=$1"
     docker images -aq --filter "$by" | sort -u | sed 's/^/image /'
     docker volume ls -q --filter "$by" --filter "label=$LABEL_ROLE=snapshot-data" | sed 's/^/volume /'
+    docker volume ls -q --filter "$by" --filter "label=$LABEL_ROLE=snapshot-held" | sed 's/^/volume /'
 }
 
 # sweep_deployment DEPLOYMENT: prints how many objects were left that count as leaks (above),

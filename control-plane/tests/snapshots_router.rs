@@ -42,11 +42,19 @@ async fn read(h: &Harness, id: &str, name: &str) -> String {
 }
 
 async fn snapshot(h: &Harness, id: &str, body: Value) -> String {
+    snapshot_answer(h, id, body).await["snapshot_id"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// `POST /session/{id}/snapshot/`, insisting on 201: its answer.
+async fn snapshot_answer(h: &Harness, id: &str, body: Value) -> Value {
     let (s, b) = h
         .api("POST", &format!("/session/{id}/snapshot/"), Some(body))
         .await;
     assert_eq!(s, StatusCode::CREATED, "{b}");
-    b["snapshot_id"].as_str().unwrap().to_string()
+    b
 }
 
 /// Volumes and images of snapshots (records, data, copy-on-write workspaces) that exist.
@@ -354,25 +362,11 @@ async fn two_layers(h: &Harness) -> (String, String, u64, u64) {
     let first = h.session().await;
     write(h, &first, "a.txt", "a from the first").await;
     write(h, &first, "b.txt", "b from the first").await;
-    let (s, one) = h
-        .api(
-            "POST",
-            &format!("/session/{first}/snapshot/"),
-            Some(json!({})),
-        )
-        .await;
-    assert_eq!(s, StatusCode::CREATED, "{one}");
+    let one = snapshot_answer(h, &first, json!({})).await;
     let s1 = one["snapshot_id"].as_str().unwrap().to_string();
     let second = h.create(json!({"snapshot_id": s1})).await;
     write(h, &second, "c.txt", "c from the second").await;
-    let (s, two) = h
-        .api(
-            "POST",
-            &format!("/session/{second}/snapshot/"),
-            Some(json!({})),
-        )
-        .await;
-    assert_eq!(s, StatusCode::CREATED, "{two}");
+    let two = snapshot_answer(h, &second, json!({})).await;
     let s2 = two["snapshot_id"].as_str().unwrap().to_string();
     let size = |v: &Value| v["size_bytes"].as_u64().unwrap();
     (s1, s2, size(&one), size(&two))

@@ -356,6 +356,194 @@ async fn a_snapshot_of_a_session_from_a_snapshot_is_a_layer_of_its_changes() {
     assert_eq!(snapshot_objects(&h), before);
 }
 
+/// A chain of sessions from snapshots deeper than an overlay stacks: the snapshot that would
+/// be the 17th layer is a new base layer of the session's whole view instead (deletions
+/// applied), which a session from it sees whole, and the layers below it go with their
+/// snapshots.
+#[tokio::test]
+async fn past_sixteen_layers_a_snapshot_is_a_new_base_layer_of_the_sessions_view() {
+    let h = Harness::default();
+    let before = snapshot_objects(&h);
+    let first = h.session().await;
+    write(&h, &first, "gone.txt", "deleted in the second").await;
+    let mut snapshots = vec![snapshot(&h, &first, json!({})).await];
+    let mut sessions = vec![first];
+    for n in 1..=16 {
+        let s = h.create(json!({"snapshot_id": snapshots[n - 1]})).await;
+        if n == 1 {
+            delete(&h, &s, "gone.txt").await;
+        }
+        write(&h, &s, &format!("g{n}.txt"), &format!("generation {n}")).await;
+        snapshots.push(snapshot(&h, &s, json!({})).await);
+        sessions.push(s);
+    }
+    let lowers = async |id: &str| {
+        h.engine
+            .inspect_volume(&format!("daiv-snapshot-{id}-data"))
+            .await
+            .unwrap()
+            .labels
+            .get("daiv.sandbox.snapshot.lowers")
+            .cloned()
+            .unwrap_or_default()
+    };
+    // The 16th is a layer over 15; the 17th, a base layer of everything.
+    assert_eq!(lowers(&snapshots[15]).await.split(',').count(), 15);
+    assert_eq!(lowers(&snapshots[16]).await, "");
+    let top = layer_files(&h, &snapshots[16]);
+    assert_eq!(top.len(), 16, "{top:?}");
+    assert!(!top.iter().any(|f| f.contains("gone") || f.contains(".wh.")));
+    let last = h.create(json!({"snapshot_id": snapshots[16]})).await;
+    assert!(read(&h, &last, "gone.txt").await.contains("not_found"));
+    for n in 1..=16 {
+        assert!(
+            read(&h, &last, &format!("g{n}.txt"))
+                .await
+                .contains(&format!("generation {n}"))
+        );
+    }
+
+    for id in &snapshots {
+        let (s, _) = h.api("DELETE", &format!("/snapshots/{id}/"), None).await;
+        assert_eq!(s, StatusCode::NO_CONTENT);
+    }
+    for id in sessions.iter().chain([&last]) {
+        let (s, b) = h.api("DELETE", &format!("/session/{id}/"), None).await;
+        assert!(s.is_success(), "{s} {b}");
+        h.engine
+            .set_times(id, Some(0), Some("2026-01-01T00:00:00Z"));
+    }
+    let later = std::time::SystemTime::now() + std::time::Duration::from_secs(30 * 86_400);
+    h.cell().reaper().sweep(later).await.unwrap();
+    assert_eq!(snapshot_objects(&h), before);
+}
+
+/// What `GET /engines/` and `/-/health/` say of the engine's snapshot layers.
+async fn layer_reports(h: &Harness) -> (Value, Value) {
+    let (s, engines) = h.api("GET", "/engines/", None).await;
+    assert_eq!(s, StatusCode::OK, "{engines}");
+    let (s, health) = h.api("GET", "/-/health/", None).await;
+    assert_eq!(s, StatusCode::OK, "{health}");
+    let engine = &engines["engines"][0];
+    let name = engine["name"].as_str().unwrap();
+    (
+        engine["snapshot_layers"].clone(),
+        health["snapshot_layers"][name].clone(),
+    )
+}
+
+/// On an engine whose kernel cannot mount overlay volumes, its probe says so (in
+/// `GET /engines/` and `/-/health/`), and sessions from snapshots get a copy of the snapshot's
+/// layer instead: they start (an overlay workspace would not), see the snapshot's files, and
+/// their own snapshots and forks are base layers of their whole workspace. Nothing of the
+/// probe, the copies or the copiers is left once everything is deleted.
+#[tokio::test]
+async fn an_engine_that_cannot_mount_overlays_gives_sessions_from_snapshots_copies_and_says_so() {
+    let h = Harness::default();
+    h.engine.fail_overlay_mounts();
+    let before = snapshot_objects(&h);
+    let (engines, health) = layer_reports(&h).await;
+    assert_eq!(engines["mode"], "unknown", "{engines}");
+    assert_eq!(health, engines);
+
+    let first = h.session().await;
+    write(&h, &first, "a.txt", "a from the first").await;
+    write(&h, &first, "b.txt", "b from the first").await;
+    let s1 = snapshot(&h, &first, json!({})).await;
+    let second = h.create(json!({"snapshot_id": s1})).await;
+    let (engines, health) = layer_reports(&h).await;
+    assert_eq!(engines["mode"], "copies", "{engines}");
+    assert!(
+        engines["reason"]
+            .as_str()
+            .unwrap()
+            .contains("does not mount"),
+        "{engines}"
+    );
+    assert_eq!(health, engines);
+    assert!(
+        read(&h, &second, "a.txt")
+            .await
+            .contains("a from the first")
+    );
+
+    delete(&h, &second, "a.txt").await;
+    write(&h, &second, "c.txt", "c from the second").await;
+    let s2 = snapshot(&h, &second, json!({})).await;
+    // A base layer: the whole workspace, no whiteout, nothing below it.
+    let layer = layer_files(&h, &s2);
+    assert_eq!(layer, ["repo/b.txt", "repo/c.txt"], "{layer:?}");
+    let (s, _) = h.api("DELETE", &format!("/snapshots/{s1}/"), None).await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    let (s, b) = h
+        .api(
+            "POST",
+            &format!("/session/{second}/fork/"),
+            Some(json!({"count": 2})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+    let forks: Vec<String> = b["session_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect();
+    let third = h.create(json!({"snapshot_id": s2})).await;
+    for id in forks.iter().chain([&third]) {
+        assert!(read(&h, id, "a.txt").await.contains("not_found"), "{id}");
+        assert!(read(&h, id, "b.txt").await.contains("b from the first"));
+        assert!(read(&h, id, "c.txt").await.contains("c from the second"));
+    }
+
+    let (s, _) = h.api("DELETE", &format!("/snapshots/{s2}/"), None).await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    for id in [&first, &second, &third].into_iter().chain(&forks) {
+        let (s, b) = h.api("DELETE", &format!("/session/{id}/"), None).await;
+        assert!(s.is_success(), "{s} {b}");
+        h.engine
+            .set_times(id, Some(0), Some("2026-01-01T00:00:00Z"));
+    }
+    let later = std::time::SystemTime::now() + std::time::Duration::from_secs(30 * 86_400);
+    h.cell().reaper().sweep(later).await.unwrap();
+    assert_eq!(snapshot_objects(&h), before);
+    for role in ["layer-probe", "layer-copier"] {
+        let left = h.engine.list(&[("daiv.sandbox.role", role)]).await.unwrap();
+        assert!(left.is_empty(), "{role}: {left:?}");
+    }
+}
+
+/// Where overlays mount, the probe says so once a session from a snapshot made it run; an
+/// operator's `SNAPSHOT_LAYERS=copy` says copies from the start, and is obeyed.
+#[tokio::test]
+async fn the_layer_probe_reports_overlays_and_an_operator_may_ask_for_copies() {
+    let h = Harness::default();
+    let first = h.session().await;
+    write(&h, &first, "a.txt", "a").await;
+    let s1 = snapshot(&h, &first, json!({})).await;
+    h.create(json!({"snapshot_id": s1})).await;
+    let (engines, health) = layer_reports(&h).await;
+    assert_eq!(engines, json!({"mode": "overlay"}));
+    assert_eq!(health, engines);
+
+    let h = Harness::new(
+        control_plane::engine::fake::FakeEngine::default(),
+        &[("SNAPSHOT_LAYERS", "copy")],
+    );
+    let (engines, _) = layer_reports(&h).await;
+    assert_eq!(
+        engines,
+        json!({"mode": "copies", "reason": "DAIV_SANDBOX_SNAPSHOT_LAYERS=copy"})
+    );
+    let first = h.session().await;
+    write(&h, &first, "a.txt", "a").await;
+    let s1 = snapshot(&h, &first, json!({})).await;
+    let second = h.create(json!({"snapshot_id": s1})).await;
+    write(&h, &second, "b.txt", "b").await;
+    let s2 = snapshot(&h, &second, json!({})).await;
+    assert_eq!(layer_files(&h, &s2), ["repo/a.txt", "repo/b.txt"]);
+}
+
 /// Snapshot `s1` of a fresh session, then `s2` of a session from it (a layer over `s1`'s);
 /// their sizes.
 async fn two_layers(h: &Harness) -> (String, String, u64, u64) {

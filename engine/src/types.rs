@@ -132,6 +132,9 @@ pub struct ContainerInfo {
     pub nano_cpus: Option<i64>,
     /// The container's environment (`KEY=VALUE`), from an inspect only (the list API has none).
     pub env: Vec<String>,
+    /// Its volumes as (path in the container, volume name), anonymous ones included, from an
+    /// inspect only.
+    pub volumes: Vec<(String, String)>,
 }
 
 impl ContainerInfo {

@@ -60,7 +60,10 @@ const CHUNK: usize = 1 << 20;
 /// What a copy copied: printed as the one JSON line of a successful `copy-tree`.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Copied {
-    /// Apparent size (`st_size`) of the regular files, each hard-linked inode once.
+    /// What the copy counts against `--max-bytes`: the regular files' apparent sizes
+    /// (`st_size`, each hard-linked inode once) and, for every entry, what an archive of it
+    /// would spend beside its data ([`entry_bytes`], and its `user.*` attributes), so that a
+    /// tree of empty directories or long names weighs what it does in a tar copy.
     pub bytes: u64,
     /// Entries created below TO (every kind, each hard link included; not the root).
     pub files: u64,
@@ -69,7 +72,7 @@ pub struct Copied {
 /// Why a copy stopped; TO holds a partial copy then, to be thrown away.
 #[derive(Debug)]
 pub enum CopyError {
-    /// The regular files' bytes would pass `--max-bytes` (exit code 3).
+    /// The bytes counted ([`Copied::bytes`]) would pass `--max-bytes` (exit code 3).
     OverCap { cap: u64 },
     /// The tree is not one this copies (deeper than [`MAX_DEPTH`], a device node other than
     /// a whiteout) at `path` relative to FROM: the sandbox's doing, not the host's (exit 4).
@@ -128,7 +131,8 @@ pub fn command(from: &Path, to: &Path, max_bytes: Option<u64>) -> ExitCode {
 }
 
 /// Copies the tree under the directory `from` into the existing directory `to` (see the
-/// module doc); `max_bytes` caps the regular files' apparent bytes, checked before each file.
+/// module doc); `max_bytes` caps the bytes counted ([`Copied::bytes`]), checked before each
+/// entry is made.
 /// Neither path's last component may be a symlink; the components before it are trusted.
 pub fn copy_tree(from: &Path, to: &Path, max_bytes: Option<u64>) -> Result<Copied, CopyError> {
     let src = open_dir(CWD, from).map_err(fail(b"", "cannot open the source"))?;
@@ -230,10 +234,18 @@ impl Walk {
         let st = rustix::fs::statat(parent.src_fd()?, name, AtFlags::SYMLINK_NOFOLLOW)
             .map_err(fail(&rel, "cannot stat"))?;
         let kind = FileType::from_raw_mode(st.st_mode);
-        match kind {
-            FileType::Socket => return Ok(None),
-            FileType::Directory => return self.dir(parent, name, rel, &st, depth).map(Some),
-            _ => {}
+        if kind == FileType::Socket {
+            return Ok(None);
+        }
+        // A symlink's `st_size` is its target's length; a file's data is charged with it.
+        let target = if kind == FileType::Symlink {
+            usize::try_from(st.st_size).unwrap_or(usize::MAX)
+        } else {
+            0
+        };
+        self.charge(entry_bytes(rel.len(), target))?;
+        if kind == FileType::Directory {
+            return self.dir(parent, name, rel, &st, depth).map(Some);
         }
         let key = inode(&st);
         if st.st_nlink > 1
@@ -300,13 +312,14 @@ impl Walk {
     /// A directory's attributes, owner, mode and times, once nothing more goes into it.
     fn finish_dir(&mut self, frame: &Frame) -> Result<(), CopyError> {
         let rel = &frame.rel;
-        copy_user_xattrs(
+        let attrs = copy_user_xattrs(
             frame.src_fd()?,
             frame.dst.as_fd(),
             &mut self.names,
             &mut self.value,
         )
         .map_err(fail(rel, "cannot copy extended attributes"))?;
+        self.charge(attrs)?;
         set_owner_mode_times(&frame.dst, &frame.stat).map_err(fail(rel, "cannot set"))
     }
 
@@ -320,12 +333,7 @@ impl Walk {
         st: &Stat,
     ) -> Result<(), CopyError> {
         let size = u64::try_from(st.st_size).unwrap_or(0);
-        let total = self.copied.bytes.saturating_add(size);
-        if let Some(cap) = self.max_bytes
-            && total > cap
-        {
-            return Err(CopyError::OverCap { cap });
-        }
+        self.charge(size)?;
         // Non-blocking and no controlling terminal, should the name no longer be the file
         // `fstatat` saw; the fstat below refuses it then.
         let src = rustix::fs::openat(
@@ -350,11 +358,19 @@ impl Walk {
         self.copy_data(&src, &dst, size)
             .map_err(fail(rel, "cannot copy the data"))?;
         rustix::fs::ftruncate(&dst, size).map_err(fail(rel, "cannot set the length"))?;
-        copy_user_xattrs(src.as_fd(), dst.as_fd(), &mut self.names, &mut self.value)
+        let attrs = copy_user_xattrs(src.as_fd(), dst.as_fd(), &mut self.names, &mut self.value)
             .map_err(fail(rel, "cannot copy extended attributes"))?;
-        set_owner_mode_times(&dst, st).map_err(fail(rel, "cannot set"))?;
-        self.copied.bytes = total;
-        Ok(())
+        self.charge(attrs)?;
+        set_owner_mode_times(&dst, st).map_err(fail(rel, "cannot set"))
+    }
+
+    /// Counts `n` more bytes, refusing past the cap.
+    fn charge(&mut self, n: u64) -> Result<(), CopyError> {
+        self.copied.bytes = self.copied.bytes.saturating_add(n);
+        match self.max_bytes {
+            Some(cap) if self.copied.bytes > cap => Err(CopyError::OverCap { cap }),
+            _ => Ok(()),
+        }
     }
 
     /// Copies `src`'s data ranges below `size` to the same offsets in `dst`, leaving its holes
@@ -528,17 +544,32 @@ fn set_owner_mode_times(fd: &OwnedFd, st: &Stat) -> Result<(), Errno> {
     rustix::fs::futimens(fd, &times(st))
 }
 
-/// Copies every `user.*` attribute of `src` to `dst`; a source filesystem without
-/// attributes has none to copy.
+/// What an archive spends on an entry beside its data, as a tar copy counts it: a 512-byte
+/// header, and a long-name record (a header and the name in 512-byte blocks) for a path or a
+/// symlink target past the header's 100 bytes.
+pub fn entry_bytes(path: usize, target: usize) -> u64 {
+    let long = |len: usize| {
+        if len > 100 {
+            512 + (len as u64 + 1).div_ceil(512) * 512
+        } else {
+            0
+        }
+    };
+    512 + long(path) + long(target)
+}
+
+/// Copies every `user.*` attribute of `src` to `dst`, answering the bytes of their names and
+/// values; a source filesystem without attributes has none to copy.
 fn copy_user_xattrs(
     src: BorrowedFd<'_>,
     dst: BorrowedFd<'_>,
     names: &mut [u8],
     value: &mut [u8],
-) -> Result<(), Errno> {
+) -> Result<u64, Errno> {
+    let mut copied = 0u64;
     let len = match rustix::fs::flistxattr(src, &mut *names) {
         Ok(len) => len,
-        Err(Errno::OPNOTSUPP) => return Ok(()),
+        Err(Errno::OPNOTSUPP) => return Ok(0),
         Err(e) => return Err(e),
     };
     let list = names.get(..len).unwrap_or_default();
@@ -554,8 +585,9 @@ fn copy_user_xattrs(
         };
         let value = value.get(..len).unwrap_or_default();
         rustix::fs::fsetxattr(dst, name, value, XattrFlags::empty())?;
+        copied += (name.len() + value.len()) as u64;
     }
-    Ok(())
+    Ok(copied)
 }
 
 /// Opens a directory without following a final symlink, readable for listing and for
@@ -665,6 +697,9 @@ mod tests {
         rustix::fs::utimensat(CWD, p, &times, AtFlags::SYMLINK_NOFOLLOW).expect("utimensat");
     }
 
+    /// What every entry is charged beside its data ([`entry_bytes`] of a short name).
+    const HEADER: u64 = 512;
+
     fn xattr(p: &Path, name: &str) -> Option<Vec<u8>> {
         let mut buf = vec![0; XATTR_MAX];
         match rustix::fs::lgetxattr(p, name, &mut buf[..]) {
@@ -698,7 +733,7 @@ mod tests {
         assert_eq!(
             copied,
             Copied {
-                bytes: 19,
+                bytes: 8 * HEADER + 19,
                 files: 8
             }
         );
@@ -729,7 +764,13 @@ mod tests {
         symlink("nowhere", src.join("dangling")).expect("symlink");
 
         let copied = copy_tree(&src, &dst, None).expect("copy");
-        assert_eq!(copied, Copied { bytes: 0, files: 4 });
+        assert_eq!(
+            copied,
+            Copied {
+                bytes: 4 * HEADER,
+                files: 4
+            }
+        );
         for (name, target) in [
             ("abs", "/etc/shadow"),
             ("dir", "../outside"),
@@ -763,7 +804,7 @@ mod tests {
         assert_eq!(
             copied,
             Copied {
-                bytes: 1 << 30,
+                bytes: HEADER + (1 << 30),
                 files: 1
             }
         );
@@ -848,11 +889,11 @@ mod tests {
         fs::hard_link(src.join("wh1"), src.join("sub/wh2")).expect("link");
 
         // a, sub, sub/b, c, wh1, sub/wh2; the linked 100 bytes count once, so 150 fits.
-        let copied = copy_tree(&src, &dst, Some(150)).expect("copy");
+        let copied = copy_tree(&src, &dst, Some(6 * HEADER + 150)).expect("copy");
         assert_eq!(
             copied,
             Copied {
-                bytes: 150,
+                bytes: 6 * HEADER + 150,
                 files: 6
             }
         );
@@ -878,7 +919,13 @@ mod tests {
         };
         mknod("d/gone", FileType::CharacterDevice, 0, 0);
         let copied = copy_tree(&src, &dst, None).expect("copy");
-        assert_eq!(copied, Copied { bytes: 0, files: 2 });
+        assert_eq!(
+            copied,
+            Copied {
+                bytes: 2 * HEADER,
+                files: 2
+            }
+        );
         let gone = lstat(&dst.join("d/gone"));
         assert!(gone.file_type().is_char_device());
         assert_eq!(gone.rdev(), 0);
@@ -913,7 +960,13 @@ mod tests {
         let _listener = std::os::unix::net::UnixListener::bind(src.join("sock")).expect("bind");
 
         let copied = copy_tree(&src, &dst, None).expect("copy");
-        assert_eq!(copied, Copied { bytes: 0, files: 1 });
+        assert_eq!(
+            copied,
+            Copied {
+                bytes: HEADER,
+                files: 1
+            }
+        );
         let pipe = lstat(&dst.join("pipe"));
         assert!(pipe.file_type().is_fifo());
         assert_eq!(pipe.mode() & 0o7777, 0o640);
@@ -1018,17 +1071,51 @@ mod tests {
         assert!(matches!(err, CopyError::OverCap { cap: 1000 }), "{err}");
         assert_eq!(err.to_string(), "over cap: 1000 bytes");
 
-        // At the cap exactly it fits, the hard link counted once.
+        // At the cap exactly it fits, the hard link's data counted once (its header too).
         let dst2 = dst.with_file_name("dst2");
         fs::create_dir(&dst2).expect("mkdir");
-        let copied = copy_tree(&src, &dst2, Some(1200)).expect("fits");
+        let cap = 4 * HEADER + 1200;
+        let copied = copy_tree(&src, &dst2, Some(cap)).expect("fits");
         assert_eq!(
             copied,
             Copied {
-                bytes: 1200,
+                bytes: cap,
                 files: 4
             }
         );
+    }
+
+    /// Entries without data count as an archive of them would: a tree of empty directories
+    /// with long names, and attributes, is stopped by a cap its (zero) file bytes would pass.
+    #[test]
+    fn directories_long_names_and_attributes_count_against_the_cap() {
+        let (_tmp, src, dst) = setup();
+        let long = "d".repeat(150);
+        for i in 0..20 {
+            fs::create_dir(src.join(format!("{long}{i:02}"))).expect("mkdir");
+        }
+        // 20 entries, each a header and a long-name record (a header and one block).
+        let each = entry_bytes(152, 0);
+        assert_eq!(each, 3 * HEADER);
+        let err = copy_tree(&src, &dst, Some(20 * each - 1)).expect_err("over the cap");
+        assert!(matches!(err, CopyError::OverCap { .. }), "{err}");
+        let dst2 = dst.with_file_name("dst2");
+        fs::create_dir(&dst2).expect("mkdir");
+        let copied = copy_tree(&src, &dst2, Some(20 * each)).expect("fits");
+        assert_eq!(copied.bytes, 20 * each);
+
+        // A symlink's long target, and a file's attributes, count too.
+        let (_tmp, src, dst) = setup();
+        symlink("t".repeat(600), src.join("l")).expect("symlink");
+        fs::write(src.join("f"), b"").expect("write");
+        rustix::fs::lsetxattr(src.join("f"), "user.big", &[7u8; 1000], XattrFlags::empty())
+            .expect("setxattr");
+        let copied = copy_tree(&src, &dst, None).expect("copy");
+        assert_eq!(
+            copied.bytes,
+            entry_bytes(1, 600) + HEADER + "user.big".len() as u64 + 1000
+        );
+        assert_eq!(entry_bytes(1, 600), HEADER + HEADER + 2 * HEADER);
     }
 
     #[test]

@@ -290,7 +290,9 @@ impl From<crate::snapshots::SnapshotError> for ApiError {
             E::InvalidName | E::InvalidTtl | E::Uncopyable { .. } => {
                 ApiError::Unprocessable(e.to_string())
             }
-            E::UnusableMountpoint => ApiError::Unavailable(e.to_string()),
+            E::UnusableMountpoint | E::LayersUnmountable { .. } => {
+                ApiError::Unavailable(e.to_string())
+            }
             E::TooLarge { .. } => ApiError::PayloadTooLarge(e.to_string()),
             E::NoRoom { .. } => ApiError::InsufficientStorage(e.to_string()),
             E::Engine(e) => e.into(),

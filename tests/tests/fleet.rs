@@ -875,3 +875,102 @@ impl Drop for RemoteUpstream {
         let _ = engine_docker(&self.engine, &["network", "rm", &self.network]);
     }
 }
+
+/// `POST /session/{id}/{what}/` (a snapshot or a fork), insisting on 201.
+async fn post_201(cp: &ControlPlane, id: &str, what: &str, body: Value) -> Result<Value> {
+    let (s, b) = cp
+        .call(Method::POST, &format!("/session/{id}/{what}/"), Some(body))
+        .await?;
+    ensure!(s == 201, "{what} of {id}: {s} {b}");
+    Ok(b)
+}
+
+/// Snapshots and forks on a remote engine: the engine's probe says its overlays mount, its
+/// sessions from a snapshot and its forks stay on it as layers over the snapshot's (a file
+/// deleted stays deleted in a fork of a fork), and deleting every snapshot and session leaves
+/// nothing on it.
+#[tokio::test]
+async fn forks_of_forks_on_a_remote_engine_are_layers_there_and_leave_nothing() -> Result<()> {
+    require_image(BUSYBOX);
+    let all = e2e::fleet::up()?;
+    let file = EnginesFile::new(&[engine(&all, "a", json!({}))])?;
+    let cp = start(
+        &file,
+        &[
+            ("REAPER_ENABLED", "true"),
+            ("REAPER_INTERVAL_SECONDS", "1"),
+            ("SESSION_GRACE_SECONDS", "1"),
+        ],
+    )
+    .await?;
+    let _guard = FleetGuard::new(&cp.deployment, &["a"]);
+    wait_state(&cp, "a", "up", Duration::from_secs(15)).await?;
+
+    let first = create(&cp, json!({"base_image": BUSYBOX})).await?;
+    ensure!(engine_of(&first) == "a", "{first}");
+    output(
+        &cp,
+        &first,
+        "cd /workspace && echo gone > gone && echo kept > kept",
+    )
+    .await?;
+    let snap = post_201(&cp, &first, "snapshot", json!({})).await?;
+    let snap = snap["snapshot_id"].as_str().context("snapshot_id")?;
+    ensure!(snap.starts_with("a."), "{snap}");
+    let second = create(&cp, json!({"snapshot_id": snap})).await?;
+    ensure!(engine_of(&second) == "a", "{second}");
+    output(&cp, &second, "cd /workspace && rm gone && echo two > two").await?;
+    let mut at = second.clone();
+    let mut forks = Vec::new();
+    for _ in 0..2 {
+        let b = post_201(&cp, &at, "fork", json!({"count": 1})).await?;
+        let next = b["session_ids"][0].as_str().context("a fork")?.to_string();
+        ensure!(engine_of(&next) == "a", "a fork left its engine: {next}");
+        forks.push(std::mem::replace(&mut at, next));
+    }
+    let seen = output(
+        &cp,
+        &at,
+        "cd /workspace && { test -e gone && echo back || echo deleted; }; cat kept two",
+    )
+    .await?;
+    ensure!(seen == "deleted\nkept\ntwo\n", "{seen:?}");
+    let a = engine_state(&cp, "a").await?.context("engine a")?;
+    ensure!(a["snapshot_layers"]["mode"] == "overlay", "{a}");
+    // The forks' snapshots are layers over the one below, on the engine's own volumes.
+    let layered = engine_docker(
+        "a",
+        &[
+            "volume",
+            "ls",
+            "-q",
+            "--filter",
+            &format!("label=daiv.sandbox.deployment={}", cp.deployment),
+            "--filter",
+            "label=daiv.sandbox.role=snapshot-data",
+        ],
+    )?
+    .lines()
+    .filter(|v| {
+        engine_docker(
+            "a",
+            &["volume", "inspect", "--format", "{{json .Labels}}", v],
+        )
+        .is_ok_and(|l| l.contains("daiv.sandbox.snapshot.lowers"))
+    })
+    .count();
+    ensure!(layered >= 2, "{layered} layered snapshots on engine a");
+
+    let (s, b) = cp
+        .call(Method::DELETE, &format!("/snapshots/{snap}/"), None)
+        .await?;
+    ensure!(s == 204, "delete the snapshot: {s} {b}");
+    for id in [&first, &second, &at].into_iter().chain(&forks[1..]) {
+        remove(&cp, id).await?;
+    }
+    eventually("nothing left on a", Duration::from_secs(60), || async {
+        Ok(leftovers("a", &cp.deployment)?.is_empty().then_some(()))
+    })
+    .await?;
+    Ok(())
+}

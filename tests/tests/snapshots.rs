@@ -1687,12 +1687,16 @@ const GENERATIONS: &str = "cd /workspace/repo && { test -e gone.txt && echo gone
     && cat secret.txt /home/sandbox/secret keep.txt two.txt \
     && echo blocks=$(du -k sparse.bin | cut -f1)";
 
-async fn generations(image: &str, runtime: &str) -> Result<()> {
+/// How sessions from snapshots get their workspace: `"auto"` (overlays, which this machine's
+/// engine mounts) or `"copy"` (an operator's `SNAPSHOT_LAYERS=copy`, as on an engine that
+/// cannot mount them).
+async fn generations(image: &str, runtime: &str, layers: &str) -> Result<()> {
     require_image(image);
     let svc = service(
-        &format!("layers-{runtime}"),
+        &format!("layers-{runtime}-{layers}"),
         &[
             ("RUNTIME", runtime),
+            ("SNAPSHOT_LAYERS", layers),
             ("REAPER_ENABLED", "true"),
             ("REAPER_INTERVAL_SECONDS", "1"),
             ("SESSION_GRACE_SECONDS", "1"),
@@ -1709,11 +1713,34 @@ async fn generations(image: &str, runtime: &str) -> Result<()> {
         &first,
         "cd /workspace/repo && echo gone > gone.txt && mkdir -p dir/old && echo old > dir/old/x \
          && echo keep > keep.txt && printf 'secret\\n' > secret.txt && chmod 600 secret.txt \
-         && printf 'home\\n' > /home/sandbox/secret && chmod 600 /home/sandbox/secret",
+         && printf 'home\\n' > /home/sandbox/secret && chmod 600 /home/sandbox/secret \
+         && truncate -s 1G base-sparse.bin",
     )
     .await?;
     let base = id_of(&snapshot(cp, &first, json!({})).await?)?;
+    // The first snapshot copies the whole workspace, holes as holes.
+    let base_kib = layers_kib(&label)?;
+    ensure!(base_kib < 10 * 1024, "the base layer takes {base_kib} KiB");
     let second = cp.session(json!({"snapshot_id": base})).await?;
+    // The engine's report says which, in `GET /engines/` and `/-/health/` alike.
+    let mode = if layers == "copy" {
+        "copies"
+    } else {
+        "overlay"
+    };
+    let (st, engines) = cp.call(Method::GET, "/engines/", None).await?;
+    ensure!(st == 200, "{st} {engines}");
+    ensure!(
+        engines["engines"][0]["snapshot_layers"]["mode"] == mode,
+        "{engines}"
+    );
+    let (st, health) = cp.call(Method::GET, "/-/health/", None).await?;
+    ensure!(st == 200, "{st} {health}");
+    let name = engines["engines"][0]["name"].as_str().unwrap_or_default();
+    ensure!(
+        health["snapshot_layers"][name] == engines["engines"][0]["snapshot_layers"],
+        "{health}"
+    );
     // The second generation deletes a file, replaces a directory, makes a 1 GiB sparse file.
     ok(
         cp,
@@ -1761,7 +1788,15 @@ async fn generations(image: &str, runtime: &str) -> Result<()> {
         "three forks took {} KiB of layers (before: {before_forks} KiB)",
         after_forks - before_forks
     );
-    // Each fork's snapshot is a layer over the ones below it.
+    // Each fork's snapshot is a layer over the ones below it; with copies, a base layer (no
+    // volume of the deployment is an overlay).
+    let overlays = volumes_with(&[&label])
+        .into_iter()
+        .filter(|v| {
+            docker(&["volume", "inspect", "--format", "{{json .Options}}", v])
+                .is_ok_and(|o| o.contains("overlay"))
+        })
+        .count();
     let stacked = volumes_with(&[&label, "daiv.sandbox.role=snapshot-data"])
         .into_iter()
         .filter(|v| {
@@ -1772,7 +1807,17 @@ async fn generations(image: &str, runtime: &str) -> Result<()> {
             })
         })
         .count();
-    ensure!(stacked >= 3, "{stacked} layered snapshots");
+    if layers == "copy" {
+        ensure!(
+            stacked == 0 && overlays == 0,
+            "{stacked} layered snapshots, {overlays} overlays with copies"
+        );
+    } else {
+        ensure!(
+            stacked >= 3 && overlays >= 1,
+            "{stacked} layered snapshots, {overlays} overlays"
+        );
+    }
 
     // Everything goes once every snapshot and session does.
     assert_eq!(delete_snapshot(cp, &base).await?, 204);
@@ -1795,7 +1840,15 @@ async fn generations(image: &str, runtime: &str) -> Result<()> {
 #[tokio::test]
 async fn a_fork_of_a_fork_of_a_fork_keeps_deletions_replaced_directories_holes_and_modes()
 -> Result<()> {
-    generations(DEBIAN, "runc").await
+    generations(DEBIAN, "runc", "auto").await
+}
+
+/// The same four generations where sessions from snapshots get copies (an engine that cannot
+/// mount overlays, here by the operator's setting): the same files, each snapshot a base layer.
+#[tokio::test]
+async fn a_fork_of_a_fork_of_a_fork_keeps_the_same_files_when_the_engine_gives_copies() -> Result<()>
+{
+    generations(DEBIAN, "runc", "copy").await
 }
 
 #[tokio::test]
@@ -1803,7 +1856,7 @@ async fn a_fork_of_a_fork_of_a_fork_keeps_deletions_replaced_directories_holes_a
 -> Result<()> {
     // Busybox: Debian's coreutils cannot `ls` under this machine's gVisor release (see
     // docs/operations/isolation.md).
-    generations(BUSYBOX, "runsc").await
+    generations(BUSYBOX, "runsc", "auto").await
 }
 
 /// A tree the layer copy will not walk (deeper than 256 directories) is a clear 422, the

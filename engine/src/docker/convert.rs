@@ -230,6 +230,13 @@ pub(super) fn info_from_inspect(id: &str, c: ContainerInspectResponse) -> Contai
     let host = c.host_config.unwrap_or_default();
     let config = c.config.unwrap_or_default();
     let env = config.env.clone().unwrap_or_default();
+    let volumes = c
+        .mounts
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|m| m.typ.as_deref() == Some("volume"))
+        .filter_map(|m| Some((m.destination?, m.name?)))
+        .collect();
     ContainerInfo {
         id: c.id.unwrap_or_else(|| id.to_string()),
         name: c
@@ -247,6 +254,7 @@ pub(super) fn info_from_inspect(id: &str, c: ContainerInspectResponse) -> Contai
         memory_bytes: host.memory.filter(|m| *m > 0),
         nano_cpus: host.nano_cpus.filter(|n| *n > 0),
         env,
+        volumes,
     }
 }
 
@@ -276,6 +284,7 @@ pub(super) fn info_from_summary(c: ContainerSummary) -> Option<ContainerInfo> {
         memory_bytes: None,
         nano_cpus: None,
         env: Vec::new(),
+        volumes: Vec::new(),
     })
 }
 

@@ -95,6 +95,7 @@ impl ContainerEngine for FakeEngine {
 
     async fn start(&self, id: &str) -> Result<(), EngineError> {
         self.check_up(format!("start {id}")).await?;
+        self.mount_volumes(id)?;
         self.with(|s| match s.containers.get_mut(id) {
             Some((_, st)) => {
                 *st = ContainerStatus::Running;
@@ -118,6 +119,11 @@ impl ContainerEngine for FakeEngine {
                 memory_bytes: spec.memory_bytes,
                 nano_cpus: spec.nano_cpus,
                 env: spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect(),
+                volumes: spec
+                    .named_volumes
+                    .iter()
+                    .map(|(name, at)| (at.clone(), name.clone()))
+                    .collect(),
             }),
             None => Err(EngineError::NotFound),
         })
@@ -264,6 +270,7 @@ impl ContainerEngine for FakeEngine {
         mut tar: BoxStream<'static, Result<Bytes, std::io::Error>>,
     ) -> Result<(), EngineError> {
         self.check_up(format!("put_archive {id} {path}")).await?;
+        self.mount_volumes(id)?;
         let mut whole = Vec::new();
         while let Some(chunk) = tar.next().await {
             whole.extend_from_slice(&chunk.map_err(|e| EngineError::Rejected(e.to_string()))?);
@@ -281,6 +288,7 @@ impl ContainerEngine for FakeEngine {
         path: &str,
     ) -> Result<BoxStream<'static, Result<Bytes, EngineError>>, EngineError> {
         self.check_up(format!("get_archive {id} {path}")).await?;
+        self.mount_volumes(id)?;
         // `/workspace` is the directory the helper serves (the skeleton's entry for it says
         // nothing of what is in it).
         if path.trim_end_matches('/') == sandbox_protocol::layout::WORKSPACE
@@ -343,6 +351,7 @@ impl ContainerEngine for FakeEngine {
                     memory_bytes: spec.memory_bytes,
                     nano_cpus: spec.nano_cpus,
                     env: Vec::new(),
+                    volumes: Vec::new(),
                 })
                 .collect()
         }))

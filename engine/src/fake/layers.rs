@@ -386,12 +386,14 @@ fn diff_layer(now: &Path, below: &Path, out: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// The apparent bytes of the regular files under `dir`.
+/// What the helper counts for the tree under `dir`: the apparent bytes of its regular files
+/// and a 512-byte header per entry (its long-name records are not emulated).
 fn tree_bytes(dir: &Path) -> std::io::Result<u64> {
     let mut total = 0u64;
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
         let kind = entry.file_type()?;
+        total = total.saturating_add(512);
         if kind.is_dir() {
             total = total.saturating_add(tree_bytes(&entry.path())?);
         } else if kind.is_file() {

@@ -76,6 +76,8 @@ struct State {
     images: HashMap<String, crate::ImageInfo>,
     /// Container id → the counters `stats` answers (default: a quiet container).
     stats: HashMap<String, crate::ContainerStats>,
+    /// Whether mounting an `overlay` volume fails, as on a kernel without overlayfs.
+    overlay_mounts_fail: bool,
 }
 
 #[derive(Clone)]
@@ -197,6 +199,31 @@ impl FakeEngine {
     /// `"start "` or `"create_network"`) fail as if the engine had.
     pub fn fail_on(&self, prefix: &str) {
         self.with(|s| s.failing.push(prefix.to_string()));
+    }
+
+    /// Makes every mount of an `overlay` volume fail (a container's start, an archive call on
+    /// it), as on an engine whose kernel cannot mount one; creating the volume still works, as
+    /// the local driver only records its options.
+    pub fn fail_overlay_mounts(&self) {
+        self.with(|s| s.overlay_mounts_fail = true);
+    }
+
+    /// Fails when container `id` mounts an `overlay` volume and such mounts fail.
+    fn mount_volumes(&self, id: &str) -> Result<(), EngineError> {
+        self.with(|s| {
+            let mounts_overlay = s.overlay_mounts_fail
+                && s.containers.get(id).is_some_and(|(spec, _)| {
+                    spec.named_volumes
+                        .iter()
+                        .any(|(name, _)| s.overlays.contains_key(name))
+                });
+            if mounts_overlay {
+                return Err(EngineError::Unavailable(
+                    "error while mounting volume: invalid argument".into(),
+                ));
+            }
+            Ok(())
+        })
     }
 
     /// Ends every fault [`FakeEngine::fail_on`] scripted.

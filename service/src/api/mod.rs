@@ -413,6 +413,10 @@ pub struct HealthResponse {
     /// (`runsc`); absent when none was probed (runc).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub runtime: BTreeMap<String, RuntimeSoundness>,
+    /// Beyond the reference: how each engine gives sessions from snapshots their workspace
+    /// (see `GET /engines/`), by engine name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub snapshot_layers: BTreeMap<String, SnapshotLayerSupport>,
 }
 
 /// Whether the commands agents run work under a runtime, as its probes found: the start-up
@@ -572,6 +576,28 @@ pub struct EngineStatus {
     /// Sessions (warm-pool members included) it holds, as last counted.
     pub sessions: u32,
     pub max_sessions: Option<u32>,
+    /// How sessions from snapshots get their workspace here.
+    pub snapshot_layers: SnapshotLayerSupport,
+}
+
+/// How an engine gives sessions from snapshots their workspace, as its probe found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct SnapshotLayerSupport {
+    pub mode: SnapshotLayerMode,
+    /// Why copies, or why not known; absent for overlays.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// `overlay`: an overlay over the snapshot's layers, nothing copied; `copies`: a copy of the
+/// snapshot's layer per session (the engine cannot mount overlay volumes, or
+/// `SNAPSHOT_LAYERS=copy`); `unknown`: not probed yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum SnapshotLayerMode {
+    Overlay,
+    Copies,
+    Unknown,
 }
 
 /// The engines sessions may be on.

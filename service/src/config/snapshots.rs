@@ -25,6 +25,20 @@ pub struct SnapshotConfig {
     pub size_max: u64,
     /// Most forks one request may ask for (`FORK_MAX_COUNT`).
     pub fork_max: u32,
+    /// Whether sessions from snapshots mount overlays over their layers where the engine can
+    /// (`SNAPSHOT_LAYERS=auto`, probed per engine) or always get a copy (`copy`).
+    pub layers: SnapshotLayers,
+}
+
+/// `SNAPSHOT_LAYERS`: how sessions from snapshots get their workspace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SnapshotLayers {
+    /// Overlays over the snapshot's layers on an engine whose start-up probe mounts one;
+    /// copies elsewhere.
+    Auto,
+    /// A copy of the snapshot's layer on every engine (an operator's choice, e.g. a kernel
+    /// whose overlayfs they do not trust with `userxattr`).
+    Copy,
 }
 
 impl SnapshotConfig {
@@ -49,7 +63,16 @@ impl SnapshotConfig {
                 format!("must be between 1 and {MAX_FORKS}"),
             );
         }
+        let layers = p.choice(
+            "SNAPSHOT_LAYERS",
+            SnapshotLayers::Auto,
+            &[
+                ("auto", SnapshotLayers::Auto),
+                ("copy", SnapshotLayers::Copy),
+            ],
+        );
         Self {
+            layers,
             default_ttl,
             max_count,
             max_bytes,

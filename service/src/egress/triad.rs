@@ -429,6 +429,7 @@ mod tests {
             memory_bytes: None,
             nano_cpus: None,
             env: Vec::new(),
+            volumes: Vec::new(),
         }
     }
 

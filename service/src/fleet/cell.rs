@@ -276,6 +276,7 @@ impl Cell {
             state: self.state(),
             sessions: self.seen().sessions + self.placed.load(Ordering::Relaxed),
             max_sessions: spec.max_sessions,
+            snapshot_layers: self.snapshots().layer_report(),
         }
     }
 }

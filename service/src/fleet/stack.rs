@@ -174,6 +174,11 @@ impl Stack {
         if let Some(t) = self.refill.spawn() {
             tasks.push(t);
         }
+        // Whether sessions from snapshots get overlays here: found now, not on a create.
+        let snapshots = self.snapshots.clone();
+        tasks.push(tokio::spawn(async move {
+            snapshots.probe_layers_at_start().await
+        }));
         if let Some(every) = self.sessions.config_metrics_interval() {
             tasks.push(self.sessions.clone().spawn_sampler(every));
         }

@@ -44,6 +44,7 @@ fn stop_time_is_finished_at_or_creation_of_a_never_started_container() {
         memory_bytes: None,
         nano_cpus: None,
         env: Vec::new(),
+        volumes: Vec::new(),
     };
     assert_eq!(stopped_at(&info), Some(1_780_317_296_123_456_789));
     info.finished_at = Some("garbage".into());

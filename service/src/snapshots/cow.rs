@@ -1,7 +1,8 @@
 //! Copy-on-write workspaces: a session from a snapshot mounts an overlay over its layers (see
 //! `layers`).
 
-use super::layers::{LAYERED_LABEL, uses_label};
+use super::layers::{COPIED, LAYERED_LABEL, uses_label};
+use super::probe::LayerSupport;
 use super::*;
 
 /// The longest overlay option string the kernel takes (one page, less room for what the
@@ -26,6 +27,11 @@ impl Snapshots {
         let [merged, upper, work] = workspace_volumes(&token);
         let mut labels = self.labels(ROLE_WORKSPACE, &s.id);
         labels.insert(WORKSPACE_LABEL.to_string(), token.clone());
+        // A probe that could not run (the image gone meanwhile, the engine down) says nothing:
+        // the overlay is tried, and the build answers for what is missing.
+        if let Ok(LayerSupport::Copies(_)) = self.layer_support(&s.image()).await {
+            return self.copied_workspace(s, &stack, token, labels, pins).await;
+        }
         labels.insert(LAYERED_LABEL.to_string(), "userxattr".to_string());
         for layer in &stack {
             if let Some(id) = layer.labels.get(SNAPSHOT_LABEL) {
@@ -97,6 +103,45 @@ impl Snapshots {
                 Err(e)
             }
         }
+    }
+
+    /// A workspace that is a copy of the snapshot's layer, for an engine without overlays:
+    /// there every snapshot is a base layer (see `layering`), so one copy is the whole tree.
+    async fn copied_workspace<'a>(
+        &'a self,
+        s: &Snapshot,
+        stack: &[VolumeInfo],
+        token: String,
+        mut labels: HashMap<String, String>,
+        pins: Vec<Pin<'a>>,
+    ) -> Result<Workspace<'a>, SnapshotError> {
+        let [layer] = stack else {
+            // Layers taken while this engine mounted overlays, which it no longer does.
+            return Err(SnapshotError::LayersUnmountable {
+                layers: stack.len(),
+            });
+        };
+        let [merged, ..] = workspace_volumes(&token);
+        labels.insert(LAYERED_LABEL.to_string(), COPIED.to_string());
+        self.engine
+            .create_volume(&VolumeSpec {
+                name: merged.clone(),
+                labels,
+                driver_opts: HashMap::new(),
+            })
+            .await?;
+        if let Err(e) = self
+            .copy_into(&token, &s.image(), &layer.name, &merged)
+            .await
+        {
+            let _ = self.engine.remove_volume(&merged).await;
+            return Err(e);
+        }
+        Ok(Workspace {
+            token,
+            merged,
+            _pins: pins,
+        })
     }
 
     /// Removes a session's copy-on-write workspace (after its container is gone).

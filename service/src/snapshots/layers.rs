@@ -2,7 +2,7 @@
 //! session from a snapshot copies only what the session changed.
 //!
 //! A snapshot's data volume holds its own layer. The first snapshot of a session copies the
-//! whole workspace (a base layer); a session from snapshot `S` mounts an overlay (the local
+//! whole workspace (a base layer, with the same copier); a session from snapshot `S` mounts an overlay (the local
 //! driver's `type=overlay`, with `userxattr`) whose lower directories are `S`'s layer and every
 //! layer below it, top first, over an empty upper volume of its own. A snapshot of that session
 //! copies the upper alone into its new layer: overlay's own records of what changed (whiteouts,
@@ -21,7 +21,7 @@
 //! no volume carries its label ([`Snapshots::release`]).
 //!
 //! Past [`MAX_DEPTH`] layers (overlay's option string is one page) a snapshot copies the whole
-//! workspace again, a new base layer.
+//! workspace again as the session sees it (its overlay's view), a new base layer.
 
 use super::*;
 use crate::archive::{Archive, ROOT, entry_name};
@@ -33,6 +33,9 @@ pub(super) const LOWERS_LABEL: &str = "daiv.sandbox.snapshot.lowers";
 /// On a workspace's volumes: how its overlay keeps its own records (`userxattr`); a workspace
 /// made before layers has none, and its snapshots copy the whole workspace.
 pub(super) const LAYERED_LABEL: &str = "daiv.sandbox.workspace.layered";
+/// [`LAYERED_LABEL`]'s value on a workspace that is a copy of its snapshot's layer (an engine
+/// without overlays): its snapshots copy it whole, a base layer.
+pub(super) const COPIED: &str = "copy";
 const USES_PREFIX: &str = "daiv.sandbox.layer.";
 /// Most layers a workspace's overlay stacks; a snapshot that would make more copies everything.
 pub const MAX_DEPTH: usize = 16;
@@ -68,19 +71,22 @@ pub(super) fn lowers_of(v: &VolumeInfo) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// A snapshot's new layer over the stack of the snapshot its session came from.
+/// How a snapshot's layer is copied with `copy-tree`: a session's changes over the stack of the
+/// snapshot it came from, or a whole workspace of its own (a base layer: no lowers).
 #[derive(Debug, Clone)]
 pub(super) struct Layering {
-    /// The session's upper volume: what it changed.
-    pub(super) upper: String,
+    /// The volume copied: the session's upper volume (what it changed), or its workspace.
+    pub(super) from: String,
     /// The layers below the new one, top first: the session's snapshot, then its lowers.
     pub(super) lowers: Vec<String>,
 }
 
 impl Layering {
-    /// The new layer's labels beyond the snapshot's own.
+    /// The new layer's labels beyond the snapshot's own (none for a base layer).
     pub(super) fn labels(&self) -> impl Iterator<Item = (String, String)> + '_ {
-        std::iter::once((LOWERS_LABEL.to_string(), self.lowers.join(",")))
+        (!self.lowers.is_empty())
+            .then(|| (LOWERS_LABEL.to_string(), self.lowers.join(",")))
+            .into_iter()
             .chain(self.lowers.iter().map(|l| (uses_label(l), "true".into())))
     }
 }
@@ -111,14 +117,33 @@ impl Snapshots {
         Ok(stack)
     }
 
-    /// How a snapshot of session `info` can be a layer over its snapshot's: `None` for a
-    /// session with a workspace of its own (not from a snapshot), from before layers, or at
-    /// the deepest stack: those copy the whole workspace.
+    /// How a snapshot of session `info` (as inspected) is copied by `copy-tree`: a layer over
+    /// its snapshot's, or its whole workspace volume as a base layer (its own, a copy of its
+    /// snapshot's, or at the deepest stack its overlay's view). `None` for a workspace from
+    /// before layers, or one the inspect does not name: those go through the engine's archive
+    /// API.
     pub(super) async fn layering(&self, info: &ContainerInfo) -> Option<Layering> {
-        let token = info.label(WORKSPACE_LABEL)?;
-        let parent = info.label(SNAPSHOT_LABEL)?;
+        let (Some(token), Some(parent)) = (info.label(WORKSPACE_LABEL), info.label(SNAPSHOT_LABEL))
+        else {
+            // A workspace of its own.
+            let (_, from) = info
+                .volumes
+                .iter()
+                .find(|(at, _)| at == layout::WORKSPACE)?;
+            return Some(Layering {
+                from: from.clone(),
+                lowers: Vec::new(),
+            });
+        };
         let [merged, upper, _] = workspace_volumes(token);
         let ws = self.engine.inspect_volume(&merged).await.ok()?;
+        if ws.labels.get(LAYERED_LABEL).map(String::as_str) == Some(COPIED) {
+            // A copy of its snapshot's layer (an engine without overlays): a base layer.
+            return Some(Layering {
+                from: merged,
+                lowers: Vec::new(),
+            });
+        }
         if ws.labels.get(LAYERED_LABEL).map(String::as_str) != Some("userxattr") {
             return None;
         }
@@ -129,7 +154,19 @@ impl Snapshots {
             .ok()?;
         let mut lowers = vec![parent.to_string()];
         lowers.extend(lowers_of(&below));
-        (lowers.len() < MAX_DEPTH).then_some(Layering { upper, lowers })
+        Some(if lowers.len() < MAX_DEPTH {
+            Layering {
+                from: upper,
+                lowers,
+            }
+        } else {
+            // The deepest stack: the session's whole view (the overlay, mounted for the copier
+            // as for the session) becomes a new base layer, whiteouts applied.
+            Layering {
+                from: merged,
+                lowers: Vec::new(),
+            }
+        })
     }
 
     /// A copier for `from` into `to`, created (not started) before the freeze.
@@ -178,14 +215,30 @@ impl Snapshots {
         Ok(id)
     }
 
-    /// Copies the copier's `/from` into its `/to`, at most `budget` bytes of files; the bytes
-    /// copied, or the reservation's refusal past the budget.
+    /// Copies the copier's `/from` into its `/to`, at most `budget` bytes counted (its files
+    /// and a header per entry, as an archive of it weighs); the bytes counted, or the
+    /// reservation's refusal past the budget.
     pub(super) async fn copy_layer(
         &self,
         copier: &str,
         reservation: &budget::Reservation<'_>,
     ) -> Result<u64, SnapshotError> {
         let budget = reservation.copy_budget;
+        match self.run_copy(copier, budget).await? {
+            Ok(bytes) => Ok(bytes),
+            Err(Copy::OverBudget) => Err(reservation.refusal(budget.saturating_add(1))),
+            Err(Copy::Refused) => Err(SnapshotError::Uncopyable {
+                depth: COPY_DEPTH_MAX,
+            }),
+            Err(Copy::Failed) => {
+                Err(EngineError::Unavailable("the layer copy failed".into()).into())
+            }
+        }
+    }
+
+    /// Runs `copy-tree` in `copier`; the bytes counted, or why it stopped (its output logged:
+    /// the helper names the sandbox's paths, which stay out of clients' bodies).
+    async fn run_copy(&self, copier: &str, budget: u64) -> Result<Result<u64, Copy>, EngineError> {
         let spec = crate::engine::ExecSpec {
             cmd: vec![
                 layout::HELPER.to_string(),
@@ -211,33 +264,51 @@ impl Snapshots {
         }
         let code = self.engine.exec_exit_code(&exec.exec_id).await?;
         let text = String::from_utf8_lossy(&out);
-        match code {
-            Some(0) => {
-                let bytes = text
-                    .lines()
-                    .rev()
-                    .find_map(|l| serde_json::from_str::<Copied>(l.trim()).ok())
-                    .map(|c| c.bytes)
-                    .ok_or_else(|| {
-                        EngineError::Unavailable("the layer copy answered nothing".into())
-                    })?;
-                Ok(bytes)
-            }
-            Some(OVER_BUDGET) => Err(reservation.refusal(budget.saturating_add(1))),
+        Ok(match code {
+            Some(0) => Ok(text
+                .lines()
+                .rev()
+                .find_map(|l| serde_json::from_str::<Copied>(l.trim()).ok())
+                .map(|c| c.bytes)
+                .ok_or_else(|| {
+                    EngineError::Unavailable("the layer copy answered nothing".into())
+                })?),
+            Some(OVER_BUDGET) => Err(Copy::OverBudget),
             Some(REFUSED) => {
-                // The helper names paths relative to the tree: the sandbox's own names, kept
-                // out of the client's body (the log has them).
                 tracing::warn!(output = %text.trim(), "snapshot: the layer copy refused the tree");
-                Err(SnapshotError::Uncopyable {
-                    depth: COPY_DEPTH_MAX,
-                })
+                Err(Copy::Refused)
             }
             _ => {
                 tracing::warn!(output = %text.trim(), code = ?code, "snapshot: the layer copy failed");
-                Err(EngineError::Unavailable("the layer copy failed".into()).into())
+                Err(Copy::Failed)
             }
+        })
+    }
+
+    /// Copies snapshot layer `layer` (a volume) into the plain volume `to`, for a session from
+    /// a snapshot on an engine without overlays. Not capped: the layer was, when it was taken.
+    pub(super) async fn copy_into(
+        &self,
+        token: &str,
+        image: &str,
+        layer: &str,
+        to: &str,
+    ) -> Result<u64, SnapshotError> {
+        let copier = self.create_copier(token, image, layer, to).await?;
+        let copied = self.run_copy(&copier, u64::MAX).await;
+        let _ = self.engine.remove(&copier).await;
+        match copied? {
+            Ok(bytes) => Ok(bytes),
+            Err(_) => Err(EngineError::Unavailable("the workspace copy failed".into()).into()),
         }
     }
+}
+
+/// Why a `copy-tree` stopped.
+enum Copy {
+    OverBudget,
+    Refused,
+    Failed,
 }
 
 /// What `copy-tree` prints when it is done.

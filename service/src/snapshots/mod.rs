@@ -47,6 +47,7 @@ use crate::time::unix_now;
 mod budget;
 mod cow;
 mod layers;
+mod probe;
 mod record;
 mod sweep;
 mod take;
@@ -54,6 +55,7 @@ mod take;
 use budget::Ledger;
 pub use budget::Pin;
 pub use layers::{MAX_DEPTH, ROLE_LAYER_COPIER};
+pub use probe::{LayerSupport, ROLE_LAYER_PROBE};
 
 /// The repository every snapshot image is tagged in; the tag is the snapshot id.
 pub const IMAGE_REPOSITORY: &str = "daiv-sandbox-snapshot";
@@ -109,6 +111,14 @@ pub enum SnapshotError {
          than {depth} levels, or a device node (the service's log names it)"
     )]
     Uncopyable { depth: usize },
+    /// The snapshot is a stack of layers, which this engine can no longer mount as an overlay
+    /// (its probe says so): only a base layer can be copied whole.
+    #[error(
+        "the snapshot is {layers} layers deep and this engine cannot mount overlay volumes \
+         (GET /engines/ says why); create the session on an engine that can, or from a \
+         snapshot taken here"
+    )]
+    LayersUnmountable { layers: usize },
     #[error(transparent)]
     Engine(#[from] EngineError),
 }
@@ -214,6 +224,8 @@ pub struct Snapshots {
     /// The static helper the layer copier runs (`None` in in-process tests: the fake engine
     /// copies itself).
     helper: Option<crate::shared_file::SharedFile>,
+    /// Whether this engine mounts overlay volumes (see `probe`).
+    probe: probe::Probe,
 }
 
 impl Snapshots {
@@ -227,6 +239,7 @@ impl Snapshots {
             config,
             ledger: std::sync::Mutex::default(),
             helper,
+            probe: probe::Probe::default(),
         }
     }
 

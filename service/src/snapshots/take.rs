@@ -23,6 +23,7 @@ impl Snapshots {
         let reservation = self.reserve(&id, info).await?;
         let base_image = info.labels.get(IMAGE_LABEL).cloned().unwrap_or_default();
         // Over the session's snapshot's layers when it has them: only its changes are copied.
+        // Its own workspace is copied whole by the same copier (holes stay holes).
         let layering = self.layering(info).await;
         let mut labels = self.labels(ROLE_SNAPSHOT_DATA, &id);
         if let Some(l) = &layering {
@@ -107,7 +108,7 @@ impl Snapshots {
         let spec = self.commit_spec(info, id, &source.env, base_image);
         let holder = match layering {
             Some(l) => {
-                self.create_copier(id, &source.id, &l.upper, &data.name)
+                self.create_copier(id, &source.id, &l.from, &data.name)
                     .await?
             }
             None => {
@@ -173,7 +174,7 @@ impl Snapshots {
 
     /// A never-started container with the data volume at `/workspace`: the daemon mounts its
     /// volumes for an archive upload, which is how the copy lands in the volume.
-    fn holder_spec(&self, id: &str, image: &str, volume: &str) -> ContainerSpec {
+    pub(super) fn holder_spec(&self, id: &str, image: &str, volume: &str) -> ContainerSpec {
         ContainerSpec {
             name: None,
             image: image.to_string(),

@@ -12,8 +12,8 @@ use crate::telemetry::runtime_probe::RuntimeHealth;
 
 /// Healthcheck: 200 while Docker answers (in a fleet: while an engine is up), 503 otherwise.
 /// Under `runsc`, `runtime` says whether the start-up probe found `ls` and `stat` working: an
-/// unsound runtime is a warning to operators, not a failed check. `snapshot_layers` says, per
-/// engine, whether sessions from snapshots get overlays or copies.
+/// unsound runtime is a warning to operators, not a failed check. `snapshot_layers` counts the
+/// engines whose sessions from snapshots get overlays, copies, or are not probed yet.
 #[utoipa::path(get, path = "/-/health/", tag = "meta",
     responses((status = 200, body = HealthResponse), (status = 503, body = crate::error::ErrorBody)))]
 pub async fn health(
@@ -24,11 +24,13 @@ pub async fn health(
     Ok(Json(HealthResponse {
         status: "ok".to_string(),
         runtime: runtime.report(),
-        snapshot_layers: ops
-            .engines()
-            .into_iter()
-            .map(|e| (e.name, e.snapshot_layers))
-            .collect(),
+        snapshot_layers: ops.engines().into_iter().fold(
+            std::collections::BTreeMap::new(),
+            |mut by_mode, e| {
+                *by_mode.entry(e.snapshot_layers.mode).or_default() += 1;
+                by_mode
+            },
+        ),
     }))
 }
 

@@ -413,10 +413,11 @@ pub struct HealthResponse {
     /// (`runsc`); absent when none was probed (runc).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub runtime: BTreeMap<String, RuntimeSoundness>,
-    /// Beyond the reference: how each engine gives sessions from snapshots their workspace
-    /// (see `GET /engines/`), by engine name.
+    /// Beyond the reference: how many engines give sessions from snapshots an overlay, copies,
+    /// or are not probed yet (`overlay`, `copies`, `unknown`; the engines by name, and why, are
+    /// in `GET /engines/`, behind the key).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub snapshot_layers: BTreeMap<String, SnapshotLayerSupport>,
+    pub snapshot_layers: BTreeMap<SnapshotLayerMode, u32>,
 }
 
 /// Whether the commands agents run work under a runtime, as its probes found: the start-up
@@ -592,7 +593,7 @@ pub struct SnapshotLayerSupport {
 /// `overlay`: an overlay over the snapshot's layers, nothing copied; `copies`: a copy of the
 /// snapshot's layer per session (the engine cannot mount overlay volumes, or
 /// `SNAPSHOT_LAYERS=copy`); `unknown`: not probed yet.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum SnapshotLayerMode {
     Overlay,

@@ -123,6 +123,9 @@ impl Snapshots {
         };
         let [merged, ..] = workspace_volumes(&token);
         labels.insert(LAYERED_LABEL.to_string(), COPIED.to_string());
+        // It needs nothing of the snapshot once copied: no label keeps the snapshot's layer
+        // (`release` reads a workspace's snapshot label as a use).
+        labels.remove(SNAPSHOT_LABEL);
         self.engine
             .create_volume(&VolumeSpec {
                 name: merged.clone(),

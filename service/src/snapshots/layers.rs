@@ -23,6 +23,7 @@
 //! Past [`MAX_DEPTH`] layers (overlay's option string is one page) a snapshot copies the whole
 //! workspace again as the session sees it (its overlay's view), a new base layer.
 
+use super::probe::LayerSupport;
 use super::*;
 use crate::archive::{Archive, ROOT, entry_name};
 use crate::shared_file::SharedFile;
@@ -154,14 +155,18 @@ impl Snapshots {
             .ok()?;
         let mut lowers = vec![parent.to_string()];
         lowers.extend(lowers_of(&below));
-        Some(if lowers.len() < MAX_DEPTH {
+        // An engine that gives copies now (its probe, or the operator's setting) would refuse
+        // a session from a layer over others: the session's whole view is a base layer.
+        let copies = self.config.snapshots.layers == crate::config::SnapshotLayers::Copy
+            || matches!(self.probed(), Some(LayerSupport::Copies(_)));
+        Some(if lowers.len() < MAX_DEPTH && !copies {
             Layering {
                 from: upper,
                 lowers,
             }
         } else {
-            // The deepest stack: the session's whole view (the overlay, mounted for the copier
-            // as for the session) becomes a new base layer, whiteouts applied.
+            // The deepest stack, or copies: the session's whole view (the overlay, mounted for
+            // the copier as for the session) becomes a new base layer, whiteouts applied.
             Layering {
                 from: merged,
                 lowers: Vec::new(),

@@ -9,8 +9,10 @@
 //! It runs when the engine's stack starts, in the background, with an image the engine has
 //! (`RUNTIME_PROBE_IMAGE`, the first warm-pool image, else any of this deployment's snapshot
 //! images); without one, on the first session from a snapshot, with that snapshot's image.
-//! A verdict is kept for the process's life; a probe that could not run (the engine down, no
-//! image) says nothing and runs again next time. An engine that cannot mount overlays (or a
+//! A verdict is kept for the process's life, and only a failed mount is one (the daemon's
+//! answer names the mount); a probe that could not run (the engine down or slow, no image, its
+//! objects removed meanwhile) says nothing and runs again next time. What a crash left of a
+//! probe is the sweep's, past its age guard (another replica may be probing meanwhile). An engine that cannot mount overlays (or a
 //! deployment with `SNAPSHOT_LAYERS=copy`) gives each session from a snapshot a copy of its
 //! layer instead, and says so in `GET /engines/` and `/-/health/`.
 
@@ -21,8 +23,10 @@ use super::*;
 use crate::api::{SnapshotLayerMode, SnapshotLayerSupport};
 use crate::config::SnapshotLayers;
 
-/// Role of the probe's volumes and container (swept by the next probe should one be left).
+/// Role of the probe's volumes and container (the sweep's, should a crash leave them).
 pub const ROLE_LAYER_PROBE: &str = "layer-probe";
+/// The longest a probe may take; past it, it could not run.
+const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// What an engine does for sessions from snapshots.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,7 +54,15 @@ impl Snapshots {
         }
         self.probe
             .verdict
-            .get_or_try_init(|| self.probe_overlay(image))
+            .get_or_try_init(|| async {
+                tokio::time::timeout(PROBE_TIMEOUT, self.probe_overlay(image))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(EngineError::Unavailable(
+                            "the overlay probe timed out".into(),
+                        ))
+                    })
+            })
             .await
             .cloned()
     }
@@ -74,6 +86,11 @@ impl Snapshots {
         if let Err(e) = self.layer_support(&image).await {
             tracing::info!(error = %e, "snapshot layers: the start-up probe could not run; the first session from a snapshot probes again");
         }
+    }
+
+    /// The probe's verdict, if one was reached.
+    pub(super) fn probed(&self) -> Option<LayerSupport> {
+        self.probe.verdict.get().cloned()
     }
 
     /// What `GET /engines/` and `/-/health/` say of this engine.
@@ -103,7 +120,6 @@ impl Snapshots {
 
     /// One probe: a verdict, or the error that kept it from running.
     async fn probe_overlay(&self, image: &str) -> Result<LayerSupport, EngineError> {
-        self.remove_probe_leftovers().await;
         let mut volumes = Vec::new();
         let mut container = None;
         let verdict = self.try_overlay(image, &mut volumes, &mut container).await;
@@ -191,8 +207,9 @@ impl Snapshots {
         };
         Ok(match listed {
             Ok(()) => LayerSupport::Overlay,
-            // An engine that stopped answering says nothing of overlays.
-            Err(e) if self.engine.ping().await.is_err() => return Err(e),
+            // Only the mount's failure says overlays do not work; anything else (the container
+            // or a volume gone, the engine down or busy) says nothing of them.
+            Err(e) if !is_mount_failure(&e) => return Err(e),
             Err(e) => {
                 // The daemon's words stay in the log.
                 tracing::warn!(error = %e, "snapshot layers: the overlay volume did not mount");
@@ -202,22 +219,35 @@ impl Snapshots {
             }
         })
     }
+}
 
-    /// Removes what a probe interrupted by a crash left.
-    async fn remove_probe_leftovers(&self) {
-        let mine = self.mine(ROLE_LAYER_PROBE);
-        if let Ok(list) = self.engine.list(&mine).await {
-            for c in list {
-                let _ = self.engine.remove(&c.id).await;
-            }
+/// Whether the daemon's error is a volume's mount failing (Docker: "error while mounting volume
+/// ...", its local driver: "failed to mount local volume: ...").
+fn is_mount_failure(e: &EngineError) -> bool {
+    match e {
+        EngineError::Unavailable(m) | EngineError::Rejected(m) | EngineError::Conflict(m) => {
+            m.contains("mount")
         }
-        if let Ok(list) = self.engine.list_volumes(&mine).await {
-            // The overlay first: it is mounted over the others.
-            let (merged, plain): (Vec<_>, Vec<_>) =
-                list.into_iter().partition(|v| v.name.ends_with("-merged"));
-            for v in merged.into_iter().chain(plain) {
-                let _ = self.engine.remove_volume(&v.name).await;
-            }
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_mount_failure_is_a_verdict() {
+        let daemon = "error while mounting volume '/var/lib/docker/volumes/x/_data': failed to \
+                      mount local volume: mount overlay:/x, flags: 0x0, data: lowerdir=...: \
+                      invalid argument";
+        assert!(is_mount_failure(&EngineError::Unavailable(daemon.into())));
+        for other in [
+            EngineError::NotFound,
+            EngineError::Unavailable("connection refused".into()),
+            EngineError::Conflict("removal of container in progress".into()),
+        ] {
+            assert!(!is_mount_failure(&other), "{other}");
         }
     }
 }

@@ -55,7 +55,11 @@ impl Snapshots {
 
         // Holders and copiers left by a crash mid-snapshot; not those of a snapshot this
         // replica is taking, however long its copy takes.
-        for role in [ROLE_SNAPSHOT_HOLDER, layers::ROLE_LAYER_COPIER] {
+        for role in [
+            ROLE_SNAPSHOT_HOLDER,
+            layers::ROLE_LAYER_COPIER,
+            probe::ROLE_LAYER_PROBE,
+        ] {
             let found = self.engine.list(&self.mine(role)).await?;
             let pinned = self.ledger().protected();
             for c in found {
@@ -66,6 +70,18 @@ impl Snapshots {
                     let _ = self.engine.remove(&c.id).await;
                 }
             }
+        }
+        // An overlay probe's volumes (its container went above), the overlay before the
+        // volumes it is mounted over.
+        let (merged, plain): (Vec<_>, Vec<_>) = self
+            .engine
+            .list_volumes(&self.mine(probe::ROLE_LAYER_PROBE))
+            .await?
+            .into_iter()
+            .filter(|v| old(v.created))
+            .partition(|v| v.name.ends_with("-merged"));
+        for v in merged.into_iter().chain(plain) {
+            let _ = self.engine.remove_volume(&v.name).await;
         }
         // Workspaces whose session is gone. A workspace is pinned until its container exists:
         // the pins are read after the workspaces are listed and before the sessions are, so a

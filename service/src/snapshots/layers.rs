@@ -51,7 +51,7 @@ const COPIER_MEMORY: i64 = 512 * 1024 * 1024;
 /// The deepest tree `copy-tree` walks (`sandbox_helper::copy_tree::MAX_DEPTH`).
 const COPY_DEPTH_MAX: usize = 256;
 /// Where the copier sees the session's changes, and the new layer.
-const COPY_FROM: &str = "/from";
+pub(super) const COPY_FROM: &str = "/from";
 const COPY_TO: &str = "/to";
 
 /// The label a volume carries while its mount needs layer `id`.

@@ -67,7 +67,17 @@ impl Snapshots {
                     .label(SNAPSHOT_LABEL)
                     .is_some_and(|id| pinned.contains(id));
                 if old(c.created) && !taking {
+                    // A copier of a session's own workspace mounted that anonymous volume by
+                    // name, so removing the session meanwhile left it: it goes with the copier
+                    // unless a session still uses it (the engine refuses then).
+                    let own = match role {
+                        layers::ROLE_LAYER_COPIER => self.anonymous_source(&c.id).await,
+                        _ => None,
+                    };
                     let _ = self.engine.remove(&c.id).await;
+                    if let Some(volume) = own {
+                        let _ = self.engine.remove_volume(&volume).await;
+                    }
                 }
             }
         }
@@ -149,10 +159,67 @@ impl Snapshots {
     }
 }
 
+impl Snapshots {
+    /// The volume a copier copies from when it is an anonymous one (a session's own
+    /// workspace: Docker names those with 64 hex digits, ours all have names).
+    async fn anonymous_source(&self, copier: &str) -> Option<String> {
+        let info = self.engine.inspect(copier).await.ok()?;
+        let (_, name) = info
+            .volumes
+            .into_iter()
+            .find(|(at, _)| at == layers::COPY_FROM)?;
+        (name.len() == 64 && name.bytes().all(|b| b.is_ascii_hexdigit())).then_some(name)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::engine::fake::{FakeEngine, FakeExec};
+
+    /// A copier a crash left, of a session's own (anonymous) workspace: the sweep removes it,
+    /// and the volume with it once no session uses it (a session removed meanwhile left it to
+    /// the copier), never while one does.
+    #[tokio::test]
+    async fn a_left_copier_takes_the_anonymous_workspace_only_its_session_left()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let engine = Arc::new(FakeEngine::new(|_| FakeExec::default()));
+        let s = Snapshots::new(engine.clone(), crate::config::for_tests("k", &[]), None);
+        let later = SystemTime::now() + Duration::from_secs(60);
+        for session_lives in [true, false] {
+            let own = format!("{:064x}", u8::from(session_lives));
+            s.engine
+                .create_volume(&VolumeSpec {
+                    name: own.clone(),
+                    labels: HashMap::new(),
+                    driver_opts: HashMap::new(),
+                })
+                .await?;
+            let layer = data_volume(&new_id(None));
+            let copier = s.create_copier(&new_id(None), "img", &own, &layer).await?;
+            let session = if session_lives {
+                let mut spec = s.holder_spec("x", "img", &own);
+                spec.labels = HashMap::new();
+                Some(s.engine.create(&spec).await?)
+            } else {
+                None
+            };
+            s.sweep(later, Duration::ZERO).await?;
+            assert!(matches!(
+                s.engine.inspect(&copier).await,
+                Err(EngineError::NotFound)
+            ));
+            assert_eq!(
+                engine.volumes().contains(&own),
+                session_lives,
+                "session lives: {session_lives}"
+            );
+            if let Some(id) = session {
+                s.engine.remove(&id).await?;
+            }
+        }
+        Ok(())
+    }
 
     /// A payload without a record and a workspace without a container, as a snapshot or a
     /// session being made has them for a moment: the sweep leaves them while they are pinned,

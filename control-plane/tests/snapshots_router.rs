@@ -65,6 +65,27 @@ fn snapshot_objects(h: &Harness) -> Vec<String> {
     all
 }
 
+/// Deletes `snapshots`, then `sessions` (their containers made old enough for the sweep), and
+/// sweeps a month later.
+async fn delete_all_and_sweep<'a>(
+    h: &Harness,
+    snapshots: impl IntoIterator<Item = &'a String>,
+    sessions: impl IntoIterator<Item = &'a String>,
+) {
+    for id in snapshots {
+        let (s, _) = h.api("DELETE", &format!("/snapshots/{id}/"), None).await;
+        assert_eq!(s, StatusCode::NO_CONTENT);
+    }
+    for id in sessions {
+        let (s, b) = h.api("DELETE", &format!("/session/{id}/"), None).await;
+        assert!(s.is_success(), "{s} {b}");
+        h.engine
+            .set_times(id, Some(0), Some("2026-01-01T00:00:00Z"));
+    }
+    let later = std::time::SystemTime::now() + std::time::Duration::from_secs(30 * 86_400);
+    h.cell().reaper().sweep(later).await.unwrap();
+}
+
 #[tokio::test]
 async fn a_snapshot_keeps_the_workspace_and_sessions_and_forks_start_from_it() {
     let h = Harness::default();
@@ -343,16 +364,7 @@ async fn a_snapshot_of_a_session_from_a_snapshot_is_a_layer_of_its_changes() {
     }
 
     // Every snapshot and session gone, the sweep leaves nothing of them.
-    let (s, _) = h.api("DELETE", &format!("/snapshots/{s2}/"), None).await;
-    assert_eq!(s, StatusCode::NO_CONTENT);
-    for id in [&first, &second, &third, &fork] {
-        let (s, b) = h.api("DELETE", &format!("/session/{id}/"), None).await;
-        assert!(s.is_success(), "{s} {b}");
-        h.engine
-            .set_times(id, Some(0), Some("2026-01-01T00:00:00Z"));
-    }
-    let later = std::time::SystemTime::now() + std::time::Duration::from_secs(30 * 86_400);
-    h.cell().reaper().sweep(later).await.unwrap();
+    delete_all_and_sweep(&h, [&s2], [&first, &second, &third, &fork]).await;
     assert_eq!(snapshot_objects(&h), before);
 }
 
@@ -403,18 +415,7 @@ async fn past_sixteen_layers_a_snapshot_is_a_new_base_layer_of_the_sessions_view
         );
     }
 
-    for id in &snapshots {
-        let (s, _) = h.api("DELETE", &format!("/snapshots/{id}/"), None).await;
-        assert_eq!(s, StatusCode::NO_CONTENT);
-    }
-    for id in sessions.iter().chain([&last]) {
-        let (s, b) = h.api("DELETE", &format!("/session/{id}/"), None).await;
-        assert!(s.is_success(), "{s} {b}");
-        h.engine
-            .set_times(id, Some(0), Some("2026-01-01T00:00:00Z"));
-    }
-    let later = std::time::SystemTime::now() + std::time::Duration::from_secs(30 * 86_400);
-    h.cell().reaper().sweep(later).await.unwrap();
+    delete_all_and_sweep(&h, &snapshots, sessions.iter().chain([&last])).await;
     assert_eq!(snapshot_objects(&h), before);
 }
 
@@ -522,16 +523,12 @@ async fn an_engine_that_cannot_mount_overlays_gives_sessions_from_snapshots_copi
         assert!(read(&h, id, "c.txt").await.contains("c from the second"));
     }
 
-    let (s, _) = h.api("DELETE", &format!("/snapshots/{s2}/"), None).await;
-    assert_eq!(s, StatusCode::NO_CONTENT);
-    for id in [&first, &second, &third].into_iter().chain(&forks) {
-        let (s, b) = h.api("DELETE", &format!("/session/{id}/"), None).await;
-        assert!(s.is_success(), "{s} {b}");
-        h.engine
-            .set_times(id, Some(0), Some("2026-01-01T00:00:00Z"));
-    }
-    let later = std::time::SystemTime::now() + std::time::Duration::from_secs(30 * 86_400);
-    h.cell().reaper().sweep(later).await.unwrap();
+    delete_all_and_sweep(
+        &h,
+        [&s2],
+        [&first, &second, &third].into_iter().chain(&forks),
+    )
+    .await;
     assert_eq!(snapshot_objects(&h), before);
     for role in ["layer-probe", "layer-copier"] {
         let left = h.engine.list(&[("daiv.sandbox.role", role)]).await.unwrap();

@@ -4,7 +4,8 @@
 use anyhow::Result;
 use base64::Engine as _;
 use e2e::workspace::{Member, code, fs, fs_ok, gzip, seed, tar_of};
-use e2e::{BUSYBOX, ControlPlane, DEBIAN, Session, require_image};
+use e2e::{BUSYBOX, ControlPlane, DEBIAN, DeploymentGuard, Session, require_image};
+use reqwest::Method;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -516,6 +517,78 @@ async fn fs_ops_busybox() -> Result<()> {
 #[tokio::test]
 async fn fs_ops_debian() -> Result<()> {
     all_ops(DEBIAN).await
+}
+
+/// DAIV's file tools, every body checked against its wire schemas and every error code, on a
+/// fork of a session from a snapshot of the seeded session: a workspace that is an overlay
+/// over two layers (the seed's base layer, the middle session's changes) answers as a fresh
+/// one does.
+#[tokio::test]
+async fn fs_ops_on_a_fork_of_a_session_from_a_snapshot() -> Result<()> {
+    require_image(BUSYBOX);
+    let cp = ControlPlane::start().await?;
+    // The fork's own snapshot (no record) is the reaper's, which these tests leave off.
+    let _guard = DeploymentGuard(cp.deployment.clone());
+    let seeded = seeded(&cp, BUSYBOX).await?;
+    let (st, b) = cp
+        .call(
+            Method::POST,
+            &format!("/session/{}/snapshot/", seeded.id),
+            Some(json!({})),
+        )
+        .await?;
+    anyhow::ensure!(st == 201, "snapshot: {st} {b}");
+    let snapshot = b["snapshot_id"].as_str().unwrap_or_default().to_string();
+    let middle = cp.session(json!({ "snapshot_id": snapshot })).await?;
+    // A change of its own, so the fork stands on two layers.
+    let ran = cp
+        .run(
+            &middle,
+            json!({"commands": ["echo middle > /workspace/repo/middle.txt"]}),
+        )
+        .await?;
+    anyhow::ensure!(ran[0]["exit_code"] == 0, "{ran:?}");
+    let (st, b) = cp
+        .call(
+            Method::POST,
+            &format!("/session/{}/fork/", middle.id),
+            Some(json!({"count": 1})),
+        )
+        .await?;
+    anyhow::ensure!(st == 201, "fork: {st} {b}");
+    let fork = Session {
+        id: b["session_ids"][0].as_str().unwrap_or_default().to_string(),
+    };
+    // The middle session's file is there; the rest is the seeded session's own check, minus
+    // that file (the listings count entries).
+    let r = fs_ok(
+        &cp,
+        &fork,
+        "read",
+        json!({"path": "/workspace/repo/middle.txt"}),
+    )
+    .await?;
+    anyhow::ensure!(r.to_string().contains("middle"), "{r}");
+    fs_ok(
+        &cp,
+        &fork,
+        "delete",
+        json!({"path": "/workspace/repo/middle.txt"}),
+    )
+    .await?;
+    invalid_paths(&cp, &fork).await?;
+    ls_and_glob(&cp, &fork).await?;
+    grep(&cp, &fork).await?;
+    read(&cp, &fork).await?;
+    write_edit_delete(&cp, &fork).await?;
+    for s in [&fork, &middle, &seeded] {
+        cp.force_close(s).await?;
+    }
+    let (st, b) = cp
+        .call(Method::DELETE, &format!("/snapshots/{snapshot}/"), None)
+        .await?;
+    anyhow::ensure!(st == 204, "delete the snapshot: {st} {b}");
+    Ok(())
 }
 
 /// A session seeded with `n` Python files in 50 directories (and as many READMEs beside them),

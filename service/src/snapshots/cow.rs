@@ -66,26 +66,11 @@ impl Snapshots {
                 return Err(SnapshotError::UnusableMountpoint);
             }
             let lowers = paths[..stack.len()].join(":");
-            // `userxattr`: overlay keeps its records (opaque directories) as `user.overlay.*`,
-            // which a copy of the upper can carry without `CAP_SYS_ADMIN`.
-            let options = format!(
-                "lowerdir={lowers},upperdir={},workdir={},userxattr",
-                dirs[0], dirs[1]
-            );
-            if options.len() > OPTIONS_MAX {
+            let spec = overlay_volume(&merged, labels.clone(), &lowers, &dirs[0], &dirs[1]);
+            if spec.driver_opts.get("o").map_or(0, String::len) > OPTIONS_MAX {
                 return Err(SnapshotError::UnusableMountpoint);
             }
-            self.engine
-                .create_volume(&VolumeSpec {
-                    name: merged.clone(),
-                    labels: labels.clone(),
-                    driver_opts: HashMap::from([
-                        ("type".to_string(), "overlay".to_string()),
-                        ("device".to_string(), "overlay".to_string()),
-                        ("o".to_string(), options),
-                    ]),
-                })
-                .await?;
+            self.engine.create_volume(&spec).await?;
             made.push(merged.clone());
             Ok(())
         }

@@ -183,6 +183,32 @@ fn workspace_volumes(token: &str) -> [String; 3] {
     ["merged", "upper", "work"].map(|part| format!("daiv-ws-{token}-{part}"))
 }
 
+/// The local driver's `type=overlay` volume `name` over `lowers` (host directories, top first,
+/// `:`-separated), with `upper` and `work`: what a session from a snapshot mounts, and what the
+/// probe checks the engine can mount. `userxattr`: overlay keeps its records (opaque
+/// directories) as `user.overlay.*`, which a copy of the upper can carry without
+/// `CAP_SYS_ADMIN`.
+fn overlay_volume(
+    name: &str,
+    labels: HashMap<String, String>,
+    lowers: &str,
+    upper: &str,
+    work: &str,
+) -> VolumeSpec {
+    VolumeSpec {
+        name: name.to_string(),
+        labels,
+        driver_opts: HashMap::from([
+            ("type".to_string(), "overlay".to_string()),
+            ("device".to_string(), "overlay".to_string()),
+            (
+                "o".to_string(),
+                format!("lowerdir={lowers},upperdir={upper},workdir={work},userxattr"),
+            ),
+        ]),
+    }
+}
+
 /// Whether the snapshot gets a record (an API snapshot) or not (a fork's, collected when the
 /// forks are gone).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -166,21 +166,13 @@ impl Snapshots {
         let merged = format!("daiv-layer-probe-{token}-merged");
         let made = self
             .engine
-            .create_volume(&VolumeSpec {
-                name: merged.clone(),
-                labels: labels.clone(),
-                driver_opts: HashMap::from([
-                    ("type".to_string(), "overlay".to_string()),
-                    ("device".to_string(), "overlay".to_string()),
-                    (
-                        "o".to_string(),
-                        format!(
-                            "lowerdir={},upperdir={},workdir={},userxattr",
-                            dirs[0], dirs[1], dirs[2]
-                        ),
-                    ),
-                ]),
-            })
+            .create_volume(&overlay_volume(
+                &merged,
+                labels.clone(),
+                &dirs[0],
+                &dirs[1],
+                &dirs[2],
+            ))
             .await;
         match made {
             Ok(_) => volumes.push(merged.clone()),

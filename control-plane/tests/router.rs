@@ -124,13 +124,15 @@ async fn create_applies_isolation_defaults_and_ignores_unknown_fields() {
         "{:?}",
         spec.labels
     );
-    assert_eq!(
-        spec.volumes,
-        [
-            control_plane::layout::WORKSPACE,
-            control_plane::layout::SESSION_DIR
-        ]
-    );
+    // Everything the sandbox user can write is a volume of its own (a snapshot copies them
+    // and commits nothing), and so is the session's own directory.
+    let mut expected = vec![
+        control_plane::layout::WORKSPACE,
+        control_plane::layout::SESSION_DIR,
+    ];
+    expected.extend(control_plane::layout::STATE[1..].iter().map(|(_, p)| *p));
+    assert_eq!(spec.volumes, expected);
+    assert_eq!(spec.labels["daiv.sandbox.state"], "volumes");
     assert_eq!(
         h.engine
             .file(id, control_plane::layout::ENV_FILE)
@@ -207,8 +209,15 @@ async fn a_uid_range_gives_each_sandbox_a_uid_of_its_own() {
         let head = spec.skeleton[0].as_bytes().expect("in memory").clone();
         let mut dirs = tar::Archive::new(&head[..]);
         for entry in dirs.entries().expect("entries") {
-            let header = entry.expect("entry").header().clone();
-            assert_eq!(header.uid().expect("uid"), u64::from(uid));
+            let entry = entry.expect("entry");
+            let path = format!("/{}", entry.path().expect("path").display());
+            let path = path.trim_end_matches('/');
+            // The shared temporary directories are root's, the rest the sandbox user's.
+            let owner = match control_plane::layout::SHARED_TMP.contains(&path) {
+                true => 0,
+                false => u64::from(uid),
+            };
+            assert_eq!(entry.header().uid().expect("uid"), owner, "{path}");
         }
     }
     // Every uid is held: a fourth create is told to come back later.
@@ -1068,7 +1077,7 @@ async fn egress_create_builds_the_triad_and_keeps_secrets_in_the_gateway() {
     );
     // The workspace is a volume and the helper keeps the container alive.
     assert_eq!(
-        sandbox.volumes,
+        sandbox.volumes[..2],
         ["/workspace", control_plane::layout::SESSION_DIR]
     );
     assert_eq!(

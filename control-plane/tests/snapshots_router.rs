@@ -59,7 +59,14 @@ async fn snapshot_answer(h: &Harness, id: &str, body: Value) -> Value {
 
 /// Volumes and images of snapshots (records, data, copy-on-write workspaces) that exist.
 fn snapshot_objects(h: &Harness) -> Vec<String> {
-    let mut all = h.engine.volumes();
+    // Not a session's anonymous volumes (Docker names them with 64 hex digits).
+    let anonymous = |v: &String| v.len() == 64 && v.bytes().all(|b| b.is_ascii_hexdigit());
+    let mut all: Vec<String> = h
+        .engine
+        .volumes()
+        .into_iter()
+        .filter(|v| !anonymous(v))
+        .collect();
     all.extend(h.engine.images());
     all.sort();
     all
@@ -170,7 +177,9 @@ async fn a_snapshot_that_fails_leaves_nothing_and_thaws_its_session() {
     let id = h.session().await;
     write(&h, &id, "here.txt", "still here").await;
     let before = snapshot_objects(&h);
+    // A snapshot commits, or names its base image: either failing fails it.
     h.engine.fail_on("commit ");
+    h.engine.fail_on("tag_image ");
     let (s, b) = h
         .api("POST", &format!("/session/{id}/snapshot/"), Some(json!({})))
         .await;
@@ -197,7 +206,9 @@ async fn a_snapshot_that_fails_leaves_nothing_and_thaws_its_session() {
     // A fork that fails the same way makes no session.
     let (s0, _) = h.api("GET", "/sessions/", None).await;
     assert_eq!(s0, StatusCode::OK);
+    // A snapshot commits, or names its base image: either failing fails it.
     h.engine.fail_on("commit ");
+    h.engine.fail_on("tag_image ");
     let (s, b) = h
         .api(
             "POST",
@@ -297,6 +308,14 @@ fn layer_files(h: &Harness, snapshot: &str) -> Vec<String> {
         .engine
         .volume_dir(&format!("daiv-snapshot-{snapshot}-data"));
     walk(&dir, "", &mut out);
+    // A state layer holds the workspace under its key: its files as the workspace's.
+    let mut out: Vec<String> = out
+        .into_iter()
+        .map(|f| {
+            f.strip_prefix("workspace/")
+                .map_or(f.clone(), str::to_string)
+        })
+        .collect();
     out.sort();
     out
 }
@@ -615,4 +634,96 @@ async fn a_deleted_snapshots_layer_still_held_counts_against_the_deployments_cap
         )
         .await;
     assert_eq!(s, StatusCode::INSUFFICIENT_STORAGE, "{b}");
+}
+
+/// The host directory of the volume session `id` mounts at `at`.
+async fn mounted(h: &Harness, id: &str, at: &str) -> std::path::PathBuf {
+    let info = h.engine.inspect(id).await.unwrap();
+    let (_, name) = info.volumes.iter().find(|(m, _)| m == at).unwrap();
+    h.engine.volume_dir(name)
+}
+
+/// With `SNAPSHOT_STATE=volumes` a session keeps home and the temporary directories on volumes
+/// of its own, like its workspace: a snapshot holds each under its key, a later one only what
+/// changed (a deletion as a whiteout), a session from it sees them all, and no image is
+/// committed (the snapshot's image is its base's, by another name). An image where the sandbox
+/// user can write elsewhere is committed as before. Everything goes with the snapshots.
+#[tokio::test]
+async fn state_sessions_keep_home_and_tmp_as_layers_and_commit_nothing() {
+    let engine = control_plane::engine::fake::FakeEngine::default();
+    let h = Harness::new(engine.clone(), &[("SNAPSHOT_STATE", "volumes")]);
+    let before = snapshot_objects(&h);
+    let first = h.session().await;
+    for at in [
+        "/workspace",
+        "/home/sandbox",
+        "/tmp",
+        "/var/tmp",
+        "/run/lock",
+    ] {
+        assert!(mounted(&h, &first, at).await.is_dir(), "{at}");
+    }
+    write(&h, &first, "a.txt", "a").await;
+    std::fs::write(
+        mounted(&h, &first, "/home/sandbox").await.join("h.txt"),
+        "h",
+    )
+    .unwrap();
+    std::fs::write(mounted(&h, &first, "/tmp").await.join("gone"), "x").unwrap();
+    let s1 = snapshot(&h, &first, json!({})).await;
+    let files = layer_files(&h, &s1);
+    for f in ["home/h.txt", "tmp/gone", "repo/a.txt"] {
+        assert!(files.contains(&f.to_string()), "{f} not in {files:?}");
+    }
+    let data = h
+        .engine
+        .inspect_volume(&format!("daiv-snapshot-{s1}-data"))
+        .await
+        .unwrap();
+    assert_eq!(data.labels["daiv.sandbox.snapshot.layout"], "state");
+    // Nothing committed: the snapshot's image is the session's.
+    let tagged = h
+        .engine
+        .inspect_image(&format!("daiv-sandbox-snapshot:{s1}"))
+        .await
+        .unwrap();
+    let own = h.engine.inspect(&first).await.unwrap().image_id.unwrap();
+    assert_eq!(tagged.id, own);
+    // That name is no base image: a snapshot is reached by its id.
+    let (s, b) = h
+        .api(
+            "POST",
+            "/session/",
+            Some(json!({"base_image": format!("daiv-sandbox-snapshot:{s1}")})),
+        )
+        .await;
+    assert!(s.is_client_error(), "{s} {b}");
+
+    let second = h.create(json!({"snapshot_id": s1})).await;
+    assert!(read(&h, &second, "a.txt").await.contains("\"a\""));
+    let home = mounted(&h, &second, "/home/sandbox").await;
+    assert_eq!(std::fs::read_to_string(home.join("h.txt")).unwrap(), "h");
+    std::fs::write(home.join("h2.txt"), "h2").unwrap();
+    std::fs::remove_file(mounted(&h, &second, "/tmp").await.join("gone")).unwrap();
+    let s2 = snapshot(&h, &second, json!({})).await;
+    assert_eq!(layer_files(&h, &s2), ["home/h2.txt", "tmp/.wh.gone"]);
+    let third = h.create(json!({"snapshot_id": s2})).await;
+    let home = mounted(&h, &third, "/home/sandbox").await;
+    assert_eq!(std::fs::read_to_string(home.join("h2.txt")).unwrap(), "h2");
+    assert_eq!(std::fs::read_to_string(home.join("h.txt")).unwrap(), "h");
+    assert!(!mounted(&h, &third, "/tmp").await.join("gone").exists());
+
+    // Where the sandbox user can write outside its volumes, the snapshot commits.
+    engine.set_writable_paths(&["/srv"]);
+    let elsewhere = Harness::new(engine, &[("SNAPSHOT_STATE", "volumes")]);
+    let s3 = snapshot(&elsewhere, &third, json!({})).await;
+    let committed = elsewhere
+        .engine
+        .inspect_image(&format!("daiv-sandbox-snapshot:{s3}"))
+        .await
+        .unwrap();
+    assert_eq!(committed.labels["daiv.sandbox.snapshot"], s3);
+
+    delete_all_and_sweep(&h, &[s1, s2, s3], [&first, &second, &third]).await;
+    assert_eq!(snapshot_objects(&h), before);
 }

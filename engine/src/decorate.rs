@@ -73,6 +73,7 @@ macro_rules! verbs {
             images list_images(labels: &[(&str, &str)]) -> Vec<ImageInfo> = "list_images";
             images remove_image(reference: &str) -> () = "remove_image";
             images commit(#[id] id: &str, spec: &CommitSpec) -> String = "commit";
+            images tag_image(source: &str, reference: &str) -> () = "tag_image";
 
             networks create_network(spec: &NetworkSpec) -> String = "create_network";
             networks remove_network(id_or_name: &str) -> () = "remove_network";

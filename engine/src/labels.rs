@@ -57,6 +57,10 @@ pub const SNAPSHOT_LABEL: &str = "daiv.sandbox.snapshot";
 /// On a session whose workspace is a copy-on-write overlay over a snapshot, and on the overlay's
 /// volumes: the token naming those volumes, so they go with the session.
 pub const WORKSPACE_LABEL: &str = "daiv.sandbox.workspace";
+/// On a session whose writable directories are all on volumes of its own (`layout::STATE`), so
+/// that a snapshot of it copies them and commits nothing: [`STATE_VOLUMES`].
+pub const STATE_LABEL: &str = "daiv.sandbox.state";
+pub const STATE_VOLUMES: &str = "volumes";
 pub const ROLE_SNAPSHOT: &str = "snapshot";
 pub const ROLE_SNAPSHOT_DATA: &str = "snapshot-data";
 pub const ROLE_WORKSPACE: &str = "workspace";

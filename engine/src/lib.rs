@@ -149,6 +149,9 @@ pub trait ContainerEngine: Send + Sync + 'static {
     /// An image of the container's filesystem changes over its image, without pausing it (the
     /// caller freezes it first when it must be consistent). Returns the image id.
     async fn commit(&self, id: &str, spec: &CommitSpec) -> Result<String, EngineError>;
+    /// Gives image `source` (an id or a reference) the further reference `reference`: a
+    /// snapshot that commits nothing keeps its base image by it.
+    async fn tag_image(&self, source: &str, reference: &str) -> Result<(), EngineError>;
     async fn inspect_image(&self, reference: &str) -> Result<ImageInfo, EngineError>;
     /// Images (dangling ones too) carrying all of `labels`.
     async fn list_images(&self, labels: &[(&str, &str)]) -> Result<Vec<ImageInfo>, EngineError>;

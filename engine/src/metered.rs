@@ -257,6 +257,7 @@ mod tests {
             "pause",
             "unpause",
             "commit",
+            "tag_image",
             "list_images",
             "remove_image",
             "create_volume",

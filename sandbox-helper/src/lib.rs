@@ -22,9 +22,11 @@
 //! - [`write_file`]: the `write-file` command.
 //! - [`copy_tree`]: the `copy-tree` command (a sandbox's frozen overlay upper directory copied
 //!   faithfully into a new layer, never following its symlinks).
+//! - [`writable`]: the `writable-paths` command (what in an image a sandbox user could change,
+//!   outside the volumes: none lets a snapshot skip `docker commit`).
 //! - [`usage`]: what a command or background process cost (time, CPU of its tree, peak memory).
 //! - `src/main.rs`: the `daiv-sandbox-helper` binary: `serve`, `init`, `write-file`,
-//!   `copy-tree`, `--version`; it parses flags into the configurations above.
+//!   `copy-tree`, `writable-paths`, `--version`; it parses flags into the configurations above.
 //!
 //! # Commands
 //! The shell is picked once per helper process: `bash` on PATH → `bash -o pipefail -c CMD`;
@@ -60,4 +62,5 @@ pub mod ops;
 pub mod procs;
 pub mod server;
 pub mod usage;
+pub mod writable;
 pub mod write_file;

@@ -2,15 +2,16 @@
 //! `sandbox_protocol` crate), `init` (the container's keep-alive process and its process
 //! supervisor), `write-file PATH MODE` (replace a file with stdin, atomically), `copy-tree FROM TO
 //! [--max-bytes N]` (copy a frozen overlay upper directory into a new layer, see
-//! `sandbox_helper::copy_tree`) or `--version`.
+//! `sandbox_helper::copy_tree`), `writable-paths --uids A-B --gids C-D [--except P,...]` (what
+//! in an image a sandbox user could change, see `sandbox_helper::writable`) or `--version`.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use sandbox_helper::identity::{self, Identity, Ids};
-use sandbox_helper::{copy_tree, procs, server, write_file};
+use sandbox_helper::{copy_tree, procs, server, writable, write_file};
 
-const USAGE: &str = "usage: daiv-sandbox-helper serve [--root DIR] [--service-dir DIR] [--processes NAME] [--user U:G --helper-user H:G] | init [--processes NAME] [--user U:G --helper-user H:G] | write-file PATH MODE [-- CMD...] | copy-tree FROM TO [--max-bytes N] | --version";
+const USAGE: &str = "usage: daiv-sandbox-helper serve [--root DIR] [--service-dir DIR] [--processes NAME] [--user U:G --helper-user H:G] | init [--processes NAME] [--user U:G --helper-user H:G] | write-file PATH MODE [-- CMD...] | copy-tree FROM TO [--max-bytes N] | writable-paths --uids A-B --gids C-D [--except /P1,/P2,...] | --version";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -99,6 +100,10 @@ fn main() -> ExitCode {
             };
             copy_tree::command(Path::new(from), Path::new(to), max_bytes)
         }
+        ["writable-paths", rest @ ..] => match writable::Args::parse(rest) {
+            Some(args) => writable::command(&args),
+            None => usage(),
+        },
         _ => usage(),
     }
 }

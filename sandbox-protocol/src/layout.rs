@@ -19,6 +19,27 @@ pub const SKILLS: &str = "/workspace/skills";
 /// Scratch space inside the workspace.
 pub const TMP: &str = "/workspace/tmp";
 
+/// The sandbox user's home: writable, outside the workspace so seeds and `git status` stay clean.
+pub const HOME: &str = "/home/sandbox";
+
+/// E2B's templates' home for their user, `user`: the sandbox user's too (E2B's SDK assumes it).
+pub const E2B_HOME: &str = "/home/user";
+
+/// Everything a sandbox user can write, each on a volume of the session's own (its key names
+/// that volume and the layer directory it is copied to): with nothing else writable in the
+/// container's layer, a snapshot copies these and commits nothing. The homes are the sandbox
+/// user's; the last three are made `root:root` `1777` in every sandbox, as Debian has them.
+pub const STATE: [(&str, &str); 6] = [
+    ("workspace", WORKSPACE),
+    ("home", HOME),
+    ("home-user", E2B_HOME),
+    ("tmp", "/tmp"),
+    ("var-tmp", "/var/tmp"),
+    ("run-lock", "/run/lock"),
+];
+/// The [`STATE`] directories every sandbox has world-writable with the sticky bit.
+pub const SHARED_TMP: [&str; 3] = ["/tmp", "/var/tmp", "/run/lock"];
+
 // === the service directory: root's ===
 
 /// The service's own directory.

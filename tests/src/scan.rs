@@ -111,3 +111,56 @@ pub fn dir_contains(dir: &Path, needles: &[&str]) -> Result<(Vec<bool>, usize)> 
     }
     Ok((found, files))
 }
+
+/// Which of `needles` occur in snapshot `id`'s payload: `docker save` of its image (the base
+/// image by another name where it committed nothing) and the data volume of every layer of its
+/// stack (its own, then those its `daiv.sandbox.snapshot.lowers` label names).
+pub fn snapshot_contains(id: &str, needles: &[&str]) -> Result<Vec<bool>> {
+    let image = format!("daiv-sandbox-snapshot:{id}");
+    let tagged = Command::new("docker")
+        .args(["image", "inspect", &image])
+        .stdin(Stdio::null())
+        .output()
+        .context("docker image inspect")?
+        .status
+        .success();
+    // A fork's snapshot that committed nothing loses its name once its forks hold its layers
+    // (they run from the base image it named); a commit stays while they use it.
+    let mut found = match tagged {
+        true => saved_image_contains(&image, needles)?,
+        false => vec![false; needles.len()],
+    };
+    let mut layers = vec![id.to_string()];
+    let mut top = true;
+    while let Some(layer) = layers.pop() {
+        let name = format!("daiv-snapshot-{layer}-data");
+        let out = Command::new("docker")
+            .args(["volume", "inspect", "--format", "{{json .}}", &name])
+            .stdin(Stdio::null())
+            .output()
+            .context("docker volume inspect")?;
+        ensure!(out.status.success(), "no layer {name}");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+        if top {
+            ensure!(
+                tagged || v["Labels"]["daiv.sandbox.snapshot.layout"] == "state",
+                "{image} is gone while its layer says it was a commit"
+            );
+            top = false;
+        }
+        let dir = v["Mountpoint"].as_str().context("mountpoint")?;
+        let (in_layer, _) = dir_contains(Path::new(dir), needles)?;
+        for (f, l) in found.iter_mut().zip(in_layer) {
+            *f |= l;
+        }
+        if let Some(lowers) = v["Labels"]["daiv.sandbox.snapshot.lowers"].as_str() {
+            layers.extend(
+                lowers
+                    .split(',')
+                    .filter(|l| !l.is_empty())
+                    .map(String::from),
+            );
+        }
+    }
+    Ok(found)
+}

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use e2e::egress::{EgressSettings, Upstream, gateway_of, start_upstream};
-use e2e::scan::{dir_contains, saved_image_contains, scan, scan_maybe_compressed};
+use e2e::scan::{dir_contains, scan, scan_maybe_compressed, snapshot_contains};
 use e2e::workspace::{Member, seed, tar_of};
 use e2e::{
     BUSYBOX, ControlPlane, DEBIAN, DeploymentGuard, Session, containers_with, docker, eventually,
@@ -262,11 +262,16 @@ fn volume_labels(name: &str) -> Option<Value> {
 fn assert_objects_present(id: &str, deployment: &str) {
     let image = payload_image(id);
     let labels = image_labels(&image).unwrap_or_else(|| panic!("no image {image}"));
-    assert_eq!(labels["daiv.sandbox.managed"], "true", "{image}: {labels}");
-    assert_eq!(
-        labels["daiv.sandbox.deployment"], deployment,
-        "{image}: {labels}"
-    );
+    // A commit carries the deployment; a snapshot that committed nothing names its base image,
+    // whose labels are the image's own (its layer says so).
+    let layer = volume_labels(&data_volume(id)).unwrap_or_default();
+    if layer["daiv.sandbox.snapshot.layout"] != "state" {
+        assert_eq!(labels["daiv.sandbox.managed"], "true", "{image}: {labels}");
+        assert_eq!(
+            labels["daiv.sandbox.deployment"], deployment,
+            "{image}: {labels}"
+        );
+    }
     for v in [record_volume(id), data_volume(id)] {
         let labels = volume_labels(&v).unwrap_or_else(|| panic!("no volume {v}"));
         assert_eq!(labels["daiv.sandbox.managed"], "true", "{v}: {labels}");
@@ -982,12 +987,12 @@ async fn egress_forks_get_their_own_gateways_and_a_snapshot_never_holds_the_secr
     // files, never the secret.
     let id = id_of(&snapshot(cp, &src, json!({"name": "egress"})).await?)?;
     assert_objects_present(&id, &cp.deployment);
-    let found = saved_image_contains(&payload_image(&id), &[secret, home_mark])?;
+    let found = snapshot_contains(&id, &[secret, home_mark])?;
     assert!(
         found[1],
-        "the home marker is not in the snapshot's image: nothing was scanned"
+        "the home marker is in neither the snapshot's image nor its layers: nothing was scanned"
     );
-    assert!(!found[0], "the secret is in the snapshot's image");
+    assert!(!found[0], "the secret is in the snapshot's image or layers");
     let (found, files) = dir_contains(&volume_dir(&data_volume(&id))?, &[secret, ws_mark])?;
     assert!(
         found[1],
@@ -1690,13 +1695,17 @@ const GENERATIONS: &str = "cd /workspace/repo && { test -e gone.txt && echo gone
 /// How sessions from snapshots get their workspace: `"auto"` (overlays, which this machine's
 /// engine mounts) or `"copy"` (an operator's `SNAPSHOT_LAYERS=copy`, as on an engine that
 /// cannot mount them).
-async fn generations(image: &str, runtime: &str, layers: &str) -> Result<()> {
+/// With `state` `"volumes"`, home and the shared temporary directories are checked as the
+/// workspace is, and that nothing was committed.
+async fn generations(image: &str, runtime: &str, layers: &str, state: &str) -> Result<()> {
     require_image(image);
+    let volumes = state == "volumes";
     let svc = service(
-        &format!("layers-{runtime}-{layers}"),
+        &format!("layers-{runtime}-{layers}-{state}"),
         &[
             ("RUNTIME", runtime),
             ("SNAPSHOT_LAYERS", layers),
+            ("SNAPSHOT_STATE", state),
             ("REAPER_ENABLED", "true"),
             ("REAPER_INTERVAL_SECONDS", "1"),
             ("SESSION_GRACE_SECONDS", "1"),
@@ -1717,6 +1726,15 @@ async fn generations(image: &str, runtime: &str, layers: &str) -> Result<()> {
          && truncate -s 1G base-sparse.bin",
     )
     .await?;
+    if volumes {
+        ok(
+            cp,
+            &first,
+            "echo t > /tmp/t.txt && echo l > /run/lock/l && echo gone > /home/sandbox/gone \
+             && mkdir -p /var/tmp/d && echo vt > /var/tmp/d/x && echo e2b > /home/user/u",
+        )
+        .await?;
+    }
     let base = id_of(&snapshot(cp, &first, json!({})).await?)?;
     // The first snapshot copies the whole workspace, holes as holes.
     let base_kib = layers_kib(&label)?;
@@ -1745,6 +1763,15 @@ async fn generations(image: &str, runtime: &str, layers: &str) -> Result<()> {
          && truncate -s 1G sparse.bin && echo two > two.txt",
     )
     .await?;
+    if volumes {
+        ok(
+            cp,
+            &second,
+            "rm /home/sandbox/gone && truncate -s 1G /home/sandbox/sparse && rm -rf /var/tmp/d \
+             && mkdir /var/tmp/d && echo new > /var/tmp/d/y",
+        )
+        .await?;
+    }
     let before_forks = layers_kib(&label)?;
     // A fork of a fork of a fork: each a layer over the one it came from.
     let mut at = second;
@@ -1777,6 +1804,55 @@ async fn generations(image: &str, runtime: &str, layers: &str) -> Result<()> {
         runtime == "runsc" || blocks < 1024,
         "the sparse file lost its holes: {out}"
     );
+    if volumes {
+        let out = ok(
+            cp,
+            &at,
+            "cat /tmp/t.txt /run/lock/l /home/user/u && ls /var/tmp/d \
+             && stat -c '%a %U' /tmp /var/tmp /run/lock \
+             && { test -e /home/sandbox/gone && echo home-gone-is-back || echo home-gone-is-gone; } \
+             && stat -c '%s' /home/sandbox/sparse && du -k /home/sandbox/sparse | cut -f1 \
+             && touch /tmp/mine /run/lock/mine /home/sandbox/mine /home/user/mine && echo writable",
+        )
+        .await?;
+        let lines: Vec<&str> = out.lines().collect();
+        ensure!(
+            lines[..4] == ["t", "l", "e2b", "y"]
+                && lines[4..7] == ["1777 root", "1777 root", "1777 root"]
+                && lines[7] == "home-gone-is-gone"
+                && lines[8] == "1073741824"
+                && lines[10] == "writable",
+            "home and the temporary directories:\n{out}"
+        );
+        let blocks: u64 = lines[9].parse()?;
+        ensure!(
+            blocks < 1024,
+            "the home's sparse file lost its holes: {out}"
+        );
+        // No commit: every layer is a state layer, the snapshot's image is the base image by
+        // another name (a fork's goes once its forks hold their layers: they run from the
+        // base image), and no image of the deployment's was made.
+        let base_id = docker(&["image", "inspect", "--format", "{{.Id}}", image])?;
+        for v in volumes_with(&[&label, "daiv.sandbox.role=snapshot-data"]) {
+            let labels = volume_labels(&v).context("labels")?;
+            ensure!(
+                labels["daiv.sandbox.snapshot.layout"] == "state",
+                "{labels}"
+            );
+        }
+        let snap = docker(&[
+            "image",
+            "inspect",
+            "--format",
+            "{{.Id}}",
+            &format!("daiv-sandbox-snapshot:{base}"),
+        ])?;
+        ensure!(
+            snap.trim() == base_id.trim(),
+            "snapshot {base} committed: {snap} is not {base_id}"
+        );
+        ensure!(images_with(&[&label]).is_empty(), "an image was committed");
+    }
     // Three forks' layers hold what changed: the sparse file's holes stay holes.
     let after_forks = layers_kib(&label)?;
     ensure!(
@@ -1815,7 +1891,14 @@ async fn generations(image: &str, runtime: &str, layers: &str) -> Result<()> {
         );
     }
 
-    // Everything goes once every snapshot and session does.
+    // Everything goes once every snapshot and session does, the snapshots' names for the base
+    // image too.
+    let tags: Vec<String> = volumes_with(&[&label, "daiv.sandbox.role=snapshot-data"])
+        .iter()
+        .filter_map(|v| volume_labels(v))
+        .filter_map(|l| l["daiv.sandbox.snapshot"].as_str().map(str::to_string))
+        .map(|id| format!("daiv-sandbox-snapshot:{id}"))
+        .collect();
     assert_eq!(delete_snapshot(cp, &base).await?, 204);
     for s in generations.iter().chain([&first, &at]) {
         cp.force_close(s).await?;
@@ -1830,13 +1913,28 @@ async fn generations(image: &str, runtime: &str, layers: &str) -> Result<()> {
     })
     .await
     .with_context(|| format!("left: {:?}", volumes_with(&[&label])))?;
+    for tag in tags {
+        ensure!(
+            docker(&["image", "inspect", &tag]).is_err(),
+            "{tag} left behind"
+        );
+    }
     Ok(())
 }
 
 #[tokio::test]
 async fn a_fork_of_a_fork_of_a_fork_keeps_deletions_replaced_directories_holes_and_modes()
 -> Result<()> {
-    generations(DEBIAN, "runc", "auto").await
+    generations(DEBIAN, "runc", "auto", "commit").await
+}
+
+/// The same four generations where every session keeps what its user writes on volumes
+/// (`SNAPSHOT_STATE=volumes`): home, `/tmp` and `/run/lock` are layers like the workspace, and
+/// no snapshot commits (its image is Debian's, by another name).
+#[tokio::test]
+async fn a_fork_of_a_fork_of_a_fork_keeps_home_and_tmp_as_layers_and_commits_nothing() -> Result<()>
+{
+    generations(DEBIAN, "runc", "auto", "volumes").await
 }
 
 /// The same four generations where sessions from snapshots get copies (an engine that cannot
@@ -1844,7 +1942,7 @@ async fn a_fork_of_a_fork_of_a_fork_keeps_deletions_replaced_directories_holes_a
 #[tokio::test]
 async fn a_fork_of_a_fork_of_a_fork_keeps_the_same_files_when_the_engine_gives_copies() -> Result<()>
 {
-    generations(DEBIAN, "runc", "copy").await
+    generations(DEBIAN, "runc", "copy", "commit").await
 }
 
 #[tokio::test]
@@ -1852,7 +1950,7 @@ async fn a_fork_of_a_fork_of_a_fork_keeps_deletions_replaced_directories_holes_a
 -> Result<()> {
     // Busybox: Debian's coreutils cannot `ls` under this machine's gVisor release (see
     // docs/operations/isolation.md).
-    generations(BUSYBOX, "runsc", "auto").await
+    generations(BUSYBOX, "runsc", "auto", "commit").await
 }
 
 /// A tree the layer copy will not walk (deeper than 256 directories) is a clear 422, the

@@ -201,6 +201,25 @@ pub(super) async fn commit(
     Ok(made.id)
 }
 
+pub(super) async fn tag_image(
+    engine: &DockerEngine,
+    source: &str,
+    reference: &str,
+) -> Result<(), EngineError> {
+    let (repo, tag) = reference.rsplit_once(':').unwrap_or((reference, "latest"));
+    engine
+        .docker
+        .tag_image(
+            source,
+            Some(bollard::query_parameters::TagImageOptions {
+                repo: Some(repo.to_string()),
+                tag: Some(tag.to_string()),
+            }),
+        )
+        .await
+        .map_err(map_err)
+}
+
 /// The credentials to pull `image` with, in bollard's form, and where they came from (for
 /// the log). A lookup that fails is logged (never a value) and the pull goes anonymous: a
 /// public image still pulls, a private one is refused as unauthenticated.

@@ -83,6 +83,9 @@ impl ContainerEngine for FakeEngine {
                 .insert(id.clone(), (spec.clone(), ContainerStatus::Created));
             Ok::<_, EngineError>(id)
         })?;
+        if spec.labels.get(crate::STATE_LABEL).map(String::as_str) == Some(crate::STATE_VOLUMES) {
+            self.name_anonymous_volumes(&id)?;
+        }
         // The skeleton is extracted before the start, as Docker does.
         let skeleton = spec
             .skeleton_archive()
@@ -172,12 +175,19 @@ impl ContainerEngine for FakeEngine {
                 t.cancel();
             }
             s.names.remove(id);
+            s.asked.remove(id);
             s.container_images.remove(id);
             s.containers
                 .remove(id)
                 .map(|_| ())
                 .ok_or(EngineError::NotFound)
-        })
+        })?;
+        // Its anonymous volumes, but one another container mounts (Docker's `rm -v` fails on
+        // those and leaves them).
+        for v in self.with(|s| s.anonymous.remove(id)).unwrap_or_default() {
+            let _ = self.drop_volume(&v);
+        }
+        Ok(())
     }
 
     async fn rename(&self, current: &str, new: &str) -> Result<(), EngineError> {
@@ -233,6 +243,14 @@ impl ContainerEngine for FakeEngine {
         self.check_up(format!("exec {id} {user_cmd}")).await?;
         let result = match spec.cmd.get(1).map(String::as_str) {
             Some("copy-tree") => self.copy_tree_exec(id, &spec.cmd[2..]),
+            Some("writable-paths") => {
+                let paths = self.with(|s| s.writable_paths.clone());
+                let out = serde_json::json!({"paths": paths, "truncated": false, "deep": false});
+                super::FakeExec {
+                    chunks: vec![format!("{out}\n").into_bytes()],
+                    exit_code: 0,
+                }
+            }
             _ => (self.responder)(&user_cmd),
         };
         let exec_id = self.with(|s| {
@@ -441,6 +459,11 @@ impl ContainerEngine for FakeEngine {
         self.record_commit(id, spec)
     }
 
+    async fn tag_image(&self, source: &str, reference: &str) -> Result<(), EngineError> {
+        self.check_up(format!("tag_image {source}")).await?;
+        self.record_tag(source, reference)
+    }
+
     /// A committed image; any other name or id resolves as `ensure_image` says (the images
     /// sessions are made from), but a snapshot's image that is gone.
     async fn inspect_image(&self, reference: &str) -> Result<ImageInfo, EngineError> {
@@ -527,7 +550,7 @@ impl FakeEngine {
     }
 }
 
-fn image_id_of(s: &State, image: &str) -> String {
+pub(super) fn image_id_of(s: &State, image: &str) -> String {
     s.image_ids
         .get(image)
         .cloned()

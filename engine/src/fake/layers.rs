@@ -39,6 +39,74 @@ impl FakeEngine {
         })
     }
 
+    /// Makes container `id`'s anonymous volumes at the state directories named ones, as Docker
+    /// names them (64 hex digits), mounted where they were asked for; the others stay its own
+    /// files, as every container's are.
+    pub(super) fn name_anonymous_volumes(&self, id: &str) -> Result<(), EngineError> {
+        let state = |p: &String| layout::STATE.iter().any(|(_, at)| at == p);
+        let paths: Vec<String> = self.with(|s| {
+            s.containers
+                .get(id)
+                .map(|(spec, _)| spec.volumes.iter().filter(|p| state(p)).cloned().collect())
+                .unwrap_or_default()
+        });
+        let mut named = Vec::new();
+        for at in paths {
+            let name = self.with(|s| {
+                s.next_id += 1;
+                format!("{:064x}", u128::from(s.next_id) << 64 | 0xa11)
+            });
+            self.make_volume(&VolumeSpec {
+                name: name.clone(),
+                labels: HashMap::new(),
+                driver_opts: HashMap::new(),
+            })?;
+            named.push((name, at));
+        }
+        self.with(|s| {
+            if let Some((spec, _)) = s.containers.get_mut(id) {
+                s.asked.insert(id.to_string(), spec.clone());
+                spec.volumes.retain(|p| !state(p));
+                spec.named_volumes.extend(named.iter().cloned());
+            }
+            s.anonymous
+                .insert(id.to_string(), named.into_iter().map(|(n, _)| n).collect());
+        });
+        Ok(())
+    }
+
+    /// The host directory standing for `path` in container `id`: in the volume mounted there
+    /// or above it.
+    fn mounted_dir(&self, id: &str, path: &str) -> Option<PathBuf> {
+        if let Some(v) = self.mounted_volume(id, path) {
+            return Some(self.volume_dir(&v));
+        }
+        let (parent, name) = path.rsplit_once('/')?;
+        if parent.is_empty() {
+            return None;
+        }
+        Some(self.mounted_dir(id, parent)?.join(name))
+    }
+
+    /// The volumes container `id` mounts right under `path`, by their names there.
+    fn mounted_under(&self, id: &str, path: &str) -> Vec<(String, String)> {
+        let under = format!("{path}/");
+        self.with(|s| {
+            s.containers
+                .get(id)
+                .map(|(spec, _)| {
+                    spec.named_volumes
+                        .iter()
+                        .filter_map(|(v, at)| {
+                            let key = at.strip_prefix(&under)?;
+                            (!key.contains('/')).then(|| (key.to_string(), v.clone()))
+                        })
+                        .collect()
+                })
+                .unwrap_or_default()
+        })
+    }
+
     /// Makes volume `spec.name` (answered as it is when it exists, as Docker does); an
     /// `overlay` one starts as a copy of its lower directories, lowest first.
     pub(super) fn make_volume(&self, spec: &VolumeSpec) -> Result<VolumeInfo, EngineError> {
@@ -124,6 +192,39 @@ impl FakeEngine {
         })
     }
 
+    /// A further reference to an image: a committed one, or one sessions are made from (its
+    /// id as `ensure_image` gives it, its labels as set for tests).
+    pub(super) fn record_tag(&self, source: &str, reference: &str) -> Result<(), EngineError> {
+        if let Some(mut image) = self.committed(source) {
+            // An entry per reference: each goes by its own name.
+            image.tags = vec![reference.to_string()];
+            return self.with(|s| {
+                s.image_ids.insert(reference.to_string(), image.id.clone());
+                s.images.insert(reference.to_string(), image);
+                Ok(())
+            });
+        }
+        self.with(|s| {
+            if s.missing_images.iter().any(|m| m == source) {
+                return Err(EngineError::NotFound);
+            }
+            let id = match source.starts_with("sha256:") {
+                true => source.to_string(),
+                false => super::emulation::image_id_of(s, source),
+            };
+            let image = ImageInfo {
+                id: id.clone(),
+                tags: vec![reference.to_string()],
+                labels: s.image_labels.get(source).cloned().unwrap_or_default(),
+                created: Some(sandbox_common::time::unix_now()),
+                ..Default::default()
+            };
+            s.image_ids.insert(reference.to_string(), id);
+            s.images.insert(reference.to_string(), image);
+            Ok(())
+        })
+    }
+
     /// A committed image by reference or id.
     pub(super) fn committed(&self, reference: &str) -> Option<ImageInfo> {
         self.with(|s| {
@@ -158,7 +259,9 @@ impl FakeEngine {
                 .find(|(_, i)| i.id == reference || i.tags.iter().any(|t| t == reference))
                 .map(|(k, i)| (k.clone(), i.id.clone()))
                 .ok_or(EngineError::NotFound)?;
-            if s.container_images.values().any(|c| *c == id) {
+            // A tag of a base image only drops its name (the base image has its own).
+            let tag = s.images.get(&key).is_some_and(|i| i.parent.is_none());
+            if !tag && s.container_images.values().any(|c| *c == id) {
                 return Err(EngineError::Conflict(format!("image {key} is in use")));
             }
             s.images.remove(&key);
@@ -415,37 +518,31 @@ impl FakeEngine {
         let [from, to, flag, max] = args else {
             return fail("usage".into());
         };
-        let (Some(from), Some(to), "--max-bytes", Ok(max)) = (
-            self.mounted_volume(id, from),
-            self.mounted_volume(id, to),
-            flag.as_str(),
-            max.parse::<u64>(),
-        ) else {
+        let (Some(to_dir), "--max-bytes", Ok(max)) =
+            (self.mounted_dir(id, to), flag.as_str(), max.parse::<u64>())
+        else {
             return fail("usage".into());
         };
-        let (from_dir, to_dir) = (self.volume_dir(&from), self.volume_dir(&to));
-        let overlay = self.with(|s| {
-            s.overlays
-                .iter()
-                .find(|(_, (_, upper))| *upper == from_dir)
-                .map(|(merged, (lowers, _))| (merged.clone(), lowers.clone()))
-        });
-        let copied = match overlay {
-            Some((merged, lowers)) => {
-                let view = self.dirs.root.join(format!("view-{merged}"));
-                let made = (|| {
-                    std::fs::create_dir_all(&view)?;
-                    for lower in lowers.iter().rev() {
-                        apply_layer(lower, &view)?;
-                    }
-                    diff_layer(&self.volume_dir(&merged), &view, &to_dir)
-                })();
-                let _ = std::fs::remove_dir_all(&view);
-                made
-            }
-            None => apply_layer(&from_dir, &to_dir),
+        // A volume at FROM (or above it), or one under it per key.
+        let sources = match self.mounted_dir(id, from) {
+            Some(dir) => vec![(dir, to_dir.clone())],
+            None => self
+                .mounted_under(id, from)
+                .into_iter()
+                .map(|(key, v)| (self.volume_dir(&v), to_dir.join(key)))
+                .collect(),
         };
-        let bytes = match copied.and_then(|()| tree_bytes(&to_dir)) {
+        if sources.is_empty() {
+            return fail("usage".into());
+        }
+        for (from_dir, to) in sources {
+            if let Err(e) =
+                std::fs::create_dir_all(&to).and_then(|()| self.copy_one(&from_dir, &to))
+            {
+                return fail(e.to_string());
+            }
+        }
+        let bytes = match tree_bytes(&to_dir) {
             Ok(b) => b,
             Err(e) => return fail(e.to_string()),
         };
@@ -458,6 +555,31 @@ impl FakeEngine {
         super::FakeExec {
             chunks: vec![format!("{{\"bytes\":{bytes},\"files\":0}}\n").into_bytes()],
             exit_code: 0,
+        }
+    }
+
+    /// One tree's copy: an overlay's upper gives what the overlay changed over its lowers.
+    fn copy_one(&self, from_dir: &Path, to_dir: &Path) -> std::io::Result<()> {
+        let overlay = self.with(|s| {
+            s.overlays
+                .iter()
+                .find(|(_, (_, upper))| upper == from_dir)
+                .map(|(merged, (lowers, _))| (merged.clone(), lowers.clone()))
+        });
+        match overlay {
+            Some((merged, lowers)) => {
+                let view = self.dirs.root.join(format!("view-{merged}"));
+                let made = (|| {
+                    std::fs::create_dir_all(&view)?;
+                    for lower in lowers.iter().rev() {
+                        apply_layer(lower, &view)?;
+                    }
+                    diff_layer(&self.volume_dir(&merged), &view, to_dir)
+                })();
+                let _ = std::fs::remove_dir_all(&view);
+                made
+            }
+            None => apply_layer(from_dir, to_dir),
         }
     }
 }

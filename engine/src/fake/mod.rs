@@ -78,6 +78,14 @@ struct State {
     stats: HashMap<String, crate::ContainerStats>,
     /// Whether mounting an `overlay` volume fails, as on a kernel without overlayfs.
     overlay_mounts_fail: bool,
+    /// Container id → its anonymous volumes, made as named ones (Docker's 64-hex names) for a
+    /// state session, whose snapshots copy them by name; removed with it.
+    anonymous: HashMap<String, Vec<String>>,
+    /// Container id → its spec as asked for, where the fake changed its own copy (its
+    /// anonymous volumes named).
+    asked: HashMap<String, ContainerSpec>,
+    /// What the helper's `writable-paths` finds in every image (none by default).
+    writable_paths: Vec<String>,
 }
 
 #[derive(Clone)]
@@ -143,8 +151,16 @@ impl FakeEngine {
         self.with(|s| s.calls.clone())
     }
 
+    /// Container `id`'s spec as it was asked for.
     pub fn spec(&self, id: &str) -> Option<ContainerSpec> {
-        self.with(|s| s.containers.get(id).map(|(spec, _)| spec.clone()))
+        self.with(|s| {
+            let mut spec = s.containers.get(id).map(|(spec, _)| spec.clone())?;
+            if let Some(asked) = s.asked.get(id) {
+                spec.volumes.clone_from(&asked.volumes);
+                spec.named_volumes.clone_from(&asked.named_volumes);
+            }
+            Some(spec)
+        })
     }
 
     /// Sets what `stats` answers for container `id` while it runs.
@@ -206,6 +222,12 @@ impl FakeEngine {
     /// the local driver only records its options.
     pub fn fail_overlay_mounts(&self) {
         self.with(|s| s.overlay_mounts_fail = true);
+    }
+
+    /// Makes the helper's `writable-paths` find `paths` in every image, as in one where the
+    /// sandbox user can write outside its volumes.
+    pub fn set_writable_paths(&self, paths: &[&str]) {
+        self.with(|s| s.writable_paths = paths.iter().map(|p| p.to_string()).collect());
     }
 
     /// Fails when container `id` mounts an `overlay` volume and such mounts fail.

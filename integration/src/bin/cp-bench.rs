@@ -1268,7 +1268,14 @@ async fn remove_forks(c: &mut Client, sock: Option<&str>, forks: &[String]) -> R
 
 /// A snapshot's image and data volume (the service's names).
 async fn remove_payload(sock: &str, sid: &str) -> Result<()> {
-    docker::delete(sock, &format!("/images/{SNAPSHOT_REPOSITORY}:{sid}")).await?;
+    // A snapshot that committed nothing named its base image, a name the service drops once
+    // its forks hold the layer: gone already is done.
+    let image = docker::delete(sock, &format!("/images/{SNAPSHOT_REPOSITORY}:{sid}")).await;
+    if let Err(e) = image
+        && !format!("{e:#}").contains("404")
+    {
+        return Err(e);
+    }
     docker::delete(sock, &format!("/volumes/daiv-snapshot-{sid}-data")).await
 }
 

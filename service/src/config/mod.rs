@@ -56,7 +56,7 @@ pub use pool::PoolConfig;
 pub use reaper::ReaperConfig;
 pub use server::ServerConfig;
 pub use sessions::{DEFAULT_PRUNE_DIRS, Runtime, SessionsConfig};
-pub use snapshots::{SnapshotConfig, SnapshotLayers};
+pub use snapshots::{SnapshotConfig, SnapshotLayers, SnapshotState};
 pub use telemetry::{Environment, LogLevel, SentryConfig, TelemetryConfig};
 
 use parse::Parser;

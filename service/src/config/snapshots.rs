@@ -28,6 +28,18 @@ pub struct SnapshotConfig {
     /// Whether sessions from snapshots mount overlays over their layers where the engine can
     /// (`SNAPSHOT_LAYERS=auto`, probed per engine) or always get a copy (`copy`).
     pub layers: SnapshotLayers,
+    /// Where a new session keeps what its user writes (`SNAPSHOT_STATE`): `commit`, the
+    /// container's own layer outside `/workspace`, which a snapshot commits; `volumes`, every
+    /// writable directory on a volume of its own, which a snapshot copies as layers and never
+    /// commits (see `snapshots`).
+    pub state: SnapshotState,
+}
+
+/// `SNAPSHOT_STATE`: see [`SnapshotConfig::state`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SnapshotState {
+    Commit,
+    Volumes,
 }
 
 /// `SNAPSHOT_LAYERS`: how sessions from snapshots get their workspace.
@@ -71,8 +83,17 @@ impl SnapshotConfig {
                 ("copy", SnapshotLayers::Copy),
             ],
         );
+        let state = p.choice(
+            "SNAPSHOT_STATE",
+            SnapshotState::Volumes,
+            &[
+                ("commit", SnapshotState::Commit),
+                ("volumes", SnapshotState::Volumes),
+            ],
+        );
         Self {
             layers,
+            state,
             default_ttl,
             max_count,
             max_bytes,

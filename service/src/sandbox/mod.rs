@@ -31,7 +31,7 @@ use crate::egress::{self, Egress, Reservation, SandboxPlan};
 use crate::engine::{
     CPUS_LABEL, ContainerEngine, ContainerSpec, DEPLOYMENT_LABEL, HELPER_USER_LABEL, IMAGE_LABEL,
     MANAGED_LABEL, MEMORY_LABEL, NetworkAttach, ROLE_LABEL, ROLE_SANDBOX, ROLE_SNAPSHOT,
-    SANDBOX_USER_LABEL, SNAPSHOT_LABEL, SandboxUser, WORKSPACE_LABEL,
+    SANDBOX_USER_LABEL, SNAPSHOT_LABEL, STATE_LABEL, STATE_VOLUMES, SandboxUser, WORKSPACE_LABEL,
 };
 use crate::layout;
 use crate::shared_file::SharedFile;
@@ -46,8 +46,7 @@ pub use users::{SandboxUsers, UserError};
 pub use validation::ValidationError;
 use validation::validate_start;
 
-/// Home of the sandbox user: writable, outside the workspace so seeds and `git status` stay clean.
-pub const HOME: &str = "/home/sandbox";
+pub use crate::layout::HOME;
 
 /// Docker's own lower bound for a memory limit.
 pub const MIN_MEMORY_BYTES: i64 = 6 * 1024 * 1024;
@@ -220,9 +219,17 @@ impl SandboxFactory {
         let named = |mut spec: ContainerSpec| {
             if let Some((snapshot, workspace)) = from {
                 spec.image = snapshot.image();
-                spec.volumes.retain(|v| v != layout::WORKSPACE);
-                spec.named_volumes =
-                    vec![(workspace.merged.clone(), layout::WORKSPACE.to_string())];
+                // Its writable directories are the workspace's overlays; a snapshot from before
+                // `SNAPSHOT_STATE=volumes` has all but `/workspace` in its image.
+                spec.volumes
+                    .retain(|v| !layout::STATE.iter().any(|(_, p)| p == v));
+                spec.named_volumes = workspace.mounts.clone();
+                if workspace.state {
+                    spec.labels
+                        .insert(STATE_LABEL.to_string(), STATE_VOLUMES.to_string());
+                } else {
+                    spec.labels.remove(STATE_LABEL);
+                }
                 spec.labels
                     .insert(SNAPSHOT_LABEL.to_string(), snapshot.id.clone());
                 spec.labels
@@ -230,7 +237,7 @@ impl SandboxFactory {
                 // The snapshot's workspace is already there: its directories keep their owners
                 // and modes. Only the helper (this build's) and the service's files are put.
                 if let Some(head) = spec.skeleton.first_mut() {
-                    *head = snapshot_user_dirs(user).into();
+                    *head = snapshot_user_dirs(user, workspace).into();
                 }
             }
             if let Some(n) = naming {
@@ -267,6 +274,11 @@ impl SandboxFactory {
     /// Makes the base image available, refusing a snapshot's image however it is named: a
     /// snapshot is reached only through `snapshot_id`, which checks the deployment.
     async fn ensure_base_image(&self, image: &str) -> Result<(), SessionError> {
+        // A snapshot that committed nothing is its base image by another name, without labels.
+        let repository = image.rsplit_once(':').map_or(image, |(r, _)| r);
+        if repository == crate::snapshots::IMAGE_REPOSITORY {
+            return Err(ValidationError::SnapshotAsImage.into());
+        }
         let found = self.engine.ensure_image(image).await?;
         let snapshot = found.labels.get(ROLE_LABEL).map(String::as_str) == Some(ROLE_SNAPSHOT)
             || found
@@ -321,6 +333,12 @@ impl SandboxFactory {
             labels.insert(CPUS_LABEL.to_string(), c.to_string());
         }
         labels.extend(extra_labels.iter().cloned());
+        // Everything the sandbox user can write on volumes of its own: a snapshot copies them
+        // and commits nothing (see `snapshots`).
+        let state = c.snapshots.state == crate::config::SnapshotState::Volumes;
+        if state {
+            labels.insert(STATE_LABEL.to_string(), STATE_VOLUMES.to_string());
+        }
         ContainerSpec {
             name: None,
             image: req.base_image.clone(),
@@ -360,14 +378,21 @@ impl SandboxFactory {
             // and extraction are 5-20x faster there). The session's own state (the caller's
             // environment) on another, outside the layer a snapshot commits. Anonymous: removed
             // with the container.
-            volumes: vec![
-                layout::WORKSPACE.to_string(),
-                layout::SESSION_DIR.to_string(),
-            ],
+            volumes: [layout::WORKSPACE, layout::SESSION_DIR]
+                .into_iter()
+                .chain(
+                    state
+                        .then_some(&layout::STATE[1..])
+                        .into_iter()
+                        .flatten()
+                        .map(|(_, p)| *p),
+                )
+                .map(String::from)
+                .collect(),
             named_volumes: Vec::new(),
             log_options: Vec::new(),
             auto_remove: false,
-            skeleton: [user_dirs(user).into()]
+            skeleton: [user_dirs(user, state).into()]
                 .into_iter()
                 .chain(self.service_skeleton())
                 .chain([skeleton_tail(
@@ -389,10 +414,28 @@ impl SandboxFactory {
 /// The first part of the skeleton of a sandbox from a snapshot: the workspace's root (a fresh
 /// overlay's root is root's). The workspace's own directories come from the snapshot; the
 /// service's part and the tail are any sandbox's.
-fn snapshot_user_dirs(user: SandboxUser) -> Bytes {
+fn snapshot_user_dirs(user: SandboxUser, workspace: &Workspace<'_>) -> Bytes {
     let mut tar = Archive::new();
     tar.dir(entry_name(layout::WORKSPACE), 0o755, (user.uid, user.gid));
+    if workspace.state {
+        // Each overlay's root is its fresh upper's: the roots are set as a new sandbox's are;
+        // and the seed marker, which the service wrote and no layer holds, is written again.
+        tar.dir(entry_name(layout::HOME), 0o755, (user.uid, user.gid));
+        tar.dir(entry_name(layout::E2B_HOME), 0o755, (user.uid, user.gid));
+        shared_tmp(&mut tar);
+        if workspace.seeded {
+            tar.dir(entry_name(layout::SERVICE_DIR), 0o755, ROOT);
+            tar.file(entry_name(layout::SEED_MARKER), 0o644, ROOT, b"");
+        }
+    }
     tar.finish_head().unwrap_or_default()
+}
+
+/// [`layout::SHARED_TMP`], `root:root` `1777`.
+fn shared_tmp(tar: &mut Archive) {
+    for dir in layout::SHARED_TMP {
+        tar.dir(entry_name(dir), 0o1777, ROOT);
+    }
 }
 
 /// The caller's environment as the helper reads it from [`layout::ENV_FILE`] (a JSON list of
@@ -435,7 +478,7 @@ fn base_env() -> Vec<(String, String)> {
 /// The head of a sandbox's skeleton: [`user_dirs`], then [`service_skeleton`]. Without its end:
 /// [`skeleton_tail`] follows it.
 pub fn skeleton_head(uid: u32, gid: u32, helper: Option<&SharedFile>) -> std::io::Result<Bytes> {
-    let mut parts = vec![user_dirs(SandboxUser { uid, gid }).into()];
+    let mut parts = vec![user_dirs(SandboxUser { uid, gid }, false).into()];
     parts.extend(service_skeleton(helper));
     crate::archive::concat(&parts)
 }
@@ -443,7 +486,7 @@ pub fn skeleton_head(uid: u32, gid: u32, helper: Option<&SharedFile>) -> std::io
 /// The first part of a sandbox's skeleton: `/workspace/{repo,skills,tmp}` and the home
 /// directory, owned by the sandbox user through the archive entries themselves (no `chown` runs
 /// in the container: gVisor gives `exec -u root` no capabilities). Without its end.
-fn user_dirs(user: SandboxUser) -> Bytes {
+fn user_dirs(user: SandboxUser, state: bool) -> Bytes {
     let (uid, gid) = (user.uid, user.gid);
     let dirs = [
         layout::WORKSPACE,
@@ -460,6 +503,10 @@ fn user_dirs(user: SandboxUser) -> Bytes {
     let mut tar = Archive::new();
     for dir in dirs {
         tar.dir(entry_name(dir), 0o755, (uid, gid));
+    }
+    if state {
+        tar.dir(entry_name(layout::E2B_HOME), 0o755, (uid, gid));
+        shared_tmp(&mut tar);
     }
     // The names are constants: nothing `tar` refuses.
     tar.finish_head().unwrap_or_default()

@@ -1,7 +1,7 @@
 //! Copy-on-write workspaces: a session from a snapshot mounts an overlay over its layers (see
 //! `layers`).
 
-use super::layers::{COPIED, LAYERED_LABEL, uses_label};
+use super::layers::{COPIED, LAYERED_LABEL, LAYOUT_LABEL, LAYOUT_STATE, SEEDED_LABEL, uses_label};
 use super::probe::LayerSupport;
 use super::*;
 
@@ -10,7 +10,8 @@ use super::*;
 const OPTIONS_MAX: usize = 4000;
 
 impl Snapshots {
-    /// A copy-on-write workspace over snapshot `s`'s layers for a new session.
+    /// A copy-on-write workspace over snapshot `s`'s layers for a new session: an overlay per
+    /// directory its layers hold (`/workspace`, or every state directory).
     pub async fn workspace(&self, s: &Snapshot) -> Result<Workspace<'_>, SnapshotError> {
         let token = crate::ids::random_token();
         // The snapshot and its layers are pinned too, until the session's container exists
@@ -24,13 +25,25 @@ impl Snapshots {
                 pins.push(self.pin(id));
             }
         }
-        let [merged, upper, work] = workspace_volumes(&token);
+        let top = &stack[0].labels;
+        let state = top.get(LAYOUT_LABEL).map(String::as_str) == Some(LAYOUT_STATE);
+        let seeded = top.contains_key(SEEDED_LABEL);
+        let keys = state_keys(state);
         let mut labels = self.labels(ROLE_WORKSPACE, &s.id);
         labels.insert(WORKSPACE_LABEL.to_string(), token.clone());
         // A probe that could not run (the image gone meanwhile, the engine down) says nothing:
         // the overlay is tried, and the build answers for what is missing.
         if let Ok(LayerSupport::Copies(_)) = self.layer_support(&s.image()).await {
-            return self.copied_workspace(s, &stack, token, labels, pins).await;
+            let mounts = self
+                .copied_workspace(s, &stack, &token, labels, state)
+                .await?;
+            return Ok(Workspace {
+                token,
+                mounts,
+                state,
+                seeded,
+                _pins: pins,
+            });
         }
         labels.insert(LAYERED_LABEL.to_string(), "userxattr".to_string());
         for layer in &stack {
@@ -39,46 +52,61 @@ impl Snapshots {
             }
         }
         let mut made: Vec<String> = Vec::new();
-        let result = async {
-            let mut dirs = Vec::new();
-            for name in [&upper, &work] {
-                let v = self
-                    .engine
-                    .create_volume(&VolumeSpec {
-                        name: name.clone(),
-                        labels: labels.clone(),
-                        driver_opts: HashMap::new(),
-                    })
-                    .await?;
-                made.push(name.clone());
-                dirs.push(v.mountpoint);
+        let mut mounts = Vec::new();
+        let result =
+            async {
+                for (key, at) in keys {
+                    let [merged, upper, work] = state_volumes(&token, key);
+                    let mut dirs = Vec::new();
+                    for name in [&upper, &work] {
+                        let v = self
+                            .engine
+                            .create_volume(&VolumeSpec {
+                                name: name.clone(),
+                                labels: labels.clone(),
+                                driver_opts: HashMap::new(),
+                            })
+                            .await?;
+                        made.push(name.clone());
+                        dirs.push(v.mountpoint);
+                    }
+                    // A state layer holds each directory under its key.
+                    let lowers: Vec<String> = stack
+                        .iter()
+                        .map(|v| match state {
+                            true => format!("{}/{key}", v.mountpoint),
+                            false => v.mountpoint.clone(),
+                        })
+                        .collect();
+                    // The overlay's option string is split on commas and colons.
+                    if lowers.iter().chain(&dirs).any(|p| {
+                        p.is_empty() || p.contains([',', ':', '\\']) || !p.starts_with('/')
+                    }) {
+                        return Err(SnapshotError::UnusableMountpoint);
+                    }
+                    let spec = overlay_volume(
+                        &merged,
+                        labels.clone(),
+                        &lowers.join(":"),
+                        &dirs[0],
+                        &dirs[1],
+                    );
+                    if spec.driver_opts.get("o").map_or(0, String::len) > OPTIONS_MAX {
+                        return Err(SnapshotError::UnusableMountpoint);
+                    }
+                    self.engine.create_volume(&spec).await?;
+                    made.push(merged.clone());
+                    mounts.push((merged, at.to_string()));
+                }
+                Ok(())
             }
-            let paths: Vec<&str> = stack
-                .iter()
-                .map(|v| v.mountpoint.as_str())
-                .chain(dirs.iter().map(String::as_str))
-                .collect();
-            // The overlay's option string is split on commas and colons.
-            if paths
-                .iter()
-                .any(|p| p.is_empty() || p.contains([',', ':', '\\']) || !p.starts_with('/'))
-            {
-                return Err(SnapshotError::UnusableMountpoint);
-            }
-            let lowers = paths[..stack.len()].join(":");
-            let spec = overlay_volume(&merged, labels.clone(), &lowers, &dirs[0], &dirs[1]);
-            if spec.driver_opts.get("o").map_or(0, String::len) > OPTIONS_MAX {
-                return Err(SnapshotError::UnusableMountpoint);
-            }
-            self.engine.create_volume(&spec).await?;
-            made.push(merged.clone());
-            Ok(())
-        }
-        .await;
+            .await;
         match result {
             Ok(()) => Ok(Workspace {
                 token,
-                merged,
+                mounts,
+                state,
+                seeded,
                 _pins: pins,
             }),
             Err(e) => {
@@ -92,49 +120,65 @@ impl Snapshots {
 
     /// A workspace that is a copy of the snapshot's layer, for an engine without overlays:
     /// there every snapshot is a base layer (see `layering`), so one copy is the whole tree.
-    async fn copied_workspace<'a>(
-        &'a self,
+    /// Its volumes and where they go.
+    async fn copied_workspace(
+        &self,
         s: &Snapshot,
         stack: &[VolumeInfo],
-        token: String,
+        token: &str,
         mut labels: HashMap<String, String>,
-        pins: Vec<Pin<'a>>,
-    ) -> Result<Workspace<'a>, SnapshotError> {
+        state: bool,
+    ) -> Result<Vec<(String, String)>, SnapshotError> {
         let [layer] = stack else {
             // Layers taken while this engine mounted overlays, which it no longer does.
             return Err(SnapshotError::LayersUnmountable {
                 layers: stack.len(),
             });
         };
-        let [merged, ..] = workspace_volumes(&token);
         labels.insert(LAYERED_LABEL.to_string(), COPIED.to_string());
         // It needs nothing of the snapshot once copied: no label keeps the snapshot's layer
         // (`release` reads a workspace's snapshot label as a use).
         labels.remove(SNAPSHOT_LABEL);
-        self.engine
-            .create_volume(&VolumeSpec {
-                name: merged.clone(),
-                labels,
-                driver_opts: HashMap::new(),
-            })
-            .await?;
-        if let Err(e) = self
-            .copy_into(&token, &s.image(), &layer.name, &merged)
-            .await
-        {
-            let _ = self.engine.remove_volume(&merged).await;
+        let mut mounts: Vec<(String, String)> = Vec::new();
+        let mut into = Vec::new();
+        for (key, at) in state_keys(state) {
+            let [merged, ..] = state_volumes(token, key);
+            let made = self
+                .engine
+                .create_volume(&VolumeSpec {
+                    name: merged.clone(),
+                    labels: labels.clone(),
+                    driver_opts: HashMap::new(),
+                })
+                .await;
+            if let Err(e) = made {
+                for (name, _) in &mounts {
+                    let _ = self.engine.remove_volume(name).await;
+                }
+                return Err(e.into());
+            }
+            into.push((state.then_some(*key), merged.clone()));
+            mounts.push((merged, at.to_string()));
+        }
+        if let Err(e) = self.copy_into(token, &s.image(), &layer.name, &into).await {
+            for (name, _) in &mounts {
+                let _ = self.engine.remove_volume(name).await;
+            }
             return Err(e);
         }
-        Ok(Workspace {
-            token,
-            merged,
-            _pins: pins,
-        })
+        Ok(mounts)
     }
 
     /// Removes a session's copy-on-write workspace (after its container is gone).
     pub async fn remove_workspace(&self, token: &str) {
-        for name in workspace_volumes(token) {
+        // Each overlay before the volumes it is mounted over.
+        let names = crate::layout::STATE
+            .iter()
+            .map(|(key, _)| state_volumes(token, key))
+            .flat_map(|[merged, upper, work]| [(0, merged), (1, upper), (1, work)]);
+        let mut names: Vec<_> = names.collect();
+        names.sort_by_key(|(order, _)| *order);
+        for (_, name) in names {
             match self.engine.remove_volume(&name).await {
                 Ok(()) | Err(EngineError::NotFound) => {}
                 Err(e) => {

@@ -37,6 +37,13 @@ pub(super) const LAYERED_LABEL: &str = "daiv.sandbox.workspace.layered";
 /// [`LAYERED_LABEL`]'s value on a workspace that is a copy of its snapshot's layer (an engine
 /// without overlays): its snapshots copy it whole, a base layer.
 pub(super) const COPIED: &str = "copy";
+/// On a snapshot's data volume: [`LAYOUT_STATE`] when the layer holds every state directory
+/// (`layout::STATE`) under its key, and the snapshot's image is its base image's (nothing
+/// committed); absent when it holds `/workspace` at its root.
+pub(super) const LAYOUT_LABEL: &str = "daiv.sandbox.snapshot.layout";
+pub(super) const LAYOUT_STATE: &str = "state";
+/// On a state layer: its source had been seeded (the marker is the service's, in no layer).
+pub(super) const SEEDED_LABEL: &str = "daiv.sandbox.snapshot.seeded";
 const USES_PREFIX: &str = "daiv.sandbox.layer.";
 /// Most layers a workspace's overlay stacks; a snapshot that would make more copies everything.
 pub const MAX_DEPTH: usize = 16;
@@ -76,10 +83,14 @@ pub(super) fn lowers_of(v: &VolumeInfo) -> Vec<String> {
 /// snapshot it came from, or a whole workspace of its own (a base layer: no lowers).
 #[derive(Debug, Clone)]
 pub(super) struct Layering {
-    /// The volume copied: the session's upper volume (what it changed), or its workspace.
-    pub(super) from: String,
+    /// The volumes copied: the session's upper volumes (what it changed), or its own; with
+    /// `state`, one per state directory under its key, else `/workspace`'s alone.
+    pub(super) from: Vec<(&'static str, String)>,
     /// The layers below the new one, top first: the session's snapshot, then its lowers.
     pub(super) lowers: Vec<String>,
+    /// Whether the session keeps every state directory on volumes: the layer holds them
+    /// all, and nothing is committed.
+    pub(super) state: bool,
 }
 
 impl Layering {
@@ -89,6 +100,10 @@ impl Layering {
             .then(|| (LOWERS_LABEL.to_string(), self.lowers.join(",")))
             .into_iter()
             .chain(self.lowers.iter().map(|l| (uses_label(l), "true".into())))
+            .chain(
+                self.state
+                    .then(|| (LAYOUT_LABEL.to_string(), LAYOUT_STATE.to_string())),
+            )
     }
 }
 
@@ -119,30 +134,44 @@ impl Snapshots {
     }
 
     /// How a snapshot of session `info` (as inspected) is copied by `copy-tree`: a layer over
-    /// its snapshot's, or its whole workspace volume as a base layer (its own, a copy of its
-    /// snapshot's, or at the deepest stack its overlay's view). `None` for a workspace from
-    /// before layers, or one the inspect does not name: those go through the engine's archive
-    /// API.
+    /// its snapshot's, or its whole volumes as a base layer (its own, a copy of its snapshot's,
+    /// or at the deepest stack its overlays' view). `None` for a workspace from before layers,
+    /// or one the inspect does not name: those go through the engine's archive API.
     pub(super) async fn layering(&self, info: &ContainerInfo) -> Option<Layering> {
+        let state = info.label(STATE_LABEL) == Some(STATE_VOLUMES);
+        let keys = state_keys(state);
         let (Some(token), Some(parent)) = (info.label(WORKSPACE_LABEL), info.label(SNAPSHOT_LABEL))
         else {
-            // A workspace of its own.
-            let (_, from) = info
-                .volumes
+            // Volumes of its own.
+            let from = keys
                 .iter()
-                .find(|(at, _)| at == layout::WORKSPACE)?;
+                .map(|(key, at)| {
+                    let (_, v) = info.volumes.iter().find(|(m, _)| m == at)?;
+                    Some((*key, v.clone()))
+                })
+                .collect::<Option<Vec<_>>>()?;
             return Some(Layering {
-                from: from.clone(),
+                from,
                 lowers: Vec::new(),
+                state,
             });
         };
-        let [merged, upper, _] = workspace_volumes(token);
+        let part = |i: usize| -> Vec<(&'static str, String)> {
+            keys.iter()
+                .map(|(key, _)| {
+                    let names = state_volumes(token, key);
+                    (*key, names[i].clone())
+                })
+                .collect()
+        };
+        let [merged, _, _] = workspace_volumes(token);
         let ws = self.engine.inspect_volume(&merged).await.ok()?;
         if ws.labels.get(LAYERED_LABEL).map(String::as_str) == Some(COPIED) {
             // A copy of its snapshot's layer (an engine without overlays): a base layer.
             return Some(Layering {
-                from: merged,
+                from: part(0),
                 lowers: Vec::new(),
+                state,
             });
         }
         if ws.labels.get(LAYERED_LABEL).map(String::as_str) != Some("userxattr") {
@@ -161,15 +190,17 @@ impl Snapshots {
             || matches!(self.probed(), Some(LayerSupport::Copies(_)));
         Some(if lowers.len() < MAX_DEPTH && !copies {
             Layering {
-                from: upper,
+                from: part(1),
                 lowers,
+                state,
             }
         } else {
-            // The deepest stack, or copies: the session's whole view (the overlay, mounted for
-            // the copier as for the session) becomes a new base layer, whiteouts applied.
+            // The deepest stack, or copies: the session's whole view (the overlays, mounted
+            // for the copier as for the session) becomes a new base layer, whiteouts applied.
             Layering {
-                from: merged,
+                from: part(0),
                 lowers: Vec::new(),
+                state,
             }
         })
     }
@@ -179,9 +210,19 @@ impl Snapshots {
         &self,
         id: &str,
         image: &str,
-        from: &str,
-        to: &str,
+        from: &[(Option<&str>, String)],
+        to: &[(Option<&str>, String)],
     ) -> Result<String, EngineError> {
+        // A volume at `/from` (`/to`), or one under it per key.
+        let at = |root: &str, (key, v): &(Option<&str>, String)| match key {
+            Some(k) => (v.clone(), format!("{root}/{k}")),
+            None => (v.clone(), root.to_string()),
+        };
+        let named_volumes = from
+            .iter()
+            .map(|m| at(COPY_FROM, m))
+            .chain(to.iter().map(|m| at(COPY_TO, m)))
+            .collect();
         let spec = ContainerSpec {
             name: None,
             image: image.to_string(),
@@ -204,10 +245,7 @@ impl Snapshots {
             pids_limit: 16,
             network: NetworkAttach::None,
             volumes: Vec::new(),
-            named_volumes: vec![
-                (from.to_string(), COPY_FROM.to_string()),
-                (to.to_string(), COPY_TO.to_string()),
-            ],
+            named_volumes,
             log_options: Vec::new(),
             auto_remove: false,
             skeleton: copier_skeleton(self.helper.as_ref()),
@@ -229,7 +267,7 @@ impl Snapshots {
         reservation: &budget::Reservation<'_>,
     ) -> Result<u64, SnapshotError> {
         let budget = reservation.copy_budget;
-        match self.run_copy(copier, budget).await? {
+        match self.run_copy(copier, (COPY_FROM, COPY_TO), budget).await? {
             Ok(bytes) => Ok(bytes),
             Err(Copy::OverBudget) => Err(reservation.refusal(budget.saturating_add(1))),
             Err(Copy::Refused) => Err(SnapshotError::Uncopyable {
@@ -243,13 +281,18 @@ impl Snapshots {
 
     /// Runs `copy-tree` in `copier`; the bytes counted, or why it stopped (its output logged:
     /// the helper names the sandbox's paths, which stay out of clients' bodies).
-    async fn run_copy(&self, copier: &str, budget: u64) -> Result<Result<u64, Copy>, EngineError> {
+    async fn run_copy(
+        &self,
+        copier: &str,
+        (from, to): (&str, &str),
+        budget: u64,
+    ) -> Result<Result<u64, Copy>, EngineError> {
         let spec = crate::engine::ExecSpec {
             cmd: vec![
                 layout::HELPER.to_string(),
                 "copy-tree".to_string(),
-                COPY_FROM.to_string(),
-                COPY_TO.to_string(),
+                from.to_string(),
+                to.to_string(),
                 "--max-bytes".to_string(),
                 budget.to_string(),
             ],
@@ -290,23 +333,132 @@ impl Snapshots {
         })
     }
 
-    /// Copies snapshot layer `layer` (a volume) into the plain volume `to`, for a session from
-    /// a snapshot on an engine without overlays. Not capped: the layer was, when it was taken.
+    /// Copies snapshot layer `layer` (a volume) into the plain volumes `into` (one per key of a
+    /// state layer, or one for its root), for a session from a snapshot on an engine without
+    /// overlays. Not capped: the layer was, when it was taken.
     pub(super) async fn copy_into(
         &self,
         token: &str,
         image: &str,
         layer: &str,
-        to: &str,
+        into: &[(Option<&str>, String)],
     ) -> Result<u64, SnapshotError> {
-        let copier = self.create_copier(token, image, layer, to).await?;
-        let copied = self.run_copy(&copier, u64::MAX).await;
-        let _ = self.engine.remove(&copier).await;
-        match copied? {
-            Ok(bytes) => Ok(bytes),
-            Err(_) => Err(EngineError::Unavailable("the workspace copy failed".into()).into()),
+        let copier = self
+            .create_copier(token, image, &[(None, layer.to_string())], into)
+            .await?;
+        let mut total = Ok(0u64);
+        for (key, _) in into {
+            let (from, to) = match key {
+                Some(k) => (format!("{COPY_FROM}/{k}"), format!("{COPY_TO}/{k}")),
+                None => (COPY_FROM.to_string(), COPY_TO.to_string()),
+            };
+            let copied = self.run_copy(&copier, (&from, &to), u64::MAX).await;
+            total = match (total, copied) {
+                (Ok(t), Ok(Ok(bytes))) => Ok(t.saturating_add(bytes)),
+                (Err(e), _) => Err(e),
+                (_, Err(e)) => Err(e.into()),
+                (_, Ok(Err(_))) => {
+                    Err(EngineError::Unavailable("the workspace copy failed".into()).into())
+                }
+            };
+            if total.is_err() {
+                break;
+            }
         }
+        let _ = self.engine.remove(&copier).await;
+        total
     }
+}
+
+impl Snapshots {
+    /// Whether no sandbox user can write anything of image `image` outside the state
+    /// directories (`layout::STATE`), so that a state session's container layer holds only
+    /// what the service put there: the helper's `writable-paths` walks the image's own files
+    /// in `copier` (a fresh container of it), once per image and users. Anything it cannot
+    /// tell is a no: the snapshot commits.
+    pub(super) async fn commits_nothing(
+        &self,
+        copier: &str,
+        image: &str,
+        info: &ContainerInfo,
+    ) -> bool {
+        let s = &self.config.sessions;
+        let user = info
+            .label(SANDBOX_USER_LABEL)
+            .and_then(SandboxUser::parse)
+            .unwrap_or(SandboxUser {
+                uid: s.run_uid,
+                gid: s.run_gid,
+            });
+        let (first, last) = s.run_uid_range.unwrap_or((s.run_uid, s.run_uid));
+        let uids = format!("{}-{}", first.min(user.uid), last.max(user.uid));
+        let gids = format!("{0}-{0}", user.gid);
+        let key = format!("{image} {uids} {gids}");
+        if let Some(known) = self.known_writable(&key) {
+            return known;
+        }
+        let except: Vec<&str> = layout::STATE.iter().map(|(_, p)| *p).collect();
+        let spec = crate::engine::ExecSpec {
+            cmd: vec![
+                layout::HELPER.to_string(),
+                "writable-paths".to_string(),
+                "--uids".to_string(),
+                uids,
+                "--gids".to_string(),
+                gids,
+                "--except".to_string(),
+                except.join(","),
+            ],
+            user: "0:0".to_string(),
+            workdir: None,
+            env: Vec::new(),
+        };
+        let found = async {
+            let exec = self.engine.exec(copier, &spec).await.ok()?;
+            let mut out = Vec::new();
+            let mut stream = exec.output;
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk.ok()?;
+                if out.len() < 64 * 1024 {
+                    out.extend_from_slice(&chunk);
+                }
+            }
+            let code = self.engine.exec_exit_code(&exec.exec_id).await.ok()?;
+            let text = String::from_utf8_lossy(&out);
+            if code != Some(0) {
+                tracing::warn!(output = %text.trim(), code = ?code, "snapshot: the image's writable paths are unknown; committing");
+                return None;
+            }
+            text.lines()
+                .rev()
+                .find_map(|l| serde_json::from_str::<Writable>(l.trim()).ok())
+        }
+        .await;
+        let Some(found) = found else {
+            return false;
+        };
+        let clean = found.paths.is_empty();
+        if !clean {
+            tracing::info!(image = %image, paths = ?found.paths, "snapshot: the sandbox user can write these outside its volumes; snapshots of its sessions commit them");
+        }
+        self.writable
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, clean);
+        clean
+    }
+
+    fn known_writable(&self, key: &str) -> Option<bool> {
+        let known = self.writable.lock().unwrap_or_else(|e| e.into_inner());
+        known.get(key).copied()
+    }
+}
+
+/// What `writable-paths` prints: the paths a sandbox user could change (a cut list when
+/// there are many).
+#[derive(serde::Deserialize)]
+struct Writable {
+    paths: Vec<String>,
 }
 
 /// Why a `copy-tree` stopped.

@@ -38,8 +38,8 @@ use crate::config::Config;
 use crate::engine::{
     CommitSpec, ContainerEngine, ContainerInfo, ContainerSpec, DEPLOYMENT_LABEL, EngineError,
     IMAGE_LABEL, MANAGED_LABEL, NetworkAttach, ROLE_LABEL, ROLE_SANDBOX, ROLE_SNAPSHOT,
-    ROLE_SNAPSHOT_DATA, ROLE_WORKSPACE, SANDBOX_USER_LABEL, SNAPSHOT_LABEL, SandboxUser,
-    VolumeInfo, VolumeSpec, WORKSPACE_LABEL,
+    ROLE_SNAPSHOT_DATA, ROLE_WORKSPACE, SANDBOX_USER_LABEL, SNAPSHOT_LABEL, STATE_LABEL,
+    STATE_VOLUMES, SandboxUser, VolumeInfo, VolumeSpec, WORKSPACE_LABEL,
 };
 use crate::layout;
 use crate::time::unix_now;
@@ -183,6 +183,23 @@ fn workspace_volumes(token: &str) -> [String; 3] {
     ["merged", "upper", "work"].map(|part| format!("daiv-ws-{token}-{part}"))
 }
 
+/// [`workspace_volumes`] of the state directory `key` (`layout::STATE`): `/workspace`'s keep
+/// their names from before the other directories had any.
+fn state_volumes(token: &str, key: &str) -> [String; 3] {
+    if key == "workspace" {
+        return workspace_volumes(token);
+    }
+    ["merged", "upper", "work"].map(|part| format!("daiv-ws-{token}-{key}-{part}"))
+}
+
+/// The directories a workspace holds, with their keys: every state directory, or `/workspace`.
+fn state_keys(state: bool) -> &'static [(&'static str, &'static str)] {
+    match state {
+        true => &crate::layout::STATE,
+        false => &crate::layout::STATE[..1],
+    }
+}
+
 /// The local driver's `type=overlay` volume `name` over `lowers` (host directories, top first,
 /// `:`-separated), with `upper` and `work`: what a session from a snapshot mounts, and what the
 /// probe checks the engine can mount. `userxattr`: overlay keeps its records (opaque
@@ -229,7 +246,14 @@ pub struct SnapshotRequest {
 #[derive(Debug)]
 pub struct Workspace<'a> {
     pub token: String,
-    pub merged: String,
+    /// Its volumes and where they are mounted: `/workspace` alone, or with `state` every
+    /// directory of `layout::STATE`.
+    pub mounts: Vec<(String, String)>,
+    /// Whether its snapshot holds every state directory (`SNAPSHOT_STATE=volumes`), so the
+    /// snapshot's image holds nothing of its source's.
+    pub state: bool,
+    /// Whether its snapshot's source had been seeded (with `state`: no image keeps the marker).
+    pub seeded: bool,
     _pins: Vec<Pin<'a>>,
 }
 
@@ -252,6 +276,9 @@ pub struct Snapshots {
     helper: Option<crate::shared_file::SharedFile>,
     /// Whether this engine mounts overlay volumes (see `probe`).
     probe: probe::Probe,
+    /// Per image and sandbox users: whether they can write nothing outside the state
+    /// directories (see `Snapshots::commits_nothing`).
+    writable: std::sync::Mutex<HashMap<String, bool>>,
 }
 
 impl Snapshots {
@@ -266,6 +293,7 @@ impl Snapshots {
             ledger: std::sync::Mutex::default(),
             helper,
             probe: probe::Probe::default(),
+            writable: std::sync::Mutex::default(),
         }
     }
 

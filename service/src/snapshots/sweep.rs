@@ -71,11 +71,11 @@ impl Snapshots {
                     // name, so removing the session meanwhile left it: it goes with the copier
                     // unless a session still uses it (the engine refuses then).
                     let own = match role {
-                        layers::ROLE_LAYER_COPIER => self.anonymous_source(&c.id).await,
-                        _ => None,
+                        layers::ROLE_LAYER_COPIER => self.anonymous_sources(&c.id).await,
+                        _ => Vec::new(),
                     };
                     let _ = self.engine.remove(&c.id).await;
-                    if let Some(volume) = own {
+                    for volume in own {
                         let _ = self.engine.remove_volume(&volume).await;
                     }
                 }
@@ -160,15 +160,19 @@ impl Snapshots {
 }
 
 impl Snapshots {
-    /// The volume a copier copies from when it is an anonymous one (a session's own
-    /// workspace: Docker names those with 64 hex digits, ours all have names).
-    async fn anonymous_source(&self, copier: &str) -> Option<String> {
-        let info = self.engine.inspect(copier).await.ok()?;
-        let (_, name) = info
-            .volumes
+    /// The volumes a copier copies from that are anonymous ones (a session's own: Docker
+    /// names those with 64 hex digits, ours all have names), at `/from` or under it.
+    async fn anonymous_sources(&self, copier: &str) -> Vec<String> {
+        let Ok(info) = self.engine.inspect(copier).await else {
+            return Vec::new();
+        };
+        let under = format!("{}/", layers::COPY_FROM);
+        info.volumes
             .into_iter()
-            .find(|(at, _)| at == layers::COPY_FROM)?;
-        (name.len() == 64 && name.bytes().all(|b| b.is_ascii_hexdigit())).then_some(name)
+            .filter(|(at, _)| at == layers::COPY_FROM || at.starts_with(&under))
+            .map(|(_, name)| name)
+            .filter(|name| name.len() == 64 && name.bytes().all(|b| b.is_ascii_hexdigit()))
+            .collect()
     }
 }
 
@@ -196,7 +200,14 @@ mod tests {
                 })
                 .await?;
             let layer = data_volume(&new_id(None));
-            let copier = s.create_copier(&new_id(None), "img", &own, &layer).await?;
+            let copier = s
+                .create_copier(
+                    &new_id(None),
+                    "img",
+                    &[(None, own.clone())],
+                    &[(None, layer.clone())],
+                )
+                .await?;
             let session = if session_lives {
                 let mut spec = s.holder_spec("x", "img", &own);
                 spec.labels = HashMap::new();

@@ -1,7 +1,7 @@
 //! Taking a snapshot: the freeze, the commit and the workspace copy side by side.
 
 use super::budget::Reservation;
-use super::layers::Layering;
+use super::layers::{Layering, SEEDED_LABEL};
 use super::*;
 use crate::engine::ImageInfo;
 
@@ -28,6 +28,17 @@ impl Snapshots {
         let mut labels = self.labels(ROLE_SNAPSHOT_DATA, &id);
         if let Some(l) = &layering {
             labels.extend(l.labels());
+            // The seed marker is the service's, in the container's layer, which a state
+            // snapshot does not keep: its layer says it instead.
+            if l.state
+                && self
+                    .engine
+                    .get_archive(&info.id, layout::SEED_MARKER)
+                    .await
+                    .is_ok()
+            {
+                labels.insert(SEEDED_LABEL.to_string(), "true".to_string());
+            }
         }
         let data = match self
             .engine
@@ -108,7 +119,12 @@ impl Snapshots {
         let spec = self.commit_spec(info, id, &source.env, base_image);
         let holder = match layering {
             Some(l) => {
-                self.create_copier(id, &source.id, &l.from, &data.name)
+                let from: Vec<_> = l
+                    .from
+                    .iter()
+                    .map(|(key, v)| (l.state.then_some(*key), v.clone()))
+                    .collect();
+                self.create_copier(id, &source.id, &from, &[(None, data.name.clone())])
                     .await?
             }
             None => {
@@ -116,6 +132,14 @@ impl Snapshots {
                     .create(&self.holder_spec(id, &source.id, &data.name))
                     .await?
             }
+        };
+        // A session whose writable directories are all on its volumes, of an image where the
+        // sandbox user can write nothing else: its container's layer holds only what the
+        // service put there, which a session from the snapshot gets again. No commit: the
+        // snapshot's image is its base image, by another name.
+        let tag = match layering {
+            Some(l) if l.state => self.commits_nothing(&holder, &source.id, info).await,
+            _ => false,
         };
         let freeze = info.is_running();
         let started = std::time::Instant::now();
@@ -126,6 +150,10 @@ impl Snapshots {
         let size_max = self.config.snapshots.size_max;
         let commit = async {
             let t = std::time::Instant::now();
+            if tag {
+                self.engine.tag_image(&source.id, &image_ref(id)).await?;
+                return Ok::<_, SnapshotError>((None, t.elapsed()));
+            }
             // Measured again frozen: what the sandbox wrote since the first measure (a sparse
             // file is made in an instant) cannot slip past the cap.
             if freeze {
@@ -139,7 +167,7 @@ impl Snapshots {
                 }
             }
             let image = self.engine.commit(&info.id, &spec).await?;
-            Ok::<_, SnapshotError>((image, t.elapsed()))
+            Ok::<_, SnapshotError>((Some(image), t.elapsed()))
         };
         let copy = async {
             let t = std::time::Instant::now();
@@ -158,9 +186,13 @@ impl Snapshots {
         let _ = self.engine.remove(&holder).await;
         let (image, commit_time) = committed?;
         let (workspace_bytes, copy_time) = copied?;
-        let own = self.engine.inspect_image(&image).await?.size;
-        let base = source.size;
-        let image_bytes = u64::try_from(own.saturating_sub(base)).unwrap_or(0);
+        let image_bytes = match image {
+            Some(image) => {
+                let own = self.engine.inspect_image(&image).await?.size;
+                u64::try_from(own.saturating_sub(source.size)).unwrap_or(0)
+            }
+            None => 0,
+        };
         Ok((
             image_bytes,
             workspace_bytes,

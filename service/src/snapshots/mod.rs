@@ -2,10 +2,15 @@
 //! copy-on-write workspaces of sessions made from one.
 //!
 //! A snapshot is three objects, all labelled with the deployment (so every replica sees them and
-//! a restart loses nothing):
-//! - its **image** `daiv-sandbox-snapshot:<id>`: `docker commit` of the session's container (its
-//!   home directory, the seed marker, whatever it changed outside the workspace);
-//! - its **data volume** `daiv-snapshot-<id>-data`: a copy of the session's `/workspace` volume;
+//! a restart loses nothing), but its image where it commits nothing:
+//! - its **image** `daiv-sandbox-snapshot:<id>`: for a session that keeps everything its user
+//!   can write on volumes of its own (`layout::STATE`), its base image by another name (a tag:
+//!   its container's layer holds only what the service put there); else, or where the image
+//!   lets the user write elsewhere (see `Snapshots::commits_nothing`), `docker commit` of the
+//!   session's container (its home directory, the seed marker, whatever it changed outside the
+//!   workspace);
+//! - its **data volume** `daiv-snapshot-<id>-data`: its layer (see `layers`): a copy of those
+//!   volumes, each under its key, or of `/workspace` alone;
 //! - its **record**, the empty volume `daiv-snapshot-<id>`, whose labels say everything the API
 //!   answers (name, source, sizes, expiry). It is made last, so a snapshot exists exactly when
 //!   its record does: a crash half-way leaves payload without a record, which the reaper's

@@ -1,4 +1,5 @@
-//! Taking a snapshot: the freeze, the commit and the workspace copy side by side.
+//! Taking a snapshot: the freeze, the commit (or the tag of the base image) and the layer copy
+//! side by side.
 
 use super::budget::Reservation;
 use super::layers::{Layering, SEEDED_LABEL};

@@ -328,6 +328,8 @@ pub async fn a_terminal_over_a_websocket(cp: &ControlPlane, sid: &str, gvisor: b
         .await?;
     until(&mut ws, &mut seen, "note.txt\"").await?;
     ws.send(Message::Binary("ihello-\x1b:wq\r".into())).await?;
+    // Typed before vi has quit, the next line would be vi's input (a loaded machine shows it).
+    until(&mut ws, &mut seen, "written").await?;
     ws.send(Message::Binary(
         "echo \"[$(cat /tmp/note.txt)vi]\"\n".into(),
     ))

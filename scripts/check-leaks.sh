@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Fails when any container, network, volume or image created by the service (or by the tests' own
 # fixtures) is still there: every test must clean up what it created, whatever its outcome.
-# Images are the snapshots' (label daiv.sandbox.managed=true), dangling and untagged parents too.
+# Images are the snapshots' (label daiv.sandbox.managed=true), dangling and untagged parents too,
+# and their tags of base images (repository daiv-sandbox-snapshot).
 #
 #   scripts/check-leaks.sh                  everything labelled, whenever it was made
 #   scripts/check-leaks.sh --record FILE    remember what exists now (before a test run)
@@ -21,6 +22,9 @@ objects() {
     docker volume ls -q --filter "label=$label" | sed 's/^/volume /'
     # -a: an image whose tag went while a child image still needs it is untagged, not dangling.
     docker images -aq --no-trunc --filter "label=$label" | sed 's/^/image /'
+    # A snapshot that commits nothing is its base image tagged: the tag carries none of our
+    # labels, so it is found by its repository.
+    docker images --format '{{.Repository}}:{{.Tag}}' --filter reference=daiv-sandbox-snapshot | sed 's/^/tag /'
 }
 
 case "${1:-}" in
@@ -53,6 +57,7 @@ if [ -n "$new" ]; then
         container) docker ps -a --no-trunc --filter "id=$id" --format '{{.ID}} {{.Image}} {{.Status}} {{.Labels}}' ;;
         network) docker network ls --no-trunc --filter "id=$id" --format '{{.ID}} {{.Name}} {{.Labels}}' ;;
         volume) docker volume inspect -f '{{.Name}} {{.Labels}}' "$id" 2>/dev/null || echo "$id" ;;
+        tag) echo "$id" ;;
         image) docker image inspect -f '{{.Id}} {{.RepoTags}} {{.Created}} {{.Config.Labels}}' "$id" 2>/dev/null || echo "$id" ;;
         esac
     done <<<"$new" >&2

@@ -2,9 +2,9 @@
 # Removes everything the service created on this engine (label daiv.sandbox.managed=true), in
 # every deployment: containers (with their anonymous volumes), networks, named volumes (snapshot
 # records and data, copy-on-write workspaces) and images (snapshot payloads, dangling and untagged
-# parents included); and the fleet tests' engines with their data volumes (fleet-engines.sh down
-# --purge). For a development machine; a live deployment on the same engine loses its sessions
-# and snapshots too.
+# parents included, and snapshot tags of base images); and the fleet tests' engines with their
+# data volumes (fleet-engines.sh down --purge). For a development machine; a live deployment on
+# the same engine loses its sessions and snapshots too.
 set -euo pipefail
 label=label=daiv.sandbox.managed=true
 
@@ -21,6 +21,9 @@ docker network ls -q --filter "$label" | xargs -r docker network rm >/dev/null
     docker volume ls -q --filter "$label" | grep -- '-merged$' || true
     docker volume ls -q --filter "$label" | grep -v -- '-merged$' || true
 } | xargs -r docker volume rm -f >/dev/null
+# Snapshots that commit nothing tag their base image: untag (never -f: the base image stays).
+docker images --format '{{.Repository}}:{{.Tag}}' --filter reference=daiv-sandbox-snapshot |
+    xargs -r docker rmi >/dev/null 2>&1 || true
 # A parent image goes only once its children have: a few passes.
 for _ in 1 2 3 4; do
     ids=$(docker images -aq --no-trunc --filter "$label" | sort -u)

@@ -671,6 +671,13 @@ async fn state_sessions_keep_home_and_tmp_as_layers_and_commit_nothing() {
     .unwrap();
     std::fs::write(mounted(&h, &first, "/tmp").await.join("gone"), "x").unwrap();
     let s1 = snapshot(&h, &first, json!({})).await;
+    // Nothing of the container's own layer is kept, so it is not measured (Docker walks the
+    // whole root filesystem for that).
+    let measured = |id: &str| {
+        let call = format!("writable_bytes {id}");
+        h.engine.calls().iter().filter(|c| **c == call).count()
+    };
+    assert_eq!(measured(&first), 0);
     let files = layer_files(&h, &s1);
     for f in ["home/h.txt", "tmp/gone", "repo/a.txt"] {
         assert!(files.contains(&f.to_string()), "{f} not in {files:?}");
@@ -723,6 +730,23 @@ async fn state_sessions_keep_home_and_tmp_as_layers_and_commit_nothing() {
         .await
         .unwrap();
     assert_eq!(committed.labels["daiv.sandbox.snapshot"], s3);
+    // Measured, before the freeze and frozen: the commit keeps that layer.
+    assert_eq!(measured(&third), 2);
+
+    // A tag left without its layer (Docker refused to untag an image's only name while a
+    // container used it) is the sweep's; a live snapshot's tag is not.
+    let orphan = "daiv-sandbox-snapshot:0123456789abcdef0123456789abcdef";
+    h.engine.tag_image(&own, orphan).await.unwrap();
+    h.cell()
+        .reaper()
+        .sweep(std::time::SystemTime::now())
+        .await
+        .unwrap();
+    assert!(h.engine.inspect_image(orphan).await.is_err());
+    h.engine
+        .inspect_image(&format!("daiv-sandbox-snapshot:{s2}"))
+        .await
+        .expect("a live snapshot's tag is kept");
 
     delete_all_and_sweep(&h, &[s1, s2, s3], [&first, &second, &third]).await;
     assert_eq!(snapshot_objects(&h), before);

@@ -71,6 +71,7 @@ macro_rules! verbs {
             images image_id(image: &str) -> String = "inspect_image";
             images inspect_image(reference: &str) -> ImageInfo = "inspect_image";
             images list_images(labels: &[(&str, &str)]) -> Vec<ImageInfo> = "list_images";
+            images image_tags(repository: &str) -> Vec<String> = "list_images";
             images remove_image(reference: &str) -> () = "remove_image";
             images commit(#[id] id: &str, spec: &CommitSpec) -> String = "commit";
             images tag_image(source: &str, reference: &str) -> () = "tag_image";

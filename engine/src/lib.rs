@@ -155,6 +155,9 @@ pub trait ContainerEngine: Send + Sync + 'static {
     async fn inspect_image(&self, reference: &str) -> Result<ImageInfo, EngineError>;
     /// Images (dangling ones too) carrying all of `labels`.
     async fn list_images(&self, labels: &[(&str, &str)]) -> Result<Vec<ImageInfo>, EngineError>;
+    /// The references (`repository:tag`) in `repository`, whatever their images' labels: a
+    /// tag made by [`Self::tag_image`] carries its image's labels, not ours.
+    async fn image_tags(&self, repository: &str) -> Result<Vec<String>, EngineError>;
     /// Removes an image reference (and the image once nothing else refers to it).
     /// [`EngineError::Conflict`] while a container uses it.
     async fn remove_image(&self, reference: &str) -> Result<(), EngineError>;

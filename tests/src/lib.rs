@@ -398,6 +398,14 @@ pub fn remove_deployment(deployment: &str) {
     // Overlay volumes first (`...-merged` mounts the others), then the rest.
     let mut volumes = volumes_with(&[&label]);
     volumes.sort_by_key(|v| !v.ends_with("-merged"));
+    // A snapshot that committed nothing is its base image tagged, a tag that carries none of
+    // the deployment's labels: found by its snapshot's layer, untagged (the image stays).
+    for id in volumes
+        .iter()
+        .filter_map(|v| v.strip_prefix("daiv-snapshot-")?.strip_suffix("-data"))
+    {
+        docker_quietly(&["rmi", &format!("daiv-sandbox-snapshot:{id}")]);
+    }
     for v in volumes {
         docker_quietly(&["volume", "rm", "-f", &v]);
     }

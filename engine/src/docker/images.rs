@@ -147,6 +147,30 @@ pub(super) async fn list_images(
         .collect())
 }
 
+pub(super) async fn image_tags(
+    engine: &DockerEngine,
+    repository: &str,
+) -> Result<Vec<String>, EngineError> {
+    let found = engine
+        .docker
+        .list_images(Some(bollard::query_parameters::ListImagesOptions {
+            all: false,
+            filters: Some(std::collections::HashMap::from([(
+                "reference".to_string(),
+                vec![repository.to_string()],
+            )])),
+            ..Default::default()
+        }))
+        .await
+        .map_err(map_err)?;
+    let prefix = format!("{repository}:");
+    Ok(found
+        .into_iter()
+        .flat_map(|i| i.repo_tags)
+        .filter(|t| t.starts_with(&prefix))
+        .collect())
+}
+
 pub(super) async fn remove_image(
     engine: &DockerEngine,
     reference: &str,

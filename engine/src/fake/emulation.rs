@@ -459,6 +459,12 @@ impl ContainerEngine for FakeEngine {
         self.record_commit(id, spec)
     }
 
+    /// Asked (the call recorded), never known: a walk of the layer is the daemon's.
+    async fn writable_bytes(&self, id: &str) -> Result<Option<u64>, EngineError> {
+        self.check_up(format!("writable_bytes {id}")).await?;
+        Ok(None)
+    }
+
     async fn tag_image(&self, source: &str, reference: &str) -> Result<(), EngineError> {
         self.check_up(format!("tag_image {source}")).await?;
         self.record_tag(source, reference)
@@ -489,6 +495,19 @@ impl ContainerEngine for FakeEngine {
     async fn list_images(&self, labels: &[(&str, &str)]) -> Result<Vec<ImageInfo>, EngineError> {
         self.check_up("list_images".into()).await?;
         Ok(self.committed_with(labels))
+    }
+
+    async fn image_tags(&self, repository: &str) -> Result<Vec<String>, EngineError> {
+        self.check_up("image_tags".into()).await?;
+        let prefix = format!("{repository}:");
+        Ok(self.with(|s| {
+            s.images
+                .values()
+                .flat_map(|i| i.tags.iter())
+                .filter(|t| t.starts_with(&prefix))
+                .cloned()
+                .collect()
+        }))
     }
 
     async fn remove_image(&self, reference: &str) -> Result<(), EngineError> {

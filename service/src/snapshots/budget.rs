@@ -115,14 +115,19 @@ impl Snapshots {
     /// over `SNAPSHOT_SIZE_MAX_BYTES`, or more than the room `SNAPSHOT_MAX_BYTES` leaves (the
     /// records, deleted snapshots' layers still held, this replica's forks and snapshots in
     /// flight counted). The workspace is bounded
-    /// as it is copied ([`Reservation::copy_budget`]).
+    /// as it is copied ([`Reservation::copy_budget`]). Without `measure` (a snapshot that
+    /// keeps nothing of the writable layer) that layer counts for nothing.
     pub(super) async fn reserve(
         &self,
         id: &str,
         info: &ContainerInfo,
+        measure: bool,
     ) -> Result<Reservation<'_>, SnapshotError> {
         let caps = &self.config.snapshots;
-        let layer = self.engine.writable_bytes(&info.id).await?.unwrap_or(0);
+        let layer = match measure {
+            true => self.engine.writable_bytes(&info.id).await?.unwrap_or(0),
+            false => 0,
+        };
         if layer > caps.size_max {
             return Err(SnapshotError::TooLarge {
                 cap: caps.size_max,

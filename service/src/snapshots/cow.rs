@@ -51,12 +51,14 @@ impl Snapshots {
                 labels.insert(uses_label(id), "true".to_string());
             }
         }
-        let mut made: Vec<String> = Vec::new();
-        let mut mounts = Vec::new();
-        let result =
-            async {
-                for (key, at) in keys {
-                    let [merged, upper, work] = state_volumes(&token, key);
+        // The overlays of the directories side by side: each its upper and work volumes, then
+        // the overlay over them. What a failure leaves made is removed.
+        let one = |key: &'static str, at: &'static str| {
+            let (labels, stack, token) = (&labels, &stack, &token);
+            async move {
+                let [merged, upper, work] = state_volumes(token, key);
+                let mut made: Vec<String> = Vec::new();
+                let mount = async {
                     let mut dirs = Vec::new();
                     for name in [&upper, &work] {
                         let v = self
@@ -96,21 +98,36 @@ impl Snapshots {
                     }
                     self.engine.create_volume(&spec).await?;
                     made.push(merged.clone());
-                    mounts.push((merged, at.to_string()));
+                    Ok((merged.clone(), at.to_string()))
                 }
-                Ok(())
+                .await;
+                (made, mount)
             }
-            .await;
-        match result {
-            Ok(()) => Ok(Workspace {
+        };
+        let results = futures::future::join_all(keys.iter().map(|(key, at)| one(key, at))).await;
+        let mut made: Vec<String> = Vec::new();
+        let mut mounts = Vec::new();
+        let mut failed = None;
+        for (m, mount) in results {
+            made.extend(m);
+            match mount {
+                Ok(mount) => mounts.push(mount),
+                Err(e) => failed = failed.or(Some(e)),
+            }
+        }
+        match failed {
+            None => Ok(Workspace {
                 token,
                 mounts,
                 state,
                 seeded,
                 _pins: pins,
             }),
-            Err(e) => {
-                for name in made.iter().rev() {
+            Some(e) => {
+                // The overlays before the volumes under them.
+                let (overlays, under): (Vec<_>, Vec<_>) =
+                    made.iter().partition(|n| n.ends_with("-merged"));
+                for name in overlays.into_iter().chain(under) {
                     let _ = self.engine.remove_volume(name).await;
                 }
                 Err(e)
@@ -171,20 +188,23 @@ impl Snapshots {
 
     /// Removes a session's copy-on-write workspace (after its container is gone).
     pub async fn remove_workspace(&self, token: &str) {
-        // Each overlay before the volumes it is mounted over.
-        let names = crate::layout::STATE
+        let volumes: Vec<[String; 3]> = crate::layout::STATE
             .iter()
             .map(|(key, _)| state_volumes(token, key))
-            .flat_map(|[merged, upper, work]| [(0, merged), (1, upper), (1, work)]);
-        let mut names: Vec<_> = names.collect();
-        names.sort_by_key(|(order, _)| *order);
-        for (_, name) in names {
-            match self.engine.remove_volume(&name).await {
-                Ok(()) | Err(EngineError::NotFound) => {}
-                Err(e) => {
-                    tracing::warn!(volume = %name, error = %e, "workspace volume not removed")
+            .collect();
+        // Each overlay before the volumes it is mounted over; those of one kind side by side.
+        let merged = volumes.iter().map(|[merged, _, _]| merged);
+        let below = volumes.iter().flat_map(|[_, upper, work]| [upper, work]);
+        for names in [merged.collect::<Vec<_>>(), below.collect()] {
+            futures::future::join_all(names.into_iter().map(|name| async move {
+                match self.engine.remove_volume(name).await {
+                    Ok(()) | Err(EngineError::NotFound) => {}
+                    Err(e) => {
+                        tracing::warn!(volume = %name, error = %e, "workspace volume not removed")
+                    }
                 }
-            }
+            }))
+            .await;
         }
     }
 }

@@ -266,6 +266,7 @@ pub struct Workspace<'a> {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Timings {
     pub frozen: Duration,
+    /// The commit (in the freeze), or the tag of the base image (before it).
     pub commit: Duration,
     pub copy: Duration,
 }

@@ -115,6 +115,7 @@ impl Snapshots {
             self.remove_workspace(token).await;
         }
         self.sweep_held().await?;
+        self.sweep_tags().await?;
         // Payload without a record.
         let mut orphans: HashSet<String> = HashSet::new();
         for i in self.engine.list_images(&self.mine(ROLE_SNAPSHOT)).await? {
@@ -160,6 +161,39 @@ impl Snapshots {
 }
 
 impl Snapshots {
+    /// Snapshot tags whose layer is gone. A tag ([`ContainerEngine::tag_image`]) carries its
+    /// image's labels, not ours, so the listings by label miss it; one is left when its
+    /// snapshot is released while it is its image's only name and a container uses that image
+    /// (Docker refuses to untag then). No step of taking or releasing a snapshot has its tag
+    /// without its layer (the layer is made first and removed last), so such a tag is nobody's,
+    /// in any deployment.
+    async fn sweep_tags(&self) -> Result<(), EngineError> {
+        let tags = self.engine.image_tags(IMAGE_REPOSITORY).await?;
+        let pinned = self.ledger().protected();
+        for tag in tags {
+            let Some((_, id)) = tag.rsplit_once(':') else {
+                continue;
+            };
+            if pinned.contains(id) {
+                continue;
+            }
+            if let Err(EngineError::NotFound) = self.engine.inspect_volume(&data_volume(id)).await {
+                match self.engine.remove_image(&tag).await {
+                    Ok(()) | Err(EngineError::NotFound) => {
+                        tracing::info!(
+                            snapshot_id = id,
+                            "reaper: a snapshot's tag removed (its layer was gone)"
+                        )
+                    }
+                    Err(e) => {
+                        tracing::debug!(snapshot_id = id, error = %e, "reaper: a snapshot's tag still in use; kept")
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The volumes a copier copies from that are anonymous ones (a session's own: Docker
     /// names those with 64 hex digits, ours all have names), at `/from` or under it.
     async fn anonymous_sources(&self, copier: &str) -> Vec<String> {

@@ -9,9 +9,9 @@ use crate::engine::ImageInfo;
 impl Snapshots {
     /// Snapshots the session `info` (the caller holds its lock), whose image the caller
     /// inspected (`source`: a fork reads its environment too). A running session is frozen
-    /// while its container is committed and its workspace copied, side by side; a stopped one is
-    /// read as it is. On error nothing of the snapshot is left. The pin keeps the sweep off its
-    /// payload: a fork holds it until its forks' containers hold the payload.
+    /// while its container is committed (unless its base image is tagged instead, before) and
+    /// its workspace copied, side by side; a stopped one is read as it is. On error nothing of the snapshot is left. The pin
+    /// keeps the sweep off its payload: a fork holds it until its forks' containers hold it.
     pub async fn take(
         &self,
         info: &ContainerInfo,
@@ -21,7 +21,6 @@ impl Snapshots {
     ) -> Result<(Snapshot, Timings, Pin<'_>), SnapshotError> {
         let id = new_id(self.engine.id_prefix());
         let pin = self.pin(&id);
-        let reservation = self.reserve(&id, info).await?;
         let base_image = info.labels.get(IMAGE_LABEL).cloned().unwrap_or_default();
         // Over the session's snapshot's layers when it has them: only its changes are copied.
         // Its own workspace is copied whole by the same copier (holes stay holes).
@@ -56,13 +55,40 @@ impl Snapshots {
                 return Err(e.into());
             }
         };
+        // Everything that does not need the freeze is done before it: the holder or the
+        // copier, and whether the container's own layer needs a commit at all.
+        let holder = match self.holder(source, &id, (&data, layering.as_ref())).await {
+            Ok(holder) => holder,
+            Err(e) => {
+                self.discard(&id).await;
+                return Err(e.into());
+            }
+        };
+        // A session whose writable directories are all on its volumes, of an image where the
+        // sandbox user can write nothing else: its container's layer holds only what the
+        // service put there, which a session from the snapshot gets again. No commit: the
+        // snapshot's image is its base image, by another name, and that layer is not measured
+        // (Docker sizes a container by walking its whole root filesystem: seconds on
+        // fuse-overlayfs, for nothing the snapshot keeps).
+        let tag = match &layering {
+            Some(l) if l.state => self.commits_nothing(&holder, &source.id, info).await,
+            _ => false,
+        };
+        let reservation = match self.reserve(&id, info, !tag).await {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = self.engine.remove(&holder).await;
+                self.discard(&id).await;
+                return Err(e);
+            }
+        };
         let made = self
             .capture(
                 info,
                 source,
                 &id,
                 &base_image,
-                (&data, layering.as_ref()),
+                (&holder, tag, layering.as_ref()),
                 &reservation,
             )
             .await;
@@ -103,22 +129,15 @@ impl Snapshots {
         Ok((snapshot, timings, pin))
     }
 
-    /// The freeze, the commit and the copy (the session's changes as a layer over its
-    /// snapshot's when `layering` says how, its whole workspace otherwise); the bytes of the
-    /// image's own layer and of the copy.
-    async fn capture(
+    /// The holder (a never-started container for an archive copy of the workspace) or the
+    /// copier (of the session's changes into `data`, as a layer), made before the freeze.
+    async fn holder(
         &self,
-        info: &ContainerInfo,
         source: &ImageInfo,
         id: &str,
-        base_image: &str,
         (data, layering): (&VolumeInfo, Option<&Layering>),
-        reservation: &Reservation<'_>,
-    ) -> Result<(u64, u64, Timings), SnapshotError> {
-        // Everything that does not need the freeze is done before it: the commit's config (the
-        // source image's environment; its size is ours) and the holder or the copier.
-        let spec = self.commit_spec(info, id, &source.env, base_image);
-        let holder = match layering {
+    ) -> Result<String, EngineError> {
+        match layering {
             Some(l) => {
                 let from: Vec<_> = l
                     .from
@@ -126,21 +145,44 @@ impl Snapshots {
                     .map(|(key, v)| (l.state.then_some(*key), v.clone()))
                     .collect();
                 self.create_copier(id, &source.id, &from, &[(None, data.name.clone())])
-                    .await?
+                    .await
             }
             None => {
                 self.engine
                     .create(&self.holder_spec(id, &source.id, &data.name))
-                    .await?
+                    .await
             }
-        };
-        // A session whose writable directories are all on its volumes, of an image where the
-        // sandbox user can write nothing else: its container's layer holds only what the
-        // service put there, which a session from the snapshot gets again. No commit: the
-        // snapshot's image is its base image, by another name.
-        let tag = match layering {
-            Some(l) if l.state => self.commits_nothing(&holder, &source.id, info).await,
-            _ => false,
+        }
+    }
+
+    /// The freeze, the commit (or, with `tag`, the tag before it) and the copy by `holder` (the
+    /// session's changes as a layer over its snapshot's when `layering` says how, its whole
+    /// workspace otherwise); the bytes of the image's own layer and of the copy. The holder is
+    /// removed.
+    async fn capture(
+        &self,
+        info: &ContainerInfo,
+        source: &ImageInfo,
+        id: &str,
+        base_image: &str,
+        (holder, tag, layering): (&str, bool, Option<&Layering>),
+        reservation: &Reservation<'_>,
+    ) -> Result<(u64, u64, Timings), SnapshotError> {
+        // The commit's config (the source image's environment; its size is ours).
+        let spec = self.commit_spec(info, id, &source.env, base_image);
+        let holder = holder.to_string();
+        // The tag names the base image, which nothing the session does changes: made before the
+        // freeze (the caller discards it with the rest should the snapshot fail).
+        let tagged = match tag {
+            true => {
+                let t = std::time::Instant::now();
+                if let Err(e) = self.engine.tag_image(&source.id, &image_ref(id)).await {
+                    let _ = self.engine.remove(&holder).await;
+                    return Err(e.into());
+                }
+                Some(t.elapsed())
+            }
+            false => None,
         };
         let freeze = info.is_running();
         let started = std::time::Instant::now();
@@ -150,11 +192,10 @@ impl Snapshots {
         }
         let size_max = self.config.snapshots.size_max;
         let commit = async {
-            let t = std::time::Instant::now();
-            if tag {
-                self.engine.tag_image(&source.id, &image_ref(id)).await?;
-                return Ok::<_, SnapshotError>((None, t.elapsed()));
+            if let Some(took) = tagged {
+                return Ok::<_, SnapshotError>((None, took));
             }
+            let t = std::time::Instant::now();
             // Measured again frozen: what the sandbox wrote since the first measure (a sparse
             // file is made in an instant) cannot slip past the cap.
             if freeze {

@@ -18,7 +18,7 @@ use control_plane::engine::{
     ContainerEngine, ContainerSpec, ContainerStatus, DEPLOYMENT_LABEL, EGRESS_LABEL, MANAGED_LABEL,
     NetworkSpec, ROLE_EGRESS_GATEWAY, ROLE_EGRESS_NETWORK, ROLE_LABEL, ROLE_SANDBOX,
 };
-use control_plane::reaper::Reaper;
+use control_plane::reaper::{self, Reaper};
 
 use harness::{Harness, KEY, sid};
 
@@ -136,6 +136,46 @@ async fn stopped_sessions_past_the_grace_period_are_removed() -> TestResult {
     assert_eq!(sweep.expired, vec![old.clone()]);
     assert!(!w.exists(&old));
     assert!(w.exists(&recent) && w.exists(&unknown));
+    Ok(())
+}
+
+/// A sandbox between its create and its start (the listing caught a create in flight) is not a
+/// stopped one, however short the grace period and whatever the cap; one left unstarted past
+/// the guard (a create that died) is.
+#[tokio::test]
+async fn a_sandbox_created_and_not_yet_started_is_not_taken_for_a_stopped_one() -> TestResult {
+    let w = World::new(&[
+        ("SESSION_GRACE_SECONDS", "1"),
+        ("MAX_STOPPED_SESSIONS", "0"),
+    ]);
+    let created = |age: u64| {
+        let w = &w;
+        async move {
+            let spec = ContainerSpec {
+                labels: HashMap::from([
+                    (MANAGED_LABEL.to_string(), "true".to_string()),
+                    (DEPLOYMENT_LABEL.to_string(), "default".to_string()),
+                    (ROLE_LABEL.to_string(), ROLE_SANDBOX.to_string()),
+                ]),
+                init: true,
+                pids_limit: 10,
+                ..ContainerSpec::for_tests("img")
+            };
+            let id = w.engine.create(&spec).await?;
+            w.engine.set_times(&id, Some((NOW - age) as i64), None);
+            Ok::<_, Box<dyn std::error::Error>>(id)
+        }
+    };
+    let in_flight = created(3).await?;
+    let dead = created(reaper::CREATE_GUARD.as_secs() + 2).await?;
+    let sweep = w.reaper.sweep(at(NOW)).await?;
+    assert_eq!(sweep.expired, vec![dead.clone()]);
+    assert!(sweep.over_cap.is_empty(), "{:?}", sweep.over_cap);
+    assert!(w.exists(&in_flight) && !w.exists(&dead));
+    // Started, it is a session like any other.
+    w.engine.start(&in_flight).await?;
+    assert_eq!(w.reaper.sweep(at(NOW)).await?.removed(), 0);
+    assert!(w.exists(&in_flight));
     Ok(())
 }
 

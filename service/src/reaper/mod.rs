@@ -22,7 +22,8 @@
 //!    [`Snapshots::sweep`](crate::snapshots::Snapshots::sweep)).
 //!
 //! A paused session counts as stopped for the grace period, from its last request (the pause
-//! itself); it is never taken for the stopped-session cap.
+//! itself); it is never taken for the stopped-session cap. A sandbox created and never started
+//! is a create in flight for [`CREATE_GUARD`], then stopped since its creation.
 //!
 //! Unclaimed warm-pool members are left alone (each sweep wakes the pool's refill, which
 //! replaces dead and stale ones); claimed ones are sessions like any other.
@@ -90,7 +91,7 @@ impl crate::background::Background for Reaper {
 }
 
 #[cfg(test)]
-use remove::{NANOS, idle_for, stopped_at};
+use remove::{NANOS, creating, idle_for, stopped_at};
 
 /// Concurrent inspects while reading stop times.
 const INSPECT_CONCURRENCY: usize = 8;
@@ -99,6 +100,11 @@ const IDLE_CONCURRENCY: usize = 8;
 /// Longest a snapshot's payload or a session's workspace may go without its record or container
 /// before the sweep takes it for garbage (a snapshot or create in flight has them first).
 pub const PAYLOAD_GUARD: Duration = Duration::from_secs(600);
+/// Longest a sandbox may stay created and never started while its create is in flight (the
+/// create, the skeleton's put and the start are engine calls of up to 120 s each): younger, it is
+/// neither expired nor counted against the stopped cap, however short the grace period. Counted
+/// from its creation second, which the engine reports truncated.
+pub const CREATE_GUARD: Duration = Duration::from_secs(600);
 /// Longest an idle session's helper may take to say whether background processes run.
 pub const PROCESS_CHECK: Duration = Duration::from_secs(5);
 

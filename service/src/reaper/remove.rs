@@ -32,7 +32,8 @@ impl Reaper {
         }
 
         let mut survivors = Vec::new();
-        for info in stopped {
+        // A create in flight is not a stopped session: its sandbox is `created` until started.
+        for info in stopped.into_iter().filter(|c| !creating(c, now)) {
             if self.expired(&info, now).await {
                 let outcome = self.remove_guarded(&info.id, Why::Expired, now).await;
                 out.record(&info.id, Why::Expired, outcome);
@@ -212,6 +213,7 @@ impl Reaper {
             };
         }
         !info.is_running()
+            && !creating(info, now)
             && stopped_at(info).is_some_and(|t| {
                 t.saturating_add(i128::from(self.policy.grace.as_secs()) * NANOS) <= unix_nanos(now)
             })
@@ -269,7 +271,7 @@ impl Reaper {
         };
         let still = match why {
             Why::Expired => self.expired(&info, now).await,
-            Why::OverCap => !info.is_running() && !info.is_paused(),
+            Why::OverCap => !info.is_running() && !info.is_paused() && !creating(&info, now),
             Why::Idle => info.is_running() && self.still_idle(&info, now).await,
             Why::Lifetime => true,
             Why::Deadline => self.past_deadline(id, now).await,
@@ -369,6 +371,22 @@ pub(super) fn stopped_at(info: &ContainerInfo) -> Option<i128> {
         (None, ContainerStatus::Created) => info.created.map(|s| i128::from(s) * NANOS),
         (None, _) => None,
     }
+}
+
+/// Created, never started, and younger than [`CREATE_GUARD`](super::CREATE_GUARD): a create in
+/// flight (the sweep listed it between its create and its start).
+pub(super) fn creating(info: &ContainerInfo, now: SystemTime) -> bool {
+    let never_started = info
+        .finished_at
+        .as_deref()
+        .and_then(crate::time::parse_rfc3339)
+        .is_none_or(|t| t.unix_timestamp_nanos() <= 0);
+    matches!(info.status, ContainerStatus::Created)
+        && never_started
+        && info.created.is_some_and(|c| {
+            // The creation second is truncated: one more second for what it dropped.
+            (i128::from(c) + 1) * NANOS + super::CREATE_GUARD.as_nanos() as i128 > unix_nanos(now)
+        })
 }
 
 pub(super) const NANOS: i128 = 1_000_000_000;

@@ -53,3 +53,36 @@ fn stop_time_is_finished_at_or_creation_of_a_never_started_container() {
     info.finished_at = None;
     assert_eq!(stopped_at(&info), Some(100 * NANOS));
 }
+
+#[test]
+fn a_never_started_sandbox_is_a_create_in_flight_for_the_guard_from_its_truncated_second() {
+    let info = ContainerInfo {
+        id: "x".into(),
+        name: "x".into(),
+        image_id: None,
+        status: ContainerStatus::Created,
+        created: Some(100),
+        labels: Default::default(),
+        finished_at: Some("0001-01-01T00:00:00Z".into()),
+        memory_bytes: None,
+        nano_cpus: None,
+        env: Vec::new(),
+        volumes: Vec::new(),
+    };
+    let guard = CREATE_GUARD.as_secs();
+    // Created at 100.9 s reads as 100: still in flight a whole guard after 101.
+    assert!(creating(&info, at(101)));
+    assert!(creating(&info, at(100 + guard)));
+    assert!(!creating(&info, at(101 + guard)));
+    // Started once (it has a stop time), or running: not a create.
+    let ran = ContainerInfo {
+        finished_at: Some("2026-06-01T12:34:56Z".into()),
+        ..info.clone()
+    };
+    assert!(!creating(&ran, at(101)));
+    let running = ContainerInfo {
+        status: ContainerStatus::Running,
+        ..info
+    };
+    assert!(!creating(&running, at(101)));
+}

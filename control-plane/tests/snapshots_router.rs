@@ -751,3 +751,102 @@ async fn state_sessions_keep_home_and_tmp_as_layers_and_commit_nothing() {
     delete_all_and_sweep(&h, &[s1, s2, s3], [&first, &second, &third]).await;
     assert_eq!(snapshot_objects(&h), before);
 }
+
+/// The layer workers on the engine, by id.
+async fn workers(h: &Harness) -> Vec<String> {
+    let mut ids: Vec<String> = h
+        .engine
+        .list(&[(
+            control_plane::engine::ROLE_LABEL,
+            control_plane::snapshots::ROLE_LAYER_WORKER,
+        )])
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| c.id)
+        .collect();
+    ids.sort();
+    ids
+}
+
+/// Every snapshot of an image's sessions is copied by one long-lived worker (no container is
+/// made for the second), which a worker removed behind the service's back does not break, and
+/// which goes once idle; another replica's worker past twice the age limit is the sweep's.
+#[tokio::test]
+async fn one_layer_worker_copies_every_snapshot_of_an_image_and_goes_when_idle() {
+    let engine = control_plane::engine::fake::FakeEngine::default();
+    let h = Harness::new(engine.clone(), &[("SNAPSHOT_STATE", "volumes")]);
+    let first = h.session().await;
+    write(&h, &first, "a.txt", "a").await;
+    let s1 = snapshot(&h, &first, json!({})).await;
+    let made = workers(&h).await;
+    assert_eq!(made.len(), 1, "{made:?}");
+    let second = h.create(json!({"snapshot_id": s1})).await;
+    write(&h, &second, "b.txt", "b").await;
+    let creates = |h: &Harness| {
+        h.engine
+            .calls()
+            .iter()
+            .filter(|c| c.starts_with("create "))
+            .count()
+    };
+    let before = creates(&h);
+    let s2 = snapshot(&h, &second, json!({})).await;
+    assert_eq!(creates(&h), before, "the second snapshot made a container");
+    assert_eq!(workers(&h).await, made);
+    assert_eq!(layer_files(&h, &s2), ["repo/b.txt"]);
+
+    // Removed behind the service's back: the next snapshot gets a new one.
+    h.engine.remove(&made[0]).await.unwrap();
+    let third = h.create(json!({"snapshot_id": s2})).await;
+    write(&h, &third, "c.txt", "c").await;
+    let s3 = snapshot(&h, &third, json!({})).await;
+    assert_eq!(layer_files(&h, &s3), ["repo/c.txt"]);
+    let now = workers(&h).await;
+    assert!(now.len() == 1 && now != made, "{now:?}");
+
+    // Another replica's (it died): swept once past twice the age limit, not before; ours stays.
+    let spec = control_plane::engine::ContainerSpec {
+        labels: std::collections::HashMap::from([
+            (
+                control_plane::engine::MANAGED_LABEL.to_string(),
+                "true".to_string(),
+            ),
+            (
+                control_plane::engine::ROLE_LABEL.to_string(),
+                control_plane::snapshots::ROLE_LAYER_WORKER.to_string(),
+            ),
+            (
+                control_plane::engine::DEPLOYMENT_LABEL.to_string(),
+                "default".to_string(),
+            ),
+        ]),
+        ..control_plane::engine::ContainerSpec::for_tests("img")
+    };
+    let theirs = h.engine.create(&spec).await.unwrap();
+    h.engine.start(&theirs).await.unwrap();
+    let unix = |d: u64| {
+        (std::time::SystemTime::now() - std::time::Duration::from_secs(d))
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64
+    };
+    h.engine.set_times(&theirs, Some(unix(30 * 60)), None);
+    let sweep = || async {
+        h.cell()
+            .reaper()
+            .sweep(std::time::SystemTime::now())
+            .await
+            .unwrap();
+    };
+    sweep().await;
+    assert!(workers(&h).await.contains(&theirs), "swept too young");
+    h.engine.set_times(&theirs, Some(unix(2 * 60 * 60)), None);
+    sweep().await;
+    assert_eq!(workers(&h).await, now);
+
+    // Idle (here: the shutdown's "all"), it goes.
+    h.cell().snapshots().retire_idle_workers(true).await;
+    assert!(workers(&h).await.is_empty());
+    delete_all_and_sweep(&h, &[s1, s2, s3], [&first, &second, &third]).await;
+}

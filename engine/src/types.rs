@@ -51,6 +51,9 @@ pub struct ContainerSpec {
     /// Named volumes (name, path) mounted without Docker's copy of the image's content into
     /// them; their lifecycle is the caller's.
     pub named_volumes: Vec<(String, String)>,
+    /// Host directories (host path, path) bound without the mounts under them (non-recursive):
+    /// what the service's own workers read and write by path, never a sandbox.
+    pub host_dirs: Vec<(String, String)>,
     /// `json-file` log options (`max-size`, `max-file`): what a container prints cannot fill
     /// the host's disk. Empty = the daemon's defaults.
     pub log_options: Vec<(String, String)>,
@@ -88,6 +91,7 @@ impl ContainerSpec {
             network: NetworkAttach::None,
             volumes: Vec::new(),
             named_volumes: Vec::new(),
+            host_dirs: Vec::new(),
             log_options: Vec::new(),
             auto_remove: false,
             skeleton: Vec::new(),

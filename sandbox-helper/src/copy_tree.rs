@@ -1,4 +1,4 @@
-//! `copy-tree FROM TO [--max-bytes N]`: a faithful copy of a directory tree that an untrusted
+//! `copy-tree FROM TO [FROM TO...] [--max-bytes N]`: a faithful copy of a directory tree that an untrusted
 //! sandbox wrote (an overlayfs upper directory, frozen by now) into a fresh directory that
 //! becomes an immutable overlay lower layer.
 //!
@@ -100,11 +100,11 @@ impl fmt::Display for CopyError {
 
 impl std::error::Error for CopyError {}
 
-/// `copy-tree FROM TO [--max-bytes N]`: the JSON of [`Copied`] on stdout and exit 0; over the
-/// cap, `over cap: N bytes` on stderr and exit 3; any other failure, one line naming the path
-/// relative to FROM on stderr and exit 1.
-pub fn command(from: &Path, to: &Path, max_bytes: Option<u64>) -> ExitCode {
-    match copy_tree(from, to, max_bytes) {
+/// `copy-tree FROM TO [FROM TO...] [--max-bytes N]`: the JSON of [`Copied`] (all pairs'
+/// sum) on stdout and exit 0; over the cap, `over cap: N bytes` on stderr and exit 3; any other
+/// failure, one line naming the path relative to its FROM on stderr and exit 1.
+pub fn command(pairs: &[(&Path, &Path)], max_bytes: Option<u64>) -> ExitCode {
+    match copy_trees(pairs, max_bytes) {
         Ok(copied) => match serde_json::to_string(&copied) {
             Ok(line) => {
                 println!("{line}");
@@ -128,6 +128,29 @@ pub fn command(from: &Path, to: &Path, max_bytes: Option<u64>) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// [`copy_tree`] of each pair in turn, under one budget: a TO that does not exist is made
+/// (owner-only; its copy takes FROM root's attributes) in its parent, which is trusted (the
+/// service's layer worker copies a session's volumes, each into a directory of the new layer).
+pub fn copy_trees(pairs: &[(&Path, &Path)], max_bytes: Option<u64>) -> Result<Copied, CopyError> {
+    let mut total = Copied::default();
+    for (from, to) in pairs {
+        match rustix::fs::mkdir(*to, Mode::from_raw_mode(0o700)) {
+            Ok(()) | Err(Errno::EXIST) => {}
+            Err(e) => return Err(fail(b"", "cannot create the destination")(e)),
+        }
+        let left = max_bytes.map(|m| m.saturating_sub(total.bytes));
+        let copied = copy_tree(from, to, left).map_err(|e| match e {
+            CopyError::OverCap { .. } => CopyError::OverCap {
+                cap: max_bytes.unwrap_or(u64::MAX),
+            },
+            e => e,
+        })?;
+        total.bytes = total.bytes.saturating_add(copied.bytes);
+        total.files = total.files.saturating_add(copied.files);
+    }
+    Ok(total)
 }
 
 /// Copies the tree under the directory `from` into the existing directory `to` (see the
@@ -714,6 +737,44 @@ mod tests {
             CopyError::Failed { path, reason } => (path, reason),
             e => panic!("unexpected {e}"),
         }
+    }
+
+    /// The layer worker's shape: each volume into a directory of the layer that the copy
+    /// makes, the root's mode carried over, and one budget for all of them.
+    #[test]
+    fn pairs_make_their_destinations_and_share_one_budget() {
+        let (tmp, src, dst) = setup();
+        let other = tmp.path().join("other");
+        fs::create_dir(&other).expect("mkdir");
+        fs::set_permissions(&other, fs::Permissions::from_mode(0o1777)).expect("chmod");
+        fs::write(src.join("a"), [1; 600]).expect("write");
+        fs::write(other.join("b"), [2; 600]).expect("write");
+        let (home, tmpdir) = (dst.join("home"), dst.join("tmp"));
+        let pairs = [
+            (src.as_path(), home.as_path()),
+            (other.as_path(), tmpdir.as_path()),
+        ];
+        let copied = copy_trees(&pairs, None).expect("copy");
+        assert_eq!(
+            copied,
+            Copied {
+                bytes: 2 * (HEADER + 600),
+                files: 2
+            }
+        );
+        assert_eq!(fs::read(home.join("a")).expect("a"), [1; 600]);
+        assert_eq!(fs::read(tmpdir.join("b")).expect("b"), [2; 600]);
+        assert_eq!(lstat(&tmpdir).mode() & 0o7777, 0o1777);
+
+        // Each pair alone is within 1,500 bytes; both are not.
+        let (_tmp2, _, dst2) = setup();
+        let (h2, t2) = (dst2.join("home"), dst2.join("tmp"));
+        let pairs = [
+            (src.as_path(), h2.as_path()),
+            (other.as_path(), t2.as_path()),
+        ];
+        let err = copy_trees(&pairs, Some(1_500)).expect_err("over the shared budget");
+        assert!(matches!(err, CopyError::OverCap { cap: 1_500 }), "{err}");
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::process::ExitCode;
 use sandbox_helper::identity::{self, Identity, Ids};
 use sandbox_helper::{copy_tree, procs, server, writable, write_file};
 
-const USAGE: &str = "usage: daiv-sandbox-helper serve [--root DIR] [--service-dir DIR] [--processes NAME] [--user U:G --helper-user H:G] | init [--processes NAME] [--user U:G --helper-user H:G] | write-file PATH MODE [-- CMD...] | copy-tree FROM TO [--max-bytes N] | writable-paths --uids A-B --gids C-D [--except /P1,/P2,...] | --version";
+const USAGE: &str = "usage: daiv-sandbox-helper serve [--root DIR] [--service-dir DIR] [--processes NAME] [--user U:G --helper-user H:G] | init [--processes NAME] [--user U:G --helper-user H:G] | write-file PATH MODE [-- CMD...] | copy-tree FROM TO [FROM TO...] [--max-bytes N] | writable-paths --uids A-B --gids C-D [--except /P1,/P2,...] | --version";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -89,16 +89,23 @@ fn main() -> ExitCode {
                 _ => usage(),
             }
         }
-        ["copy-tree", from, to, rest @ ..] => {
-            let max_bytes = match rest {
-                [] => None,
-                ["--max-bytes", n] => match n.parse() {
-                    Ok(n) => Some(n),
+        ["copy-tree", rest @ ..] => {
+            // FROM TO pairs, then the one budget they share.
+            let (pairs, max_bytes) = match rest {
+                [pairs @ .., "--max-bytes", n] => match n.parse() {
+                    Ok(n) => (pairs, Some(n)),
                     Err(_) => return usage(),
                 },
-                _ => return usage(),
+                pairs => (pairs, None),
             };
-            copy_tree::command(Path::new(from), Path::new(to), max_bytes)
+            if pairs.is_empty() || pairs.len() % 2 != 0 || pairs.contains(&"--max-bytes") {
+                return usage();
+            }
+            let pairs: Vec<(&Path, &Path)> = pairs
+                .chunks(2)
+                .map(|p| (Path::new(p[0]), Path::new(p[1])))
+                .collect();
+            copy_tree::command(&pairs, max_bytes)
         }
         ["writable-paths", rest @ ..] => match writable::Args::parse(rest) {
             Some(args) => writable::command(&args),

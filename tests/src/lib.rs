@@ -353,6 +353,19 @@ pub fn containers_with(labels: &[&str]) -> Vec<String> {
     listed(&["ps", "-aq", "--no-trunc"], labels)
 }
 
+/// Ids of the containers matching every `label=...` filter given but the service's layer
+/// workers: long-lived copiers a replica keeps per image while snapshots are taken, removed
+/// once idle (`docs/api/snapshots.md`), which a check for sessions left is not about.
+pub fn containers_but_workers(labels: &[&str]) -> Vec<String> {
+    let mut with_role = labels.to_vec();
+    with_role.push("daiv.sandbox.role=layer-worker");
+    let workers = containers_with(&with_role);
+    containers_with(labels)
+        .into_iter()
+        .filter(|c| !workers.contains(c))
+        .collect()
+}
+
 /// Names of the networks matching every `label=...` filter given.
 pub fn networks_with(labels: &[&str]) -> Vec<String> {
     listed(&["network", "ls", "--format", "{{.Name}}"], labels)

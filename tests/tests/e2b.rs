@@ -10,7 +10,9 @@ use std::process::{Command, Stdio};
 use anyhow::{Context, Result, bail};
 use e2e::egress::EgressStack;
 use e2e::python::{repo_root, venv_python};
-use e2e::{ControlPlane, DEBIAN, DeploymentGuard, containers_with, free_port, require_image};
+use e2e::{
+    ControlPlane, DEBIAN, DeploymentGuard, containers_but_workers, free_port, require_image,
+};
 use serde_json::{Value, json};
 
 const NEWEST: &str = "e2b-2.63.0";
@@ -80,7 +82,7 @@ async fn drive(sdk: &str, url: &str, key: &str, scenario: &str, params: Value) -
 /// Nothing of the deployment left running once the program killed its sandboxes.
 fn assert_nothing_left(cp: &ControlPlane) {
     let label = format!("daiv.deployment={}", cp.deployment);
-    let left = containers_with(&[&label]);
+    let left = containers_but_workers(&[&label]);
     assert!(left.is_empty(), "containers left: {left:?}");
 }
 

@@ -17,7 +17,7 @@ use anyhow::{Context, Result, bail};
 use e2e::egress::EgressStack;
 use e2e::python::{repo_root, venv_python};
 use e2e::{
-    BUSYBOX, ControlPlane, DEBIAN, DeploymentGuard, Session, containers_with, docker,
+    BUSYBOX, ControlPlane, DEBIAN, DeploymentGuard, Session, containers_but_workers, docker,
     networks_with, require_image, volumes_with,
 };
 use reqwest::Method;
@@ -390,7 +390,7 @@ async fn an_agent_turn_through_the_tools_with_egress_leaves_nothing_and_no_secre
     // docs/api/snapshots.md), and the turn's snapshot, once deleted, is gone too.
     let label = format!("daiv.sandbox.deployment={}", cp.deployment);
     assert_eq!(
-        containers_with(&[&label]),
+        containers_but_workers(&[&label]),
         Vec::<String>::new(),
         "containers left"
     );
@@ -661,7 +661,7 @@ async fn the_stdio_bridge_initialises_and_runs_a_tool() -> Result<()> {
     assert_eq!(v["close"]["closed"], true, "{v}");
     let label = format!("daiv.sandbox.deployment={}", cp.deployment);
     assert_eq!(
-        containers_with(&[&label]),
+        containers_but_workers(&[&label]),
         Vec::<String>::new(),
         "sessions left"
     );

@@ -19,8 +19,8 @@ use e2e::egress::{EgressSettings, Upstream, gateway_of, start_upstream};
 use e2e::scan::{dir_contains, scan, scan_maybe_compressed, snapshot_contains};
 use e2e::workspace::{Member, seed, tar_of};
 use e2e::{
-    BUSYBOX, ControlPlane, DEBIAN, DeploymentGuard, Session, containers_with, docker, eventually,
-    images_with, inspect, require_image, volumes_with,
+    BUSYBOX, ControlPlane, DEBIAN, DeploymentGuard, Session, containers_but_workers,
+    containers_with, docker, eventually, images_with, inspect, require_image, volumes_with,
 };
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -1486,7 +1486,7 @@ async fn deleting_a_snapshot_in_use_is_safe_and_everything_goes_once_its_session
     assert_eq!(cp.force_close(&restored).await?, 204);
     assert_eq!(cp.force_close(&chained).await?, 204);
     let left = || {
-        let mut all: Vec<String> = containers_with(&[&label])
+        let mut all: Vec<String> = containers_but_workers(&[&label])
             .into_iter()
             .map(|c| format!("container {c}"))
             .collect();
@@ -1927,7 +1927,7 @@ async fn generations(image: &str, runtime: &str, layers: &str, state: &str) -> R
         let left: Vec<String> = volumes_with(&[&label])
             .into_iter()
             .chain(images_with(&[&label]))
-            .chain(containers_with(&[&label]))
+            .chain(containers_but_workers(&[&label]))
             .collect();
         Ok(left.is_empty().then_some(()))
     })

@@ -188,7 +188,10 @@ pub(super) fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
             typ: Some("json-file".to_string()),
             config: Some(spec.log_options.iter().cloned().collect()),
         }),
-        mounts: (!spec.volumes.is_empty() || !spec.named_volumes.is_empty()).then(|| {
+        mounts: (!spec.volumes.is_empty()
+            || !spec.named_volumes.is_empty()
+            || !spec.host_dirs.is_empty())
+        .then(|| {
             let anonymous = spec.volumes.iter().map(|target| Mount {
                 target: Some(target.clone()),
                 typ: Some(MountType::VOLUME),
@@ -204,7 +207,17 @@ pub(super) fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
                 }),
                 ..Default::default()
             });
-            anonymous.chain(named).collect()
+            let binds = spec.host_dirs.iter().map(|(source, target)| Mount {
+                target: Some(target.clone()),
+                source: Some(source.clone()),
+                typ: Some(MountType::BIND),
+                bind_options: Some(bollard::models::MountBindOptions {
+                    non_recursive: Some(true),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            });
+            anonymous.chain(named).chain(binds).collect()
         }),
         ..Default::default()
     };

@@ -23,9 +23,10 @@ fn unavailable(e: impl std::fmt::Display) -> EngineError {
 }
 
 impl FakeEngine {
-    /// The host directory holding volume `name`'s content.
+    /// The host directory holding volume `name`'s content, where Docker's local driver has it
+    /// under its root (`volumes/<name>/_data`).
     pub fn volume_dir(&self, name: &str) -> PathBuf {
-        self.dirs.root.join(format!("vol-{name}"))
+        self.dirs.root.join("volumes").join(name).join("_data")
     }
 
     /// The named volume container `id` has at `at`, if any.
@@ -80,6 +81,16 @@ impl FakeEngine {
     fn mounted_dir(&self, id: &str, path: &str) -> Option<PathBuf> {
         if let Some(v) = self.mounted_volume(id, path) {
             return Some(self.volume_dir(&v));
+        }
+        let bound = self.with(|s| {
+            let (spec, _) = s.containers.get(id)?;
+            spec.host_dirs
+                .iter()
+                .find(|(_, target)| target == path)
+                .map(|(host, _)| PathBuf::from(host))
+        });
+        if bound.is_some() {
+            return bound;
         }
         let (parent, name) = path.rsplit_once('/')?;
         if parent.is_empty() {
@@ -161,7 +172,7 @@ impl FakeEngine {
                 .map(drop)
                 .ok_or(EngineError::NotFound)
         })?;
-        let _ = std::fs::remove_dir_all(self.volume_dir(name));
+        let _ = std::fs::remove_dir_all(self.dirs.root.join("volumes").join(name));
         Ok(())
     }
 
@@ -507,45 +518,54 @@ fn tree_bytes(dir: &Path) -> std::io::Result<u64> {
 }
 
 impl FakeEngine {
-    /// The helper's `copy-tree FROM TO --max-bytes N` in container `id`, over the volumes it
-    /// mounts there: an overlay's upper gives what the overlay changed (see the module's doc).
-    /// Answers what the helper prints, and its exit status (3 past the budget).
+    /// The helper's `copy-tree FROM TO [FROM TO...] --max-bytes N` in container `id`, over the
+    /// volumes it mounts there (or the host directories it binds): an overlay's upper gives
+    /// what the overlay changed (see the module's doc). Answers what the helper prints, and its
+    /// exit status (3 past the budget).
     pub(super) fn copy_tree_exec(&self, id: &str, args: &[String]) -> super::FakeExec {
         let fail = |e: String| super::FakeExec {
             chunks: vec![format!("copy-tree: {e}\n").into_bytes()],
             exit_code: 1,
         };
-        let [from, to, flag, max] = args else {
+        let [pairs @ .., flag, max] = args else {
             return fail("usage".into());
         };
-        let (Some(to_dir), "--max-bytes", Ok(max)) =
-            (self.mounted_dir(id, to), flag.as_str(), max.parse::<u64>())
-        else {
+        let (true, Ok(max)) = (flag == "--max-bytes", max.parse::<u64>()) else {
             return fail("usage".into());
         };
-        // A volume at FROM (or above it), or one under it per key.
-        let sources = match self.mounted_dir(id, from) {
-            Some(dir) => vec![(dir, to_dir.clone())],
-            None => self
-                .mounted_under(id, from)
-                .into_iter()
-                .map(|(key, v)| (self.volume_dir(&v), to_dir.join(key)))
-                .collect(),
-        };
-        if sources.is_empty() {
+        if pairs.is_empty() || pairs.len() % 2 != 0 {
             return fail("usage".into());
         }
-        for (from_dir, to) in sources {
-            if let Err(e) =
-                std::fs::create_dir_all(&to).and_then(|()| self.copy_one(&from_dir, &to))
-            {
-                return fail(e.to_string());
+        let mut bytes = 0u64;
+        for pair in pairs.chunks(2) {
+            let (from, to) = (&pair[0], &pair[1]);
+            let Some(to_dir) = self.mounted_dir(id, to) else {
+                return fail("usage".into());
+            };
+            // A volume at FROM (or above it), or one under it per key.
+            let sources = match self.mounted_dir(id, from) {
+                Some(dir) => vec![(dir, to_dir.clone())],
+                None => self
+                    .mounted_under(id, from)
+                    .into_iter()
+                    .map(|(key, v)| (self.volume_dir(&v), to_dir.join(key)))
+                    .collect(),
+            };
+            if sources.is_empty() {
+                return fail("usage".into());
+            }
+            for (from_dir, to) in sources {
+                if let Err(e) =
+                    std::fs::create_dir_all(&to).and_then(|()| self.copy_one(&from_dir, &to))
+                {
+                    return fail(e.to_string());
+                }
+            }
+            match tree_bytes(&to_dir) {
+                Ok(b) => bytes = bytes.saturating_add(b),
+                Err(e) => return fail(e.to_string()),
             }
         }
-        let bytes = match tree_bytes(&to_dir) {
-            Ok(b) => b,
-            Err(e) => return fail(e.to_string()),
-        };
         if bytes > max {
             return super::FakeExec {
                 chunks: vec![format!("over cap: {bytes} bytes\n").into_bytes()],

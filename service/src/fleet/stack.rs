@@ -179,6 +179,8 @@ impl Stack {
         tasks.push(tokio::spawn(async move {
             snapshots.probe_layers_at_start().await
         }));
+        // Layer workers pin their images: idle ones go whether the reaper runs or not.
+        tasks.push(tokio::spawn(self.snapshots.clone().run_worker_expiry()));
         if let Some(every) = self.sessions.config_metrics_interval() {
             tasks.push(self.sessions.clone().spawn_sampler(every));
         }
@@ -196,6 +198,10 @@ impl Stack {
                 p.shutdown(PROBE_SHUTDOWN_WAIT).await;
             }
         };
-        tokio::join!(self.refill.shutdown(), probes);
+        tokio::join!(
+            self.refill.shutdown(),
+            probes,
+            self.snapshots.retire_idle_workers(true)
+        );
     }
 }

@@ -390,6 +390,7 @@ impl SandboxFactory {
                 .map(String::from)
                 .collect(),
             named_volumes: Vec::new(),
+            host_dirs: Vec::new(),
             log_options: Vec::new(),
             auto_remove: false,
             skeleton: [user_dirs(user, state).into()]

@@ -79,6 +79,26 @@ pub(super) fn lowers_of(v: &VolumeInfo) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// What copies a snapshot's layer: a copier of its own, or a worker.
+#[derive(Debug, Clone)]
+pub(super) enum Copier {
+    /// Made for this snapshot (its volumes at `/from` and `/to`), removed after it.
+    Own(String),
+    /// A long-lived worker; the copy's `(from, to)` paths in it.
+    Worker {
+        id: String,
+        pairs: Vec<(String, String)>,
+    },
+}
+
+impl Copier {
+    pub(super) fn id(&self) -> &str {
+        match self {
+            Self::Own(id) | Self::Worker { id, .. } => id,
+        }
+    }
+}
+
 /// How a snapshot's layer is copied with `copy-tree`: a session's changes over the stack of the
 /// snapshot it came from, or a whole workspace of its own (a base layer: no lowers).
 #[derive(Debug, Clone)]
@@ -91,6 +111,9 @@ pub(super) struct Layering {
     /// Whether the session keeps every state directory on volumes: the layer holds them
     /// all, and nothing is committed.
     pub(super) state: bool,
+    /// Whether every volume copied is a plain one (not an overlay's merged view): a layer
+    /// worker can copy it by path (see `worker`).
+    pub(super) plain: bool,
 }
 
 impl Layering {
@@ -154,6 +177,7 @@ impl Snapshots {
                 from,
                 lowers: Vec::new(),
                 state,
+                plain: true,
             });
         };
         let part = |i: usize| -> Vec<(&'static str, String)> {
@@ -172,6 +196,7 @@ impl Snapshots {
                 from: part(0),
                 lowers: Vec::new(),
                 state,
+                plain: true,
             });
         }
         if ws.labels.get(LAYERED_LABEL).map(String::as_str) != Some("userxattr") {
@@ -193,6 +218,7 @@ impl Snapshots {
                 from: part(1),
                 lowers,
                 state,
+                plain: true,
             }
         } else {
             // The deepest stack, or copies: the session's whole view (the overlays, mounted
@@ -201,11 +227,12 @@ impl Snapshots {
                 from: part(0),
                 lowers: Vec::new(),
                 state,
+                plain: false,
             }
         })
     }
 
-    /// A copier for `from` into `to`, created (not started) before the freeze.
+    /// A copier for `from` into `to`, created and started before the freeze.
     pub(super) async fn create_copier(
         &self,
         id: &str,
@@ -223,14 +250,31 @@ impl Snapshots {
             .map(|m| at(COPY_FROM, m))
             .chain(to.iter().map(|m| at(COPY_TO, m)))
             .collect();
-        let spec = ContainerSpec {
+        let mut spec = self.copier_spec(image, named_volumes);
+        spec.labels = self.labels(ROLE_LAYER_COPIER, id);
+        let id = self.engine.create(&spec).await?;
+        if let Err(e) = self.engine.start(&id).await {
+            let _ = self.engine.remove(&id).await;
+            return Err(e);
+        }
+        Ok(id)
+    }
+
+    /// A copier's container (a layer worker's too): the helper's keep-alive, root with what a
+    /// faithful copy needs, no network, runc.
+    pub(super) fn copier_spec(
+        &self,
+        image: &str,
+        named_volumes: Vec<(String, String)>,
+    ) -> ContainerSpec {
+        ContainerSpec {
             name: None,
             image: image.to_string(),
             entrypoint: Some(Vec::new()),
             // The helper's keep-alive without an identity to take: it stays root.
             cmd: Some(vec![layout::HELPER.to_string(), "init".to_string()]),
             env: Vec::new(),
-            labels: self.labels(ROLE_LAYER_COPIER, id),
+            labels: HashMap::new(),
             user: Some("0:0".to_string()),
             // What a faithful copy needs as root: owners, modes and times of any file,
             // whiteouts (character devices), reading whatever the sandbox made unreadable.
@@ -246,28 +290,27 @@ impl Snapshots {
             network: NetworkAttach::None,
             volumes: Vec::new(),
             named_volumes,
+            host_dirs: Vec::new(),
             log_options: Vec::new(),
             auto_remove: false,
             skeleton: copier_skeleton(self.helper.as_ref()),
-        };
-        let id = self.engine.create(&spec).await?;
-        if let Err(e) = self.engine.start(&id).await {
-            let _ = self.engine.remove(&id).await;
-            return Err(e);
         }
-        Ok(id)
     }
 
-    /// Copies the copier's `/from` into its `/to`, at most `budget` bytes counted (its files
-    /// and a header per entry, as an archive of it weighs); the bytes counted, or the
-    /// reservation's refusal past the budget.
+    /// Copies the session's changes into the new layer (a copier's `/from` into its `/to`, or
+    /// a worker's pairs), at most `budget` bytes counted (its files and a header per entry, as
+    /// an archive of it weighs); the bytes counted, or the reservation's refusal past the budget.
     pub(super) async fn copy_layer(
         &self,
-        copier: &str,
+        copier: &Copier,
         reservation: &budget::Reservation<'_>,
     ) -> Result<u64, SnapshotError> {
         let budget = reservation.copy_budget;
-        match self.run_copy(copier, (COPY_FROM, COPY_TO), budget).await? {
+        let pairs = match copier {
+            Copier::Own(_) => vec![(COPY_FROM.to_string(), COPY_TO.to_string())],
+            Copier::Worker { pairs, .. } => pairs.clone(),
+        };
+        match self.run_copy(copier.id(), &pairs, budget).await? {
             Ok(bytes) => Ok(bytes),
             Err(Copy::OverBudget) => Err(reservation.refusal(budget.saturating_add(1))),
             Err(Copy::Refused) => Err(SnapshotError::Uncopyable {
@@ -284,18 +327,16 @@ impl Snapshots {
     async fn run_copy(
         &self,
         copier: &str,
-        (from, to): (&str, &str),
+        pairs: &[(String, String)],
         budget: u64,
     ) -> Result<Result<u64, Copy>, EngineError> {
+        let mut cmd = vec![layout::HELPER.to_string(), "copy-tree".to_string()];
+        for (from, to) in pairs {
+            cmd.extend([from.clone(), to.clone()]);
+        }
+        cmd.extend(["--max-bytes".to_string(), budget.to_string()]);
         let spec = crate::engine::ExecSpec {
-            cmd: vec![
-                layout::HELPER.to_string(),
-                "copy-tree".to_string(),
-                from.to_string(),
-                to.to_string(),
-                "--max-bytes".to_string(),
-                budget.to_string(),
-            ],
+            cmd,
             user: "0:0".to_string(),
             workdir: None,
             env: Vec::new(),
@@ -352,7 +393,7 @@ impl Snapshots {
                 Some(k) => (format!("{COPY_FROM}/{k}"), format!("{COPY_TO}/{k}")),
                 None => (COPY_FROM.to_string(), COPY_TO.to_string()),
             };
-            let copied = self.run_copy(&copier, (&from, &to), u64::MAX).await;
+            let copied = self.run_copy(&copier, &[(from, to)], u64::MAX).await;
             total = match (total, copied) {
                 (Ok(t), Ok(Ok(bytes))) => Ok(t.saturating_add(bytes)),
                 (Err(e), _) => Err(e),

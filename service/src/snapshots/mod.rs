@@ -56,11 +56,13 @@ mod probe;
 mod record;
 mod sweep;
 mod take;
+mod worker;
 
 use budget::Ledger;
 pub use budget::Pin;
 pub use layers::{MAX_DEPTH, ROLE_LAYER_COPIER};
 pub use probe::{LayerSupport, ROLE_LAYER_PROBE};
+pub use worker::ROLE_LAYER_WORKER;
 
 /// The repository every snapshot image is tagged in; the tag is the snapshot id.
 pub const IMAGE_REPOSITORY: &str = "daiv-sandbox-snapshot";
@@ -285,6 +287,8 @@ pub struct Snapshots {
     /// Per image and sandbox users: whether they can write nothing outside the state
     /// directories (see `Snapshots::commits_nothing`).
     writable: std::sync::Mutex<HashMap<String, bool>>,
+    /// This replica's layer workers, by image id (see `worker`).
+    workers: tokio::sync::Mutex<HashMap<String, worker::Worker>>,
 }
 
 impl Snapshots {
@@ -300,6 +304,7 @@ impl Snapshots {
             helper,
             probe: probe::Probe::default(),
             writable: std::sync::Mutex::default(),
+            workers: tokio::sync::Mutex::default(),
         }
     }
 

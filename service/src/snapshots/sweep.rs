@@ -81,6 +81,9 @@ impl Snapshots {
                 }
             }
         }
+        // Layer workers another replica left (it died), and this replica's idle ones.
+        self.sweep_workers(now, guard).await?;
+        self.retire_idle_workers(false).await;
         // An overlay probe's volumes (its container went above), the overlay before the
         // volumes it is mounted over.
         let (merged, plain): (Vec<_>, Vec<_>) = self

@@ -2,7 +2,7 @@
 //! side by side.
 
 use super::budget::Reservation;
-use super::layers::{Layering, SEEDED_LABEL};
+use super::layers::{Copier, Layering, SEEDED_LABEL};
 use super::*;
 use crate::engine::ImageInfo;
 
@@ -71,13 +71,13 @@ impl Snapshots {
         // (Docker sizes a container by walking its whole root filesystem: seconds on
         // fuse-overlayfs, for nothing the snapshot keeps).
         let tag = match &layering {
-            Some(l) if l.state => self.commits_nothing(&holder, &source.id, info).await,
+            Some(l) if l.state => self.commits_nothing(holder.id(), &source.id, info).await,
             _ => false,
         };
         let reservation = match self.reserve(&id, info, !tag).await {
             Ok(r) => r,
             Err(e) => {
-                let _ = self.engine.remove(&holder).await;
+                self.release_copier(&holder).await;
                 self.discard(&id).await;
                 return Err(e);
             }
@@ -129,16 +129,20 @@ impl Snapshots {
         Ok((snapshot, timings, pin))
     }
 
-    /// The holder (a never-started container for an archive copy of the workspace) or the
-    /// copier (of the session's changes into `data`, as a layer), made before the freeze.
+    /// The holder (a never-started container for an archive copy of the workspace) or what
+    /// copies the session's changes into `data`, as a layer (the image's layer worker, or a
+    /// copier of its own), made before the freeze.
     async fn holder(
         &self,
         source: &ImageInfo,
         id: &str,
         (data, layering): (&VolumeInfo, Option<&Layering>),
-    ) -> Result<String, EngineError> {
+    ) -> Result<Copier, EngineError> {
         match layering {
             Some(l) => {
+                if let Some(worker) = self.worker_for(&source.id, data, l).await {
+                    return Ok(worker);
+                }
                 let from: Vec<_> = l
                     .from
                     .iter()
@@ -146,12 +150,20 @@ impl Snapshots {
                     .collect();
                 self.create_copier(id, &source.id, &from, &[(None, data.name.clone())])
                     .await
+                    .map(Copier::Own)
             }
-            None => {
-                self.engine
-                    .create(&self.holder_spec(id, &source.id, &data.name))
-                    .await
-            }
+            None => self
+                .engine
+                .create(&self.holder_spec(id, &source.id, &data.name))
+                .await
+                .map(Copier::Own),
+        }
+    }
+
+    /// Removes a copier or holder of the snapshot's own; a worker stays for the next.
+    async fn release_copier(&self, copier: &Copier) {
+        if let Copier::Own(id) = copier {
+            let _ = self.engine.remove(id).await;
         }
     }
 
@@ -165,19 +177,18 @@ impl Snapshots {
         source: &ImageInfo,
         id: &str,
         base_image: &str,
-        (holder, tag, layering): (&str, bool, Option<&Layering>),
+        (holder, tag, layering): (&Copier, bool, Option<&Layering>),
         reservation: &Reservation<'_>,
     ) -> Result<(u64, u64, Timings), SnapshotError> {
         // The commit's config (the source image's environment; its size is ours).
         let spec = self.commit_spec(info, id, &source.env, base_image);
-        let holder = holder.to_string();
         // The tag names the base image, which nothing the session does changes: made before the
         // freeze (the caller discards it with the rest should the snapshot fail).
         let tagged = match tag {
             true => {
                 let t = std::time::Instant::now();
                 if let Err(e) = self.engine.tag_image(&source.id, &image_ref(id)).await {
-                    let _ = self.engine.remove(&holder).await;
+                    self.release_copier(holder).await;
                     return Err(e.into());
                 }
                 Some(t.elapsed())
@@ -187,7 +198,7 @@ impl Snapshots {
         let freeze = info.is_running();
         let started = std::time::Instant::now();
         if freeze && let Err(e) = self.engine.pause(&info.id).await {
-            let _ = self.engine.remove(&holder).await;
+            self.release_copier(holder).await;
             return Err(e.into());
         }
         let size_max = self.config.snapshots.size_max;
@@ -214,8 +225,11 @@ impl Snapshots {
         let copy = async {
             let t = std::time::Instant::now();
             let bytes = match layering {
-                Some(_) => self.copy_layer(&holder, reservation).await?,
-                None => self.copy_workspace(&info.id, &holder, reservation).await?,
+                Some(_) => self.copy_layer(holder, reservation).await?,
+                None => {
+                    self.copy_workspace(&info.id, holder.id(), reservation)
+                        .await?
+                }
             };
             Ok::<_, SnapshotError>((bytes, t.elapsed()))
         };
@@ -225,7 +239,7 @@ impl Snapshots {
             // Left frozen, the session would hang: say so loudly (the next request thaws it).
             tracing::error!(session_id = %info.id, error = %e, "snapshot: could not thaw the session");
         }
-        let _ = self.engine.remove(&holder).await;
+        self.release_copier(holder).await;
         let (image, commit_time) = committed?;
         let (workspace_bytes, copy_time) = copied?;
         let image_bytes = match image {
@@ -267,6 +281,7 @@ impl Snapshots {
             network: NetworkAttach::None,
             volumes: Vec::new(),
             named_volumes: vec![(volume.to_string(), layout::WORKSPACE.to_string())],
+            host_dirs: Vec::new(),
             log_options: Vec::new(),
             auto_remove: false,
             skeleton: Vec::new(),

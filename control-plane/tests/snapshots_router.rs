@@ -438,6 +438,74 @@ async fn past_sixteen_layers_a_snapshot_is_a_new_base_layer_of_the_sessions_view
     assert_eq!(snapshot_objects(&h), before);
 }
 
+/// A chain of sessions from snapshots far deeper than an overlay stacks: a snapshot over
+/// `FLATTEN_AT - 1` layers queues the stack below it, which the flattener (run here as the
+/// stack's task runs it) copies into a flat base layer; from then on stacks through it end
+/// there, so every snapshot stays a layer of its session's changes alone, however deep the
+/// chain, and a session from the last sees every generation with the deletion still applied.
+/// Everything goes with the snapshots and sessions.
+#[tokio::test]
+async fn deep_stacks_are_flattened_off_the_request_path_and_every_snapshot_stays_a_layer() {
+    let h = Harness::default();
+    let before = snapshot_objects(&h);
+    let first = h.session().await;
+    write(&h, &first, "gone.txt", "deleted in the second").await;
+    let mut snapshots = vec![snapshot(&h, &first, json!({})).await];
+    let mut sessions = vec![first];
+    let lowers = async |id: &str| {
+        h.engine
+            .inspect_volume(&format!("daiv-snapshot-{id}-data"))
+            .await
+            .unwrap()
+            .labels
+            .get("daiv.sandbox.snapshot.lowers")
+            .cloned()
+            .unwrap_or_default()
+    };
+    let at = control_plane::snapshots::FLATTEN_AT;
+    let mut flattened = 0;
+    for n in 1..=24 {
+        let s = h.create(json!({"snapshot_id": snapshots[n - 1]})).await;
+        if n == 1 {
+            delete(&h, &s, "gone.txt").await;
+        }
+        write(&h, &s, &format!("g{n}.txt"), &format!("generation {n}")).await;
+        snapshots.push(snapshot(&h, &s, json!({})).await);
+        sessions.push(s);
+        flattened += h.cell().snapshots().flatten_pending().await;
+        let below = lowers(&snapshots[n]).await;
+        assert!(
+            !below.is_empty() && below.split(',').count() < at,
+            "generation {n}: {below}"
+        );
+        if n > 1 {
+            assert_eq!(layer_files(&h, &snapshots[n]), [format!("repo/g{n}.txt")]);
+        }
+    }
+    // One flat copy every `FLATTEN_AT - 2` generations past the first stack.
+    assert!(flattened >= 3, "{flattened} stacks flattened");
+    let markers = h
+        .engine
+        .volumes()
+        .into_iter()
+        .filter(|v| v.ends_with("-flat"))
+        .count();
+    assert_eq!(markers, flattened);
+    let last = h.create(json!({"snapshot_id": snapshots[24]})).await;
+    assert!(read(&h, &last, "gone.txt").await.contains("not_found"));
+    for n in 1..=24 {
+        assert!(
+            read(&h, &last, &format!("g{n}.txt"))
+                .await
+                .contains(&format!("generation {n}")),
+            "g{n}.txt"
+        );
+    }
+
+    delete_all_and_sweep(&h, &snapshots, sessions.iter().chain([&last])).await;
+    assert_eq!(snapshot_objects(&h), before);
+}
+
 /// An engine that gives copies now (here, a replica started with `SNAPSHOT_LAYERS=copy` over
 /// the same engine) snapshots a session made as an overlay over layers as its whole view, a
 /// base layer it can copy, rather than a layer a session there could not mount.

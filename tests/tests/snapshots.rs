@@ -1973,6 +1973,164 @@ async fn a_fork_of_a_fork_of_a_fork_keeps_deletions_replaced_directories_holes_a
     generations(BUSYBOX, "runsc", "auto", "commit").await
 }
 
+/// The stack a flattening copies in the background is this deep (`snapshots::FLATTEN_AT`).
+const FLATTEN_AT: usize = 8;
+
+/// The snapshot session `s` came from, and the layers below its own, top first.
+fn snapshot_and_lowers(s: &Session) -> Result<(String, Vec<String>)> {
+    let info = inspect(&s.id).context("the fork's container")?;
+    let snap = info["Config"]["Labels"]["daiv.sandbox.snapshot"]
+        .as_str()
+        .context("the fork's snapshot")?
+        .to_string();
+    let labels = volume_labels(&data_volume(&snap)).context("its layer")?;
+    let lowers = labels["daiv.sandbox.snapshot.lowers"]
+        .as_str()
+        .unwrap_or_default()
+        .split(',')
+        .filter(|l| !l.is_empty())
+        .map(str::to_string)
+        .collect();
+    Ok((snap, lowers))
+}
+
+/// A chain of twenty forks, deeper than an overlay stacks: the stack under each deep enough
+/// fork is flattened in the background (its view copied into a flat base layer, a marker
+/// saying so), so every fork's snapshot stays a layer of its changes over fewer than
+/// `FLATTEN_AT` layers (none is a whole view copied on the request path), the last fork mounts
+/// a short stack, and it still sees the deleted file gone, the replaced directory, the sparse
+/// file's holes, the 0600 files and what every generation wrote. Everything goes with the
+/// sessions.
+#[tokio::test]
+async fn a_chain_of_twenty_forks_is_flattened_in_the_background_and_every_fork_stays_a_layer()
+-> Result<()> {
+    require_image(DEBIAN);
+    let svc = service(
+        "flatten",
+        &[
+            ("SNAPSHOT_STATE", "volumes"),
+            ("REAPER_ENABLED", "true"),
+            ("REAPER_INTERVAL_SECONDS", "1"),
+            ("SESSION_GRACE_SECONDS", "1"),
+            ("RUNNING_SESSION_MAX_IDLE_SECONDS", "0"),
+        ],
+    )
+    .await?;
+    let cp = &*svc;
+    let label = svc.label();
+    let first = cp.session_of(DEBIAN).await?;
+    ok(
+        cp,
+        &first,
+        "cd /workspace/repo && echo gone > gone.txt && mkdir -p dir/old && echo old > dir/old/x \
+         && printf 'secret\\n' > secret.txt && chmod 600 secret.txt && truncate -s 1G sparse.bin \
+         && printf 'home\\n' > /home/sandbox/secret && chmod 600 /home/sandbox/secret",
+    )
+    .await?;
+    let mut at = first;
+    let mut chain = Vec::new();
+    let mut flats = 0;
+    for n in 1..=20 {
+        let change = match n {
+            2 => "cd /workspace/repo && rm gone.txt && rm -rf dir && mkdir dir && echo new > dir/y"
+                .to_string(),
+            _ => format!("echo {n} > /workspace/repo/g{n}.txt"),
+        };
+        ok(cp, &at, &change).await?;
+        let next = fork(cp, &at, json!({"count": 1}))
+            .await?
+            .pop()
+            .context("a fork")?;
+        chain.push(std::mem::replace(&mut at, next));
+        let (snap, lowers) = snapshot_and_lowers(&at)?;
+        // The first fork's snapshot is its fresh source's whole workspace; every later one a
+        // layer over what its source mounted, cut short by the flat copies.
+        ensure!(
+            (n == 1) == lowers.is_empty() && lowers.len() < FLATTEN_AT,
+            "fork {n}: snapshot {snap} over {lowers:?}"
+        );
+        if lowers.len() + 1 >= FLATTEN_AT {
+            // Queued by the fork's snapshot; waited for here so that the chain goes on over
+            // the short stack rather than racing the copy.
+            let marker = format!("daiv-snapshot-{}-flat", lowers[0]);
+            eventually(&marker, Duration::from_secs(60), || async {
+                Ok(volume_labels(&marker).map(|_| ()))
+            })
+            .await?;
+            flats += 1;
+        }
+    }
+    ensure!(flats >= 2, "{flats} stacks flattened");
+    // The last fork's overlay stacks fewer than FLATTEN_AT layers.
+    let info = inspect(&at.id).context("the last fork")?;
+    let workspace = info["Mounts"]
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["Destination"] == "/workspace"))
+        .and_then(|m| m["Name"].as_str())
+        .context("its workspace volume")?
+        .to_string();
+    let options = docker(&[
+        "volume",
+        "inspect",
+        "--format",
+        "{{json .Options}}",
+        &workspace,
+    ])?;
+    let options: Value = serde_json::from_str(options.trim())?;
+    let layers = options["o"]
+        .as_str()
+        .and_then(|o| o.split(',').find_map(|kv| kv.strip_prefix("lowerdir=")))
+        .context("an overlay")?
+        .split(':')
+        .count();
+    ensure!(
+        layers < FLATTEN_AT + 1,
+        "the last fork mounts {layers} layers"
+    );
+    let out = ok(
+        cp,
+        &at,
+        "cd /workspace/repo && { test -e gone.txt && echo gone-is-back || echo gone-is-gone; } \
+         && ls dir && stat -c '%s %a %n' sparse.bin secret.txt /home/sandbox/secret \
+         && echo blocks=$(du -k sparse.bin | cut -f1) && cat g*.txt | sort -n | tr '\\n' ' '",
+    )
+    .await?;
+    let lines: Vec<&str> = out.lines().collect();
+    ensure!(
+        lines[..2] == ["gone-is-gone", "y"]
+            && lines[2] == "1073741824 644 sparse.bin"
+            && lines[3] == "7 600 secret.txt"
+            && lines[4] == "5 600 /home/sandbox/secret",
+        "the last fork's files:\n{out}"
+    );
+    let blocks: u64 = lines[5].trim_start_matches("blocks=").parse()?;
+    ensure!(blocks < 1024, "the sparse file lost its holes: {out}");
+    let wrote: Vec<String> = (1..=20)
+        .filter(|n| *n != 2)
+        .map(|n| n.to_string())
+        .collect();
+    ensure!(
+        lines[6].split_whitespace().collect::<Vec<_>>() == wrote,
+        "what the generations wrote:\n{out}"
+    );
+
+    // Every session gone, nothing of the chain is left: layers, flat copies, markers, views.
+    for s in chain.iter().chain([&at]) {
+        cp.force_close(s).await?;
+    }
+    eventually("no layer left", Duration::from_secs(60), || async {
+        let left: Vec<String> = volumes_with(&[&label])
+            .into_iter()
+            .chain(images_with(&[&label]))
+            .chain(containers_but_workers(&[&label]))
+            .collect();
+        Ok(left.is_empty().then_some(()))
+    })
+    .await
+    .with_context(|| format!("left: {:?}", volumes_with(&[&label])))?;
+    Ok(())
+}
+
 /// A tree the layer copy will not walk (deeper than 256 directories) is a clear 422, the
 /// session thawed and nothing of the snapshot left.
 #[tokio::test]

@@ -181,6 +181,8 @@ impl Stack {
         }));
         // Layer workers pin their images: idle ones go whether the reaper runs or not.
         tasks.push(tokio::spawn(self.snapshots.clone().run_worker_expiry()));
+        // Deep stacks are flattened off the request path.
+        tasks.push(tokio::spawn(self.snapshots.clone().run_flattener()));
         if let Some(every) = self.sessions.config_metrics_interval() {
             tasks.push(self.sessions.clone().spawn_sampler(every));
         }

@@ -20,8 +20,9 @@
 //! workspace, a snapshot's layer above it) carries [`uses_label`]`(X)`. A layer goes only when
 //! no volume carries its label ([`Snapshots::release`]).
 //!
-//! Past [`MAX_DEPTH`] layers (overlay's option string is one page) a snapshot copies the whole
-//! workspace again as the session sees it (its overlay's view), a new base layer.
+//! Deep stacks are flattened in the background (see `flatten`). Past [`MAX_DEPTH`] layers
+//! (overlay's option string is one page), should that not have landed yet, a snapshot copies
+//! the whole workspace again as the session sees it (its overlay's view), a new base layer.
 
 use super::probe::LayerSupport;
 use super::*;
@@ -56,10 +57,10 @@ const REFUSED: i64 = 4;
 /// The copier's memory: its buffers and the hard links it has seen.
 const COPIER_MEMORY: i64 = 512 * 1024 * 1024;
 /// The deepest tree `copy-tree` walks (`sandbox_helper::copy_tree::MAX_DEPTH`).
-const COPY_DEPTH_MAX: usize = 256;
+pub(super) const COPY_DEPTH_MAX: usize = 256;
 /// Where the copier sees the session's changes, and the new layer.
 pub(super) const COPY_FROM: &str = "/from";
-const COPY_TO: &str = "/to";
+pub(super) const COPY_TO: &str = "/to";
 
 /// The label a volume carries while its mount needs layer `id`.
 pub(super) fn uses_label(id: &str) -> String {
@@ -80,14 +81,16 @@ pub(super) fn lowers_of(v: &VolumeInfo) -> Vec<String> {
 }
 
 /// What copies a snapshot's layer: a copier of its own, or a worker.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(super) enum Copier {
     /// Made for this snapshot (its volumes at `/from` and `/to`), removed after it.
     Own(String),
-    /// A long-lived worker; the copy's `(from, to)` paths in it.
+    /// A long-lived worker; the copy's `(from, to)` paths in it. It counts as busy (nothing
+    /// retires it for being idle) until this is dropped, however the snapshot ends.
     Worker {
         id: String,
         pairs: Vec<(String, String)>,
+        _busy: Busy,
     },
 }
 
@@ -96,6 +99,23 @@ impl Copier {
         match self {
             Self::Own(id) | Self::Worker { id, .. } => id,
         }
+    }
+}
+
+/// One use of a worker, counted while it lives.
+#[derive(Debug)]
+pub(super) struct Busy(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Busy {
+    pub(super) fn new(count: &Arc<std::sync::atomic::AtomicUsize>) -> Self {
+        count.fetch_add(1, Ordering::SeqCst);
+        Self(count.clone())
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -132,28 +152,18 @@ impl Layering {
 
 impl Snapshots {
     /// The layers of snapshot `id`'s workspace, top first: its own data volume, then the ones
-    /// below it. [`SnapshotError::NotFound`] when one is gone.
+    /// below it, as far as a flat copy (see `flatten`). [`SnapshotError::NotFound`] when one
+    /// is gone.
     pub(super) async fn stack(&self, id: &str) -> Result<Vec<VolumeInfo>, SnapshotError> {
+        let ids = self.stack_ids(id).await?;
         let found = |e| match e {
             EngineError::NotFound => SnapshotError::NotFound,
             e => e.into(),
         };
-        let top = self
-            .engine
-            .inspect_volume(&data_volume(id))
-            .await
-            .map_err(found)?;
-        let lowers = lowers_of(&top);
-        let mut stack = vec![top];
-        for l in lowers {
-            stack.push(
-                self.engine
-                    .inspect_volume(&data_volume(&l))
-                    .await
-                    .map_err(found)?,
-            );
-        }
-        Ok(stack)
+        let names: Vec<String> = ids.iter().map(|l| data_volume(l)).collect();
+        let layers =
+            futures::future::join_all(names.iter().map(|n| self.engine.inspect_volume(n))).await;
+        layers.into_iter().map(|v| v.map_err(found)).collect()
     }
 
     /// How a snapshot of session `info` (as inspected) is copied by `copy-tree`: a layer over
@@ -202,13 +212,9 @@ impl Snapshots {
         if ws.labels.get(LAYERED_LABEL).map(String::as_str) != Some("userxattr") {
             return None;
         }
-        let below = self
-            .engine
-            .inspect_volume(&data_volume(parent))
-            .await
-            .ok()?;
-        let mut lowers = vec![parent.to_string()];
-        lowers.extend(lowers_of(&below));
+        // The stack a session from its snapshot mounts now (a flat copy ends it): the same
+        // view as the one this session may have mounted before the copy was made.
+        let lowers = self.stack_ids(parent).await.ok()?;
         // An engine that gives copies now (its probe, or the operator's setting) would refuse
         // a session from a layer over others: the session's whole view is a base layer.
         let copies = self.config.snapshots.layers == crate::config::SnapshotLayers::Copy
@@ -324,7 +330,7 @@ impl Snapshots {
 
     /// Runs `copy-tree` in `copier`; the bytes counted, or why it stopped (its output logged:
     /// the helper names the sandbox's paths, which stay out of clients' bodies).
-    async fn run_copy(
+    pub(super) async fn run_copy(
         &self,
         copier: &str,
         pairs: &[(String, String)],
@@ -503,7 +509,7 @@ struct Writable {
 }
 
 /// Why a `copy-tree` stopped.
-enum Copy {
+pub(super) enum Copy {
     OverBudget,
     Refused,
     Failed,

@@ -51,6 +51,7 @@ use crate::time::unix_now;
 
 mod budget;
 mod cow;
+mod flatten;
 mod layers;
 mod probe;
 mod record;
@@ -60,6 +61,7 @@ mod worker;
 
 use budget::Ledger;
 pub use budget::Pin;
+pub use flatten::{FLATTEN_AT, ROLE_LAYER_VIEW, ROLE_SNAPSHOT_FLAT};
 pub use layers::{MAX_DEPTH, ROLE_LAYER_COPIER};
 pub use probe::{LayerSupport, ROLE_LAYER_PROBE};
 pub use worker::ROLE_LAYER_WORKER;
@@ -289,6 +291,10 @@ pub struct Snapshots {
     writable: std::sync::Mutex<HashMap<String, bool>>,
     /// This replica's layer workers, by image id (see `worker`).
     workers: tokio::sync::Mutex<HashMap<String, worker::Worker>>,
+    /// Layers whose stacks are to be flattened, with an image their copier can run (see
+    /// `flatten`), and the flattener's wake-up.
+    flattening: std::sync::Mutex<HashMap<String, String>>,
+    flatten_wake: tokio::sync::Notify,
 }
 
 impl Snapshots {
@@ -305,6 +311,8 @@ impl Snapshots {
             probe: probe::Probe::default(),
             writable: std::sync::Mutex::default(),
             workers: tokio::sync::Mutex::default(),
+            flattening: std::sync::Mutex::default(),
+            flatten_wake: tokio::sync::Notify::new(),
         }
     }
 

@@ -148,7 +148,14 @@ impl Snapshots {
         if self.ledger().protected().contains(id) {
             return Vec::new();
         }
-        match self.engine.remove_image(&image_ref(id)).await {
+        let mut removed = self.engine.remove_image(&image_ref(id)).await;
+        // This replica's layer worker of sessions from it may be what holds it.
+        if matches!(removed, Err(EngineError::Conflict(_)))
+            && self.retire_worker_of(&image_ref(id)).await
+        {
+            removed = self.engine.remove_image(&image_ref(id)).await;
+        }
+        match removed {
             Ok(()) | Err(EngineError::NotFound) => {}
             Err(e) => {
                 tracing::debug!(snapshot_id = id, error = %e, "snapshot image still in use; kept")
@@ -188,6 +195,12 @@ impl Snapshots {
         }
         let pinned = self.ledger().protected();
         let mut orphans = Vec::new();
+        // Its flat copy (see `flatten`) goes as far as nothing mounts it.
+        if let Some(flat) = self.unmark_flat(id).await
+            && !pinned.contains(&flat)
+        {
+            orphans.push(flat);
+        }
         for l in below {
             if pinned.contains(&l) {
                 continue;

@@ -126,6 +126,13 @@ impl Snapshots {
             self.ledger().forks.insert(id.clone(), snapshot.size);
         }
         drop(reservation);
+        // Deep enough: the stack below is flattened in the background, so that sessions from
+        // this snapshot (and snapshots of theirs) stay layers.
+        if let Some(l) = &layering
+            && l.lowers.len() + 1 >= flatten::FLATTEN_AT
+        {
+            self.queue_flatten(&l.lowers[0], &source.id);
+        }
         Ok((snapshot, timings, pin))
     }
 

@@ -20,9 +20,10 @@
 //! removes another replica's past twice that (a replica that died). A worker that stopped is
 //! replaced at the next snapshot.
 
+use std::sync::atomic::AtomicUsize;
 use std::time::{Duration, Instant};
 
-use super::layers::{Copier, Layering};
+use super::layers::{Busy, Copier, Layering};
 
 use super::*;
 
@@ -47,6 +48,14 @@ pub(super) struct Worker {
     root: String,
     made: Instant,
     used: Instant,
+    /// Copies handed out and not yet done ([`Busy`]): an idle retirement waits for none.
+    busy: Arc<AtomicUsize>,
+}
+
+impl Worker {
+    fn idle(&self) -> bool {
+        self.busy.load(Ordering::SeqCst) == 0
+    }
 }
 
 /// The engine's volume directory, from a plain volume's mountpoint (`<root>/<name>/_data`, as
@@ -89,18 +98,22 @@ impl Snapshots {
                 (in_worker(v), dest)
             })
             .collect();
-        let id = match self.worker(image, &root).await {
-            Ok(id) => id,
+        let (id, busy) = match self.worker(image, &root).await {
+            Ok(w) => w,
             Err(e) => {
                 tracing::warn!(error = %e, "snapshot: no layer worker; a copier copies");
                 return None;
             }
         };
-        Some(Copier::Worker { id, pairs })
+        Some(Copier::Worker {
+            id,
+            pairs,
+            _busy: busy,
+        })
     }
 
-    /// This replica's running worker of `image`, or a new one.
-    async fn worker(&self, image: &str, root: &str) -> Result<String, EngineError> {
+    /// This replica's running worker of `image`, or a new one, counted busy.
+    async fn worker(&self, image: &str, root: &str) -> Result<(String, Busy), EngineError> {
         let mut workers = self.workers.lock().await;
         if let Some(w) = workers.get_mut(image) {
             let fresh = w.root == root && w.made.elapsed() < MAX_AGE;
@@ -110,7 +123,7 @@ impl Snapshots {
                 && matches!(self.engine.inspect(&w.id).await, Ok(i) if i.is_running() && !i.is_paused());
             if running {
                 w.used = Instant::now();
-                return Ok(w.id.clone());
+                return Ok((w.id.clone(), Busy::new(&w.busy)));
             }
             if let Some(old) = workers.remove(image) {
                 // Past its age it may still run another snapshot's copy: it goes later.
@@ -120,6 +133,8 @@ impl Snapshots {
         }
         let id = self.create_worker(image, root).await?;
         let now = Instant::now();
+        let busy = Arc::new(AtomicUsize::new(0));
+        let guard = Busy::new(&busy);
         workers.insert(
             image.to_string(),
             Worker {
@@ -127,9 +142,10 @@ impl Snapshots {
                 root: root.to_string(),
                 made: now,
                 used: now,
+                busy,
             },
         );
-        Ok(id)
+        Ok((id, guard))
     }
 
     async fn create_worker(&self, image: &str, root: &str) -> Result<String, EngineError> {
@@ -165,13 +181,32 @@ impl Snapshots {
         });
     }
 
-    /// Removes this replica's workers unused for [`IDLE`] (all of them with `all`: shutdown).
+    /// Removes this replica's workers unused for [`IDLE`] and copying nothing (all of them
+    /// with `all`: shutdown).
     pub async fn retire_idle_workers(&self, all: bool) {
+        self.retire_workers(|_, w| all || (w.idle() && w.used.elapsed() >= IDLE))
+            .await;
+    }
+
+    /// Removes this replica's worker of image `reference` if it copies nothing: a snapshot
+    /// being released has its image pinned by the worker that copied its sessions' changes.
+    /// Whether one went.
+    pub(super) async fn retire_worker_of(&self, reference: &str) -> bool {
+        let Ok(image) = self.engine.inspect_image(reference).await else {
+            return false;
+        };
+        self.retire_workers(|of, w| w.idle() && of == image.id)
+            .await
+            > 0
+    }
+
+    /// Removes this replica's workers `which` picks; how many it picked.
+    async fn retire_workers(&self, which: impl Fn(&str, &Worker) -> bool) -> usize {
         let idle: Vec<Worker> = {
             let mut workers = self.workers.lock().await;
             let images: Vec<String> = workers
                 .iter()
-                .filter(|(_, w)| all || w.used.elapsed() >= IDLE)
+                .filter(|(i, w)| which(i, w))
                 .map(|(i, _)| i.clone())
                 .collect();
             images.iter().filter_map(|i| workers.remove(i)).collect()
@@ -187,6 +222,7 @@ impl Snapshots {
                 }
             }
         }
+        idle.len()
     }
 
     /// Every [`IDLE`]/2, the idle workers go (the stack's task, aborted at shutdown).

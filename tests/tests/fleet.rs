@@ -968,7 +968,8 @@ async fn forks_of_forks_on_a_remote_engine_are_layers_there_and_leave_nothing() 
     for id in [&first, &second, &at].into_iter().chain(&forks[1..]) {
         remove(&cp, id).await?;
     }
-    eventually("nothing left on a", Duration::from_secs(60), || async {
+    // The layer worker goes once idle for a minute (see `snapshots::worker`).
+    eventually("nothing left on a", Duration::from_secs(120), || async {
         Ok(leftovers("a", &cp.deployment)?.is_empty().then_some(()))
     })
     .await?;

@@ -81,9 +81,10 @@ impl Snapshots {
                 }
             }
         }
-        // Layer workers another replica left (it died); this replica's idle ones are the
-        // stack task's.
+        // Layer workers another replica left (it died), and this replica's idle ones (the
+        // stack's task does too, whether the reaper runs or not).
         self.sweep_workers(now, guard).await?;
+        self.retire_idle_workers(false).await;
         // Flattenings a crash left half-way, and flat copies of layers that are gone.
         self.sweep_flats(old).await?;
         // An overlay probe's volumes (its container went above), the overlay before the

@@ -5,10 +5,6 @@ use super::layers::{COPIED, LAYERED_LABEL, LAYOUT_LABEL, LAYOUT_STATE, SEEDED_LA
 use super::probe::LayerSupport;
 use super::*;
 
-/// The longest overlay option string the kernel takes (one page, less room for what the
-/// local driver adds).
-const OPTIONS_MAX: usize = 4000;
-
 impl Snapshots {
     /// A copy-on-write workspace over snapshot `s`'s layers for a new session: an overlay per
     /// directory its layers hold (`/workspace`, or every state directory).
@@ -72,18 +68,8 @@ impl Snapshots {
                         made.push(name.clone());
                         dirs.push(v.mountpoint);
                     }
-                    // A state layer holds each directory under its key.
-                    let lowers: Vec<String> = stack
-                        .iter()
-                        .map(|v| match state {
-                            true => format!("{}/{key}", v.mountpoint),
-                            false => v.mountpoint.clone(),
-                        })
-                        .collect();
-                    // The overlay's option string is split on commas and colons.
-                    if lowers.iter().chain(&dirs).any(|p| {
-                        p.is_empty() || p.contains([',', ':', '\\']) || !p.starts_with('/')
-                    }) {
+                    let lowers = lower_dirs(stack, state, key);
+                    if !lowers.iter().chain(&dirs).all(|p| usable_dir(p)) {
                         return Err(SnapshotError::UnusableMountpoint);
                     }
                     let spec = overlay_volume(

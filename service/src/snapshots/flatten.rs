@@ -212,17 +212,9 @@ impl Snapshots {
         }
         let mut from = Vec::new();
         for (key, _) in state_keys(state) {
-            let lowers: Vec<String> = stack
-                .iter()
-                .map(|v| match state {
-                    true => format!("{}/{key}", v.mountpoint),
-                    false => v.mountpoint.clone(),
-                })
-                .collect();
-            if lowers
-                .iter()
-                .any(|p| p.is_empty() || p.contains([',', ':', '\\']) || !p.starts_with('/'))
-            {
+            let lowers = lower_dirs(stack, state, key);
+            let options = format!("lowerdir={},userxattr", lowers.join(":"));
+            if !lowers.iter().all(|p| usable_dir(p)) || options.len() > OPTIONS_MAX {
                 return Err(SnapshotError::UnusableMountpoint);
             }
             let name = view_volume(flat, key);
@@ -234,10 +226,7 @@ impl Snapshots {
                 driver_opts: HashMap::from([
                     ("type".to_string(), "overlay".to_string()),
                     ("device".to_string(), "overlay".to_string()),
-                    (
-                        "o".to_string(),
-                        format!("lowerdir={},userxattr", lowers.join(":")),
-                    ),
+                    ("o".to_string(), options),
                 ]),
             };
             self.engine.create_volume(&spec).await?;

@@ -235,6 +235,28 @@ fn overlay_volume(
     }
 }
 
+/// The longest overlay option string the kernel takes (one page, less room for what the
+/// local driver adds).
+const OPTIONS_MAX: usize = 4000;
+
+/// The host directories of `stack`'s layers for state directory `key`, top first (a state
+/// layer holds each directory under its key).
+fn lower_dirs(stack: &[VolumeInfo], state: bool, key: &str) -> Vec<String> {
+    stack
+        .iter()
+        .map(|v| match state {
+            true => format!("{}/{key}", v.mountpoint),
+            false => v.mountpoint.clone(),
+        })
+        .collect()
+}
+
+/// Whether host directory `p` can go into an overlay's option string, which is split on commas
+/// and colons.
+fn usable_dir(p: &str) -> bool {
+    !p.is_empty() && !p.contains([',', ':', '\\']) && p.starts_with('/')
+}
+
 /// Whether the snapshot gets a record (an API snapshot) or not (a fork's, collected when the
 /// forks are gone).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -265,6 +265,46 @@ impl Snapshots {
 mod tests {
     use super::*;
 
+    /// A worker copying for a snapshot is not taken for its image's release while the copy
+    /// runs (its [`Busy`] lives); once done, it is.
+    #[tokio::test]
+    async fn a_worker_is_not_retired_while_it_copies() -> Result<(), Box<dyn std::error::Error>> {
+        let engine = Arc::new(crate::engine::fake::FakeEngine::new(|_| {
+            crate::engine::fake::FakeExec::default()
+        }));
+        let s = Snapshots::new(engine, crate::config::for_tests("k", &[]), None);
+        let image = s.engine.inspect_image("img").await?.id;
+        let data = s
+            .engine
+            .create_volume(&VolumeSpec {
+                name: "daiv-snapshot-x-data".into(),
+                labels: HashMap::new(),
+                driver_opts: HashMap::new(),
+            })
+            .await?;
+        let layering = Layering {
+            from: vec![("workspace", "src".into())],
+            lowers: Vec::new(),
+            state: false,
+            plain: true,
+        };
+        let copier = s
+            .worker_for(&image, &data, &layering)
+            .await
+            .ok_or("no worker")?;
+        let id = copier.id().to_string();
+        assert!(!s.retire_worker_of("img").await, "retired while it copies");
+        s.retire_idle_workers(false).await;
+        assert!(s.engine.inspect(&id).await.is_ok());
+        drop(copier);
+        assert!(s.retire_worker_of("img").await);
+        assert!(matches!(
+            s.engine.inspect(&id).await,
+            Err(EngineError::NotFound)
+        ));
+        Ok(())
+    }
+
     #[test]
     fn the_volume_directory_is_found_from_a_plain_volume_only_in_the_local_layout() {
         let v = |name: &str, mountpoint: &str| VolumeInfo {

@@ -22,7 +22,7 @@ kib() { sync; du -skx "$ROOT" | cut -f1; }
 made=()
 snaps=()
 cleanup() {
-    for s in "${made[@]}"; do api DELETE "/session/$s/" >/dev/null 2>&1 || true; done
+    for s in "${made[@]}"; do api DELETE "/session/$s/?force=true" >/dev/null 2>&1 || true; done
     for s in "${snaps[@]}"; do api DELETE "/snapshots/$s/" >/dev/null 2>&1 || true; done
 }
 trap cleanup EXIT

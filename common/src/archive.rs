@@ -145,6 +145,23 @@ impl Archive {
         self.append(tar::EntryType::Regular, name, mode, owner, data)
     }
 
+    /// Adds symbolic link `name` to `target`.
+    pub fn symlink(&mut self, name: &str, target: &str, owner: Owner) -> &mut Self {
+        let mut header = tar::Header::new_gnu();
+        header.set_entry_type(tar::EntryType::Symlink);
+        header.set_mode(0o777);
+        header.set_uid(u64::from(owner.0));
+        header.set_gid(u64::from(owner.1));
+        header.set_size(0);
+        header.set_mtime(self.mtime);
+        if let Err(e) = self.builder.append_link(&mut header, name, target)
+            && self.error.is_none()
+        {
+            self.error = Some(e);
+        }
+        self
+    }
+
     /// Adds regular file `name` holding `data` without copying it: the archive's parts
     /// ([`Archive::finish_parts`], [`Archive::finish_head_parts`]) hold `data` itself, so a file
     /// every sandbox gets (the helper binary) is in memory once, or not at all when it is a
@@ -246,6 +263,20 @@ impl Archive {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_symlink_entry_names_its_target() -> io::Result<()> {
+        let mut a = Archive::new();
+        a.symlink("d/link", "/elsewhere/file", ROOT);
+        let bytes = a.finish()?;
+        let mut archive = tar::Archive::new(&bytes[..]);
+        let entry = archive.entries()?.next().expect("one entry")?;
+        assert_eq!(entry.header().entry_type(), tar::EntryType::Symlink);
+        assert_eq!(entry.path()?.to_str(), Some("d/link"));
+        let target = entry.link_name()?.expect("a target");
+        assert_eq!(target.to_str(), Some("/elsewhere/file"));
+        Ok(())
+    }
 
     #[test]
     fn entries_carry_their_owner_mode_and_kind() -> io::Result<()> {

@@ -1341,3 +1341,105 @@ async fn a_run_is_one_operation_with_one_check_of_the_sandbox() {
         "refused first"
     );
 }
+
+/// The head of the next HTTP/1.1 response on `conn`: its status line and headers, lowercased.
+async fn response_head(conn: &mut tokio::io::BufReader<tokio::net::TcpStream>) -> Vec<String> {
+    use tokio::io::AsyncBufReadExt;
+    let mut head = Vec::new();
+    loop {
+        let mut line = String::new();
+        let n = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            conn.read_line(&mut line),
+        )
+        .await
+        .expect("a response within 10 s")
+        .expect("read");
+        if n == 0 || line == "\r\n" {
+            return head;
+        }
+        head.push(line.trim_end().to_ascii_lowercase());
+    }
+}
+
+/// A command refused for its user (`root`) is refused from the headers, before its body has
+/// arrived; the connection it came on is then closed, and the response says so, so E2B's SDK
+/// sends its next call (a file write) on a new connection instead of one closed under it. A call
+/// whose body was read keeps its connection.
+#[tokio::test]
+async fn a_call_refused_before_its_body_arrived_says_its_connection_closes() {
+    use base64::Engine;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let e = service();
+    let v = e.create(json!({"templateID": "base"})).await;
+    let id = v["sandboxID"].as_str().expect("id");
+    let token = v["envdAccessToken"].as_str().expect("token");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let router = e.router.clone();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, router).await;
+    });
+    let msg = envelope(0, json!({"process": {"cmd": "id"}}).to_string().as_bytes());
+    let head = |user: &str, len: usize| {
+        let auth = base64::engine::general_purpose::STANDARD.encode(format!("{user}:"));
+        format!(
+            "POST /process.Process/Start HTTP/1.1\r\nhost: 127.0.0.1\r\ne2b-sandbox-id: {id}\r\n\
+             x-access-token: {token}\r\nauthorization: Basic {auth}\r\n\
+             content-type: application/connect+json\r\ncontent-length: {len}\r\n\r\n"
+        )
+    };
+
+    // As root, the headers alone; the body is not sent until the answer is in.
+    let mut conn =
+        tokio::io::BufReader::new(tokio::net::TcpStream::connect(addr).await.expect("connect"));
+    conn.get_mut()
+        .write_all(head("root", msg.len()).as_bytes())
+        .await
+        .expect("write");
+    let refused = response_head(&mut conn).await;
+    assert!(refused[0].contains(" 200 "), "{refused:?}");
+    assert!(
+        refused.iter().any(|h| h == "connection: close"),
+        "a refusal with its body unread must say the connection closes: {refused:?}"
+    );
+
+    // As the sandbox user, headers and body: answered, and the connection stays open for the
+    // next call.
+    let mut conn =
+        tokio::io::BufReader::new(tokio::net::TcpStream::connect(addr).await.expect("connect"));
+    let mut req = head("user", msg.len()).into_bytes();
+    req.extend_from_slice(&msg);
+    conn.get_mut().write_all(&req).await.expect("write");
+    let ran = response_head(&mut conn).await;
+    assert!(ran[0].contains(" 200 "), "{ran:?}");
+    assert!(
+        !ran.iter().any(|h| h.starts_with("connection:")),
+        "a call whose body was read keeps its connection: {ran:?}"
+    );
+    // Read the streamed answer to its end, then reuse the connection.
+    let mut rest = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&rest).contains("\r\n0\r\n\r\n") {
+        let n = tokio::time::timeout(std::time::Duration::from_secs(10), conn.read(&mut buf))
+            .await
+            .expect("the stream ends within 10 s")
+            .expect("read");
+        assert!(n > 0, "the connection closed mid-answer");
+        rest.extend_from_slice(&buf[..n]);
+    }
+    conn.get_mut()
+        .write_all(
+            format!(
+                "GET /health HTTP/1.1\r\nhost: 127.0.0.1\r\ne2b-sandbox-id: {id}\r\n\
+                 x-access-token: {token}\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .await
+        .expect("write");
+    let health = response_head(&mut conn).await;
+    assert!(health[0].contains(" 204 "), "{health:?}");
+}

@@ -51,6 +51,9 @@ pub struct ContainerSpec {
     /// Named volumes (name, path) mounted without Docker's copy of the image's content into
     /// them; their lifecycle is the caller's.
     pub named_volumes: Vec<(String, String)>,
+    /// Named volumes (name, path) mounted read-only, without Docker's copy either: what many
+    /// containers share and none may change (the helper's binary).
+    pub read_only_volumes: Vec<(String, String)>,
     /// Host directories (host path, path) bound without the mounts under them (non-recursive):
     /// what the service's own workers read and write by path, never a sandbox.
     pub host_dirs: Vec<(String, String)>,
@@ -91,6 +94,7 @@ impl ContainerSpec {
             network: NetworkAttach::None,
             volumes: Vec::new(),
             named_volumes: Vec::new(),
+            read_only_volumes: Vec::new(),
             host_dirs: Vec::new(),
             log_options: Vec::new(),
             auto_remove: false,

@@ -46,6 +46,9 @@ pub const SHARED_TMP: [&str; 3] = ["/tmp", "/var/tmp", "/run/lock"];
 pub const SERVICE_DIR: &str = "/.daiv-sandbox";
 /// The helper binary (`init` keeps the container alive, `serve` runs the protocol).
 pub const HELPER: &str = "/.daiv-sandbox/daiv-sandbox-helper";
+/// Where the engine's one copy of the helper is mounted read-only, shared by every sandbox on it;
+/// [`HELPER`] is then a link into it. A sandbox made before that has its own copy at [`HELPER`].
+pub const HELPER_DIR: &str = "/.daiv-sandbox/bin";
 /// The session's own state: an anonymous volume of its container, so nothing here is in the
 /// container's layer, and `docker commit` (a snapshot, a fork) never keeps it. Inside the service
 /// directory: the sandbox user can read it, never change it, and no fs op reaches it.
@@ -79,7 +82,7 @@ mod tests {
         for p in [REPO, SKILLS, TMP] {
             assert_eq!(p.rsplit_once('/').map(|(d, _)| d), Some(WORKSPACE), "{p}");
         }
-        for p in [HELPER, SESSION_DIR, SEED_MARKER] {
+        for p in [HELPER, HELPER_DIR, SESSION_DIR, SEED_MARKER] {
             assert_eq!(p.rsplit_once('/').map(|(d, _)| d), Some(SERVICE_DIR), "{p}");
         }
         assert_eq!(ENV_FILE.rsplit_once('/').map(|(d, _)| d), Some(SESSION_DIR));

@@ -140,6 +140,10 @@ pub fn leftovers(name: &str, deployment: &str) -> Result<Vec<String>> {
         ("image", &["images", "-q", "--filter", &label][..]),
     ] {
         for id in engine_docker(name, args)?.split_whitespace() {
+            // The engine's shared copy of the helper stays while the service runs.
+            if kind == "volume" && id.starts_with("daiv-sandbox-helper-") {
+                continue;
+            }
             left.push(format!("{kind} {id}"));
         }
     }

@@ -298,6 +298,7 @@ impl Drop for ControlPlane {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
+        remove_shared_helper(&self.deployment);
         // DAIV_E2E_KEEP_LOGS=1 keeps the whole log (its path is printed) for a post-mortem.
         if std::env::var_os("DAIV_E2E_KEEP_LOGS").is_some() {
             eprintln!("--- daiv-sandbox log kept: {}", self.log.display());
@@ -397,6 +398,40 @@ pub fn images_with(labels: &[&str]) -> Vec<String> {
 /// Names of the volumes matching every `label=...` filter given.
 pub fn volumes_with(labels: &[&str]) -> Vec<String> {
     listed(&["volume", "ls", "-q"], labels)
+}
+
+/// Names of the volumes matching every `label=...` filter given but the engine's shared copy of
+/// the helper (its volume and marker): kept while the service runs, whatever sessions come
+/// and go (`docs/operations/isolation.md`), which a check for what sessions and snapshots left
+/// is not about.
+pub fn volumes_but_shared_helper(labels: &[&str]) -> Vec<String> {
+    let mut shared = Vec::new();
+    for role in ["daiv.sandbox.role=helper", "daiv.sandbox.role=helper-ready"] {
+        let mut with_role = labels.to_vec();
+        with_role.push(role);
+        shared.extend(volumes_with(&with_role));
+    }
+    volumes_with(labels)
+        .into_iter()
+        .filter(|v| !shared.contains(v))
+        .collect()
+}
+
+/// What a clean stop of `deployment`'s service removes and a kill leaves: the engine's shared
+/// copy of the helper (its volume and marker), unless a sandbox still mounts it.
+pub fn remove_shared_helper(deployment: &str) {
+    let label = format!("daiv.sandbox.deployment={deployment}");
+    let volumes = volumes_with(&[&label, "daiv.sandbox.role=helper"]);
+    for v in &volumes {
+        docker_quietly(&["volume", "rm", v]);
+    }
+    let left = volumes_with(&[&label, "daiv.sandbox.role=helper"]);
+    for m in volumes_with(&[&label, "daiv.sandbox.role=helper-ready"]) {
+        let volume = m.strip_suffix("-ready").unwrap_or(&m);
+        if !left.iter().any(|v| v == volume) {
+            docker_quietly(&["volume", "rm", &m]);
+        }
+    }
 }
 
 /// Force-removes every container (with volumes), network, volume and image of `deployment`.

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use e2e::workspace::{Member, seed, tar_of};
-use e2e::{BUSYBOX, ControlPlane, DEBIAN, eventually, require_image};
+use e2e::{BUSYBOX, ControlPlane, DEBIAN, DeploymentGuard, eventually, require_image};
 use reqwest::Method;
 use serde_json::json;
 
@@ -32,6 +32,9 @@ async fn kill_and_restart(cp: ControlPlane, env: &[(&str, &str)]) -> Result<Cont
 async fn sessions_survive_a_control_plane_restart_with_no_visible_change() -> Result<()> {
     require_image(BUSYBOX);
     let dep = deployment("restart");
+    // Dropped last: what the killed services left of the deployment (their shared helper, which
+    // a killed service cannot remove and its sessions held until they went).
+    let _left = DeploymentGuard(dep.clone());
     let env = [("DEPLOYMENT", dep.as_str())];
     let cp = ControlPlane::start_with(&env).await?;
     let s = cp.session_of(BUSYBOX).await?;
@@ -70,6 +73,9 @@ async fn sessions_survive_a_control_plane_restart_with_no_visible_change() -> Re
 async fn a_control_plane_killed_mid_command_leaves_a_usable_session_and_no_orphan() -> Result<()> {
     require_image(BUSYBOX);
     let dep = deployment("midcmd");
+    // Dropped last: what the killed services left of the deployment (their shared helper, which
+    // a killed service cannot remove and its sessions held until they went).
+    let _left = DeploymentGuard(dep.clone());
     let env = [("DEPLOYMENT", dep.as_str())];
     let cp = ControlPlane::start_with(&env).await?;
     let s = cp.session_of(BUSYBOX).await?;
@@ -99,6 +105,9 @@ async fn a_control_plane_killed_mid_command_leaves_a_usable_session_and_no_orpha
 async fn a_control_plane_killed_mid_seed_then_a_retried_seed_works() -> Result<()> {
     require_image(BUSYBOX);
     let dep = deployment("midseed");
+    // Dropped last: what the killed services left of the deployment (their shared helper, which
+    // a killed service cannot remove and its sessions held until they went).
+    let _left = DeploymentGuard(dep.clone());
     let env = [("DEPLOYMENT", dep.as_str())];
     let cp = ControlPlane::start_with(&env).await?;
     let s = cp.session_of(BUSYBOX).await?;

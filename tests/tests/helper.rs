@@ -784,3 +784,92 @@ async fn listings_of_huge_directories_cost_bounded_memory() -> Result<()> {
     assert!(peak_mib < 120, "peak RSS {peak_mib} MiB");
     Ok(())
 }
+
+/// The helper volume sandbox `id` mounts at `/.daiv-sandbox/bin`: its name and whether it is
+/// writable.
+fn helper_mount(id: &str) -> Option<(String, bool)> {
+    let c = e2e::inspect(id)?;
+    let m = c["Mounts"]
+        .as_array()?
+        .iter()
+        .find(|m| m["Destination"] == "/.daiv-sandbox/bin")?;
+    Some((m["Name"].as_str()?.to_string(), m["RW"].as_bool()?))
+}
+
+/// Every sandbox runs the engine's one read-only copy of the helper: two sessions mount the same
+/// volume, neither carries a copy in its own layer (3.6 MB each before), neither can change it;
+/// a volume removed by hand is written again by the next create; a clean stop removes it once no
+/// sandbox mounts it.
+#[tokio::test]
+async fn sandboxes_share_one_read_only_helper_that_a_clean_stop_removes() -> Result<()> {
+    use anyhow::{Context, ensure};
+    require_image(DEBIAN);
+    let cp = ControlPlane::start().await?;
+    let ours = format!("daiv.sandbox.deployment={}", cp.deployment);
+    let shared = || {
+        let mut v = e2e::volumes_with(&[&ours, "daiv.sandbox.role=helper"]);
+        v.extend(e2e::volumes_with(&[
+            &ours,
+            "daiv.sandbox.role=helper-ready",
+        ]));
+        v
+    };
+    let a = cp.session_of(DEBIAN).await?;
+    let b = cp.session_of(DEBIAN).await?;
+    let (volume, writable) = helper_mount(&a.id).context("a's helper mount")?;
+    ensure!(!writable, "the helper is mounted writable");
+    ensure!(helper_mount(&b.id) == Some((volume.clone(), false)));
+    for s in [&a, &b] {
+        let size = e2e::docker(&["inspect", "--size", "-f", "{{.SizeRw}}", &s.id])?;
+        let size: u64 = size.trim().parse()?;
+        ensure!(
+            size < 1_000_000,
+            "{} bytes in the sandbox's own layer",
+            size
+        );
+    }
+    let (code, out) = cp
+        .sh(
+            &a,
+            "readlink /.daiv-sandbox/daiv-sandbox-helper; stat -c '%U %a' /.daiv-sandbox/bin/*; \
+             cp /bin/true /.daiv-sandbox/bin/x 2>/dev/null; echo copy=$?; \
+             ln -sf /bin/true /.daiv-sandbox/daiv-sandbox-helper 2>/dev/null; echo link=$?",
+        )
+        .await?;
+    ensure!(code == 0, "{out}");
+    ensure!(
+        out.starts_with("/.daiv-sandbox/bin/daiv-sandbox-helper-") && out.contains("root 755"),
+        "{out}"
+    );
+    ensure!(
+        out.contains("copy=1") && out.contains("link=1"),
+        "the sandbox changed the helper: {out}"
+    );
+
+    // Removed by hand once no sandbox mounts it: the next create writes it again.
+    cp.force_close(&a).await?;
+    cp.force_close(&b).await?;
+    for v in shared() {
+        e2e::docker(&["volume", "rm", &v])?;
+    }
+    let c = cp.session_of(DEBIAN).await?;
+    let (code, out) = cp.sh(&c, "echo runs").await?;
+    ensure!((code, out.as_str()) == (0, "runs\n"), "{code} {out}");
+    ensure!(shared().len() == 2, "{:?}", shared());
+
+    // A clean stop removes it once its last sandbox went.
+    cp.force_close(&c).await?;
+    let pid = cp.pid().to_string();
+    let stopped = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()?;
+    ensure!(stopped.success(), "kill -TERM {pid}");
+    e2e::eventually(
+        "the shared helper removed at the clean stop",
+        std::time::Duration::from_secs(30),
+        || async { Ok(shared().is_empty().then_some(())) },
+    )
+    .await
+    .with_context(|| format!("left: {:?}", shared()))?;
+    Ok(())
+}

@@ -18,7 +18,7 @@ use e2e::egress::EgressStack;
 use e2e::python::{repo_root, venv_python};
 use e2e::{
     BUSYBOX, ControlPlane, DEBIAN, DeploymentGuard, Session, containers_but_workers, docker,
-    networks_with, require_image, volumes_with,
+    networks_with, require_image, volumes_but_shared_helper,
 };
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -399,7 +399,7 @@ async fn an_agent_turn_through_the_tools_with_egress_leaves_nothing_and_no_secre
         Vec::<String>::new(),
         "networks left"
     );
-    let volumes = volumes_with(&[&label]);
+    let volumes = volumes_but_shared_helper(&[&label]);
     assert!(
         volumes.iter().all(|v| v.starts_with("daiv-snapshot-")),
         "session volumes left: {volumes:?}"
@@ -410,7 +410,7 @@ async fn an_agent_turn_through_the_tools_with_egress_leaves_nothing_and_no_secre
     assert_eq!(status, 204, "delete the snapshot: {body}");
     let (_, listed) = cp.call(Method::GET, "/snapshots/", None).await?;
     assert_eq!(listed["snapshots"], json!([]), "{listed}");
-    let volumes = volumes_with(&[&label]);
+    let volumes = volumes_but_shared_helper(&[&label]);
     assert!(
         !volumes.iter().any(|v| v.contains(snapshot)),
         "the deleted snapshot's volumes: {volumes:?}"

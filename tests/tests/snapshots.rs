@@ -20,7 +20,8 @@ use e2e::scan::{dir_contains, scan, scan_maybe_compressed, snapshot_contains};
 use e2e::workspace::{Member, seed, tar_of};
 use e2e::{
     BUSYBOX, ControlPlane, DEBIAN, DeploymentGuard, Session, containers_but_workers,
-    containers_with, docker, eventually, images_with, inspect, require_image, volumes_with,
+    containers_with, docker, eventually, images_with, inspect, require_image,
+    volumes_but_shared_helper, volumes_with,
 };
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -1491,7 +1492,7 @@ async fn deleting_a_snapshot_in_use_is_safe_and_everything_goes_once_its_session
             .map(|c| format!("container {c}"))
             .collect();
         all.extend(
-            volumes_with(&[&label])
+            volumes_but_shared_helper(&[&label])
                 .into_iter()
                 .map(|v| format!("volume {v}")),
         );
@@ -1924,7 +1925,7 @@ async fn generations(image: &str, runtime: &str, layers: &str, state: &str) -> R
         cp.force_close(s).await?;
     }
     eventually("no layer left", Duration::from_secs(60), || async {
-        let left: Vec<String> = volumes_with(&[&label])
+        let left: Vec<String> = volumes_but_shared_helper(&[&label])
             .into_iter()
             .chain(images_with(&[&label]))
             .chain(containers_but_workers(&[&label]))
@@ -1932,7 +1933,7 @@ async fn generations(image: &str, runtime: &str, layers: &str, state: &str) -> R
         Ok(left.is_empty().then_some(()))
     })
     .await
-    .with_context(|| format!("left: {:?}", volumes_with(&[&label])))?;
+    .with_context(|| format!("left: {:?}", volumes_but_shared_helper(&[&label])))?;
     for tag in tags {
         ensure!(
             docker(&["image", "inspect", &tag]).is_err(),
@@ -2119,7 +2120,7 @@ async fn a_chain_of_twenty_forks_is_flattened_in_the_background_and_every_fork_s
         cp.force_close(s).await?;
     }
     eventually("no layer left", Duration::from_secs(60), || async {
-        let left: Vec<String> = volumes_with(&[&label])
+        let left: Vec<String> = volumes_but_shared_helper(&[&label])
             .into_iter()
             .chain(images_with(&[&label]))
             .chain(containers_but_workers(&[&label]))
@@ -2127,7 +2128,7 @@ async fn a_chain_of_twenty_forks_is_flattened_in_the_background_and_every_fork_s
         Ok(left.is_empty().then_some(()))
     })
     .await
-    .with_context(|| format!("left: {:?}", volumes_with(&[&label])))?;
+    .with_context(|| format!("left: {:?}", volumes_but_shared_helper(&[&label])))?;
     Ok(())
 }
 

@@ -22,6 +22,7 @@ pub mod render;
 pub mod seed;
 pub mod session;
 pub mod snapshots;
+pub mod unread;
 pub mod watch;
 
 use std::sync::Arc;

@@ -52,7 +52,8 @@ impl Door {
 
 /// `router` inside the request observer and the panic catcher, its requests counted as `door`'s.
 /// Layers added with `Router::layer` run after routing, so the middleware sees the matched route
-/// template. Panics are caught inside it, so a panic is still logged as a 500.
+/// template. Panics are caught inside it, so a panic is still logged as a 500. Outermost, a
+/// response to a request whose body was left unread says `Connection: close` ([`super::unread`]).
 pub fn observed<S: Clone + Send + Sync + 'static>(
     router: axum::Router<S>,
     metrics: &std::sync::Arc<crate::telemetry::metrics::Metrics>,
@@ -71,6 +72,7 @@ pub fn observed<S: Clone + Send + Sync + 'static>(
             },
             observe,
         ))
+        .layer(axum::middleware::from_fn(super::unread::close_unread))
 }
 
 /// The method as a metrics label and log field: the standard ones by name, anything else (an

@@ -190,6 +190,7 @@ pub(super) fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
         }),
         mounts: (!spec.volumes.is_empty()
             || !spec.named_volumes.is_empty()
+            || !spec.read_only_volumes.is_empty()
             || !spec.host_dirs.is_empty())
         .then(|| {
             let anonymous = spec.volumes.iter().map(|target| Mount {
@@ -197,10 +198,13 @@ pub(super) fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
                 typ: Some(MountType::VOLUME),
                 ..Default::default()
             });
-            let named = spec.named_volumes.iter().map(|(name, target)| Mount {
+            let writable = spec.named_volumes.iter().map(|v| (v, false));
+            let read_only = spec.read_only_volumes.iter().map(|v| (v, true));
+            let named = writable.chain(read_only).map(|((name, target), ro)| Mount {
                 target: Some(target.clone()),
                 source: Some(name.clone()),
                 typ: Some(MountType::VOLUME),
+                read_only: ro.then_some(true),
                 volume_options: Some(bollard::models::MountVolumeOptions {
                     no_copy: Some(true),
                     ..Default::default()

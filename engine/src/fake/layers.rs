@@ -35,6 +35,7 @@ impl FakeEngine {
             let (spec, _) = s.containers.get(id)?;
             spec.named_volumes
                 .iter()
+                .chain(&spec.read_only_volumes)
                 .find(|(_, target)| target == at)
                 .map(|(name, _)| name.clone())
         })
@@ -159,10 +160,12 @@ impl FakeEngine {
     /// does.
     pub(super) fn drop_volume(&self, name: &str) -> Result<(), EngineError> {
         self.with(|s| {
-            let in_use = s
-                .containers
-                .values()
-                .any(|(spec, _)| spec.named_volumes.iter().any(|(v, _)| v == name));
+            let in_use = s.containers.values().any(|(spec, _)| {
+                spec.named_volumes
+                    .iter()
+                    .chain(&spec.read_only_volumes)
+                    .any(|(v, _)| v == name)
+            });
             if in_use {
                 return Err(EngineError::Conflict(format!("volume {name} is in use")));
             }

@@ -198,6 +198,7 @@ impl Egress {
             },
             volumes: Vec::new(),
             named_volumes: Vec::new(),
+            read_only_volumes: Vec::new(),
             host_dirs: Vec::new(),
             // Audit lines are the sandbox's to provoke: bounded on disk.
             log_options: vec![

@@ -205,5 +205,9 @@ impl Stack {
             probes,
             self.snapshots.retire_idle_workers(true)
         );
+        // Once no build is in flight: the shared helper, if no sandbox mounts it.
+        if let Some(helper) = self.pool.factory().shared_helper() {
+            helper.remove_if_unused().await;
+        }
     }
 }

@@ -376,6 +376,16 @@ impl Reaper {
                 out.failed += 1;
             }
         }
+        // The shared helper's writers a crash left, and its other builds' volumes.
+        if let Some(helper) = self.pool.factory().shared_helper() {
+            let now = crate::time::unix_secs(now);
+            let guard = i64::try_from(guard.as_secs()).unwrap_or(i64::MAX);
+            let old = |created: Option<i64>| created.unwrap_or(now).saturating_add(guard) <= now;
+            if let Err(e) = helper.sweep(old).await {
+                tracing::warn!(error = %e, "reaper: shared helper sweep failed");
+                out.failed += 1;
+            }
+        }
         if let Ok(all) = snapshots.list().await {
             self.metrics.snapshots.held.set(all.len() as u64);
             let bytes: u64 = all.iter().map(|s| s.size).sum();

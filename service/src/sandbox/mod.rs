@@ -36,8 +36,10 @@ use crate::engine::{
 use crate::layout;
 use crate::shared_file::SharedFile;
 use crate::snapshots::{Snapshot, SnapshotError, Snapshots, Workspace};
+use shared_helper::{Mounted, SharedHelper};
 
 mod error;
+pub mod shared_helper;
 mod users;
 mod validation;
 
@@ -92,6 +94,9 @@ pub struct SandboxFactory {
     /// ([`ContainerSpec::skeleton`]'s parts). Its entries carry the time it was built, not the
     /// session's.
     service_skeleton: OnceLock<Vec<Part>>,
+    /// The engine's one copy of `helper`, which sandboxes mount instead of carrying their own
+    /// (`None` without a helper).
+    shared_helper: Option<Arc<SharedHelper>>,
 }
 
 impl SandboxFactory {
@@ -109,7 +114,11 @@ impl SandboxFactory {
             },
             sessions.run_uid_range,
         );
+        let shared_helper = helper
+            .clone()
+            .map(|h| Arc::new(SharedHelper::new(engine.clone(), h, &config.deployment)));
         Self {
+            shared_helper,
             snapshots: Arc::new(Snapshots::new(
                 engine.clone(),
                 config.clone(),
@@ -143,6 +152,24 @@ impl SandboxFactory {
     /// The helper binary sandboxes get.
     pub fn helper(&self) -> Option<&SharedFile> {
         self.helper.as_ref()
+    }
+
+    /// The engine's shared copy of the helper (the reaper sweeps its other builds).
+    pub fn shared_helper(&self) -> Option<&Arc<SharedHelper>> {
+        self.shared_helper.as_ref()
+    }
+
+    /// The shared helper a sandbox of `image` mounts; `None` (the sandbox then gets its own
+    /// copy, as before there was one) when there is no helper or it cannot be written.
+    async fn mounted_helper(&self, image: &str) -> Option<Mounted> {
+        let shared = self.shared_helper.as_ref()?;
+        match shared.ensure(image).await {
+            Ok(m) => Some(m),
+            Err(e) => {
+                tracing::warn!(error = %e, "shared helper unavailable; the sandbox gets its own copy");
+                None
+            }
+        }
     }
 
     /// The egress of this instance, or the 400 of a request for egress where none is configured.
@@ -246,11 +273,14 @@ impl SandboxFactory {
             }
             spec
         };
+        if from.is_none() {
+            self.ensure_base_image(&req.base_image).await?;
+        }
+        let image = from.map_or_else(|| req.base_image.clone(), |(s, _)| s.image());
+        let helper = self.mounted_helper(&image).await;
+        let helper = helper.as_ref();
         let Some((plan, reservation)) = egress else {
-            if from.is_none() {
-                self.ensure_base_image(&req.base_image).await?;
-            }
-            let spec = named(self.spec(req, None, user));
+            let spec = named(self.spec(req, None, user, helper));
             let id = self.engine.create(&spec).await?;
             if let Err(e) = self.engine.start(&id).await {
                 let _ = self.engine.remove(&id).await;
@@ -258,15 +288,15 @@ impl SandboxFactory {
             }
             return Ok(id);
         };
-        if from.is_none() {
-            self.ensure_base_image(&req.base_image).await?;
-        }
         // A pool member's gateway gets the helper: its claim installs the policy with it.
-        let helper = naming.and(self.helper.as_ref());
+        let gateway_helper = naming.and(self.helper.as_ref());
         plan.egress
-            .create(reservation.token(), &plan.policy, helper, |sandbox| {
-                named(self.spec(req, Some(sandbox), user))
-            })
+            .create(
+                reservation.token(),
+                &plan.policy,
+                gateway_helper,
+                |sandbox| named(self.spec(req, Some(sandbox), user, helper)),
+            )
             .await
             .map_err(Into::into)
     }
@@ -306,6 +336,7 @@ impl SandboxFactory {
         req: &StartSessionRequest,
         plan: Option<&SandboxPlan>,
         user: SandboxUser,
+        helper: Option<&Mounted>,
     ) -> ContainerSpec {
         let (network, extra_env, extra_labels, extra_files) = match plan {
             Some(p) => (p.network.clone(), &p.env[..], &p.labels[..], &p.files[..]),
@@ -390,12 +421,13 @@ impl SandboxFactory {
                 .map(String::from)
                 .collect(),
             named_volumes: Vec::new(),
+            read_only_volumes: helper.map(Mounted::mount).into_iter().collect(),
             host_dirs: Vec::new(),
             log_options: Vec::new(),
             auto_remove: false,
             skeleton: [user_dirs(user, state).into()]
                 .into_iter()
-                .chain(self.service_skeleton())
+                .chain(self.service_skeleton(helper))
                 .chain([skeleton_tail(
                     &env_json(req.environment.as_deref(), plan.is_some()).unwrap_or_default(),
                     extra_files,
@@ -405,8 +437,12 @@ impl SandboxFactory {
         }
     }
 
-    /// The service's part of every sandbox's skeleton (see [`service_skeleton`]).
-    fn service_skeleton(&self) -> Vec<Part> {
+    /// The service's part of a sandbox's skeleton: with a link to the shared helper `helper`,
+    /// or else with its own copy (see [`service_skeleton`]).
+    fn service_skeleton(&self, helper: Option<&Mounted>) -> Vec<Part> {
+        if let Some(m) = helper {
+            return linked_service_skeleton(m);
+        }
         let build = || service_skeleton(self.helper.as_ref());
         self.service_skeleton.get_or_init(build).clone()
     }
@@ -517,6 +553,15 @@ fn user_dirs(user: SandboxUser, state: bool) -> Bytes {
 fn service_skeleton(helper: Option<&SharedFile>) -> Vec<Part> {
     let mut tar = Archive::new();
     service_dirs(&mut tar, helper);
+    tar.finish_head_parts().unwrap_or_default()
+}
+
+/// The service's part of a sandbox's skeleton when it mounts the shared helper: the helper is a
+/// root-owned link into the read-only volume. Without its end.
+fn linked_service_skeleton(helper: &Mounted) -> Vec<Part> {
+    let mut tar = Archive::new();
+    service_dirs(&mut tar, None);
+    tar.symlink(entry_name(layout::HELPER), &helper.target(), ROOT);
     tar.finish_head_parts().unwrap_or_default()
 }
 

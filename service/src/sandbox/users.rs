@@ -121,6 +121,7 @@ mod tests {
             network: crate::engine::NetworkAttach::None,
             volumes: Vec::new(),
             named_volumes: Vec::new(),
+            read_only_volumes: Vec::new(),
             host_dirs: Vec::new(),
             log_options: Vec::new(),
             auto_remove: false,

@@ -296,6 +296,7 @@ impl Snapshots {
             network: NetworkAttach::None,
             volumes: Vec::new(),
             named_volumes,
+            read_only_volumes: Vec::new(),
             host_dirs: Vec::new(),
             log_options: Vec::new(),
             auto_remove: false,

@@ -288,6 +288,7 @@ impl Snapshots {
             network: NetworkAttach::None,
             volumes: Vec::new(),
             named_volumes: vec![(volume.to_string(), layout::WORKSPACE.to_string())],
+            read_only_volumes: Vec::new(),
             host_dirs: Vec::new(),
             log_options: Vec::new(),
             auto_remove: false,

@@ -342,6 +342,7 @@ fn probe_spec(config: &Config, name: &str, image: &str, user: &str) -> Container
         network: NetworkAttach::None,
         volumes: Vec::new(),
         named_volumes: Vec::new(),
+        read_only_volumes: Vec::new(),
         host_dirs: Vec::new(),
         log_options: Vec::new(),
         // Removed by the engine when it ends (its own sleep, or a runtime that died under the

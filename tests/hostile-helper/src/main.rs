@@ -86,8 +86,10 @@ fn asked_for(name: &str) -> bool {
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let at_session_path = std::env::current_exe()
-        .is_ok_and(|p| p == std::path::Path::new(sandbox_protocol::layout::HELPER));
+    // As it was called (the path may be a link into the engine's shared copy of the helper).
+    let at_session_path = std::env::args_os()
+        .next()
+        .is_some_and(|p| p == sandbox_protocol::layout::HELPER);
     if args.first().map(String::as_str) == Some("serve")
         && asked_for("DAIV_E2E_OTHER_PROTOCOL")
         && at_session_path

@@ -26,6 +26,10 @@ fn main() -> ExitCode {
             else {
                 return usage();
             };
+            if let Err(e) = shared_copy_is_sound(Path::new("/")) {
+                eprintln!("daiv-sandbox-helper: refusing to start: {e}");
+                return ExitCode::from(1);
+            }
             let identity = match flags.assume_identity() {
                 Ok(identity) => identity,
                 Err(code) => return code,
@@ -115,6 +119,39 @@ fn main() -> ExitCode {
     }
 }
 
+/// Whether the helper, when [`layout::HELPER`] is a link into the engine's shared copy, is that
+/// copy: the link names one file right in [`layout::HELPER_DIR`], and the service directory and
+/// `HELPER_DIR` are real directories. The image supplies whatever the skeleton does not write,
+/// and `HELPER_DIR` is the volume's mount point, which the skeleton cannot write: an image
+/// shipping it as a link into a directory the sandbox user owns would put the mount there, and
+/// the sandbox user could then swap the binary the service runs as root. Checked at `init`, which
+/// starts the sandbox: nothing in the service directory can change afterwards (it is root's, and
+/// its entries are mount points or root's files).
+fn shared_copy_is_sound(root: &Path) -> Result<(), String> {
+    use sandbox_protocol::layout::{HELPER, HELPER_DIR, SERVICE_DIR};
+    let at = |p: &str| root.join(p.trim_start_matches('/'));
+    let is_link = std::fs::symlink_metadata(at(HELPER)).is_ok_and(|m| m.file_type().is_symlink());
+    if !is_link {
+        return Ok(()); // its own copy, as the skeleton wrote it
+    }
+    let target = std::fs::read_link(at(HELPER)).map_err(|e| format!("{HELPER}: {e}"))?;
+    let file = target
+        .strip_prefix(HELPER_DIR)
+        .ok()
+        .filter(|f| f.components().count() == 1)
+        .ok_or_else(|| format!("{HELPER} links outside {HELPER_DIR}"))?;
+    if file.as_os_str().is_empty() {
+        return Err(format!("{HELPER} names no file"));
+    }
+    for dir in [SERVICE_DIR, HELPER_DIR] {
+        let m = std::fs::symlink_metadata(at(dir)).map_err(|e| format!("{dir}: {e}"))?;
+        if !m.file_type().is_dir() {
+            return Err(format!("{dir} is not a directory (a link in the image?)"));
+        }
+    }
+    Ok(())
+}
+
 fn usage() -> ExitCode {
     eprintln!("{USAGE}");
     ExitCode::from(2)
@@ -162,5 +199,49 @@ impl<'a> Flags<'a> {
             }
             _ => Err(usage()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shared_copy_is_sound;
+    use sandbox_protocol::layout::{HELPER, HELPER_DIR, SERVICE_DIR};
+    use std::os::unix::fs::symlink;
+
+    fn at(root: &std::path::Path, p: &str) -> std::path::PathBuf {
+        root.join(p.trim_start_matches('/'))
+    }
+
+    /// The shared copy is run only when its mount point is a real directory: an image's link
+    /// there (into a directory the sandbox user owns) stops the sandbox from starting.
+    #[test]
+    fn the_shared_copy_runs_only_from_a_real_mount_point() -> std::io::Result<()> {
+        let root = tempfile::tempdir()?;
+        let r = root.path();
+        std::fs::create_dir_all(at(r, SERVICE_DIR))?;
+        // Its own copy (a file): nothing to check.
+        std::fs::write(at(r, HELPER), b"bin")?;
+        assert!(shared_copy_is_sound(r).is_ok());
+        std::fs::remove_file(at(r, HELPER))?;
+        symlink(
+            format!("{HELPER_DIR}/daiv-sandbox-helper-ab"),
+            at(r, HELPER),
+        )?;
+        // The mount point a link the image shipped: refused.
+        std::fs::create_dir_all(r.join("home/sandbox/real"))?;
+        symlink("/home/sandbox/real", at(r, HELPER_DIR))?;
+        assert!(shared_copy_is_sound(r).is_err());
+        // A real directory: run.
+        std::fs::remove_file(at(r, HELPER_DIR))?;
+        std::fs::create_dir(at(r, HELPER_DIR))?;
+        assert!(shared_copy_is_sound(r).is_ok());
+        // A link out of it: refused.
+        std::fs::remove_file(at(r, HELPER))?;
+        symlink("/home/sandbox/real/x", at(r, HELPER))?;
+        assert!(shared_copy_is_sound(r).is_err());
+        std::fs::remove_file(at(r, HELPER))?;
+        symlink(format!("{HELPER_DIR}/a/b"), at(r, HELPER))?;
+        assert!(shared_copy_is_sound(r).is_err());
+        Ok(())
     }
 }

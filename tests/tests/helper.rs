@@ -873,3 +873,79 @@ async fn sandboxes_share_one_read_only_helper_that_a_clean_stop_removes() -> Res
     .with_context(|| format!("left: {:?}", shared()))?;
     Ok(())
 }
+
+/// An image that ships the shared helper's mount point as a link into a directory the sandbox
+/// user can write (so the sandbox could later swap the binary the service runs as root) gets no
+/// working sandbox: the helper refuses to start from such a mount. Without that check the
+/// session below runs commands.
+#[tokio::test]
+async fn an_image_that_links_the_helpers_mount_point_elsewhere_gets_no_sandbox() -> Result<()> {
+    require_image(DEBIAN);
+    let dir = std::env::temp_dir().join(format!("daiv-e2e-linked-bin-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(
+        dir.join("Dockerfile"),
+        format!(
+            "FROM {DEBIAN}\nRUN mkdir -p /.daiv-sandbox /opt/evil/real && chmod 777 /opt/evil \
+             && ln -s /opt/evil/l /.daiv-sandbox/bin && ln -s /opt/evil/real /opt/evil/l\n"
+        ),
+    )?;
+    let tag = format!("daiv-e2e-linked-bin:{}", std::process::id());
+    let built = std::process::Command::new("docker")
+        .args(["build", "-q", "-t", &tag])
+        .arg(&dir)
+        .output()?;
+    let _ = std::fs::remove_dir_all(&dir);
+    anyhow::ensure!(
+        built.status.success(),
+        "docker build: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    struct Image(String);
+    impl Drop for Image {
+        fn drop(&mut self) {
+            e2e::docker_quietly(&["rmi", "-f", &self.0]);
+        }
+    }
+    let image = Image(tag);
+    let cp = ControlPlane::start().await?;
+    let (status, body) = cp
+        .call(
+            reqwest::Method::POST,
+            "/session/",
+            Some(json!({"base_image": image.0})),
+        )
+        .await?;
+    if status != 200 {
+        return Ok(()); // refused at the create: no sandbox
+    }
+    let session = Session {
+        id: body["session_id"].as_str().unwrap_or_default().to_string(),
+    };
+    let ran = cp.sh(&session, "id -u").await;
+    anyhow::ensure!(
+        !matches!(&ran, Ok((0, _))),
+        "a sandbox whose helper mount point is a link ran a command: {ran:?}"
+    );
+    let logs = root_logs(&session.id);
+    anyhow::ensure!(
+        logs.contains("refusing to start"),
+        "the helper did not say why: {logs}"
+    );
+    Ok(())
+}
+
+/// What sandbox `id`'s container printed (its helper's complaints at start).
+fn root_logs(id: &str) -> String {
+    std::process::Command::new("docker")
+        .args(["logs", id])
+        .output()
+        .map(|o| {
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            )
+        })
+        .unwrap_or_default()
+}

@@ -79,7 +79,10 @@ pub async fn close_unread(req: Request, next: Next) -> Response {
         })
     });
     let mut response = next.run(req).await;
-    if http1 && fate.dropped_unread.load(Ordering::Acquire) {
+    // An upgrade (101) says `Connection: upgrade`, and a handler that already chose keeps it.
+    let decided = response.status() == axum::http::StatusCode::SWITCHING_PROTOCOLS
+        || response.headers().contains_key(header::CONNECTION);
+    if http1 && !decided && fate.dropped_unread.load(Ordering::Acquire) {
         response
             .headers_mut()
             .insert(header::CONNECTION, HeaderValue::from_static("close"));

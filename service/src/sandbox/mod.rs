@@ -281,7 +281,19 @@ impl SandboxFactory {
         let helper = helper.as_ref();
         let Some((plan, reservation)) = egress else {
             let spec = named(self.spec(req, None, user, helper));
-            let id = self.engine.create(&spec).await?;
+            let mut id = self.engine.create(&spec).await?;
+            // The shared helper removed between its check and this create (another replica's
+            // stop, by hand) was made again by the engine, empty: this sandbox gets its own copy.
+            if let (Some(_), Some(shared)) = (helper, &self.shared_helper)
+                && !shared.still_ours().await
+            {
+                tracing::warn!("shared helper went during a create; the sandbox gets its own copy");
+                let _ = self.engine.remove(&id).await;
+                id = self
+                    .engine
+                    .create(&named(self.spec(req, None, user, None)))
+                    .await?;
+            }
             if let Err(e) = self.engine.start(&id).await {
                 let _ = self.engine.remove(&id).await;
                 return Err(e.into());

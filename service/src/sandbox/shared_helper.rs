@@ -20,7 +20,7 @@ use std::sync::Arc;
 use crate::archive::{Archive, ROOT, entry_name};
 use crate::engine::{
     ContainerEngine, ContainerSpec, DEPLOYMENT_LABEL, EngineError, MANAGED_LABEL, NetworkAttach,
-    ROLE_LABEL, VolumeSpec,
+    ROLE_LABEL, VolumeInfo, VolumeSpec,
 };
 use crate::layout;
 use crate::shared_file::SharedFile;
@@ -140,7 +140,27 @@ impl SharedHelper {
         }
     }
 
-    /// The helper, when its marker and its volume are both there.
+    /// Whether volume `v` is this build's helper volume as this service made it: the engine
+    /// makes an empty, unlabelled one for a sandbox that names a volume that is gone.
+    fn ours(&self, v: &VolumeInfo) -> bool {
+        let is = |k: &str, want: &str| v.labels.get(k).map(String::as_str) == Some(want);
+        is(ROLE_LABEL, ROLE_HELPER)
+            && is(BUILD_LABEL, &self.build)
+            && is(DEPLOYMENT_LABEL, &self.deployment)
+    }
+
+    /// Whether the volume a sandbox was just created with is still this service's: once a
+    /// container names it, the engine refuses to remove it, so this holds for the sandbox's life.
+    pub async fn still_ours(&self) -> bool {
+        match self.engine.inspect_volume(&self.volume).await {
+            Ok(v) => self.ours(&v),
+            Err(_) => false,
+        }
+    }
+
+    /// The helper, when its marker and its volume are both there; `Err` when a volume of its
+    /// name that is not the service's is in use (a sandbox's, made while the real one was gone):
+    /// sandboxes then get their own copies until it goes.
     async fn found(&self) -> Result<Option<Mounted>, EngineError> {
         let marker = match self.engine.inspect_volume(&self.marker()).await {
             Ok(v) => v,
@@ -148,13 +168,24 @@ impl SharedHelper {
             Err(e) => return Err(e),
         };
         let Some(file) = marker.labels.get(FILE_LABEL).filter(|f| valid_file(f)) else {
+            let _ = self.engine.remove_volume(&self.marker()).await;
             return Ok(None);
         };
         match self.engine.inspect_volume(&self.volume).await {
-            Ok(_) => Ok(Some(Mounted {
+            Ok(v) if self.ours(&v) => Ok(Some(Mounted {
                 volume: self.volume.clone(),
                 file: file.clone(),
             })),
+            Ok(_) => {
+                self.engine.remove_volume(&self.volume).await.map_err(|_| {
+                    EngineError::Unavailable(format!(
+                        "volume {} is not the service's helper and is in use",
+                        self.volume
+                    ))
+                })?;
+                let _ = self.engine.remove_volume(&self.marker()).await;
+                Ok(None)
+            }
             // The volume went without its marker: both are made again.
             Err(EngineError::NotFound) => {
                 let _ = self.engine.remove_volume(&self.marker()).await;
@@ -167,13 +198,20 @@ impl SharedHelper {
     /// Writes this replica's file into the volume (made if missing) through a container that
     /// mounts it and is removed again, started never.
     async fn write(&self, image: &str) -> Result<(), EngineError> {
-        self.engine
+        let volume = self
+            .engine
             .create_volume(&VolumeSpec {
                 name: self.volume.clone(),
                 labels: self.labels(ROLE_HELPER),
                 driver_opts: HashMap::new(),
             })
             .await?;
+        if !self.ours(&volume) {
+            return Err(EngineError::Unavailable(format!(
+                "volume {} is not the service's helper",
+                self.volume
+            )));
+        }
         let mut tar = Archive::new();
         let name = format!("{}/{}", entry_name(WRITER_MOUNT), self.own_file);
         tar.shared_file(&name, 0o755, ROOT, self.helper.clone());
@@ -205,11 +243,39 @@ impl SharedHelper {
             skeleton: parts,
         };
         let id = self.engine.create(&spec).await?;
+        // Read back where the writer put it: the image decides what the writer's paths are.
+        let file = format!("{WRITER_MOUNT}/{}", self.own_file);
+        let written = self.written_len(&id, &file).await;
         let removed = self.engine.remove(&id).await;
         if let Err(e) = removed {
             tracing::warn!(error = %e, "helper writer not removed; the sweep will");
         }
-        Ok(())
+        match written {
+            Ok(Some(len)) if len == self.helper.len() => Ok(()),
+            Ok(_) => Err(EngineError::Unavailable(
+                "the helper was not written whole into its volume".to_string(),
+            )),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The size of regular file `path` in container `id` (its archive's first header), or
+    /// `None` when it is anything else.
+    async fn written_len(&self, id: &str, path: &str) -> Result<Option<u64>, EngineError> {
+        use futures::StreamExt;
+        let mut stream = self.engine.get_archive(id, path).await?;
+        let mut head = Vec::with_capacity(512);
+        while head.len() < 512 {
+            match stream.next().await {
+                Some(chunk) => head.extend_from_slice(&chunk?),
+                None => return Ok(None),
+            }
+        }
+        let mut header = tar::Header::new_old();
+        header.as_mut_bytes().copy_from_slice(&head[..512]);
+        Ok((header.entry_type() == tar::EntryType::Regular)
+            .then(|| header.size().ok())
+            .flatten())
     }
 
     /// The reaper's part: writers a crash left (older than `guard` seconds by `old`), and the
@@ -318,6 +384,40 @@ mod tests {
         let again = b.ensure("img").await?;
         assert_eq!(again.file, b.own_file);
         assert_eq!(creates(&engine), 2);
+        Ok(())
+    }
+
+    /// A volume of the helper's name that the service did not make (the engine makes an empty
+    /// one for a sandbox that names a volume that went) is never used: written anew when
+    /// nothing mounts it, and while something does, sandboxes get their own copies.
+    #[tokio::test]
+    async fn a_volume_of_its_name_that_is_not_its_own_is_never_used()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let engine = Arc::new(FakeEngine::new(|_| FakeExec::default()));
+        let h = SharedHelper::new(engine.clone(), SharedFile::from_bytes(b"helper")?, "dep");
+        h.ensure("img").await?;
+        engine.remove_volume(&h.volume).await?;
+        let empty = VolumeSpec {
+            name: h.volume.clone(),
+            labels: HashMap::new(),
+            driver_opts: HashMap::new(),
+        };
+        engine.create_volume(&empty).await?;
+        let dead = engine
+            .create(&ContainerSpec {
+                read_only_volumes: vec![(h.volume.clone(), layout::HELPER_DIR.into())],
+                ..ContainerSpec::for_tests("img")
+            })
+            .await?;
+        assert!(!h.still_ours().await);
+        assert!(
+            h.ensure("img").await.is_err(),
+            "an empty volume in use was used"
+        );
+        engine.remove(&dead).await?;
+        let m = h.ensure("img").await?;
+        assert!(h.still_ours().await);
+        assert_eq!(m.file, h.own_file);
         Ok(())
     }
 

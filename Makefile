@@ -22,7 +22,7 @@ SUITE ?=
 KEEP_ENGINES ?= 0
 JUNIT := target/nextest/ci/junit.xml
 
-.PHONY: help fmt lint clippy build static helper images images-static images-host host compose-smoke docker gvisor redis registry chromium venv run test test-steps e2e-steps test-unit test-quick test-e2e check-leaks clean-docker cargo-fuzz fuzz fuzz-smoke chaos deny api-fuzz api-fuzz-smoke soak soak-smoke fleet-engines engines-up fleet
+.PHONY: help fmt lint clippy build static helper images images-static images-code-interpreter images-host host compose-smoke docker gvisor redis registry chromium venv run test test-steps e2e-steps test-unit test-quick test-e2e check-leaks clean-docker cargo-fuzz fuzz fuzz-smoke chaos deny api-fuzz api-fuzz-smoke soak soak-smoke fleet-engines engines-up fleet
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -68,12 +68,17 @@ venv: ## Make target/venv with the official MCP Python SDK, and target/venv-e2b-
 	@scripts/ensure-python-venv.sh >/dev/null
 	@for r in integration/python/e2b-*.txt; do scripts/ensure-python-venv.sh "$$(basename "$$r" .txt)" >/dev/null; done
 
-images: images-host images-static ## Build the local images (no registry needed): sandboxes, gateway, service, Redis
+images: images-host images-static images-code-interpreter ## Build the local images (no registry needed): sandboxes, code interpreter, gateway, service, Redis
 
 # The images built from this checkout's static binaries (cargo).
 images-static: docker static
 	@images/egress-gateway/build-local.sh
 	@images/control-plane/build-local.sh
+
+# The code interpreter's image: the Debian image, pinned wheels (fetched from PyPI once) and this
+# checkout's static daiv-code-interpreter.
+images-code-interpreter: images-host images-static
+	@images/code-interpreter/build.sh
 
 # The images that need no cargo: debootstrapped sandboxes, Debian's Redis.
 images-host: docker

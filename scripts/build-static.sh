@@ -24,4 +24,5 @@ RUSTFLAGS='-C target-feature=+crt-static -C link-arg=-Wl,-z,pack-relative-relocs
     -p egress-gateway --bin daiv-egress-gateway \
     -p control-plane --bin daiv-sandbox \
     -p sandbox-helper --bin daiv-sandbox-helper \
-    -p hostile-helper --bin daiv-e2e-hostile-helper
+    -p hostile-helper --bin daiv-e2e-hostile-helper \
+    -p code-interpreter --bin daiv-code-interpreter

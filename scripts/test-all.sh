@@ -52,6 +52,8 @@ step "static release binaries, their images"
 step "waiting for the host preparation"
 wait_for host "$host_pid"
 host_pid=
+step "the code interpreter's image"
+"${make[@]}" images-code-interpreter
 step "fleet engines, in the background (log: $dev/fleet-engines.log)"
 "${make[@]}" engines-up >"$dev/fleet-engines.log" 2>&1 &
 engines_pid=$!

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build the image daiv-sandbox-debian:local: a Debian bookworm minbase rootfs made by debootstrap
 # (bash, git, curl, ca-certificates, python3, procps, iproute2, libcap2-bin, vim-tiny) with a user
-# `sandbox` (uid/gid 1000) and, for E2B's SDK, `user` (the same ids, home /home/user), imported
+# `sandbox` (uid/gid 1000) and, for E2B's SDK, `user` (the same ids, home /home/user, listed first so
+# `whoami` says `user`), imported
 # with `docker import`. The mirror is the machine's own
 # (from its apt sources). The downloaded .debs are cached as a debootstrap tarball, so a rebuild
 # needs no network. Skips when the tag exists, built by this very script (its daiv.recipe label),
@@ -33,8 +34,17 @@ run_quiet "adding user sandbox" chroot "$root" sh -c \
 # E2B's templates run as `user` in /home/user: the same uid, a second name and that home (the E2B
 # API's `base` template is this image).
 run_quiet "adding user user" chroot "$root" sh -c \
-    'getent passwd user >/dev/null || useradd -o -M -u 1000 -g 1000 -d /home/user -s /bin/bash user
+    'getent group user >/dev/null || groupadd -o -g 1000 user
+     getent passwd user >/dev/null || useradd -o -M -u 1000 -g 1000 -d /home/user -s /bin/bash user
      mkdir -p /home/user && chown 1000:1000 /home/user && chmod 755 /home/user'
+# uid and gid 1000 are named by their first entries: `user` first, so `whoami` and `id` say
+# `user`, as E2B's SDK and its users assume (`sandbox` still names them for `-u sandbox`, `~sandbox`).
+for f in passwd group; do
+    awk -F: '$1 == "user" { next } $1 == "sandbox" { while ((getline l < u) > 0) if (l ~ /^user:/) print l } { print }' \
+        u="$root/etc/$f" "$root/etc/$f" >"$root/etc/$f.new"
+    chmod --reference="$root/etc/$f" "$root/etc/$f.new"
+    mv "$root/etc/$f.new" "$root/etc/$f"
+done
 
 # Keep it small, and leave to Docker what Docker mounts.
 rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/cache/apt/*.bin \

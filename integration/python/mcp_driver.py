@@ -86,6 +86,11 @@ class Tools:
             "is_error": bool(result.is_error),
             "value": result.structured_content,
             "text": text,
+            "images": [
+                {"mime": c.mime_type, "head": c.data[:12]}
+                for c in result.content
+                if getattr(c, "type", None) == "image"
+            ],
         }
 
     async def ok(self, name: str, arguments: dict[str, Any], **kw: Any) -> dict[str, Any]:
@@ -511,7 +516,44 @@ async def scenario_bench() -> dict[str, Any]:
     return out
 
 
+async def scenario_code() -> dict[str, Any]:
+    """The code interpreter through `run_code`: state kept across calls, a chart as MCP image
+    content, an exception's traceback, a session whose image runs no interpreter.
+
+    params: image (one that runs the interpreter), plain_image (one that does not)."""
+    p = params()
+    out: dict[str, Any] = {}
+    async with connect() as (session, _):
+        tools = Tools(session, Recorder())
+        sid = (await tools.ok("session_create", {"image": p["image"]}))["session_id"]
+        try:
+            await tools.ok("run_code", {"session_id": sid, "code": "import pandas as pd\nx = 20"})
+            out["state"] = await tools.ok("run_code", {"session_id": sid, "code": "x * 2"})
+            chart = await tools.call(
+                "run_code",
+                {
+                    "session_id": sid,
+                    "code": "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()",
+                },
+            )
+            out["chart_images"] = chart["images"]
+            out["error"] = await tools.ok("run_code", {"session_id": sid, "code": "1 / 0"})
+            out["timeout"] = await tools.ok(
+                "run_code", {"session_id": sid, "code": "import time\ntime.sleep(30)", "timeout": 1}
+            )
+            out["after_timeout"] = await tools.ok("run_code", {"session_id": sid, "code": "x"})
+        finally:
+            await tools.ok("session_close", {"session_id": sid})
+        plain = (await tools.ok("session_create", {"image": p["plain_image"]}))["session_id"]
+        try:
+            out["plain"] = await tools.call("run_code", {"session_id": plain, "code": "1"})
+        finally:
+            await tools.ok("session_close", {"session_id": plain})
+    return out
+
+
 SCENARIOS = {
+    "code": scenario_code,
     "init": scenario_init,
     "turn": scenario_turn,
     "progress_cancel": scenario_progress_cancel,

@@ -39,8 +39,10 @@ fn main() -> ExitCode {
                 identity,
                 ..Default::default()
             };
-            // The keep-alive (tini, not this, is PID 1; SIGTERM's default action ends it) and
-            // the supervisor of background processes. Without the socket, commands still work.
+            // The image's own service (`DAIV_SANDBOX_START`), then the keep-alive (tini, not
+            // this, is PID 1; SIGTERM's default action ends it) and the supervisor of background
+            // processes. Without the socket, commands still work.
+            procs::autostart::spawn(&config);
             if let Err(e) = procs::supervisor::supervise(config) {
                 eprintln!("daiv-sandbox-helper: no background processes: {e}");
             }

@@ -14,9 +14,22 @@ pub use integration::fixtures::TestCa;
 /// HTTPS (443) and HTTP (80) echo server: answers every request with a JSON record of it and
 /// appends that record to /tmp/requests.jsonl, which tests read back with `docker exec`. A
 /// WebSocket handshake (`Upgrade: websocket`) is answered 101, then every byte is echoed until
-/// the client closes.
+/// the client closes. It is also a package index of one package (`/simple/daivpkg/`, PEP 503,
+/// whose wheel's module `daivpkg` has `VALUE = 42`), for `pip install` through a gateway.
 pub const ECHO_SERVER: &str = r#"
-import http.server, json, ssl, threading
+import http.server, io, json, ssl, threading, zipfile
+def wheel():
+    b = io.BytesIO()
+    with zipfile.ZipFile(b, "w") as z:
+        z.writestr("daivpkg/__init__.py", "VALUE = 42\n")
+        d = "daivpkg-1.0.dist-info/"
+        z.writestr(d + "METADATA", "Metadata-Version: 2.1\nName: daivpkg\nVersion: 1.0\n")
+        z.writestr(d + "WHEEL", "Wheel-Version: 1.0\nGenerator: e2e\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr(d + "RECORD", "daivpkg/__init__.py,,\n" + d + "METADATA,,\n" + d + "WHEEL,,\n" + d + "RECORD,,\n")
+    return b.getvalue()
+WHEEL_NAME = "daivpkg-1.0-py3-none-any.whl"
+WHEEL = wheel()
+INDEX = ('<html><body><a href="/packages/%s">%s</a></body></html>' % (WHEEL_NAME, WHEEL_NAME)).encode()
 class H(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     def handle_any(self):
@@ -42,9 +55,13 @@ class H(http.server.BaseHTTPRequestHandler):
                 self.wfile.write(data)
             self.close_connection = True
             return
-        out = json.dumps(rec).encode()
+        out, ctype = json.dumps(rec).encode(), "application/json"
+        if self.path.split("?")[0].rstrip("/") == "/simple/daivpkg":
+            out, ctype = INDEX, "text/html"
+        elif self.path == "/packages/" + WHEEL_NAME:
+            out, ctype = WHEEL, "application/octet-stream"
         self.send_response(200)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(out)))
         self.end_headers()
         if self.command != "HEAD":
@@ -374,9 +391,13 @@ class H(http.server.BaseHTTPRequestHandler):
                "headers": {k.lower(): v for k, v in self.headers.items()}, "body_len": len(body)}
         with open("/tmp/requests.jsonl", "a") as f:
             f.write(json.dumps(rec) + "\n")
-        out = json.dumps(rec).encode()
+        out, ctype = json.dumps(rec).encode(), "application/json"
+        if self.path.split("?")[0].rstrip("/") == "/simple/daivpkg":
+            out, ctype = INDEX, "text/html"
+        elif self.path == "/packages/" + WHEEL_NAME:
+            out, ctype = WHEEL, "application/octet-stream"
         self.send_response(200)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(out)))
         self.end_headers()
         if self.command != "HEAD":

@@ -42,6 +42,7 @@ const TOOLS: &[&str] = &[
     "snapshot",
     "fork",
     "pause",
+    "run_code",
 ];
 
 /// The egress credential of the agent turn, and the one `egress_update` replaces it with.
@@ -665,5 +666,43 @@ async fn the_stdio_bridge_initialises_and_runs_a_tool() -> Result<()> {
         Vec::<String>::new(),
         "sessions left"
     );
+    Ok(())
+}
+
+#[tokio::test]
+async fn run_code_keeps_state_returns_charts_as_images_and_names_a_session_without_one()
+-> Result<()> {
+    const IMAGE: &str = "daiv-sandbox-code-interpreter:local";
+    require_image(IMAGE);
+    require_image(DEBIAN);
+    let cp = ControlPlane::start().await?;
+    let _guard = DeploymentGuard(cp.deployment.clone());
+    let v = drive(&cp, "code", json!({"image": IMAGE, "plain_image": DEBIAN})).await?;
+    assert_eq!(v["state"]["_text"], "Out: 40\n", "{v}");
+    assert_eq!(v["state"]["results"][0]["text"], "40", "{v}");
+    // The figure reaches the model as MCP image content (a PNG), not as base64 text.
+    assert_eq!(
+        v["chart_images"],
+        json!([{"mime": "image/png", "head": "iVBORw0KGgoA"}]),
+        "{v}"
+    );
+    assert_eq!(v["error"]["error"]["name"], "ZeroDivisionError", "{v}");
+    let tb = v["error"]["_text"].as_str().unwrap_or_default();
+    assert!(
+        tb.contains("ZeroDivisionError") && !tb.contains('\u{1b}'),
+        "{v}"
+    );
+    assert_eq!(v["timeout"]["error"]["name"], "TimeoutError", "{v}");
+    assert_eq!(v["after_timeout"]["results"][0]["text"], "20", "{v}");
+    // An image without the interpreter: a tool failure that says why.
+    assert_eq!(v["plain"]["is_error"], true, "{v}");
+    assert!(
+        v["plain"]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("no code interpreter")),
+        "{v}"
+    );
+    let label = format!("daiv.deployment={}", cp.deployment);
+    assert_eq!(containers_but_workers(&[&label]), Vec::<String>::new());
     Ok(())
 }

@@ -146,9 +146,12 @@ pub async fn create(State(e): State<E2b>, raw: axum::body::Bytes) -> Answer {
         }
         None => return Err(template_not_found(&req.template_id)),
     }
-    if let Some(env) = &req.env_vars {
-        start["environment"] = json!(env);
-    }
+    // E2B's user as its SDK and its users assume it: `$HOME` and `~` are `/home/user` (where
+    // commands start and relative paths land) and `$USER` is `user` (the image names uid 1000
+    // `user` first). The caller's own values win.
+    let mut env = e2b_user_env();
+    env.extend(req.env_vars.clone().unwrap_or_default());
+    start["environment"] = json!(env);
     let private = req.network.as_ref().is_some_and(|n| n.private_traffic());
     let mut metadata = req.metadata.clone().unwrap_or_default();
     metadata.remove(super::token::PRIVATE_TRAFFIC);
@@ -184,6 +187,23 @@ pub async fn create(State(e): State<E2b>, raw: axum::body::Bytes) -> Answer {
         answer["trafficAccessToken"] = json!(e.tokens.traffic(&created));
     }
     Ok((StatusCode::CREATED, Json(answer)).into_response())
+}
+
+/// The environment of E2B's user (`layout::E2B_HOME`), under the caller's.
+fn e2b_user_env() -> BTreeMap<String, String> {
+    let home = crate::layout::E2B_HOME;
+    [
+        ("HOME", home.to_string()),
+        ("USER", "user".to_string()),
+        ("LOGNAME", "user".to_string()),
+        ("XDG_CONFIG_HOME", format!("{home}/.config")),
+        ("XDG_CACHE_HOME", format!("{home}/.cache")),
+        ("XDG_DATA_HOME", format!("{home}/.local/share")),
+        ("XDG_STATE_HOME", format!("{home}/.local/state")),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
 }
 
 pub(super) fn template_not_found(id: &str) -> ApiFailure {

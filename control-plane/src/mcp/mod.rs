@@ -58,7 +58,13 @@ impl McpServer {
 pub fn result(outcome: Result<Answer, ToolFailure>) -> CallToolResult {
     match outcome {
         Ok(a) => {
-            let mut r = CallToolResult::success(vec![ContentBlock::text(a.text)]);
+            let mut content = vec![ContentBlock::text(a.text)];
+            content.extend(
+                a.images
+                    .into_iter()
+                    .map(|(mime, data)| ContentBlock::image(data, mime)),
+            );
+            let mut r = CallToolResult::success(content);
             r.structured_content = Some(a.value);
             r
         }

@@ -5,6 +5,7 @@
 //! [`admit::holding`] keeps what an operation holds until its answer has been sent.
 
 pub mod admit;
+pub mod code;
 pub mod docs;
 pub mod egress;
 pub mod engines;
@@ -30,7 +31,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::extract::FromRef;
 use axum::middleware;
-use axum::routing::{get, post, put};
+use axum::routing::{delete, get, post, put};
 
 use crate::config::Config;
 use crate::telemetry::metrics::Metrics;
@@ -161,6 +162,23 @@ where
         get(processes::pty),
     );
     api = both(api, "/session/{session_id}/ports", get(ports::usage));
+    // The code interpreter (relayed to the session's port 49999, its NDJSON streamed back).
+    api = both(api, "/session/{session_id}/code", post(code::execute));
+    api = both(
+        api,
+        "/session/{session_id}/code/contexts",
+        get(code::contexts).post(code::contexts),
+    );
+    api = both(
+        api,
+        "/session/{session_id}/code/contexts/{context_id}",
+        delete(code::context),
+    );
+    api = both(
+        api,
+        "/session/{session_id}/code/contexts/{context_id}/{action}",
+        post(code::context_action),
+    );
     api = api.route(
         "/session/{session_id}/ports/{port}/token",
         post(ports::token),

@@ -28,7 +28,7 @@ use crate::config::Config;
 use crate::error::ApiError;
 use crate::ids::SessionId;
 use crate::ops::Ops;
-use crate::ops::ports::{Connection, PortUsage, check_port};
+use crate::ops::ports::{CODE_INTERPRETER_PORT, Connection, PortUsage, check_port};
 
 /// Where a request goes: a session's port and the path there.
 pub struct Target {
@@ -164,6 +164,24 @@ pub fn preview_url(config: &Config, id: &SessionId, port: u16) -> Option<String>
         "{}://{port}-{short}.{domain}/",
         config.ingress.preview_scheme
     ))
+}
+
+/// A request the API key already let in (the code interpreter's routes, [`super::code`]), sent
+/// to `path_and_query` at `port` of session `id`.
+pub async fn forward_with_key(
+    ops: Ops,
+    id: SessionId,
+    port: u16,
+    path_and_query: String,
+    req: Request,
+) -> Response {
+    let target = Target {
+        id,
+        port,
+        path_and_query,
+        prefix: String::new(),
+    };
+    forward(ops, target, req).await
 }
 
 /// A host-routed request (`{port}-{id}.{domain}`): its whole path goes to the port.
@@ -410,7 +428,13 @@ async fn forward(ops: Ops, target: Target, mut req: Request) -> Response {
     {
         return tcp_over_websocket(ops, target, req).await;
     }
-    let conn = match ops.open_port(&target.id, target.port).await {
+    // The code interpreter starts with its sandbox: a client that calls at once waits for it.
+    let opened = if target.port == CODE_INTERPRETER_PORT {
+        ops.open_code_interpreter(&target.id).await
+    } else {
+        ops.open_port(&target.id, target.port).await
+    };
+    let conn = match opened {
         Ok(c) => c,
         Err(e) => return respond(e),
     };

@@ -236,7 +236,10 @@ pub(super) fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
         networking_config: Some(NetworkingConfig {
             endpoints_config: endpoints,
         }),
-        network_disabled: Some(matches!(spec.network, NetworkAttach::None)),
+        // Never `NetworkDisabled`: network mode `none` already gives nothing but loopback, and
+        // with it Docker leaves loopback unconfigured, which gVisor (host networking) keeps
+        // down: no server in the sandbox could be reached, not even by its own helper.
+        network_disabled: None,
         ..Default::default()
     }
 }

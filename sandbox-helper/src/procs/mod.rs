@@ -19,6 +19,7 @@ use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::SocketAddr;
 use std::time::Duration;
 
+pub mod autostart;
 pub mod client;
 pub mod pty;
 pub mod supervisor;

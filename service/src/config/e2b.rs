@@ -8,6 +8,10 @@ use super::parse::Parser;
 /// The image `templateID: "base"` names unless `E2B_TEMPLATES` says otherwise: the project's
 /// Debian image (`make images`), which has the user `user` and its home.
 pub const DEFAULT_BASE_IMAGE: &str = "daiv-sandbox-debian:local";
+/// The image of `code-interpreter-v1`, the template E2B's `e2b-code-interpreter` SDK creates by
+/// default: the Debian image with Jupyter's kernels and the data libraries, whose helper starts
+/// the code interpreter on port 49999 (`make images`).
+pub const DEFAULT_CODE_INTERPRETER_IMAGE: &str = "daiv-sandbox-code-interpreter:local";
 
 /// What a sandbox created without `network` (and without `allow_internet_access`) gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,7 +47,13 @@ impl E2bConfig {
             },
         };
         let templates = match p.get("E2B_TEMPLATES").filter(|s| !s.trim().is_empty()) {
-            None => BTreeMap::from([("base".to_string(), DEFAULT_BASE_IMAGE.to_string())]),
+            None => BTreeMap::from([
+                ("base".to_string(), DEFAULT_BASE_IMAGE.to_string()),
+                (
+                    "code-interpreter-v1".to_string(),
+                    DEFAULT_CODE_INTERPRETER_IMAGE.to_string(),
+                ),
+            ]),
             Some(raw) => match serde_json::from_str::<BTreeMap<String, String>>(&raw) {
                 Ok(map)
                     if map

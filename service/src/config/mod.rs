@@ -44,7 +44,7 @@ mod tests;
 
 pub use admission::AdmissionConfig;
 pub use coordination::CoordinationConfig;
-pub use e2b::{DefaultNetwork, E2bConfig};
+pub use e2b::{DEFAULT_CODE_INTERPRETER_IMAGE, DefaultNetwork, E2bConfig};
 pub use egress::{EgressCa, EgressConfig};
 pub use fleet::{
     Endpoint, EngineSpec, FleetConfig, TlsFiles, endpoint_kind, parse_engines, read_engines,

@@ -217,6 +217,31 @@ impl Ops {
         self.apply(id, ports::OpenPort { port, streams }).await
     }
 
+    /// A connection to the session's code interpreter ([`ports::CODE_INTERPRETER_PORT`]),
+    /// waiting up to [`ports::CODE_INTERPRETER_START`] for it to listen; a session whose image
+    /// starts none is a conflict that says so.
+    pub async fn open_code_interpreter(
+        &self,
+        id: &SessionId,
+    ) -> Result<ports::Connection, ApiError> {
+        let deadline = tokio::time::Instant::now() + ports::CODE_INTERPRETER_START;
+        loop {
+            match self.open_port(id, ports::CODE_INTERPRETER_PORT).await {
+                Err(ApiError::PortClosed(_)) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+                Err(ApiError::PortClosed(_)) => {
+                    return Err(ApiError::Conflict(format!(
+                        "this session runs no code interpreter: nothing listens on port {} in                          its sandbox (create it from an image that starts one, such as {})",
+                        ports::CODE_INTERPRETER_PORT,
+                        crate::config::DEFAULT_CODE_INTERPRETER_IMAGE
+                    )));
+                }
+                other => return other,
+            }
+        }
+    }
+
     /// Applies `op` to session `id`: its engine (404 for one not in the fleet, 503 while it is
     /// down), then its admission slot, its lock, the running check, once each.
     pub async fn apply<O: Op>(&self, id: &SessionId, op: O) -> Result<O::Output, ApiError> {

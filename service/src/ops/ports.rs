@@ -26,6 +26,13 @@ pub const RECENTLY_RUNNING: Duration = Duration::from_secs(2);
 /// How long a trusted connection waits for the helper before the session is checked.
 pub const TRUSTED_ANSWER: Duration = Duration::from_millis(250);
 
+/// The code interpreter's port inside a sandbox (E2B's `JUPYTER_PORT`): an image that serves one
+/// (`daiv-sandbox-code-interpreter:local`, E2B's `code-interpreter-v1`) starts it there.
+pub const CODE_INTERPRETER_PORT: u16 = 49999;
+/// How long a connection to the code interpreter waits for it to listen: it starts with the
+/// sandbox, a few milliseconds after the helper does, and a client may call at once.
+pub const CODE_INTERPRETER_START: Duration = Duration::from_secs(5);
+
 /// Whether `port` may be reached (the helper itself listens on none).
 pub fn check_port(port: u16) -> Result<(), ApiError> {
     if port < FIRST_PORT {

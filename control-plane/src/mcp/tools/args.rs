@@ -219,6 +219,28 @@ pub struct PortUrlArgs {
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+pub struct RunCodeArgs {
+    /// A session whose image runs the code interpreter (e.g. daiv-sandbox-code-interpreter:local).
+    pub session_id: String,
+    /// The code: a cell, run in a kernel that keeps its variables, imports and definitions
+    /// from one call to the next.
+    pub code: String,
+    /// "python" (default) or "bash": the session's default context of that language.
+    #[serde(default)]
+    pub language: Option<String>,
+    /// A context made with the REST API (its own kernel and working directory) instead.
+    #[serde(default)]
+    pub context_id: Option<String>,
+    /// Environment variables for this execution only.
+    #[serde(default)]
+    pub env_vars: Option<BTreeMap<String, String>>,
+    /// Seconds the code may run; past it the kernel is interrupted (its state is kept).
+    #[serde(default)]
+    pub timeout: Option<f64>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct EgressArgs {
     /// A session created with egress.
     pub session_id: String,
@@ -356,6 +378,14 @@ pub fn list() -> &'static [Tool] {
                 "pause",
                 "Freeze a session, keeping its memory and processes, to save resources while \
                  it is not needed; the next call on it resumes it.",
+            ),
+            tool::<RunCodeArgs>(
+                "run_code",
+                "Run a cell of Python (or bash) in the session's code interpreter, a Jupyter \
+                 kernel that keeps its state between calls (define a DataFrame in one call, \
+                 plot it in the next). Returns stdout, stderr, the cell's results as text and \
+                 charts as images, and an exception with its traceback. The session's image \
+                 must run the interpreter (daiv-sandbox-code-interpreter:local).",
             ),
         ]
     })

@@ -44,17 +44,23 @@ pub enum ArgsError {
     Invalid { tool: &'static str, detail: String },
 }
 
-/// What a tool answers: its structured value and the text a model reads.
+/// What a tool answers: its structured value, the text a model reads, and images (MIME type,
+/// base64) it sees.
 #[derive(Debug, Clone)]
 pub struct Answer {
     pub value: Value,
     pub text: String,
+    pub images: Vec<(String, String)>,
 }
 
 impl Answer {
     fn json(value: Value) -> Self {
         let text = value.to_string();
-        Self { value, text }
+        Self {
+            value,
+            text,
+            images: Vec::new(),
+        }
     }
 }
 
@@ -120,6 +126,7 @@ impl Tools {
             "snapshot" => self.snapshot(parse("snapshot", args)?).await,
             "fork" => self.fork(parse("fork", args)?).await,
             "pause" => self.pause(parse("pause", args)?).await,
+            "run_code" => self.run_code(parse("run_code", args)?).await,
             other => return Err(ArgsError::UnknownTool(other.to_string())),
         })
     }
@@ -228,6 +235,7 @@ impl Tools {
         Ok(Answer {
             value: wire(&r),
             text,
+            images: Vec::new(),
         })
     }
 
@@ -378,6 +386,25 @@ impl Tools {
         })))
     }
 
+    /// `POST /session/{id}/code`, collected: the transcript as text, each chart as an image.
+    async fn run_code(&self, a: RunCodeArgs) -> Result<Answer, ToolFailure> {
+        let id = session_id(&a.session_id)?;
+        let body = json!({
+            "code": a.code,
+            "language": a.language,
+            "context_id": a.context_id,
+            "env_vars": a.env_vars,
+            "timeout": a.timeout,
+        });
+        let (lines, dropped) =
+            crate::routes::code::execute_collected(&self.ops, &id, &body).await?;
+        Ok(render_code(
+            &lines,
+            dropped,
+            self.config.mcp.run_output_bytes,
+        ))
+    }
+
     /// `PUT /session/{id}/egress/`: the answer says only that it was done (never the secrets).
     async fn egress_update(&self, a: EgressArgs) -> Result<Answer, ToolFailure> {
         let id = session_id(&a.session_id)?;
@@ -446,6 +473,118 @@ fn wire<T: serde::Serialize>(v: &T) -> Value {
     v
 }
 
+/// Most bytes of images one `run_code` answer carries (base64); later ones are named, not sent.
+const CODE_IMAGES_MAX_BYTES: usize = 8 * 1024 * 1024;
+
+/// An execution's lines as a model reads them: output in order, each result's text, an error
+/// with its traceback (terminal colours taken out), within `budget` bytes of text; PNG and JPEG
+/// results as images.
+pub fn render_code(lines: &[Value], dropped: bool, budget: usize) -> Answer {
+    let mut text = String::new();
+    let mut images = Vec::new();
+    let mut image_bytes = 0usize;
+    let (mut stdout, mut stderr, mut results) = (String::new(), String::new(), Vec::new());
+    let mut error = Value::Null;
+    let mut execution_count = Value::Null;
+    for line in lines {
+        match line.get("type").and_then(Value::as_str) {
+            Some(kind @ ("stdout" | "stderr")) => {
+                let t = line.get("text").and_then(Value::as_str).unwrap_or("");
+                text.push_str(t);
+                if kind == "stdout" {
+                    stdout.push_str(t);
+                } else {
+                    stderr.push_str(t);
+                }
+            }
+            Some("result") => {
+                let mut shown = serde_json::Map::new();
+                for (k, v) in line.as_object().into_iter().flatten() {
+                    match (k.as_str(), v.as_str()) {
+                        ("png" | "jpeg", Some(data)) => {
+                            let mime = format!("image/{k}");
+                            if image_bytes + data.len() <= CODE_IMAGES_MAX_BYTES {
+                                image_bytes += data.len();
+                                images.push((mime, data.to_string()));
+                                shown.insert(k.clone(), json!(format!("[image {}]", images.len())));
+                            } else {
+                                shown.insert(k.clone(), json!("[image not sent: too large]"));
+                            }
+                        }
+                        ("type", _) => {}
+                        _ => {
+                            shown.insert(k.clone(), v.clone());
+                        }
+                    }
+                }
+                if let Some(t) = line.get("text").and_then(Value::as_str) {
+                    let main = line.get("is_main_result").and_then(Value::as_bool) == Some(true);
+                    text.push_str(if main { "Out: " } else { "" });
+                    text.push_str(t);
+                    text.push('\n');
+                }
+                results.push(Value::Object(shown));
+            }
+            Some("error") => {
+                let name = line.get("name").and_then(Value::as_str).unwrap_or("Error");
+                let value = line.get("value").and_then(Value::as_str).unwrap_or("");
+                let tb = strip_ansi(line.get("traceback").and_then(Value::as_str).unwrap_or(""));
+                if tb.trim().is_empty() {
+                    text.push_str(&format!("{name}: {value}\n"));
+                } else {
+                    text.push_str(&tb);
+                    text.push('\n');
+                }
+                error = json!({ "name": name, "value": value, "traceback": tb });
+            }
+            Some("number_of_executions") => {
+                execution_count = line.get("execution_count").cloned().unwrap_or(Value::Null);
+            }
+            _ => {}
+        }
+    }
+    let (shown, truncated) = bounded(&text, budget);
+    let mut text = shown;
+    if dropped {
+        text.push_str("\n[the rest of the output was too large and is not shown]\n");
+    }
+    if text.is_empty() {
+        text = "[no output]".into();
+    }
+    let value = json!({
+        "stdout": bounded(&stdout, budget).0,
+        "stderr": bounded(&stderr, budget).0,
+        "results": results,
+        "error": error,
+        "execution_count": execution_count,
+        "output_truncated": truncated || dropped,
+    });
+    Answer {
+        value,
+        text,
+        images,
+    }
+}
+
+/// `s` without terminal escape sequences (IPython colours its tracebacks).
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' && chars.peek() == Some(&'[') {
+            chars.next();
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// A run's results with each command's output within its share of `budget`, and the
 /// transcript a model reads.
 pub fn render_run(results: Vec<RunResult>, budget: usize) -> Answer {
@@ -473,6 +612,7 @@ pub fn render_run(results: Vec<RunResult>, budget: usize) -> Answer {
     Answer {
         value: json!({ "results": shown }),
         text,
+        images: Vec::new(),
     }
 }
 
@@ -549,7 +689,7 @@ mod tests {
     #[test]
     fn every_tool_has_an_object_schema_and_a_description() {
         let tools = list();
-        assert_eq!(tools.len(), 17);
+        assert_eq!(tools.len(), 18);
         for t in tools {
             assert_eq!(
                 t.input_schema.get("type").and_then(Value::as_str),

@@ -7,7 +7,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 use jupyter_protocol::{
@@ -24,10 +24,17 @@ use serde_json::Value;
 use tokio::process::{Child, Command};
 use tokio::sync::{Mutex, mpsc};
 
+/// Where an execution's lines go: unbounded, so a slow reader never stops the kernel's messages
+/// from being read (the kernel drops IOPub messages past its high-water mark); what waits is the
+/// sandbox's own memory.
+pub type Lines = mpsc::UnboundedSender<Value>;
+
 use crate::wire;
 
 /// How long a kernel may take to answer its first `kernel_info_request`.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// How often a quiet execution sends a `keepalive` line.
+const KEEPALIVE: Duration = Duration::from_secs(20);
 /// How long an interrupted execution may take to end before its kernel is restarted.
 const INTERRUPT_GRACE: Duration = Duration::from_secs(10);
 
@@ -44,7 +51,9 @@ fn kernel_argv(language: &str, connection_file: &str) -> Option<Vec<String>> {
         _ => return None,
     };
     Some(
-        ["python3", "-m", module, "-f", connection_file]
+        // -P: the working directory (a context's, the user's to fill) is not searched for the
+        // launcher itself; the kernel adds it for the user's own imports.
+        ["python3", "-P", "-m", module, "-f", connection_file]
             .map(String::from)
             .to_vec(),
     )
@@ -61,12 +70,16 @@ pub struct Context {
     pub cwd: String,
     /// The kernel's pid (0 while none runs), for signals that must not wait for the lock.
     pid: AtomicI32,
+    /// Deleted: no kernel starts again (an execution queued before the delete finds it closed).
+    closed: AtomicBool,
     running: Mutex<Option<Running>>,
     /// Where connection files go (private to the sandbox user).
     runtime_dir: PathBuf,
 }
 
 struct Running {
+    /// The caller's environment the kernel has (see [`Context::catch_up_env`]).
+    env: BTreeMap<String, String>,
     child: Child,
     shell: ClientShellConnection,
     iopub: ClientIoPubConnection,
@@ -79,35 +92,34 @@ struct Running {
 pub enum ExecError {
     /// The kernel could not start.
     Start(String),
+    /// The context was deleted.
+    Closed,
 }
 
 impl std::fmt::Display for ExecError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ExecError::Start(why) => write!(f, "the kernel could not start: {why}"),
+            ExecError::Closed => write!(f, "the context was deleted"),
         }
     }
 }
 
-/// The environment a kernel starts with: this server's, the caller's (the session's environment
-/// file, written at a warm-pool claim after this server started), and the inline backend for
-/// matplotlib so a figure is a PNG display.
-fn kernel_env() -> Vec<(String, String)> {
-    let mut env = vec![(
-        "MPLBACKEND".to_string(),
-        "module://matplotlib_inline.backend_inline".to_string(),
-    )];
-    if let Ok(bytes) = std::fs::read(sandbox_protocol::layout::ENV_FILE)
-        && let Ok(pairs) = serde_json::from_slice::<Vec<(String, String)>>(&bytes)
-    {
-        env.extend(
-            pairs
-                .into_iter()
-                .filter(|(k, v)| !k.is_empty() && !k.contains(['=', '\0']) && !v.contains('\0')),
-        );
-    }
-    env
+/// The caller's environment: the session's environment file (a create's, or a warm-pool
+/// claim's, written after this server started), read each time it is asked for.
+fn caller_env() -> BTreeMap<String, String> {
+    let Ok(bytes) = std::fs::read(sandbox_protocol::layout::ENV_FILE) else {
+        return BTreeMap::new();
+    };
+    serde_json::from_slice::<Vec<(String, String)>>(&bytes)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(k, v)| !k.is_empty() && !k.contains(['=', '\0']) && !v.contains('\0'))
+        .collect()
 }
+
+/// The inline backend for matplotlib, so a figure is a PNG display.
+const MPLBACKEND: (&str, &str) = ("MPLBACKEND", "module://matplotlib_inline.backend_inline");
 
 impl Context {
     pub fn new(id: String, language: String, cwd: String, runtime_dir: PathBuf) -> Arc<Self> {
@@ -116,6 +128,7 @@ impl Context {
             language,
             cwd,
             pid: AtomicI32::new(0),
+            closed: AtomicBool::new(false),
             running: Mutex::new(None),
             runtime_dir,
         })
@@ -136,6 +149,9 @@ impl Context {
     }
 
     async fn ensure(&self, slot: &mut Option<Running>) -> Result<(), ExecError> {
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(ExecError::Closed);
+        }
         if let Some(r) = slot.as_mut() {
             if matches!(r.child.try_wait(), Ok(None)) {
                 return Ok(());
@@ -183,10 +199,12 @@ impl Context {
         let argv = kernel_argv(&self.language, &connection_file.to_string_lossy())
             .ok_or_else(|| format!("no kernel for language {:?}", self.language))?;
         drop(listeners); // the kernel binds them now
+        let caller = caller_env();
         let mut cmd = Command::new(&argv[0]);
         cmd.args(&argv[1..])
             .current_dir(&self.cwd)
-            .envs(kernel_env())
+            .env(MPLBACKEND.0, MPLBACKEND.1)
+            .envs(&caller)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -243,6 +261,7 @@ impl Context {
             }
         }
         Ok(Running {
+            env: caller,
             child,
             shell,
             iopub,
@@ -270,6 +289,28 @@ impl Context {
         }
     }
 
+    /// The caller's environment file as it is now, given to a kernel that started before it
+    /// changed: a warm-pool member's kernels start before its claim writes the file.
+    async fn catch_up_env(&self, slot: &mut Option<Running>) {
+        let now = caller_env();
+        let changed: BTreeMap<String, String> = {
+            let Some(r) = slot.as_mut() else { return };
+            if r.env == now {
+                return;
+            }
+            let changed = now
+                .iter()
+                .filter(|(k, v)| r.env.get(*k) != Some(*v) && wire::valid_env_name(k))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            r.env = now;
+            changed
+        };
+        if let Some((set, _)) = wire::env_code(&self.language, &changed) {
+            let _ = self.run(slot, set, true, None, None).await;
+        }
+    }
+
     /// Sends SIGINT to the kernel (its process group), as Jupyter's `interrupt_mode: signal`.
     pub fn interrupt(&self) {
         signal_pid(
@@ -291,6 +332,7 @@ impl Context {
 
     /// Stops the kernel for good.
     pub async fn shutdown(&self) {
+        self.closed.store(true, Ordering::SeqCst);
         signal_pid(
             self.pid.load(Ordering::SeqCst),
             rustix::process::Signal::KILL,
@@ -307,39 +349,41 @@ impl Context {
         code: String,
         env: BTreeMap<String, String>,
         timeout: Option<Duration>,
-        out: mpsc::Sender<Value>,
+        out: Lines,
     ) {
         let mut guard = self.running.lock().await;
-        if let Err(e) = self.ensure(&mut guard).await {
-            let _ = out
-                .send(wire::error_line("KernelStartError", &e.to_string(), &[]))
-                .await;
-            let _ = out.send(wire::end_line()).await;
+        // A caller that went away while it waited its turn: nothing runs for nobody.
+        if out.is_closed() {
             return;
         }
+        if let Err(e) = self.ensure(&mut guard).await {
+            let _ = out.send(wire::error_line("KernelStartError", &e.to_string(), &[]));
+            let _ = out.send(wire::end_line());
+            return;
+        }
+        self.catch_up_env(&mut guard).await;
         let env_code = wire::env_code(&self.language, &env);
         if let Some((set, _)) = &env_code {
             let _ = self.run(&mut guard, set.clone(), true, None, None).await;
         }
         let outcome = self.run(&mut guard, code, false, timeout, Some(&out)).await;
+        // Put back what was there, unless the kernel is gone (a timeout keeps its state).
         if let Some((_, reset)) = env_code
-            && outcome == Outcome::Done
+            && matches!(outcome, Outcome::Done | Outcome::TimedOut(_))
         {
             let _ = self.run(&mut guard, reset, true, None, None).await;
         }
         match outcome {
             Outcome::Done => {}
             Outcome::TimedOut(t) => {
-                let _ = out
-                    .send(wire::error_line(
-                        "TimeoutError",
-                        &format!(
-                            "the execution ran past its timeout of {:.3} s and was interrupted",
-                            t.as_secs_f64()
-                        ),
-                        &[],
-                    ))
-                    .await;
+                let _ = out.send(wire::error_line(
+                    "TimeoutError",
+                    &format!(
+                        "the execution ran past its timeout of {:.3} s and was interrupted",
+                        t.as_secs_f64()
+                    ),
+                    &[],
+                ));
             }
             Outcome::Died => {
                 let _ = out
@@ -348,7 +392,7 @@ impl Context {
                         "the kernel exited during the execution; the context's next execution starts a new one",
                         &[],
                     ))
-                    .await;
+                    ;
             }
             Outcome::Restarted => {
                 let _ = out
@@ -357,10 +401,10 @@ impl Context {
                         "the execution did not end when interrupted: the kernel was restarted and its state is lost",
                         &[],
                     ))
-                    .await;
+                    ;
             }
         }
-        let _ = out.send(wire::end_line()).await;
+        let _ = out.send(wire::end_line());
     }
 
     /// One execute request to its `idle`. Output goes to `out` when given.
@@ -370,7 +414,7 @@ impl Context {
         code: String,
         silent: bool,
         timeout: Option<Duration>,
-        out: Option<&mpsc::Sender<Value>>,
+        out: Option<&Lines>,
     ) -> Outcome {
         let Some(r) = slot.as_mut() else {
             return Outcome::Died;
@@ -388,6 +432,10 @@ impl Context {
         let started = Instant::now();
         let mut interrupted_at: Option<Instant> = None;
         let mut timed_out = None;
+        // A line now and then while a cell is quiet: the relay closes a connection idle past the
+        // deployment's limit, and that would interrupt a long silent cell.
+        let mut keepalive =
+            tokio::time::interval_at((Instant::now() + KEEPALIVE).into(), KEEPALIVE);
         let exit = loop {
             // The next thing that can happen: a message, the deadline, the caller leaving, the
             // kernel exiting, or an interrupt that did not take.
@@ -409,6 +457,11 @@ impl Context {
                 }
             };
             tokio::select! {
+                _ = keepalive.tick(), if out.is_some() => {
+                    if let Some(tx) = out {
+                        let _ = tx.send(wire::keepalive_line());
+                    }
+                }
                 msg = r.iopub.read() => {
                     let Ok(msg) = msg else { break Outcome::Died };
                     if msg.parent_header.as_ref().map(|h| h.msg_id.as_str()) != Some(msg_id.as_str()) {
@@ -420,7 +473,7 @@ impl Context {
                             if timed_out.is_some() && e.ename == "KeyboardInterrupt" => {}
                         content => {
                             if let (Some(tx), Some(line)) = (out, wire::line_for(content)) {
-                                let _ = tx.send(line).await;
+                                let _ = tx.send(line);
                             }
                         }
                     }

@@ -146,7 +146,7 @@ async fn execute(State(s): State<Shared>, body: Bytes) -> Response {
             Err(r) => return r.into_response(),
         },
     };
-    let (tx, rx) = mpsc::channel::<Value>(64);
+    let (tx, rx) = mpsc::unbounded_channel::<Value>();
     // Its own task: a caller that goes away interrupts the execution, which still runs to its
     // end so the context stays usable.
     tokio::spawn(ctx.execute(body.code, env, timeout, tx));

@@ -149,6 +149,11 @@ pub fn line_for(content: &JupyterMessageContent) -> Option<Value> {
     }
 }
 
+/// A line a quiet execution sends now and then (clients skip types they do not know).
+pub fn keepalive_line() -> Value {
+    json!({ "type": "keepalive" })
+}
+
 /// The line that ends every execution.
 pub fn end_line() -> Value {
     json!({ "type": "end_of_execution" })

@@ -346,3 +346,56 @@ async fn an_egress_kernel_pip_installs_from_an_allowed_index_and_a_denied_host_i
     assert_nothing_left(&svc.cp);
     Ok(())
 }
+
+#[tokio::test]
+async fn the_e2b_door_runs_code_only_with_the_sandboxs_access_token() -> Result<()> {
+    let svc = service(&[]).await?;
+    let _guard = DeploymentGuard(svc.cp.deployment.clone());
+    let http = reqwest::Client::new();
+    let created: Value = http
+        .post(format!("{}/sandboxes", svc.url))
+        .header("X-API-KEY", &svc.cp.key)
+        .json(&json!({"templateID": "code-interpreter-v1", "timeout": 300}))
+        .send()
+        .await?
+        .json()
+        .await?;
+    let id = created["sandboxID"].as_str().context("sandboxID")?;
+    let token = created["envdAccessToken"].as_str().context("token")?;
+    let execute = |token: Option<&str>| {
+        let mut req = http
+            .post(format!("{}/execute", svc.url))
+            .header("E2b-Sandbox-Id", id)
+            .header("E2b-Sandbox-Port", "49999")
+            .json(&json!({"code": "1+1"}));
+        if let Some(t) = token {
+            req = req.header("X-Access-Token", t);
+        }
+        req.send()
+    };
+    // Without the token, or with another sandbox's, nothing runs.
+    let r = execute(None).await?;
+    assert_eq!(r.status(), 401);
+    let r = execute(Some(&"0".repeat(token.len()))).await?;
+    assert_eq!(r.status(), 401);
+    // With it, the cell runs; contexts take no token (they run nothing), as E2B's SDK sends none.
+    let r = execute(Some(token)).await?;
+    assert_eq!(r.status(), 200);
+    let body = r.text().await?;
+    assert!(body.contains("\"text\":\"2\""), "{body}");
+    let r = http
+        .get(format!("{}/contexts", svc.url))
+        .header("E2b-Sandbox-Id", id)
+        .header("E2b-Sandbox-Port", "49999")
+        .send()
+        .await?;
+    assert_eq!(r.status(), 200);
+    let r = http
+        .delete(format!("{}/sandboxes/{id}", svc.url))
+        .header("X-API-KEY", &svc.cp.key)
+        .send()
+        .await?;
+    assert_eq!(r.status(), 204);
+    assert_nothing_left(&svc.cp);
+    Ok(())
+}

@@ -13,11 +13,14 @@ use super::refusal::Refusal;
 use super::state::E2b;
 use crate::config::Config;
 use crate::ids::SessionId;
+use crate::ops::ports::CODE_INTERPRETER_PORT;
 
 /// envd's port: the SDK's own calls, served by [`super::envd`].
 pub const ENVD_PORT: u16 = 49983;
 use super::token::PRIVATE_TRAFFIC;
 const TRAFFIC_HEADER: &str = "e2b-traffic-access-token";
+/// envd's access token, which E2B's SDK also sends to the code interpreter.
+const ACCESS_HEADER: &str = "x-access-token";
 
 pub fn domain(config: &Config) -> Option<String> {
     config.ingress.preview_domain.clone()
@@ -65,8 +68,29 @@ pub async fn serve(State(e): State<E2b>, req: Request) -> Response {
             );
         }
     }
+    // The code interpreter runs code as envd's commands do, so its executions take what envd's
+    // take: the sandbox's access token (E2B's SDK sends it on `/execute`). Its other routes
+    // (contexts) run nothing. The token never reaches the sandbox.
+    if port == CODE_INTERPRETER_PORT && req.uri().path().trim_end_matches('/') == "/execute" {
+        let given = req
+            .headers()
+            .get(ACCESS_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        if !e.tokens.check(id.as_str(), given) {
+            return refuse(
+                StatusCode::UNAUTHORIZED,
+                "the code interpreter's executions need the sandbox's envdAccessToken in X-Access-Token",
+            );
+        }
+    }
     let mut req = req;
-    for h in ["e2b-sandbox-id", "e2b-sandbox-port", TRAFFIC_HEADER] {
+    for h in [
+        "e2b-sandbox-id",
+        "e2b-sandbox-port",
+        TRAFFIC_HEADER,
+        ACCESS_HEADER,
+    ] {
         req.headers_mut().remove(h);
     }
     crate::routes::ports::serve_host(e.ops.clone(), e.config.clone(), id, port, req, true).await

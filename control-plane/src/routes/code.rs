@@ -79,22 +79,60 @@ pub async fn context_action(
     }
 }
 
-/// Most bytes of an execution's NDJSON a caller that collects it (the MCP tool) reads; past it,
-/// the rest is dropped (and said to be).
-pub const COLLECT_MAX_BYTES: usize = 32 * 1024 * 1024;
+/// Most bytes of an execution's NDJSON a caller that collects it (the MCP tool) reads: charts
+/// and text; past it, the rest is dropped (and said to be).
+pub const COLLECT_MAX_BYTES: usize = 12 * 1024 * 1024;
+
+/// One line of an execution, as a collector keeps it: the strings it shows, nothing else (a
+/// result's `json`, `data` or `extra` are skipped unread, so no line costs more than its bytes).
+#[derive(Debug, Default, Clone, serde::Deserialize)]
+#[serde(default)]
+pub struct CodeLine {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub text: Option<String>,
+    pub html: Option<String>,
+    pub markdown: Option<String>,
+    pub svg: Option<String>,
+    pub latex: Option<String>,
+    pub png: Option<String>,
+    pub jpeg: Option<String>,
+    pub is_main_result: bool,
+    pub name: Option<String>,
+    pub value: Option<String>,
+    pub traceback: Option<String>,
+    pub execution_count: Option<u64>,
+}
 
 /// An execution's lines, collected: `body` (E2B's `/execute` body) sent to the session's code
-/// interpreter, its NDJSON read to its end (or to [`COLLECT_MAX_BYTES`]), each line parsed.
-/// Returns the lines and whether some were dropped.
+/// interpreter, its NDJSON read to its end, to [`COLLECT_MAX_BYTES`] or to `deadline`,
+/// whichever comes first. Returns the lines and whether some were dropped. What the
+/// interpreter says when it refuses is its own, and labelled so: it runs in the sandbox.
 pub async fn execute_collected(
     ops: &Ops,
     id: &SessionId,
     body: &serde_json::Value,
-) -> Result<(Vec<serde_json::Value>, bool), ApiError> {
+    deadline: std::time::Duration,
+) -> Result<(Vec<CodeLine>, bool), ApiError> {
+    let late = || {
+        ApiError::Unavailable(format!(
+            "the code interpreter did not finish within {} s; its kernel was interrupted",
+            deadline.as_secs()
+        ))
+    };
+    tokio::time::timeout(deadline, collect(ops, id, body))
+        .await
+        .map_err(|_| late())?
+}
+
+async fn collect(
+    ops: &Ops,
+    id: &SessionId,
+    body: &serde_json::Value,
+) -> Result<(Vec<CodeLine>, bool), ApiError> {
     use http_body_util::BodyExt;
     let conn = ops.open_code_interpreter(id).await?;
-    let failed =
-        |what: &str| ApiError::PortClosed(format!("the code interpreter {what}; retry the call"));
+    let failed = |what: &str| ApiError::Unavailable(format!("the code interpreter {what}"));
     let (mut sender, connection) =
         hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(conn))
             .await
@@ -110,35 +148,43 @@ pub async fn execute_collected(
     let response = sender
         .send_request(req)
         .await
-        .map_err(|_| failed("closed the connection"))?;
+        .map_err(|_| failed("closed the connection without an answer"))?;
     let status = response.status();
     let mut body = response.into_body();
-    let mut buf = Vec::new();
+    let (mut lines, mut pending, mut read) = (Vec::new(), Vec::new(), 0usize);
     let mut dropped = false;
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|_| failed("closed the connection mid-answer"))?;
-        if let Some(data) = frame.data_ref() {
-            if buf.len() + data.len() > COLLECT_MAX_BYTES {
-                dropped = true;
-                break;
+        let Some(data) = frame.data_ref() else {
+            continue;
+        };
+        read += data.len();
+        if read > COLLECT_MAX_BYTES {
+            dropped = true;
+            break;
+        }
+        pending.extend_from_slice(data);
+        while let Some(at) = pending.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = pending.drain(..=at).collect();
+            if let Ok(l) = serde_json::from_slice::<CodeLine>(&line) {
+                lines.push(l);
             }
-            buf.extend_from_slice(data);
         }
     }
     if !status.is_success() {
-        let detail = serde_json::from_slice::<serde_json::Value>(&buf)
-            .ok()
-            .and_then(|v| v.get("detail").and_then(|d| d.as_str()).map(String::from))
-            .unwrap_or_else(|| format!("the code interpreter answered {status}"));
+        #[derive(serde::Deserialize)]
+        struct Detail {
+            detail: String,
+        }
+        let said = serde_json::from_slice::<Detail>(&pending)
+            .map(|d| d.detail)
+            .unwrap_or_default();
+        let said: String = said.chars().take(500).collect();
         return Err(if status.is_client_error() {
-            ApiError::Unprocessable(detail)
+            ApiError::Unprocessable(format!("the code interpreter refused the call: {said}"))
         } else {
-            ApiError::PortClosed(detail)
+            failed(&format!("failed ({status})"))
         });
     }
-    let lines = buf
-        .split(|b| *b == b'\n')
-        .filter_map(|l| serde_json::from_slice(l).ok())
-        .collect();
     Ok((lines, dropped))
 }

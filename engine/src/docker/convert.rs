@@ -236,12 +236,21 @@ pub(super) fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
         networking_config: Some(NetworkingConfig {
             endpoints_config: endpoints,
         }),
-        // Never `NetworkDisabled`: network mode `none` already gives nothing but loopback, and
-        // with it Docker leaves loopback unconfigured, which gVisor (host networking) keeps
-        // down: no server in the sandbox could be reached, not even by its own helper.
-        network_disabled: None,
+        // `NetworkDisabled` beside network mode `none` (nothing but loopback either way): Docker
+        // then writes no resolv.conf naming the host's resolver. Not under gVisor: there Docker
+        // leaves loopback unconfigured and gVisor (host networking) keeps it down, so no server
+        // in the sandbox could be reached, not even by its own helper.
+        network_disabled: Some(
+            matches!(spec.network, NetworkAttach::None) && !is_gvisor(&spec.runtime),
+        ),
         ..Default::default()
     }
+}
+
+/// Whether `runtime` is gVisor's (`runsc`, or a name an operator registered it under that says
+/// so).
+fn is_gvisor(runtime: &str) -> bool {
+    runtime.contains("runsc") || runtime.contains("gvisor")
 }
 
 /// An inspected container; `id` stands in when the daemon leaves the id out.
@@ -358,6 +367,25 @@ mod tests {
         ] {
             assert_eq!(pull_failure(status, message), want, "{message}");
         }
+    }
+
+    /// An isolated sandbox: no resolv.conf naming the host's resolver under runc; under gVisor,
+    /// a loopback its helper can reach.
+    #[test]
+    fn an_isolated_container_is_network_disabled_but_under_gvisor() {
+        let spec = |runtime: &str, network| ContainerSpec {
+            runtime: runtime.into(),
+            network,
+            ..ContainerSpec::for_tests("img")
+        };
+        let disabled = |s: &ContainerSpec| create_body(s).network_disabled;
+        assert_eq!(disabled(&spec("runc", NetworkAttach::None)), Some(true));
+        assert_eq!(disabled(&spec("runsc", NetworkAttach::None)), Some(false));
+        let attached = NetworkAttach::Network {
+            name: "n".into(),
+            ip: None,
+        };
+        assert_eq!(disabled(&spec("runc", attached)), Some(false));
     }
 
     #[test]

@@ -20,8 +20,14 @@ const MAX_PAUSE: Duration = Duration::from_secs(30);
 /// A run this long counts as healthy: the next pause starts small again.
 const HEALTHY: Duration = Duration::from_secs(60);
 
-/// Starts the image's service, if it names one, on a thread of its own.
+/// Starts the image's service, if it names one, on a thread of its own; only in a sandbox, where
+/// `init` runs commands as a sandbox user of their own (`--user`). Never with an inherited
+/// identity: the service's own containers of an image (a snapshot's copier, a layer worker) run
+/// `init` as root, with volumes mounted, and a command the image names must not run there.
 pub fn spawn(config: &Config) {
+    if !runs_as_sandbox_user(config) {
+        return;
+    }
     let Some(command) = std::env::var(START_ENV)
         .ok()
         .filter(|c| !c.trim().is_empty())
@@ -32,6 +38,11 @@ pub fn spawn(config: &Config) {
     let _ = std::thread::Builder::new()
         .name("autostart".into())
         .spawn(move || run(&config, &command));
+}
+
+/// Whether commands run as a sandbox user other than the helper's own (never root).
+fn runs_as_sandbox_user(config: &Config) -> bool {
+    config.identity.sandbox_user().is_some_and(|u| u.uid != 0)
 }
 
 fn run(config: &Config, command: &str) {
@@ -63,5 +74,35 @@ fn run(config: &Config, command: &str) {
         }
         std::thread::sleep(pause);
         pause = (pause * 2).min(MAX_PAUSE);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::{Identity, Ids};
+
+    #[test]
+    fn only_a_sandbox_with_a_user_of_its_own_starts_the_images_service() {
+        let inherited = Config {
+            identity: Identity::Inherited,
+            ..Default::default()
+        };
+        assert!(
+            !runs_as_sandbox_user(&inherited),
+            "a copier or a layer worker: root, with volumes"
+        );
+        let own = |uid| Config {
+            identity: Identity::Own {
+                helper: Ids {
+                    uid: 65533,
+                    gid: 65533,
+                },
+                sandbox: Ids { uid, gid: uid },
+            },
+            ..Default::default()
+        };
+        assert!(runs_as_sandbox_user(&own(1000)));
+        assert!(!runs_as_sandbox_user(&own(0)));
     }
 }

@@ -232,7 +232,8 @@ impl Ops {
                 }
                 Err(ApiError::PortClosed(_)) => {
                     return Err(ApiError::Conflict(format!(
-                        "this session runs no code interpreter: nothing listens on port {} in                          its sandbox (create it from an image that starts one, such as {})",
+                        "this session runs no code interpreter: nothing listens on port {} in its \
+                         sandbox (create it from an image that starts one, such as {})",
                         ports::CODE_INTERPRETER_PORT,
                         crate::config::DEFAULT_CODE_INTERPRETER_IMAGE
                     )));

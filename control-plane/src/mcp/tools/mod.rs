@@ -387,17 +387,31 @@ impl Tools {
     }
 
     /// `POST /session/{id}/code`, collected: the transcript as text, each chart as an image.
+    /// Bounded in time: the execution's `timeout` (or [`CODE_TIMEOUT`]), which interrupts the
+    /// kernel, and a grace past it for the answer.
     async fn run_code(&self, a: RunCodeArgs) -> Result<Answer, ToolFailure> {
         let id = session_id(&a.session_id)?;
+        let timeout = match a.timeout {
+            None => CODE_TIMEOUT,
+            Some(t) if t.is_finite() && t > 0.0 => t.min(CODE_TIMEOUT_MAX),
+            Some(_) => {
+                return Err(ToolFailure::new(
+                    "invalid_argument",
+                    "timeout must be a number of seconds above 0",
+                    "Give timeout in seconds, e.g. 60, or omit it.",
+                ));
+            }
+        };
         let body = json!({
             "code": a.code,
             "language": a.language,
             "context_id": a.context_id,
             "env_vars": a.env_vars,
-            "timeout": a.timeout,
+            "timeout": timeout,
         });
+        let deadline = std::time::Duration::from_secs_f64(timeout) + CODE_GRACE;
         let (lines, dropped) =
-            crate::routes::code::execute_collected(&self.ops, &id, &body).await?;
+            crate::routes::code::execute_collected(&self.ops, &id, &body, deadline).await?;
         Ok(render_code(
             &lines,
             dropped,
@@ -475,21 +489,32 @@ fn wire<T: serde::Serialize>(v: &T) -> Value {
 
 /// Most bytes of images one `run_code` answer carries (base64); later ones are named, not sent.
 const CODE_IMAGES_MAX_BYTES: usize = 8 * 1024 * 1024;
+/// Seconds a `run_code` without a timeout may run before its kernel is interrupted.
+const CODE_TIMEOUT: f64 = 600.0;
+/// The longest `timeout` a `run_code` may ask for.
+const CODE_TIMEOUT_MAX: f64 = 3600.0;
+/// How long past its timeout a `run_code` waits for the interrupted execution's answer.
+const CODE_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// An execution's lines as a model reads them: output in order, each result's text, an error
 /// with its traceback (terminal colours taken out), within `budget` bytes of text; PNG and JPEG
-/// results as images.
-pub fn render_code(lines: &[Value], dropped: bool, budget: usize) -> Answer {
+/// results as images (within [`CODE_IMAGES_MAX_BYTES`]). Every text field is bounded.
+pub fn render_code(
+    lines: &[crate::routes::code::CodeLine],
+    dropped: bool,
+    budget: usize,
+) -> Answer {
     let mut text = String::new();
     let mut images = Vec::new();
     let mut image_bytes = 0usize;
     let (mut stdout, mut stderr, mut results) = (String::new(), String::new(), Vec::new());
     let mut error = Value::Null;
     let mut execution_count = Value::Null;
+    let field = |v: &Option<String>| v.as_deref().map(|s| json!(bounded(s, budget).0));
     for line in lines {
-        match line.get("type").and_then(Value::as_str) {
-            Some(kind @ ("stdout" | "stderr")) => {
-                let t = line.get("text").and_then(Value::as_str).unwrap_or("");
+        match line.kind.as_str() {
+            kind @ ("stdout" | "stderr") => {
+                let t = line.text.as_deref().unwrap_or("");
                 text.push_str(t);
                 if kind == "stdout" {
                     stdout.push_str(t);
@@ -497,48 +522,55 @@ pub fn render_code(lines: &[Value], dropped: bool, budget: usize) -> Answer {
                     stderr.push_str(t);
                 }
             }
-            Some("result") => {
+            "result" => {
                 let mut shown = serde_json::Map::new();
-                for (k, v) in line.as_object().into_iter().flatten() {
-                    match (k.as_str(), v.as_str()) {
-                        ("png" | "jpeg", Some(data)) => {
-                            let mime = format!("image/{k}");
-                            if image_bytes + data.len() <= CODE_IMAGES_MAX_BYTES {
-                                image_bytes += data.len();
-                                images.push((mime, data.to_string()));
-                                shown.insert(k.clone(), json!(format!("[image {}]", images.len())));
-                            } else {
-                                shown.insert(k.clone(), json!("[image not sent: too large]"));
-                            }
-                        }
-                        ("type", _) => {}
-                        _ => {
-                            shown.insert(k.clone(), v.clone());
-                        }
+                for (name, data) in [("png", &line.png), ("jpeg", &line.jpeg)] {
+                    let Some(data) = data else { continue };
+                    if image_bytes + data.len() <= CODE_IMAGES_MAX_BYTES {
+                        image_bytes += data.len();
+                        images.push((format!("image/{name}"), data.clone()));
+                        shown.insert(name.into(), json!(format!("[image {}]", images.len())));
+                    } else {
+                        shown.insert(name.into(), json!("[image not sent: too large]"));
                     }
                 }
-                if let Some(t) = line.get("text").and_then(Value::as_str) {
-                    let main = line.get("is_main_result").and_then(Value::as_bool) == Some(true);
-                    text.push_str(if main { "Out: " } else { "" });
+                for (name, v) in [
+                    ("text", &line.text),
+                    ("html", &line.html),
+                    ("markdown", &line.markdown),
+                    ("svg", &line.svg),
+                    ("latex", &line.latex),
+                ] {
+                    if let Some(v) = field(v) {
+                        shown.insert(name.into(), v);
+                    }
+                }
+                shown.insert("is_main_result".into(), json!(line.is_main_result));
+                if let Some(t) = &line.text {
+                    text.push_str(if line.is_main_result { "Out: " } else { "" });
                     text.push_str(t);
                     text.push('\n');
                 }
                 results.push(Value::Object(shown));
             }
-            Some("error") => {
-                let name = line.get("name").and_then(Value::as_str).unwrap_or("Error");
-                let value = line.get("value").and_then(Value::as_str).unwrap_or("");
-                let tb = strip_ansi(line.get("traceback").and_then(Value::as_str).unwrap_or(""));
+            "error" => {
+                let name = line.name.as_deref().unwrap_or("Error");
+                let value = line.value.as_deref().unwrap_or("");
+                let tb = strip_ansi(line.traceback.as_deref().unwrap_or(""));
                 if tb.trim().is_empty() {
                     text.push_str(&format!("{name}: {value}\n"));
                 } else {
                     text.push_str(&tb);
                     text.push('\n');
                 }
-                error = json!({ "name": name, "value": value, "traceback": tb });
+                error = json!({
+                    "name": bounded(name, budget).0,
+                    "value": bounded(value, budget).0,
+                    "traceback": bounded(&tb, budget).0,
+                });
             }
-            Some("number_of_executions") => {
-                execution_count = line.get("execution_count").cloned().unwrap_or(Value::Null);
+            "number_of_executions" => {
+                execution_count = json!(line.execution_count);
             }
             _ => {}
         }

@@ -41,7 +41,8 @@ const INTERRUPT_GRACE: Duration = Duration::from_secs(10);
 /// Run silently in a new Python kernel: the user's site directory exists and is on the path, so
 /// a package that `pip install` puts there (as the sandbox user cannot write the system's) is
 /// importable in the same kernel, as in a notebook.
-const PYTHON_SETUP: &str = "import os as _o, site as _s\n_o.makedirs(_s.getusersitepackages(), exist_ok=True)\n_s.addsitedir(_s.getusersitepackages())\ndel _o, _s\n";
+/// Run again when `HOME` changes (a warm-pool claim): `site` caches the directory it computed.
+const PYTHON_SETUP: &str = "import os as _o, site as _s\n_s.USER_BASE = _s.USER_SITE = None\n_o.makedirs(_s.getusersitepackages(), exist_ok=True)\n_s.addsitedir(_s.getusersitepackages())\ndel _o, _s\n";
 
 /// The argv that starts `language`'s kernel with its connection file, if this server knows one.
 fn kernel_argv(language: &str, connection_file: &str) -> Option<Vec<String>> {
@@ -204,6 +205,9 @@ impl Context {
         cmd.args(&argv[1..])
             .current_dir(&self.cwd)
             .env(MPLBACKEND.0, MPLBACKEND.1)
+            // ipykernel's parent poller: the kernel ends when this server does (its restart by
+            // `init` then leaves no kernel behind).
+            .env("JPY_PARENT_PID", std::process::id().to_string())
             .envs(&caller)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -308,6 +312,11 @@ impl Context {
         };
         if let Some((set, _)) = wire::env_code(&self.language, &changed) {
             let _ = self.run(slot, set, true, None, None).await;
+            if self.language == "python" && changed.contains_key("HOME") {
+                let _ = self
+                    .run(slot, PYTHON_SETUP.to_string(), true, None, None)
+                    .await;
+            }
         }
     }
 

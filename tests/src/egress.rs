@@ -391,13 +391,9 @@ class H(http.server.BaseHTTPRequestHandler):
                "headers": {k.lower(): v for k, v in self.headers.items()}, "body_len": len(body)}
         with open("/tmp/requests.jsonl", "a") as f:
             f.write(json.dumps(rec) + "\n")
-        out, ctype = json.dumps(rec).encode(), "application/json"
-        if self.path.split("?")[0].rstrip("/") == "/simple/daivpkg":
-            out, ctype = INDEX, "text/html"
-        elif self.path == "/packages/" + WHEEL_NAME:
-            out, ctype = WHEEL, "application/octet-stream"
+        out = json.dumps(rec).encode()
         self.send_response(200)
-        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(out)))
         self.end_headers()
         if self.command != "HEAD":

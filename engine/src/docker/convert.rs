@@ -14,7 +14,7 @@ use bollard::models::{
 use crate::credentials::RegistryCredential;
 use crate::{
     ContainerInfo, ContainerSpec, ContainerStatus, EngineError, MANAGED_LABEL, NetworkAttach,
-    PullFailure,
+    PullFailure, ROLE_LABEL, ROLE_SANDBOX,
 };
 
 /// Why a pull failed, from the daemon's status (when it gives one: 20.10 answers most registry
@@ -237,11 +237,14 @@ pub(super) fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
             endpoints_config: endpoints,
         }),
         // `NetworkDisabled` beside network mode `none` (nothing but loopback either way): Docker
-        // then writes no resolv.conf naming the host's resolver. Not under gVisor: there Docker
-        // leaves loopback unconfigured and gVisor (host networking) keeps it down, so no server
-        // in the sandbox could be reached, not even by its own helper.
+        // then writes no resolv.conf naming the host's resolver. Not for a sandbox under gVisor:
+        // there Docker leaves loopback unconfigured and gVisor (host networking) keeps it down,
+        // so no server in the sandbox could be reached, not even by its own helper. (The
+        // service's other containers under gVisor, its runtime probes, need no loopback, and
+        // runsc fails their `exec`s with one.)
         network_disabled: Some(
-            matches!(spec.network, NetworkAttach::None) && !is_gvisor(&spec.runtime),
+            matches!(spec.network, NetworkAttach::None)
+                && !(is_gvisor(&spec.runtime) && is_sandbox(spec)),
         ),
         ..Default::default()
     }
@@ -251,6 +254,11 @@ pub(super) fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
 /// so).
 fn is_gvisor(runtime: &str) -> bool {
     runtime.contains("runsc") || runtime.contains("gvisor")
+}
+
+/// Whether `spec` is a session's sandbox (by its role label).
+fn is_sandbox(spec: &ContainerSpec) -> bool {
+    spec.labels.get(ROLE_LABEL).map(String::as_str) == Some(ROLE_SANDBOX)
 }
 
 /// An inspected container; `id` stands in when the daemon leaves the id out.
@@ -376,11 +384,18 @@ mod tests {
         let spec = |runtime: &str, network| ContainerSpec {
             runtime: runtime.into(),
             network,
+            labels: [(ROLE_LABEL.to_string(), ROLE_SANDBOX.to_string())].into(),
             ..ContainerSpec::for_tests("img")
         };
         let disabled = |s: &ContainerSpec| create_body(s).network_disabled;
         assert_eq!(disabled(&spec("runc", NetworkAttach::None)), Some(true));
         assert_eq!(disabled(&spec("runsc", NetworkAttach::None)), Some(false));
+        // A probe under gVisor (not a sandbox) stays disabled.
+        let probe = ContainerSpec {
+            labels: [(ROLE_LABEL.to_string(), "runtime-probe".to_string())].into(),
+            ..spec("runsc", NetworkAttach::None)
+        };
+        assert_eq!(disabled(&probe), Some(true));
         let attached = NetworkAttach::Network {
             name: "n".into(),
             ip: None,

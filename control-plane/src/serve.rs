@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use axum::serve::ListenerExt;
 
 use crate::config::{Config, Runtime};
 use crate::coordination::Coordination;
@@ -122,19 +121,17 @@ where
         None => None,
         Some(port) => {
             let addr = std::net::SocketAddr::new(config.server.host, port);
-            // Streamed answers are many small writes: no Nagle delay (as on the main port).
+            // Its connections get TCP_NODELAY where their socket is taken (`reset::Socket`).
             let e2b_listener = tokio::net::TcpListener::bind(addr)
                 .await
-                .map_err(|e| SetupError(format!("cannot listen on {addr} (E2B_PORT): {e}")))?
-                .tap_io(|tcp| {
-                    if let Err(e) = tcp.set_nodelay(true) {
-                        tracing::debug!(error = %e, "TCP_NODELAY not set");
-                    }
-                });
+                .map_err(|e| SetupError(format!("cannot listen on {addr} (E2B_PORT): {e}")))?;
             tracing::info!(%addr, "E2B API listening");
             let service = crate::e2b::router(config.clone(), ops, &metrics);
             let stop = stop.clone();
             Some(tokio::spawn(async move {
+                // The connection's socket beside each request: a stream cut short resets it.
+                let service =
+                    service.into_make_service_with_connect_info::<crate::e2b::reset::Socket>();
                 axum::serve(e2b_listener, service)
                     .with_graceful_shutdown(stop.cancelled_owned())
                     .await

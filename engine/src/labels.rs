@@ -19,6 +19,9 @@ pub const MEMORY_LABEL: &str = "daiv.sandbox.memory";
 /// Token shared by the three parts of an egress session (sandbox, gateway, internal network), so
 /// each can be found from the others and orphans can be swept.
 pub const EGRESS_LABEL: &str = "daiv.sandbox.egress";
+/// Unix milliseconds a sandbox was created at: the listing's order within one second (Docker's
+/// own creation time, in a listing, has whole seconds).
+pub const CREATED_MS_LABEL: &str = "daiv.sandbox.created-ms";
 /// `uid:gid` of the sandbox's helper, on sandboxes whose helper has a uid of its own (see
 /// `sandbox_helper::identity`); its channel is opened as root with this and
 /// [`SANDBOX_USER_LABEL`]. Sandboxes without it (created by earlier versions) run their helper as

@@ -314,6 +314,166 @@ def signed_upload():
     return out
 
 
+def signed_urls():
+    """A secured sandbox's signed URLs, used as their holder has them: the bare URL, no header
+    naming the sandbox (urllib, a browser). An expired one says so."""
+    import urllib.error
+    import urllib.request
+
+    import httpx
+
+    sbx = create(secure=True)
+    other = create(secure=True)
+    out = {"id": sbx.sandbox_id}
+    sbx.files.write("/home/user/signed.txt", "signed content")
+    other.files.write("/home/user/signed.txt", "the other sandbox")
+
+    def get(url):
+        try:
+            with urllib.request.urlopen(url) as resp:
+                return {"status": resp.status, "body": resp.read().decode()}
+        except urllib.error.HTTPError as e:
+            return {"status": e.code, "body": e.read().decode()}
+
+    out["download"] = get(sbx.download_url("/home/user/signed.txt", "user"))
+    out["download_expiring"] = get(sbx.download_url("/home/user/signed.txt", "user", 120))
+    out["download_expired"] = get(
+        sbx.download_url("/home/user/signed.txt", "user", use_signature_expiration=-120)
+    )
+    out["other_download"] = get(other.download_url("/home/user/signed.txt", "user"))
+    # A signature changed by one character opens nothing.
+    url = sbx.download_url("/home/user/signed.txt", "user")
+    i = url.index("signature=v1_") + len("signature=v1_")
+    out["forged"] = get(url[:i] + ("A" if url[i] != "A" else "B") + url[i + 1 :])
+    r = httpx.post(
+        sbx.upload_url("/home/user/up.txt", "user"),
+        files=[("file", ("up.txt", b"uploaded by URL"))],
+    )
+    out["upload_status"] = r.status_code
+    out["upload_body"] = r.text
+    up = "/home/user/up.txt"
+    out["uploaded"] = sbx.files.read(up) if sbx.files.exists(up) else None
+    out["other_has_upload"] = other.files.exists("/home/user/up.txt")
+    other.kill()
+    sbx.kill()
+    return out
+
+
+def metadata():
+    """File metadata: written with a file, read back by get_info, list and rename, replaced by
+    the next upload (cleared by one without), set from inside the sandbox too."""
+    from e2b.exceptions import InvalidArgumentException
+
+    sbx = create()
+    out = {"id": sbx.sandbox_id}
+    meta = {"author": "mish", "purpose": "upload"}
+    try:
+        out["written"] = sbx.files.write("m.txt", "x", metadata=meta).metadata
+    except SandboxException as e:
+        # A file system without user attributes (gVisor's): refused, and nothing left.
+        out["refused"] = err(e)
+        out["refused_left_file"] = sbx.files.exists("m.txt")
+        out["plain_write"] = sbx.files.write("p.txt", "x").metadata
+        out["plain_info"] = sbx.files.get_info("p.txt").metadata
+        sbx.kill()
+        return out
+    out["info"] = sbx.files.get_info("m.txt").metadata
+    out["octet"] = sbx.files.write("o.txt", "x", metadata=meta, use_octet_stream=True).metadata
+    sbx.files.make_dir("d")
+    sbx.files.write("d/listed.txt", "x", metadata={"tag": "listed"})
+    out["listed"] = {e.name: e.metadata for e in sbx.files.list("d")}
+    out["renamed"] = sbx.files.rename("m.txt", "n.txt").metadata
+    out["overwritten"] = sbx.files.write("n.txt", "y").metadata
+    out["overwritten_info"] = sbx.files.get_info("n.txt").metadata
+    path = sbx.commands.run("realpath o.txt").stdout.strip()
+    sbx.commands.run(
+        f"python3 -c \"import os; os.setxattr('{path}', 'user.e2b.author', b'inside')\""
+    )
+    out["set_inside"] = sbx.files.get_info("o.txt").metadata
+    try:
+        sbx.files.write("bad.txt", "x", metadata={"good": "bad\nvalue"})
+        out["invalid"] = None
+    except InvalidArgumentException as e:
+        out["invalid"] = err(e)
+    out["bad_exists"] = sbx.files.exists("bad.txt")
+    # The service's own check, past the SDK's: too many keys.
+    try:
+        sbx.files.write("many.txt", "x", metadata={f"k{i}": "v" for i in range(40)})
+        out["too_many"] = None
+    except SandboxException as e:
+        out["too_many"] = err(e)
+    sbx.kill()
+    return out
+
+
+def deadlines():
+    """A sandbox ends at its timeout, to the second (not at some later sweep); one created to
+    pause pauses when `set_timeout(0)` ends its time, and `connect` resumes it."""
+    out = {}
+    short = Sandbox.create(template=P.get("template", "base"), timeout=2,
+                           metadata={"suite": P.get("tag", "e2b")})
+    out["short_id"] = short.sandbox_id
+    t0 = time.time()
+    while short.is_running() and time.time() - t0 < 30:
+        time.sleep(0.25)
+    out["short_running"] = short.is_running()
+
+    def listed():
+        q = e2b.SandboxQuery(metadata={"suite": P.get("tag", "e2b")})
+        return short.sandbox_id in [s.sandbox_id for s in Sandbox.list(query=q).next_items()]
+
+    while listed() and time.time() - t0 < 30:
+        time.sleep(0.25)
+    out["short_listed"] = listed()
+    paused = Sandbox.create(template=P.get("template", "base"), timeout=300,
+                            metadata={"suite": P.get("tag", "e2b")},
+                            lifecycle={"on_timeout": "pause"})
+    paused.files.write("/home/user/kept.txt", "kept")
+    paused.set_timeout(0)
+    t0 = time.time()
+    while str(paused.get_info().state) != "paused" and time.time() - t0 < 30:
+        time.sleep(0.25)
+    out["paused_state"] = str(paused.get_info().state)
+    out["paused_running"] = paused.is_running()
+    resumed = paused.connect()
+    out["resumed_state"] = str(resumed.get_info().state)
+    out["resumed_reads"] = resumed.files.read("/home/user/kept.txt")
+    resumed.kill()
+    return out
+
+
+def listing():
+    """Sandboxes made within one second list in the order they were made; pages of paused ones
+    and of running and paused ones hold one each, in order, and end."""
+    tag = {"suite": P.get("tag", "e2b"), "listing": str(time.time())}
+
+    def make():
+        return Sandbox.create(template=P.get("template", "base"), timeout=300, metadata=tag)
+
+    first = make()
+    second = make()
+    out = {"ids": [first.sandbox_id, second.sandbox_id]}
+    q = e2b.SandboxQuery(metadata=tag)
+    out["asc"] = [s.sandbox_id for s in Sandbox.list(query=q, order="asc").next_items()]
+    out["desc"] = [s.sandbox_id for s in Sandbox.list(query=q, order="desc").next_items()]
+
+    def pages(states):
+        p = Sandbox.list(query=e2b.SandboxQuery(metadata=tag, state=states), limit=1)
+        seen = []
+        while p.has_next and len(seen) < 5:
+            seen.append([(s.sandbox_id, str(s.state)) for s in p.next_items()])
+        return seen
+
+    out["running_pages"] = pages([e2b.SandboxState.RUNNING])
+    second.beta_pause() if hasattr(second, "beta_pause") else second.pause()
+    out["mixed_pages"] = pages([e2b.SandboxState.RUNNING, e2b.SandboxState.PAUSED])
+    first.beta_pause() if hasattr(first, "beta_pause") else first.pause()
+    out["paused_pages"] = pages([e2b.SandboxState.PAUSED])
+    first.kill()
+    second.kill()
+    return out
+
+
 def pty():
     """A terminal: a shell prompt, `stty size`, a resize, input typed into it."""
     from e2b import PtySize
@@ -371,9 +531,17 @@ def lifecycle():
     out["fork_reads"] = fork.files.read("/home/user/state.txt")
     out["fork_is_other"] = fork.sandbox_id != sbx.sandbox_id
     fork.kill()
-    snap = sbx.create_snapshot()
+    snap = sbx.create_snapshot(name=f"snap-{sbx.sandbox_id[:12]}")
     out["snapshot_id"] = snap.snapshot_id
+    out["snapshot_names"] = snap.names
     out["snapshots"] = [s.snapshot_id for s in sbx.list_snapshots().next_items()]
+    out["snapshots_by_name"] = [
+        s.snapshot_id
+        for s in Sandbox.list_snapshots(name=f"snap-{sbx.sandbox_id[:12]}").next_items()
+    ]
+    out["snapshots_by_other_name"] = [
+        s.snapshot_id for s in Sandbox.list_snapshots(name="no-such-name").next_items()
+    ]
     from_snap = Sandbox.create(template=snap.snapshot_id, timeout=120)
     out["from_snapshot_reads"] = from_snap.files.read("/home/user/state.txt")
     from_snap.kill()
@@ -407,6 +575,14 @@ def network():
         f"grep -rlsF {secret} /home /tmp /etc /workspace /root 2>/dev/null | head -1 || true"
     )
     out["secret_in_files"] = found.stdout.strip()
+    # An update that says nothing clears the rules: every host, as E2B's default (tunnelled,
+    # not intercepted, with no rule left: the fixture's own certificate, hence -k).
+    sbx.update_network({})
+    r = sbx.commands.run(
+        f"curl -ksS --max-time 20 -o /dev/null -w '%{{http_code}}' https://{P['other']}/",
+        timeout=60,
+    )
+    out["other_after_clear"] = r.stdout
     sbx.kill()
     return out
 
@@ -479,10 +655,24 @@ def faults():
         out["unknown_template"] = None
     except SandboxException as e:
         out["unknown_template"] = err(e)
+    # A command whose sandbox is killed under it: the SDK's own words for it (its stream's
+    # connection drops, and /health says the sandbox is gone).
+    sbx = create()
+    cmd = sbx.commands.run("sleep 60", background=True)
+    sbx.kill()
+    try:
+        cmd.wait()
+        out["killed_during_run"] = None
+    except Exception as e:  # noqa: BLE001 (which class the SDK raises is the point)
+        out["killed_during_run"] = err(e)
     return out
 
 
 SCENARIOS = {
+    "signed_urls": signed_urls,
+    "listing": listing,
+    "deadlines": deadlines,
+    "metadata": metadata,
     "turn": turn,
     "big_files": big_files,
     "watch": watch,

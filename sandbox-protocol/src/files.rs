@@ -45,6 +45,10 @@ pub struct FileEntry {
     pub mtime: i64,
     /// A symlink's target as stored; null for anything else.
     pub symlink_target: Option<String>,
+    /// A file's or directory's metadata: its `user.e2b.<key>` extended attributes (E2B's file
+    /// metadata), by key; absent when it has none.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub metadata: std::collections::BTreeMap<String, String>,
 }
 
 #[derive(Debug, Deserialize)]

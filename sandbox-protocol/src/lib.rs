@@ -53,7 +53,7 @@
 //!
 //! ## Lifecycle
 //! - On start the helper sends EVENT id 0
-//!   `{"type":"ready","protocol":7,"version":"<crate version>","pid":N}`. The client speaks
+//!   `{"type":"ready","protocol":8,"version":"<crate version>","pid":N}`. The client speaks
 //!   only to a helper whose `protocol` is its own [`VERSION`].
 //! - EOF on stdin (the client went away): every request is cancelled, running process groups
 //!   are killed, the helper exits 0.
@@ -166,6 +166,7 @@
 //! 5: `file_write`'s `in_place`. 6: `ls` and `glob` stream every entry (the `listing` event,
 //! DATA chunks) up to their `max_bytes`, instead of one answer capped at 1,000 entries.
 //! 7: `connect`, the WINDOW frame, EOF from the helper, the `connected` event and `refused`.
+//! 8: `file_write`'s `metadata`, and entries' `metadata` (`user.e2b.*` extended attributes).
 
 pub mod files;
 pub mod frame;
@@ -177,4 +178,4 @@ pub mod write_file;
 
 /// Protocol version the helper announces in its `ready` event; bumped on any change a peer of
 /// the other version would misread.
-pub const VERSION: u32 = 7;
+pub const VERSION: u32 = 8;

@@ -202,7 +202,10 @@ pub enum Request {
     /// is refused (`too_large`) and nothing is left behind. `in_place` (protocol 5) writes the
     /// file itself instead, truncated first, as a shell's `>` does: a watcher sees the file's
     /// own create and write, a reader may see it half-written, and content over `max_bytes`
-    /// leaves what was written. Answers [`files::FileAnswer`](crate::files::FileAnswer).
+    /// leaves what was written. `metadata` (protocol 8), when given, becomes the file's
+    /// `user.e2b.<key>` extended attributes, every other `user.e2b.` one removed (so an empty map
+    /// clears them); absent, they are left as they are. Answers
+    /// [`files::FileAnswer`](crate::files::FileAnswer).
     FileWrite {
         path: String,
         #[serde(default)]
@@ -212,6 +215,8 @@ pub enum Request {
         max_bytes: u64,
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         in_place: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        metadata: Option<std::collections::BTreeMap<String, String>>,
     },
     /// Changes under a directory anywhere, from inotify, as the sandbox user (protocol 4): an
     /// [`Event::Armed`] once every watch is in place (no change after it is missed), then an
@@ -564,7 +569,7 @@ pub enum Event {
         change: ChangeKind,
         path: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        entry: Option<crate::files::FileEntry>,
+        entry: Option<Box<crate::files::FileEntry>>,
     },
     /// A `watch` lost changes (the kernel's queue overflowed, or a directory past its limit of
     /// watches was not watched): what is there now is the truth (protocol 4).

@@ -268,6 +268,7 @@ fn every_request_has_its_json() {
                 parents: false,
                 max_bytes: 1_073_741_824,
                 in_place: false,
+                metadata: None,
             },
             r#"{"op":"file_write","path":"/tmp/big","mode":null,"parents":false,"max_bytes":1073741824}"#,
         ),
@@ -278,8 +279,20 @@ fn every_request_has_its_json() {
                 parents: true,
                 max_bytes: 1024,
                 in_place: true,
+                metadata: None,
             },
             r#"{"op":"file_write","path":"/tmp/watched","mode":384,"parents":true,"max_bytes":1024,"in_place":true}"#,
+        ),
+        (
+            Request::FileWrite {
+                path: "/tmp/tagged".into(),
+                mode: None,
+                parents: true,
+                max_bytes: 1024,
+                in_place: true,
+                metadata: Some([("author".to_string(), "mish".to_string())].into()),
+            },
+            r#"{"op":"file_write","path":"/tmp/tagged","mode":null,"parents":true,"max_bytes":1024,"in_place":true,"metadata":{"author":"mish"}}"#,
         ),
         (
             Request::Watch {
@@ -908,10 +921,31 @@ fn fs_answers_have_their_json() {
                 group: "root".into(),
                 mtime: 1_764_000_000,
                 symlink_target: None,
+                metadata: Default::default(),
             }),
             error: None,
         },
         r#"{"entry":{"name":"hosts","path":"/etc/hosts","type":"file","size":174,"mode":420,"permissions":"-rw-r--r--","owner":"root","group":"root","mtime":1764000000,"symlink_target":null},"error":null}"#,
+    );
+    // With metadata (E2B's `user.e2b.*` attributes), by key.
+    sent_as(
+        &FsStatResponse {
+            entry: Some(FileEntry {
+                name: "notes".into(),
+                path: "/home/user/notes".into(),
+                entry_type: EntryType::File,
+                size: 3,
+                mode: 0o644,
+                permissions: "-rw-r--r--".into(),
+                owner: "user".into(),
+                group: "user".into(),
+                mtime: 1_764_000_000,
+                symlink_target: None,
+                metadata: [("author".to_string(), "mish".to_string())].into(),
+            }),
+            error: None,
+        },
+        r#"{"entry":{"name":"notes","path":"/home/user/notes","type":"file","size":3,"mode":420,"permissions":"-rw-r--r--","owner":"user","group":"user","mtime":1764000000,"symlink_target":null,"metadata":{"author":"mish"}},"error":null}"#,
     );
     sent_as(
         &FsMkdirResponse {
@@ -1035,7 +1069,7 @@ fn frames_have_their_bytes() {
         },
         &mut out,
     );
-    let payload = br#"{"type":"ready","protocol":7,"version":"0.1.0","pid":7}"#;
+    let payload = br#"{"type":"ready","protocol":8,"version":"0.1.0","pid":7}"#;
     let mut expected = vec![0, 0, 0, payload.len() as u8 + 5, 0, 0, 0, 0, 5];
     expected.extend_from_slice(payload);
     assert_eq!(out, expected);
@@ -1059,5 +1093,5 @@ fn frames_have_their_bytes() {
     assert_eq!(frame::window_payload(65_536), [0, 1, 0, 0]);
     assert_eq!(frame::window_bytes(&[0, 1, 0, 0]), Some(65_536));
     assert_eq!(frame::window_bytes(&[0, 1, 0]), None);
-    assert_eq!(sandbox_protocol::VERSION, 7);
+    assert_eq!(sandbox_protocol::VERSION, 8);
 }

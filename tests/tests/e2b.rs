@@ -335,6 +335,145 @@ async fn a_signed_upload_url_writes_its_own_path_only() -> Result<()> {
     signed_upload(NEWEST).await
 }
 
+/// A secured sandbox's signed URLs work as their holder has them, with no header naming the
+/// sandbox (its signature names it): a download, one that expires later, an upload; an expired
+/// one answers envd's words, a forged one nothing, and each URL reaches its own sandbox only.
+#[tokio::test]
+async fn signed_urls_work_without_the_sandbox_header() -> Result<()> {
+    let svc = service(&[]).await?;
+    let _guard = DeploymentGuard(svc.cp.deployment.clone());
+    let v = drive(NEWEST, &svc.url, &svc.cp.key, "signed_urls", json!({})).await?;
+    for k in ["download", "download_expiring"] {
+        assert_eq!(v[k]["status"], 200, "{k}: {v}");
+        assert_eq!(v[k]["body"], "signed content", "{k}: {v}");
+    }
+    assert_eq!(v["other_download"]["body"], "the other sandbox", "{v}");
+    assert_eq!(v["download_expired"]["status"], 401, "{v}");
+    let expired: serde_json::Value =
+        serde_json::from_str(v["download_expired"]["body"].as_str().context("body")?)?;
+    assert_eq!(
+        expired,
+        json!({"code": 401, "message": "signature is already expired"}),
+        "{v}"
+    );
+    assert_eq!(v["forged"]["status"], 401, "{v}");
+    assert_eq!(v["upload_status"], 200, "{v}");
+    assert_eq!(v["uploaded"], "uploaded by URL", "{v}");
+    assert_eq!(v["other_has_upload"], false, "{v}");
+    assert_nothing_left(&svc.cp);
+    Ok(())
+}
+
+/// File metadata as E2B's SDK writes and reads it (envd 0.6.2): kept beside the file as
+/// `user.e2b.*` attributes, read back by every entry, replaced by each upload, and set from
+/// inside the sandbox too; what is not metadata is refused before anything is written.
+async fn metadata(sdk: &str) -> Result<()> {
+    let svc = service(&[]).await?;
+    let _guard = DeploymentGuard(svc.cp.deployment.clone());
+    let v = drive(sdk, &svc.url, &svc.cp.key, "metadata", json!({})).await?;
+    let meta = json!({"author": "mish", "purpose": "upload"});
+    for k in ["written", "info", "octet", "renamed"] {
+        assert_eq!(v[k], meta, "{k}: {v}");
+    }
+    assert_eq!(v["listed"], json!({"listed.txt": {"tag": "listed"}}), "{v}");
+    assert_eq!(v["overwritten"], Value::Null, "{v}");
+    assert_eq!(v["overwritten_info"], Value::Null, "{v}");
+    assert_eq!(
+        v["set_inside"],
+        json!({"author": "inside", "purpose": "upload"}),
+        "{v}"
+    );
+    assert_eq!(v["invalid"]["type"], "InvalidArgumentException", "{v}");
+    assert_eq!(v["bad_exists"], false, "{v}");
+    assert!(
+        v["too_many"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("at most 32 keys")),
+        "{v}"
+    );
+    assert_nothing_left(&svc.cp);
+    Ok(())
+}
+
+#[tokio::test]
+async fn file_metadata_is_kept_beside_the_file() -> Result<()> {
+    metadata(NEWEST).await
+}
+
+#[tokio::test]
+async fn the_oldest_sdk_keeps_file_metadata() -> Result<()> {
+    metadata(OLDEST).await
+}
+
+/// gVisor (the release this machine has) keeps no user attributes: an upload with metadata is
+/// refused, saying so, and leaves no file; uploads without it work as ever.
+#[tokio::test]
+async fn file_metadata_is_refused_on_gvisor_which_keeps_none() -> Result<()> {
+    let svc = service(&[("RUNTIME", "runsc")]).await?;
+    let _guard = DeploymentGuard(svc.cp.deployment.clone());
+    let v = drive(NEWEST, &svc.url, &svc.cp.key, "metadata", json!({})).await?;
+    assert!(
+        v["refused"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("keeps no file metadata")),
+        "{v}"
+    );
+    assert_eq!(v["refused_left_file"], false, "{v}");
+    assert_eq!(v["plain_write"], Value::Null, "{v}");
+    assert_eq!(v["plain_info"], Value::Null, "{v}");
+    assert_nothing_left(&svc.cp);
+    Ok(())
+}
+
+/// A timeout ends the sandbox at its second, not at the reaper's next sweep (the harness runs
+/// without one); `set_timeout(0)` pauses one created to pause, and `connect` resumes it whole.
+#[tokio::test]
+async fn a_sandbox_ends_at_its_timeout_and_set_timeout_zero_pauses_one_made_to_pause() -> Result<()>
+{
+    let svc = service(&[]).await?;
+    let _guard = DeploymentGuard(svc.cp.deployment.clone());
+    let v = drive(NEWEST, &svc.url, &svc.cp.key, "deadlines", json!({})).await?;
+    assert_eq!(v["short_running"], false, "{v}");
+    assert_eq!(v["short_listed"], false, "removed, not kept: {v}");
+    assert_eq!(v["paused_state"], "paused", "{v}");
+    assert_eq!(v["paused_running"], false, "{v}");
+    assert_eq!(v["resumed_state"], "running", "{v}");
+    assert_eq!(v["resumed_reads"], "kept", "{v}");
+    assert_nothing_left(&svc.cp);
+    Ok(())
+}
+
+/// Two sandboxes made within a second list in the order they were made, both ways; pages of
+/// one hold one each in that order whatever the states asked (E2B's paused is filtered before
+/// the page is cut, so no page comes back short or past the end).
+#[tokio::test]
+async fn the_listing_orders_within_a_second_and_pages_by_state() -> Result<()> {
+    let svc = service(&[]).await?;
+    let _guard = DeploymentGuard(svc.cp.deployment.clone());
+    let v = drive(NEWEST, &svc.url, &svc.cp.key, "listing", json!({})).await?;
+    let (first, second) = (&v["ids"][0], &v["ids"][1]);
+    assert_eq!(v["asc"], json!([first, second]), "{v}");
+    assert_eq!(v["desc"], json!([second, first]), "{v}");
+    let page = |id: &serde_json::Value, state: &str| json!([[id, state]]);
+    assert_eq!(
+        v["running_pages"],
+        json!([page(second, "running"), page(first, "running")]),
+        "{v}"
+    );
+    assert_eq!(
+        v["mixed_pages"],
+        json!([page(second, "paused"), page(first, "running")]),
+        "{v}"
+    );
+    assert_eq!(
+        v["paused_pages"],
+        json!([page(second, "paused"), page(first, "paused")]),
+        "{v}"
+    );
+    assert_nothing_left(&svc.cp);
+    Ok(())
+}
+
 #[tokio::test]
 async fn the_newest_sdk_watches_a_directory() -> Result<()> {
     watch(NEWEST).await
@@ -402,6 +541,11 @@ async fn lifecycle(sdk: &str) -> Result<()> {
             .is_some_and(|s| s.iter().any(|x| x == snap)),
         "{v}"
     );
+    // Listed by the name it was given, and only by it.
+    let name = format!("snap-{}", &v["id"].as_str().context("id")?[..12]);
+    assert_eq!(v["snapshot_names"], json!([name]), "{v}");
+    assert_eq!(v["snapshots_by_name"], json!([snap]), "{v}");
+    assert_eq!(v["snapshots_by_other_name"], json!([]), "{v}");
     assert_eq!(v["from_snapshot_reads"], "kept", "{v}");
     assert_eq!(v["snapshot_deleted"], true, "{v}");
     assert_eq!(v["snapshot_deleted_again"], false, "{v}");
@@ -440,6 +584,21 @@ async fn bad_keys_unknown_sandboxes_and_templates_are_the_sdks_errors() -> Resul
             v["unknown_template"]["message"]
                 .as_str()
                 .is_some_and(|m| m.contains("no-such-template")),
+            "{sdk}: {v}"
+        );
+        // 2.45's TimeoutException; newer SDKs name the case (SandboxNotRunningException).
+        assert!(
+            v["killed_during_run"]["type"].as_str().is_some_and(|t| [
+                "TimeoutException",
+                "SandboxNotRunningException"
+            ]
+            .contains(&t)),
+            "{sdk}: {v}"
+        );
+        assert!(
+            v["killed_during_run"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("killed or reached its end of life")),
             "{sdk}: {v}"
         );
     }
@@ -512,6 +671,7 @@ async fn network_rules_inject_a_header_the_sandbox_never_sees() -> Result<()> {
             "{sdk}: {v}"
         );
         assert_eq!(v["env_has_secret"], false, "{sdk}: {v}");
+        assert_eq!(v["other_after_clear"], "200", "{sdk}: {v}");
         assert_eq!(
             v["secret_in_files"], "",
             "{sdk}: the secret is in the sandbox: {v}"

@@ -329,7 +329,8 @@ pub async fn timeout(
 ) -> Answer {
     let id = id.as_str();
     let req: TimeoutBody = body(&raw_body)?;
-    set_timeout(&e, id, req.timeout).await?;
+    // E2B's `set_timeout(0)` ends the sandbox now: the soonest deadline ours takes, a second.
+    set_timeout(&e, id, req.timeout.max(1)).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -451,15 +452,19 @@ pub async fn list(State(e): State<E2b>, RawQuery(q): RawQuery) -> Answer {
             )));
         }
     }
-    // Running alone is filtered natively (full pages); E2B's paused is ours paused or stopped.
-    if wanted == ["running"] {
-        native.push(("state".into(), "running".into()));
+    // Filtered natively, so every page is full and its cursor right: E2B's paused is ours
+    // paused or stopped.
+    for s in &wanted {
+        let ours: &[&str] = match *s {
+            "running" => &["running"],
+            _ => &["paused", "stopped"],
+        };
+        native.extend(ours.iter().map(|o| ("state".to_string(), o.to_string())));
     }
     let page = e.ops.list(&ListQuery::parse(&native)?).await?;
     let sandboxes: Vec<Value> = page
         .sessions
         .iter()
-        .filter(|s| wanted.is_empty() || wanted.contains(&state(s.state)))
         .filter(|s| template.as_ref().is_none_or(|t| *t == template_of(&e, s)))
         .map(|s| detail(&e, s, false))
         .collect();
@@ -521,7 +526,7 @@ pub async fn update_network(
     raw_body: axum::body::Bytes,
 ) -> Answer {
     let id = id.as_str();
-    let spec: network::NetworkSpec = body(&raw_body)?;
+    let spec = body::<network::NetworkSpec>(&raw_body)?.for_update();
     let policy = network::policy(&e.config, None, Some(&spec))?.ok_or_else(|| {
         ApiFailure(Refusal::new(
             StatusCode::BAD_REQUEST,

@@ -13,7 +13,8 @@
 //! - [`control`]: `/sandboxes`, `/v2/sandboxes`, `/snapshots`, `/templates`; [`network`]: E2B's
 //!   network settings as an egress policy and secrets.
 //! - [`envd`]: `process.Process` and `filesystem.Filesystem` over [`connect`] (the Connect
-//!   protocol, JSON codec), `/files` and `/health`; [`token`]: the per-sandbox access token.
+//!   protocol, JSON codec), `/files` and `/health`; [`token`]: the per-sandbox access token;
+//!   [`reset`]: a stream cut short resets its HTTP/1.1 connection, as envd's drops.
 
 pub mod connect;
 pub mod control;
@@ -22,6 +23,7 @@ pub mod network;
 pub mod polled;
 pub mod ports;
 pub mod refusal;
+pub mod reset;
 pub mod snapshots;
 pub mod state;
 pub mod token;
@@ -55,6 +57,7 @@ pub fn router(
         config,
         ops,
         keep_paused: false,
+        live: Arc::default(),
     };
     let control = Router::new()
         .route("/sandboxes", post(control::create).get(control::list))
@@ -93,7 +96,9 @@ pub fn router(
             connect::RpcError::new(connect::Code::Unimplemented, "no such envd route")
         });
     let ports_state = envd_state.clone();
-    let envd = observed(envd, metrics, "", Door::E2b).with_state(envd_state);
+    let envd = observed(envd, metrics, "", Door::E2b)
+        .with_state(envd_state)
+        .layer(axum::middleware::from_fn(reset::reset_on_cut));
     // A sandbox's other ports (`get_host(port)`): the relay, as E2B's proxy serves them.
     let ports = observed(
         Router::new().fallback(ports::serve),
@@ -108,7 +113,11 @@ pub fn router(
         async move {
             let to = if ports::is_port_request(req.headers(), domain.as_deref()) {
                 ports
-            } else if req.headers().contains_key("e2b-sandbox-id") {
+            } else if req.headers().contains_key("e2b-sandbox-id")
+                // A signed `/files` URL comes as its holder has it, without the header: its
+                // signature names the sandbox (the control API has no `/files`).
+                || req.uri().path() == "/files"
+            {
                 envd
             } else {
                 control

@@ -42,6 +42,19 @@ pub struct NetworkSpec {
 }
 
 impl NetworkSpec {
+    /// An update's spec as E2B reads it: what it leaves out is cleared, so one that says nothing
+    /// of egress allows every host (E2B's own default), never the deployment's create default.
+    pub fn for_update(mut self) -> Self {
+        let says = self.allow_out.as_ref().is_some_and(|v| !v.is_empty())
+            || self.deny_out.as_ref().is_some_and(|v| !v.is_empty())
+            || self.rules.as_ref().is_some_and(|r| !r.is_empty())
+            || self.allow_internet_access.is_some();
+        if !says {
+            self.allow_out = Some(vec![ALL_TRAFFIC.to_string()]);
+        }
+        self
+    }
+
     /// Whether the sandbox's ports are closed to whoever lacks its traffic token.
     pub fn private_traffic(&self) -> bool {
         self.allow_public_traffic == Some(false)

@@ -31,6 +31,11 @@ const EVENT_OVERHEAD: usize = 32;
 /// SDK polls while its caller watches, so one left behind does not hold memory for good.
 pub const IDLE: Duration = Duration::from_secs(60);
 
+/// Longest a poll waits for events to catch up (see [`Watchers::settle`]).
+pub const SETTLE_MAX: Duration = Duration::from_millis(100);
+/// The quiet that ends a poll's wait once it has events.
+pub const SETTLE_QUIET: Duration = Duration::from_millis(10);
+
 /// What a watcher's task has read and not yet been polled.
 pub struct Buffer {
     events: VecDeque<Box<RawValue>>,
@@ -39,6 +44,8 @@ pub struct Buffer {
     ended: Option<RpcError>,
     /// The last poll, or the watcher's creation.
     polled: Instant,
+    /// Rung at every event pushed (see [`Watchers::settle`]).
+    pushed: Arc<tokio::sync::Notify>,
 }
 
 impl Default for Buffer {
@@ -49,6 +56,7 @@ impl Default for Buffer {
             overflowed: false,
             ended: None,
             polled: Instant::now(),
+            pushed: Arc::default(),
         }
     }
 }
@@ -72,6 +80,7 @@ impl Buffer {
         }
         self.bytes += cost;
         self.events.push_back(raw);
+        self.pushed.notify_waiters();
     }
 
     /// The watch lost events before they reached this buffer (the native watch overflowed).
@@ -194,6 +203,36 @@ impl Watchers {
                 Code::NotFound,
                 format!("watcher {watcher:?} not found"),
             )),
+        }
+    }
+
+    /// Until the watcher's events have caught up with the file system, as far as a poll can
+    /// tell: a change the caller just made is in the kernel's queue when its call returns, but
+    /// reaches this buffer a moment later (through the helper and the channel). So a poll that
+    /// finds nothing waits up to [`SETTLE_MAX`] for a first event, and one that has some waits
+    /// until [`SETTLE_QUIET`] passes without another (a write's create and write come together).
+    pub async fn settle(&self, sandbox: &str, watcher: &str) -> Result<(), RpcError> {
+        let buffer = self.with(sandbox, watcher, |w| w.buffer.clone())?;
+        let pushed = lock(&buffer).pushed.clone();
+        let until = tokio::time::Instant::now() + SETTLE_MAX;
+        loop {
+            let notified = pushed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let held = {
+                let b = lock(&buffer);
+                (!b.overflowed && b.ended.is_none()).then_some(b.events.len())
+            };
+            let Some(held) = held else { return Ok(()) };
+            let left = until.saturating_duration_since(tokio::time::Instant::now());
+            let wait = if held == 0 {
+                left
+            } else {
+                left.min(SETTLE_QUIET)
+            };
+            if wait.is_zero() || tokio::time::timeout(wait, notified).await.is_err() {
+                return Ok(());
+            }
         }
     }
 
@@ -335,6 +374,39 @@ mod tests {
         lock(&buffer).push(&event(1));
         assert_eq!(w.drain("s", &id).expect("events").len(), 1);
         assert!(w.drain("s", &id).expect("none").is_empty());
+    }
+
+    /// A poll right after a change waits for its events to arrive (they come a moment after the
+    /// caller's write returns), and for the ones that come with them; an empty one gives up.
+    #[tokio::test(start_paused = true)]
+    async fn a_poll_waits_for_events_that_are_on_their_way() {
+        let w = Arc::new(Watchers::default());
+        let buffer = Arc::new(Mutex::new(Buffer::default()));
+        let id = w
+            .insert("s", buffer.clone(), idle_task())
+            .expect("a watcher");
+        let late = buffer.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            lock(&late).push(&event(1));
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            lock(&late).push(&event(2));
+        });
+        let started = tokio::time::Instant::now();
+        w.settle("s", &id).await.expect("settled");
+        assert_eq!(w.drain("s", &id).expect("events").len(), 2);
+        assert!(started.elapsed() < SETTLE_MAX, "{:?}", started.elapsed());
+        let started = tokio::time::Instant::now();
+        w.settle("s", &id).await.expect("settled");
+        assert_eq!(started.elapsed(), SETTLE_MAX);
+        assert!(w.drain("s", &id).expect("none").is_empty());
+        assert_eq!(
+            w.settle("s", "nope")
+                .await
+                .expect_err("no such watcher")
+                .code,
+            Code::NotFound
+        );
     }
 
     #[tokio::test]

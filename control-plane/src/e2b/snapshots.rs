@@ -36,11 +36,16 @@ pub async fn snapshot(
         .into_response())
 }
 
-/// `GET /snapshots` (`sandboxID` filters by source).
+/// `GET /snapshots` (`sandboxID` filters by source, `name` by the name it was given).
 pub async fn snapshots(State(e): State<E2b>, RawQuery(q): RawQuery) -> Answer {
-    let source = form_urlencoded::parse(q.unwrap_or_default().as_bytes())
-        .find(|(k, _)| k == "sandboxID")
-        .map(|(_, v)| v.into_owned());
+    let (mut source, mut name) = (None, None);
+    for (k, v) in form_urlencoded::parse(q.unwrap_or_default().as_bytes()) {
+        match &*k {
+            "sandboxID" => source = Some(v.into_owned()),
+            "name" => name = Some(v.into_owned()),
+            _ => {}
+        }
+    }
     let out: Vec<Value> = e
         .ops
         .snapshots()
@@ -51,6 +56,7 @@ pub async fn snapshots(State(e): State<E2b>, RawQuery(q): RawQuery) -> Answer {
                 .as_deref()
                 .is_none_or(|src| s.source_session_id == src)
         })
+        .filter(|s| name.is_none() || s.name == name)
         .map(|s| json!({ "snapshotID": s.snapshot_id, "names": s.name.iter().collect::<Vec<_>>() }))
         .collect();
     Ok(Json(out).into_response())

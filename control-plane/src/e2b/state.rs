@@ -6,8 +6,9 @@ use std::sync::Arc;
 use crate::config::Config;
 
 /// The envd version this service answers as: the highest whose features are all served (file
-/// metadata, envd 0.6.2, is not), so the SDK itself refuses what is not.
-pub const ENVD_VERSION: &str = "0.6.1";
+/// metadata 0.6.2, watch events' entries 0.6.3, watches that may cross network mounts 0.6.4:
+/// a sandbox has none, so the flag changes nothing), so the SDK itself refuses what is not.
+pub const ENVD_VERSION: &str = "0.6.4";
 
 /// What every handler reaches.
 #[derive(Clone)]
@@ -19,6 +20,64 @@ pub struct E2b {
     pub watchers: Arc<super::polled::Watchers>,
     /// envd's: a paused sandbox stays paused (it is not running until `connect` resumes it).
     pub keep_paused: bool,
+    /// The deployment's sandbox ids, for a signed URL that names none (see [`LiveIds`]).
+    pub live: Arc<LiveIds>,
+}
+
+/// The deployment's sandbox ids, listed at most every [`LiveIds::FRESH`]: a signed `/files` URL
+/// carries no sandbox id (its signature names one), and anyone may present one, so a flood of
+/// them lists the engines a few times a second, never once per request.
+#[derive(Default)]
+pub struct LiveIds {
+    listed: tokio::sync::Mutex<Option<(tokio::time::Instant, Arc<Vec<String>>)>>,
+}
+
+impl LiveIds {
+    const FRESH: std::time::Duration = std::time::Duration::from_millis(250);
+
+    /// The ids as last listed, however old (listing them when none were).
+    pub async fn cached(
+        &self,
+        ops: &crate::ops::Ops,
+    ) -> Result<Arc<Vec<String>>, crate::error::ApiError> {
+        let listed = self.listed.lock().await.clone();
+        match listed {
+            Some((_, ids)) => Ok(ids),
+            None => self.refresh(ops).await,
+        }
+    }
+
+    /// The ids listed now, unless a list younger than [`LiveIds::FRESH`] is at hand.
+    pub async fn refresh(
+        &self,
+        ops: &crate::ops::Ops,
+    ) -> Result<Arc<Vec<String>>, crate::error::ApiError> {
+        let mut guard = self.listed.lock().await;
+        if let Some((at, ids)) = &*guard
+            && at.elapsed() < Self::FRESH
+        {
+            return Ok(ids.clone());
+        }
+        let mut ids = Vec::new();
+        let mut next: Option<String> = None;
+        loop {
+            let mut pairs = vec![("limit".to_string(), "1000".to_string())];
+            if let Some(n) = next.take() {
+                pairs.push(("next".into(), n));
+            }
+            let page = ops
+                .list(&crate::ops::inventory::ListQuery::parse(&pairs)?)
+                .await?;
+            ids.extend(page.sessions.into_iter().map(|s| s.session_id));
+            match page.next {
+                Some(n) => next = Some(n),
+                None => break,
+            }
+        }
+        let ids = Arc::new(ids);
+        *guard = Some((tokio::time::Instant::now(), ids.clone()));
+        Ok(ids)
+    }
 }
 
 impl E2b {

@@ -146,6 +146,12 @@ pub(crate) fn entry(path: &str, dir: &OwnedFd, name: Option<&OsStr>, st: &Stat) 
         })
         .flatten();
     let mode = st.st_mode & 0o7777;
+    let metadata = match (ft, name) {
+        (FileType::RegularFile | FileType::Directory, Some(name)) => {
+            super::xattr::read_at(dir, name)
+        }
+        _ => Default::default(),
+    };
     FileEntry {
         name: path
             .rsplit('/')
@@ -166,6 +172,7 @@ pub(crate) fn entry(path: &str, dir: &OwnedFd, name: Option<&OsStr>, st: &Stat) 
         group: name_of("/etc/group", st.st_gid),
         mtime: st.st_mtime,
         symlink_target,
+        metadata,
     }
 }
 
@@ -462,6 +469,7 @@ impl Files<'_> {
             parents,
             max_bytes,
             in_place,
+            metadata,
         } = how;
         let opts = Opts {
             follow_final: true,
@@ -526,6 +534,25 @@ impl Files<'_> {
                 rustix::fs::fchmod(&fd, Mode::from_raw_mode(new_mode))
                     .map_err(|e| errno_err(e, shown))?;
             }
+            if let Some(m) = &metadata
+                && let Err(e) = super::xattr::replace(&fd, m)
+            {
+                // A file made for this write goes with it (a temporary one goes below).
+                if in_place && existing_mode.is_none() {
+                    let _ = rustix::fs::unlinkat(&res.dir, target.as_os_str(), AtFlags::empty());
+                }
+                return Err(match e {
+                    Errno::NOTSUP => fail(
+                        FsErrorCode::ExecFailed,
+                        format!("{shown}: this file system keeps no file metadata"),
+                    ),
+                    Errno::NOSPC | Errno::TOOBIG | Errno::RANGE => fail(
+                        FsErrorCode::TooLarge,
+                        format!("{shown}: the metadata is more than this file system keeps"),
+                    ),
+                    e => errno_err(e, shown),
+                });
+            }
             let mut file = File::from(fd);
             let mut total = 0u64;
             while let Some(chunk) = input.next(self.stop)? {
@@ -559,13 +586,15 @@ impl Files<'_> {
     }
 }
 
-/// How [`Files::write`] writes: the request's `mode`, `parents`, `max_bytes` and `in_place`.
-#[derive(Debug, Clone, Copy)]
+/// How [`Files::write`] writes: the request's `mode`, `parents`, `max_bytes`, `in_place` and
+/// `metadata`.
+#[derive(Debug, Clone)]
 pub struct WriteHow {
     pub mode: Option<u32>,
     pub parents: bool,
     pub max_bytes: u64,
     pub in_place: bool,
+    pub metadata: Option<std::collections::BTreeMap<String, String>>,
 }
 
 /// The part of a `size`-byte file a range names: `(start, length)`, or `invalid_range`.

@@ -10,6 +10,7 @@
 //! - [`files`]: the data plane on paths anywhere: `stat`, `mkdir`, `move`, `list`, raw reads
 //!   and atomic writes.
 //! - [`watch`]: a directory's changes, from inotify.
+//! - [`xattr`]: a file's metadata (E2B's `user.e2b.*` extended attributes).
 
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -27,6 +28,7 @@ pub mod resolve;
 pub mod run;
 pub mod text;
 pub mod watch;
+pub mod xattr;
 
 /// How often blocked waits look at the cancel flag and the deadline.
 pub(crate) const TICK: Duration = Duration::from_millis(20);

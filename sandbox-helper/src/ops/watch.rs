@@ -178,7 +178,7 @@ impl Watcher<'_> {
         emit(Event::Change {
             change,
             path,
-            entry,
+            entry: entry.map(Box::new),
         });
     }
 }

@@ -453,6 +453,7 @@ fn data_plane(
             parents,
             max_bytes,
             in_place,
+            metadata,
         } => {
             let Some(mut input) = input else {
                 return Response::error(ErrorKind::Internal, "no input stream");
@@ -468,6 +469,7 @@ fn data_plane(
                         parents,
                         max_bytes,
                         in_place,
+                        metadata,
                     };
                     files.write(&host, &shown, how, &mut input)
                 }

@@ -171,6 +171,10 @@ impl Stack {
         if self.reaping {
             tasks.push(crate::background::spawn(self.reaper.clone()));
         }
+        // A session's own deadline is its client's request, kept with or without the sweeps.
+        tasks.push(crate::background::spawn(Arc::new(reaper::DeadlineWatch(
+            self.reaper.clone(),
+        ))));
         if let Some(t) = self.refill.spawn() {
             tasks.push(t);
         }

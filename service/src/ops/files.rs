@@ -87,6 +87,8 @@ pub struct WriteFile {
     atomic: bool,
     /// The body's declared length, refused before anything is written when over the limit.
     declared: Option<u64>,
+    /// The file's metadata (`user.e2b.*` attributes) afterwards, when the caller sets it.
+    metadata: Option<std::collections::BTreeMap<String, String>>,
     body: BoxStream<'static, std::io::Result<Bytes>>,
 }
 
@@ -108,8 +110,18 @@ impl WriteFile {
             parents: true,
             atomic: true,
             declared: None,
+            metadata: None,
             body,
         })
+    }
+
+    /// The file's metadata once written: these keys and values, every other one removed
+    /// (E2B's uploads: an upload without metadata clears what an earlier one left).
+    pub fn metadata(self, metadata: std::collections::BTreeMap<String, String>) -> Self {
+        Self {
+            metadata: Some(metadata),
+            ..self
+        }
     }
 
     pub fn parents(self, parents: bool) -> Self {
@@ -189,6 +201,7 @@ impl Op for WriteFile {
             parents: self.parents,
             max_bytes: max,
             in_place: !self.atomic,
+            metadata: self.metadata,
         };
         let r = ws.runtime.write_file(ws.id, request, rx).await;
         pump.abort();
@@ -277,7 +290,7 @@ fn change(ev: Event) -> Option<WatchEvent> {
             entry,
         } => Some(WatchEvent {
             path: Some(path),
-            entry,
+            entry: entry.map(|e| *e),
             ..event(match change {
                 ChangeKind::Create => WatchEventType::Create,
                 ChangeKind::Write => WatchEventType::Write,

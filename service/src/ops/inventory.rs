@@ -1,6 +1,6 @@
 //! The deployment's sessions, listed: filtered and paged (`GET /sessions/`, E2B's list).
 //!
-//! Pages are ordered by (`created_at`, `session_id`), oldest first unless `order=desc`, and the
+//! Pages are ordered by (creation in milliseconds, `session_id`), oldest first unless `order=desc`, and the
 //! cursor (`next`) is the last key a page gave, so a walk is stable while sessions come and go:
 //! one that lives through the walk is listed exactly once; one made meanwhile sorts after every
 //! earlier one (oldest first; newest first, a walk begun before it never reaches it). The cursor is opaque
@@ -36,7 +36,7 @@ impl Ops {
             .inventory()
             .await?
             .into_iter()
-            .map(|l| (l.created, l.info))
+            .map(|l| (l.created_ms, l.info))
             .filter(|(created, s)| query.admits(*created, s))
             .collect();
         if let Some((ac, aid)) = &after {
@@ -145,7 +145,9 @@ impl ListQuery {
 
     fn admits(&self, created: i64, s: &SessionInfo) -> bool {
         (self.states.is_empty() || self.states.contains(&s.state))
-            && self.created_after.is_none_or(|t| created >= t)
+            && self
+                .created_after
+                .is_none_or(|t| created >= t.saturating_mul(1000))
             && self.image.as_ref().is_none_or(|i| *i == s.base_image)
             && self
                 .metadata
@@ -174,7 +176,7 @@ impl CursorKey {
         let root = hmac::Key::new(hmac::HMAC_SHA256, config.server.api_key.expose().as_bytes());
         let derived = hmac::sign(
             &root,
-            format!("daiv-sandbox session list cursor\n{}", config.deployment).as_bytes(),
+            format!("daiv-sandbox session list cursor ms\n{}", config.deployment).as_bytes(),
         );
         Self(hmac::Key::new(hmac::HMAC_SHA256, derived.as_ref()))
     }
@@ -183,7 +185,8 @@ impl CursorKey {
         hmac::sign(&self.0, format!("{payload}\n{filters}").as_bytes())
     }
 
-    /// `created.id` (base64) and its tag.
+    /// `created_ms.id` (base64) and its tag (keyed apart from the cursors of versions that
+    /// ordered by whole seconds, so one of theirs is refused rather than misread).
     fn seal(&self, created: i64, id: &str, filters: &str) -> String {
         let payload = format!("{created}.{id}");
         let tag = self.tag(&payload, filters);

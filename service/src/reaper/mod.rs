@@ -15,7 +15,9 @@
 //!    (a backstop: taken even while a request holds their lock);
 //! 6. sessions past their own deadline (`timeout_seconds`): removed, or paused when their
 //!    `on_timeout` says so (then reaped as any paused session); records of sessions that are gone
-//!    (see [`crate::sessions`]'s `record`);
+//!    (see [`crate::sessions`]'s `record`). The [`DeadlineWatch`] does this within a second of
+//!    each deadline, with or without the sweeps; the sweep is the backstop and arms the watch
+//!    with the deadlines it finds;
 //! 7. snapshots past their TTL, then the oldest beyond `SNAPSHOT_MAX_COUNT` and
 //!    `SNAPSHOT_MAX_BYTES`, and the payload of snapshots without a record (deleted ones, forks'
 //!    once the forks are gone) and workspaces of sessions that are gone (see
@@ -88,6 +90,49 @@ impl crate::background::Background for Reaper {
         // The setting forbids zero; a hand-built policy might not.
         tokio::time::sleep(self.policy.interval.max(Duration::from_millis(100))).await;
     }
+}
+
+/// The deadline watch: each session ended (or paused) within a second of its deadline, as
+/// [`crate::sessions::Deadlines`] says it comes due, by the sweep's own guarded removal (the
+/// record re-read under the lock). Every replica watches the deadlines it knows; the lock keeps
+/// two from acting on one session.
+pub struct DeadlineWatch(pub Arc<Reaper>);
+
+/// A session busy at its deadline is tried again this much later; one that failed, later still
+/// (the sweep retries it too).
+const BUSY_RETRY_SECS: i64 = 1;
+const FAILED_RETRY_SECS: i64 = 30;
+
+impl crate::background::Background for DeadlineWatch {
+    fn name(&self) -> &'static str {
+        "deadline watch"
+    }
+
+    async fn round(self: Arc<Self>) -> std::ops::ControlFlow<()> {
+        let deadlines = self.0.sessions.deadlines().clone();
+        deadlines.wait(crate::time::unix_millis()).await;
+        let now = crate::time::unix_now();
+        for id in deadlines.take_due(now) {
+            let outcome = self
+                .0
+                .remove_guarded(&id, Why::Deadline, SystemTime::now())
+                .await;
+            match outcome {
+                Outcome::Removed | Outcome::Paused => {
+                    self.0.metrics.sessions.reaped.inc();
+                }
+                Outcome::Busy => deadlines.arm(&id, now + BUSY_RETRY_SECS),
+                Outcome::Failed => {
+                    self.0.metrics.sessions.reaper_failures.inc();
+                    deadlines.arm(&id, now + FAILED_RETRY_SECS);
+                }
+                Outcome::Kept => {}
+            }
+        }
+        std::ops::ControlFlow::Continue(())
+    }
+
+    async fn pause(&self) {}
 }
 
 #[cfg(test)]

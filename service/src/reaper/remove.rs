@@ -153,6 +153,13 @@ impl Reaper {
             let due = records
                 .get(&info.id)
                 .is_some_and(|r| r.deadline.is_some_and(|d| d <= now_secs));
+            // A deadline to come, perhaps another replica's: the deadline watch takes it then.
+            if let Some(d) = records.get(&info.id).and_then(|r| r.deadline)
+                && d > now_secs
+                && !info.is_paused()
+            {
+                self.sessions.deadlines().arm(&info.id, d);
+            }
             // A paused session stays paused: its deadline did its work.
             if !due
                 || info.is_paused()
@@ -248,7 +255,7 @@ impl Reaper {
 
     /// Removes a session if its lock is free and its condition still holds under the lock (the
     /// lifetime backstop takes a busy session too).
-    async fn remove_guarded(&self, id: &str, why: Why, now: SystemTime) -> Outcome {
+    pub(super) async fn remove_guarded(&self, id: &str, why: Why, now: SystemTime) -> Outcome {
         let held = match self.locks.acquire(id, Duration::ZERO).await {
             Ok(h) => Some(h),
             Err(LockError::Timeout) if matches!(why, Why::Lifetime) => None,

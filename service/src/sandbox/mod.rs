@@ -29,9 +29,10 @@ use crate::archive::{Archive, Part, ROOT, entry_name};
 use crate::config::Config;
 use crate::egress::{self, Egress, Reservation, SandboxPlan};
 use crate::engine::{
-    CPUS_LABEL, ContainerEngine, ContainerSpec, DEPLOYMENT_LABEL, HELPER_USER_LABEL, IMAGE_LABEL,
-    MANAGED_LABEL, MEMORY_LABEL, NetworkAttach, ROLE_LABEL, ROLE_SANDBOX, ROLE_SNAPSHOT,
-    SANDBOX_USER_LABEL, SNAPSHOT_LABEL, STATE_LABEL, STATE_VOLUMES, SandboxUser, WORKSPACE_LABEL,
+    CPUS_LABEL, CREATED_MS_LABEL, ContainerEngine, ContainerSpec, DEPLOYMENT_LABEL,
+    HELPER_USER_LABEL, IMAGE_LABEL, MANAGED_LABEL, MEMORY_LABEL, NetworkAttach, ROLE_LABEL,
+    ROLE_SANDBOX, ROLE_SNAPSHOT, SANDBOX_USER_LABEL, SNAPSHOT_LABEL, STATE_LABEL, STATE_VOLUMES,
+    SandboxUser, WORKSPACE_LABEL,
 };
 use crate::layout;
 use crate::shared_file::SharedFile;
@@ -367,6 +368,10 @@ impl SandboxFactory {
             (DEPLOYMENT_LABEL.to_string(), c.deployment.clone()),
             (HELPER_USER_LABEL.to_string(), self.helper_user()),
             (SANDBOX_USER_LABEL.to_string(), user.to_string()),
+            (
+                CREATED_MS_LABEL.to_string(),
+                crate::time::unix_millis().to_string(),
+            ),
         ]);
         if let Some(m) = req.memory_bytes {
             labels.insert(MEMORY_LABEL.to_string(), m.to_string());

@@ -5,8 +5,8 @@
 
 use crate::api::{SessionInfo, SessionState};
 use crate::engine::{
-    CPUS_LABEL, ContainerInfo, DEPLOYMENT_LABEL, EGRESS_LABEL, IMAGE_LABEL, MEMORY_LABEL,
-    ROLE_LABEL, ROLE_SANDBOX, SNAPSHOT_LABEL,
+    CPUS_LABEL, CREATED_MS_LABEL, ContainerInfo, DEPLOYMENT_LABEL, EGRESS_LABEL, IMAGE_LABEL,
+    MEMORY_LABEL, ROLE_LABEL, ROLE_SANDBOX, SNAPSHOT_LABEL,
 };
 use crate::pool::Claim;
 use crate::time::rfc3339;
@@ -17,8 +17,8 @@ use super::{SessionError, SessionId, Sessions};
 /// A listed session and the key it is ordered by.
 #[derive(Debug, Clone)]
 pub struct Listed {
-    /// Unix seconds it was created (or claimed).
-    pub created: i64,
+    /// Unix milliseconds it was created (or claimed).
+    pub created_ms: i64,
     pub info: SessionInfo,
 }
 
@@ -70,10 +70,14 @@ fn listed(
     runtime_warning: Option<String>,
 ) -> Listed {
     let claim = Claim::of(c);
-    let created = claim
-        .map(|k| k.at)
+    // Docker's creation time in a listing has whole seconds; the label has the milliseconds
+    // that order creates within one second. A claim's name has whole seconds: a claimed name
+    // must not depend on the moment, or two replicas racing for one member would both win it.
+    let created_ms = claim
+        .map(|k| k.at.saturating_mul(1000))
         .filter(|at| *at > 0)
-        .or(c.created)
+        .or_else(|| c.label(CREATED_MS_LABEL).and_then(|v| v.parse().ok()))
+        .or(c.created.map(|s| s.saturating_mul(1000)))
         .unwrap_or(0);
     let (memory_bytes, nano_cpus) = limits(c);
     let state = if c.is_paused() {
@@ -85,13 +89,13 @@ fn listed(
     };
     let record = record.unwrap_or_default();
     Listed {
-        created,
+        created_ms,
         info: SessionInfo {
             session_id: c.id.clone(),
             base_image: c.label(IMAGE_LABEL).unwrap_or_default().to_string(),
             snapshot_id: c.label(SNAPSHOT_LABEL).map(str::to_string),
             state,
-            created_at: rfc3339(created),
+            created_at: rfc3339(created_ms.div_euclid(1000)),
             expires_at: record.deadline.map(rfc3339),
             on_timeout: record.on_timeout,
             cpus: nano_cpus.map(crate::api::cpus_of),

@@ -42,6 +42,7 @@ use crate::snapshots::Snapshots;
 use crate::telemetry::metrics::Metrics;
 use crate::telemetry::runtime_probe::ImageProbes;
 
+mod deadlines;
 mod fork;
 mod inventory;
 mod lifecycle;
@@ -52,6 +53,7 @@ mod samples;
 
 pub use crate::ids::SessionId;
 pub use crate::sandbox::{MAX_TIMEOUT_SECS, SessionError, ValidationError};
+pub use deadlines::Deadlines;
 pub use fork::ForkPlan;
 pub use inventory::Listed;
 pub use record::{Lifetime, Record, check_timeout};
@@ -96,6 +98,8 @@ pub struct Sessions {
     /// Under `runsc`: each new session's image probed on its first use, and the warning of a
     /// session whose image was found unsound.
     probes: Option<Arc<ImageProbes>>,
+    /// The deadlines its records set, for the reaper's deadline watch.
+    deadlines: Arc<Deadlines>,
 }
 
 impl Sessions {
@@ -116,7 +120,13 @@ impl Sessions {
             metrics,
             samples: samples::Samples::default(),
             probes: None,
+            deadlines: Arc::default(),
         }
+    }
+
+    /// The deadlines its records set (see [`Deadlines`]).
+    pub fn deadlines(&self) -> &Arc<Deadlines> {
+        &self.deadlines
     }
 
     /// The service's metrics, for an operation that counts what it does.

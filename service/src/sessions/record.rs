@@ -163,6 +163,9 @@ impl Sessions {
                 driver_opts: HashMap::new(),
             })
             .await?;
+        if let Some(d) = record.deadline {
+            self.deadlines.arm(id, d);
+        }
         for v in older {
             if let Err(e) = self.engine().remove_volume(&v.name).await {
                 tracing::debug!(session_id = %id, volume = %v.name, error = %e, "an old session record was not removed");

@@ -11,7 +11,7 @@
 //! writes that path and no other, so a signed upload must carry `?path=` and no part's file name
 //! is read.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use axum::body::Body;
 use axum::extract::{Query, State};
@@ -38,46 +38,87 @@ enum Proof {
     Signature,
 }
 
-/// The caller of a `/files` request: its sandbox id once the token or the signature holds.
-fn authorize(
+/// The caller of a `/files` request: its sandbox id once the token or the signature holds. A
+/// signed URL may come without the sandbox header (a browser, `urllib`: the URL is all they
+/// hold); its signature then names the sandbox, since only that sandbox's token makes it.
+async fn authorize(
     e: &E2b,
     headers: &HeaderMap,
     params: &HashMap<String, String>,
     operation: &str,
 ) -> Result<(String, Proof), Refusal> {
-    let id = sandbox_id(headers).map_err(|e| Refusal::new(StatusCode::NOT_FOUND, e.message))?;
+    let named = sandbox_id(headers);
     let user = params
         .get("username")
         .cloned()
         .or_else(|| basic_user(headers));
     check_user(user.as_deref()).map_err(|e| Refusal::new(StatusCode::FORBIDDEN, e.message))?;
-    let token = headers
-        .get("x-access-token")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    if e.tokens.check(&id, token) {
-        return Ok((id, Proof::Token));
-    }
-    if let Some(sig) = params.get("signature") {
-        let expiration = params
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    let signed = params.get("signature").map(|sig| SignedUrl {
+        signature: sig,
+        path: params.get("path").map(String::as_str).unwrap_or(""),
+        operation,
+        username: user.as_deref().unwrap_or(""),
+        expiration: params
             .get("signature_expiration")
-            .and_then(|v| v.parse::<i64>().ok());
-        let now = time::OffsetDateTime::now_utc().unix_timestamp();
-        let url = SignedUrl {
-            signature: sig,
-            path: params.get("path").map(String::as_str).unwrap_or(""),
-            operation,
-            username: user.as_deref().unwrap_or(""),
-            expiration,
-        };
-        if e.tokens.check_signature(&id, &url, now) {
-            return Ok((id, Proof::Signature));
+            .and_then(|v| v.parse::<i64>().ok()),
+    });
+    let refused = || {
+        Refusal::new(
+            StatusCode::UNAUTHORIZED,
+            "invalid or missing access token (X-Access-Token) or signature",
+        )
+    };
+    if let Ok(id) = &named {
+        let token = headers
+            .get("x-access-token")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        if e.tokens.check(id, token) {
+            return Ok((id.clone(), Proof::Token));
         }
     }
-    Err(Refusal::new(
-        StatusCode::UNAUTHORIZED,
-        "invalid or missing access token (X-Access-Token) or signature",
-    ))
+    let Some(url) = signed else {
+        return match named {
+            Ok(_) => Err(refused()),
+            Err(err) => Err(Refusal::new(StatusCode::NOT_FOUND, err.message)),
+        };
+    };
+    // envd's words for a URL past its time, whoever signed it.
+    if url.expiration.is_some_and(|at| at < now) {
+        return Err(Refusal::new(
+            StatusCode::UNAUTHORIZED,
+            "signature is already expired",
+        ));
+    }
+    if let Ok(id) = named {
+        return match e.tokens.check_signature(&id, &url, now) {
+            true => Ok((id, Proof::Signature)),
+            false => Err(refused()),
+        };
+    }
+    // No header: the sandbox whose token made the signature. A sandbox made since the last
+    // listing is found by a fresh one.
+    let listing_failed = |_| {
+        Refusal::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the sandboxes could not be listed",
+        )
+    };
+    let cached = e.live.cached(&e.ops).await.map_err(listing_failed)?;
+    let found = |ids: &[String]| {
+        ids.iter()
+            .find(|id| e.tokens.check_signature(id, &url, now))
+            .cloned()
+    };
+    if let Some(id) = found(&cached) {
+        return Ok((id, Proof::Signature));
+    }
+    let fresh = e.live.refresh(&e.ops).await.map_err(listing_failed)?;
+    match found(&fresh) {
+        Some(id) => Ok((id, Proof::Signature)),
+        None => Err(refused()),
+    }
 }
 
 /// `GET /files?path=`.
@@ -86,7 +127,7 @@ pub async fn download(
     headers: HeaderMap,
     Query(params): Query<HashMap<String, String>>,
 ) -> Response {
-    let id = match authorize(&e, &headers, &params, "read") {
+    let id = match authorize(&e, &headers, &params, "read").await {
         Ok((id, _)) => id,
         Err(r) => return http_error(&r),
     };
@@ -135,7 +176,8 @@ async fn upload_inner(
     params: &HashMap<String, String>,
     body: Body,
 ) -> Result<Vec<Value>, Refusal> {
-    let (id, proof) = authorize(e, headers, params, "write")?;
+    let (id, proof) = authorize(e, headers, params, "write").await?;
+    let metadata = metadata_of(headers)?;
     let ct = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -172,7 +214,8 @@ async fn upload_inner(
                 }
             };
             let stream = field.map_err(std::io::Error::other);
-            written.push(put(e, &id, &absolute(&path), Body::from_stream(stream), None).await?);
+            let body = Body::from_stream(stream);
+            written.push(put(e, &id, &absolute(&path), body, None, &metadata).await?);
         }
         if written.is_empty() {
             return Err(Refusal::new(StatusCode::BAD_REQUEST, "no file in the form"));
@@ -186,17 +229,64 @@ async fn upload_inner(
             )
         })?;
         let encoding = headers.get(header::CONTENT_ENCODING).cloned();
-        Ok(vec![put(e, &id, &absolute(path), body, encoding).await?])
+        Ok(vec![
+            put(e, &id, &absolute(path), body, encoding, &metadata).await?,
+        ])
     }
 }
 
-/// One file written through the native route, answered as envd's `{name, type, path}`.
+/// The upload's metadata, from its `X-Metadata-<key>` headers (keys lowercased, as HTTP names
+/// are): what E2B's SDK sends, checked as it checks it (a key of HTTP token characters, a value
+/// of printable ASCII) and bounded by what a file system keeps beside a file.
+fn metadata_of(headers: &HeaderMap) -> Result<BTreeMap<String, String>, Refusal> {
+    const MAX_KEYS: usize = 32;
+    const MAX_KEY: usize = 128;
+    const MAX_TOTAL: usize = 3072;
+    let bad = |m: String| Refusal::new(StatusCode::BAD_REQUEST, m);
+    let mut out = BTreeMap::new();
+    for (name, value) in headers {
+        let Some(key) = name.as_str().strip_prefix("x-metadata-") else {
+            continue;
+        };
+        // A header name is already lowercase token characters; an empty key is not one.
+        if key.is_empty() || key.len() > MAX_KEY {
+            return Err(bad(format!(
+                "metadata key {key:?}: 1 to {MAX_KEY} characters"
+            )));
+        }
+        let value = value
+            .to_str()
+            .ok()
+            .filter(|v| v.bytes().all(|b| (0x20..0x7f).contains(&b)))
+            .ok_or_else(|| {
+                bad(format!(
+                    "metadata {key:?}: the value is not printable ASCII"
+                ))
+            })?;
+        if out.insert(key.to_string(), value.to_string()).is_some() {
+            return Err(bad(format!("metadata {key:?}: given twice")));
+        }
+    }
+    if out.len() > MAX_KEYS {
+        return Err(bad(format!("metadata: at most {MAX_KEYS} keys")));
+    }
+    if out.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>() > MAX_TOTAL {
+        return Err(bad(format!(
+            "metadata: at most {MAX_TOTAL} bytes of keys and values"
+        )));
+    }
+    Ok(out)
+}
+
+/// One file written through the native route, answered as envd's `{name, type, path}` and the
+/// metadata it now has (every upload sets it: one without leaves none, as envd's does).
 async fn put(
     e: &E2b,
     id: &str,
     path: &str,
     body: Body,
     encoding: Option<HeaderValue>,
+    metadata: &BTreeMap<String, String>,
 ) -> Result<Value, Refusal> {
     let body = match encoding {
         Some(enc) if enc.as_bytes().eq_ignore_ascii_case(b"gzip") => gunzip(body),
@@ -216,14 +306,19 @@ async fn put(
         .boxed();
     let op = WriteFile::new(path, None, body)
         .map_err(fs_refusal)?
-        .atomic(false);
+        .atomic(false)
+        .metadata(metadata.clone());
     match e.reach(id, op).await {
         Ok(Write::Written(_)) => {}
         Ok(Write::Refused(err)) => return Err(fs_refusal(err)),
         Err(err) => return Err(Refusal::from(err)),
     }
     let name = path.rsplit('/').next().unwrap_or(path);
-    Ok(json!({ "name": name, "type": "file", "path": path }))
+    let mut written = json!({ "name": name, "type": "file", "path": path });
+    if !metadata.is_empty() {
+        written["metadata"] = json!(metadata);
+    }
+    Ok(written)
 }
 
 /// A gzip body decoded as it is read, on a blocking thread (flate2's decoder is synchronous); a

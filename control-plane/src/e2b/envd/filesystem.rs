@@ -136,6 +136,7 @@ pub async fn call(
             }
             "GetWatcherEvents" => {
                 let req: WatcherId = message(&headers, &body)?;
+                e.watchers.settle(id, &req.watcher_id).await?;
                 let events = e.watchers.drain(id, &req.watcher_id)?;
                 Ok(connect::unary(json!({ "events": events })))
             }

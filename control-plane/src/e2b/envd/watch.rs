@@ -103,5 +103,8 @@ pub fn entry_info(e: &FileEntry) -> Value {
         v["symlinkTarget"] = json!(t);
         v["isSymlink"] = json!(true);
     }
+    if !e.metadata.is_empty() {
+        v["metadata"] = json!(e.metadata);
+    }
     v
 }

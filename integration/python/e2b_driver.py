@@ -439,6 +439,16 @@ def deadlines():
     out["resumed_state"] = str(resumed.get_info().state)
     out["resumed_reads"] = resumed.files.read("/home/user/kept.txt")
     resumed.kill()
+    # Paused by its client before its deadline: the deadline passing leaves it paused, whole.
+    kept = Sandbox.create(template=P.get("template", "base"), timeout=3,
+                          metadata={"suite": P.get("tag", "e2b")})
+    kept.files.write("/home/user/k.txt", "paused by its client")
+    kept.pause()
+    time.sleep(5)
+    out["client_paused_state"] = str(kept.get_info().state)
+    again = Sandbox.connect(kept.sandbox_id, timeout=60)
+    out["client_paused_reads"] = again.files.read("/home/user/k.txt")
+    again.kill()
     return out
 
 

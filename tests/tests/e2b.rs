@@ -426,7 +426,8 @@ async fn file_metadata_is_refused_on_gvisor_which_keeps_none() -> Result<()> {
 }
 
 /// A timeout ends the sandbox at its second, not at the reaper's next sweep (the harness runs
-/// without one); `set_timeout(0)` pauses one created to pause, and `connect` resumes it whole.
+/// without one); `set_timeout(0)` pauses one created to pause, and `connect` resumes it whole;
+/// one its client paused stays paused past its deadline (a deadline never removes a pause).
 #[tokio::test]
 async fn a_sandbox_ends_at_its_timeout_and_set_timeout_zero_pauses_one_made_to_pause() -> Result<()>
 {
@@ -439,6 +440,8 @@ async fn a_sandbox_ends_at_its_timeout_and_set_timeout_zero_pauses_one_made_to_p
     assert_eq!(v["paused_running"], false, "{v}");
     assert_eq!(v["resumed_state"], "running", "{v}");
     assert_eq!(v["resumed_reads"], "kept", "{v}");
+    assert_eq!(v["client_paused_state"], "paused", "{v}");
+    assert_eq!(v["client_paused_reads"], "paused by its client", "{v}");
     assert_nothing_left(&svc.cp);
     Ok(())
 }

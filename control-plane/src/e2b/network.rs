@@ -43,12 +43,13 @@ pub struct NetworkSpec {
 
 impl NetworkSpec {
     /// An update's spec as E2B reads it: what it leaves out is cleared, so one that says nothing
-    /// of egress allows every host (E2B's own default), never the deployment's create default.
+    /// of egress (or only that the internet is allowed) allows every host (E2B's own default),
+    /// never the deployment's create default.
     pub fn for_update(mut self) -> Self {
         let says = self.allow_out.as_ref().is_some_and(|v| !v.is_empty())
             || self.deny_out.as_ref().is_some_and(|v| !v.is_empty())
             || self.rules.as_ref().is_some_and(|r| !r.is_empty())
-            || self.allow_internet_access.is_some();
+            || self.allow_internet_access == Some(false);
         if !says {
             self.allow_out = Some(vec![ALL_TRAFFIC.to_string()]);
         }

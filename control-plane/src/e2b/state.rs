@@ -26,37 +26,46 @@ pub struct E2b {
 
 /// The deployment's sandbox ids, listed at most every [`LiveIds::FRESH`]: a signed `/files` URL
 /// carries no sandbox id (its signature names one), and anyone may present one, so a flood of
-/// them lists the engines a few times a second, never once per request.
+/// them lists the engines a few times a second, never once per request. Readers take the last
+/// list without waiting; one listing runs at a time.
 #[derive(Default)]
 pub struct LiveIds {
-    listed: tokio::sync::Mutex<Option<(tokio::time::Instant, Arc<Vec<String>>)>>,
+    listed: std::sync::RwLock<Option<(tokio::time::Instant, Arc<Vec<String>>)>>,
+    listing: tokio::sync::Mutex<()>,
 }
 
 impl LiveIds {
     const FRESH: std::time::Duration = std::time::Duration::from_millis(250);
+
+    fn last(&self) -> Option<(tokio::time::Instant, Arc<Vec<String>>)> {
+        self.listed
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
 
     /// The ids as last listed, however old (listing them when none were).
     pub async fn cached(
         &self,
         ops: &crate::ops::Ops,
     ) -> Result<Arc<Vec<String>>, crate::error::ApiError> {
-        let listed = self.listed.lock().await.clone();
-        match listed {
+        match self.last() {
             Some((_, ids)) => Ok(ids),
             None => self.refresh(ops).await,
         }
     }
 
-    /// The ids listed now, unless a list younger than [`LiveIds::FRESH`] is at hand.
+    /// The ids listed now, unless a list younger than [`LiveIds::FRESH`] is at hand (one that
+    /// another caller's listing just made counts).
     pub async fn refresh(
         &self,
         ops: &crate::ops::Ops,
     ) -> Result<Arc<Vec<String>>, crate::error::ApiError> {
-        let mut guard = self.listed.lock().await;
-        if let Some((at, ids)) = &*guard
+        let _one = self.listing.lock().await;
+        if let Some((at, ids)) = self.last()
             && at.elapsed() < Self::FRESH
         {
-            return Ok(ids.clone());
+            return Ok(ids);
         }
         let mut ids = Vec::new();
         let mut next: Option<String> = None;
@@ -75,7 +84,8 @@ impl LiveIds {
             }
         }
         let ids = Arc::new(ids);
-        *guard = Some((tokio::time::Instant::now(), ids.clone()));
+        *self.listed.write().unwrap_or_else(|e| e.into_inner()) =
+            Some((tokio::time::Instant::now(), ids.clone()));
         Ok(ids)
     }
 }

@@ -510,8 +510,15 @@ impl Files<'_> {
         };
         let new_mode = mode.or(existing_mode).unwrap_or(0o644) & 0o777;
         // In place: the file itself; its bits set when it is new or a mode was asked for.
+        // In place with metadata: truncated only once the metadata is set, so a file system
+        // that refuses it leaves the file as it was.
         let (target, flags) = if in_place {
-            (name.clone(), OFlags::TRUNC)
+            let trunc = if metadata.is_some() {
+                OFlags::empty()
+            } else {
+                OFlags::TRUNC
+            };
+            (name.clone(), trunc)
         } else {
             let tmp = OsString::from(format!(
                 ".{}.daiv-put-{}-{}",
@@ -552,6 +559,9 @@ impl Files<'_> {
                     ),
                     e => errno_err(e, shown),
                 });
+            }
+            if in_place && metadata.is_some() {
+                rustix::fs::ftruncate(&fd, 0).map_err(|e| errno_err(e, shown))?;
             }
             let mut file = File::from(fd);
             let mut total = 0u64;

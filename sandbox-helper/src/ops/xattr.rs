@@ -18,6 +18,11 @@ pub const PREFIX: &[u8] = b"user.e2b.";
 const LIST_MAX: usize = 16 * 1024;
 /// Largest value read; a longer one is skipped.
 const VALUE_MAX: usize = 4096;
+/// Most keys, and most bytes of keys and values, an entry carries: what an upload may set (the
+/// control plane's bounds). Attributes set inside the sandbox past them are left out, so an
+/// entry stays small (a stat answer and a watch event have a size the channel holds to).
+const KEYS_MAX: usize = 32;
+const TOTAL_MAX: usize = 3072;
 
 /// The `user.e2b.*` attributes of `name` in `dir`, by key (the prefix stripped); values that are
 /// not UTF-8 are left out. Read through `/proc/self/fd`, so the name is looked up in the
@@ -33,7 +38,11 @@ pub fn read_at(dir: &OwnedFd, name: &OsStr) -> BTreeMap<String, String> {
     };
     let mut out = BTreeMap::new();
     let mut value = vec![0u8; VALUE_MAX];
+    let mut total = 0usize;
     for attr in ours(&list[..n]) {
+        if out.len() == KEYS_MAX {
+            break;
+        }
         let Ok(len) = rustix::fs::lgetxattr(path, attr, &mut value[..]) else {
             continue;
         };
@@ -41,6 +50,10 @@ pub fn read_at(dir: &OwnedFd, name: &OsStr) -> BTreeMap<String, String> {
             std::str::from_utf8(&attr.as_bytes()[PREFIX.len()..]),
             std::str::from_utf8(&value[..len]),
         ) {
+            total += key.len() + v.len();
+            if total > TOTAL_MAX {
+                break;
+            }
             out.insert(key.to_string(), v.to_string());
         }
     }

@@ -226,11 +226,13 @@ impl Reaper {
             })
     }
 
-    /// Still past its deadline, read again under the lock: it may have been moved since.
-    async fn past_deadline(&self, id: &str, now: SystemTime) -> bool {
+    /// Still past its deadline, read again under the lock (it may have been moved since), and
+    /// not a stopped session its deadline would only pause.
+    async fn past_deadline(&self, info: &ContainerInfo, now: SystemTime) -> bool {
         matches!(
-            self.sessions.record(id).await,
+            self.sessions.record(&info.id).await,
             Ok(Some(r)) if r.deadline.is_some_and(|d| d <= unix_secs(now))
+                && (info.is_running() || r.on_timeout != crate::api::OnTimeout::Pause)
         )
     }
 
@@ -281,7 +283,9 @@ impl Reaper {
             Why::OverCap => !info.is_running() && !info.is_paused() && !creating(&info, now),
             Why::Idle => info.is_running() && self.still_idle(&info, now).await,
             Why::Lifetime => true,
-            Why::Deadline => self.past_deadline(id, now).await,
+            // As the sweep picks them: a paused session stays paused (its client's pause, or its
+            // deadline's), a stopped one that pauses on timeout is left for the grace period.
+            Why::Deadline => !info.is_paused() && self.past_deadline(&info, now).await,
         };
         if !still {
             tracing::debug!(session_id = %id, ?why, "reaper: session back in use; kept");

@@ -6,39 +6,56 @@
 //! An entry is only a wake-up: the watch re-reads the record under the session's lock, so a
 //! deadline moved later (or cleared) since it was armed does nothing.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 
 use tokio::sync::Notify;
 
-/// The deadlines this replica knows, soonest first.
+/// The deadlines this replica knows, soonest first, one per session (the latest armed: a
+/// deadline moved replaces the one before, so a client moving it again and again holds one
+/// entry).
 #[derive(Default)]
 pub struct Deadlines {
-    due: Mutex<BTreeSet<(i64, String)>>,
+    due: Mutex<Due>,
     bell: Notify,
+}
+
+#[derive(Default)]
+struct Due {
+    by_time: BTreeSet<(i64, String)>,
+    by_id: HashMap<String, i64>,
 }
 
 impl Deadlines {
     /// Session `id` is due at `at` (Unix seconds).
     pub fn arm(&self, id: &str, at: i64) {
-        let new = self
-            .due
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert((at, id.to_string()));
-        if new {
-            self.bell.notify_waiters();
+        let mut due = self.due.lock().unwrap_or_else(|e| e.into_inner());
+        match due.by_id.insert(id.to_string(), at) {
+            Some(was) if was == at => return,
+            Some(was) => {
+                due.by_time.remove(&(was, id.to_string()));
+            }
+            None => {}
         }
+        due.by_time.insert((at, id.to_string()));
+        drop(due);
+        self.bell.notify_waiters();
     }
 
     /// The sessions due at `now`, taken out.
     pub fn take_due(&self, now: i64) -> Vec<String> {
         let mut due = self.due.lock().unwrap_or_else(|e| e.into_inner());
-        let later = due.split_off(&(now.saturating_add(1), String::new()));
-        std::mem::replace(&mut *due, later)
+        let later = due
+            .by_time
+            .split_off(&(now.saturating_add(1), String::new()));
+        let taken: Vec<String> = std::mem::replace(&mut due.by_time, later)
             .into_iter()
             .map(|(_, id)| id)
-            .collect()
+            .collect();
+        for id in &taken {
+            due.by_id.remove(id);
+        }
+        taken
     }
 
     /// The soonest deadline armed.
@@ -46,6 +63,7 @@ impl Deadlines {
         self.due
             .lock()
             .unwrap_or_else(|e| e.into_inner())
+            .by_time
             .first()
             .map(|(at, _)| *at)
     }
@@ -83,6 +101,12 @@ mod tests {
         assert_eq!(d.take_due(20), ["a", "b"]);
         assert!(d.take_due(20).is_empty());
         assert_eq!(d.next(), Some(30));
+        // A deadline moved replaces the one before: one entry per session.
+        d.arm("c", 40);
+        d.arm("c", 35);
+        assert!(d.take_due(34).is_empty());
+        assert_eq!(d.take_due(100), ["c"]);
+        assert_eq!(d.next(), None);
     }
 
     #[tokio::test(start_paused = true)]

@@ -8,6 +8,7 @@ DEV_DIR := .dev
 PORT ?= 8000
 # E2B's API (`make run`): its control API and envd on one port of their own.
 E2B_PORT ?= 49983
+OPENSANDBOX_PORT ?= 8090
 FUZZ_SECONDS ?= 60
 FUZZ_SMOKE_SECONDS ?= 10
 LEAK_BASELINE := $(DEV_DIR)/leak-baseline
@@ -66,7 +67,7 @@ chromium: ## Install Debian's chromium (the /docs browser test drives it headles
 
 venv: ## Make target/venv with the official MCP Python SDK, and target/venv-e2b-* with E2B's (the e2e tests drive the service with them)
 	@scripts/ensure-python-venv.sh >/dev/null
-	@for r in integration/python/e2b-*.txt; do scripts/ensure-python-venv.sh "$$(basename "$$r" .txt)" >/dev/null; done
+	@for r in integration/python/e2b-*.txt integration/python/opensandbox-*.txt; do scripts/ensure-python-venv.sh "$$(basename "$$r" .txt)" >/dev/null; done
 
 images: images-host images-static images-code-interpreter ## Build the local images (no registry needed): sandboxes, code interpreter, gateway, service, Redis
 
@@ -107,12 +108,16 @@ run: docker images helper ## Build and start the service on 127.0.0.1:$(PORT) wi
 	@echo "  export E2B_API_URL=http://127.0.0.1:$(E2B_PORT)"
 	@echo "  export E2B_SANDBOX_URL=http://127.0.0.1:$(E2B_PORT)"
 	@echo "  export E2B_VALIDATE_API_KEY=false  # older e2b releases (2.45 among them) check the key's shape"
+	@echo "OpenSandbox's SDK (opensandbox 1.2.1) against it:"
+	@echo "  export OPEN_SANDBOX_DOMAIN=127.0.0.1:$(OPENSANDBOX_PORT)"
+	@echo "  export OPEN_SANDBOX_API_KEY=$$(cat $(DEV_DIR)/api-key)"
 	MALLOC_ARENA_MAX=$${MALLOC_ARENA_MAX:-2} \
 	DAIV_SANDBOX_API_KEY="$$(cat $(DEV_DIR)/api-key)" \
 	DAIV_SANDBOX_ENVIRONMENT=local \
 	DAIV_SANDBOX_HOST="$${DAIV_SANDBOX_HOST:-127.0.0.1}" \
 	DAIV_SANDBOX_PORT=$(PORT) \
 	DAIV_SANDBOX_E2B_PORT=$(E2B_PORT) \
+	DAIV_SANDBOX_OPENSANDBOX_PORT=$(OPENSANDBOX_PORT) \
 	DAIV_SANDBOX_EGRESS_CA_CERT_FILE="$(CURDIR)/$(DEV_DIR)/egress-ca.crt" \
 	DAIV_SANDBOX_EGRESS_CA_KEY_FILE="$(CURDIR)/$(DEV_DIR)/egress-ca.key" \
 	exec ./target/release/daiv-sandbox

@@ -1,4 +1,5 @@
-//! daiv-sandbox control plane: the front doors of the service (its REST routes, MCP, E2B's API)
+//! daiv-sandbox control plane: the front doors of the service (its REST routes, MCP, E2B's and
+//! OpenSandbox's APIs)
 //! and the composition that serves them. The domain and the operations on a session are the
 //! `sandbox-service` crate's: a door decodes a request, applies an operation and renders its
 //! answer or its error's class, and Cargo keeps the service free of HTTP and MCP.
@@ -16,12 +17,14 @@
 //! 13. **Other APIs:** [`mcp`] (the sandbox as MCP tools at `/mcp` and over stdio, through the
 //!     same operations as the routes); [`e2b`] (E2B's control API and envd on a
 //!     port of their own, every call decoded into the same operations: none is a request to
-//!     the service's own router).
+//!     the service's own router); [`opensandbox`] (OpenSandbox's lifecycle API and execd on a
+//!     port of their own, likewise).
 //! 14. **Composition:** [`state`] ([`AppState`] and [`app`]), [`serve`] (the service's life from
 //!     settings and a listener to shutdown); `main.rs`.
 
 pub mod e2b;
 pub mod mcp;
+pub mod opensandbox;
 pub mod routes;
 pub mod serve;
 pub mod state;

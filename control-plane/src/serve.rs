@@ -115,6 +115,7 @@ where
     });
     let metrics = state.metrics.clone();
     let ops = state.ops();
+    let os_ops = ops.clone();
     let router = app(state);
     // E2B's API, on its own port when set: a translation over the router above.
     let e2b = match config.e2b.port {
@@ -138,6 +139,33 @@ where
             }))
         }
     };
+    // OpenSandbox's API, on its own port when set: a translation over the operations too.
+    let opensandbox = match config.opensandbox.port {
+        None => None,
+        Some(port) => {
+            let addr = std::net::SocketAddr::new(config.server.host, port);
+            // Events stream in small writes: no Nagle delay (40 ms against a delayed ACK).
+            use axum::serve::ListenerExt;
+            let os_listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| {
+                    SetupError(format!("cannot listen on {addr} (OPENSANDBOX_PORT): {e}"))
+                })?
+                .tap_io(|tcp| {
+                    if let Err(e) = tcp.set_nodelay(true) {
+                        tracing::debug!(error = %e, "TCP_NODELAY not set");
+                    }
+                });
+            tracing::info!(%addr, "OpenSandbox API listening");
+            let service = crate::opensandbox::router(config.clone(), os_ops, &metrics);
+            let stop = stop.clone();
+            Some(tokio::spawn(async move {
+                axum::serve(os_listener, service)
+                    .with_graceful_shutdown(stop.cancelled_owned())
+                    .await
+            }))
+        }
+    };
     // The peer's address as a request extension: ingress tells the sandbox's server who asked
     // (`X-Forwarded-For`).
     let served = axum::serve(
@@ -152,6 +180,11 @@ where
         && let Ok(Err(e)) = task.await
     {
         tracing::error!(error = %e, "E2B API listener failed");
+    }
+    if let Some(task) = opensandbox
+        && let Ok(Err(e)) = task.await
+    {
+        tracing::error!(error = %e, "OpenSandbox API listener failed");
     }
     // A probe still running gets a moment to finish and remove its container; past it, the
     // container (role `runtime-probe`) sleeps out its own time-out.

@@ -1443,3 +1443,33 @@ async fn a_call_refused_before_its_body_arrived_says_its_connection_closes() {
     let health = response_head(&mut conn).await;
     assert!(health[0].contains(" 204 "), "{health:?}");
 }
+
+/// A multipart upload is bounded before the parser buffers it: a part whose headers never end
+/// (or a preamble that never reaches a boundary) is refused at 16 KiB, not kept in memory.
+#[tokio::test]
+async fn an_upload_whose_part_headers_never_end_is_refused() {
+    let e = service();
+    let v = e.create(json!({"templateID": "base"})).await;
+    let id = v["sandboxID"].as_str().expect("id");
+    let token = v["envdAccessToken"].as_str().expect("token");
+    let mut body =
+        b"--xBOUNDARYx\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a\"\r\n"
+            .to_vec();
+    body.extend(std::iter::repeat_n(b'A', 64 * 1024));
+    let (s, bytes, _) = e
+        .envd_with(
+            "POST",
+            "/files?path=/workspace/repo/a",
+            id,
+            token,
+            "multipart/form-data; boundary=xBOUNDARYx",
+            body,
+        )
+        .await;
+    assert_eq!(
+        s,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "{}",
+        String::from_utf8_lossy(&bytes)
+    );
+}

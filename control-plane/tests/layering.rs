@@ -49,7 +49,7 @@ const LAYERS: &[&[&str]] = &[
     &["admission", "error", "auth"],
     &["ops"],
     &["routes"],
-    &["mcp", "e2b"],
+    &["mcp", "e2b", "opensandbox"],
     &["state", "serve"],
 ];
 
@@ -672,7 +672,7 @@ fn each_control_plane_module_imports_only_from_the_layers_below() {
 }
 
 /// The doors: what a client's request comes in through.
-const DOORS: &[&str] = &["routes", "mcp", "e2b"];
+const DOORS: &[&str] = &["routes", "mcp", "e2b", "opensandbox"];
 
 /// What a door reaches of the service: the operations, and what their requests, answers and
 /// errors are made of.

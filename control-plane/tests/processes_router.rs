@@ -11,6 +11,8 @@ use std::time::Duration;
 use axum::http::StatusCode;
 use serde_json::{Value, json};
 
+use control_plane::engine::ContainerEngine;
+use control_plane::engine::fake::FakeEngine;
 use harness::{Harness, KEY};
 
 /// The engine's calls that opened `id`'s helper channel (the `serve` exec).
@@ -192,6 +194,64 @@ async fn the_process_routes_check_the_session_once() {
             Some(KEY),
         )
         .await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "{v}");
+    assert_eq!(v["detail"], "Session not found or already closed", "{v}");
+}
+
+/// Opens a channel's exec on session `id` (after the first one closed), and `end`s the session
+/// (stops or removes it) once that exec started and before its helper said it was ready, as a
+/// deadline or a close beside the request does: the request's answer.
+async fn answer_with_the_session_ended_under_its_channel(
+    h: &Harness,
+    id: &str,
+    end: impl AsyncFnOnce(&FakeEngine),
+) -> (StatusCode, Value) {
+    // The create's channel closes with its container; started again, the next request opens one.
+    h.engine.kill(id);
+    h.engine.start(id).await.expect("start");
+    let hold = h.engine.hold(&format!("serving {id}"));
+    let uri = format!("/api/v1/session/{id}/processes/0/?wait=0");
+    let (router, uri2) = (h.router.clone(), uri.clone());
+    let request = tokio::spawn(async move {
+        use tower::ServiceExt;
+        let req = axum::http::Request::builder()
+            .uri(uri2)
+            .header("x-api-key", KEY)
+            .body(axum::body::Body::empty())
+            .expect("request");
+        let resp = router.oneshot(req).await.expect("a response");
+        let status = resp.status();
+        (status, harness::json_body(resp).await)
+    });
+    while hold.waiting() == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    end(&h.engine).await;
+    hold.release();
+    request.await.expect("the request")
+}
+
+/// A session stopped under a request (a close beside it, its process dying) still exists: the
+/// answer is a retry (503), not a missing session's 404.
+#[tokio::test]
+async fn a_session_stopped_while_its_helper_starts_answers_a_retry() {
+    let h = Harness::default();
+    let id = h.session().await;
+    let (s, v) =
+        answer_with_the_session_ended_under_its_channel(&h, &id, async |e| e.kill(&id)).await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{v}");
+}
+
+/// One removed under a request (its deadline removed it, a removal came beside it) answers as
+/// a missing session does, not with a helper fault to retry: a retry would find nothing.
+#[tokio::test]
+async fn a_session_removed_while_its_helper_starts_answers_404() {
+    let h = Harness::default();
+    let id = h.session().await;
+    let (s, v) = answer_with_the_session_ended_under_its_channel(&h, &id, async |e| {
+        e.remove(&id).await.expect("remove")
+    })
+    .await;
     assert_eq!(s, StatusCode::NOT_FOUND, "{v}");
     assert_eq!(v["detail"], "Session not found or already closed", "{v}");
 }

@@ -22,6 +22,9 @@ changing what the service accepts:
   the live process, `cat`, never does); its other parameters stay.
 - Runs: a valid `timeout` is bounded to a few seconds (0, "none", too); the service's default
   command timeout is set by run.sh. Process polls wait at most one second.
+  A valid session deadline (`POST .../timeout/`) is at least an hour away, so the deadline
+  watch never removes the live session under later cases; a session's 404 on any route (its
+  deadline came anyway, or a stop) makes the next case get a live one again.
 - Operations under `/session/{session_id}/` whose generated id is not a container id (every
   case of the fuzzing and coverage phases) mostly get a live session instead, and process
   routes a live process of it, so those phases reach the handlers instead of a 404. Each worker
@@ -512,6 +515,12 @@ def before_call(context, case, kwargs):
     elif method == "PUT" and path.rstrip("/").endswith("/egress") and body is not None:
         # Only `.test` hosts, whatever was generated; non-objects stay invalid.
         case.body = dict(SAFE_EGRESS)
+    elif body is not None and method == "POST" and path.rstrip("/").endswith("/timeout"):
+        # A valid deadline stays valid but an hour away at least: the deadline watch would
+        # otherwise remove (or pause) the live session under the cases that follow.
+        t = body.get("timeout_seconds")
+        if _is_int(t) and 1 <= t <= 2592000:
+            body["timeout_seconds"] = max(t, 3600)
     elif body is not None and method == "POST" and path.rstrip("/").endswith("/processes"):
         w = body.get("workdir")
         if isinstance(w, str) and WORKDIR.match(w):
@@ -547,6 +556,13 @@ def before_call(context, case, kwargs):
             case.query["path"] = "/nonexistent/daiv-fuzz-watch"
 
 
+def _session_missing(response) -> bool:
+    try:
+        return response.json().get("detail") == "Session not found or already closed"
+    except (ValueError, AttributeError):
+        return False
+
+
 @schemathesis.hook
 def after_call(context, case, response):
     path = case.operation.path.rstrip("/")
@@ -580,6 +596,10 @@ def after_call(context, case, response):
     if not isinstance(sid, str):
         return
     gone = response.status_code == 404 and path == "/session/{session_id}"
+    # A session's 404 on any other of its routes (a process's own 404 has other words): gone,
+    # or stopped ("already closed": it still exists, and is removed at the end as any other);
+    # either way the next case gets a live one again.
+    missing = response.status_code == 404 and _session_missing(response)
     force = str((case.query or {}).get("force", "")).lower() in ("true", "1")
     if method == "DELETE" and path == "/session/{session_id}" and response.status_code == 204:
         gone = gone or force
@@ -587,7 +607,7 @@ def after_call(context, case, response):
         for live in _live.values():  # any worker's: an id can come from schemathesis's pool
             if sid != live["session"]:
                 continue
-            if gone:
+            if gone or missing:
                 live.update(session=None, process=None)
             elif "{process_id}" in path and params.get("process_id") == live["process"]:
                 ended = (method == "DELETE" or path.endswith("/signal")) and response.status_code == 204

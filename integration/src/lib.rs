@@ -11,3 +11,4 @@
 
 pub mod cp;
 pub mod fixtures;
+pub mod report;

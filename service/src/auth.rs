@@ -1,4 +1,5 @@
-//! `X-API-Key` authentication for every door (health and version stay open), and port tokens.
+//! `X-API-Key` authentication for every door (health and version stay open), the per-sandbox
+//! tokens of the doors whose daemons take one (E2B's envd, OpenSandbox's execd), and port tokens.
 
 use subtle::ConstantTimeEq;
 
@@ -35,6 +36,39 @@ impl From<KeyRefusal> for ApiError {
             KeyRefusal::Missing => ApiError::MissingApiKey,
             KeyRefusal::Invalid => ApiError::InvalidApiKey,
         }
+    }
+}
+
+/// A door's per-sandbox token: HMAC-SHA256 over the door's label and the sandbox id, keyed by
+/// the deployment's API key, so every replica and a restart agree on it without storing it, a
+/// token opens its own sandbox only, and changing the key changes every token. The label keeps
+/// one door's tokens apart from another's.
+#[derive(Clone)]
+pub struct SandboxTokens {
+    key: ring::hmac::Key,
+    label: &'static [u8],
+}
+
+impl SandboxTokens {
+    pub fn new(api_key: &str, label: &'static [u8]) -> Self {
+        Self {
+            key: ring::hmac::Key::new(ring::hmac::HMAC_SHA256, api_key.as_bytes()),
+            label,
+        }
+    }
+
+    /// The token of sandbox `id`.
+    pub fn token(&self, id: &str) -> String {
+        use base64::Engine;
+        let mut ctx = ring::hmac::Context::with_key(&self.key);
+        ctx.update(self.label);
+        ctx.update(id.as_bytes());
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(ctx.sign().as_ref())
+    }
+
+    /// Whether `given` is sandbox `id`'s token (constant time).
+    pub fn check(&self, id: &str, given: &str) -> bool {
+        bool::from(self.token(id).as_bytes().ct_eq(given.as_bytes()))
     }
 }
 
@@ -95,5 +129,20 @@ pub mod port_token {
         }
         let want = sign(config, session, port, expires);
         bool::from(want.as_bytes().ct_eq(sig.as_bytes()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sandbox_token_opens_its_own_sandbox_of_its_own_door_only() {
+        let a = SandboxTokens::new("key", b"door a\0");
+        let t = a.token("abc");
+        assert!(a.check("abc", &t));
+        assert!(!a.check("abd", &t));
+        assert!(!SandboxTokens::new("other", b"door a\0").check("abc", &t));
+        assert!(!SandboxTokens::new("key", b"door b\0").check("abc", &t));
     }
 }

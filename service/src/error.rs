@@ -239,6 +239,7 @@ impl From<ValidationError> for ApiError {
             | E::NulInCommand(_)
             | E::TimeoutTooLong
             | E::SessionTimeout
+            | E::InvalidMetadata(_)
             | E::ForkCount(_) => ApiError::Unprocessable(e.to_string()),
         }
     }

@@ -44,3 +44,39 @@ pub fn venv_python(name: Option<&str>) -> PathBuf {
     );
     PathBuf::from(path)
 }
+
+/// Runs `integration/python/{script} {scenario}` with `python` and `env` (stdin closed), as a
+/// user's program runs; the JSON of the last line it printed. A program that fails is the error,
+/// with its status, stderr and stdout.
+pub async fn drive_script(
+    python: PathBuf,
+    script: &str,
+    scenario: &str,
+    env: Vec<(String, String)>,
+) -> anyhow::Result<serde_json::Value> {
+    use anyhow::Context;
+    let path = repo_root().join("integration/python").join(script);
+    let (script, scenario) = (script.to_string(), scenario.to_string());
+    tokio::task::spawn_blocking(move || {
+        let out = Command::new(&python)
+            .arg(&path)
+            .arg(&scenario)
+            .envs(env)
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| format!("spawn {}", python.display()))?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if !out.status.success() {
+            anyhow::bail!(
+                "{} {script} {scenario}: {}\nstderr:\n{stderr}\nstdout:\n{stdout}",
+                python.display(),
+                out.status
+            );
+        }
+        let last = stdout.lines().last().unwrap_or_default();
+        serde_json::from_str(last)
+            .with_context(|| format!("{script} {scenario}: not JSON: {stdout}\nstderr:\n{stderr}"))
+    })
+    .await?
+}

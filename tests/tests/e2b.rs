@@ -5,11 +5,10 @@
 //! what the program saw and on what Docker shows afterwards.
 
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use e2e::egress::EgressStack;
-use e2e::python::{repo_root, venv_python};
+use e2e::python::{drive_script, venv_python};
 use e2e::{
     ControlPlane, DEBIAN, DeploymentGuard, containers_but_workers, free_port, require_image,
 };
@@ -43,40 +42,16 @@ async fn service(extra: &[(&str, &str)]) -> Result<E2bService> {
 
 /// Runs `scenario` of e2b_driver.py with `sdk` against `url`; the JSON it printed.
 async fn drive(sdk: &str, url: &str, key: &str, scenario: &str, params: Value) -> Result<Value> {
-    let python = python(sdk);
-    let script = repo_root().join("integration/python/e2b_driver.py");
-    let (url, key, scenario, sdk) = (
-        url.to_string(),
-        key.to_string(),
-        scenario.to_string(),
-        sdk.to_string(),
-    );
-    tokio::task::spawn_blocking(move || {
-        let out = Command::new(&python)
-            .arg(&script)
-            .arg(&scenario)
-            .env("E2B_API_KEY", &key)
-            .env("E2B_API_URL", &url)
-            .env("E2B_SANDBOX_URL", &url)
-            // The older SDKs check the key's shape (e2b_<hex>); the service's keys are its own.
-            .env("E2B_VALIDATE_API_KEY", "false")
-            .env("E2B_PARAMS", params.to_string())
-            .stdin(Stdio::null())
-            .output()
-            .with_context(|| format!("spawn {}", python.display()))?;
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        if !out.status.success() {
-            bail!(
-                "{sdk} e2b_driver.py {scenario}: {}\nstderr:\n{stderr}\nstdout:\n{stdout}",
-                out.status
-            );
-        }
-        let last = stdout.lines().last().unwrap_or_default();
-        serde_json::from_str(last)
-            .with_context(|| format!("{sdk} {scenario}: not JSON: {stdout}\nstderr:\n{stderr}"))
-    })
-    .await?
+    let env = [
+        ("E2B_API_KEY", key.to_string()),
+        ("E2B_API_URL", url.to_string()),
+        ("E2B_SANDBOX_URL", url.to_string()),
+        // The older SDKs check the key's shape (e2b_<hex>); the service's keys are its own.
+        ("E2B_VALIDATE_API_KEY", "false".to_string()),
+        ("E2B_PARAMS", params.to_string()),
+    ];
+    let env = env.map(|(k, v)| (k.to_string(), v)).to_vec();
+    drive_script(python(sdk), "e2b_driver.py", scenario, env).await
 }
 
 /// Nothing of the deployment left running once the program killed its sandboxes.

@@ -3,8 +3,8 @@
 //! opens its own sandbox only. Changing the API key changes every token.
 
 use base64::Engine;
-use base64::engine::general_purpose::{STANDARD_NO_PAD, URL_SAFE_NO_PAD};
-use ring::{digest, hmac};
+use base64::engine::general_purpose::STANDARD_NO_PAD;
+use ring::digest;
 use subtle::ConstantTimeEq;
 
 /// Keeps envd tokens apart from anything else the key may sign.
@@ -15,22 +15,19 @@ pub const PRIVATE_TRAFFIC: &str = "daiv.e2b.private-traffic";
 
 #[derive(Clone)]
 pub struct Tokens {
-    key: hmac::Key,
+    tokens: crate::auth::SandboxTokens,
 }
 
 impl Tokens {
     pub fn new(api_key: &str) -> Self {
         Self {
-            key: hmac::Key::new(hmac::HMAC_SHA256, api_key.as_bytes()),
+            tokens: crate::auth::SandboxTokens::new(api_key, LABEL),
         }
     }
 
     /// The token of sandbox `id`.
     pub fn token(&self, id: &str) -> String {
-        let mut ctx = hmac::Context::with_key(&self.key);
-        ctx.update(LABEL);
-        ctx.update(id.as_bytes());
-        URL_SAFE_NO_PAD.encode(ctx.sign().as_ref())
+        self.tokens.token(id)
     }
 
     /// Sandbox `id`'s traffic access token: what its ports take when it was created with
@@ -41,7 +38,7 @@ impl Tokens {
 
     /// Whether `given` is sandbox `id`'s token (constant time).
     pub fn check(&self, id: &str, given: &str) -> bool {
-        bool::from(self.token(id).as_bytes().ct_eq(given.as_bytes()))
+        self.tokens.check(id, given)
     }
 
     /// Whether `url` carries the signature the SDK makes for a `/files` URL of sandbox `id`:

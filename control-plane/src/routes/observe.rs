@@ -35,6 +35,7 @@ pub enum Door {
     Rest,
     Mcp,
     E2b,
+    OpenSandbox,
     /// A preview host's request (`{port}-{id}.{domain}`).
     Ingress,
 }
@@ -45,6 +46,7 @@ impl Door {
             Door::Rest => "rest",
             Door::Mcp => "mcp",
             Door::E2b => "e2b",
+            Door::OpenSandbox => "opensandbox",
             Door::Ingress => "ingress",
         }
     }

@@ -70,18 +70,28 @@ impl FakeEngine {
         let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
             return Err(EngineError::Unavailable("helper pipes missing".into()));
         };
+        let dies = alive.clone();
         let output = tokio_util::io::ReaderStream::new(stdout)
             .map(|r| r.map_err(|e| EngineError::Unavailable(e.to_string())))
             .take_until(alive.cancelled_owned())
-            // Keeps the child (and so the helper) alive as long as the stream is.
+            // Keeps the child (and so the helper) alive as long as the stream is; a container
+            // that stops takes its helper with it.
             .chain(
                 futures::stream::once(async move {
-                    let _ = child.wait().await;
+                    tokio::select! {
+                        _ = child.wait() => {}
+                        () = dies.cancelled() => {
+                            let _ = child.kill().await;
+                        }
+                    }
                     Err(EngineError::Unavailable("helper exited".into()))
                 })
                 .filter(|_| async { false }),
             )
             .boxed();
+        // Held here (`hold("serving <id>")`), a test can stop or remove the container under an
+        // exec that has started: its stream then ends before the helper says it is ready.
+        self.holdable(&format!("serving {id}")).await;
         Ok(AttachedExec {
             output,
             input: Box::pin(stdin),

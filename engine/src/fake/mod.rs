@@ -328,6 +328,21 @@ impl FakeEngine {
         self.with(|s| s.image_labels.insert(reference.to_string(), labels));
     }
 
+    /// Waits while a [`FakeEngine::hold`] matches `point`, without recording a call: a moment
+    /// inside an operation a test can act at (see `serve_helper`).
+    pub(super) async fn holdable(&self, point: &str) {
+        let held: Vec<Arc<HoldState>> = self.with(|s| {
+            s.holds
+                .iter()
+                .filter(|(p, _)| point.starts_with(p.as_str()))
+                .map(|(_, h)| h.clone())
+                .collect()
+        });
+        for hold in held {
+            hold.pass().await;
+        }
+    }
+
     async fn check_up(&self, call: String) -> Result<(), EngineError> {
         let held: Vec<Arc<HoldState>> = self.with(|s| {
             s.holds

@@ -286,14 +286,6 @@ static FILE: std::sync::LazyLock<bytes::Bytes> = std::sync::LazyLock::new(|| {
         .into()
 });
 
-fn pct(sorted: &[Duration], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let i = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1;
-    sorted[i].as_secs_f64() * 1000.0
-}
-
 #[tokio::main]
 async fn main() -> Result<()> {
     let a = <Args as clap::Parser>::parse();
@@ -354,26 +346,6 @@ async fn main() -> Result<()> {
         phases.push(("native create (claim)", native));
         phases.push(("e2b create (claim)", e2b));
     }
-    println!(
-        "{:<24} {:>5} {:>9} {:>9} {:>9}",
-        "phase", "n", "p50 ms", "p90 ms", "max ms"
-    );
-    let mut report = Vec::new();
-    for (name, took) in &mut phases {
-        took.sort();
-        let (p50, p90, max) = (pct(took, 0.5), pct(took, 0.9), pct(took, 1.0));
-        println!(
-            "{:<24} {:>5} {:>9.2} {:>9.2} {:>9.2}",
-            name,
-            took.len(),
-            p50,
-            p90,
-            max
-        );
-        report.push(
-            json!({"phase": name, "n": took.len(), "p50_ms": p50, "p90_ms": p90, "max_ms": max}),
-        );
-    }
-    println!("{}", json!({ "phases": report }));
+    integration::report::print_phases(&mut phases);
     Ok(())
 }

@@ -32,6 +32,7 @@ mod egress;
 mod fleet;
 mod ingress;
 mod mcp;
+mod opensandbox;
 mod parse;
 mod pool;
 mod reaper;
@@ -51,6 +52,7 @@ pub use fleet::{
 };
 pub use ingress::IngressConfig;
 pub use mcp::McpConfig;
+pub use opensandbox::OpenSandboxConfig;
 pub use parse::{ProcessEnv, Source};
 pub use pool::PoolConfig;
 pub use reaper::ReaperConfig;
@@ -85,6 +87,8 @@ pub struct Config {
     pub mcp: McpConfig,
     /// E2B's API on its own port.
     pub e2b: E2bConfig,
+    /// OpenSandbox's API on its own port.
+    pub opensandbox: OpenSandboxConfig,
     /// Reaching servers inside sandboxes (`/session/{id}/ports/...`).
     pub ingress: IngressConfig,
 }
@@ -110,6 +114,7 @@ pub fn load(src: &dyn Source) -> Result<Config, ConfigError> {
     let fleet = FleetConfig::load(&mut p);
     let mcp = McpConfig::load(&mut p);
     let e2b = E2bConfig::load(&mut p);
+    let opensandbox = OpenSandboxConfig::load(&mut p);
     let ingress = IngressConfig::load(&mut p);
 
     // Across groups: a warm egress session is a whole triad, so it needs the CA.
@@ -140,6 +145,7 @@ pub fn load(src: &dyn Source) -> Result<Config, ConfigError> {
         fleet,
         mcp,
         e2b,
+        opensandbox,
         ingress,
     })
 }

@@ -298,6 +298,21 @@ fn mcp_sessions_are_capped_and_expire_by_default() -> Result<(), ConfigError> {
 }
 
 #[test]
+fn the_opensandbox_api_is_off_by_default_and_its_port_is_checked() {
+    let c = load(&env(&[("API_KEY", "k")])).expect("defaults");
+    assert_eq!(c.opensandbox.port, None);
+    let c = load(&env(&[("API_KEY", "k"), ("OPENSANDBOX_PORT", "8090")])).expect("valid");
+    assert_eq!(c.opensandbox.port, Some(8090));
+    for v in ["0", "http", "70000"] {
+        let e = errors(&[("API_KEY", "k"), ("OPENSANDBOX_PORT", v)]);
+        assert!(
+            e.iter().any(|l| l.contains("OPENSANDBOX_PORT")),
+            "{v}: {e:?}"
+        );
+    }
+}
+
+#[test]
 fn the_e2b_api_is_off_by_default_and_its_templates_are_checked() {
     let c = load(&env(&[("API_KEY", "k")])).expect("defaults");
     assert_eq!(c.e2b.port, None);

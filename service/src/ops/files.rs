@@ -7,6 +7,11 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+/// A multipart body bounded before a door's parser buffers it, as a seed's is (its preamble and
+/// each part's headers at most 16 KiB, at most 64 parts): what E2B's and OpenSandbox's uploads
+/// parse. The tripwire says which bound a failed body went over.
+pub use crate::workspace::multipart::{Guarded as GuardedMultipart, Tripwire};
+
 use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::BoxStream;

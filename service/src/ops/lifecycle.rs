@@ -84,6 +84,23 @@ impl Op for SetTimeout {
     }
 }
 
+/// Patches a session's metadata under its lock, without thawing it (a JSON merge patch of
+/// string values: `None` removes a key); answers the session with its new metadata.
+pub struct PatchMetadata {
+    pub patch: std::collections::BTreeMap<String, Option<String>>,
+}
+
+impl Op for PatchMetadata {
+    type Output = SessionInfo;
+    const ADMIT: Admit = Admit::Free;
+    const ACCESS: Access = Access::Held;
+
+    async fn apply(self, at: Reached) -> Result<SessionInfo, ApiError> {
+        at.sessions.patch_metadata(&at.id, self.patch).await?;
+        Ok(at.sessions.info(&at.id, &at.engine()).await?.info)
+    }
+}
+
 /// Makes sure a session runs (a stopped one restarted, a paused one thawed), in its order: the
 /// reference's `GET /session/{id}/`.
 pub struct EnsureRunning;

@@ -168,7 +168,12 @@ impl HelperRuntime {
                 held.serve_from = Some(path);
                 chan
             }
-            Err(e) => return Err(unstartable(e)),
+            Err(e) => {
+                return Err(match self.removed_meanwhile(id).await {
+                    Some(gone) => gone,
+                    None => unstartable(e),
+                });
+            }
         };
         held.channel = Some(chan.clone());
         held.quiet_until = None;
@@ -234,6 +239,19 @@ impl HelperRuntime {
                 }
             }
         }
-        Err(HelperError::Lost)
+        Err(self
+            .removed_meanwhile(id)
+            .await
+            .unwrap_or(HelperError::Lost))
+    }
+
+    /// Whether the session was removed under a helper that failed to start or a channel that
+    /// was lost (by its deadline, or a removal beside the request): then the answer is the
+    /// missing session's (404), not a helper fault to retry. A session stopped or paused
+    /// meanwhile stays a retry: it still exists, and the next request finds it as it is.
+    /// (One inspect, on failure paths.)
+    async fn removed_meanwhile(&self, id: &str) -> Option<HelperError> {
+        let closed = matches!(self.engine.inspect(id).await, Err(EngineError::NotFound));
+        closed.then_some(HelperError::Engine(EngineError::NotFound))
     }
 }

@@ -45,6 +45,9 @@ pub enum ValidationError {
         crate::api::MAX_SESSION_TIMEOUT_SECS
     )]
     SessionTimeout,
+    /// Metadata that breaks [`crate::api::Metadata`]'s rule once a patch is applied.
+    #[error("{0}")]
+    InvalidMetadata(String),
     /// A fork's count outside 1 to `FORK_MAX_COUNT` (the cap).
     #[error("count must be between 1 and {0}")]
     ForkCount(u32),

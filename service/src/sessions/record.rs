@@ -295,6 +295,28 @@ impl Sessions {
         self.write_record(id, &record).await
     }
 
+    /// The session's metadata patched (the caller holds the lock): each key of `patch` set to its
+    /// value, or removed for `None`; the rest, the deadline and `on_timeout` stay. The result is
+    /// checked as a create's metadata is.
+    pub async fn patch_metadata(
+        &self,
+        id: &SessionId,
+        patch: BTreeMap<String, Option<String>>,
+    ) -> Result<(), SessionError> {
+        self.find(id).await?;
+        let mut record = self.record(id).await?.unwrap_or_default();
+        let mut merged = std::mem::take(&mut record.metadata).into_inner();
+        for (k, v) in patch {
+            match v {
+                Some(v) => merged.insert(k, v),
+                None => merged.remove(&k),
+            };
+        }
+        record.metadata = Metadata::new(merged)
+            .map_err(|e| SessionError::from(ValidationError::InvalidMetadata(e)))?;
+        self.write_record(id, &record).await
+    }
+
     /// The session and its record, as `volume` says, if it is one of this deployment's.
     fn parse_record(&self, v: &VolumeInfo) -> Option<(String, Record)> {
         let l = &v.labels;

@@ -26,7 +26,7 @@ use super::super::state::E2b;
 use super::super::token::SignedUrl;
 use super::{absolute, api_http_error, basic_user, check_user, http_error, sandbox_id};
 use crate::ops::Held;
-use crate::ops::files::{Read, ReadFile, Write, WriteFile};
+use crate::ops::files::{GuardedMultipart, Read, ReadFile, Tripwire, Write, WriteFile};
 use crate::routes::files as files_route;
 
 /// How a `/files` caller proved it may act on the sandbox.
@@ -194,12 +194,18 @@ async fn upload_inner(
     if ct.starts_with("multipart/form-data") {
         let boundary = multer::parse_boundary(&ct)
             .map_err(|err| Refusal::new(StatusCode::BAD_REQUEST, format!("multipart: {err}")))?;
-        let mut form = multer::Multipart::new(body.into_data_stream(), boundary);
+        // Bounded before multer buffers anything (a part's headers, the preamble, the parts).
+        let tripwire = Tripwire::default();
+        let guarded = GuardedMultipart::new(body.into_data_stream(), &boundary, tripwire.clone());
+        let mut form = multer::Multipart::new(guarded, boundary);
         let mut written = Vec::new();
         while let Some(field) = form
             .next_field()
             .await
-            .map_err(|err| Refusal::new(StatusCode::BAD_REQUEST, format!("multipart: {err}")))?
+            .map_err(|err| match tripwire.get() {
+                Some(v) => Refusal::new(StatusCode::PAYLOAD_TOO_LARGE, v.to_string()),
+                None => Refusal::new(StatusCode::BAD_REQUEST, format!("multipart: {err}")),
+            })?
         {
             // `?path=` takes every part, as envd writes them (the last one stays): a URL signed
             // over one path never writes another.

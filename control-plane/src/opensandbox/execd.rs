@@ -144,8 +144,7 @@ pub async fn command(
     let pid = followed.started.process_id.clone();
     // Its timeout (ms) holds whether or not its stream is read, background or not.
     let ended = tokio_util::sync::CancellationToken::new();
-    if let Some(ms) = req.timeout.filter(|ms| *ms > 0) {
-        let at = tokio::time::Instant::now() + Duration::from_millis(ms);
+    if let Some(at) = deadline(req.timeout) {
         kill_at(&s, &id, &pid, at, ended.clone());
     }
     let (tx, rx) = mpsc::channel::<Result<Bytes, Infallible>>(32);
@@ -230,6 +229,13 @@ fn pieces(line: String, out: &mut Vec<String>, whole: bool) -> String {
     } else {
         last
     }
+}
+
+/// A timeout in milliseconds as a deadline from now (0: none); one past what the clock holds is
+/// none rather than a panic.
+pub(super) fn deadline(ms: Option<u64>) -> Option<tokio::time::Instant> {
+    let ms = ms.filter(|ms| *ms > 0)?;
+    tokio::time::Instant::now().checked_add(Duration::from_millis(ms))
 }
 
 /// Kills process `pid` of sandbox `id` at `at`, unless `ended` is cancelled first (its end was
@@ -778,6 +784,14 @@ mod tests {
         let pieces = l.push(&long);
         assert!(pieces.iter().all(|p| p.len() <= MAX_LINE));
         assert_eq!(pieces.concat() + &l.rest().unwrap_or_default(), long);
+    }
+
+    #[test]
+    fn a_timeout_never_overflows_the_clock() {
+        // (Far beyond any deadline tokio sleeps to, which it clamps: no panic either way.)
+        let _ = deadline(Some(u64::MAX));
+        assert!(deadline(Some(0)).is_none() && deadline(None).is_none());
+        assert!(deadline(Some(1000)).is_some());
     }
 
     #[test]

@@ -30,7 +30,7 @@ use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::mpsc;
 
-use super::execd::{Lines, PING_EVERY, end, gone, send_event};
+use super::execd::{Lines, PING_EVERY, deadline, end, gone, send_event};
 use super::lifecycle::shell_quote;
 use super::{Answer, Failure, OpenSandbox};
 use crate::api::{ProcessEvent, ProcessEventType, ProcessSignal, StartProcessRequest};
@@ -245,8 +245,7 @@ pub async fn run(
     })?;
     let done = tokio_util::sync::CancellationToken::new();
     let killed = Arc::new(AtomicBool::new(false));
-    if let Some(ms) = req.timeout.filter(|ms| *ms > 0) {
-        let at = tokio::time::Instant::now() + Duration::from_millis(ms);
+    if let Some(at) = deadline(req.timeout) {
         interrupt_at(&s, &id, &sid, at, done.clone(), killed.clone());
     }
     let (tx, rx) = mpsc::channel::<Result<Bytes, Infallible>>(32);

@@ -108,7 +108,7 @@ run: docker images helper ## Build and start the service on 127.0.0.1:$(PORT) wi
 	@echo "  export E2B_API_URL=http://127.0.0.1:$(E2B_PORT)"
 	@echo "  export E2B_SANDBOX_URL=http://127.0.0.1:$(E2B_PORT)"
 	@echo "  export E2B_VALIDATE_API_KEY=false  # older e2b releases (2.45 among them) check the key's shape"
-	@echo "OpenSandbox's SDK (opensandbox 1.2.1) against it:"
+	@echo "OpenSandbox's SDK (opensandbox 1.1.1 to 1.2.1) against it:"
 	@echo "  export OPEN_SANDBOX_DOMAIN=127.0.0.1:$(OPENSANDBOX_PORT)"
 	@echo "  export OPEN_SANDBOX_API_KEY=$$(cat $(DEV_DIR)/api-key)"
 	MALLOC_ARENA_MAX=$${MALLOC_ARENA_MAX:-2} \

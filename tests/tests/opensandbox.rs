@@ -1,6 +1,6 @@
 //! OpenSandbox's Python SDK, unchanged, against the service's OpenSandbox API
-//! (`DAIV_SANDBOX_OPENSANDBOX_PORT`): `opensandbox` (pinned in integration/python/opensandbox-*.txt,
-//! its venv from scripts/ensure-python-venv.sh) runs the programs of
+//! (`DAIV_SANDBOX_OPENSANDBOX_PORT`): the oldest and the newest supported `opensandbox` (pinned in
+//! integration/python/opensandbox-*.txt, each in its own venv from scripts/ensure-python-venv.sh) runs the programs of
 //! integration/python/opensandbox_driver.py with only OPEN_SANDBOX_DOMAIN and
 //! OPEN_SANDBOX_API_KEY pointing here, and each test asserts on what the program saw and on what
 //! Docker shows afterwards.
@@ -14,10 +14,12 @@ use e2e::{
 };
 use serde_json::{Value, json};
 
-const SDK: &str = "opensandbox-1.2.1";
+/// The supported range's ends, each in a venv of its own.
+const NEWEST: &str = "opensandbox-1.2.1";
+const OLDEST: &str = "opensandbox-1.1.1";
 
-fn python() -> PathBuf {
-    venv_python(Some(SDK))
+fn python(sdk: &str) -> PathBuf {
+    venv_python(Some(sdk))
 }
 
 /// A service with its OpenSandbox API on a port of its own; its `host:port`.
@@ -30,15 +32,15 @@ async fn service(extra: &[(&str, &str)]) -> Result<(ControlPlane, String)> {
     Ok((cp, format!("127.0.0.1:{port}")))
 }
 
-/// Runs `scenario` of opensandbox_driver.py against `domain`; the JSON it printed.
-async fn drive(domain: &str, key: &str, scenario: &str, params: Value) -> Result<Value> {
+/// Runs `scenario` of opensandbox_driver.py with `sdk` against `domain`; the JSON it printed.
+async fn drive(sdk: &str, domain: &str, key: &str, scenario: &str, params: Value) -> Result<Value> {
     let env = [
         ("OPEN_SANDBOX_DOMAIN", domain.to_string()),
         ("OPEN_SANDBOX_API_KEY", key.to_string()),
         ("OS_PARAMS", params.to_string()),
     ];
     let env = env.map(|(k, v)| (k.to_string(), v)).to_vec();
-    drive_script(python(), "opensandbox_driver.py", scenario, env).await
+    drive_script(python(sdk), "opensandbox_driver.py", scenario, env).await
 }
 
 fn assert_nothing_left(cp: &ControlPlane) {
@@ -47,11 +49,16 @@ fn assert_nothing_left(cp: &ControlPlane) {
     assert!(left.is_empty(), "containers left: {left:?}");
 }
 
-async fn a_turn(extra: &[(&str, &str)]) -> Result<()> {
+async fn a_turn(sdk: &str, extra: &[(&str, &str)]) -> Result<()> {
     let (cp, domain) = service(extra).await?;
     let _guard = DeploymentGuard(cp.deployment.clone());
     let tag = format!("turn-{}", free_port());
-    let v = drive(&domain, &cp.key, "turn", json!({ "tag": tag })).await?;
+    let v = drive(sdk, &domain, &cp.key, "turn", json!({ "tag": tag })).await?;
+    assert_eq!(
+        Some(v["sdk"].as_str().unwrap_or("")),
+        sdk.strip_prefix("opensandbox-"),
+        "{v}"
+    );
     let id = v["id"].as_str().context("id")?;
     let gvisor = extra.contains(&("RUNTIME", "runsc"));
     let kernel = v["kernel_log"].to_string();
@@ -155,13 +162,18 @@ async fn a_turn(extra: &[(&str, &str)]) -> Result<()> {
 }
 
 #[tokio::test]
-async fn the_sdk_runs_a_turn() -> Result<()> {
-    a_turn(&[]).await
+async fn the_newest_sdk_runs_a_turn() -> Result<()> {
+    a_turn(NEWEST, &[]).await
 }
 
 #[tokio::test]
-async fn the_sdk_runs_a_turn_on_gvisor() -> Result<()> {
-    a_turn(&[("RUNTIME", "runsc")]).await
+async fn the_oldest_sdk_runs_a_turn() -> Result<()> {
+    a_turn(OLDEST, &[]).await
+}
+
+#[tokio::test]
+async fn the_newest_sdk_runs_a_turn_on_gvisor() -> Result<()> {
+    a_turn(NEWEST, &[("RUNTIME", "runsc")]).await
 }
 
 #[tokio::test]
@@ -169,7 +181,7 @@ async fn the_synchronous_sdk_and_refusals() -> Result<()> {
     let (cp, domain) = service(&[]).await?;
     let _guard = DeploymentGuard(cp.deployment.clone());
     let tag = format!("sync-{}", free_port());
-    let v = drive(&domain, &cp.key, "sync_turn", json!({ "tag": tag })).await?;
+    let v = drive(NEWEST, &domain, &cp.key, "sync_turn", json!({ "tag": tag })).await?;
     assert_eq!(v["run"]["stdout"], json!(["sync"]), "{v}");
     assert_eq!(v["read"], "sync file", "{v}");
     // A registry on a loopback port nothing listens on: the pull fails at once.
@@ -178,6 +190,7 @@ async fn the_synchronous_sdk_and_refusals() -> Result<()> {
         free_port()
     );
     let v = drive(
+        NEWEST,
         &domain,
         &cp.key,
         "refused",

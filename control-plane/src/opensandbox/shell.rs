@@ -197,24 +197,33 @@ pub async fn run(
         return Err(Failure::bad_request("command: no NUL"));
     }
     let slot = s.runs.slot(&id, &sid);
+    // A run refused before it starts leaves no slot behind (an id of no session among them).
+    let refused = |e: Failure, slot: Arc<Slot>| {
+        drop(slot);
+        s.runs.release(&id, &sid);
+        e
+    };
     let Ok(guard) = tokio::time::timeout(BUSY_WAIT, slot.run.clone().lock_owned()).await else {
-        return Err(Failure::new(
+        let busy = Failure::new(
             StatusCode::CONFLICT,
             format!("bash session {sid} is running another command; retry when it ends"),
-        ));
+        );
+        return Err(refused(busy, slot));
     };
     // The shell's events from the last one a run here saw (from its first on another replica).
     let seen = slot.seen.load(Ordering::Relaxed);
-    let watched = s
-        .reach(
-            &id,
-            op::Events {
-                target: Target::Id(sid.clone()),
-                after: (seen > 0).then_some(seen),
-                follow: true,
-            },
-        )
-        .await?;
+    let events = op::Events {
+        target: Target::Id(sid.clone()),
+        after: (seen > 0).then_some(seen),
+        follow: true,
+    };
+    let watched = match s.reach(&id, events).await {
+        Ok(w) => w,
+        Err(e) => {
+            drop(guard);
+            return Err(refused(e, slot));
+        }
+    };
     let (start, stop) = (nonce(), nonce());
     let cd = match req.cwd.as_deref().filter(|c| !c.is_empty()) {
         Some(dir) => format!("builtin cd -- {} && ", shell_quote(dir)),
@@ -232,17 +241,19 @@ pub async fn run(
         bytes: Bytes::from(script),
         eof: false,
     };
-    s.reach(&id, write).await.map_err(|e| {
+    if let Err(e) = s.reach(&id, write).await {
         // Its shell exited (a command ended it, or it was killed).
-        if e.status == StatusCode::CONFLICT && e.message.contains("has ended") {
+        let e = if e.status == StatusCode::CONFLICT && e.message.contains("has ended") {
             Failure::new(
                 StatusCode::NOT_FOUND,
                 format!("bash session {sid} has ended"),
             )
         } else {
             e
-        }
-    })?;
+        };
+        drop(guard);
+        return Err(refused(e, slot));
+    }
     let done = tokio_util::sync::CancellationToken::new();
     let killed = Arc::new(AtomicBool::new(false));
     if let Some(at) = deadline(req.timeout) {
@@ -424,6 +435,21 @@ impl Following {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_slot_goes_once_no_run_holds_it() {
+        let runs = Runs::default();
+        let held = runs.slot("a", "osh-1");
+        let other = runs.slot("a", "osh-2");
+        drop(other);
+        runs.release("a", "osh-2");
+        runs.release("a", "osh-1");
+        let map = runs.0.lock().unwrap_or_else(|e| e.into_inner());
+        assert_eq!(map.len(), 1, "the held slot stays, the released one goes");
+        assert!(map.contains_key(&("a".to_string(), "osh-1".to_string())));
+        drop(map);
+        drop(held);
+    }
 
     #[test]
     fn a_command_is_bytes_bash_reads_back() {

@@ -20,7 +20,7 @@
 //!   [`ca::CaError`].
 //!
 //! # Reason codes (`X-Egress-Denied` and the audit log)
-//! From the policy: `host-not-listed`, `method-not-allowed`, `path-not-allowed`,
+//! From the policy: `host-not-listed`, `method-not-allowed`, `path-not-allowed`, `rule-denied`,
 //! `policy-unavailable`. From the
 //! gateway: `sni-mismatch`, `host-mismatch`, `address-not-allowed`, `tls-required`,
 //! `credential-echo`, and (audit only, closed by a reload) `intercept-required` (a tunnel) and

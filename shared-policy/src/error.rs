@@ -35,6 +35,17 @@ pub enum PolicyError {
         /// What is wrong with it.
         reason: String,
     },
+    /// `policy.rules[i].action` does not fit the rest of the rule.
+    #[error("policy.rules[{index}].action: {reason}")]
+    InvalidAction {
+        /// Rule position.
+        index: usize,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Refused at the API only: a front door's state is written by the service, never taken.
+    #[error("door: written by the service itself, never accepted in a request")]
+    DoorNotAllowed,
     /// Refused at the API only: report-only mode is for operators, not for the agent.
     #[error(
         "policy.mode \"shadow\" (report-only) is not accepted here; it is an operator setting of the gateway"

@@ -29,7 +29,7 @@ pub use eval::{
 pub use host::{Host, HostError};
 pub use model::{
     DefaultAction, EgressPolicy, HeaderSecret, InterceptMode, PolicyFile, PolicyMode, Rule,
-    SecretValue,
+    RuleAction, SecretValue,
 };
 
 /// The JSON Schema of the policy file, generated from [`PolicyFile`]. The committed copy is

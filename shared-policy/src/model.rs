@@ -26,6 +26,14 @@ pub struct PolicyFile {
     /// anyone without the deployment's key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
+    /// State a front door keeps with the policy it derived from it, so that one acknowledged
+    /// install changes both (OpenSandbox's credential vault: its revision, credentials and
+    /// bindings, from which the door writes `credential` rules and `secrets`). The gateway never
+    /// reads it. It can hold credential values, so it is redacted as a secret value is, lives
+    /// only where the policy does (never in the sandbox), and the control plane's API never
+    /// takes it from a caller.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub door: Option<SecretValue>,
 }
 
 // === impl PolicyFile ===
@@ -127,6 +135,36 @@ pub struct Rule {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1))]
     pub paths: Option<Vec<String>>,
+    /// What a match does: `allow` (the default, omitted when written), `deny`, or `credential`.
+    #[serde(default, skip_serializing_if = "RuleAction::is_allow")]
+    pub action: RuleAction,
+}
+
+/// `rules[].action`. Rules are scanned in order; `allow` and `deny` rules decide, `credential`
+/// rules only supply a credential.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum RuleAction {
+    /// The host is reachable with the rule's methods (and paths), with its `inject`.
+    #[default]
+    Allow,
+    /// The host is unreachable (every method), even under `default: allow`, unless an earlier
+    /// rule allows it: a denylist entry, or an exception carved out of a later wildcard.
+    /// Takes no `inject` and no `paths`, and its `methods` must be `["*"]`.
+    Deny,
+    /// Reachability is decided by the other rules and the default, never by this one; when
+    /// they allow a request to its host, with one of its methods, on one of its paths, and the
+    /// deciding rule injects nothing, this rule's `inject` is set (the first such rule's).
+    /// Requires `inject`. For credentials that must not widen what is reachable (OpenSandbox's
+    /// credential vault bindings).
+    Credential,
+}
+
+impl RuleAction {
+    /// True for the default.
+    pub fn is_allow(&self) -> bool {
+        *self == Self::Allow
+    }
 }
 
 /// One entry of `secrets`: a header to set, and its value.

@@ -185,7 +185,12 @@ pub fn shadowable(code: DenyCode) -> bool {
     use shared_policy::Reason;
     matches!(
         code,
-        DenyCode::Policy(Reason::HostNotListed | Reason::MethodNotAllowed | Reason::PathNotAllowed)
+        DenyCode::Policy(
+            Reason::HostNotListed
+                | Reason::MethodNotAllowed
+                | Reason::PathNotAllowed
+                | Reason::RuleDenied
+        )
     )
 }
 

@@ -20,6 +20,8 @@ pub enum Reason {
     /// Denied: a rule for the host permits this method, but only on other paths (or the path
     /// is ambiguous: dot segments, encoded slashes, empty segments).
     PathNotAllowed,
+    /// Denied: the first rule that decides for this host is a `deny` rule.
+    RuleDenied,
 }
 
 // === impl Reason ===
@@ -34,6 +36,7 @@ impl Reason {
             Self::MethodNotAllowed => "method-not-allowed",
             Self::PolicyUnavailable => "policy-unavailable",
             Self::PathNotAllowed => "path-not-allowed",
+            Self::RuleDenied => "rule-denied",
         }
     }
 
@@ -50,6 +53,7 @@ impl Reason {
             Self::PathNotAllowed => {
                 "a rule lists this host and method but not this path (dot segments and encoded slashes never match)"
             }
+            Self::RuleDenied => "a rule denies this host",
         }
     }
 }

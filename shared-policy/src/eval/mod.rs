@@ -7,6 +7,10 @@
 //!   `inject` applies). If a rule lists the host but none permits the method, the request is
 //!   denied even under `default: allow` (otherwise a per-host method limit would be a no-op),
 //!   and the denial reports the first rule whose host matched.
+//! - A `deny` rule refuses its host (tunnel and every request) when it is the first rule
+//!   that decides for the host, even under `default: allow`.
+//! - `credential` rules never decide: when the deciding rule (or the default) allows a request
+//!   and injects nothing, the first `credential` rule matching host, method and path injects.
 //! - `intercept: credentialed` still intercepts a host whose rules inject or restrict methods,
 //!   since neither can be enforced through a blind tunnel.
 //! - A rule whose host is an IP literal (`10.0.0.5`, `2001:db8::1`, `[2001:db8::1]`) matches that
@@ -34,7 +38,9 @@ use globset::GlobMatcher;
 
 use crate::error::PolicyError;
 use crate::host::Host;
-use crate::model::{DefaultAction, HeaderSecret, InterceptMode, PolicyFile, PolicyMode};
+use crate::model::{
+    DefaultAction, HeaderSecret, InterceptMode, PolicyFile, PolicyMode, RuleAction,
+};
 
 pub use decision::{ConnectDecision, Injection, Reason, RequestDecision};
 pub use headers::is_header_value;
@@ -55,6 +61,30 @@ struct CompiledRule {
     paths: Option<Vec<GlobMatcher>>,
     /// The path globs as written.
     path_text: Option<Vec<String>>,
+    action: RuleAction,
+}
+
+/// Whether a rule's methods and paths let one request through.
+struct Permits {
+    method: bool,
+    path: bool,
+}
+
+impl CompiledRule {
+    /// `method` upper-case; `path` `None` when unknown or ambiguous (no path rule matches it).
+    fn permits(&self, method: &str, path: Option<&str>) -> Permits {
+        Permits {
+            method: self
+                .methods
+                .as_ref()
+                .is_none_or(|ms| ms.iter().any(|m| m == method)),
+            path: match (&self.paths, path) {
+                (None, _) => true,
+                (Some(_), None) => false,
+                (Some(globs), Some(p)) => globs.iter().any(|g| g.is_match(p)),
+            },
+        }
+    }
 }
 
 /// Where an evaluator came from: a real policy, or the fail-closed stand-in.
@@ -114,6 +144,7 @@ impl Evaluator {
                     inject: rule.inject.clone(),
                     paths,
                     path_text: rule.paths.clone(),
+                    action: rule.action,
                 })
             })
             .collect::<Result<Vec<_>, PolicyError>>()?;
@@ -184,9 +215,25 @@ impl Evaluator {
         // it demands can be enforced after TLS is terminated.
         let mut must_intercept = false;
         for (index, rule) in self.matching(host) {
-            first.get_or_insert(index);
-            must_intercept |=
-                rule.inject.is_some() || rule.methods.is_some() || rule.paths.is_some();
+            match rule.action {
+                // The first deciding rule refuses: nothing opens, whatever follows.
+                RuleAction::Deny if first.is_none() => {
+                    return ConnectDecision {
+                        allowed: false,
+                        intercept: false,
+                        reason: Reason::RuleDenied,
+                        rule: Some(index),
+                    };
+                }
+                RuleAction::Deny => {}
+                RuleAction::Allow => {
+                    first.get_or_insert(index);
+                    must_intercept |=
+                        rule.inject.is_some() || rule.methods.is_some() || rule.paths.is_some();
+                }
+                // Decides nothing, but its credential can only be set after TLS is terminated.
+                RuleAction::Credential => must_intercept = true,
+            }
         }
         match (first, self.default) {
             (Some(index), _) => ConnectDecision {
@@ -197,7 +244,7 @@ impl Evaluator {
             },
             (None, DefaultAction::Allow) => ConnectDecision {
                 allowed: true,
-                intercept: intercept_all,
+                intercept: intercept_all || must_intercept,
                 reason: Reason::DefaultAllow,
                 rule: None,
             },
@@ -234,25 +281,22 @@ impl Evaluator {
         // The first rule that permits the method but not the path, if any.
         let mut path_denied = None;
         for (index, rule) in self.matching(host) {
+            match rule.action {
+                RuleAction::Credential => continue,
+                // A deny rule before any rule that permits: refused, whatever follows.
+                RuleAction::Deny => return deny(Reason::RuleDenied, Some(index)),
+                RuleAction::Allow => {}
+            }
             first_listed.get_or_insert(index);
-            let permits = rule.methods.as_ref().is_none_or(|ms| ms.contains(&method));
-            let on_path = match (&rule.paths, path) {
-                (None, _) => true,
-                (Some(_), None) => false,
-                (Some(globs), Some(p)) => globs.iter().any(|g| g.is_match(p)),
-            };
-            if permits && !on_path {
+            let permits = rule.permits(&method, path);
+            if permits.method && !permits.path {
                 path_denied.get_or_insert(index);
             }
-            if permits && on_path {
-                let inject = rule
-                    .inject
-                    .as_ref()
-                    .and_then(|name| self.secrets.get(name))
-                    .map(|s| Injection {
-                        header: s.header.clone(),
-                        value: s.value.clone(),
-                    });
+            if permits.method && permits.path {
+                let inject = match self.injection(rule) {
+                    Some(own) => Some(own),
+                    None => self.credential_for(host, &method, path),
+                };
                 return RequestDecision {
                     allowed: true,
                     reason: Reason::RuleAllowed,
@@ -271,10 +315,30 @@ impl Evaluator {
                 allowed: true,
                 reason: Reason::DefaultAllow,
                 rule: None,
-                inject: None,
+                inject: self.credential_for(host, &method, path),
             },
             (None, DefaultAction::Deny) => deny(Reason::HostNotListed, None),
         }
+    }
+
+    /// The header rule `rule` names, if it names a secret.
+    fn injection(&self, rule: &CompiledRule) -> Option<Injection> {
+        let secret = self.secrets.get(rule.inject.as_ref()?)?;
+        Some(Injection {
+            header: secret.header.clone(),
+            value: secret.value.clone(),
+        })
+    }
+
+    /// The first `credential` rule's header for an allowed request it matches.
+    fn credential_for(&self, host: &Host, method: &str, path: Option<&str>) -> Option<Injection> {
+        self.matching(host)
+            .filter(|(_, r)| r.action == RuleAction::Credential)
+            .find(|(_, r)| {
+                let p = r.permits(method, path);
+                p.method && p.path
+            })
+            .and_then(|(_, r)| self.injection(r))
     }
 
     fn matching<'a>(

@@ -2,7 +2,7 @@
 //! gives about a valid file that probably does not mean what it says.
 
 use crate::error::PolicyError;
-use crate::model::{DefaultAction, PolicyFile, PolicyMode};
+use crate::model::{DefaultAction, PolicyFile, PolicyMode, RuleAction};
 
 use super::headers::{check_header_name, is_header_value, is_token};
 use super::hosts::{HostPattern, never_matches, normalise_glob};
@@ -50,6 +50,25 @@ pub fn validate(file: &PolicyFile) -> Result<(), PolicyError> {
                     .map_err(|reason| PolicyError::InvalidPaths { index, reason })?;
             }
         }
+        let misfit = match rule.action {
+            RuleAction::Allow => None,
+            RuleAction::Deny if rule.inject.is_some() => Some("a deny rule injects nothing"),
+            RuleAction::Deny if rule.paths.is_some() => Some("a deny rule takes no paths"),
+            RuleAction::Deny if rule.methods.iter().any(|m| m != "*") => {
+                Some("a deny rule denies every method: its methods must be [\"*\"]")
+            }
+            RuleAction::Deny => None,
+            RuleAction::Credential if rule.inject.is_none() => {
+                Some("a credential rule names the secret it injects")
+            }
+            RuleAction::Credential => None,
+        };
+        if let Some(reason) = misfit {
+            return Err(PolicyError::InvalidAction {
+                index,
+                reason: reason.to_owned(),
+            });
+        }
         if let Some(name) = rule
             .inject
             .as_ref()
@@ -68,13 +87,19 @@ pub fn validate(file: &PolicyFile) -> Result<(), PolicyError> {
 /// least one rule (otherwise the caller asked for a network that reaches nothing).
 pub fn validate_for_api(file: &PolicyFile) -> Result<(), PolicyError> {
     validate(file)?;
-    if file.policy.default == DefaultAction::Deny && file.policy.rules.is_empty() {
+    let allows = |r: &crate::model::Rule| r.action == RuleAction::Allow;
+    if file.policy.default == DefaultAction::Deny && !file.policy.rules.iter().any(allows) {
         return Err(PolicyError::NothingReachable);
     }
     // Report-only would let the agent lift its own restrictions; the wire schema has no such
     // field, so the API refuses it rather than ignoring it.
     if file.policy.mode == PolicyMode::Shadow {
         return Err(PolicyError::ShadowNotAllowed);
+    }
+    // A door's state is the service's own: taken from a caller, it would plant a credential
+    // vault the caller's door never wrote.
+    if file.door.is_some() {
+        return Err(PolicyError::DoorNotAllowed);
     }
     Ok(())
 }

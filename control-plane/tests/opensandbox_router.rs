@@ -288,7 +288,7 @@ async fn the_lifecycle_answers_as_the_sdk_parses_it() {
         .api(
             "POST",
             "/v1/sandboxes",
-            Some(json!({"image": {"uri": IMAGE}, "networkPolicy": {"defaultAction": "deny"}})),
+            Some(json!({"image": {"uri": IMAGE}, "volumes": [{"name": "data"}]})),
             KEY,
         )
         .await;
@@ -813,4 +813,496 @@ async fn a_commands_timeout_holds_without_a_reader() {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     assert_eq!(st["running"], false, "killed at its timeout: {st}");
+}
+
+/// A snapshot through the lifecycle API: `Ready` in its 202, got, listed with OpenSandbox's
+/// filters and pagination, a sandbox made from it that sees what was written before it, and
+/// deleted.
+#[tokio::test]
+async fn a_snapshot_is_taken_listed_restored_and_deleted() {
+    let os = service();
+    let id = os.create(json!({"image": {"uri": IMAGE}})).await;
+    let x = os.execd(&id).await;
+    let ct = "multipart/form-data; boundary=XyZ";
+    let body = upload(
+        "XyZ",
+        &[("/workspace/kept.txt", 644, b"before the snapshot")],
+    );
+    let (s, _, _) = os.call(&x, "POST", "/files/upload", Some(ct), body).await;
+    assert_eq!(s, StatusCode::OK);
+
+    let req = Request::builder()
+        .method("POST")
+        .uri(format!("/v1/sandboxes/{id}/snapshots"))
+        .header("open-sandbox-api-key", KEY)
+        .header("content-type", "application/json")
+        .body(Body::from(json!({"name": "first"}).to_string()))
+        .expect("request");
+    let (s, bytes, headers) = os.send(req).await;
+    let snap: Value = serde_json::from_slice(&bytes).expect("a snapshot");
+    assert_eq!(s, StatusCode::ACCEPTED, "{snap}");
+    let sid = snap["id"].as_str().expect("id").to_string();
+    assert_eq!(snap["sandboxId"], json!(id), "{snap}");
+    assert_eq!(snap["name"], "first");
+    assert_eq!(snap["status"]["state"], "Ready", "taken whole: {snap}");
+    assert!(snap["createdAt"].is_string(), "{snap}");
+    assert!(
+        snap.as_object()
+            .expect("present")
+            .values()
+            .chain(snap["status"].as_object().expect("present").values())
+            .all(|v| !v.is_null()),
+        "no null: {snap}"
+    );
+    assert_eq!(
+        headers["location"].to_str().expect("ascii"),
+        format!("/v1/snapshots/{sid}")
+    );
+    // Unnamed: no `name` at all.
+    let (s, unnamed) = os
+        .api("POST", &format!("/v1/sandboxes/{id}/snapshots"), None, KEY)
+        .await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{unnamed}");
+    assert!(unnamed.get("name").is_none(), "{unnamed}");
+    let second = unnamed["id"].as_str().expect("id").to_string();
+
+    let (s, got) = os
+        .api("GET", &format!("/v1/snapshots/{sid}"), None, KEY)
+        .await;
+    assert_eq!((s, &got), (StatusCode::OK, &snap));
+
+    // The list: newest first, every key the SDK's converter reads, its filters.
+    let ids = |v: &Value| -> Vec<String> {
+        v["items"]
+            .as_array()
+            .expect("items")
+            .iter()
+            .map(|i| i["id"].as_str().expect("id").to_string())
+            .collect()
+    };
+    let (s, v) = os
+        .api("GET", &format!("/v1/snapshots?sandboxId={id}"), None, KEY)
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    // (Newest first, to the second: two taken within one are in the order of their ids.)
+    let mut both = vec![sid.clone(), second.clone()];
+    both.sort();
+    let mut listed = ids(&v);
+    listed.sort();
+    assert_eq!(listed, both, "{v}");
+    assert_eq!(
+        v["pagination"],
+        json!({"page": 1, "pageSize": 20, "totalItems": 2, "totalPages": 1, "hasNextPage": false})
+    );
+    // A page at a time: each once.
+    let mut paged = Vec::new();
+    for page in [1, 2] {
+        let (_, v) = os
+            .api(
+                "GET",
+                &format!("/v1/snapshots?state=Ready&pageSize=1&page={page}"),
+                None,
+                KEY,
+            )
+            .await;
+        assert_eq!(v["items"].as_array().map(Vec::len), Some(1), "{v}");
+        assert_eq!(v["pagination"]["hasNextPage"], page == 1, "{v}");
+        assert_eq!(v["pagination"]["totalPages"], 2, "{v}");
+        paged.extend(ids(&v));
+    }
+    paged.sort();
+    assert_eq!(paged, both);
+    let (_, v) = os.api("GET", "/v1/snapshots?name=first", None, KEY).await;
+    assert_eq!(ids(&v), vec![sid.clone()], "{v}");
+    for none in ["state=Creating&state=Failed", "sandboxId=someone-else"] {
+        let (s, v) = os
+            .api("GET", &format!("/v1/snapshots?{none}"), None, KEY)
+            .await;
+        assert_eq!(s, StatusCode::OK, "{v}");
+        assert_eq!(v["items"], json!([]), "{none}: {v}");
+        assert_eq!(v["pagination"]["totalItems"], 0, "{v}");
+    }
+    let (s, v) = os.api("GET", "/v1/snapshots?state=Sleepy", None, KEY).await;
+    assert_eq!(
+        (s, &v["code"]),
+        (StatusCode::BAD_REQUEST, &json!("INVALID_ARGUMENT"))
+    );
+
+    // A sandbox from it, as the SDK asks for one (its default entrypoint and resources), sees
+    // the file written before it.
+    let (s, restored) = os
+        .api(
+            "POST",
+            "/v1/sandboxes",
+            Some(json!({
+                "snapshotId": sid, "entrypoint": ["tail", "-f", "/dev/null"],
+                "resourceLimits": {"cpu": "1", "memory": "2Gi"}, "timeout": 600,
+            })),
+            KEY,
+        )
+        .await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{restored}");
+    assert_eq!(restored["snapshotId"], json!(sid), "{restored}");
+    assert!(restored.get("image").is_none(), "{restored}");
+    let rid = restored["id"].as_str().expect("id").to_string();
+    let rx = os.execd(&rid).await;
+    let (s, out, _) = os
+        .call(
+            &rx,
+            "GET",
+            "/files/download?path=/workspace/kept.txt",
+            None,
+            Vec::new(),
+        )
+        .await;
+    assert_eq!(
+        (s, out.as_slice()),
+        (StatusCode::OK, &b"before the snapshot"[..])
+    );
+
+    // Refusals in OpenSandbox's words: a body with what a snapshot does not take, a sandbox
+    // or a snapshot that is not there, a paused sandbox.
+    let (s, v) = os
+        .api(
+            "POST",
+            &format!("/v1/sandboxes/{id}/snapshots"),
+            Some(json!({"ttl": 5})),
+            KEY,
+        )
+        .await;
+    assert_eq!(
+        (s, &v["code"]),
+        (StatusCode::BAD_REQUEST, &json!("INVALID_ARGUMENT"))
+    );
+    let (s, v) = os
+        .api("POST", "/v1/sandboxes/nope/snapshots", None, KEY)
+        .await;
+    assert_eq!(
+        (s, &v["code"]),
+        (StatusCode::NOT_FOUND, &json!("NOT_FOUND"))
+    );
+    let (s, _) = os
+        .api("POST", &format!("/v1/sandboxes/{rid}/pause"), None, KEY)
+        .await;
+    assert_eq!(s, StatusCode::ACCEPTED);
+    let (s, v) = os
+        .api("POST", &format!("/v1/sandboxes/{rid}/snapshots"), None, KEY)
+        .await;
+    assert_eq!(
+        (s, &v["code"]),
+        (StatusCode::CONFLICT, &json!("CONFLICT")),
+        "{v}"
+    );
+    let (s, _) = os.api("GET", "/v1/snapshots", None, "wrong").await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+
+    // Deleted: 204, then a 404, and listed no more.
+    for snap in [&sid, &second] {
+        let (s, _) = os
+            .api("DELETE", &format!("/v1/snapshots/{snap}"), None, KEY)
+            .await;
+        assert_eq!(s, StatusCode::NO_CONTENT);
+    }
+    let (s, v) = os
+        .api("GET", &format!("/v1/snapshots/{sid}"), None, KEY)
+        .await;
+    assert_eq!(
+        (s, &v["code"]),
+        (StatusCode::NOT_FOUND, &json!("NOT_FOUND")),
+        "{v}"
+    );
+    let (s, _) = os
+        .api("DELETE", &format!("/v1/snapshots/{sid}"), None, KEY)
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let (_, v) = os.api("GET", "/v1/snapshots", None, KEY).await;
+    assert_eq!(v["pagination"]["totalItems"], 0, "{v}");
+}
+
+/// The rest of execd's files: a search by name, renames, modes, text replaced in place, and
+/// reads by lines.
+#[tokio::test]
+async fn files_are_searched_moved_chmodded_replaced_and_read_by_lines() {
+    let os = service();
+    let id = os.create(json!({"image": {"uri": IMAGE}})).await;
+    let x = os.execd(&id).await;
+    let ct = "multipart/form-data; boundary=XyZ";
+    let body = upload(
+        "XyZ",
+        &[
+            ("/workspace/s/a.py", 644, b"print(1)\n"),
+            ("/workspace/s/sub/b.py", 644, b"print(2)\n"),
+            ("/workspace/s/c.txt", 644, b"l1\nl2\nl3\nl4"),
+            ("/workspace/s/r.cfg", 640, b"host=localhost; db=localhost\n"),
+        ],
+    );
+    let (s, _, _) = os.call(&x, "POST", "/files/upload", Some(ct), body).await;
+    assert_eq!(s, StatusCode::OK);
+    let get = |path: String| {
+        let (os, x) = (&os, &x);
+        async move {
+            let (s, out, _) = os.call(x, "GET", &path, None, Vec::new()).await;
+            (s, out)
+        }
+    };
+    let post = |path: String, body: Value| {
+        let (os, x) = (&os, &x);
+        async move {
+            let (s, out, _) = os
+                .call(
+                    x,
+                    "POST",
+                    &path,
+                    Some("application/json"),
+                    body.to_string().into_bytes(),
+                )
+                .await;
+            (s, out)
+        }
+    };
+    let paths = |out: &[u8]| -> Vec<String> {
+        let v: Value = serde_json::from_slice(out).expect("json");
+        v.as_array()
+            .expect("a list")
+            .iter()
+            .map(|i| i["path"].as_str().expect("path").to_string())
+            .collect()
+    };
+
+    // Search: names at every level, files only, as FileInfos.
+    let (s, out) = get("/files/search?path=/workspace/s&pattern=*.py".into()).await;
+    assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&out));
+    assert_eq!(paths(&out), ["/workspace/s/a.py", "/workspace/s/sub/b.py"]);
+    let found: Value = serde_json::from_slice(&out).expect("json");
+    assert_eq!(found[0]["mode"], 644, "{found}");
+    assert_eq!(found[0]["size"], 9, "{found}");
+    assert_eq!(found[0]["type"], "file", "{found}");
+    assert!(found[0]["modified_at"].is_string() && found[0]["owner"].is_string());
+    let (s, out) = get("/files/search?path=/workspace/s".into()).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(
+        paths(&out),
+        [
+            "/workspace/s/a.py",
+            "/workspace/s/c.txt",
+            "/workspace/s/r.cfg",
+            "/workspace/s/sub/b.py"
+        ]
+    );
+    let (s, out) = get("/files/search?path=/workspace/s&pattern=%5B".into()).await;
+    assert_eq!(
+        s,
+        StatusCode::BAD_REQUEST,
+        "{}",
+        String::from_utf8_lossy(&out)
+    );
+    let (s, _) = get("/files/search?path=/workspace/none&pattern=*".into()).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+
+    // Moves: renamed across directories; a source that is not there is a 404.
+    let (s, out) = post(
+        "/files/mv".into(),
+        json!([{"src": "/workspace/s/c.txt", "dest": "/workspace/s/sub/c2.txt"}]),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&out));
+    let (s, out) = get("/files/download?path=/workspace/s/sub/c2.txt".into()).await;
+    assert_eq!(
+        (s, out.as_slice()),
+        (StatusCode::OK, &b"l1\nl2\nl3\nl4"[..])
+    );
+    let (s, _) = get("/files/download?path=/workspace/s/c.txt".into()).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let (s, _) = post(
+        "/files/mv".into(),
+        json!([{"src": "/workspace/s/c.txt", "dest": "/workspace/s/c3.txt"}]),
+    )
+    .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+
+    // Modes: an owner, or a mode that is not octal digits, is refused before anything is
+    // changed; a path that is not there is a 404. (The fake runs no `chmod`: the change
+    // itself is the e2e suite's to see.)
+    for refused in [
+        json!({"/workspace/s/a.py": {"mode": 600, "owner": "root"}}),
+        json!({"/workspace/s/a.py": {"mode": 600, "group": "root"}}),
+        json!({"/workspace/s/a.py": {"mode": 789}}),
+    ] {
+        let (s, out) = post("/files/permissions".into(), refused.clone()).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{refused}");
+        let err: Value = serde_json::from_slice(&out).expect("json");
+        assert_eq!(err["code"], "INVALID_ARGUMENT");
+    }
+    let (s, _) = post(
+        "/files/permissions".into(),
+        json!({"/workspace/none": {"mode": 644, "owner": null, "group": null}}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+
+    // Replacements: every occurrence, counted when asked for, the mode kept.
+    let (s, out) = post(
+        "/files/replace?verbose=true".into(),
+        json!({"/workspace/s/r.cfg": {"old": "localhost", "new": "0.0.0.0"},
+               "/workspace/s/a.py": {"old": "absent", "new": "x"}}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&out));
+    let counts: Value = serde_json::from_slice(&out).expect("json");
+    assert_eq!(
+        counts,
+        json!({"/workspace/s/r.cfg": {"replacedCount": 2}, "/workspace/s/a.py": {"replacedCount": 0}})
+    );
+    let (_, out) = get("/files/download?path=/workspace/s/r.cfg".into()).await;
+    assert_eq!(out, b"host=0.0.0.0; db=0.0.0.0\n");
+    let (_, out) = get("/files/info?path=/workspace/s/r.cfg".into()).await;
+    let info: Value = serde_json::from_slice(&out).expect("json");
+    assert_eq!(info["/workspace/s/r.cfg"]["mode"], 640, "{info}");
+    let (s, out) = post(
+        "/files/replace".into(),
+        json!({"/workspace/s/r.cfg": {"old": "db", "new": "store"}}),
+    )
+    .await;
+    assert_eq!(
+        (s, out.len()),
+        (StatusCode::OK, 0),
+        "without verbose: no body"
+    );
+    let (_, out) = get("/files/download?path=/workspace/s/r.cfg".into()).await;
+    assert_eq!(out, b"host=0.0.0.0; store=0.0.0.0\n");
+    let (s, _) = post(
+        "/files/replace".into(),
+        json!({"/workspace/s/r.cfg": {"old": "", "new": "x"}}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    let (s, _) = post(
+        "/files/replace".into(),
+        json!({"/workspace/none": {"old": "a", "new": "b"}}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+
+    // Reads by lines: `offset` from 1, `limit` lines, each with its newline.
+    let file = "/files/download?path=/workspace/s/sub/c2.txt";
+    for (q, want) in [
+        ("&offset=2&limit=2", &b"l2\nl3\n"[..]),
+        ("&offset=3", b"l3\nl4"),
+        ("&limit=1", b"l1\n"),
+        ("&offset=9", b""),
+    ] {
+        let (s, out) = get(format!("{file}{q}")).await;
+        assert_eq!((s, out.as_slice()), (StatusCode::OK, want), "{q}");
+    }
+    let (s, _) = get(format!("{file}&offset=0")).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    let req = Request::builder()
+        .uri(format!("{}{file}&offset=1", x.prefix))
+        .header("x-execd-access-token", &x.token)
+        .header("range", "bytes=0-1")
+        .body(Body::empty())
+        .expect("request");
+    let (s, _, _) = os.send(req).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "lines or bytes, not both");
+}
+
+/// A search below more entries than one listing answers walks on a directory at a time; one
+/// directory of more than a listing holds is refused, in its words.
+#[tokio::test]
+async fn a_search_walks_past_what_one_listing_answers() {
+    let os = service();
+    let id = os.create(json!({"image": {"uri": IMAGE}})).await;
+    let x = os.execd(&id).await;
+    let mkdirs = |dirs: Vec<String>| {
+        let (os, x) = (&os, &x);
+        async move {
+            let body: serde_json::Map<String, Value> = dirs
+                .into_iter()
+                .map(|d| (d, json!({"mode": 755})))
+                .collect();
+            let (s, out, _) = os
+                .call(
+                    x,
+                    "POST",
+                    "/directories",
+                    Some("application/json"),
+                    Value::Object(body).to_string().into_bytes(),
+                )
+                .await;
+            assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&out));
+        }
+    };
+    // 40 directories of 30: more entries than one listing answers (1,000), none of them a
+    // directory that holds that many.
+    mkdirs(
+        (0..40)
+            .flat_map(|i| (0..30).map(move |j| format!("/workspace/big/d{i:02}/e{j:02}")))
+            .collect(),
+    )
+    .await;
+    let ct = "multipart/form-data; boundary=XyZ";
+    let body = upload(
+        "XyZ",
+        &[
+            ("/workspace/big/d00/needle.txt", 644, b"1"),
+            ("/workspace/big/d39/e29/needle.txt", 644, b"2"),
+            ("/workspace/big/d39/e29/hay.txt", 644, b"3"),
+        ],
+    );
+    let (s, _, _) = os.call(&x, "POST", "/files/upload", Some(ct), body).await;
+    assert_eq!(s, StatusCode::OK);
+    let (s, out, _) = os
+        .call(
+            &x,
+            "GET",
+            "/files/search?path=/workspace/big&pattern=needle.*",
+            None,
+            Vec::new(),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&out));
+    let found: Value = serde_json::from_slice(&out).expect("json");
+    let paths: Vec<&str> = found
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|f| f["path"].as_str().expect("path"))
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            "/workspace/big/d00/needle.txt",
+            "/workspace/big/d39/e29/needle.txt"
+        ]
+    );
+
+    // One directory of more than a listing holds: refused, not answered in part.
+    mkdirs(
+        (0..1001)
+            .map(|k| format!("/workspace/flat/f{k:04}"))
+            .collect(),
+    )
+    .await;
+    let (s, out, _) = os
+        .call(
+            &x,
+            "GET",
+            "/files/search?path=/workspace/flat",
+            None,
+            Vec::new(),
+        )
+        .await;
+    assert_eq!(
+        s,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "{}",
+        String::from_utf8_lossy(&out)
+    );
+    let err: Value = serde_json::from_slice(&out).expect("json");
+    assert!(
+        err["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("narrower path")),
+        "{err}"
+    );
 }

@@ -17,8 +17,14 @@ import opensandbox
 from opensandbox import Sandbox, SandboxManager, SandboxSync
 from opensandbox.exceptions import SandboxApiException
 from opensandbox.models.execd import ExecutionHandlers, RunCommandOpts
-from opensandbox.models.filesystem import WriteEntry
-from opensandbox.models.sandboxes import SandboxFilter
+from opensandbox.models.filesystem import (
+    ContentReplaceEntry,
+    MoveEntry,
+    SearchEntry,
+    SetPermissionEntry,
+    WriteEntry,
+)
+from opensandbox.models.sandboxes import SandboxFilter, SnapshotFilter
 
 P = json.loads(os.environ.get("OS_PARAMS") or "{}")
 IMAGE = P.get("image", "daiv-sandbox-debian:local")
@@ -169,6 +175,99 @@ async def turn():
     return out
 
 
+def mode_of(path):
+    # (`find`, not `stat` or `ls`: coreutils' statx is not in every gVisor release.)
+    return f"find {path} -printf '%m\\n'"
+
+
+async def snapshots_and_files():
+    """Files searched, moved, chmodded, replaced and read by lines through `sb.files`; a
+    snapshot taken, got and listed; a sandbox made from it; both killed, the snapshot deleted."""
+    out = {"sdk": getattr(opensandbox, "__version__", None)}
+    sb = await Sandbox.create(IMAGE, timeout=timedelta(minutes=5), metadata={"suite": P["tag"]})
+    out["id"] = sb.id
+    await sb.files.write_files(
+        [
+            WriteEntry(path="/workspace/s/a.py", data="print(1)\n", mode=644),
+            WriteEntry(path="/workspace/s/sub/b.py", data="print(2)\n", mode=644),
+            WriteEntry(path="/workspace/s/notes.txt", data="l1\nl2\nl3\nl4\n", mode=644),
+            WriteEntry(path="/workspace/s/app.cfg", data="host=localhost\ndb=localhost\n", mode=640),
+        ]
+    )
+    found = await sb.files.search(SearchEntry(path="/workspace/s", pattern="*.py"))
+    out["search"] = {
+        f.path: {"mode": f.mode, "size": f.size, "type": str(f.entry_type)} for f in found
+    }
+    await sb.files.move_files(
+        [MoveEntry(src="/workspace/s/notes.txt", dest="/workspace/s/sub/notes.txt")]
+    )
+    out["moved"] = logs(
+        await sb.commands.run(
+            "test -e /workspace/s/notes.txt || echo gone; head -n 1 /workspace/s/sub/notes.txt"
+        )
+    )["stdout"]
+    await sb.files.set_permissions([SetPermissionEntry(path="/workspace/s/a.py", mode=700)])
+    out["chmodded"] = logs(await sb.commands.run(mode_of("/workspace/s/a.py")))["stdout"]
+    try:
+        await sb.files.set_permissions(
+            [SetPermissionEntry(path="/workspace/s/a.py", mode=600, owner="root")]
+        )
+        out["chown"] = None
+    except Exception as e:  # noqa: BLE001
+        out["chown"] = err(e)
+    out["chown_left"] = logs(await sb.commands.run(mode_of("/workspace/s/a.py")))["stdout"]
+    replaced = await sb.files.replace_contents_detailed(
+        [
+            ContentReplaceEntry(
+                path="/workspace/s/app.cfg", old_content="localhost", new_content="db.internal"
+            )
+        ]
+    )
+    out["replaced"] = {r.path: r.replaced_count for r in replaced}
+    await sb.files.replace_contents(
+        [ContentReplaceEntry(path="/workspace/s/app.cfg", old_content="db=", new_content="store=")]
+    )
+    out["replaced_text"] = await sb.files.read_file("/workspace/s/app.cfg")
+    out["replaced_mode"] = logs(await sb.commands.run(mode_of("/workspace/s/app.cfg")))["stdout"]
+    out["lines"] = await sb.files.read_file("/workspace/s/sub/notes.txt", offset=2, limit=2)
+
+    await sb.files.write_file("/workspace/kept.txt", "before the snapshot", mode=644)
+    snap = await sb.create_snapshot(name=P["tag"])
+    out["snapshot"] = {
+        "id": snap.id,
+        "state": snap.status.state,
+        "name": snap.name,
+        "sandbox_id": snap.sandbox_id,
+    }
+    await sb.files.write_file("/workspace/kept.txt", "after the snapshot", mode=644)
+    manager = await SandboxManager.create()
+    got = await manager.get_snapshot(snap.id)
+    out["got"] = {"id": got.id, "state": got.status.state, "name": got.name}
+    listed = await manager.list_snapshots(SnapshotFilter(sandbox_id=sb.id))
+    out["listed"] = [s.id for s in listed.snapshot_infos]
+    out["listed_total"] = listed.pagination.total_items
+    by_name = await manager.list_snapshots(SnapshotFilter(states=["Ready"], name=P["tag"]))
+    out["listed_by_name"] = [s.id for s in by_name.snapshot_infos]
+    restored = await Sandbox.create(
+        snapshot_id=snap.id, timeout=timedelta(minutes=5), metadata={"suite": P["tag"]}
+    )
+    out["restored_read"] = await restored.files.read_file("/workspace/kept.txt")
+    out["restored_snapshot_id"] = getattr(await restored.get_info(), "snapshot_id", None)
+    out["source_read"] = await sb.files.read_file("/workspace/kept.txt")
+    await restored.kill()
+    await sb.kill()
+    await manager.delete_snapshot(snap.id)
+    try:
+        await manager.get_snapshot(snap.id)
+        out["after_delete"] = None
+    except Exception as e:  # noqa: BLE001
+        out["after_delete"] = err(e)
+    left = await manager.list_snapshots(SnapshotFilter(sandbox_id=sb.id))
+    out["listed_after_delete"] = [s.id for s in left.snapshot_infos]
+    await manager.close()
+    return out
+
+
 def sync_turn():
     """The synchronous SDK: create, a command, a file, kill."""
     sb = SandboxSync.create(IMAGE, metadata={"suite": P["tag"]})
@@ -202,6 +301,7 @@ def refused():
 
 SCENARIOS = {
     "turn": lambda: asyncio.run(turn()),
+    "snapshots_and_files": lambda: asyncio.run(snapshots_and_files()),
     "sync_turn": sync_turn,
     "refused": refused,
 }

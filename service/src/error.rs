@@ -278,6 +278,7 @@ impl From<EgressError> for ApiError {
             E::NotAcknowledged { .. } | E::NoFreeSubnet(_) => ApiError::Unavailable(e.to_string()),
             E::Encode(e) => ApiError::Internal(e.into()),
             E::PolicyUnreadable(_) => ApiError::Unavailable(e.to_string()),
+            E::GatewayPredatesActions => ApiError::Conflict(e.to_string()),
             E::Engine(e) => e.into(),
         }
     }

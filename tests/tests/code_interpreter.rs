@@ -56,7 +56,7 @@ async fn drive(sdk: &str, svc: &E2bService, scenario: &str, params: Value) -> Re
 }
 
 fn assert_nothing_left(cp: &ControlPlane) {
-    let label = format!("daiv.deployment={}", cp.deployment);
+    let label = format!("daiv.sandbox.deployment={}", cp.deployment);
     let left = containers_but_workers(&[&label]);
     assert!(left.is_empty(), "containers left: {left:?}");
 }

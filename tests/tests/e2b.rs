@@ -56,7 +56,7 @@ async fn drive(sdk: &str, url: &str, key: &str, scenario: &str, params: Value) -
 
 /// Nothing of the deployment left running once the program killed its sandboxes.
 fn assert_nothing_left(cp: &ControlPlane) {
-    let label = format!("daiv.deployment={}", cp.deployment);
+    let label = format!("daiv.sandbox.deployment={}", cp.deployment);
     let left = containers_but_workers(&[&label]);
     assert!(left.is_empty(), "containers left: {left:?}");
 }

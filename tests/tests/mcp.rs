@@ -702,7 +702,7 @@ async fn run_code_keeps_state_returns_charts_as_images_and_names_a_session_witho
             .is_some_and(|t| t.contains("no code interpreter")),
         "{v}"
     );
-    let label = format!("daiv.deployment={}", cp.deployment);
+    let label = format!("daiv.sandbox.deployment={}", cp.deployment);
     assert_eq!(containers_but_workers(&[&label]), Vec::<String>::new());
     Ok(())
 }

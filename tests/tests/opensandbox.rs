@@ -3,14 +3,16 @@
 //! integration/python/opensandbox-*.txt, each in its own venv from scripts/ensure-python-venv.sh) runs the programs of
 //! integration/python/opensandbox_driver.py with only OPEN_SANDBOX_DOMAIN and
 //! OPEN_SANDBOX_API_KEY pointing here, and each test asserts on what the program saw and on what
-//! Docker shows afterwards.
+//! Docker shows afterwards: a turn, the synchronous SDK, refusals, and snapshots with the rest of
+//! execd's file routes (search, moves, modes, replacements, reads by lines).
 
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use e2e::python::{drive_script, venv_python};
 use e2e::{
-    ControlPlane, DEBIAN, DeploymentGuard, containers_but_workers, free_port, require_image,
+    ControlPlane, DEBIAN, DeploymentGuard, containers_but_workers, eventually, free_port,
+    images_with, require_image, volumes_but_shared_helper,
 };
 use serde_json::{Value, json};
 
@@ -43,8 +45,13 @@ async fn drive(sdk: &str, domain: &str, key: &str, scenario: &str, params: Value
     drive_script(python(sdk), "opensandbox_driver.py", scenario, env).await
 }
 
+/// The label every Docker object of `cp`'s deployment carries.
+fn deployment_label(cp: &ControlPlane) -> String {
+    format!("daiv.sandbox.deployment={}", cp.deployment)
+}
+
 fn assert_nothing_left(cp: &ControlPlane) {
-    let label = format!("daiv.deployment={}", cp.deployment);
+    let label = deployment_label(cp);
     let left = containers_but_workers(&[&label]);
     assert!(left.is_empty(), "containers left: {left:?}");
 }
@@ -174,6 +181,105 @@ async fn the_oldest_sdk_runs_a_turn() -> Result<()> {
 #[tokio::test]
 async fn the_newest_sdk_runs_a_turn_on_gvisor() -> Result<()> {
     a_turn(NEWEST, &[("RUNTIME", "runsc")]).await
+}
+
+/// Files searched, moved, chmodded, replaced and read by lines; a snapshot taken, got, listed,
+/// a sandbox made from it that sees what was written before it, both killed and the snapshot
+/// deleted: then nothing of the deployment is left.
+async fn snapshots_and_files(sdk: &str) -> Result<()> {
+    let (cp, domain) = service(&[]).await?;
+    let _guard = DeploymentGuard(cp.deployment.clone());
+    let tag = format!("snap-{}", free_port());
+    let v = drive(
+        sdk,
+        &domain,
+        &cp.key,
+        "snapshots_and_files",
+        json!({ "tag": tag }),
+    )
+    .await?;
+    assert_eq!(
+        Some(v["sdk"].as_str().unwrap_or("")),
+        sdk.strip_prefix("opensandbox-"),
+        "{v}"
+    );
+    let id = v["id"].as_str().context("id")?;
+
+    // Files: a search by name at every level, files only.
+    assert_eq!(
+        v["search"],
+        json!({
+            "/workspace/s/a.py": {"mode": 644, "size": 9, "type": "file"},
+            "/workspace/s/sub/b.py": {"mode": 644, "size": 9, "type": "file"},
+        }),
+        "{v}"
+    );
+    assert_eq!(v["moved"], json!(["gone", "l1"]), "{v}");
+    assert_eq!(v["chmodded"], json!(["700"]), "{v}");
+    assert_eq!(
+        v["chown"]["status"], 400,
+        "files belong to the sandbox user: {v}"
+    );
+    assert_eq!(
+        v["chown_left"],
+        json!(["700"]),
+        "refused before anything changed: {v}"
+    );
+    assert_eq!(v["replaced"], json!({"/workspace/s/app.cfg": 2}), "{v}");
+    assert_eq!(
+        v["replaced_text"], "host=db.internal\nstore=db.internal\n",
+        "{v}"
+    );
+    assert_eq!(v["replaced_mode"], json!(["640"]), "its mode kept: {v}");
+    assert_eq!(v["lines"], "l2\nl3\n", "{v}");
+
+    // The snapshot: ready as it is answered, got, listed by its sandbox and by its name.
+    let snap = v["snapshot"]["id"].as_str().context("snapshot id")?;
+    assert_eq!(
+        v["snapshot"],
+        json!({"id": snap, "state": "Ready", "name": tag, "sandbox_id": id}),
+        "{v}"
+    );
+    assert_eq!(
+        v["got"],
+        json!({"id": snap, "state": "Ready", "name": tag}),
+        "{v}"
+    );
+    assert_eq!(v["listed"], json!([snap]), "{v}");
+    assert_eq!(v["listed_total"], 1, "{v}");
+    assert_eq!(v["listed_by_name"], json!([snap]), "{v}");
+    // A sandbox from it sees the file as it was then; its source went on on its own.
+    assert_eq!(v["restored_read"], "before the snapshot", "{v}");
+    assert_eq!(v["restored_snapshot_id"], json!(snap), "{v}");
+    assert_eq!(v["source_read"], "after the snapshot", "{v}");
+    // Deleted: a 404, listed no more, and nothing of it left in Docker.
+    assert_eq!(v["after_delete"]["status"], 404, "{v}");
+    assert_eq!(v["listed_after_delete"], json!([]), "{v}");
+    assert_nothing_left(&cp);
+    let label = deployment_label(&cp);
+    let left = || {
+        let mut all = volumes_but_shared_helper(&[&label]);
+        all.extend(images_with(&[&label]));
+        all
+    };
+    eventually(
+        "no volume or image of the deployment left",
+        std::time::Duration::from_secs(60),
+        || async { Ok(left().is_empty().then_some(())) },
+    )
+    .await
+    .with_context(|| format!("left: {:?}", left()))?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_newest_sdk_takes_snapshots_and_edits_files() -> Result<()> {
+    snapshots_and_files(NEWEST).await
+}
+
+#[tokio::test]
+async fn the_oldest_sdk_takes_snapshots_and_edits_files() -> Result<()> {
+    snapshots_and_files(OLDEST).await
 }
 
 #[tokio::test]

@@ -20,8 +20,11 @@ use axum::extract::{Path, Query, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use futures::{StreamExt, TryStreamExt};
-use sandbox_protocol::files::{EntryType, FileEntry, FsListRequest, FsMkdirRequest, FsStatRequest};
-use sandbox_protocol::wire::FsError;
+use sandbox_protocol::files::{
+    EntryType, FileEntry, FsListRequest, FsMkdirRequest, FsMoveRequest, FsStatRequest,
+    LIST_MAX_DEPTH, validate_any_path,
+};
+use sandbox_protocol::wire::{FsError, FsErrorCode, LIST_MAX_ENTRIES};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -31,7 +34,9 @@ use crate::api::{
     ProcessEvent, ProcessEventType, ProcessSignal, SessionState, StartProcessRequest,
 };
 use crate::ops::Held;
-use crate::ops::files::{GuardedMultipart, Read, ReadFile, Tripwire, Write, WriteFile};
+use crate::ops::files::{
+    GuardedMultipart, Read, ReadFile, ReplaceText, Replaced, Tripwire, Write, WriteFile,
+};
 use crate::ops::fs;
 use crate::ops::processes::{self as op, Target};
 use crate::routes::files as files_route;
@@ -48,6 +53,8 @@ const STALL: Duration = Duration::from_secs(60);
 const MAX_PATHS: usize = 100;
 /// Most bytes of an upload's metadata part.
 const MAX_METADATA_PART: usize = 64 * 1024;
+/// Most entries a search walks below its path, a directory at a time.
+const SEARCH_MAX_ENTRIES: usize = 100_000;
 
 pub(super) fn now_ms() -> i64 {
     (time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000) as i64
@@ -568,15 +575,29 @@ async fn download_inner(
     headers: &HeaderMap,
     q: &HashMap<String, String>,
 ) -> Answer {
-    if q.contains_key("offset") || q.contains_key("limit") {
-        return Err(Failure::bad_request(
-            "offset/limit (lines): not served; read the file whole or with a Range header",
-        ));
-    }
     let path = q
         .get("path")
         .filter(|p| !p.is_empty())
         .ok_or_else(|| Failure::bad_request("path is required"))?;
+    let line = |k: &str| -> Result<Option<u64>, Failure> {
+        q.get(k)
+            .map(|v| {
+                v.parse::<u64>()
+                    .ok()
+                    .filter(|n| *n >= 1)
+                    .ok_or_else(|| Failure::bad_request(format!("{k} {v:?}: a line count from 1")))
+            })
+            .transpose()
+    };
+    let (offset, limit) = (line("offset")?, line("limit")?);
+    if offset.is_some() || limit.is_some() {
+        if headers.contains_key(header::RANGE) {
+            return Err(Failure::bad_request(
+                "offset/limit (lines) or a Range (bytes), not both",
+            ));
+        }
+        return read_lines(s, id, path, offset.unwrap_or(1), limit).await;
+    }
     let range = files_route::parse_range(headers);
     let op = ReadFile::new(path, range).map_err(fs_failure)?;
     let (read, hold) = match s.reach(id, op).await? {
@@ -588,6 +609,100 @@ async fn download_inner(
     };
     let answer = files_route::file_answer(read, range.is_some(), false).map_err(Failure::from)?;
     Ok(crate::routes::admit::holding(answer, hold))
+}
+
+/// A line-based read (`offset`, 1-based, and `limit` lines; to the end without one): those
+/// lines of the file, each with its newline, streamed as the file is read and its read stopped
+/// after the last one.
+async fn read_lines(
+    s: &OpenSandbox,
+    id: &str,
+    path: &str,
+    offset: u64,
+    limit: Option<u64>,
+) -> Answer {
+    let op = ReadFile::new(path, None).map_err(fs_failure)?;
+    let (stream, hold) = match s.reach(id, op).await? {
+        Held {
+            answer: Read::Stream(stream),
+            hold,
+        } => (stream, hold),
+        Held {
+            answer: Read::Refused { error, .. },
+            ..
+        } => return Err(fs_failure(error)),
+    };
+    let body = Body::from_stream(lines_of(stream.body, offset, limit));
+    let answer = ([(header::CONTENT_TYPE, "application/octet-stream")], body).into_response();
+    Ok(crate::routes::admit::holding(answer, hold))
+}
+
+/// Where a line-based read stands: newlines still to pass before its first line, and to send
+/// (`None`: every one to the end).
+struct Cut {
+    body: futures::stream::BoxStream<'static, std::io::Result<Bytes>>,
+    skip: u64,
+    left: Option<u64>,
+    done: bool,
+}
+
+/// `data` from `from` past `count` newlines at most: where that is, and how many it passed.
+fn past_newlines(data: &[u8], from: usize, count: u64) -> (usize, u64) {
+    let (mut at, mut passed) = (from, 0);
+    while passed < count {
+        match data[at..].iter().position(|b| *b == b'\n') {
+            Some(p) => {
+                at += p + 1;
+                passed += 1;
+            }
+            None => return (data.len(), passed),
+        }
+    }
+    (at, passed)
+}
+
+/// Lines `offset` (1-based) to `offset + limit - 1` of `body`, each with its newline; the last
+/// line of a file without a final newline as it is. The body is not read past them.
+fn lines_of(
+    body: futures::stream::BoxStream<'static, std::io::Result<Bytes>>,
+    offset: u64,
+    limit: Option<u64>,
+) -> impl futures::Stream<Item = std::io::Result<Bytes>> + Send + 'static {
+    let cut = Cut {
+        body,
+        skip: offset.saturating_sub(1),
+        left: limit,
+        done: false,
+    };
+    futures::stream::unfold(cut, |mut cut| async move {
+        while !cut.done {
+            let chunk = match cut.body.next().await? {
+                Ok(c) => c,
+                Err(e) => {
+                    cut.done = true;
+                    return Some((Err(e), cut));
+                }
+            };
+            let (start, passed) = past_newlines(&chunk, 0, cut.skip);
+            cut.skip -= passed;
+            if cut.skip > 0 {
+                continue;
+            }
+            let mut end = chunk.len();
+            if let Some(left) = cut.left {
+                let (at, sent) = past_newlines(&chunk, start, left);
+                cut.left = Some(left - sent);
+                if left == sent {
+                    end = at;
+                    cut.done = true;
+                }
+            }
+            if start < end {
+                return Some((Ok(chunk.slice(start..end)), cut));
+            }
+        }
+        None
+    })
 }
 
 /// execd's `FileInfo` of an entry.
@@ -648,6 +763,250 @@ pub async fn info(
         };
     }
     Ok(Json(Value::Object(out)).into_response())
+}
+
+/// A glob over a name, as execd's search matches one (`*`, `?`, `[...]`, `{a,b}`; `**` is any
+/// name); an invalid one is a 400.
+fn name_glob(pattern: &str) -> Result<globset::GlobMatcher, Failure> {
+    globset::GlobBuilder::new(pattern)
+        .literal_separator(true)
+        .backslash_escape(true)
+        .build()
+        .map(|g| g.compile_matcher())
+        .map_err(|e| Failure::bad_request(format!("pattern {pattern:?}: {e}")))
+}
+
+/// The entries below `path`, every level down (never through a symlink, nor into a directory
+/// the sandbox user cannot read), sorted by path: one listing of [`LIST_MAX_DEPTH`] levels, then
+/// a directory at a time below those (or from `path`, past what one listing answers), at most
+/// [`SEARCH_MAX_ENTRIES`].
+async fn walk(s: &OpenSandbox, id: &str, path: &str) -> Result<Vec<FileEntry>, Failure> {
+    let list = |path: String, depth: u32| async move {
+        s.reach(id, fs::List(FsListRequest { path, depth })).await
+    };
+    let whole = list(path.to_string(), LIST_MAX_DEPTH).await?;
+    if let Some(e) = whole.error {
+        return Err(fs_failure(e));
+    }
+    let (mut found, mut dirs) = if whole.truncated {
+        (Vec::new(), vec![path.to_string()])
+    } else {
+        // The directories the listing reached the last level of: walked on from there.
+        let root = validate_any_path(path).map_err(fs_failure)?;
+        let prefix = format!("{}/", root.trim_end_matches('/'));
+        let deepest: Vec<String> = whole
+            .entries
+            .iter()
+            .filter(|e| e.entry_type == EntryType::Directory)
+            .filter(|e| {
+                e.path.strip_prefix(&prefix).is_some_and(|rel| {
+                    rel.split('/').count() >= usize::try_from(LIST_MAX_DEPTH).unwrap_or(usize::MAX)
+                })
+            })
+            .map(|e| e.path.clone())
+            .collect();
+        (whole.entries, deepest)
+    };
+    let too_many = || {
+        Failure::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "more entries below {path} than a search walks (at most {SEARCH_MAX_ENTRIES}, \
+                 {LIST_MAX_ENTRIES} in one directory): search a narrower path"
+            ),
+        )
+    };
+    while let Some(dir) = dirs.pop() {
+        let level = list(dir, 1).await?;
+        match level.error {
+            None => {}
+            // Gone, or not the user's to read, since it was seen: passed, as a listing passes
+            // a directory it cannot read.
+            Some(FsError {
+                code:
+                    FsErrorCode::NotFound | FsErrorCode::PermissionDenied | FsErrorCode::NotADirectory,
+                ..
+            }) if !found.is_empty() => continue,
+            Some(e) => return Err(fs_failure(e)),
+        }
+        if level.truncated {
+            return Err(too_many());
+        }
+        for e in level.entries {
+            if e.entry_type == EntryType::Directory {
+                dirs.push(e.path.clone());
+            }
+            found.push(e);
+        }
+        if found.len() > SEARCH_MAX_ENTRIES {
+            return Err(too_many());
+        }
+    }
+    found.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(found)
+}
+
+/// `GET /files/search?path=&pattern=`: the files below `path`, every level down, whose name
+/// matches the glob `pattern` (`**`, every one, by default), as `FileInfo`s sorted by path.
+/// Directories are walked, not answered; a symlink is answered, not followed.
+pub async fn search(
+    State(s): State<OpenSandbox>,
+    Path(id): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Answer {
+    let path = q
+        .get("path")
+        .filter(|p| !p.is_empty())
+        .ok_or_else(|| Failure::bad_request("path is required"))?;
+    let pattern = q
+        .get("pattern")
+        .filter(|p| !p.is_empty())
+        .map_or("**", String::as_str);
+    let matcher = name_glob(pattern)?;
+    let found: Vec<Value> = walk(&s, &id, path)
+        .await?
+        .iter()
+        .filter(|e| e.entry_type != EntryType::Directory && matcher.is_match(&e.name))
+        .map(file_info)
+        .collect();
+    Ok(Json(found).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+struct Rename {
+    src: String,
+    dest: String,
+}
+
+/// `POST /files/mv [{src, dest}]`: each renamed in turn (`rename(2)`: the destination's
+/// directory must exist; a file there is replaced).
+pub async fn rename(
+    State(s): State<OpenSandbox>,
+    Path(id): Path<String>,
+    raw: axum::body::Bytes,
+) -> Answer {
+    let moves: Vec<Rename> =
+        serde_json::from_slice(&raw).map_err(|e| Failure::bad_request(format!("body: {e}")))?;
+    if moves.len() > MAX_PATHS {
+        return Err(Failure::bad_request(format!("at most {MAX_PATHS} moves")));
+    }
+    for m in moves {
+        let req = FsMoveRequest {
+            source: m.src,
+            destination: m.dest,
+        };
+        if let Some(e) = s.reach(&id, fs::Move(req)).await?.error {
+            return Err(fs_failure(e));
+        }
+    }
+    Ok(StatusCode::OK.into_response())
+}
+
+/// execd's `Permission`: `mode` 755 unless given.
+#[derive(Debug, Deserialize)]
+struct Permission {
+    #[serde(default = "default_mode")]
+    mode: u32,
+    #[serde(default)]
+    owner: Option<String>,
+    #[serde(default)]
+    group: Option<String>,
+}
+
+fn default_mode() -> u32 {
+    755
+}
+
+/// `POST /files/permissions {path: {mode, owner, group}}`: each path's mode set (octal digits;
+/// its permission bits, as every mode here), as the sandbox user. An owner or group is refused:
+/// files belong to the sandbox user. Every entry is checked before any is applied.
+pub async fn chmod(
+    State(s): State<OpenSandbox>,
+    Path(id): Path<String>,
+    raw: axum::body::Bytes,
+) -> Answer {
+    let asked: BTreeMap<String, Permission> =
+        serde_json::from_slice(&raw).map_err(|e| Failure::bad_request(format!("body: {e}")))?;
+    if asked.len() > MAX_PATHS {
+        return Err(Failure::bad_request(format!("at most {MAX_PATHS} paths")));
+    }
+    let mut modes = Vec::with_capacity(asked.len());
+    for (path, p) in asked {
+        no_owner(&p.owner, &p.group)?;
+        modes.push((path, octal(p.mode)?));
+    }
+    for (path, mode) in modes {
+        match s
+            .reach(
+                &id,
+                fs::Chmod {
+                    path: path.clone(),
+                    mode,
+                },
+            )
+            .await?
+        {
+            fs::Chmodded::Done => {}
+            fs::Chmodded::Refused(e) => return Err(fs_failure(e)),
+            fs::Chmodded::Failed(out) if out.contains("Operation not permitted") => {
+                return Err(Failure::new(
+                    StatusCode::FORBIDDEN,
+                    format!("{path}: not the sandbox user's to change"),
+                ));
+            }
+            fs::Chmodded::Failed(_) => {
+                return Err(Failure::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("{path}: its mode could not be changed"),
+                ));
+            }
+        }
+    }
+    Ok(StatusCode::OK.into_response())
+}
+
+#[derive(Debug, Deserialize)]
+struct Replacement {
+    old: String,
+    new: String,
+}
+
+/// `POST /files/replace[?verbose=true] {path: {old, new}}`: every occurrence of `old` in each
+/// file replaced by `new` (its mode and owner kept); with `verbose`, how many per file
+/// (`{path: {replacedCount}}`), else an empty 200. Every entry is checked before any is applied.
+pub async fn replace(
+    State(s): State<OpenSandbox>,
+    Path(id): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+    raw: axum::body::Bytes,
+) -> Answer {
+    let asked: BTreeMap<String, Replacement> =
+        serde_json::from_slice(&raw).map_err(|e| Failure::bad_request(format!("body: {e}")))?;
+    if asked.len() > MAX_PATHS {
+        return Err(Failure::bad_request(format!("at most {MAX_PATHS} paths")));
+    }
+    let verbose = q.get("verbose").is_some_and(|v| v == "true");
+    let mut ops = Vec::with_capacity(asked.len());
+    for (path, r) in asked {
+        if r.old.is_empty() {
+            return Err(Failure::bad_request(format!(
+                "{path}: old must not be empty: give the exact text to replace"
+            )));
+        }
+        let op = ReplaceText::new(&path, &r.old, &r.new).map_err(fs_failure)?;
+        ops.push((path, op));
+    }
+    let mut counts = serde_json::Map::new();
+    for (path, op) in ops {
+        match s.reach(&id, op).await? {
+            Replaced::Count(n) => counts.insert(path, json!({ "replacedCount": n })),
+            Replaced::Refused(e) => return Err(fs_failure(e)),
+        };
+    }
+    if verbose {
+        return Ok(Json(Value::Object(counts)).into_response());
+    }
+    Ok(StatusCode::OK.into_response())
 }
 
 /// `DELETE /files?path=` and `DELETE /directories?path=`: each path removed, with what is
@@ -802,6 +1161,37 @@ mod tests {
         assert!(octal(77777).is_err());
         assert_eq!(digits(0o100644), 644);
         assert_eq!(digits(0o755), 755);
+    }
+
+    /// `offset`/`limit` lines of a body whose chunks cut lines anywhere.
+    async fn cut(offset: u64, limit: Option<u64>) -> String {
+        let chunks = ["l1\nl", "2\n", "l3\nl4\n", "l5"];
+        let body = futures::stream::iter(chunks.map(|c| Ok(Bytes::from_static(c.as_bytes()))));
+        let lines: Vec<Bytes> = lines_of(body.boxed(), offset, limit)
+            .map(|c| c.expect("bytes"))
+            .collect()
+            .await;
+        String::from_utf8(lines.concat()).expect("utf-8")
+    }
+
+    #[tokio::test]
+    async fn lines_are_read_by_number_across_chunks() {
+        assert_eq!(cut(1, None).await, "l1\nl2\nl3\nl4\nl5");
+        assert_eq!(cut(2, Some(1)).await, "l2\n");
+        assert_eq!(cut(2, Some(3)).await, "l2\nl3\nl4\n");
+        assert_eq!(cut(4, None).await, "l4\nl5");
+        assert_eq!(cut(5, Some(10)).await, "l5");
+        assert_eq!(cut(6, None).await, "");
+        assert_eq!(cut(1, Some(1)).await, "l1\n");
+    }
+
+    #[test]
+    fn a_search_matches_names_as_execd_does() {
+        let m = |p: &str, name: &str| name_glob(p).expect("a glob").is_match(name);
+        assert!(m("*.py", "a.py") && !m("*.py", "a.pyc"));
+        assert!(m("**", "anything") && m("a?c", "abc") && m("{x,y}.txt", "y.txt"));
+        assert!(m("[ab].md", "b.md") && !m("[ab].md", "c.md"));
+        assert!(name_glob("[").is_err());
     }
 
     #[test]

@@ -106,7 +106,7 @@ struct NewSandbox {
     #[serde(default)]
     entrypoint: Option<Vec<String>>,
     #[serde(default)]
-    network_policy: Option<Value>,
+    network_policy: Option<super::egress::NetworkPolicy>,
     #[serde(default)]
     volumes: Option<Value>,
     #[serde(default)]
@@ -120,23 +120,30 @@ struct NewSandbox {
 /// sandbox's background process `entrypoint`.
 pub async fn create(State(s): State<OpenSandbox>, raw: axum::body::Bytes) -> Answer {
     let req: NewSandbox = body(&raw)?;
-    let unserved = [
-        ("networkPolicy", req.network_policy.is_some()),
-        (
-            "volumes",
-            req.volumes.as_ref().is_some_and(|v| !v.is_null()),
-        ),
-        (
-            "credentialProxy",
-            req.credential_proxy.as_ref().is_some_and(|v| !v.is_null()),
-        ),
-    ];
-    if let Some((name, _)) = unserved.iter().find(|(_, given)| *given) {
+    if req.volumes.as_ref().is_some_and(|v| !v.is_null()) {
         return Err(Failure::new(
             StatusCode::NOT_IMPLEMENTED,
-            format!("{name} is not served by this OpenSandbox API yet"),
+            "volumes is not served by this OpenSandbox API yet",
         ));
     }
+    // Credential injection needs no switch here (the gateway terminates TLS where a binding
+    // matches), but as OpenSandbox's, it needs a network policy.
+    let proxy_on = req
+        .credential_proxy
+        .as_ref()
+        .and_then(|c| c.get("enabled"))
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    if proxy_on && req.network_policy.is_none() {
+        return Err(Failure::bad_request(
+            "credentialProxy.enabled requires networkPolicy",
+        ));
+    }
+    let egress = req
+        .network_policy
+        .as_ref()
+        .map(super::egress::create_body)
+        .transpose()?;
     if req.image.as_ref().is_some_and(|i| i.auth.is_some()) {
         return Err(Failure::bad_request(
             "image.auth: registry credentials are the deployment's (its Docker config), not a \
@@ -161,6 +168,9 @@ pub async fn create(State(s): State<OpenSandbox>, raw: axum::body::Bytes) -> Ans
         return Err(reserved(k));
     }
     let mut start = json!({ "on_timeout": "remove" });
+    if let Some(e) = egress {
+        start["egress"] = e;
+    }
     if let Some(t) = req.timeout {
         start["timeout_seconds"] = json!(t);
     }
@@ -529,24 +539,32 @@ pub async fn endpoint(
         .parse()
         .map_err(|_| Failure::bad_request(format!("port {port:?}: 1 to 65535")))?;
     info(&s, &id).await?;
-    let path = match port {
-        EXECD_PORT => "execd",
-        EGRESS_PORT => "egress",
+    let host = host(&s, &headers);
+    let (endpoint, header, token) = match port {
+        EXECD_PORT => (
+            format!("{host}/execd/{id}"),
+            EXECD_TOKEN_HEADER,
+            s.tokens.token(&id),
+        ),
+        EGRESS_PORT => (
+            format!("{host}/egress/{id}"),
+            super::EGRESS_TOKEN_HEADER,
+            s.egress_tokens.token(&id),
+        ),
+        // A server of the sandbox's own, through the ingress relay (`/ports/{id}/{port}`).
         other => {
-            return Err(Failure::new(
-                StatusCode::NOT_FOUND,
-                format!(
-                    "port {other}: this OpenSandbox API serves execd ({EXECD_PORT}) and egress \
-                     ({EGRESS_PORT}) endpoints; a sandbox's own servers are reached through \
-                     the native API's /session/{{id}}/ports/{{port}}/"
-                ),
-            ));
+            crate::ops::ports::check_port(other)?;
+            let subject = super::port_subject(&id, &other.to_string());
+            (
+                format!("{host}/ports/{id}/{other}"),
+                super::PORT_TOKEN_HEADER,
+                s.port_tokens.token(&subject),
+            )
         }
     };
-    let host = host(&s, &headers);
     Ok(Json(json!({
-        "endpoint": format!("{host}/{path}/{id}"),
-        "headers": { EXECD_TOKEN_HEADER.to_ascii_uppercase(): s.tokens.token(&id) },
+        "endpoint": endpoint,
+        "headers": { header.to_ascii_uppercase(): token },
     }))
     .into_response())
 }

@@ -16,10 +16,14 @@
 //! - [`execd`]: `/ping`, commands as server-sent events (foreground and background, status,
 //!   logs, interrupt), files and directories, metrics.
 //! - [`shell`]: execd's stateful bash sessions, one long-lived shell each.
+//! - [`snapshots`]: `/v1/sandboxes/{id}/snapshots` and `/v1/snapshots...`.
 
+pub mod egress;
 pub mod execd;
 pub mod lifecycle;
+pub mod ports;
 pub mod shell;
+pub mod snapshots;
 
 use std::sync::Arc;
 
@@ -28,7 +32,7 @@ use axum::Router;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, patch, post};
+use axum::routing::{any, delete, get, patch, post};
 use serde_json::json;
 
 use crate::config::Config;
@@ -38,8 +42,16 @@ use crate::error::ApiError;
 pub const API_KEY_HEADER: &str = "open-sandbox-api-key";
 /// The header execd takes its access token in (the endpoint's `headers` carry it).
 pub const EXECD_TOKEN_HEADER: &str = "x-execd-access-token";
-/// Keeps execd tokens apart from anything else the key signs (E2B's envd tokens among them).
+/// The header the egress sidecar's API takes its token in (its endpoint's `headers`).
+pub const EGRESS_TOKEN_HEADER: &str = "opensandbox-egress-auth";
+/// The header a sandbox's own port takes its token in (its endpoint's `headers`).
+pub const PORT_TOKEN_HEADER: &str = "opensandbox-port-auth";
+/// Keep each purpose's tokens apart from the others' and from anything else the key signs
+/// (E2B's envd tokens among them): a port's endpoint given to a browser runs no command and
+/// edits no policy.
 const TOKEN_LABEL: &[u8] = b"daiv-sandbox opensandbox execd token v1\0";
+const EGRESS_TOKEN_LABEL: &[u8] = b"daiv-sandbox opensandbox egress token v1\0";
+const PORT_TOKEN_LABEL: &[u8] = b"daiv-sandbox opensandbox port token v1\0";
 /// execd's port in OpenSandbox's sandboxes.
 pub const EXECD_PORT: u16 = 44772;
 /// The egress sidecar's port in OpenSandbox's sandboxes.
@@ -52,6 +64,10 @@ pub struct OpenSandbox {
     pub ops: crate::ops::Ops,
     /// execd's per-sandbox tokens.
     pub tokens: crate::auth::SandboxTokens,
+    /// The egress sidecar API's per-sandbox tokens.
+    pub egress_tokens: crate::auth::SandboxTokens,
+    /// Per sandbox and port (`{id}:{port}`): what reaches one server of the sandbox's.
+    pub port_tokens: crate::auth::SandboxTokens,
     /// Runs of a bash session, one at a time.
     pub runs: shell::Runs,
 }
@@ -63,6 +79,11 @@ impl OpenSandbox {
         let id = session_id(id)?;
         Ok(self.ops.apply_keeping_paused(&id, op, true).await?)
     }
+}
+
+/// What a port token signs: the sandbox and the port.
+pub fn port_subject(id: &str, port: &str) -> String {
+    format!("{id}:{port}")
 }
 
 /// A sandbox id as the session id it names: one that cannot be a session's is not found, as an
@@ -148,6 +169,14 @@ pub fn router(
     use crate::routes::observe::{Door, observed};
     let state = OpenSandbox {
         tokens: crate::auth::SandboxTokens::new(config.server.api_key.expose(), TOKEN_LABEL),
+        egress_tokens: crate::auth::SandboxTokens::new(
+            config.server.api_key.expose(),
+            EGRESS_TOKEN_LABEL,
+        ),
+        port_tokens: crate::auth::SandboxTokens::new(
+            config.server.api_key.expose(),
+            PORT_TOKEN_LABEL,
+        ),
         config,
         ops,
         runs: shell::Runs::default(),
@@ -173,6 +202,12 @@ pub fn router(
             get(lifecycle::endpoint),
         )
         .route("/v1/metrics/events", post(lifecycle::telemetry))
+        .route("/v1/sandboxes/{id}/snapshots", post(snapshots::create))
+        .route("/v1/snapshots", get(snapshots::list))
+        .route(
+            "/v1/snapshots/{id}",
+            get(snapshots::get).delete(snapshots::delete),
+        )
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             lifecycle::require_key,
@@ -188,6 +223,10 @@ pub fn router(
         .route("/execd/{id}/files/upload", post(execd::upload))
         .route("/execd/{id}/files/download", get(execd::download))
         .route("/execd/{id}/files/info", get(execd::info))
+        .route("/execd/{id}/files/search", get(execd::search))
+        .route("/execd/{id}/files/mv", post(execd::rename))
+        .route("/execd/{id}/files/permissions", post(execd::chmod))
+        .route("/execd/{id}/files/replace", post(execd::replace))
         .route("/execd/{id}/files", delete(execd::remove))
         .route(
             "/execd/{id}/directories",
@@ -198,6 +237,37 @@ pub fn router(
         .route("/execd/{id}/session", post(shell::create))
         .route("/execd/{id}/session/{sid}", delete(shell::delete))
         .route("/execd/{id}/session/{sid}/run", post(shell::run))
+        .route("/ports/{id}/{port}", any(ports::relay_root))
+        .route("/ports/{id}/{port}/{*path}", any(ports::relay))
+        .route(
+            "/egress/{id}/policy",
+            get(egress::get_policy)
+                .patch(egress::patch_policy)
+                .delete(egress::delete_policy),
+        )
+        .route(
+            "/egress/{id}/credential-vault",
+            post(egress::create_vault)
+                .get(egress::get_vault)
+                .patch(egress::patch_vault)
+                .delete(egress::delete_vault),
+        )
+        .route(
+            "/egress/{id}/credential-vault/credentials",
+            get(egress::list_credentials),
+        )
+        .route(
+            "/egress/{id}/credential-vault/credentials/{name}",
+            get(egress::get_credential),
+        )
+        .route(
+            "/egress/{id}/credential-vault/bindings",
+            get(egress::list_bindings),
+        )
+        .route(
+            "/egress/{id}/credential-vault/bindings/{name}",
+            get(egress::get_binding),
+        )
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             require_token,
@@ -211,26 +281,57 @@ pub fn router(
     observed(served, metrics, "", Door::OpenSandbox).with_state(state)
 }
 
-/// Every execd route: the sandbox's token in `X-EXECD-ACCESS-TOKEN` (the endpoint's headers),
-/// checked before anything is looked up, so a wrong one learns nothing of the sandbox.
+/// Every route under a sandbox's endpoints: the token of that endpoint's purpose (execd's,
+/// the egress API's, or one port's), in the header its `headers` name, checked before anything
+/// is looked up, so a wrong one learns nothing of the sandbox, and one purpose's token opens no
+/// other (a port given to a browser runs no command and edits no policy).
 async fn require_token(
     State(s): State<OpenSandbox>,
     Path(params): Path<std::collections::HashMap<String, String>>,
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Answer {
-    let id = params.get("id").map(String::as_str).unwrap_or("");
-    let given = req
-        .headers()
-        .get(EXECD_TOKEN_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    if !s.tokens.check(id, given) {
+    let (ok, what) = checked(&s, &params, &req);
+    if !ok {
         return Err(Failure::new(
             StatusCode::UNAUTHORIZED,
-            "invalid or missing execd access token (X-EXECD-ACCESS-TOKEN, as the sandbox's \
-             endpoint gives it)",
+            format!("invalid or missing {what}, as the sandbox's endpoint gives it)"),
         ));
     }
     Ok(next.run(req).await)
+}
+
+/// Whether `req` carries the token its path's purpose takes, and that token's name.
+fn checked(
+    s: &OpenSandbox,
+    params: &std::collections::HashMap<String, String>,
+    req: &axum::extract::Request,
+) -> (bool, &'static str) {
+    let id = params.get("id").map(String::as_str).unwrap_or("");
+    let given = |header: &str| {
+        req.headers()
+            .get(header)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string()
+    };
+    let path = req.uri().path();
+    if path.starts_with("/egress/") {
+        (
+            s.egress_tokens.check(id, &given(EGRESS_TOKEN_HEADER)),
+            "egress token (OPENSANDBOX-EGRESS-AUTH",
+        )
+    } else if path.starts_with("/ports/") {
+        let port = params.get("port").map(String::as_str).unwrap_or("");
+        (
+            s.port_tokens
+                .check(&port_subject(id, port), &given(PORT_TOKEN_HEADER)),
+            "port token (OPENSANDBOX-PORT-AUTH",
+        )
+    } else {
+        (
+            s.tokens.check(id, &given(EXECD_TOKEN_HEADER)),
+            "execd access token (X-EXECD-ACCESS-TOKEN",
+        )
+    }
 }

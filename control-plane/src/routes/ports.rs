@@ -166,8 +166,9 @@ pub fn preview_url(config: &Config, id: &SessionId, port: u16) -> Option<String>
     ))
 }
 
-/// A request the API key already let in (the code interpreter's routes, [`super::code`]), sent
-/// to `path_and_query` at `port` of session `id`.
+/// A request the API key already let in (the code interpreter's routes, [`super::code`]), or a
+/// door's own sandbox token (OpenSandbox's endpoints), sent to `path_and_query` at `port` of
+/// session `id`.
 pub async fn forward_with_key(
     ops: Ops,
     id: SessionId,

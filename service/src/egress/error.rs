@@ -33,6 +33,13 @@ pub enum EgressError {
     /// The policy could not be serialised for the gateway.
     #[error("egress policy could not be encoded")]
     Encode(#[source] serde_json::Error),
+    /// The policy has `deny` or `credential` rules and the session's gateway was made before
+    /// them: it would enforce them as `allow` rules, so the policy is not installed.
+    #[error(
+        "this session's egress gateway was made before deny and credential rules and would read \
+         them as allow rules; recreate the session to use them"
+    )]
+    GatewayPredatesActions,
     /// A gateway's policy file could not be read back (for a fork); says nothing of its content.
     #[error("the egress gateway's policy could not be read: {0}")]
     PolicyUnreadable(&'static str),

@@ -90,6 +90,13 @@ pub use error::EgressError;
 pub use policy::parse_policy;
 pub use triad::{Leftover, Parts, SandboxPlan, Triad, caller_env, leftovers, sets_env, teardown};
 
+/// On a sandbox whose gateway enforces rule actions (`deny`, `credential`): a gateway made
+/// before them reads such a rule as an `allow` (unknown fields are ignored), so a policy with
+/// one is installed only where this label says the gateway knows them.
+pub const RULES_LABEL: &str = "daiv.sandbox.egress.rules";
+/// [`RULES_LABEL`]'s value.
+pub const RULES_WITH_ACTIONS: &str = "actions";
+
 /// The sandbox's labels naming its gateway container and internal network.
 pub const GATEWAY_LABEL: &str = "daiv.sandbox.egress.gateway";
 pub const NETWORK_LABEL: &str = "daiv.sandbox.egress.network";

@@ -28,6 +28,20 @@ pub fn parse_policy(value: &serde_json::Value) -> Result<PolicyFile, EgressError
     Ok(file)
 }
 
+/// Refuses a policy with `deny` or `credential` rules for a gateway made before them, which
+/// would read them as `allow` rules (and widen what the sandbox reaches).
+fn enforceable(triad: &Triad, policy: &PolicyFile) -> Result<(), EgressError> {
+    let acts = policy
+        .policy
+        .rules
+        .iter()
+        .any(|r| r.action != shared_policy::RuleAction::Allow);
+    if acts && !triad.actions {
+        return Err(EgressError::GatewayPredatesActions);
+    }
+    Ok(())
+}
+
 impl Egress {
     /// Runs the gateway's `health --expect-version` inside the gateway (the image has only that
     /// binary; the exec shares the gateway's network namespace, so its listen address answers)
@@ -96,6 +110,7 @@ impl Egress {
     /// the gateway renames over its policy once complete, then waits until the gateway enforces
     /// its version. (A gateway made on the cold path has no helper to write through.)
     pub async fn refresh(&self, triad: &Triad, policy: &PolicyFile) -> Result<(), EgressError> {
+        enforceable(triad, policy)?;
         self.ensure_gateway(triad).await?;
         let policy = self.versions.label(policy);
         let version = policy.version.clone().unwrap_or_default();
@@ -117,6 +132,7 @@ impl Egress {
         policy: &PolicyFile,
         ready: Option<Writer>,
     ) -> Result<(), EgressError> {
+        enforceable(triad, policy)?;
         let policy = self.versions.label(policy);
         let version = policy.version.clone().unwrap_or_default();
         let content = policy_json(&policy)?;
@@ -204,5 +220,38 @@ mod tests {
             json!({"policy": {"rules": [{"host": "*.a.test", "methods": ["get"]}]}, "extra": 1});
         let file = parse_policy(&ok).expect("valid");
         assert_eq!(file.policy.rules[0].methods, vec!["GET"]);
+    }
+}
+
+#[cfg(test)]
+mod action_tests {
+    use super::*;
+
+    fn triad(actions: bool) -> Triad {
+        Triad {
+            token: "t".into(),
+            gateway: "gw".into(),
+            network: "net".into(),
+            policy_version: None,
+            actions,
+        }
+    }
+
+    #[test]
+    fn rule_actions_go_only_to_a_gateway_that_knows_them() {
+        let with_deny: PolicyFile = serde_json::from_value(serde_json::json!({
+            "policy": {"default": "allow", "rules": [{"host": "a.test", "action": "deny"}]}
+        }))
+        .expect("policy");
+        let plain: PolicyFile = serde_json::from_value(serde_json::json!({
+            "policy": {"rules": [{"host": "a.test"}]}
+        }))
+        .expect("policy");
+        assert!(matches!(
+            enforceable(&triad(false), &with_deny),
+            Err(EgressError::GatewayPredatesActions)
+        ));
+        assert!(enforceable(&triad(true), &with_deny).is_ok());
+        assert!(enforceable(&triad(false), &plain).is_ok());
     }
 }

@@ -16,7 +16,7 @@ use futures::StreamExt;
 use shared_policy::PolicyFile;
 
 use super::EgressError;
-use super::{Egress, GATEWAY_LABEL, NETWORK_LABEL};
+use super::{Egress, GATEWAY_LABEL, NETWORK_LABEL, RULES_LABEL, RULES_WITH_ACTIONS};
 use crate::engine::{
     ContainerEngine, ContainerInfo, ContainerSpec, DEPLOYMENT_LABEL, EGRESS_LABEL, EngineError,
     ExecSpec, MANAGED_LABEL, NetworkAttach, NetworkSpec, ROLE_EGRESS_GATEWAY, ROLE_EGRESS_NETWORK,
@@ -87,6 +87,8 @@ pub struct Triad {
     /// The version of the policy written at create, to acknowledge (not on the labels: a
     /// refresh changes it).
     pub policy_version: Option<String>,
+    /// Whether its gateway enforces rule actions ([`RULES_LABEL`]).
+    pub actions: bool,
 }
 
 impl Triad {
@@ -96,6 +98,7 @@ impl Triad {
             gateway: info.label(GATEWAY_LABEL)?.to_string(),
             network: info.label(NETWORK_LABEL)?.to_string(),
             policy_version: None,
+            actions: info.label(RULES_LABEL) == Some(RULES_WITH_ACTIONS),
         })
     }
 
@@ -293,6 +296,7 @@ impl Egress {
                 gateway: gateway.clone(),
                 network: network.clone(),
                 policy_version: policy.version.clone(),
+                actions: true,
             },
             network: NetworkAttach::Network {
                 name: network.clone(),
@@ -303,6 +307,7 @@ impl Egress {
                 (EGRESS_LABEL.to_string(), token),
                 (GATEWAY_LABEL.to_string(), gateway),
                 (NETWORK_LABEL.to_string(), network),
+                (RULES_LABEL.to_string(), RULES_WITH_ACTIONS.to_string()),
             ],
             files: vec![(
                 crate::archive::entry_name(layout::CA_CERT).to_string(),
@@ -449,6 +454,23 @@ mod tests {
             })
         );
         assert!(Triad::of(&sandbox(&[(EGRESS_LABEL, "t")])).is_none());
+    }
+
+    #[test]
+    fn a_gateway_made_before_rule_actions_is_told_apart() {
+        let old = [
+            (EGRESS_LABEL, "t"),
+            (GATEWAY_LABEL, "gw"),
+            (NETWORK_LABEL, "net"),
+        ];
+        assert_eq!(Triad::of(&sandbox(&old)).map(|t| t.actions), Some(false));
+        let new = [
+            (EGRESS_LABEL, "t"),
+            (GATEWAY_LABEL, "gw"),
+            (NETWORK_LABEL, "net"),
+            (RULES_LABEL, RULES_WITH_ACTIONS),
+        ];
+        assert_eq!(Triad::of(&sandbox(&new)).map(|t| t.actions), Some(true));
     }
 
     #[test]

@@ -222,6 +222,143 @@ impl Op for WriteFile {
     }
 }
 
+/// Most bytes of a file whose text [`ReplaceText`] replaces (the agent's `edit`'s bound).
+pub const REPLACE_MAX_BYTES: u64 = sandbox_protocol::wire::EDIT_MAX_BYTES;
+
+/// Every occurrence of a text in a file replaced by another (OpenSandbox's `/files/replace`),
+/// counted as Go's `strings.ReplaceAll` finds them: left to right, none overlapping. Anywhere
+/// the sandbox user may read and write, in the session's order (an fs slot, then its lock, held
+/// from the read to the write): the file is read whole through the helper (at most
+/// [`REPLACE_MAX_BYTES`]) and, when something was replaced, written back in place as the
+/// sandbox user, its mode and owner kept. Bytes, not characters: a file need not be UTF-8.
+pub struct ReplaceText {
+    path: String,
+    old: Vec<u8>,
+    new: Vec<u8>,
+}
+
+impl ReplaceText {
+    /// `path` checked (`invalid_path` otherwise); an empty `old` is `string_not_found` (there is
+    /// nothing to find), as the agent's `edit` answers it.
+    pub fn new(path: &str, old: &str, new: &str) -> Result<Self, FsError> {
+        if old.is_empty() {
+            return Err(FsError::new(
+                FsErrorCode::StringNotFound,
+                "old must not be empty: give the exact text to replace",
+            ));
+        }
+        Ok(Self {
+            path: validate_any_path(path)?,
+            old: old.as_bytes().to_vec(),
+            new: new.as_bytes().to_vec(),
+        })
+    }
+}
+
+/// What a [`ReplaceText`] did: how many occurrences it replaced (0: the file was left as it
+/// was), or the fs-level refusal.
+pub enum Replaced {
+    Count(u64),
+    Refused(FsError),
+}
+
+/// What [`replace_all`] makes of a file.
+#[derive(Debug, PartialEq, Eq)]
+enum Replacement {
+    /// No occurrence.
+    None,
+    /// The text would pass `max` bytes: stopped there, nothing built past it.
+    TooLarge,
+    Text(Vec<u8>, u64),
+}
+
+/// `content` with every occurrence of `old` (not empty) replaced by `new`, and how many there
+/// were. The result's length is counted before it is built, so a short file of many small
+/// matches replaced by a long text costs no more memory than `max`.
+fn replace_all(content: &[u8], old: &[u8], new: &[u8], max: u64) -> Replacement {
+    let finder = memchr::memmem::Finder::new(old);
+    // `find_iter` answers none that overlaps the one before it.
+    let count = finder.find_iter(content).count() as u64;
+    if count == 0 {
+        return Replacement::None;
+    }
+    let len = (content.len() as u64 - count * old.len() as u64)
+        .checked_add(count.saturating_mul(new.len() as u64));
+    if len.is_none_or(|l| l > max) {
+        return Replacement::TooLarge;
+    }
+    let mut out = Vec::with_capacity(usize::try_from(len.unwrap_or(0)).unwrap_or(0));
+    let mut from = 0usize;
+    for at in finder.find_iter(content) {
+        out.extend_from_slice(&content[from..at]);
+        out.extend_from_slice(new);
+        from = at + old.len();
+    }
+    out.extend_from_slice(&content[from..]);
+    Replacement::Text(out, count)
+}
+
+impl Op for ReplaceText {
+    type Output = Replaced;
+    const ADMIT: Admit = Admit::Fs;
+    const ACCESS: Access = Access::Ordered;
+
+    async fn apply(self, at: Reached) -> Result<Replaced, ApiError> {
+        let ws = at.workspace();
+        let too_large = |what: &str| {
+            Replaced::Refused(FsError::new(
+                FsErrorCode::TooLarge,
+                format!(
+                    "{}: {what} over the {REPLACE_MAX_BYTES}-byte limit of a replacement; \
+                     nothing was written",
+                    self.path
+                ),
+            ))
+        };
+        let stream = match ws.runtime.read_file(ws.id, &self.path, None).await? {
+            FileRead::Stream(s) => s,
+            FileRead::Refused(e) => return Ok(Replaced::Refused(e)),
+        };
+        if stream.size > REPLACE_MAX_BYTES {
+            return Ok(too_large("the file is"));
+        }
+        let mut content = Vec::with_capacity(usize::try_from(stream.size).unwrap_or(0));
+        let mut body = stream.body;
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(|e| ApiError::Internal(e.into()))?;
+            content.extend_from_slice(&chunk);
+            // A file that grew while it was read is no less over the limit.
+            if content.len() as u64 > REPLACE_MAX_BYTES {
+                return Ok(too_large("the file is"));
+            }
+        }
+        let max = ws.config.sessions.file_max_bytes.min(REPLACE_MAX_BYTES);
+        // Refused before anything is written: an in-place write past its limit would leave the
+        // file cut short.
+        let (replaced, count) = match replace_all(&content, &self.old, &self.new, max) {
+            Replacement::None => return Ok(Replaced::Count(0)),
+            Replacement::TooLarge => return Ok(too_large("the replaced text is")),
+            Replacement::Text(text, count) => (text, count),
+        };
+        let (tx, rx) = mpsc::channel::<std::io::Result<Bytes>>(1);
+        // (The channel has room for the one chunk; dropping the sender is the content's end.)
+        let _ = tx.try_send(Ok(Bytes::from(replaced)));
+        drop(tx);
+        let request = Request::FileWrite {
+            path: self.path.clone(),
+            mode: None,
+            parents: false,
+            max_bytes: max,
+            in_place: true,
+            metadata: None,
+        };
+        Ok(match ws.runtime.write_file(ws.id, request, rx).await? {
+            FileAnswer { error: Some(e), .. } => Replaced::Refused(e),
+            _ => Replaced::Count(count),
+        })
+    }
+}
+
 /// A directory's changes (`recursive`: everything below it too), beside the session's work:
 /// armed when this answers; dropping the events ends the watch in the helper.
 pub struct Watch {
@@ -306,5 +443,55 @@ fn change(ev: Event) -> Option<WatchEvent> {
         }),
         Event::Overflow => Some(event(WatchEventType::Overflow)),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_replacement_counts_as_go_does_left_to_right_none_overlapping() {
+        let max = 1 << 20;
+        assert_eq!(
+            replace_all(b"aaaa", b"aa", b"b", max),
+            Replacement::Text(b"bb".to_vec(), 2)
+        );
+        assert_eq!(
+            replace_all(b"xaaay", b"aa", b"<>", max),
+            Replacement::Text(b"x<>ay".to_vec(), 1)
+        );
+        assert_eq!(
+            replace_all(b"\xff host \xfe host", b"host", b"", max),
+            Replacement::Text(b"\xff  \xfe ".to_vec(), 2)
+        );
+        assert_eq!(
+            replace_all(b"nothing here", b"absent", b"x", max),
+            Replacement::None
+        );
+    }
+
+    #[test]
+    fn a_replacement_past_the_limit_is_refused_before_it_is_built() {
+        // 4 KiB of matches, each replaced by 1 KiB, would be 4 MiB: refused at a 1 MiB limit
+        // (counted, never allocated).
+        let content = vec![b'a'; 4096];
+        let new = vec![b'x'; 1024];
+        assert_eq!(
+            replace_all(&content, b"a", &new, 1 << 20),
+            Replacement::TooLarge
+        );
+        assert_eq!(
+            replace_all(b"ab", b"a", b"xyz", 4),
+            Replacement::Text(b"xyzb".to_vec(), 1)
+        );
+        assert_eq!(replace_all(b"ab", b"a", b"xyzw", 4), Replacement::TooLarge);
+    }
+
+    #[test]
+    fn an_empty_text_to_replace_is_refused() {
+        assert!(ReplaceText::new("/workspace/a", "", "x").is_err());
+        assert!(ReplaceText::new("relative", "a", "x").is_err());
+        assert!(ReplaceText::new("/workspace/a", "a", "").is_ok());
     }
 }

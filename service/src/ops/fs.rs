@@ -1,12 +1,12 @@
-//! The data plane's operations on paths anywhere (`stat`, `mkdir`, `move`, `list`, and E2B's
-//! removal of a tree): each takes
+//! The data plane's operations on paths anywhere (`stat`, `mkdir`, `move`, `list`, E2B's removal
+//! of a tree and OpenSandbox's `chmod`): each takes
 //! one of the session's fs slots and one of the total (its request is a path or two, read before
 //! the slot), the writers the session's lock too. An fs-level problem is inside the answer
 //! (`error`), as the `fs/*` ops answer theirs.
 
 use sandbox_protocol::files::{
     FsListRequest, FsListResponse, FsMkdirRequest, FsMkdirResponse, FsMoveRequest, FsMoveResponse,
-    FsStatRequest, FsStatResponse,
+    FsStatRequest, FsStatResponse, permission_bits,
 };
 use sandbox_protocol::wire::{
     FsDeleteRequest, FsDeleteResponse, FsEditRequest, FsEditResponse, FsError, FsErrorCode,
@@ -182,20 +182,84 @@ impl Op for RemoveTree {
         }
         // The path as the stat checked it (absolute, no `..`), quoted for the shell.
         let path = found.entry.map_or(stat.path, |e| e.path);
-        let command = format!("rm -rf -- '{}'", path.replace('\'', r"'\''"));
-        let run = RunRequest {
-            commands: vec![command],
-            fail_fast: false,
-            timeout: None,
+        let removed = as_user(&at, format!("rm -rf -- {}", quoted(&path))).await?;
+        Ok(match removed {
+            Ok(()) => Removal::Removed,
+            Err(out) => Removal::Failed(out),
+        })
+    }
+}
+
+/// `path` as one word for the shell.
+fn quoted(path: &str) -> String {
+    format!("'{}'", path.replace('\'', r"'\''"))
+}
+
+/// `command` run as the sandbox user, in the session's order (the caller holds its lock): its
+/// output when it failed.
+async fn as_user(at: &Reached, command: String) -> Result<Result<(), String>, ApiError> {
+    let run = RunRequest {
+        commands: vec![command],
+        fail_fast: false,
+        timeout: None,
+    };
+    let ran = at
+        .sessions
+        .run(&at.id, at.sessions.run_spec(&run).as_ref())
+        .await?;
+    Ok(match ran.results.first() {
+        Some(r) if r.exit_code == 0 => Ok(()),
+        Some(r) => Err(r.output.clone()),
+        None => Err("the command did not run".to_string()),
+    })
+}
+
+/// A path's permission bits set, anywhere the sandbox user may (OpenSandbox's
+/// `/files/permissions`; no fs op changes a mode alone): a `stat`, then `chmod` run as the user,
+/// both under the session's lock. `mode` is checked as every request's is
+/// ([`permission_bits`]: its permission bits, no setuid, setgid or sticky bit).
+pub struct Chmod {
+    pub path: String,
+    pub mode: u32,
+}
+
+/// What a [`Chmod`] did.
+#[derive(Debug)]
+pub enum Chmodded {
+    Done,
+    /// The `stat` refused the path (not there, not a path, not the user's to see), or the mode
+    /// is none.
+    Refused(FsError),
+    /// `chmod` failed: its output.
+    Failed(String),
+}
+
+impl Op for Chmod {
+    type Output = Chmodded;
+    const ADMIT: Admit = Admit::Fs;
+    const ACCESS: Access = Access::Ordered;
+
+    async fn apply(self, at: Reached) -> Result<Chmodded, ApiError> {
+        let mode = match permission_bits(self.mode) {
+            Ok(m) => m,
+            Err(why) => {
+                return Ok(Chmodded::Refused(FsError::new(
+                    FsErrorCode::InvalidPath,
+                    why,
+                )));
+            }
         };
-        let ran = at
-            .sessions
-            .run(&at.id, at.sessions.run_spec(&run).as_ref())
-            .await?;
-        Ok(match ran.results.first() {
-            Some(r) if r.exit_code == 0 => Removal::Removed,
-            Some(r) => Removal::Failed(r.output.clone()),
-            None => Removal::Failed("the removal did not run".to_string()),
+        let stat = FsStatRequest { path: self.path };
+        let r = Fs::new(&at.workspace()).stat(&stat).await;
+        let found = respond(r, |v: &mut FsStatResponse, e| v.error = Some(e))?;
+        if let Some(e) = found.error {
+            return Ok(Chmodded::Refused(e));
+        }
+        let path = found.entry.map_or(stat.path, |e| e.path);
+        let command = format!("chmod {mode:o} -- {}", quoted(&path));
+        Ok(match as_user(&at, command).await? {
+            Ok(()) => Chmodded::Done,
+            Err(out) => Chmodded::Failed(out),
         })
     }
 }

@@ -3,6 +3,7 @@
 use super::{Access, Admit, Op, Ops, Reached};
 use crate::api::{SessionInfo, StartSessionRequest};
 use crate::error::ApiError;
+use shared_policy::PolicyFile;
 
 /// Makes a session run again and, with `timeout`, lengthens its life (E2B's `connect`): under
 /// its lock, so nothing else thaws, pauses or moves its deadline between the steps. The
@@ -154,6 +155,49 @@ impl Op for RefreshEgress {
 
     async fn apply(self, at: Reached) -> Result<(), ApiError> {
         Ok(at.sessions.refresh_egress(&at.id, &self.policy).await?)
+    }
+}
+
+/// The policy a session's gateway enforces now, secrets and door state included: for a door
+/// that shows part of it or derives the next from it; never rendered whole. As it stands:
+/// reading it neither thaws nor starts the session.
+pub struct ReadEgress;
+
+impl Op for ReadEgress {
+    type Output = PolicyFile;
+    const ADMIT: Admit = Admit::Free;
+    const ACCESS: Access = Access::Held;
+
+    async fn apply(self, at: Reached) -> Result<PolicyFile, ApiError> {
+        Ok(at.sessions.current_egress(&at.id).await?)
+    }
+}
+
+/// A door's edit of a session's egress policy, under its lock so no other edit interleaves:
+/// `edit` maps the policy the gateway enforces to the next one (and what the door answers),
+/// which is installed and acknowledged as a refresh is. An edit that changes nothing installs
+/// nothing.
+pub struct EditEgress<F> {
+    pub edit: F,
+}
+
+impl<F, T> Op for EditEgress<F>
+where
+    F: FnOnce(PolicyFile) -> Result<(PolicyFile, T), ApiError> + Send,
+    T: Send,
+{
+    type Output = (PolicyFile, T);
+    const ADMIT: Admit = Admit::Free;
+    const ACCESS: Access = Access::Held;
+
+    async fn apply(self, at: Reached) -> Result<(PolicyFile, T), ApiError> {
+        let current = at.sessions.current_egress(&at.id).await?;
+        let before = current.content();
+        let (next, answer) = (self.edit)(current)?;
+        if next.content() != before {
+            at.sessions.install_door_egress(&at.id, &next).await?;
+        }
+        Ok((next, answer))
     }
 }
 

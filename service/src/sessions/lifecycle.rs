@@ -7,6 +7,7 @@ use crate::engine::{ContainerInfo, EngineError, WORKSPACE_LABEL};
 use crate::sandbox::EgressPolicy;
 use crate::snapshots::Snapshot;
 use crate::telemetry::metrics::ModeLabels;
+use shared_policy::PolicyFile;
 
 use super::{Lifetime, SessionError, SessionId, Sessions, ValidationError};
 
@@ -253,6 +254,35 @@ impl Sessions {
         let policy = egress::parse_policy(body)?;
         self.egress_here()?.refresh(&triad, &policy).await?;
         tracing::info!(session_id = %id, "egress policy refreshed");
+        Ok(())
+    }
+
+    /// The policy (secrets and door state included) a session's gateway enforces now: for a
+    /// door that derives the next policy from it. Never rendered whole.
+    pub async fn current_egress(&self, id: &SessionId) -> Result<PolicyFile, SessionError> {
+        let info = self.find(id).await?;
+        let Some(triad) = Triad::of(&info) else {
+            return Err(SessionError::NoEgressProxy);
+        };
+        Ok(self.egress_here()?.current_policy(&triad).await?)
+    }
+
+    /// Installs `policy`, written by a door (with its `door` state), acknowledged as a refresh
+    /// is; checked as the API checks a caller's policy, but for the state the door keeps.
+    pub async fn install_door_egress(
+        &self,
+        id: &SessionId,
+        policy: &PolicyFile,
+    ) -> Result<(), SessionError> {
+        let info = self.find(id).await?;
+        let Some(triad) = Triad::of(&info) else {
+            return Err(SessionError::NoEgressProxy);
+        };
+        let mut checked = policy.clone();
+        checked.door = None;
+        shared_policy::validate_for_api(&checked).map_err(egress::EgressError::from)?;
+        self.egress_here()?.refresh(&triad, policy).await?;
+        tracing::info!(session_id = %id, "egress policy replaced by a door");
         Ok(())
     }
 }

@@ -354,16 +354,25 @@ pub fn containers_with(labels: &[&str]) -> Vec<String> {
     listed(&["ps", "-aq", "--no-trunc"], labels)
 }
 
-/// Ids of the containers matching every `label=...` filter given but the service's layer
-/// workers: long-lived copiers a replica keeps per image while snapshots are taken, removed
-/// once idle (`docs/api/snapshots.md`), which a check for sessions left is not about.
+/// Ids of the containers matching every `label=...` filter given but the service's own
+/// helpers, which a check for sessions left is not about: its layer workers (long-lived
+/// copiers a replica keeps per image while snapshots are taken, removed once idle,
+/// `docs/api/snapshots.md`) and a runtime probe of an image a session first used, which may
+/// still be finishing in the background when the session is gone (its own tests check that it
+/// goes).
 pub fn containers_but_workers(labels: &[&str]) -> Vec<String> {
-    let mut with_role = labels.to_vec();
-    with_role.push("daiv.sandbox.role=layer-worker");
-    let workers = containers_with(&with_role);
+    let ours: Vec<String> = ["layer-worker", "runtime-probe"]
+        .iter()
+        .flat_map(|role| {
+            let role = format!("daiv.sandbox.role={role}");
+            let mut with_role = labels.to_vec();
+            with_role.push(&role);
+            containers_with(&with_role)
+        })
+        .collect();
     containers_with(labels)
         .into_iter()
-        .filter(|c| !workers.contains(c))
+        .filter(|c| !ours.contains(c))
         .collect()
 }
 

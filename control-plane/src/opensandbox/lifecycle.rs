@@ -512,18 +512,7 @@ pub async fn list(State(s): State<OpenSandbox>, RawQuery(q): RawQuery) -> Answer
             }
         }
     }
-    let pages = total.div_ceil(size);
-    Ok(Json(json!({
-        "items": items,
-        "pagination": {
-            "page": page,
-            "pageSize": size,
-            "totalItems": total,
-            "totalPages": pages,
-            "hasNextPage": page < pages,
-        },
-    }))
-    .into_response())
+    Ok(super::paged(items, page, size, total))
 }
 
 /// `GET /v1/sandboxes/{id}/endpoints/{port}`: where the SDK reaches execd (44772) and the

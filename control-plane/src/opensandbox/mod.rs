@@ -33,7 +33,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, delete, get, patch, post};
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::config::Config;
 use crate::error::ApiError;
@@ -79,6 +79,23 @@ impl OpenSandbox {
         let id = session_id(id)?;
         Ok(self.ops.apply_keeping_paused(&id, op, true).await?)
     }
+}
+
+/// A page of a list as OpenSandbox's lists answer it: its `items` and the five keys of
+/// `pagination` the SDK reads (every one present).
+pub fn paged(items: Vec<Value>, page: usize, size: usize, total: usize) -> Response {
+    let pages = total.div_ceil(size);
+    Json(json!({
+        "items": items,
+        "pagination": {
+            "page": page,
+            "pageSize": size,
+            "totalItems": total,
+            "totalPages": pages,
+            "hasNextPage": page < pages,
+        },
+    }))
+    .into_response()
 }
 
 /// What a port token signs: the sandbox and the port.

@@ -136,16 +136,5 @@ pub async fn list(State(s): State<OpenSandbox>, RawQuery(q): RawQuery) -> Answer
         .take(size)
         .map(snapshot)
         .collect();
-    let pages = total.div_ceil(size);
-    Ok(Json(json!({
-        "items": items,
-        "pagination": {
-            "page": page,
-            "pageSize": size,
-            "totalItems": total,
-            "totalPages": pages,
-            "hasNextPage": page < pages,
-        },
-    }))
-    .into_response())
+    Ok(super::paged(items, page, size, total))
 }
